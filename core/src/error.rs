@@ -1,0 +1,279 @@
+//! Every error loadgate returns, and the rejection reasons they map to.
+//!
+//! A rejection (an error a client sees as 529 or 503) carries a [`Reason`]: a
+//! stable machine-readable name, the message the reference system uses, and
+//! whether it is an overload (answered with the overload status, 529 by
+//! default) or an unavailability (503). Errors from bad input name what was
+//! wrong and never change stored state.
+
+use std::fmt;
+
+/// Why a request was rejected; stable names for headers, metrics and bindings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Workers are registered for the model but none is eligible.
+    AllWorkersBusy,
+    /// No worker is registered for the model.
+    NoWorkers,
+    /// A pinned worker is busy or under an overload lease.
+    WorkerOverloaded,
+    /// The worker's engine slots and queue are full.
+    WorkerAtCapacity,
+    /// The request waited in the worker's queue past the deadline.
+    QueueTimeout,
+    /// The worker's admission gate is closed.
+    Closed,
+}
+
+impl Reason {
+    /// Every reason, in a stable order (for metrics).
+    pub const ALL: [Reason; 6] = [
+        Reason::AllWorkersBusy,
+        Reason::NoWorkers,
+        Reason::WorkerOverloaded,
+        Reason::WorkerAtCapacity,
+        Reason::QueueTimeout,
+        Reason::Closed,
+    ];
+
+    /// The machine-readable name, e.g. `all_workers_busy`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::AllWorkersBusy => "all_workers_busy",
+            Reason::NoWorkers => "no_workers",
+            Reason::WorkerOverloaded => "worker_overloaded",
+            Reason::WorkerAtCapacity => "worker_at_capacity",
+            Reason::QueueTimeout => "queue_timeout",
+            Reason::Closed => "closed",
+        }
+    }
+
+    /// Parses a machine-readable name.
+    pub fn from_name(name: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
+    /// The human message, as the reference system words it.
+    pub const fn message(self) -> &'static str {
+        match self {
+            Reason::AllWorkersBusy => "All workers are busy, please retry later",
+            Reason::NoWorkers => "No workers available",
+            Reason::WorkerOverloaded => "Selected worker is overloaded, please retry later",
+            Reason::WorkerAtCapacity => "Server overloaded: worker at capacity",
+            Reason::QueueTimeout => {
+                "Server overloaded: request rejected after exceeding the backend admission queue delay"
+            }
+            Reason::Closed => "Service is shutting down: admission gate closed",
+        }
+    }
+
+    /// True when the client should get the overload status (529 by default);
+    /// false when it should get 503.
+    pub const fn is_overload(self) -> bool {
+        !matches!(self, Reason::NoWorkers | Reason::Closed)
+    }
+
+    /// The HTTP status to answer with, using the process's overload status.
+    pub fn http_status(self) -> u16 {
+        if self.is_overload() {
+            crate::http::overload_status()
+        } else {
+            503
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+/// A routing decision that found no worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteError {
+    /// Workers are registered but none is eligible (busy or leased).
+    Overloaded,
+    /// No worker is registered for the model.
+    Unavailable,
+    /// The pinned worker is busy or under an overload lease.
+    WorkerOverloaded,
+    /// The pinned worker is not registered.
+    UnknownWorker(u64),
+}
+
+impl RouteError {
+    /// The rejection reason, or `None` for [`RouteError::UnknownWorker`]
+    /// (a caller error, not a rejection).
+    pub const fn reason(&self) -> Option<Reason> {
+        match self {
+            RouteError::Overloaded => Some(Reason::AllWorkersBusy),
+            RouteError::Unavailable => Some(Reason::NoWorkers),
+            RouteError::WorkerOverloaded => Some(Reason::WorkerOverloaded),
+            RouteError::UnknownWorker(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for RouteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RouteError::UnknownWorker(id) => write!(f, "unknown worker {id}"),
+            other => f.write_str(other.reason().map_or("", Reason::message)),
+        }
+    }
+}
+
+impl std::error::Error for RouteError {}
+
+/// A load report, booking or worker call that was refused; nothing was applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportError {
+    /// No worker with this id is registered.
+    UnknownWorker(u64),
+    /// The rank is outside the worker's declared `dp_start..dp_start + dp_size`.
+    UndeclaredRank {
+        /// The worker.
+        worker_id: u64,
+        /// The rank given.
+        dp_rank: u32,
+        /// First declared rank.
+        dp_start: u32,
+        /// Number of declared ranks.
+        dp_size: u32,
+    },
+    /// A field carried a value outside its range.
+    InvalidValue {
+        /// The field name.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+    },
+}
+
+impl ReportError {
+    /// Stable name of the refusal, used as a metrics label.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            ReportError::UnknownWorker(_) => "unknown_worker",
+            ReportError::UndeclaredRank { .. } => "undeclared_rank",
+            ReportError::InvalidValue { .. } => "invalid_value",
+        }
+    }
+}
+
+impl fmt::Display for ReportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReportError::UnknownWorker(id) => write!(f, "unknown worker {id}"),
+            ReportError::UndeclaredRank {
+                worker_id,
+                dp_rank,
+                dp_start,
+                dp_size,
+            } => write!(
+                f,
+                "worker {worker_id} has no dp_rank {dp_rank} (declared ranks {dp_start}..{})",
+                u64::from(*dp_start) + u64::from(*dp_size)
+            ),
+            ReportError::InvalidValue { field, value } => {
+                write!(
+                    f,
+                    "{field} = {value} is out of range (must be below {})",
+                    u64::MAX
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ReportError {}
+
+/// A threshold update that was refused; the stored thresholds are unchanged.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ThresholdError {
+    /// No worker of this model was ever registered.
+    UnknownModel(String),
+    /// A value outside the field's allowed range.
+    Invalid {
+        /// The field name.
+        field: &'static str,
+        /// The value given, as text.
+        value: String,
+        /// The allowed range, as text.
+        allowed: &'static str,
+    },
+    /// `clear` named a field that does not exist.
+    UnknownField(String),
+    /// The same field was both set and cleared.
+    SetAndClear(&'static str),
+}
+
+impl fmt::Display for ThresholdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ThresholdError::UnknownModel(m) => write!(f, "unknown model {m:?}"),
+            ThresholdError::Invalid {
+                field,
+                value,
+                allowed,
+            } => {
+                write!(f, "{field} = {value} is invalid: must be {allowed}")
+            }
+            ThresholdError::UnknownField(name) => write!(
+                f,
+                "unknown threshold field {name:?} (expected one of active_decode_blocks_threshold, \
+                 active_prefill_tokens_threshold, active_prefill_tokens_threshold_frac)"
+            ),
+            ThresholdError::SetAndClear(field) => {
+                write!(f, "{field} is both set and cleared in one update")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ThresholdError {}
+
+/// Adding a worker was refused; nothing was registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerError {
+    /// A worker with this id is already registered.
+    Duplicate(u64),
+    /// `dp_start + dp_size` overflows `u32`.
+    InvalidRanks {
+        /// First rank given.
+        dp_start: u32,
+        /// Number of ranks given.
+        dp_size: u32,
+    },
+    /// The model already holds the configured maximum number of workers.
+    ModelFull {
+        /// The model.
+        model: String,
+        /// The configured maximum.
+        capacity: usize,
+    },
+    /// No worker with this id is registered.
+    Unknown(u64),
+    /// The model name is empty.
+    EmptyModel,
+}
+
+impl fmt::Display for WorkerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkerError::Duplicate(id) => write!(f, "worker {id} is already registered"),
+            WorkerError::InvalidRanks { dp_start, dp_size } => write!(
+                f,
+                "invalid ranks dp_start={dp_start} dp_size={dp_size}: dp_start + dp_size must fit in u32"
+            ),
+            WorkerError::ModelFull { model, capacity } => {
+                write!(f, "model {model:?} already has the maximum of {capacity} workers")
+            }
+            WorkerError::Unknown(id) => write!(f, "unknown worker {id}"),
+            WorkerError::EmptyModel => f.write_str("model name must not be empty"),
+        }
+    }
+}
+
+impl std::error::Error for WorkerError {}

@@ -1,0 +1,385 @@
+//! HTTP glue without a server: status codes, error bodies, headers, and the
+//! `/busy_threshold` handler as a pure function any server can mount.
+//!
+//! * [`overload_status`] reads `DYN_HTTP_OVERLOAD_STATUS_CODE` once and caches
+//!   it; [`parse_overload_status`] is the pure rule (trimmed; a status in
+//!   `100..=999` that is not 1xx is kept; anything else means 529).
+//! * [`error_response`] builds the status, JSON body (dynamo, openai or
+//!   anthropic shape) and headers (`Retry-After`, `x-loadgate-reason`) for a
+//!   rejection.
+//! * [`handle_busy_threshold`] maps (method, content type, body) to
+//!   (status, JSON body) for `GET`/`POST /busy_threshold`.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use crate::error::{Reason, ThresholdError};
+use crate::monitor::{Monitor, ThresholdState};
+use crate::thresholds::{ThresholdField, ThresholdUpdate};
+
+/// Environment variable overriding the overload status code.
+pub const OVERLOAD_STATUS_ENV: &str = "DYN_HTTP_OVERLOAD_STATUS_CODE";
+/// The overload status used when none (or an invalid one) is configured.
+pub const DEFAULT_OVERLOAD_STATUS: u16 = 529;
+/// Header carrying the machine-readable rejection reason.
+pub const REASON_HEADER: &str = "x-loadgate-reason";
+/// Largest `/busy_threshold` body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The overload status rule applied to the raw env value.
+pub fn parse_overload_status(raw: Option<&str>) -> u16 {
+    raw.and_then(|s| s.trim().parse::<u16>().ok())
+        .filter(|code| (200..=999).contains(code))
+        .unwrap_or(DEFAULT_OVERLOAD_STATUS)
+}
+
+/// The process's overload status: `DYN_HTTP_OVERLOAD_STATUS_CODE`, read once.
+pub fn overload_status() -> u16 {
+    static CODE: OnceLock<u16> = OnceLock::new();
+    *CODE.get_or_init(|| parse_overload_status(std::env::var(OVERLOAD_STATUS_ENV).ok().as_deref()))
+}
+
+/// The shape of an error body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorStyle {
+    /// `{"message", "type", "code"}` (the reference's flat shape).
+    #[default]
+    Dynamo,
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}`.
+    Anthropic,
+}
+
+impl ErrorStyle {
+    /// Parses `dynamo`, `openai` or `anthropic`.
+    pub fn from_name(name: &str) -> Option<ErrorStyle> {
+        match name {
+            "dynamo" => Some(ErrorStyle::Dynamo),
+            "openai" => Some(ErrorStyle::OpenAi),
+            "anthropic" => Some(ErrorStyle::Anthropic),
+            _ => None,
+        }
+    }
+}
+
+/// A complete HTTP error answer for a rejection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorResponse {
+    /// HTTP status (the overload status, or 503).
+    pub status: u16,
+    /// JSON body.
+    pub body: String,
+    /// `Retry-After` and the reason header.
+    pub headers: Vec<(&'static str, String)>,
+}
+
+/// `Retry-After` in whole seconds, rounded up, at least 1.
+pub fn retry_after_seconds(retry_after: Duration) -> u64 {
+    let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// The answer for a rejection with the process's overload status.
+pub fn error_response(reason: Reason, style: ErrorStyle, retry_after: Duration) -> ErrorResponse {
+    error_response_with_status(reason, style, retry_after, reason.http_status())
+}
+
+/// The answer for a rejection with an explicit status (for tests and for
+/// servers that choose their own overload code).
+pub fn error_response_with_status(
+    reason: Reason,
+    style: ErrorStyle,
+    retry_after: Duration,
+    status: u16,
+) -> ErrorResponse {
+    let overload = reason.is_overload();
+    let message = if overload {
+        reason.message()
+    } else {
+        "Service temporarily unavailable"
+    };
+    let body = match style {
+        ErrorStyle::Dynamo => json!({
+            "message": message,
+            "type": if overload { "Overloaded" } else { "ServiceUnavailable" },
+            "code": status,
+        }),
+        ErrorStyle::OpenAi => json!({
+            "error": {
+                "message": message,
+                "type": if overload { "overloaded_error" } else { "service_unavailable" },
+                "param": null,
+                "code": reason.as_str(),
+            }
+        }),
+        ErrorStyle::Anthropic => json!({
+            "type": "error",
+            "error": {
+                "type": if overload { "overloaded_error" } else { "api_error" },
+                "message": message,
+            }
+        }),
+    };
+    ErrorResponse {
+        status,
+        body: body.to_string(),
+        headers: vec![
+            ("retry-after", retry_after_seconds(retry_after).to_string()),
+            (REASON_HEADER, reason.as_str().to_owned()),
+        ],
+    }
+}
+
+/// Serves `/busy_threshold`.
+///
+/// * `GET` → 200 `{"thresholds": [{model, fields…, version}, …]}` for every model.
+/// * `POST` with `{model, active_decode_blocks_threshold?,
+///   active_prefill_tokens_threshold?, active_prefill_tokens_threshold_frac?,
+///   clear?: [names]}`: all thresholds null/absent and no `clear` → a read
+///   (200; all-null and version 0 for an unknown model); otherwise an update
+///   (200 echoing model, all three fields and `version`).
+/// * Errors, as `{"error": "..."}`: 404 set on an unknown model, 400 invalid
+///   value or malformed JSON, 422 wrong types or missing model, 415 non-JSON
+///   content type, 413 body over 64 KiB, 405 any other method.
+pub fn handle_busy_threshold(
+    monitor: &Monitor,
+    method: &str,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> (u16, String) {
+    match method.to_ascii_uppercase().as_str() {
+        "GET" | "HEAD" => {
+            let list: Vec<Value> = monitor
+                .models()
+                .into_iter()
+                .map(|m| {
+                    let state = monitor.thresholds(&m).unwrap_or_default();
+                    threshold_json(&m, &state)
+                })
+                .collect();
+            (200, json!({ "thresholds": list }).to_string())
+        }
+        "POST" => match post(monitor, content_type, body) {
+            Ok(v) => (200, v.to_string()),
+            Err((status, message)) => (status, json!({ "error": message }).to_string()),
+        },
+        other => (
+            405,
+            json!({ "error": format!("method {other} not allowed; use GET or POST") }).to_string(),
+        ),
+    }
+}
+
+fn threshold_json(model: &str, state: &ThresholdState) -> Value {
+    let t = &state.thresholds;
+    json!({
+        "model": model,
+        "active_decode_blocks_threshold": t.active_decode_blocks_threshold,
+        "active_prefill_tokens_threshold": t.active_prefill_tokens_threshold,
+        "active_prefill_tokens_threshold_frac": t.active_prefill_tokens_threshold_frac,
+        "version": state.version,
+    })
+}
+
+fn is_json(content_type: Option<&str>) -> bool {
+    let Some(ct) = content_type else { return false };
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+type HttpError = (u16, String);
+
+fn post(monitor: &Monitor, content_type: Option<&str>, body: &[u8]) -> Result<Value, HttpError> {
+    if !is_json(content_type) {
+        return Err((
+            415,
+            format!(
+                "content type {:?} is not supported; send application/json",
+                content_type.unwrap_or("")
+            ),
+        ));
+    }
+    if body.len() > MAX_BODY_BYTES {
+        return Err((
+            413,
+            format!(
+                "body of {} bytes exceeds the {MAX_BODY_BYTES}-byte limit",
+                body.len()
+            ),
+        ));
+    }
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| (400, format!("malformed JSON: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err((422, "body must be a JSON object".to_owned()));
+    };
+    let model = match obj.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(Value::String(_)) => return Err((422, "model must not be empty".to_owned())),
+        Some(_) => return Err((422, "model must be a string".to_owned())),
+        None => return Err((422, "missing field: model".to_owned())),
+    };
+    let update = parse_update(&obj)?;
+    if update.is_empty() {
+        let state = monitor.thresholds(&model).unwrap_or_default();
+        return Ok(threshold_json(&model, &state));
+    }
+    match monitor.set_thresholds(&model, &update) {
+        Ok(state) => Ok(threshold_json(&model, &state)),
+        Err(e @ ThresholdError::UnknownModel(_)) => Err((404, e.to_string())),
+        Err(e) => Err((400, e.to_string())),
+    }
+}
+
+fn parse_update(obj: &Map<String, Value>) -> Result<ThresholdUpdate, HttpError> {
+    let field = |f: ThresholdField| obj.get(f.name()).filter(|v| !v.is_null());
+    let wrong = |f: ThresholdField, want: &str| (422, format!("{} must be {want}", f.name()));
+    let number = |f: ThresholdField| -> Result<Option<f64>, HttpError> {
+        field(f)
+            .map(|v| v.as_f64().ok_or_else(|| wrong(f, "a number")))
+            .transpose()
+    };
+    let mut update = ThresholdUpdate {
+        active_decode_blocks_threshold: number(ThresholdField::ActiveDecodeBlocks)?,
+        active_prefill_tokens_threshold_frac: number(ThresholdField::ActivePrefillTokensFrac)?,
+        ..Default::default()
+    };
+    let abs = ThresholdField::ActivePrefillTokens;
+    if let Some(v) = field(abs) {
+        update.active_prefill_tokens_threshold = Some(match v {
+            Value::Number(n) if n.is_u64() => n.as_u64().expect("checked u64"),
+            Value::Number(n) if n.is_i64() => {
+                return Err((
+                    400,
+                    format!("{} = {n} is invalid: must be >= 0", abs.name()),
+                ))
+            }
+            _ => return Err(wrong(abs, "a non-negative integer")),
+        });
+    }
+    match obj.get("clear") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(names)) => {
+            for name in names {
+                let Value::String(name) = name else {
+                    return Err((422, "clear must be a list of field names".to_owned()));
+                };
+                let f = ThresholdField::from_name(name).map_err(|e| (400, e.to_string()))?;
+                if !update.clear.contains(&f) {
+                    update.clear.push(f);
+                }
+            }
+        }
+        Some(_) => return Err((422, "clear must be a list of field names".to_owned())),
+    }
+    Ok(update)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overload_status_parse_table() {
+        for raw in [
+            None,
+            Some(""),
+            Some("abc"),
+            Some("99"),
+            Some("100"),
+            Some("199"),
+            Some("1000"),
+            Some("-529"),
+            Some("5 29"),
+        ] {
+            assert_eq!(parse_overload_status(raw), 529, "{raw:?}");
+        }
+        for (raw, code) in [
+            ("200", 200),
+            (" 429 ", 429),
+            ("503", 503),
+            ("999", 999),
+            ("\t529\n", 529),
+        ] {
+            assert_eq!(parse_overload_status(Some(raw)), code, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_seconds(Duration::ZERO), 1);
+        assert_eq!(retry_after_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(retry_after_seconds(Duration::from_secs(3)), 3);
+    }
+
+    #[test]
+    fn error_bodies_in_every_style() {
+        let r = error_response_with_status(
+            Reason::AllWorkersBusy,
+            ErrorStyle::Dynamo,
+            Duration::from_secs(1),
+            529,
+        );
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            v,
+            json!({"message": "All workers are busy, please retry later", "type": "Overloaded", "code": 529})
+        );
+        assert_eq!(
+            r.headers,
+            vec![
+                ("retry-after", "1".to_owned()),
+                (REASON_HEADER, "all_workers_busy".to_owned())
+            ]
+        );
+
+        let r = error_response_with_status(
+            Reason::NoWorkers,
+            ErrorStyle::Dynamo,
+            Duration::from_secs(2),
+            503,
+        );
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(v["message"], "Service temporarily unavailable");
+        assert_eq!(v["code"], 503);
+        assert_eq!(r.headers[0].1, "2");
+        assert_eq!(r.headers[1].1, "no_workers");
+
+        let r = error_response_with_status(
+            Reason::WorkerAtCapacity,
+            ErrorStyle::OpenAi,
+            Duration::from_secs(1),
+            429,
+        );
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            v["error"]["message"],
+            "Server overloaded: worker at capacity"
+        );
+        assert_eq!(v["error"]["code"], "worker_at_capacity");
+        assert_eq!(r.status, 429);
+
+        let r = error_response_with_status(
+            Reason::QueueTimeout,
+            ErrorStyle::Anthropic,
+            Duration::from_secs(1),
+            529,
+        );
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "overloaded_error");
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("admission queue delay"));
+    }
+}

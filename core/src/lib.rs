@@ -1,0 +1,33 @@
+//! loadgate: request rejection (load shedding) for LLM serving.
+//!
+//! Two halves share one crate:
+//!
+//! * the **frontend** half ([`Monitor`]) keeps a per-rank load table for every
+//!   worker, decides which workers are busy by the thresholds of their model,
+//!   publishes the busy set as an epoch-stamped bitset, and routes requests
+//!   around busy workers, answering [`RouteError::Overloaded`] (HTTP 529) or
+//!   [`RouteError::Unavailable`] (HTTP 503) when it cannot;
+//! * the **worker** half ([`AdmissionGate`]) caps a worker's own concurrency at
+//!   exactly `N` running plus `Q` queued, rejecting the rest with
+//!   "Server overloaded: worker at capacity".
+//!
+//! Hot paths (reporting load, checking and selecting workers, direct admission
+//! and release) are lock-free and allocation-free; cold paths (adding workers,
+//! changing thresholds, rendering metrics) may lock and allocate.
+
+pub mod busy_set;
+mod combine;
+pub mod clock;
+pub mod error;
+pub mod gate;
+pub mod http;
+pub mod metrics;
+pub mod monitor;
+mod sync;
+pub mod thresholds;
+
+pub use busy_set::BusySet;
+pub use clock::{Clock, ManualClock, MonotonicClock, SharedClock};
+pub use error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
+pub use monitor::{Booking, LoadReport, Monitor, MonitorConfig, Policy, Staleness, WorkerSpec};
+pub use thresholds::{ThresholdField, ThresholdUpdate, Thresholds};

@@ -1,0 +1,79 @@
+//! Prometheus text exposition helpers shared by the monitor and the gate.
+//!
+//! Hot paths only bump plain atomics; this module turns them into text at
+//! scrape time. Label values are escaped as the exposition format requires.
+
+use std::fmt::{self, Write};
+
+/// The default metric name prefix, as the reference system uses.
+pub const DEFAULT_PREFIX: &str = "dynamo";
+
+/// Writes `# HELP` and `# TYPE` lines for one metric family.
+pub(crate) fn header(out: &mut String, prefix: &str, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {prefix}_{name} {help}");
+    let _ = writeln!(out, "# TYPE {prefix}_{name} {kind}");
+}
+
+/// Writes one sample line: `prefix_name{l1="v1",...} value`.
+pub(crate) fn sample(
+    out: &mut String,
+    prefix: &str,
+    name: &str,
+    labels: &[(&str, &dyn fmt::Display)],
+    value: impl fmt::Display,
+) {
+    let _ = write!(out, "{prefix}_{name}");
+    if !labels.is_empty() {
+        out.push('{');
+        for (i, (key, val)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "{key}=\"");
+            escape_label(out, &val.to_string());
+            out.push('"');
+        }
+        out.push('}');
+    }
+    let _ = writeln!(out, " {value}");
+}
+
+/// Escapes a label value: backslash, double quote and newline.
+fn escape_label(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// Checks that a metric prefix is a valid Prometheus name start.
+pub(crate) fn valid_prefix(prefix: &str) -> bool {
+    let mut chars = prefix.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut out = String::new();
+        sample(&mut out, "p", "m", &[("model", &"a\"b\\c\nd")], 3);
+        assert_eq!(out, "p_m{model=\"a\\\"b\\\\c\\nd\"} 3\n");
+    }
+
+    #[test]
+    fn prefixes_are_validated() {
+        assert!(valid_prefix("dynamo"));
+        assert!(valid_prefix("my_app:x1"));
+        assert!(!valid_prefix(""));
+        assert!(!valid_prefix("1abc"));
+        assert!(!valid_prefix("a-b"));
+    }
+}

@@ -1,0 +1,40 @@
+//! One place that chooses the synchronization primitives.
+//!
+//! Normal builds re-export `std`; builds with `--cfg loom` re-export loom's
+//! model-checked versions, so every lock-free protocol in this crate runs
+//! unchanged under the loom model checker.
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::{
+    atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    Condvar, Mutex, MutexGuard,
+};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{
+    atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    Condvar, Mutex, MutexGuard,
+};
+
+/// Hint used inside short wait loops (spin once, then let the scheduler run).
+#[inline]
+pub(crate) fn spin_wait() {
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}
+
+/// Locks a mutex, ignoring poisoning: every critical section in this crate
+/// leaves the protected data consistent before it can panic.
+#[inline]
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    #[cfg(not(loom))]
+    {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    #[cfg(loom)]
+    {
+        m.lock().unwrap()
+    }
+}
