@@ -250,7 +250,11 @@ mod tests {
             "active_decode above the line"
         );
         assert!(!t.rank_busy(&load(1000, 1000, 0)), "kv_total 0 never trips");
-        assert!(t.rank_busy(&load(1, 0, 100)) == decode(0.0).rank_busy(&load(1, 0, 100)));
+        assert!(
+            decode(0.0).rank_busy(&load(1, 0, 100)),
+            "threshold 0: any use is busy"
+        );
+        assert!(!decode(0.0).rank_busy(&load(0, 0, 100)));
         assert!(!decode(1.0).rank_busy(&load(100, 100, 100)));
     }
 

@@ -1,0 +1,116 @@
+//! Proves the monitor's hot paths allocate nothing: a counting global
+//! allocator in its own test binary, counting only the measuring thread.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use loadgate::{
+    LoadReport, ManualClock, Monitor, MonitorConfig, Policy, ThresholdUpdate, WorkerSpec,
+};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: delegates to the system allocator; the counter is a thread-local
+// Cell with a const initializer, which never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations_in(f: impl FnOnce()) -> u64 {
+    let before = ALLOCATIONS.with(Cell::get);
+    f();
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+#[test]
+fn hot_paths_allocate_nothing() {
+    let m = Monitor::with_config(MonitorConfig::default(), ManualClock::new()).unwrap();
+    for id in 0..200 {
+        let spec = WorkerSpec {
+            dp_size: 2,
+            kv_total_blocks: Some(100),
+            ..Default::default()
+        };
+        m.add_worker("m", id, spec).unwrap();
+    }
+    let decode = ThresholdUpdate {
+        active_decode_blocks_threshold: Some(0.5),
+        ..Default::default()
+    };
+    m.set_thresholds("m", &decode).unwrap();
+    let low = LoadReport {
+        kv_used_blocks: Some(10),
+        ..Default::default()
+    };
+    let high = LoadReport {
+        kv_used_blocks: Some(90),
+        active_prefill_tokens: Some(5),
+        ..Default::default()
+    };
+    for id in 0..100 {
+        m.report(id, 0, &high).unwrap();
+        m.report(id, 1, &high).unwrap();
+    }
+    // Warm up: the first registry load on a thread may allocate its slot,
+    // and the first rejection on an endpoint adds its counter.
+    m.select("m", Policy::RoundRobin).unwrap();
+    let busy_only = Monitor::with_config(MonitorConfig::default(), ManualClock::new()).unwrap();
+    busy_only
+        .add_worker(
+            "b",
+            1,
+            WorkerSpec {
+                kv_total_blocks: Some(10),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    busy_only.set_thresholds("b", &decode).unwrap();
+    busy_only.report(1, 0, &high).unwrap();
+    let _ = busy_only.select("b", Policy::RoundRobin);
+    let _ = busy_only.check(1);
+
+    let costs: Vec<(u64, f64)> = (0..64).map(|i| (i * 3, i as f64)).collect();
+    let n = allocations_in(|| {
+        for round in 0..1000u64 {
+            let id = 100 + round % 100;
+            m.report(id, 0, &low).unwrap(); // no busy change
+            m.report(5, 1, &low).unwrap(); // busy flip: busy -> free
+            m.report(5, 1, &high).unwrap(); // busy flip: free -> busy
+            assert!(m.is_busy(5).unwrap());
+            for policy in [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo] {
+                let picked = m.select("m", policy).unwrap();
+                assert!(picked >= 100);
+            }
+            m.select_min_cost("m", costs.iter().copied()).unwrap();
+            m.check(id).unwrap();
+            let mut booking = m.book(id, 0, 3).unwrap();
+            booking.add_output_blocks(2);
+            drop(booking);
+            // Rejections: Overloaded and WorkerOverloaded.
+            assert!(busy_only.select("b", Policy::RoundRobin).is_err());
+            assert!(busy_only.check(1).is_err());
+        }
+    });
+    assert_eq!(n, 0, "hot paths allocated {n} times");
+}

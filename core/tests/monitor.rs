@@ -1,0 +1,936 @@
+//! One test per rule of the frontend monitor (SPEC §1–§3, §6, §8).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use loadgate::monitor::{ThresholdState, DEFAULT_ENDPOINT};
+use loadgate::thresholds::RankLoad;
+use loadgate::{
+    Clock, LoadReport, ManualClock, Monitor, MonitorConfig, Policy, ReportError, RouteError,
+    Staleness, ThresholdError, ThresholdField, ThresholdUpdate, WorkerError, WorkerSpec,
+};
+
+const M: &str = "llama";
+
+fn monitor_with(clock: Arc<ManualClock>) -> Monitor {
+    Monitor::with_config(MonitorConfig::default(), clock).unwrap()
+}
+
+fn monitor() -> (Monitor, Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    (monitor_with(clock.clone()), clock)
+}
+
+fn spec(dp_size: u32, kv_total: u64) -> WorkerSpec {
+    WorkerSpec {
+        dp_size,
+        kv_total_blocks: Some(kv_total),
+        ..Default::default()
+    }
+}
+
+fn decode(t: f64) -> ThresholdUpdate {
+    ThresholdUpdate {
+        active_decode_blocks_threshold: Some(t),
+        ..Default::default()
+    }
+}
+
+fn used(n: u64) -> LoadReport {
+    LoadReport {
+        kv_used_blocks: Some(n),
+        ..Default::default()
+    }
+}
+
+fn prefill(n: u64) -> LoadReport {
+    LoadReport {
+        active_prefill_tokens: Some(n),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn absent_fields_keep_and_present_zero_overwrites() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.report(
+        1,
+        0,
+        &LoadReport {
+            kv_used_blocks: Some(40),
+            active_prefill_tokens: Some(7),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.report(
+        1,
+        0,
+        &LoadReport {
+            active_decode_blocks: Some(3),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let l = m.rank_load(1, 0).unwrap();
+    assert_eq!(
+        (
+            l.kv_used_blocks,
+            l.active_decode_blocks,
+            l.active_prefill_tokens
+        ),
+        (40, 3, Some(7))
+    );
+    assert_eq!(l.kv_total_blocks, 100);
+    m.report(
+        1,
+        0,
+        &LoadReport {
+            kv_used_blocks: Some(0),
+            active_prefill_tokens: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let l = m.rank_load(1, 0).unwrap();
+    assert_eq!(
+        (
+            l.kv_used_blocks,
+            l.active_decode_blocks,
+            l.active_prefill_tokens
+        ),
+        (0, 3, Some(0))
+    );
+}
+
+#[test]
+fn a_report_of_one_field_never_overwrites_another() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    let _booking = m.book(1, 0, 60).unwrap();
+    m.report(1, 0, &used(10)).unwrap();
+    assert_eq!(m.rank_load(1, 0).unwrap().active_decode_blocks, 60);
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    assert!(
+        m.is_busy(1).unwrap(),
+        "router-side decode blocks still count after a kv_used report"
+    );
+}
+
+#[test]
+fn bad_reports_are_refused_counted_and_change_nothing() {
+    let (m, _) = monitor();
+    m.add_worker(
+        M,
+        1,
+        WorkerSpec {
+            dp_start: 2,
+            dp_size: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.report(1, 2, &used(5)).unwrap();
+    assert_eq!(m.report(9, 0, &used(1)), Err(ReportError::UnknownWorker(9)));
+    let err = m.report(1, 4, &used(1)).unwrap_err();
+    assert_eq!(
+        err,
+        ReportError::UndeclaredRank {
+            worker_id: 1,
+            dp_rank: 4,
+            dp_start: 2,
+            dp_size: 2
+        }
+    );
+    assert!(err.to_string().contains("2..4"), "{err}");
+    assert!(m.report(1, 1, &used(1)).is_err());
+    let err = m
+        .report(
+            1,
+            2,
+            &LoadReport {
+                kv_used_blocks: Some(9),
+                ..prefill(u64::MAX)
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        ReportError::InvalidValue {
+            field: "active_prefill_tokens",
+            ..
+        }
+    ));
+    assert_eq!(
+        m.rank_load(1, 2).unwrap().kv_used_blocks,
+        5,
+        "a refused report applies nothing"
+    );
+    assert_eq!(
+        m.refused_reports(),
+        [
+            ("unknown_worker", 1),
+            ("undeclared_rank", 2),
+            ("invalid_value", 1)
+        ]
+    );
+    let text = m.metrics_text();
+    assert!(
+        text.contains("dynamo_frontend_load_reports_refused_total{reason=\"undeclared_rank\"} 2"),
+        "{text}"
+    );
+}
+
+#[test]
+fn nothing_is_busy_until_a_threshold_is_set() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.report(
+        1,
+        0,
+        &LoadReport {
+            kv_used_blocks: Some(100),
+            active_prefill_tokens: Some(1 << 40),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(!m.is_busy(1).unwrap());
+    assert_eq!(m.select(M, Policy::RoundRobin), Ok(1));
+}
+
+#[test]
+fn decode_check_is_strict_on_both_signals_with_latch() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    m.report(1, 0, &used(50)).unwrap();
+    assert!(!m.is_busy(1).unwrap(), "50 is not above 0.5 * 100");
+    m.report(1, 0, &used(51)).unwrap();
+    assert!(m.is_busy(1).unwrap());
+    // The router's view goes high while kv_used drops: still busy.
+    let booking = m.book(1, 0, 70).unwrap();
+    m.report(1, 0, &used(0)).unwrap();
+    assert!(
+        m.is_busy(1).unwrap(),
+        "cleared only when both signals are at or below the line"
+    );
+    drop(booking);
+    assert!(!m.is_busy(1).unwrap());
+}
+
+#[test]
+fn zero_or_unknown_kv_total_never_trips_decode() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, WorkerSpec::default()).unwrap();
+    m.set_thresholds(M, &decode(0.0)).unwrap();
+    m.report(1, 0, &used(1_000_000)).unwrap();
+    assert!(!m.is_busy(1).unwrap(), "unknown kv_total");
+    m.report(
+        1,
+        0,
+        &LoadReport {
+            kv_total_blocks: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(!m.is_busy(1).unwrap(), "kv_total 0");
+    m.report(
+        1,
+        0,
+        &LoadReport {
+            kv_total_blocks: Some(10),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(m.is_busy(1).unwrap());
+}
+
+#[test]
+fn prefill_checks_apply_only_to_ranks_that_reported_prefill() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(2, 100)).unwrap();
+    m.set_thresholds(
+        M,
+        &ThresholdUpdate {
+            active_prefill_tokens_threshold: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.report(1, 0, &prefill(1)).unwrap();
+    assert!(
+        !m.is_busy(1).unwrap(),
+        "rank 1 never reported prefill, so it is free"
+    );
+    m.report(1, 1, &prefill(0)).unwrap();
+    assert!(!m.is_busy(1).unwrap(), "0 is not above 0");
+    m.report(1, 1, &prefill(1)).unwrap();
+    assert!(m.is_busy(1).unwrap());
+}
+
+#[test]
+fn fractional_prefill_defaults_max_batched_tokens_to_ten_million() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, WorkerSpec::default()).unwrap();
+    m.add_worker(
+        M,
+        2,
+        WorkerSpec {
+            max_num_batched_tokens: Some(100),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.set_thresholds(
+        M,
+        &ThresholdUpdate {
+            active_prefill_tokens_threshold_frac: Some(0.5),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.report(1, 0, &prefill(5_000_000)).unwrap();
+    assert!(!m.is_busy(1).unwrap());
+    m.report(1, 0, &prefill(5_000_001)).unwrap();
+    assert!(m.is_busy(1).unwrap());
+    m.report(2, 0, &prefill(50)).unwrap();
+    assert!(!m.is_busy(2).unwrap());
+    m.report(2, 0, &prefill(51)).unwrap();
+    assert!(m.is_busy(2).unwrap());
+    // A fraction above 1 is legal.
+    m.set_thresholds(
+        M,
+        &ThresholdUpdate {
+            active_prefill_tokens_threshold_frac: Some(64.0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(!m.is_busy(2).unwrap());
+    m.report(2, 0, &prefill(6401)).unwrap();
+    assert!(m.is_busy(2).unwrap());
+}
+
+#[test]
+fn a_worker_is_busy_only_when_all_declared_ranks_are() {
+    let (m, _) = monitor();
+    m.add_worker(
+        M,
+        1,
+        WorkerSpec {
+            dp_start: 4,
+            dp_size: 2,
+            kv_total_blocks: Some(10),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    m.report(1, 4, &used(9)).unwrap();
+    assert!(
+        !m.is_busy(1).unwrap(),
+        "rank 5 has not reported: it is free"
+    );
+    m.report(1, 5, &used(9)).unwrap();
+    assert!(m.is_busy(1).unwrap());
+    m.report(1, 5, &used(1)).unwrap();
+    assert!(!m.is_busy(1).unwrap());
+}
+
+#[test]
+fn a_worker_with_no_ranks_is_free() {
+    let (m, _) = monitor();
+    m.add_worker(
+        M,
+        1,
+        WorkerSpec {
+            dp_size: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.set_thresholds(M, &decode(0.0)).unwrap();
+    assert!(!m.is_busy(1).unwrap());
+    assert!(matches!(
+        m.report(1, 0, &used(1)),
+        Err(ReportError::UndeclaredRank { .. })
+    ));
+    assert_eq!(m.select(M, Policy::RoundRobin), Ok(1));
+}
+
+#[test]
+fn threshold_updates_validate_merge_clear_and_bump_the_version() {
+    let (m, _) = monitor();
+    assert_eq!(
+        m.set_thresholds(M, &decode(0.5)),
+        Err(ThresholdError::UnknownModel(M.into()))
+    );
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    assert_eq!(m.thresholds(M), Some(ThresholdState::default()));
+    let s = m.set_thresholds(M, &decode(0.5)).unwrap();
+    assert_eq!(s.version, 1);
+    let s = m
+        .set_thresholds(
+            M,
+            &ThresholdUpdate {
+                active_prefill_tokens_threshold: Some(10),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(s.version, 2);
+    assert_eq!(
+        s.thresholds.active_decode_blocks_threshold,
+        Some(0.5),
+        "merge keeps unnamed fields"
+    );
+    assert_eq!(s.thresholds.active_prefill_tokens_threshold, Some(10));
+    for bad in [f64::NAN, f64::INFINITY, -0.5, 1.5] {
+        let err = m.set_thresholds(M, &decode(bad)).unwrap_err();
+        assert!(
+            err.to_string().contains("active_decode_blocks_threshold"),
+            "{err}"
+        );
+    }
+    for bad in [f64::NAN, f64::NEG_INFINITY, -1.0] {
+        let up = ThresholdUpdate {
+            active_prefill_tokens_threshold_frac: Some(bad),
+            ..Default::default()
+        };
+        assert!(m.set_thresholds(M, &up).is_err());
+    }
+    assert_eq!(
+        m.thresholds(M).unwrap().version,
+        2,
+        "refused updates change nothing"
+    );
+    let s = m
+        .set_thresholds(
+            M,
+            &ThresholdUpdate {
+                clear: vec![ThresholdField::ActiveDecodeBlocks],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(s.thresholds.active_decode_blocks_threshold, None);
+    assert_eq!(s.version, 3);
+    assert_eq!(
+        m.set_thresholds(M, &ThresholdUpdate::default())
+            .unwrap()
+            .version,
+        3,
+        "empty update is a read"
+    );
+}
+
+#[test]
+fn thresholds_take_effect_before_the_update_returns() {
+    let (m, _) = monitor();
+    for id in 0..5 {
+        m.add_worker(M, id, spec(2, 100)).unwrap();
+        m.report(id, 0, &used(80)).unwrap();
+        m.report(id, 1, &used(if id < 3 { 80 } else { 10 }))
+            .unwrap();
+    }
+    assert!(m.busy_workers(M).is_empty());
+    let epoch = m.busy_epoch(M).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    assert_eq!(m.busy_workers(M), vec![0, 1, 2]);
+    assert_eq!(
+        m.busy_epoch(M).unwrap(),
+        epoch + 3,
+        "each flip bumps the epoch"
+    );
+    m.set_thresholds(M, &decode(0.9)).unwrap();
+    assert!(m.busy_workers(M).is_empty());
+}
+
+#[test]
+fn thresholds_are_per_model() {
+    let (m, _) = monitor();
+    m.add_worker("a", 1, spec(1, 100)).unwrap();
+    m.add_worker("b", 2, spec(1, 100)).unwrap();
+    m.report(1, 0, &used(90)).unwrap();
+    m.report(2, 0, &used(90)).unwrap();
+    m.set_thresholds("a", &decode(0.5)).unwrap();
+    assert!(m.is_busy(1).unwrap());
+    assert!(!m.is_busy(2).unwrap());
+    assert_eq!(m.thresholds("b").unwrap().version, 0);
+}
+
+#[test]
+fn select_errors_distinguish_overloaded_from_unavailable() {
+    let (m, _) = monitor();
+    assert_eq!(
+        m.select(M, Policy::RoundRobin),
+        Err(RouteError::Unavailable)
+    );
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.add_worker(M, 2, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    m.report(1, 0, &used(60)).unwrap();
+    assert_eq!(m.select(M, Policy::RoundRobin), Ok(2));
+    m.report(2, 0, &used(60)).unwrap();
+    for policy in [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo] {
+        let err = m.select(M, policy).unwrap_err();
+        assert_eq!(err, RouteError::Overloaded);
+        assert_eq!(err.to_string(), "All workers are busy, please retry later");
+    }
+    assert_eq!(
+        m.select_at(M, Policy::RoundRobin, "chat/completions"),
+        Err(RouteError::Overloaded)
+    );
+    m.remove_worker(1).unwrap();
+    m.remove_worker(2).unwrap();
+    let err = m.select(M, Policy::RoundRobin).unwrap_err();
+    assert_eq!(err, RouteError::Unavailable);
+    assert_eq!(err.to_string(), "No workers available");
+    let text = m.metrics_text();
+    assert!(
+        text.contains(&format!(
+        "dynamo_frontend_model_rejection_total{{model=\"llama\",endpoint=\"{DEFAULT_ENDPOINT}\"}} 3"
+    )),
+        "{text}"
+    );
+    assert!(text.contains(
+        "dynamo_frontend_model_rejection_total{model=\"llama\",endpoint=\"chat/completions\"} 1"
+    ));
+    assert!(text.contains(
+        "dynamo_frontend_model_rejection_by_reason_total{model=\"llama\",reason=\"no_workers\"} 1"
+    ));
+}
+
+fn counts(m: &Monitor, policy: Policy, n: usize) -> std::collections::BTreeMap<u64, usize> {
+    let mut c = std::collections::BTreeMap::new();
+    for _ in 0..n {
+        *c.entry(m.select(M, policy).unwrap()).or_insert(0) += 1;
+    }
+    c
+}
+
+#[test]
+fn round_robin_visits_every_eligible_worker_in_turn() {
+    let (m, _) = monitor();
+    for id in 0..130 {
+        m.add_worker(M, 1000 + id, spec(1, 100)).unwrap();
+    }
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    for id in (0..130).filter(|i| i % 3 == 0) {
+        m.report(1000 + id, 0, &used(90)).unwrap();
+    }
+    let c = counts(&m, Policy::RoundRobin, 86 * 10);
+    assert_eq!(c.len(), 86, "every free worker, no busy one");
+    assert!(
+        c.iter().all(|(id, n)| (id - 1000) % 3 != 0 && *n == 10),
+        "{c:?}"
+    );
+}
+
+#[test]
+fn random_picks_every_eligible_worker_and_never_a_busy_one() {
+    let (m, _) = monitor();
+    for id in 0..100 {
+        m.add_worker(M, id, spec(1, 100)).unwrap();
+    }
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    for id in 0..95 {
+        m.report(id, 0, &used(90)).unwrap();
+    }
+    let c = counts(&m, Policy::Random, 5000);
+    assert_eq!(
+        c.keys().copied().collect::<Vec<_>>(),
+        vec![95, 96, 97, 98, 99]
+    );
+    assert!(
+        c.values().all(|n| (700..1300).contains(n)),
+        "roughly uniform: {c:?}"
+    );
+}
+
+#[test]
+fn power_of_two_prefers_the_less_loaded_worker() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 1000)).unwrap();
+    m.add_worker(M, 2, spec(1, 1000)).unwrap();
+    m.report(1, 0, &used(500)).unwrap();
+    m.report(2, 0, &used(10)).unwrap();
+    let c = counts(&m, Policy::PowerOfTwo, 1000);
+    // Worker 1 wins only when both picks land on it (~1/4).
+    assert!(c[&2] > 650, "{c:?}");
+}
+
+#[test]
+fn min_cost_picks_the_cheapest_eligible_candidate() {
+    let (m, _) = monitor();
+    for id in 1..=4 {
+        m.add_worker(M, id, spec(1, 100)).unwrap();
+    }
+    m.add_worker("other", 9, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    m.report(1, 0, &used(90)).unwrap();
+    let costs = [
+        (1, 0.1),
+        (2, f64::NAN),
+        (3, 0.5),
+        (4, 0.7),
+        (9, 0.0),
+        (77, 0.0),
+    ];
+    assert_eq!(
+        m.select_min_cost(M, costs),
+        Ok(3),
+        "busy, foreign and unknown ids are skipped"
+    );
+    assert_eq!(
+        m.select_min_cost(M, [(2, f64::NAN), (4, 0.7)]),
+        Ok(4),
+        "NaN ranks last"
+    );
+    assert_eq!(m.select_min_cost(M, [(2, f64::NAN)]), Ok(2));
+    assert_eq!(
+        m.select_min_cost(M, [(1, 0.0)]),
+        Err(RouteError::Overloaded)
+    );
+    m.mark_overloaded(3).unwrap();
+    assert_eq!(
+        m.select_min_cost(M, [(3, 0.0), (4, 1.0)]),
+        Ok(4),
+        "leased workers are skipped"
+    );
+    assert_eq!(
+        m.select_min_cost("nobody", [(1, 0.0)]),
+        Err(RouteError::Unavailable)
+    );
+}
+
+#[test]
+fn check_refuses_busy_and_leased_pinned_workers() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.add_worker(M, 2, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    assert_eq!(m.check(1), Ok(()));
+    m.report(1, 0, &used(90)).unwrap();
+    let err = m.check(1).unwrap_err();
+    assert_eq!(err, RouteError::WorkerOverloaded);
+    assert_eq!(
+        err.to_string(),
+        "Selected worker is overloaded, please retry later"
+    );
+    m.mark_overloaded(2).unwrap();
+    assert_eq!(
+        m.check_at(2, "completions"),
+        Err(RouteError::WorkerOverloaded)
+    );
+    assert_eq!(m.check(3), Err(RouteError::UnknownWorker(3)));
+    assert!(m.metrics_text().contains("reason=\"worker_overloaded\"} 2"));
+}
+
+#[test]
+fn a_lease_skips_the_worker_for_exactly_its_duration() {
+    let (m, clock) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.add_worker(M, 2, spec(1, 100)).unwrap();
+    m.mark_overloaded(1).unwrap();
+    assert!(m.is_leased(1).unwrap());
+    assert!(counts(&m, Policy::RoundRobin, 10).keys().eq([2].iter()));
+    m.mark_overloaded(2).unwrap();
+    assert_eq!(m.select(M, Policy::Random), Err(RouteError::Overloaded));
+    clock.advance(Duration::from_millis(999));
+    assert_eq!(m.select(M, Policy::RoundRobin), Err(RouteError::Overloaded));
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        counts(&m, Policy::RoundRobin, 10).len(),
+        2,
+        "the lease ends at exactly 1 s"
+    );
+    assert!(!m.is_leased(1).unwrap());
+}
+
+#[test]
+fn marking_again_extends_the_lease() {
+    let (m, clock) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.mark_overloaded(1).unwrap();
+    clock.advance(Duration::from_millis(600));
+    m.mark_overloaded(1).unwrap();
+    clock.advance(Duration::from_millis(600));
+    assert!(m.is_leased(1).unwrap());
+    clock.advance(Duration::from_millis(400));
+    assert!(!m.is_leased(1).unwrap());
+}
+
+#[test]
+fn a_not_busy_report_ends_the_lease_early() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    m.report(1, 0, &used(90)).unwrap();
+    m.mark_overloaded(1).unwrap();
+    m.report(1, 0, &used(95)).unwrap();
+    assert!(m.is_leased(1).unwrap(), "a busy report keeps the lease");
+    m.report(1, 0, &used(10)).unwrap();
+    assert!(!m.is_leased(1).unwrap());
+    assert_eq!(m.select(M, Policy::RoundRobin), Ok(1));
+}
+
+/// A clock that counts how often it is read.
+struct CountingClock(AtomicU64);
+impl Clock for CountingClock {
+    fn now_nanos(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        0
+    }
+}
+
+#[test]
+fn no_clock_read_on_the_hot_path_while_no_lease_is_outstanding() {
+    let clock = Arc::new(CountingClock(AtomicU64::new(0)));
+    let m = Monitor::with_config(MonitorConfig::default(), clock.clone()).unwrap();
+    for id in 0..3 {
+        m.add_worker(M, id, spec(1, 100)).unwrap();
+    }
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    let before = clock.0.load(Ordering::SeqCst);
+    for policy in [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo] {
+        m.select(M, policy).unwrap();
+    }
+    m.report(0, 0, &used(90)).unwrap();
+    let _ = m.select(M, Policy::RoundRobin);
+    let _ = m.check(0);
+    m.select_min_cost(M, [(0, 1.0), (1, 2.0)]).unwrap();
+    m.is_busy(1).unwrap();
+    assert_eq!(clock.0.load(Ordering::SeqCst), before);
+    m.mark_overloaded(1).unwrap();
+    let marked = clock.0.load(Ordering::SeqCst);
+    let _ = m.select(M, Policy::RoundRobin);
+    let _ = m.select(M, Policy::RoundRobin);
+    assert!(
+        clock.0.load(Ordering::SeqCst) > marked,
+        "with a lease out, select checks expiry"
+    );
+}
+
+#[test]
+fn bookings_feed_active_decode_blocks_until_released() {
+    let (m, _) = monitor();
+    m.add_worker(
+        M,
+        1,
+        WorkerSpec {
+            dp_size: 2,
+            kv_total_blocks: Some(100),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    let mut a = m.book(1, 0, 30).unwrap();
+    let b = m.book(1, 1, 60).unwrap();
+    assert_eq!(m.rank_load(1, 0).unwrap().active_decode_blocks, 30);
+    assert!(!m.is_busy(1).unwrap());
+    a.add_output_blocks(25);
+    assert_eq!(a.blocks(), 55);
+    assert!(
+        m.is_busy(1).unwrap(),
+        "output blocks push both ranks over the line"
+    );
+    a.release();
+    assert_eq!(m.rank_load(1, 0).unwrap().active_decode_blocks, 0);
+    assert!(!m.is_busy(1).unwrap());
+    drop(b);
+    assert_eq!(m.rank_load(1, 1).unwrap().active_decode_blocks, 0);
+    assert!(matches!(
+        m.book(1, 2, 1),
+        Err(ReportError::UndeclaredRank { .. })
+    ));
+    assert_eq!(m.book(5, 0, 1).unwrap_err(), ReportError::UnknownWorker(5));
+}
+
+#[test]
+fn a_booking_on_a_removed_worker_is_harmless() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    let mut booking = m.book(1, 0, 90).unwrap();
+    assert!(m.is_busy(1).unwrap());
+    m.remove_worker(1).unwrap();
+    m.add_worker(M, 2, spec(1, 100)).unwrap();
+    booking.add_output_blocks(10);
+    drop(booking);
+    assert!(m.busy_workers(M).is_empty());
+    assert_eq!(m.select(M, Policy::RoundRobin), Ok(2));
+}
+
+#[test]
+fn staleness_keep_free_and_busy() {
+    let (m, clock) = monitor();
+    m.add_worker("keep", 1, spec(1, 100)).unwrap();
+    m.add_worker("free", 2, spec(1, 100)).unwrap();
+    m.add_worker("busy", 3, spec(1, 100)).unwrap();
+    for (model, id) in [("keep", 1), ("free", 2), ("busy", 3)] {
+        m.set_thresholds(model, &decode(0.5)).unwrap();
+        m.report(id, 0, &used(90)).unwrap();
+    }
+    let s = Duration::from_secs(3);
+    m.set_staleness("free", Staleness::Free, s).unwrap();
+    m.set_staleness("busy", Staleness::Busy, s).unwrap();
+    assert_eq!(
+        m.set_staleness("none", Staleness::Busy, s),
+        Err(ThresholdError::UnknownModel("none".into()))
+    );
+    m.report(3, 0, &used(10)).unwrap();
+    m.sweep();
+    clock.advance(Duration::from_millis(2999));
+    m.sweep();
+    assert_eq!(
+        [m.is_busy(1), m.is_busy(2), m.is_busy(3)],
+        [Ok(true), Ok(true), Ok(false)]
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(m.sweep(), 2);
+    assert_eq!(
+        [m.is_busy(1), m.is_busy(2), m.is_busy(3)],
+        [Ok(true), Ok(false), Ok(true)]
+    );
+    // A report makes the rank fresh again at once.
+    m.report(2, 0, &used(95)).unwrap();
+    m.report(3, 0, &used(5)).unwrap();
+    assert_eq!([m.is_busy(2), m.is_busy(3)], [Ok(true), Ok(false)]);
+    m.sweep();
+    // Back to keep: stale marks are dropped on the next sweep.
+    clock.advance(Duration::from_secs(10));
+    m.sweep();
+    assert_eq!(m.is_busy(2), Ok(false));
+    m.set_staleness("free", Staleness::Keep, s).unwrap();
+    assert_eq!(m.is_busy(2), Ok(true));
+}
+
+#[test]
+fn adding_and_removing_workers_validates_input() {
+    let clock = ManualClock::new();
+    let m = Monitor::with_config(
+        MonitorConfig {
+            max_workers_per_model: 2,
+            ..Default::default()
+        },
+        clock,
+    )
+    .unwrap();
+    assert_eq!(
+        m.add_worker("", 1, WorkerSpec::default()),
+        Err(WorkerError::EmptyModel)
+    );
+    let bad = WorkerSpec {
+        dp_start: u32::MAX,
+        dp_size: 2,
+        ..Default::default()
+    };
+    assert!(matches!(
+        m.add_worker(M, 1, bad),
+        Err(WorkerError::InvalidRanks { .. })
+    ));
+    m.add_worker(M, 1, WorkerSpec::default()).unwrap();
+    assert_eq!(
+        m.add_worker(M, 1, WorkerSpec::default()),
+        Err(WorkerError::Duplicate(1))
+    );
+    m.add_worker(M, 2, WorkerSpec::default()).unwrap();
+    let err = m.add_worker(M, 3, WorkerSpec::default()).unwrap_err();
+    assert!(
+        matches!(err, WorkerError::ModelFull { capacity: 2, .. }),
+        "{err}"
+    );
+    assert_eq!(m.remove_worker(7), Err(WorkerError::Unknown(7)));
+    m.remove_worker(1).unwrap();
+    m.add_worker(M, 3, WorkerSpec::default()).unwrap();
+    assert_eq!(m.workers(M), vec![3, 2], "the freed slot is reused");
+    assert!(Monitor::with_config(
+        MonitorConfig {
+            metrics_prefix: "1x".into(),
+            ..Default::default()
+        },
+        ManualClock::new()
+    )
+    .is_err());
+    assert!(Monitor::with_config(
+        MonitorConfig {
+            lease: Duration::ZERO,
+            ..Default::default()
+        },
+        ManualClock::new()
+    )
+    .is_err());
+}
+
+#[test]
+fn removed_workers_leave_the_busy_set_and_the_metrics() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(2, 100)).unwrap();
+    m.add_worker(M, 2, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    m.report(
+        1,
+        0,
+        &LoadReport {
+            kv_used_blocks: Some(90),
+            active_prefill_tokens: Some(12),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.report(1, 1, &used(90)).unwrap();
+    let _b = m.book(1, 1, 4).unwrap();
+    assert_eq!(m.busy_workers(M), vec![1]);
+    let text = m.metrics_text();
+    assert!(
+        text.contains(
+            "dynamo_frontend_worker_active_decode_blocks{worker_id=\"1\",dp_rank=\"1\"} 4"
+        ),
+        "{text}"
+    );
+    assert!(text.contains(
+        "dynamo_frontend_worker_active_prefill_tokens{worker_id=\"1\",dp_rank=\"0\"} 12"
+    ));
+    assert!(
+        !text.contains("active_prefill_tokens{worker_id=\"1\",dp_rank=\"1\"}"),
+        "unreported prefill has no series"
+    );
+    assert!(text.contains("dynamo_frontend_model_busy_workers{model=\"llama\"} 1"));
+    assert!(text.contains("dynamo_frontend_model_threshold_version{model=\"llama\"} 1"));
+    m.remove_worker(1).unwrap();
+    assert!(m.busy_workers(M).is_empty());
+    let text = m.metrics_text();
+    assert!(!text.contains("worker_id=\"1\""), "{text}");
+    assert!(text.contains("worker_id=\"2\""));
+    assert!(text.contains("dynamo_frontend_model_busy_workers{model=\"llama\"} 0"));
+}
+
+#[test]
+fn the_metric_prefix_is_configurable() {
+    let config = MonitorConfig {
+        metrics_prefix: "edge".into(),
+        ..Default::default()
+    };
+    let m = Monitor::with_config(config, ManualClock::new()).unwrap();
+    m.add_worker(M, 1, WorkerSpec::default()).unwrap();
+    let text = m.metrics_text();
+    assert!(text.contains("# TYPE edge_frontend_model_rejection_total counter"));
+    assert!(
+        text.contains("edge_frontend_worker_active_decode_blocks{worker_id=\"1\",dp_rank=\"0\"} 0")
+    );
+    assert!(!text.contains("dynamo_"));
+}
+
+#[test]
+fn rank_load_reports_defaults_for_a_fresh_rank() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, WorkerSpec::default()).unwrap();
+    assert_eq!(m.rank_load(1, 0).unwrap(), RankLoad::default());
+}
