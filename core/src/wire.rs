@@ -1,0 +1,340 @@
+//! The load-report wire format (SPEC §7).
+//!
+//! A [`LoadMessage`] is a msgpack **named map** (field names on the wire, so
+//! fields can be added without breaking old readers) carrying a schema
+//! version, the worker's identity and declaration (model, ranks, capacities)
+//! and one rank's load. Because every message carries the declaration, a
+//! frontend that joins late learns the worker from its next heartbeat; no
+//! separate discovery is needed. JSON with the same fields is accepted for
+//! debugging, and the reference system's `ActiveLoad` payload
+//! (`worker_id`, `dp_rank`, `active_decode_blocks?`, `active_prefill_tokens?`,
+//! `kv_used_blocks?`) is decoded too.
+//!
+//! Decoding never panics: malformed input, unknown versions and
+//! out-of-range values each give a typed [`WireError`].
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::monitor::LoadReport;
+
+/// The schema version this crate writes and reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One rank's load and its worker's declaration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadMessage {
+    /// Schema version ([`SCHEMA_VERSION`]).
+    pub v: u32,
+    /// Identifies one run of the publishing process; sequence numbers are
+    /// ordered only within one instance, so a restarted worker is accepted.
+    pub instance: u64,
+    /// Per-instance sequence number, increasing with every message.
+    pub seq: u64,
+    /// The worker.
+    pub worker_id: u64,
+    /// The worker's model.
+    pub model: String,
+    /// First declared rank.
+    pub dp_start: u32,
+    /// Number of declared ranks.
+    pub dp_size: u32,
+    /// The rank this load is for.
+    pub dp_rank: u32,
+    /// KV cache capacity of the rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_total_blocks: Option<u64>,
+    /// Prefill batch capacity of the rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_num_batched_tokens: Option<u64>,
+    /// Router-side active decode blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_decode_blocks: Option<u64>,
+    /// KV cache blocks in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_used_blocks: Option<u64>,
+    /// Prefill tokens in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_prefill_tokens: Option<u64>,
+}
+
+impl LoadMessage {
+    /// The load fields as a [`LoadReport`].
+    pub fn report(&self) -> LoadReport {
+        LoadReport {
+            active_decode_blocks: self.active_decode_blocks,
+            kv_used_blocks: self.kv_used_blocks,
+            kv_total_blocks: self.kv_total_blocks,
+            active_prefill_tokens: self.active_prefill_tokens,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+        }
+    }
+
+    /// Encodes as a msgpack named map.
+    pub fn to_msgpack(&self) -> Vec<u8> {
+        rmp_serde::to_vec_named(self).expect("a LoadMessage always serializes")
+    }
+
+    /// Encodes as JSON (for debugging and tooling).
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a LoadMessage always serializes")
+    }
+}
+
+/// The reference system's `ActiveLoad` payload: load only, no declaration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveLoad {
+    /// The worker.
+    pub worker_id: u64,
+    /// The rank.
+    #[serde(default)]
+    pub dp_rank: u32,
+    /// Router-side active decode blocks.
+    #[serde(default)]
+    pub active_decode_blocks: Option<u64>,
+    /// Prefill tokens in flight.
+    #[serde(default)]
+    pub active_prefill_tokens: Option<u64>,
+    /// KV cache blocks in use.
+    #[serde(default)]
+    pub kv_used_blocks: Option<u64>,
+}
+
+impl ActiveLoad {
+    /// The load fields as a [`LoadReport`].
+    pub fn report(&self) -> LoadReport {
+        LoadReport {
+            active_decode_blocks: self.active_decode_blocks,
+            kv_used_blocks: self.kv_used_blocks,
+            active_prefill_tokens: self.active_prefill_tokens,
+            ..Default::default()
+        }
+    }
+}
+
+/// A decoded payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decoded {
+    /// A loadgate envelope.
+    Load(LoadMessage),
+    /// A reference `ActiveLoad`.
+    ActiveLoad(ActiveLoad),
+}
+
+/// Why a payload was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    /// Not valid msgpack or JSON, or a field has the wrong type.
+    Malformed(String),
+    /// A schema version this reader does not know.
+    UnsupportedVersion(u64),
+    /// A value outside its range (e.g. a rank outside the declared ranks).
+    Invalid(String),
+}
+
+impl WireError {
+    /// Stable name, used as a metrics label.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            WireError::Malformed(_) => "malformed",
+            WireError::UnsupportedVersion(_) => "unsupported_version",
+            WireError::Invalid(_) => "invalid",
+        }
+    }
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Malformed(why) => write!(f, "malformed load message: {why}"),
+            WireError::UnsupportedVersion(v) => {
+                write!(
+                    f,
+                    "unsupported load message version {v} (this reader knows {SCHEMA_VERSION})"
+                )
+            }
+            WireError::Invalid(why) => write!(f, "invalid load message: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// Every field either payload may carry; decoding goes through this so the
+/// two shapes are told apart by their fields, not by trial and error.
+#[derive(Deserialize)]
+struct AnyPayload {
+    v: Option<u64>,
+    instance: Option<u64>,
+    seq: Option<u64>,
+    worker_id: Option<u64>,
+    model: Option<String>,
+    dp_start: Option<u32>,
+    dp_size: Option<u32>,
+    dp_rank: Option<u32>,
+    kv_total_blocks: Option<u64>,
+    max_num_batched_tokens: Option<u64>,
+    active_decode_blocks: Option<u64>,
+    kv_used_blocks: Option<u64>,
+    active_prefill_tokens: Option<u64>,
+}
+
+/// Decodes a msgpack or JSON payload (JSON when it starts with `{`).
+pub fn decode(bytes: &[u8]) -> Result<Decoded, WireError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    let any: AnyPayload = match first {
+        None => return Err(WireError::Malformed("empty payload".into())),
+        Some(b'{') => {
+            serde_json::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))?
+        }
+        Some(_) => rmp_serde::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))?,
+    };
+    let missing = |field: &str| WireError::Malformed(format!("missing field {field}"));
+    let worker_id = any.worker_id.ok_or_else(|| missing("worker_id"))?;
+    let Some(v) = any.v else {
+        return Ok(Decoded::ActiveLoad(ActiveLoad {
+            worker_id,
+            dp_rank: any.dp_rank.unwrap_or(0),
+            active_decode_blocks: any.active_decode_blocks,
+            active_prefill_tokens: any.active_prefill_tokens,
+            kv_used_blocks: any.kv_used_blocks,
+        }));
+    };
+    if v != u64::from(SCHEMA_VERSION) {
+        return Err(WireError::UnsupportedVersion(v));
+    }
+    let msg = LoadMessage {
+        v: SCHEMA_VERSION,
+        instance: any.instance.ok_or_else(|| missing("instance"))?,
+        seq: any.seq.ok_or_else(|| missing("seq"))?,
+        worker_id,
+        model: any.model.ok_or_else(|| missing("model"))?,
+        dp_start: any.dp_start.unwrap_or(0),
+        dp_size: any.dp_size.unwrap_or(1),
+        dp_rank: any.dp_rank.ok_or_else(|| missing("dp_rank"))?,
+        kv_total_blocks: any.kv_total_blocks,
+        max_num_batched_tokens: any.max_num_batched_tokens,
+        active_decode_blocks: any.active_decode_blocks,
+        kv_used_blocks: any.kv_used_blocks,
+        active_prefill_tokens: any.active_prefill_tokens,
+    };
+    validate(&msg)?;
+    Ok(Decoded::Load(msg))
+}
+
+fn validate(msg: &LoadMessage) -> Result<(), WireError> {
+    if msg.model.is_empty() {
+        return Err(WireError::Invalid("model is empty".into()));
+    }
+    let end = msg.dp_start.checked_add(msg.dp_size).ok_or_else(|| {
+        WireError::Invalid(format!(
+            "dp_start {} + dp_size {} overflows",
+            msg.dp_start, msg.dp_size
+        ))
+    })?;
+    if !(msg.dp_start..end).contains(&msg.dp_rank) {
+        return Err(WireError::Invalid(format!(
+            "dp_rank {} outside declared ranks {}..{end}",
+            msg.dp_rank, msg.dp_start
+        )));
+    }
+    if msg.active_prefill_tokens == Some(u64::MAX) {
+        return Err(WireError::Invalid(
+            "active_prefill_tokens out of range".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn message() -> LoadMessage {
+        LoadMessage {
+            v: SCHEMA_VERSION,
+            instance: 77,
+            seq: 5,
+            worker_id: 3,
+            model: "llama".into(),
+            dp_start: 2,
+            dp_size: 2,
+            dp_rank: 3,
+            kv_total_blocks: Some(1000),
+            max_num_batched_tokens: None,
+            active_decode_blocks: None,
+            kv_used_blocks: Some(10),
+            active_prefill_tokens: Some(0),
+        }
+    }
+
+    #[test]
+    fn envelopes_round_trip_in_msgpack_and_json() {
+        let m = message();
+        assert_eq!(decode(&m.to_msgpack()), Ok(Decoded::Load(m.clone())));
+        assert_eq!(decode(&m.to_json()), Ok(Decoded::Load(m.clone())));
+        // Named map: field names are on the wire.
+        let bytes = m.to_msgpack();
+        assert!(bytes.windows(9).any(|w| w == b"worker_id"));
+        assert!(
+            !bytes.windows(11).any(|w| w == b"active_deco"),
+            "absent fields are not sent"
+        );
+    }
+
+    #[test]
+    fn reference_active_load_is_decoded() {
+        let json = br#"{"worker_id": 9, "dp_rank": 1, "active_decode_blocks": 12, "active_prefill_tokens": null}"#;
+        let want = ActiveLoad {
+            worker_id: 9,
+            dp_rank: 1,
+            active_decode_blocks: Some(12),
+            active_prefill_tokens: None,
+            kv_used_blocks: None,
+        };
+        assert_eq!(decode(json), Ok(Decoded::ActiveLoad(want.clone())));
+        let packed = rmp_serde::to_vec_named(&want).unwrap();
+        assert_eq!(decode(&packed), Ok(Decoded::ActiveLoad(want)));
+    }
+
+    #[test]
+    fn bad_payloads_are_typed_errors() {
+        assert!(matches!(decode(b""), Err(WireError::Malformed(_))));
+        assert!(matches!(decode(b"{nope"), Err(WireError::Malformed(_))));
+        assert!(matches!(
+            decode(&[0xc1, 0xff, 0x00]),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode(br#"{"dp_rank": 1}"#),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode(br#"{"worker_id": "x"}"#),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode(br#"{"worker_id": -1}"#),
+            Err(WireError::Malformed(_))
+        ));
+        let mut m = message();
+        m.v = 2;
+        assert_eq!(decode(&m.to_json()), Err(WireError::UnsupportedVersion(2)));
+        let mut m = message();
+        m.dp_rank = 4;
+        assert!(matches!(
+            decode(&m.to_msgpack()),
+            Err(WireError::Invalid(_))
+        ));
+        let mut m = message();
+        m.model.clear();
+        assert!(matches!(
+            decode(&m.to_msgpack()),
+            Err(WireError::Invalid(_))
+        ));
+        let mut m = message();
+        m.dp_start = u32::MAX;
+        assert!(matches!(decode(&m.to_json()), Err(WireError::Invalid(_))));
+    }
+}
