@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -29,7 +30,7 @@ use crate::clock::{nanos, MonotonicClock, SharedClock};
 use crate::error::{ReportError, WorkerError};
 use crate::metrics;
 use crate::monitor::{LoadReport, Monitor, WorkerSpec};
-use crate::wire::{decode, Decoded, LoadMessage, WireError, SCHEMA_VERSION};
+use crate::wire::{decode_ref, DecodedRef, LoadMessage, LoadRef, WireError, SCHEMA_VERSION};
 
 /// Default subject prefix.
 pub const DEFAULT_PREFIX: &str = "loadgate";
@@ -579,6 +580,24 @@ impl fmt::Display for HandleError {
 
 impl std::error::Error for HandleError {}
 
+/// Worker ids are trusted keys: a multiply hash is enough.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 #[derive(Debug)]
 struct Track {
     instance: u64,
@@ -620,7 +639,7 @@ pub struct Subscriber {
     monitor: Arc<Monitor>,
     clock: SharedClock,
     config: SubscriberConfig,
-    tracks: Mutex<HashMap<u64, Track>>,
+    tracks: Mutex<HashMap<u64, Track, BuildHasherDefault<IdHasher>>>,
     counters: [AtomicU64; 6],
 }
 
@@ -648,7 +667,7 @@ impl Subscriber {
             monitor,
             clock,
             config,
-            tracks: Mutex::new(HashMap::new()),
+            tracks: Mutex::new(HashMap::default()),
             counters: Default::default(),
         }))
     }
@@ -664,17 +683,17 @@ impl Subscriber {
 
     /// Decodes and applies one payload. Errors are counted and change nothing.
     pub fn handle(&self, payload: &[u8]) -> Result<Applied, HandleError> {
-        let result = match decode(payload) {
+        let result = match decode_ref(payload) {
             Err(e) => {
                 self.count(3);
                 return Err(HandleError::Wire(e));
             }
-            Ok(Decoded::ActiveLoad(a)) => self
+            Ok(DecodedRef::ActiveLoad(a)) => self
                 .monitor
                 .report(a.worker_id, a.dp_rank, &a.report())
                 .map(|()| Applied::Report)
                 .map_err(HandleError::Report),
-            Ok(Decoded::Load(msg)) => self.apply(&msg),
+            Ok(DecodedRef::Load(msg)) => self.apply(&msg),
         };
         match &result {
             Ok(Applied::Report) => self.count(0),
@@ -685,7 +704,7 @@ impl Subscriber {
         result
     }
 
-    fn apply(&self, msg: &LoadMessage) -> Result<Applied, HandleError> {
+    fn apply(&self, msg: &LoadRef<'_>) -> Result<Applied, HandleError> {
         let now = self.clock.now_nanos();
         // Held while applying, so two messages of one worker never apply out
         // of the order their sequence check passed in.
@@ -713,8 +732,8 @@ impl Subscriber {
                 let spec = WorkerSpec {
                     dp_start: msg.dp_start,
                     dp_size: msg.dp_size,
-                    kv_total_blocks: msg.kv_total_blocks,
-                    max_num_batched_tokens: msg.max_num_batched_tokens,
+                    kv_total_blocks: msg.report.kv_total_blocks,
+                    max_num_batched_tokens: msg.report.max_num_batched_tokens,
                 };
                 match self.monitor.add_worker(&msg.model, msg.worker_id, spec) {
                     // Registered locally by the embedding application: adopt it.
@@ -730,7 +749,7 @@ impl Subscriber {
                         instance: msg.instance,
                         seq: msg.seq,
                         last_heard: now,
-                        model: msg.model.clone(),
+                        model: msg.model.clone().into_owned(),
                         dp_start: msg.dp_start,
                         dp_size: msg.dp_size,
                     },
@@ -739,7 +758,7 @@ impl Subscriber {
             }
         };
         self.monitor
-            .report(msg.worker_id, msg.dp_rank, &msg.report())
+            .report(msg.worker_id, msg.dp_rank, &msg.report)
             .map_err(HandleError::Report)?;
         Ok(outcome)
     }

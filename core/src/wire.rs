@@ -13,6 +13,7 @@
 //! Decoding never panics: malformed input, unknown versions and
 //! out-of-range values each give a typed [`WireError`].
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -163,13 +164,14 @@ impl std::error::Error for WireError {}
 
 /// Every field either payload may carry; decoding goes through this so the
 /// two shapes are told apart by their fields, not by trial and error.
-#[derive(Deserialize)]
-struct AnyPayload {
+#[derive(Deserialize, Default)]
+struct AnyPayload<'a> {
     v: Option<u64>,
     instance: Option<u64>,
     seq: Option<u64>,
     worker_id: Option<u64>,
-    model: Option<String>,
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
     dp_start: Option<u32>,
     dp_size: Option<u32>,
     dp_rank: Option<u32>,
@@ -180,20 +182,73 @@ struct AnyPayload {
     active_prefill_tokens: Option<u64>,
 }
 
+/// A decoded envelope that borrows the model name from the payload, so the
+/// subscriber's hot path allocates nothing for known workers.
+#[derive(Debug)]
+pub(crate) struct LoadRef<'a> {
+    pub(crate) instance: u64,
+    pub(crate) seq: u64,
+    pub(crate) worker_id: u64,
+    pub(crate) model: Cow<'a, str>,
+    pub(crate) dp_start: u32,
+    pub(crate) dp_size: u32,
+    pub(crate) dp_rank: u32,
+    pub(crate) report: LoadReport,
+}
+
+impl LoadRef<'_> {
+    fn into_owned(self) -> LoadMessage {
+        LoadMessage {
+            v: SCHEMA_VERSION,
+            instance: self.instance,
+            seq: self.seq,
+            worker_id: self.worker_id,
+            model: self.model.into_owned(),
+            dp_start: self.dp_start,
+            dp_size: self.dp_size,
+            dp_rank: self.dp_rank,
+            kv_total_blocks: self.report.kv_total_blocks,
+            max_num_batched_tokens: self.report.max_num_batched_tokens,
+            active_decode_blocks: self.report.active_decode_blocks,
+            kv_used_blocks: self.report.kv_used_blocks,
+            active_prefill_tokens: self.report.active_prefill_tokens,
+        }
+    }
+}
+
+/// [`Decoded`], borrowing from the payload.
+#[derive(Debug)]
+pub(crate) enum DecodedRef<'a> {
+    Load(LoadRef<'a>),
+    ActiveLoad(ActiveLoad),
+}
+
 /// Decodes a msgpack or JSON payload (JSON when it starts with `{`).
 pub fn decode(bytes: &[u8]) -> Result<Decoded, WireError> {
+    Ok(match decode_ref(bytes)? {
+        DecodedRef::Load(l) => Decoded::Load(l.into_owned()),
+        DecodedRef::ActiveLoad(a) => Decoded::ActiveLoad(a),
+    })
+}
+
+pub(crate) fn decode_ref(bytes: &[u8]) -> Result<DecodedRef<'_>, WireError> {
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-    let any: AnyPayload = match first {
+    let any: AnyPayload<'_> = match first {
         None => return Err(WireError::Malformed("empty payload".into())),
         Some(b'{') => {
             serde_json::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))?
         }
-        Some(_) => rmp_serde::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))?,
+        Some(_) => match decode_msgpack_fast(bytes) {
+            Some(any) => any,
+            None => {
+                rmp_serde::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))?
+            }
+        },
     };
     let missing = |field: &str| WireError::Malformed(format!("missing field {field}"));
     let worker_id = any.worker_id.ok_or_else(|| missing("worker_id"))?;
     let Some(v) = any.v else {
-        return Ok(Decoded::ActiveLoad(ActiveLoad {
+        return Ok(DecodedRef::ActiveLoad(ActiveLoad {
             worker_id,
             dp_rank: any.dp_rank.unwrap_or(0),
             active_decode_blocks: any.active_decode_blocks,
@@ -204,8 +259,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, WireError> {
     if v != u64::from(SCHEMA_VERSION) {
         return Err(WireError::UnsupportedVersion(v));
     }
-    let msg = LoadMessage {
-        v: SCHEMA_VERSION,
+    let msg = LoadRef {
         instance: any.instance.ok_or_else(|| missing("instance"))?,
         seq: any.seq.ok_or_else(|| missing("seq"))?,
         worker_id,
@@ -213,17 +267,61 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, WireError> {
         dp_start: any.dp_start.unwrap_or(0),
         dp_size: any.dp_size.unwrap_or(1),
         dp_rank: any.dp_rank.ok_or_else(|| missing("dp_rank"))?,
-        kv_total_blocks: any.kv_total_blocks,
-        max_num_batched_tokens: any.max_num_batched_tokens,
-        active_decode_blocks: any.active_decode_blocks,
-        kv_used_blocks: any.kv_used_blocks,
-        active_prefill_tokens: any.active_prefill_tokens,
+        report: LoadReport {
+            active_decode_blocks: any.active_decode_blocks,
+            kv_used_blocks: any.kv_used_blocks,
+            kv_total_blocks: any.kv_total_blocks,
+            active_prefill_tokens: any.active_prefill_tokens,
+            max_num_batched_tokens: any.max_num_batched_tokens,
+        },
     };
     validate(&msg)?;
-    Ok(Decoded::Load(msg))
+    Ok(DecodedRef::Load(msg))
 }
 
-fn validate(msg: &LoadMessage) -> Result<(), WireError> {
+/// The fast path for the msgpack this crate writes: a flat map of known keys
+/// with unsigned integer, nil or (for `model`) string values, read without
+/// serde. Anything else returns `None` and the serde path decides, with its
+/// precise error.
+fn decode_msgpack_fast(bytes: &[u8]) -> Option<AnyPayload<'_>> {
+    let mut rd = bytes;
+    let entries = rmp::decode::read_map_len(&mut rd).ok()?;
+    let mut any = AnyPayload::default();
+    for _ in 0..entries {
+        let (key, rest) = rmp::decode::read_str_from_slice(rd).ok()?;
+        rd = rest;
+        if rd.first() == Some(&0xc0) {
+            rd = &rd[1..];
+            continue; // nil: the field stays absent
+        }
+        if key == "model" {
+            let (model, rest) = rmp::decode::read_str_from_slice(rd).ok()?;
+            rd = rest;
+            any.model = Some(Cow::Borrowed(model));
+            continue;
+        }
+        let value = Some(rmp::decode::read_int::<u64, _>(&mut rd).ok()?);
+        let small = || value.map(u32::try_from).transpose().ok();
+        match key {
+            "v" => any.v = value,
+            "instance" => any.instance = value,
+            "seq" => any.seq = value,
+            "worker_id" => any.worker_id = value,
+            "dp_start" => any.dp_start = small()?,
+            "dp_size" => any.dp_size = small()?,
+            "dp_rank" => any.dp_rank = small()?,
+            "kv_total_blocks" => any.kv_total_blocks = value,
+            "max_num_batched_tokens" => any.max_num_batched_tokens = value,
+            "active_decode_blocks" => any.active_decode_blocks = value,
+            "kv_used_blocks" => any.kv_used_blocks = value,
+            "active_prefill_tokens" => any.active_prefill_tokens = value,
+            _ => return None,
+        }
+    }
+    rd.is_empty().then_some(any)
+}
+
+fn validate(msg: &LoadRef<'_>) -> Result<(), WireError> {
     if msg.model.is_empty() {
         return Err(WireError::Invalid("model is empty".into()));
     }
@@ -239,7 +337,7 @@ fn validate(msg: &LoadMessage) -> Result<(), WireError> {
             msg.dp_rank, msg.dp_start
         )));
     }
-    if msg.active_prefill_tokens == Some(u64::MAX) {
+    if msg.report.active_prefill_tokens == Some(u64::MAX) {
         return Err(WireError::Invalid(
             "active_prefill_tokens out of range".into(),
         ));
