@@ -615,7 +615,10 @@ impl Model {
     #[inline]
     fn pick_round_robin(&self, clock: &SharedClock) -> Option<usize> {
         let words = self.words_in_use();
-        let start = self.cursor.load(Ordering::Relaxed) % (words * 64);
+        // The cursor is at most `words * 64` (one past a slot): wrap without
+        // a division.
+        let start = self.cursor.load(Ordering::Relaxed);
+        let start = if start >= words * 64 { 0 } else { start };
         let (sw, sb) = (start / 64, start % 64);
         let mut now = None;
         let first = self.eligible(sw, &mut now, clock);
@@ -642,7 +645,7 @@ impl Model {
         let words = self.words_in_use();
         let mut now = None;
         for _ in 0..4 {
-            let slot = (next_random() % (words as u64 * 64)) as usize;
+            let slot = below(next_random(), words as u64 * 64) as usize;
             if self.eligible(slot / 64, &mut now, clock) >> (slot % 64) & 1 == 1 {
                 return Some(slot);
             }
@@ -653,7 +656,7 @@ impl Model {
         if total == 0 {
             return None;
         }
-        let mut k = next_random() % total;
+        let mut k = below(next_random(), total);
         for w in 0..words {
             let e = self.eligible(w, &mut now, clock);
             let c = u64::from(e.count_ones());
@@ -679,6 +682,12 @@ impl Model {
             }
         }
     }
+}
+
+/// Maps a random `r` uniformly onto `0..n` with a multiply, not a division.
+#[inline]
+fn below(r: u64, n: u64) -> u64 {
+    ((u128::from(r) * u128::from(n)) >> 64) as u64
 }
 
 /// Position of the `n`-th (0-based) set bit of `word`; `n < word.count_ones()`.
