@@ -29,5 +29,9 @@ pub mod thresholds;
 pub use busy_set::BusySet;
 pub use clock::{Clock, ManualClock, MonotonicClock, SharedClock};
 pub use error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
+pub use gate::{
+    AdmissionGate, Admit, AdmitCallback, AdmitError, AdmitOwned, CallbackTicket, ConfigError,
+    GateConfig, GateStats, OwnedPermit, Permit, TryAdmitError,
+};
 pub use monitor::{Booking, LoadReport, Monitor, MonitorConfig, Policy, Staleness, WorkerSpec};
 pub use thresholds::{ThresholdField, ThresholdUpdate, Thresholds};

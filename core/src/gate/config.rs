@@ -1,0 +1,234 @@
+//! Gate configuration: engine limit, queue size, queue deadline, and the
+//! environment variables that set them for drop-in use.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::metrics::{valid_prefix, DEFAULT_PREFIX};
+
+/// Environment variable holding the overflow queue size `Q` (default 16).
+pub const QUEUE_LIMIT_ENV: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
+
+/// Environment variable holding the queue deadline in milliseconds (unset: off).
+pub const QUEUE_TIMEOUT_ENV: &str = "DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS";
+
+/// The queue size used when [`QUEUE_LIMIT_ENV`] is unset.
+pub const DEFAULT_QUEUE_LIMIT: u32 = 16;
+
+/// Largest engine limit `N` (the running and limit fields are 21 bits wide).
+pub const MAX_LIMIT: u32 = (1 << 21) - 1;
+
+/// Largest queue size `Q` (the queued field is 21 bits wide).
+pub const MAX_QUEUE: u32 = (1 << 21) - 1;
+
+/// How an [`AdmissionGate`](super::AdmissionGate) is shaped.
+///
+/// Build one with [`GateConfig::new`] and the `with_*` methods, or with
+/// [`GateConfig::from_env`] to honour the reference system's environment
+/// variables. Values are checked when the gate is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateConfig {
+    /// Engine slots `N`: how many requests may run at once. At least 1.
+    pub limit: u32,
+    /// Overflow queue size `Q`: how many requests may wait for a slot. 0 means
+    /// no queue: a request that finds no free slot is rejected at once.
+    pub queue: u32,
+    /// Queue deadline (controlled delay): a waiter queued this long or longer
+    /// is rejected with [`AdmitError::QueueTimeout`](super::AdmitError). `None`
+    /// (the default) turns it off. Must not be zero.
+    pub queue_timeout: Option<Duration>,
+    /// After a deadline expiry, hand the next freed slot to the newest waiter
+    /// instead of the oldest (once), so that a backlog of stale requests does
+    /// not starve fresh ones. Off by default.
+    pub adaptive_lifo: bool,
+    /// Prefix of every metric name (default `dynamo`).
+    pub metrics_prefix: String,
+}
+
+impl GateConfig {
+    /// `limit` engine slots, a queue of [`DEFAULT_QUEUE_LIMIT`], no deadline.
+    pub fn new(limit: u32) -> Self {
+        Self {
+            limit,
+            queue: DEFAULT_QUEUE_LIMIT,
+            queue_timeout: None,
+            adaptive_lifo: false,
+            metrics_prefix: DEFAULT_PREFIX.to_owned(),
+        }
+    }
+
+    /// Sets the queue size `Q`.
+    #[must_use]
+    pub fn with_queue(mut self, queue: u32) -> Self {
+        self.queue = queue;
+        self
+    }
+
+    /// Sets (or with `None` turns off) the queue deadline.
+    #[must_use]
+    pub fn with_queue_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.queue_timeout = timeout;
+        self
+    }
+
+    /// Turns adaptive LIFO on or off.
+    #[must_use]
+    pub fn with_adaptive_lifo(mut self, on: bool) -> Self {
+        self.adaptive_lifo = on;
+        self
+    }
+
+    /// Sets the metric name prefix.
+    #[must_use]
+    pub fn with_metrics_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.metrics_prefix = prefix.into();
+        self
+    }
+
+    /// The configuration for an engine limit of `limit`, with the queue size
+    /// and deadline read from [`QUEUE_LIMIT_ENV`] and [`QUEUE_TIMEOUT_ENV`].
+    ///
+    /// Call it only when an engine limit is configured (the reference reads
+    /// the queue variable only then). Values are trimmed; the queue size is
+    /// an integer from 0 to [`MAX_QUEUE`] (default 16 when unset); the
+    /// deadline is a positive integer of milliseconds (off when unset). A
+    /// variable that is set but empty or malformed is an error naming the
+    /// variable and its value, never a silent fallback.
+    pub fn from_env(limit: u32) -> Result<Self, ConfigError> {
+        Self::from_lookup(limit, |name| {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        })
+    }
+
+    /// [`GateConfig::from_env`] over any variable lookup (for tests and for
+    /// hosts that keep their settings elsewhere).
+    pub fn from_lookup(
+        limit: u32,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config = Self::new(limit);
+        if let Some(raw) = lookup(QUEUE_LIMIT_ENV) {
+            config.queue = parse_env(&raw, 0, u64::from(MAX_QUEUE))
+                .and_then(|q| u32::try_from(q).ok())
+                .ok_or_else(|| ConfigError::InvalidEnv {
+                    var: QUEUE_LIMIT_ENV,
+                    value: raw.clone(),
+                    expected: "an integer from 0 to 2097151",
+                })?;
+        }
+        if let Some(raw) = lookup(QUEUE_TIMEOUT_ENV) {
+            let ms = parse_env(&raw, 1, u64::MAX).ok_or_else(|| ConfigError::InvalidEnv {
+                var: QUEUE_TIMEOUT_ENV,
+                value: raw.clone(),
+                expected: "a positive integer of milliseconds",
+            })?;
+            config.queue_timeout = Some(Duration::from_millis(ms));
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field; the gate constructors call this.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_limit(self.limit)?;
+        if self.queue > MAX_QUEUE {
+            return Err(ConfigError::OutOfRange {
+                field: "queue",
+                value: u64::from(self.queue),
+                max: u64::from(MAX_QUEUE),
+            });
+        }
+        if self.queue_timeout == Some(Duration::ZERO) {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        if !valid_prefix(&self.metrics_prefix) {
+            return Err(ConfigError::InvalidPrefix(self.metrics_prefix.clone()));
+        }
+        Ok(())
+    }
+}
+
+/// Checks an engine limit `N`: 1 to [`MAX_LIMIT`].
+pub(crate) fn check_limit(limit: u32) -> Result<(), ConfigError> {
+    if limit == 0 {
+        return Err(ConfigError::ZeroLimit);
+    }
+    if limit > MAX_LIMIT {
+        return Err(ConfigError::OutOfRange {
+            field: "limit",
+            value: u64::from(limit),
+            max: u64::from(MAX_LIMIT),
+        });
+    }
+    Ok(())
+}
+
+/// Parses a trimmed decimal integer in `min..=max`; `None` when it is not one.
+fn parse_env(raw: &str, min: u64, max: u64) -> Option<u64> {
+    let text = raw.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<u64>().ok().filter(|v| (min..=max).contains(v))
+}
+
+/// A gate configuration that was refused; no gate was built or changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The engine limit `N` is 0; a gate needs at least one slot.
+    ZeroLimit,
+    /// A field is larger than the packed state word can hold.
+    OutOfRange {
+        /// The field name (`limit` or `queue`).
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest allowed value.
+        max: u64,
+    },
+    /// An environment variable is set to something that is not allowed.
+    InvalidEnv {
+        /// The variable name.
+        var: &'static str,
+        /// Its value, as found.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// The queue deadline is zero (use `None` to turn it off).
+    ZeroTimeout,
+    /// The metric prefix is not a valid Prometheus metric name.
+    InvalidPrefix(String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::ZeroLimit => {
+                f.write_str("engine request limit = 0 is invalid: must be at least 1")
+            }
+            ConfigError::OutOfRange { field, value, max } => {
+                write!(
+                    f,
+                    "{field} = {value} is out of range: must be at most {max}"
+                )
+            }
+            ConfigError::InvalidEnv {
+                var,
+                value,
+                expected,
+            } => {
+                write!(f, "{var} = {value:?} is invalid: expected {expected}")
+            }
+            ConfigError::ZeroTimeout => f.write_str(
+                "queue_timeout = 0 is invalid: must be positive (use None to turn it off)",
+            ),
+            ConfigError::InvalidPrefix(p) => write!(
+                f,
+                "metrics_prefix = {p:?} is invalid: must match [a-zA-Z_:][a-zA-Z0-9_:]*"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -1,0 +1,179 @@
+//! The waiter table: preallocated cells, an intrusive FIFO list and a free
+//! list, all linked by `u32` indices. Everything here is touched only under
+//! the gate's mutex, so it is plain safe code.
+
+use std::sync::Arc;
+use std::task::Waker;
+
+use hdrhistogram::Histogram;
+
+use super::{AdmissionGate, AdmitCallback, AdmitError};
+
+/// "No cell" in a link.
+pub(super) const NIL: u32 = u32::MAX;
+
+/// Where a waiter stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Status {
+    /// On the free list.
+    Free,
+    /// Linked in the queue, counted in the state word's `queued` field.
+    Queued,
+    /// Handed a slot (counted in `running`) that its owner has not taken yet.
+    Granted,
+    /// Rejected; its owner has not looked yet.
+    Rejected(AdmitError),
+}
+
+/// How to tell a waiter that it was resolved.
+pub(super) enum Waiter {
+    /// Nobody to tell (free cell, or already told).
+    None,
+    /// A future: wake its task.
+    Task(Option<Waker>),
+    /// A blocked thread: notify its condition variable.
+    Thread,
+    /// A callback, with the gate handle its permit will hold.
+    Callback(AdmitCallback, Arc<AdmissionGate>),
+}
+
+/// One waiter's place.
+pub(super) struct Cell {
+    pub(super) prev: u32,
+    pub(super) next: u32,
+    /// Bumped each time the cell is freed, so a stale callback ticket can tell
+    /// that the cell it names now belongs to someone else.
+    pub(super) gen: u32,
+    pub(super) status: Status,
+    /// Clock time when the waiter was queued.
+    pub(super) enqueued_at: u64,
+    pub(super) waiter: Waiter,
+}
+
+/// The state behind the gate's mutex.
+pub(super) struct Table {
+    /// Cells; capacity reserved at creation (`Q + N`), filled on first use.
+    pub(super) cells: Vec<Cell>,
+    /// Oldest queued waiter.
+    pub(super) head: u32,
+    /// Newest queued waiter.
+    pub(super) tail: u32,
+    /// First free cell (singly linked through `next`).
+    pub(super) free: u32,
+    /// Adaptive LIFO: the next handoff takes the newest waiter.
+    pub(super) lifo_next: bool,
+    /// Queue wait of granted waiters, in nanoseconds.
+    pub(super) wait_hist: Histogram<u64>,
+    /// Sum of the recorded waits, in nanoseconds (saturating).
+    pub(super) wait_sum_nanos: u64,
+}
+
+/// Longest queue wait the histogram tells apart (one hour, in nanoseconds);
+/// longer waits are recorded as this.
+const HIST_MAX_NANOS: u64 = 3_600_000_000_000;
+
+impl Table {
+    /// A table with room for `capacity` cells before it must grow.
+    pub(super) fn new(capacity: usize) -> Self {
+        let mut wait_hist = Histogram::new_with_bounds(1, HIST_MAX_NANOS, 2)
+            .expect("constant histogram bounds are valid");
+        wait_hist.auto(false);
+        Self {
+            cells: Vec::with_capacity(capacity),
+            head: NIL,
+            tail: NIL,
+            free: NIL,
+            lifo_next: false,
+            wait_hist,
+            wait_sum_nanos: 0,
+        }
+    }
+
+    /// Makes sure `capacity` cells fit without reallocating (cold path).
+    pub(super) fn reserve_total(&mut self, capacity: usize) {
+        let have = self.cells.capacity();
+        if capacity > have {
+            self.cells.reserve_exact(capacity - self.cells.len());
+        }
+    }
+
+    /// Takes a free cell and links it at the tail of the queue as `Queued`.
+    /// Allocates only when every reserved cell is taken, which needs more
+    /// than `Q + N` waiters that were resolved but have not looked yet.
+    pub(super) fn push_back(&mut self, enqueued_at: u64, waiter: Waiter) -> (u32, u32) {
+        let idx = if self.free != NIL {
+            let idx = self.free;
+            self.free = self.cells[idx as usize].next;
+            idx
+        } else {
+            let idx = u32::try_from(self.cells.len()).expect("waiter table exceeds u32 cells");
+            self.cells.push(Cell {
+                prev: NIL,
+                next: NIL,
+                gen: 0,
+                status: Status::Free,
+                enqueued_at: 0,
+                waiter: Waiter::None,
+            });
+            idx
+        };
+        let tail = self.tail;
+        let cell = &mut self.cells[idx as usize];
+        debug_assert_eq!(cell.status, Status::Free);
+        cell.prev = tail;
+        cell.next = NIL;
+        cell.status = Status::Queued;
+        cell.enqueued_at = enqueued_at;
+        cell.waiter = waiter;
+        let gen = cell.gen;
+        if tail == NIL {
+            self.head = idx;
+        } else {
+            self.cells[tail as usize].next = idx;
+        }
+        self.tail = idx;
+        (idx, gen)
+    }
+
+    /// Unlinks a queued cell from the queue (it stays owned by its waiter).
+    pub(super) fn unlink(&mut self, idx: u32) {
+        let (prev, next) = {
+            let cell = &self.cells[idx as usize];
+            debug_assert_eq!(cell.status, Status::Queued);
+            (cell.prev, cell.next)
+        };
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.cells[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.cells[next as usize].prev = prev;
+        }
+        let cell = &mut self.cells[idx as usize];
+        cell.prev = NIL;
+        cell.next = NIL;
+    }
+
+    /// Returns an unlinked cell to the free list. Hands back whatever waiter
+    /// it still held, for the caller to drop after unlocking.
+    pub(super) fn release_cell(&mut self, idx: u32) -> Waiter {
+        let free = self.free;
+        let cell = &mut self.cells[idx as usize];
+        debug_assert_ne!(cell.status, Status::Free);
+        cell.status = Status::Free;
+        cell.gen = cell.gen.wrapping_add(1);
+        cell.next = free;
+        cell.prev = NIL;
+        self.free = idx;
+        std::mem::replace(&mut cell.waiter, Waiter::None)
+    }
+
+    /// Records a granted waiter's queue wait.
+    pub(super) fn record_wait(&mut self, nanos: u64) {
+        self.wait_hist.saturating_record(nanos);
+        self.wait_sum_nanos = self.wait_sum_nanos.saturating_add(nanos);
+    }
+}

@@ -1,0 +1,441 @@
+//! The ways to hold and to wait for a slot: permits, futures, callbacks, and
+//! the list of waiters to tell once the gate's lock is released.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use super::table::Waiter;
+use super::{AdmissionGate, AdmitError, Enqueued, Fast};
+
+/// The callback form's callback: called exactly once, with a permit or the
+/// reason the request was refused.
+pub type AdmitCallback = Box<dyn FnOnce(Result<OwnedPermit, AdmitError>) + Send + 'static>;
+
+/// A held engine slot, borrowed from its gate. The slot is released when the
+/// permit is dropped or [`released`](Permit::release), from any thread; a
+/// release hands the slot straight to the oldest waiter.
+#[must_use = "dropping a permit releases its slot at once"]
+pub struct Permit<'a> {
+    gate: &'a AdmissionGate,
+}
+
+impl<'a> Permit<'a> {
+    pub(super) fn new(gate: &'a AdmissionGate) -> Self {
+        Self { gate }
+    }
+
+    /// Releases the slot now (the same as dropping the permit).
+    pub fn release(self) {
+        drop(self);
+    }
+
+    /// The gate this permit belongs to.
+    pub fn gate(&self) -> &'a AdmissionGate {
+        self.gate
+    }
+
+    /// Turns the permit into an [`OwnedPermit`] of `gate`, which must be the
+    /// gate it was taken from. The slot is kept, not released and re-taken.
+    ///
+    /// # Panics
+    /// If `gate` is another gate.
+    pub fn into_owned(self, gate: &Arc<AdmissionGate>) -> OwnedPermit {
+        assert!(
+            std::ptr::eq(self.gate, Arc::as_ptr(gate)),
+            "Permit::into_owned called with another gate"
+        );
+        std::mem::forget(self);
+        OwnedPermit {
+            gate: Arc::clone(gate),
+        }
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        self.gate.release_slot();
+    }
+}
+
+impl fmt::Debug for Permit<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit").finish_non_exhaustive()
+    }
+}
+
+/// A held engine slot that owns a handle to its gate, so it can outlive the
+/// borrow it was taken with (e.g. move into a spawned task or a stream).
+/// Released when dropped or [`released`](OwnedPermit::release).
+#[must_use = "dropping a permit releases its slot at once"]
+pub struct OwnedPermit {
+    gate: Arc<AdmissionGate>,
+}
+
+impl OwnedPermit {
+    pub(super) fn new(gate: Arc<AdmissionGate>) -> Self {
+        Self { gate }
+    }
+
+    /// Releases the slot now (the same as dropping the permit).
+    pub fn release(self) {
+        drop(self);
+    }
+
+    /// The gate this permit belongs to.
+    pub fn gate(&self) -> &Arc<AdmissionGate> {
+        &self.gate
+    }
+}
+
+impl Drop for OwnedPermit {
+    fn drop(&mut self) {
+        self.gate.release_slot();
+    }
+}
+
+impl fmt::Debug for OwnedPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedPermit").finish_non_exhaustive()
+    }
+}
+
+/// Where a future stands.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum WaitState {
+    /// Not polled yet.
+    Start,
+    /// Queued in this cell.
+    Queued(u32),
+    /// Returned its output.
+    Done,
+}
+
+/// The shared poll of both futures.
+fn poll_admit(
+    gate: &AdmissionGate,
+    state: &mut WaitState,
+    waker: &Waker,
+) -> Poll<Result<(), AdmitError>> {
+    let outcome = match *state {
+        WaitState::Start => match gate.admit_fast() {
+            Fast::Admitted => Ok(()),
+            Fast::Rejected(e) => Err(e),
+            Fast::Slow => {
+                let mut waiter = Waiter::Task(Some(waker.clone()));
+                loop {
+                    let mut wakes = WakeList::new();
+                    let step = gate.enqueue(waiter, &mut wakes);
+                    wakes.run(gate);
+                    match step {
+                        Enqueued::Direct(_) => break Ok(()),
+                        Enqueued::Rejected(e, _) => break Err(e),
+                        Enqueued::Queued(idx, _) => {
+                            *state = WaitState::Queued(idx);
+                            return Poll::Pending;
+                        }
+                        Enqueued::Retry(w) => waiter = w,
+                    }
+                }
+            }
+        },
+        WaitState::Queued(idx) => match gate.poll_cell(idx, waker) {
+            Poll::Ready(r) => r,
+            Poll::Pending => return Poll::Pending,
+        },
+        WaitState::Done => panic!("admission future polled after it completed"),
+    };
+    *state = WaitState::Done;
+    Poll::Ready(outcome)
+}
+
+/// Future of [`AdmissionGate::admit`]: resolves to a [`Permit`] or the reason
+/// the request was refused. It joins the queue when first polled; dropping it
+/// while queued leaves the queue at once (a cancellation, not a rejection),
+/// and dropping it after a slot was handed to it releases that slot.
+///
+/// It is `Unpin` and needs nothing from the executor but its waker, so any
+/// executor, or a hand-written loop calling `poll`, can drive it.
+#[must_use = "futures do nothing unless polled"]
+pub struct Admit<'a> {
+    gate: &'a AdmissionGate,
+    state: WaitState,
+}
+
+impl<'a> Admit<'a> {
+    pub(super) fn new(gate: &'a AdmissionGate) -> Self {
+        Self {
+            gate,
+            state: WaitState::Start,
+        }
+    }
+
+    /// True while the future sits in the queue (polled, not yet resolved).
+    pub fn is_queued(&self) -> bool {
+        matches!(self.state, WaitState::Queued(_))
+    }
+}
+
+impl<'a> Future for Admit<'a> {
+    type Output = Result<Permit<'a>, AdmitError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        poll_admit(this.gate, &mut this.state, cx.waker()).map_ok(|()| Permit::new(this.gate))
+    }
+}
+
+impl Drop for Admit<'_> {
+    fn drop(&mut self) {
+        if let WaitState::Queued(idx) = self.state {
+            self.gate.cancel_cell(idx);
+        }
+    }
+}
+
+impl fmt::Debug for Admit<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admit")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Future of [`AdmissionGate::admit_owned`]: like [`Admit`], resolving to an
+/// [`OwnedPermit`]. It is `'static`, so it can be stored or spawned.
+#[must_use = "futures do nothing unless polled"]
+pub struct AdmitOwned {
+    gate: Arc<AdmissionGate>,
+    state: WaitState,
+}
+
+impl AdmitOwned {
+    pub(super) fn new(gate: Arc<AdmissionGate>) -> Self {
+        Self {
+            gate,
+            state: WaitState::Start,
+        }
+    }
+
+    /// True while the future sits in the queue (polled, not yet resolved).
+    pub fn is_queued(&self) -> bool {
+        matches!(self.state, WaitState::Queued(_))
+    }
+}
+
+impl Future for AdmitOwned {
+    type Output = Result<OwnedPermit, AdmitError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        poll_admit(&this.gate, &mut this.state, cx.waker())
+            .map_ok(|()| OwnedPermit::new(Arc::clone(&this.gate)))
+    }
+}
+
+impl Drop for AdmitOwned {
+    fn drop(&mut self) {
+        if let WaitState::Queued(idx) = self.state {
+            self.gate.cancel_cell(idx);
+        }
+    }
+}
+
+impl fmt::Debug for AdmitOwned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdmitOwned")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Handle to a request registered with
+/// [`AdmissionGate::admit_with_callback`]. Dropping it does not cancel the
+/// request: the callback still fires exactly once.
+pub struct CallbackTicket {
+    gate: Arc<AdmissionGate>,
+    /// The queue cell and its generation, if the request was queued.
+    cell: Option<(u32, u32)>,
+}
+
+impl CallbackTicket {
+    pub(super) fn new(gate: Arc<AdmissionGate>, cell: Option<(u32, u32)>) -> Self {
+        Self { gate, cell }
+    }
+
+    /// Takes the request out of the queue if it is still there. Returns true
+    /// when it was: the callback is then dropped without being called and the
+    /// request counts as cancelled. Returns false when the callback has
+    /// already been called or is being called (it got a permit, which it
+    /// owns, or a rejection).
+    pub fn cancel(&self) -> bool {
+        match self.cell {
+            Some((idx, gen)) => self.gate.cancel_callback(idx, gen),
+            None => false,
+        }
+    }
+
+    /// True while the request waits in the queue.
+    pub fn is_queued(&self) -> bool {
+        match self.cell {
+            Some((idx, gen)) => self.gate.callback_queued(idx, gen),
+            None => false,
+        }
+    }
+}
+
+impl fmt::Debug for CallbackTicket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallbackTicket")
+            .field("queued", &self.is_queued())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One waiter to tell after the lock is released.
+pub(super) enum Wake {
+    /// Wake a task.
+    Task(Waker),
+    /// Notify the condition variable with this index.
+    Thread(usize),
+    /// Call a callback.
+    Callback {
+        /// The callback.
+        callback: AdmitCallback,
+        /// The gate handle for its permit.
+        gate: Arc<AdmissionGate>,
+        /// Granted or rejected.
+        outcome: Result<(), AdmitError>,
+    },
+}
+
+/// Most waiters resolved under one hold of the lock; an operation that
+/// resolves more (a close with a long queue) takes the lock again per batch.
+const WAKE_BATCH: usize = 32;
+
+/// Waiters resolved under the lock, told after it is released. Fixed size,
+/// on the stack: resolving waiters allocates nothing.
+pub(super) struct WakeList {
+    items: [Option<Wake>; WAKE_BATCH],
+    len: usize,
+}
+
+impl WakeList {
+    pub(super) fn new() -> Self {
+        Self {
+            items: [const { None }; WAKE_BATCH],
+            len: 0,
+        }
+    }
+
+    pub(super) fn is_full(&self) -> bool {
+        self.len == WAKE_BATCH
+    }
+
+    pub(super) fn room(&self) -> usize {
+        WAKE_BATCH - self.len
+    }
+
+    pub(super) fn push(&mut self, wake: Wake) {
+        debug_assert!(!self.is_full(), "wake list overflow");
+        self.items[self.len] = Some(wake);
+        self.len += 1;
+    }
+
+    /// Tells every waiter, in the order they were resolved. Call only after
+    /// the gate's lock is released: callbacks and wakers run user code.
+    pub(super) fn run(mut self, gate: &AdmissionGate) {
+        let len = self.len;
+        self.len = 0;
+        for item in &mut self.items[..len] {
+            match item.take() {
+                Some(Wake::Task(waker)) => waker.wake(),
+                Some(Wake::Thread(cv)) => gate.notify_thread(cv),
+                Some(Wake::Callback {
+                    callback,
+                    gate,
+                    outcome,
+                }) => {
+                    dispatch(callback, outcome.map(|()| OwnedPermit::new(gate)));
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// A callback and its result, waiting for the outer dispatch on this thread.
+type Deferred = (AdmitCallback, Result<OwnedPermit, AdmitError>);
+
+/// Per-thread trampoline state, so that a callback which drops its permit
+/// (which hands the slot to the next callback) does not recurse once per
+/// queued request.
+struct Dispatcher {
+    active: Cell<bool>,
+    deferred: RefCell<VecDeque<Deferred>>,
+}
+
+crate::sync::thread_local! {
+    static DISPATCHER: Dispatcher = Dispatcher {
+        active: Cell::new(false),
+        deferred: RefCell::new(VecDeque::new()),
+    };
+}
+
+/// Calls a callback; if this thread is already inside a callback, queues it
+/// for that outer call to run next instead of recursing.
+pub(super) fn dispatch(callback: AdmitCallback, result: Result<OwnedPermit, AdmitError>) {
+    let mut job = Some((callback, result));
+    let nested = DISPATCHER.try_with(|d| {
+        if d.active.get() {
+            if let Some(job) = job.take() {
+                d.deferred.borrow_mut().push_back(job);
+            }
+            true
+        } else {
+            d.active.set(true);
+            false
+        }
+    });
+    let Some((callback, result)) = job else {
+        return;
+    };
+    if nested.is_err() {
+        // Thread-local storage is being torn down: call directly.
+        callback(result);
+        return;
+    }
+    debug_assert!(matches!(nested, Ok(false)));
+    let _reset = DispatchReset;
+    callback(result);
+    while let Some((callback, result)) = pop_deferred() {
+        callback(result);
+    }
+}
+
+fn pop_deferred() -> Option<Deferred> {
+    DISPATCHER
+        .try_with(|d| d.deferred.borrow_mut().pop_front())
+        .ok()
+        .flatten()
+}
+
+/// Ends a dispatch. If a callback panicked, the callbacks it deferred still
+/// run (each guarded), so none is lost and no permit is stranded.
+struct DispatchReset;
+
+impl Drop for DispatchReset {
+    fn drop(&mut self) {
+        let _ = DISPATCHER.try_with(|d| d.active.set(false));
+        if std::thread::panicking() {
+            while let Some((callback, result)) = pop_deferred() {
+                let _ = catch_unwind(AssertUnwindSafe(|| callback(result)));
+            }
+        }
+    }
+}

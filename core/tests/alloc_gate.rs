@@ -1,0 +1,253 @@
+//! Proves that the gate's hot paths allocate nothing: direct admit and
+//! release, rejection, queueing and handoff (future and blocking forms),
+//! cancellation, and expiry. A counting global allocator counts allocations
+//! made by the current thread while it is inside a measured region; each test
+//! warms up first (thread-locals, the waker) and measures only the region.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread;
+use std::time::Duration;
+
+use loadgate::{AdmissionGate, AdmitError, GateConfig, ManualClock};
+
+struct Counting;
+
+thread_local! {
+    static MEASURING: Cell<bool> = const { Cell::new(false) };
+    static COUNT: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note() {
+    // try_with: allocations during thread teardown are simply not counted.
+    let _ = MEASURING.try_with(|m| {
+        if m.get() {
+            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every method forwards to the system allocator unchanged; the only
+// addition is a thread-local counter update, which does not allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Allocations made by this thread while running `f`.
+fn allocations<R>(f: impl FnOnce() -> R) -> (usize, R) {
+    COUNT.with(|c| c.set(0));
+    MEASURING.with(|m| m.set(true));
+    let r = f();
+    MEASURING.with(|m| m.set(false));
+    (COUNT.with(Cell::get), r)
+}
+
+struct Noop;
+impl Wake for Noop {
+    fn wake(self: Arc<Self>) {}
+}
+
+const ROUNDS: usize = 1000;
+
+#[test]
+fn the_counter_sees_allocations() {
+    let (n, b) = allocations(|| std::hint::black_box(Box::new(7u64)));
+    assert_eq!(*b, 7);
+    assert!(n >= 1);
+}
+
+#[test]
+fn direct_admit_and_release_allocate_nothing() {
+    let g = Arc::new(AdmissionGate::new(GateConfig::new(2).with_queue(2)).unwrap());
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    let round = |cx: &mut Context<'_>| {
+        drop(g.try_admit().unwrap());
+        drop(g.try_admit_owned().unwrap());
+        drop(g.admit_blocking(None).unwrap());
+        let mut f = g.admit();
+        match Pin::new(&mut f).poll(cx) {
+            Poll::Ready(Ok(p)) => drop(p),
+            other => panic!("{other:?}"),
+        }
+        let mut f = g.admit_owned();
+        match Pin::new(&mut f).poll(cx) {
+            Poll::Ready(Ok(p)) => drop(p),
+            other => panic!("{other:?}"),
+        }
+        // The callback form allocates its Box; a direct admit adds nothing.
+    };
+    round(&mut cx);
+    let (n, ()) = allocations(|| {
+        for _ in 0..ROUNDS {
+            round(&mut cx);
+        }
+    });
+    assert_eq!(n, 0);
+    assert_eq!(g.stats().admitted_direct, 5 * (ROUNDS as u64 + 1));
+}
+
+#[test]
+fn rejection_allocates_nothing() {
+    let g = Arc::new(AdmissionGate::new(GateConfig::new(1).with_queue(1)).unwrap());
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    let _p = g.try_admit().unwrap();
+    let mut w = g.admit();
+    assert!(Pin::new(&mut w).poll(&mut cx).is_pending());
+    let round = |cx: &mut Context<'_>| {
+        let mut f = g.admit_owned();
+        assert!(matches!(
+            Pin::new(&mut f).poll(cx),
+            Poll::Ready(Err(AdmitError::AtCapacity))
+        ));
+        assert_eq!(g.admit_blocking(None).unwrap_err(), AdmitError::AtCapacity);
+        assert!(g.try_admit().is_err());
+    };
+    round(&mut cx);
+    let (n, ()) = allocations(|| {
+        for _ in 0..ROUNDS {
+            round(&mut cx);
+        }
+    });
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn queued_handoff_and_cancel_allocate_nothing() {
+    let g = AdmissionGate::new(GateConfig::new(1).with_queue(4)).unwrap();
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    let round = |cx: &mut Context<'_>| {
+        let p = g.try_admit().unwrap();
+        let mut a = g.admit();
+        let mut b = g.admit();
+        let c = g.admit();
+        let mut c = c;
+        assert!(Pin::new(&mut a).poll(cx).is_pending());
+        assert!(Pin::new(&mut b).poll(cx).is_pending());
+        assert!(Pin::new(&mut c).poll(cx).is_pending());
+        drop(c); // cancel while queued
+        drop(p); // handoff to a
+        let pa = match Pin::new(&mut a).poll(cx) {
+            Poll::Ready(Ok(p)) => p,
+            other => panic!("{other:?}"),
+        };
+        drop(pa); // handoff to b, which is dropped before it looks
+        drop(b); // cancel racing handoff: the slot comes back
+        assert_eq!(g.running(), 0);
+    };
+    round(&mut cx);
+    let (n, ()) = allocations(|| {
+        for _ in 0..ROUNDS {
+            round(&mut cx);
+        }
+    });
+    assert_eq!(n, 0);
+    let s = g.stats();
+    assert_eq!((s.running, s.queued), (0, 0));
+    assert_eq!(s.admitted_queued, 2 * (ROUNDS as u64 + 1));
+}
+
+#[test]
+fn expiry_allocates_nothing() {
+    let clock = ManualClock::new();
+    let config = GateConfig::new(1)
+        .with_queue(2)
+        .with_queue_timeout(Some(Duration::from_millis(5)));
+    let g = AdmissionGate::with_clock(config, clock.clone()).unwrap();
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    let p = g.try_admit().unwrap();
+    let round = |cx: &mut Context<'_>| {
+        let mut a = g.admit();
+        assert!(Pin::new(&mut a).poll(cx).is_pending());
+        clock.advance(Duration::from_millis(5));
+        assert_eq!(g.expire(), 1);
+        assert!(matches!(
+            Pin::new(&mut a).poll(cx),
+            Poll::Ready(Err(AdmitError::QueueTimeout))
+        ));
+    };
+    round(&mut cx);
+    let (n, ()) = allocations(|| {
+        for _ in 0..ROUNDS {
+            round(&mut cx);
+        }
+    });
+    assert_eq!(n, 0);
+    drop(p);
+}
+
+#[test]
+fn blocking_handoff_between_threads_allocates_nothing() {
+    let g = Arc::new(AdmissionGate::new(GateConfig::new(1).with_queue(1)).unwrap());
+    let rounds = 200;
+    let (to_waiter, waiter_rx) = std::sync::mpsc::sync_channel::<()>(0);
+    let (to_main, main_rx) = std::sync::mpsc::sync_channel::<usize>(0);
+    let g2 = g.clone();
+    let waiter = thread::spawn(move || {
+        let mut total = 0;
+        for i in 0..=rounds {
+            waiter_rx.recv().unwrap();
+            // Warm-up round (i == 0) is not counted.
+            let (n, ()) = allocations(|| {
+                let p = g2.admit_blocking(None).unwrap();
+                drop(p);
+            });
+            if i > 0 {
+                total += n;
+            }
+        }
+        to_main.send(total).unwrap();
+    });
+    let mut released = 0;
+    for i in 0..=rounds {
+        let p = g.try_admit().unwrap();
+        to_waiter.send(()).unwrap();
+        // The slot is held, so the waiter queues; release once it has.
+        while g.queued() == 0 {
+            thread::yield_now();
+        }
+        let (n, ()) = allocations(|| drop(p));
+        if i > 0 {
+            released += n;
+        }
+        while g.running() != 0 || g.queued() != 0 {
+            thread::yield_now();
+        }
+    }
+    let waiter_allocs = main_rx.recv().unwrap();
+    waiter.join().unwrap();
+    assert_eq!((released, waiter_allocs), (0, 0));
+    assert_eq!(
+        g.stats().admitted_queued,
+        rounds as u64 + 1,
+        "every round was a handoff"
+    );
+}

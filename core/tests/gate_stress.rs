@@ -1,0 +1,218 @@
+//! Threaded stress: 4 threads share 10^6 admit / hold / release / cancel
+//! operations (futures, blocking waits with tiny timeouts, callbacks and
+//! `try_admit`) on a small gate. Independent counters, kept outside the gate,
+//! check the caps at every step: a holder counts itself after it got its
+//! permit and uncounts itself before it releases, so the counters never
+//! exceed the truth, and any over-admission by the gate can push them past
+//! `N` (running) or `N + Q` (in flight). At the end nothing runs or waits.
+//!
+//! `LOADGATE_STRESS_OPS` overrides the total number of operations.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use loadgate::{AdmissionGate, AdmitOwned, GateConfig, OwnedPermit};
+
+const THREADS: usize = 4;
+const N: u32 = 3;
+const Q: u32 = 4;
+
+struct Noop;
+impl Wake for Noop {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// The independent view: slots held and requests in flight as the threads
+/// know them.
+struct Probe {
+    running: AtomicU32,
+    in_flight: AtomicU32,
+}
+
+impl Probe {
+    fn got_slot(&self, was_queued: bool) {
+        let r = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        assert!(r <= N, "{r} running with N = {N}");
+        if !was_queued {
+            self.enter();
+        }
+    }
+    fn enter(&self) {
+        let f = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        assert!(f <= N + Q, "{f} in flight with N + Q = {}", N + Q);
+    }
+    fn leave_queue(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+    fn release(&self, p: OwnedPermit) {
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        drop(p);
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn worker(gate: Arc<AdmissionGate>, probe: Arc<Probe>, seed: u64, ops: usize) {
+    let mut rng = Rng(seed);
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    let mut held: Vec<OwnedPermit> = Vec::new();
+    let mut waiting: Vec<AdmitOwned> = Vec::new();
+    let (tx, rx) = mpsc::channel::<OwnedPermit>();
+    let mut tickets = Vec::new();
+    for _ in 0..ops {
+        // Permits handed to our callbacks by other threads.
+        while let Ok(p) = rx.try_recv() {
+            held.push(p);
+        }
+        match rng.below(100) {
+            0..=29 if held.len() + waiting.len() < 4 => {
+                let mut f = gate.admit_owned();
+                match Pin::new(&mut f).poll(&mut cx) {
+                    Poll::Ready(Ok(p)) => {
+                        probe.got_slot(false);
+                        held.push(p);
+                    }
+                    Poll::Ready(Err(_)) => {}
+                    Poll::Pending => {
+                        probe.enter();
+                        waiting.push(f);
+                    }
+                }
+            }
+            30..=44 => {
+                let mut keep = Vec::with_capacity(waiting.len());
+                for mut f in waiting.drain(..) {
+                    match Pin::new(&mut f).poll(&mut cx) {
+                        Poll::Ready(Ok(p)) => {
+                            probe.got_slot(true);
+                            held.push(p);
+                        }
+                        Poll::Ready(Err(e)) => panic!("no deadline, no close: {e:?}"),
+                        Poll::Pending => keep.push(f),
+                    }
+                }
+                waiting = keep;
+            }
+            45..=74 if !held.is_empty() => {
+                let i = rng.below(held.len() as u64) as usize;
+                probe.release(held.swap_remove(i));
+            }
+            75..=84 if !waiting.is_empty() => {
+                // Cancel: may race a handoff, which then passes the slot on.
+                let i = rng.below(waiting.len() as u64) as usize;
+                probe.leave_queue();
+                drop(waiting.swap_remove(i));
+            }
+            85..=89 if held.is_empty() => {
+                // Blocking wait with a tiny timeout (times out or is granted).
+                let timeout = Duration::from_micros(rng.below(50));
+                if let Ok(p) = gate.admit_blocking_owned(Some(timeout)) {
+                    probe.got_slot(false);
+                    held.push(p);
+                }
+            }
+            90..=94 if tickets.len() < 2 => {
+                let tx = tx.clone();
+                let probe2 = probe.clone();
+                let ticket = gate.admit_with_callback(Box::new(move |r| {
+                    if let Ok(p) = r {
+                        probe2.got_slot(false);
+                        // The receiver may be gone at the very end.
+                        if let Err(mpsc::SendError(p)) = tx.send(p) {
+                            probe2.release(p);
+                        }
+                    }
+                }));
+                tickets.push(ticket);
+            }
+            95..=97 if !tickets.is_empty() => {
+                let t = tickets.swap_remove(0);
+                t.cancel();
+            }
+            _ => {
+                if let Ok(p) = gate.try_admit_owned() {
+                    probe.got_slot(false);
+                    held.push(p);
+                }
+            }
+        }
+        let s = gate.stats();
+        assert!(s.running <= N && s.queued <= Q, "gate state {s:?}");
+    }
+    // Wind down.
+    for t in tickets {
+        t.cancel();
+    }
+    for _ in waiting.drain(..) {
+        probe.leave_queue();
+    }
+    for p in held.drain(..) {
+        probe.release(p);
+    }
+    // Callbacks that fired before their cancel: give their permits back.
+    drop(tx);
+    std::thread::yield_now();
+    while let Ok(p) = rx.try_recv() {
+        probe.release(p);
+    }
+    // Any still in flight are sent later; the receiver is dropped and the
+    // callback releases them itself.
+}
+
+#[test]
+fn four_threads_never_exceed_the_caps() {
+    let total: usize = std::env::var("LOADGATE_STRESS_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let gate = Arc::new(AdmissionGate::new(GateConfig::new(N).with_queue(Q)).unwrap());
+    let probe = Arc::new(Probe {
+        running: AtomicU32::new(0),
+        in_flight: AtomicU32::new(0),
+    });
+    let handles: Vec<_> = (0..THREADS)
+        .map(|i| {
+            let gate = gate.clone();
+            let probe = probe.clone();
+            std::thread::spawn(move || {
+                worker(
+                    gate,
+                    probe,
+                    0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1),
+                    total / THREADS,
+                )
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let s = gate.stats();
+    assert_eq!((s.running, s.queued), (0, 0), "{s:?}");
+    assert_eq!(probe.running.load(Ordering::SeqCst), 0);
+    assert!(s.admitted_direct + s.admitted_queued > 0);
+    assert!(s.admitted_queued > 0, "the queue was exercised: {s:?}");
+    assert!(s.rejected_at_capacity > 0, "rejection was exercised: {s:?}");
+    assert!(s.cancelled > 0, "cancellation was exercised: {s:?}");
+    // A fresh admission still finds every slot.
+    let all: Vec<_> = (0..N).map(|_| gate.try_admit().unwrap()).collect();
+    drop(all);
+}

@@ -1,0 +1,295 @@
+//! Loom models of the admission gate: every interleaving (up to the
+//! preemption bound) of admit, release, cancel, handoff, set_limit and close
+//! among 2–3 threads, with N and Q of 1–2. Each model checks: at most N
+//! running and N + Q in flight at every step (read from the state word and
+//! from an independent counter), FIFO among waiters, no slot lost or
+//! duplicated (a fresh admit finds every slot at the end), and every waiter
+//! resolved.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loadgate
+//! --release --test loom_gate`
+#![cfg(loom)]
+
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use loadgate::{AdmissionGate, AdmitError, AdmitOwned, GateConfig, OwnedPermit};
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::thread;
+
+/// Wakes a loom thread.
+struct Unpark(thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Drives a future on the current loom thread, parking between polls.
+fn block_on<F: Future>(f: F) -> F::Output {
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        thread::park();
+    }
+}
+
+struct Noop;
+impl Wake for Noop {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// A future polled once on this thread, so it is queued in a known order.
+fn queued(g: &Arc<AdmissionGate>) -> AdmitOwned {
+    let mut f = g.admit_owned();
+    let waker = Waker::from(Arc::new(Noop));
+    assert!(Pin::new(&mut f)
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    f
+}
+
+fn gate(limit: u32, queue: u32) -> Arc<AdmissionGate> {
+    Arc::new(AdmissionGate::new(GateConfig::new(limit).with_queue(queue)).unwrap())
+}
+
+/// Independent count of slots held, checked against N at every admit.
+struct Probe {
+    running: AtomicUsize,
+    limit: usize,
+}
+
+impl Probe {
+    fn new(limit: u32) -> Arc<Self> {
+        Arc::new(Self {
+            running: AtomicUsize::new(0),
+            limit: limit as usize,
+        })
+    }
+    fn hold(&self, g: &AdmissionGate, p: OwnedPermit) {
+        let r = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        assert!(r <= self.limit, "{r} running, limit {}", self.limit);
+        check_caps(g);
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        drop(p);
+    }
+}
+
+fn check_caps(g: &AdmissionGate) {
+    let s = g.stats();
+    assert!(s.running <= s.limit.max(2), "{s:?}");
+    assert!(s.in_flight() <= s.limit.max(2) + s.queue_limit, "{s:?}");
+}
+
+/// Nothing running or queued, and every slot can be taken again.
+fn check_drained(g: &Arc<AdmissionGate>, limit: u32) {
+    let s = g.stats();
+    assert_eq!((s.running, s.queued), (0, 0), "{s:?}");
+    if !s.closed {
+        let all: Vec<_> = (0..limit)
+            .map(|_| g.try_admit().expect("a slot was lost"))
+            .collect();
+        assert!(g.try_admit().is_err(), "a slot was duplicated");
+        drop(all);
+    }
+}
+
+#[test]
+fn release_hands_off_while_a_newcomer_tries_to_barge() {
+    loom::model(|| {
+        let g = gate(1, 1);
+        let probe = Probe::new(1);
+        let p = g.try_admit_owned().unwrap();
+        let w = queued(&g);
+        let (g1, pr1) = (g.clone(), probe.clone());
+        let waiter = thread::spawn(move || {
+            let p = block_on(w).expect("a queued waiter is served");
+            pr1.hold(&g1, p);
+        });
+        let releaser = thread::spawn(move || drop(p));
+        // A newcomer: admitted only if the queue already drained.
+        match g.try_admit_owned() {
+            Ok(p) => probe.hold(&g, p),
+            Err(_) => check_caps(&g),
+        }
+        waiter.join().unwrap();
+        releaser.join().unwrap();
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn cancel_races_handoff_without_losing_the_slot() {
+    loom::model(|| {
+        let g = gate(1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let w = queued(&g);
+        let canceller = thread::spawn(move || drop(w));
+        let releaser = thread::spawn(move || drop(p));
+        canceller.join().unwrap();
+        releaser.join().unwrap();
+        let s = g.stats();
+        // Either it left the queue first, or it was granted and passed the
+        // slot back; never both, never neither.
+        assert_eq!(s.cancelled + s.admitted_queued, 1, "{s:?}");
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn waiters_are_served_first_in_first_out() {
+    loom::model(|| {
+        let g = gate(1, 2);
+        let p = g.try_admit_owned().unwrap();
+        let first = queued(&g);
+        let second = queued(&g);
+        let seq = Arc::new(AtomicUsize::new(0));
+        let (s1, s2) = (seq.clone(), seq.clone());
+        let t1 = thread::spawn(move || {
+            let p = block_on(first).unwrap();
+            let n = s1.fetch_add(1, Ordering::SeqCst);
+            drop(p);
+            n
+        });
+        let t2 = thread::spawn(move || {
+            let p = block_on(second).unwrap();
+            let n = s2.fetch_add(1, Ordering::SeqCst);
+            drop(p);
+            n
+        });
+        drop(p);
+        assert_eq!(t1.join().unwrap(), 0, "the older waiter is served first");
+        assert_eq!(t2.join().unwrap(), 1);
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn blocking_waiter_and_release_race() {
+    loom::model(|| {
+        let g = gate(1, 1);
+        let probe = Probe::new(1);
+        let p = g.try_admit_owned().unwrap();
+        let (g1, pr1) = (g.clone(), probe.clone());
+        let waiter = thread::spawn(move || {
+            // Direct if the release came first, else queued and handed the slot.
+            let p = g1.admit_blocking_owned(None).unwrap();
+            pr1.hold(&g1, p);
+        });
+        drop(p);
+        waiter.join().unwrap();
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn concurrent_admits_respect_n_plus_q() {
+    loom::model(|| {
+        let g = gate(1, 1);
+        let probe = Probe::new(1);
+        let outcomes: Vec<_> = (0..2)
+            .map(|_| {
+                let (g, probe) = (g.clone(), probe.clone());
+                thread::spawn(move || match g.admit_blocking_owned(None) {
+                    Ok(p) => {
+                        probe.hold(&g, p);
+                        true
+                    }
+                    Err(e) => {
+                        assert_eq!(e, AdmitError::AtCapacity);
+                        false
+                    }
+                })
+            })
+            .collect();
+        // The main thread admits too: three requests for N + Q = 2 places.
+        let mine = match g.try_admit_owned() {
+            Ok(p) => {
+                probe.hold(&g, p);
+                1
+            }
+            Err(_) => 0,
+        };
+        let served = outcomes
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|&ok| ok)
+            .count();
+        let s = g.stats();
+        assert_eq!(
+            (s.admitted_direct + s.admitted_queued) as usize,
+            served + mine
+        );
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn close_races_a_waiter_and_a_release() {
+    loom::model(|| {
+        let g = gate(1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let w = queued(&g);
+        let waiter = thread::spawn(move || match block_on(w) {
+            Ok(p) => drop(p),
+            Err(e) => assert_eq!(e, AdmitError::Closed),
+        });
+        let releaser = thread::spawn(move || drop(p));
+        g.close();
+        assert_eq!(g.try_admit().unwrap_err(), loadgate::TryAdmitError::Closed);
+        waiter.join().unwrap();
+        releaser.join().unwrap();
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn raising_the_limit_races_a_release() {
+    loom::model(|| {
+        let g = gate(1, 2);
+        let probe = Probe::new(2);
+        let p = g.try_admit_owned().unwrap();
+        let w = queued(&g);
+        let (g1, pr1) = (g.clone(), probe.clone());
+        let waiter = thread::spawn(move || {
+            let p = block_on(w).unwrap();
+            pr1.hold(&g1, p);
+        });
+        let g2 = g.clone();
+        let raiser = thread::spawn(move || g2.set_limit(2).unwrap());
+        probe.hold(&g, p);
+        waiter.join().unwrap();
+        raiser.join().unwrap();
+        check_drained(&g, 2);
+    });
+}
+
+#[test]
+fn a_callback_fires_once_or_is_cancelled() {
+    loom::model(|| {
+        let g = gate(1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let fired = Arc::new(AtomicUsize::new(0));
+        let f2 = fired.clone();
+        let ticket = g.admit_with_callback(Box::new(move |r| {
+            f2.fetch_add(1, Ordering::SeqCst);
+            drop(r.unwrap());
+        }));
+        let releaser = thread::spawn(move || drop(p));
+        let cancelled = ticket.cancel();
+        releaser.join().unwrap();
+        assert_eq!(fired.load(Ordering::SeqCst) + usize::from(cancelled), 1);
+        drop(ticket);
+        check_drained(&g, 1);
+    });
+}
