@@ -16,8 +16,9 @@
 //! changing thresholds, rendering metrics) may lock and allocate.
 
 pub mod busy_set;
-mod combine;
 pub mod clock;
+pub mod cluster;
+mod combine;
 pub mod error;
 pub mod gate;
 pub mod http;
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod monitor;
 mod sync;
 pub mod thresholds;
+pub mod wire;
 
 pub use busy_set::BusySet;
 pub use clock::{Clock, ManualClock, MonotonicClock, SharedClock};
