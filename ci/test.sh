@@ -38,6 +38,14 @@ step "loom models (release, LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:=2})"
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS \
     cargo test -p loadgate --release --lib --test loom_gate --test loom_monitor
 
+# ---- C ABI (ffi-c) ----------------------------------------------------------
+# Header drift check, then the C11 and C++17 programs built through
+# pkg-config and CMake, run plain, under valgrind memcheck and with
+# ASan+UBSan. --install fetches cbindgen, valgrind, cmake, ... when missing.
+step "C ABI: header, C11 and C++17 programs (valgrind, ASan+UBSan)"
+./ffi-c/tests/run.sh --install
+# ---- end C ABI ---------------------------------------------------------------
+
 step "main job"
 cargo run --release --example overload >/dev/null
 echo "example ran"

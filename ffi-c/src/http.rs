@@ -1,0 +1,158 @@
+//! HTTP glue: the overload status, rejection bodies, and the
+//! `/busy_threshold` handler, for C/C++ servers.
+
+use std::ffi::{c_char, c_int};
+use std::time::Duration;
+
+use loadgate_core::http::{self, ErrorStyle};
+
+use crate::ffi::{boundary, guard, input, optional_string, slice, string, Error, Out, TextBuf};
+use crate::monitor::lg_monitor;
+use crate::status::lg_status;
+
+/// The shape of a rejection body: one of LG_ERROR_STYLE_*.
+#[allow(non_camel_case_types)]
+pub type lg_error_style = u32;
+/// {"message", "type", "code"} (the reference's flat shape).
+pub const LG_ERROR_STYLE_DYNAMO: lg_error_style = 0;
+/// {"error": {"message", "type", "param", "code"}}.
+pub const LG_ERROR_STYLE_OPENAI: lg_error_style = 1;
+/// {"type": "error", "error": {"type", "message"}}.
+pub const LG_ERROR_STYLE_ANTHROPIC: lg_error_style = 2;
+
+/// The process's overload status: DYN_HTTP_OVERLOAD_STATUS_CODE (trimmed; a
+/// status in 200..=999) read once and cached, else 529.
+///
+/// Thread safety: any thread. Blocking: never (the first call reads the
+/// environment).
+#[no_mangle]
+pub extern "C" fn lg_overload_status() -> u16 {
+    boundary(http::DEFAULT_OVERLOAD_STATUS, http::overload_status)
+}
+
+/// Builds the answer to a rejection: `status` is a rejection status
+/// (LG_OVERLOADED, LG_UNAVAILABLE, LG_WORKER_OVERLOADED, LG_AT_CAPACITY,
+/// LG_QUEUE_TIMEOUT, LG_CLOSED, LG_WOULD_WAIT or LG_TIMED_OUT). On LG_OK:
+/// *out_http_status receives the HTTP status (the overload status or 503),
+/// *out_retry_after_s the Retry-After header value (retry_after_ms rounded
+/// up to whole seconds, at least 1), and `buf` the JSON body in `style`,
+/// with snprintf semantics as lg_monitor_metrics() describes. The
+/// x-loadgate-reason header value is lg_status_reason(status).
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL out-parameter, NULL buf with
+/// buf_len > 0, a status that is not a rejection, unknown style),
+/// LG_BUFFER_TOO_SMALL (then *out_http_status, *out_retry_after_s and
+/// *out_needed are written too; the call has no side effect, so retry).
+/// Thread safety: any thread. Blocking: never (allocates).
+///
+/// # Safety
+/// `out_http_status`, `out_retry_after_s` and `out_needed` are NULL or
+/// valid for writes; `buf` is NULL or valid for writes of `buf_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_error_response(
+    status: c_int,
+    style: lg_error_style,
+    retry_after_ms: u64,
+    out_http_status: *mut u16,
+    out_retry_after_s: *mut u64,
+    buf: *mut c_char,
+    buf_len: usize,
+    out_needed: *mut usize,
+) -> lg_status {
+    guard(|| {
+        let out_status = Out::new(out_http_status, "out_http_status")?;
+        let out_retry = Out::new(out_retry_after_s, "out_retry_after_s")?;
+        let text = TextBuf::new(buf, buf_len, out_needed)?;
+        let reason = lg_status::from_int(status)
+            .and_then(lg_status::reason)
+            .ok_or_else(|| Error::invalid(format_args!("status {status} is not a rejection")))?;
+        let style = match style {
+            LG_ERROR_STYLE_DYNAMO => ErrorStyle::Dynamo,
+            LG_ERROR_STYLE_OPENAI => ErrorStyle::OpenAi,
+            LG_ERROR_STYLE_ANTHROPIC => ErrorStyle::Anthropic,
+            other => {
+                return Err(Error::invalid(format_args!(
+                    "style {other} is not one of LG_ERROR_STYLE_DYNAMO (0), \
+                     LG_ERROR_STYLE_OPENAI (1), LG_ERROR_STYLE_ANTHROPIC (2)"
+                )))
+            }
+        };
+        let retry_after = Duration::from_millis(retry_after_ms);
+        let response = http::error_response(reason, style, retry_after);
+        // SAFETY: `out_http_status` is writable (contract).
+        unsafe { out_status.write(response.status) };
+        // SAFETY: `out_retry_after_s` is writable (contract).
+        unsafe { out_retry.write(http::retry_after_seconds(retry_after)) };
+        // SAFETY: `buf` and `out_needed` are writable (contract).
+        unsafe { text.write(response.body.as_bytes()) }
+    })
+}
+
+/// Serves /busy_threshold as a pure function of the request: `method`
+/// ("GET" or "POST"), `content_type` (the header's value; NULL if absent)
+/// and `body`. *out_http_status receives the status and `buf` the JSON body
+/// (snprintf semantics, as lg_monitor_metrics() describes):
+///
+/// - GET: 200 {"thresholds": [{model, the three fields, version}, ...]}.
+/// - POST {model, active_decode_blocks_threshold?,
+///   active_prefill_tokens_threshold?, active_prefill_tokens_threshold_frac?,
+///   clear?: [names]}: with nothing set or cleared a read (200, all-null for
+///   an unknown model); otherwise an update (200 echoing the model, the
+///   three fields and version). Errors as {"error": "..."}: 404 set on an
+///   unknown model, 400 invalid value or malformed JSON, 422 wrong types,
+///   415 non-JSON content type, 413 body over 64 KiB, 405 other methods.
+///
+/// The request takes effect once, whatever the buffer size: on
+/// LG_BUFFER_TOO_SMALL, *out_http_status and *out_needed are still written.
+/// Only a POST that changed thresholds has a side effect, and its body is
+/// at most 6 * body_len + 256 bytes, so a buffer of that size always holds
+/// it; every other request can simply be repeated with a larger buffer.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor, method or out-parameter, NULL
+/// with a non-zero length, non-UTF-8 method or content type),
+/// LG_BUFFER_TOO_SMALL. HTTP-level errors are LG_OK with a 4xx status.
+/// Thread safety: any thread. Blocking: takes model locks briefly; allocates
+/// (cold path).
+///
+/// # Safety
+/// `monitor` is NULL or a live monitor; `method`, `content_type` and `body`
+/// are NULL or valid for their lengths; `out_http_status` and `out_needed`
+/// are NULL or valid for writes; `buf` is NULL or valid for writes of
+/// `buf_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_handle_busy_threshold(
+    monitor: *const lg_monitor,
+    method: *const c_char,
+    method_len: usize,
+    content_type: *const c_char,
+    content_type_len: usize,
+    body: *const u8,
+    body_len: usize,
+    out_http_status: *mut u16,
+    buf: *mut c_char,
+    buf_len: usize,
+    out_needed: *mut usize,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `monitor` is NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        if method.is_null() {
+            return Err(Error::invalid("method must not be NULL"));
+        }
+        // SAFETY: `method` is valid for `method_len` bytes (contract).
+        let method = unsafe { string(method, method_len, "method") }?;
+        // SAFETY: NULL or valid for `content_type_len` bytes (contract).
+        let content_type =
+            unsafe { optional_string(content_type, content_type_len, "content_type") }?;
+        // SAFETY: NULL (with length 0) or valid for `body_len` bytes.
+        let body = unsafe { slice(body, body_len, "body") }?;
+        let out_status = Out::new(out_http_status, "out_http_status")?;
+        let text = TextBuf::new(buf, buf_len, out_needed)?;
+        let (status, response) =
+            http::handle_busy_threshold(&m.monitor, method, content_type, body);
+        // SAFETY: `out_http_status` is writable (contract).
+        unsafe { out_status.write(status) };
+        // SAFETY: `buf` and `out_needed` are writable (contract).
+        unsafe { text.write(response.as_bytes()) }
+    })
+}

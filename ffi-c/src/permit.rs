@@ -1,0 +1,147 @@
+//! `lg_permit`: a held engine slot, and the callback of asynchronous admits.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use loadgate_core::gate::{AdmissionGate, AdmitError, OwnedPermit};
+
+use crate::ffi::boundary;
+use crate::status::{admit_status, lg_status};
+
+/// A held engine slot of a gate. Opaque; obtained from lg_gate_try_admit(),
+/// lg_gate_admit() or an lg_gate_admit_async() callback; released with
+/// lg_permit_release() exactly once, from any thread (for a streamed
+/// response: when the stream ends). A permit keeps its gate's state alive.
+///
+/// The slots of a gate are interchangeable, and so are its permits: the
+/// pointer value identifies the gate, not the request, and two permits of
+/// one gate may compare equal. Keep one per request; do not use it as a
+/// lookup key. Handing out a permit allocates nothing.
+pub struct lg_permit {
+    _opaque: [u8; 0],
+}
+
+// An `lg_permit *` is not a heap object: it is the value of an
+// `OwnedPermit` itself, which is one `Arc` and so exactly pointer-sized.
+// Handing a permit to C and taking it back therefore allocates nothing,
+// which keeps lg_gate_try_admit() + lg_permit_release() as cheap as the Rust
+// calls. Both assertions hold as long as `OwnedPermit` is a single `Arc`
+// (if core ever adds a field, this stops compiling rather than misbehaving).
+const _: () = assert!(size_of::<OwnedPermit>() == size_of::<*mut lg_permit>());
+const _: () = assert!(size_of::<OwnedPermit>() == size_of::<Arc<AdmissionGate>>());
+
+impl lg_permit {
+    /// Hands a permit to C as an opaque, non-NULL pointer value.
+    #[inline]
+    pub(crate) fn into_raw(permit: OwnedPermit) -> *mut lg_permit {
+        // SAFETY: same size (asserted above, and checked by `transmute`). An
+        // `OwnedPermit` is one `Arc`, so all its bytes are initialised
+        // pointer bytes (no padding) and reading them as a raw pointer is
+        // valid and keeps their provenance. The permit is moved, not
+        // dropped: its slot stays held until `from_raw` gives it back.
+        unsafe { std::mem::transmute::<OwnedPermit, *mut lg_permit>(permit) }
+    }
+
+    /// Takes back a permit handed out by [`lg_permit::into_raw`].
+    ///
+    /// # Safety
+    /// `raw` was returned by `into_raw` and is taken back only once.
+    #[inline]
+    unsafe fn from_raw(raw: *mut lg_permit) -> OwnedPermit {
+        // SAFETY: these are the unchanged bytes of a valid `OwnedPermit`
+        // (contract), taken back once, so ownership of its slot returns here.
+        unsafe { std::mem::transmute::<*mut lg_permit, OwnedPermit>(raw) }
+    }
+}
+
+/// Releases a permit's slot: it goes straight to the oldest waiter, if any
+/// (whose asynchronous callback then runs on this thread). NULL is a no-op.
+///
+/// Ownership: takes `permit`; call exactly once per permit.
+/// Thread safety: any thread. Blocking: never when nobody is queued
+/// (lock-free); otherwise takes the gate's lock briefly to hand the slot
+/// over.
+///
+/// # Safety
+/// `permit` is NULL or a permit from this library not released yet.
+#[no_mangle]
+pub unsafe extern "C" fn lg_permit_release(permit: *mut lg_permit) {
+    boundary((), || {
+        if !permit.is_null() {
+            // SAFETY: a permit from this library not released yet, given
+            // up by the caller (contract); dropping it releases the slot.
+            drop(unsafe { lg_permit::from_raw(permit) });
+        }
+    })
+}
+
+/// The callback of lg_gate_admit_async(): called exactly once with the
+/// caller's user_data and either LG_OK and a permit (which the callee then
+/// owns) or LG_AT_CAPACITY, LG_QUEUE_TIMEOUT or LG_CLOSED and NULL. It may
+/// run on any thread and must not unwind.
+#[allow(non_camel_case_types)]
+pub type lg_admit_callback =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, status: lg_status, permit: *mut lg_permit)>;
+
+/// A C callback and its user data, carried to whichever thread resolves
+/// the request.
+pub(crate) struct CallbackTarget {
+    callback: unsafe extern "C" fn(*mut c_void, lg_status, *mut lg_permit),
+    user_data: *mut c_void,
+}
+
+// SAFETY: the caller of lg_gate_admit_async() promises that the callback
+// may be called with `user_data` from any thread (see `CallbackTarget::new`).
+unsafe impl Send for CallbackTarget {}
+
+impl CallbackTarget {
+    /// # Safety
+    /// `callback` must be safe to call once with `user_data` from any
+    /// thread.
+    pub(crate) unsafe fn new(
+        callback: unsafe extern "C" fn(*mut c_void, lg_status, *mut lg_permit),
+        user_data: *mut c_void,
+    ) -> Self {
+        Self {
+            callback,
+            user_data,
+        }
+    }
+
+    /// Calls the C callback with the outcome, turning a permit into a
+    /// handle the callee owns.
+    pub(crate) fn call(self, outcome: Result<OwnedPermit, AdmitError>) {
+        let (status, permit) = match outcome {
+            Ok(permit) => (lg_status::LG_OK, lg_permit::into_raw(permit)),
+            Err(e) => (admit_status(e), std::ptr::null_mut()),
+        };
+        // SAFETY: callable with `user_data` from this thread (contract of
+        // `new`); the permit handle (or NULL) is handed over to the callee.
+        unsafe { (self.callback)(self.user_data, status, permit) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loadgate_core::gate::GateConfig;
+
+    #[test]
+    fn permits_round_trip_through_c_without_losing_their_slot() {
+        let gate = Arc::new(AdmissionGate::new(GateConfig::new(2)).unwrap());
+        let a = lg_permit::into_raw(gate.try_admit_owned().unwrap());
+        let b = lg_permit::into_raw(gate.try_admit_owned().unwrap());
+        assert!(!a.is_null() && !b.is_null());
+        assert_eq!(gate.running(), 2);
+        assert_eq!(Arc::strong_count(&gate), 3, "each permit holds the gate");
+        // SAFETY: `a` came from into_raw and is released once.
+        unsafe { lg_permit_release(a) };
+        assert_eq!(gate.running(), 1);
+        // SAFETY: as above, for `b`.
+        unsafe { lg_permit_release(b) };
+        assert_eq!(gate.running(), 0);
+        assert_eq!(Arc::strong_count(&gate), 1);
+        // SAFETY: NULL is a no-op.
+        unsafe { lg_permit_release(std::ptr::null_mut()) };
+    }
+}

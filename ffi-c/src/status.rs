@@ -1,0 +1,327 @@
+//! `lg_status`, its text and HTTP mapping, and the conversions from every
+//! core error.
+
+use std::ffi::{c_char, c_int};
+
+use loadgate_core::error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
+use loadgate_core::gate::{AdmitError, ConfigError, TryAdmitError};
+use loadgate_core::monitor::MonitorConfigError;
+
+use crate::ffi::{boundary, Error};
+
+/// The result of every fallible loadgate call.
+///
+/// LG_OK is 0; every other value is far from errno values. Rejections (the
+/// request should be answered with the overload status or 503) come first,
+/// then caller errors, then LG_PANIC.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub enum lg_status {
+    /// Success.
+    LG_OK = 0,
+    /// Workers are registered for the model but none is eligible (all busy
+    /// or under an overload lease). Answer the overload status (529).
+    LG_OVERLOADED = 7001,
+    /// No worker is registered for the model. Answer 503.
+    LG_UNAVAILABLE = 7002,
+    /// The pinned worker is busy or under an overload lease; retry on
+    /// another worker. Answer the overload status (529).
+    LG_WORKER_OVERLOADED = 7003,
+    /// Every engine slot is taken and the queue is full ("Server overloaded:
+    /// worker at capacity"). Answer the overload status (529).
+    LG_AT_CAPACITY = 7004,
+    /// The request waited in the gate's queue past the queue deadline.
+    /// Answer the overload status (529).
+    LG_QUEUE_TIMEOUT = 7005,
+    /// The admission gate is closed. Answer 503.
+    LG_CLOSED = 7006,
+    /// lg_gate_try_admit(): no slot is free without waiting (not counted as
+    /// a rejection). Answer the overload status if the request is refused.
+    LG_WOULD_WAIT = 7007,
+    /// lg_gate_admit(): the caller's own timeout ran out first; the request
+    /// left the queue as a cancellation. Answer the overload status if the
+    /// request is refused.
+    LG_TIMED_OUT = 7008,
+    /// An argument was NULL, out of range, of a bad length or not UTF-8, or
+    /// a value was refused (for instance a NaN threshold).
+    LG_INVALID_ARGUMENT = 7101,
+    /// The worker, rank or model is not registered.
+    LG_NOT_FOUND = 7102,
+    /// The caller's buffer is too small; the needed length was written.
+    LG_BUFFER_TOO_SMALL = 7103,
+    /// A worker with this id is already registered.
+    LG_ALREADY_EXISTS = 7104,
+    /// The model already holds the configured maximum number of workers.
+    LG_MODEL_FULL = 7105,
+    /// An internal error (a Rust panic) was caught at the boundary. The
+    /// objects involved should be freed and not used again.
+    LG_PANIC = 7201,
+}
+
+use lg_status::*;
+
+impl lg_status {
+    const ALL: [lg_status; 15] = [
+        LG_OK,
+        LG_OVERLOADED,
+        LG_UNAVAILABLE,
+        LG_WORKER_OVERLOADED,
+        LG_AT_CAPACITY,
+        LG_QUEUE_TIMEOUT,
+        LG_CLOSED,
+        LG_WOULD_WAIT,
+        LG_TIMED_OUT,
+        LG_INVALID_ARGUMENT,
+        LG_NOT_FOUND,
+        LG_BUFFER_TOO_SMALL,
+        LG_ALREADY_EXISTS,
+        LG_MODEL_FULL,
+        LG_PANIC,
+    ];
+
+    /// The status with this numeric value, if any.
+    pub(crate) fn from_int(value: c_int) -> Option<lg_status> {
+        Self::ALL.into_iter().find(|s| *s as c_int == value)
+    }
+
+    /// The rejection reason a frontend reports for this status.
+    pub(crate) const fn reason(self) -> Option<Reason> {
+        match self {
+            LG_OVERLOADED => Some(Reason::AllWorkersBusy),
+            LG_UNAVAILABLE => Some(Reason::NoWorkers),
+            LG_WORKER_OVERLOADED => Some(Reason::WorkerOverloaded),
+            LG_AT_CAPACITY | LG_WOULD_WAIT => Some(Reason::WorkerAtCapacity),
+            LG_QUEUE_TIMEOUT | LG_TIMED_OUT => Some(Reason::QueueTimeout),
+            LG_CLOSED => Some(Reason::Closed),
+            _ => None,
+        }
+    }
+
+    /// A NUL-terminated description.
+    const fn text(self) -> &'static str {
+        match self {
+            LG_OK => "ok\0",
+            LG_OVERLOADED => "All workers are busy, please retry later\0",
+            LG_UNAVAILABLE => "No workers available\0",
+            LG_WORKER_OVERLOADED => "Selected worker is overloaded, please retry later\0",
+            LG_AT_CAPACITY => "Server overloaded: worker at capacity\0",
+            LG_QUEUE_TIMEOUT => {
+                "Server overloaded: request rejected after exceeding the backend admission queue delay\0"
+            }
+            LG_CLOSED => "Service is shutting down: admission gate closed\0",
+            LG_WOULD_WAIT => "no engine slot is free without waiting\0",
+            LG_TIMED_OUT => "the caller's wait for an engine slot timed out\0",
+            LG_INVALID_ARGUMENT => "invalid argument\0",
+            LG_NOT_FOUND => "not found\0",
+            LG_BUFFER_TOO_SMALL => "buffer too small\0",
+            LG_ALREADY_EXISTS => "already exists\0",
+            LG_MODEL_FULL => "model is full\0",
+            LG_PANIC => "internal error (panic)\0",
+        }
+    }
+
+    /// The HTTP status a frontend answers with.
+    fn http(self) -> u16 {
+        match self {
+            LG_OK => 200,
+            LG_INVALID_ARGUMENT => 400,
+            LG_NOT_FOUND => 404,
+            LG_ALREADY_EXISTS | LG_MODEL_FULL => 409,
+            LG_BUFFER_TOO_SMALL | LG_PANIC => 500,
+            other => other.reason().map_or(500, Reason::http_status),
+        }
+    }
+}
+
+impl From<RouteError> for Error {
+    #[inline]
+    fn from(e: RouteError) -> Self {
+        match e {
+            RouteError::Overloaded => Error::fixed(LG_OVERLOADED, LG_OVERLOADED.message()),
+            RouteError::Unavailable => Error::fixed(LG_UNAVAILABLE, LG_UNAVAILABLE.message()),
+            RouteError::WorkerOverloaded => {
+                Error::fixed(LG_WORKER_OVERLOADED, LG_WORKER_OVERLOADED.message())
+            }
+            e @ RouteError::UnknownWorker(_) => Error::new(LG_NOT_FOUND, e),
+        }
+    }
+}
+
+impl From<ReportError> for Error {
+    fn from(e: ReportError) -> Self {
+        let status = match e {
+            ReportError::UnknownWorker(_) | ReportError::UndeclaredRank { .. } => LG_NOT_FOUND,
+            ReportError::InvalidValue { .. } => LG_INVALID_ARGUMENT,
+        };
+        Error::new(status, e)
+    }
+}
+
+impl From<WorkerError> for Error {
+    fn from(e: WorkerError) -> Self {
+        let status = match e {
+            WorkerError::Duplicate(_) => LG_ALREADY_EXISTS,
+            WorkerError::ModelFull { .. } => LG_MODEL_FULL,
+            WorkerError::Unknown(_) => LG_NOT_FOUND,
+            WorkerError::InvalidRanks { .. } | WorkerError::EmptyModel => LG_INVALID_ARGUMENT,
+        };
+        Error::new(status, e)
+    }
+}
+
+impl From<ThresholdError> for Error {
+    fn from(e: ThresholdError) -> Self {
+        let status = match e {
+            ThresholdError::UnknownModel(_) => LG_NOT_FOUND,
+            _ => LG_INVALID_ARGUMENT,
+        };
+        Error::new(status, e)
+    }
+}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Self {
+        Error::invalid(e)
+    }
+}
+
+impl From<MonitorConfigError> for Error {
+    fn from(e: MonitorConfigError) -> Self {
+        Error::invalid(e)
+    }
+}
+
+impl From<AdmitError> for Error {
+    #[inline]
+    fn from(e: AdmitError) -> Self {
+        let status = admit_status(e);
+        Error::fixed(status, status.message())
+    }
+}
+
+impl From<TryAdmitError> for Error {
+    #[inline]
+    fn from(e: TryAdmitError) -> Self {
+        let status = match e {
+            TryAdmitError::WouldWait => LG_WOULD_WAIT,
+            TryAdmitError::Closed => LG_CLOSED,
+        };
+        Error::fixed(status, status.message())
+    }
+}
+
+impl lg_status {
+    /// The description without its NUL.
+    pub(crate) fn message(self) -> &'static str {
+        let text = self.text();
+        &text[..text.len() - 1]
+    }
+}
+
+/// The status of a refused admission.
+pub(crate) const fn admit_status(e: AdmitError) -> lg_status {
+    match e {
+        AdmitError::AtCapacity => LG_AT_CAPACITY,
+        AdmitError::QueueTimeout => LG_QUEUE_TIMEOUT,
+        AdmitError::Closed => LG_CLOSED,
+        AdmitError::TimedOut => LG_TIMED_OUT,
+    }
+}
+
+/// A short description of a status, as a static NUL-terminated string; for
+/// rejections it is the message the client is sent ("All workers are busy,
+/// please retry later", ...).
+///
+/// `status` is an lg_status value; any other value gives "unknown status".
+/// Ownership: the string is static; do not free it.
+/// Thread safety: any thread. Blocking: never.
+#[no_mangle]
+pub extern "C" fn lg_status_str(status: c_int) -> *const c_char {
+    boundary(c"unknown status".as_ptr(), || {
+        lg_status::from_int(status).map_or(c"unknown status".as_ptr(), |s| {
+            s.text().as_ptr().cast::<c_char>()
+        })
+    })
+}
+
+/// The HTTP status a frontend should answer with for `status`: 200 for
+/// LG_OK; the overload status for LG_OVERLOADED, LG_WORKER_OVERLOADED,
+/// LG_AT_CAPACITY, LG_QUEUE_TIMEOUT, LG_WOULD_WAIT and LG_TIMED_OUT (529
+/// unless DYN_HTTP_OVERLOAD_STATUS_CODE names another valid code, read once
+/// per process); 503 for LG_UNAVAILABLE and LG_CLOSED; 400 for
+/// LG_INVALID_ARGUMENT; 404 for LG_NOT_FOUND; 409 for LG_ALREADY_EXISTS and
+/// LG_MODEL_FULL; 500 for anything else.
+///
+/// Thread safety: any thread. Blocking: never (the first call reads the
+/// environment).
+#[no_mangle]
+pub extern "C" fn lg_status_http(status: c_int) -> u16 {
+    boundary(500, || {
+        lg_status::from_int(status).map_or(500, lg_status::http)
+    })
+}
+
+/// The machine-readable rejection reason of `status` (all_workers_busy,
+/// no_workers, worker_overloaded, worker_at_capacity, queue_timeout,
+/// closed), as sent in the x-loadgate-reason header; NULL when `status` is
+/// not a rejection.
+///
+/// Ownership: the string is static; do not free it.
+/// Thread safety: any thread. Blocking: never.
+#[no_mangle]
+pub extern "C" fn lg_status_reason(status: c_int) -> *const c_char {
+    boundary(std::ptr::null(), || {
+        match lg_status::from_int(status).and_then(lg_status::reason) {
+            Some(Reason::AllWorkersBusy) => c"all_workers_busy".as_ptr(),
+            Some(Reason::NoWorkers) => c"no_workers".as_ptr(),
+            Some(Reason::WorkerOverloaded) => c"worker_overloaded".as_ptr(),
+            Some(Reason::WorkerAtCapacity) => c"worker_at_capacity".as_ptr(),
+            Some(Reason::QueueTimeout) => c"queue_timeout".as_ptr(),
+            Some(Reason::Closed) => c"closed".as_ptr(),
+            None => std::ptr::null(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    #[test]
+    fn every_status_has_text_and_an_http_code() {
+        for s in lg_status::ALL {
+            assert!(s.text().ends_with('\0'));
+            assert!(!s.message().contains('\0'));
+            assert_eq!(lg_status::from_int(s as c_int), Some(s));
+            // SAFETY: lg_status_str returns a static C string.
+            let text = unsafe { CStr::from_ptr(lg_status_str(s as c_int)) };
+            assert_eq!(text.to_str().unwrap(), s.message());
+        }
+        assert_eq!(lg_status::from_int(12345), None);
+        assert_eq!(lg_status_http(12345), 500);
+        assert!(lg_status_reason(12345).is_null());
+        assert_eq!(lg_status_http(LG_UNAVAILABLE as c_int), 503);
+        assert_eq!(lg_status_http(LG_NOT_FOUND as c_int), 404);
+    }
+
+    #[test]
+    fn rejection_texts_match_core() {
+        for (s, r) in [
+            (LG_OVERLOADED, Reason::AllWorkersBusy),
+            (LG_UNAVAILABLE, Reason::NoWorkers),
+            (LG_WORKER_OVERLOADED, Reason::WorkerOverloaded),
+            (LG_AT_CAPACITY, Reason::WorkerAtCapacity),
+            (LG_QUEUE_TIMEOUT, Reason::QueueTimeout),
+            (LG_CLOSED, Reason::Closed),
+        ] {
+            assert_eq!(s.message(), r.message());
+            assert_eq!(s.reason(), Some(r));
+            assert_eq!(s.http(), r.http_status());
+            // SAFETY: lg_status_reason returns a static C string here.
+            let name = unsafe { CStr::from_ptr(lg_status_reason(s as c_int)) };
+            assert_eq!(name.to_str().unwrap(), r.as_str());
+        }
+    }
+}

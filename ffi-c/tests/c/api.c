@@ -1,0 +1,919 @@
+/*
+ * Calls every function of loadgate.h, on its success path and on every
+ * error path: NULL handles and out-parameters, bad lengths, unknown
+ * workers, invalid thresholds (NaN, negative, > 1), buffers too small.
+ *
+ * Built as C11 with -Wall -Wextra -Wpedantic -Werror and run plain, under
+ * valgrind memcheck and with ASan+UBSan by ffi-c/tests/run.sh. Exits 0 when
+ * every check passed; prints the failing check and the last error message
+ * otherwise.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <loadgate.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int checks;
+
+#define CHECK(cond)                                                                        \
+    do {                                                                                   \
+        checks++;                                                                          \
+        if (!(cond)) {                                                                     \
+            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__,        \
+                    __LINE__, #cond, lg_last_error_message());                             \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+/* Expects `call` to return `want`; on an error, also that the last error
+ * message is non-empty. */
+#define EXPECT(call, want)                                                                 \
+    do {                                                                                   \
+        lg_status got_ = (call);                                                           \
+        checks++;                                                                          \
+        if (got_ != (want)) {                                                              \
+            fprintf(stderr, "%s:%d: %s returned %d (%s), expected %s (last error: %s)\n",  \
+                    __FILE__, __LINE__, #call, (int)got_, lg_status_str((int)got_), #want, \
+                    lg_last_error_message());                                              \
+            exit(1);                                                                       \
+        }                                                                                  \
+        if (got_ != LG_OK && lg_last_error_message()[0] == '\0') {                         \
+            fprintf(stderr, "%s:%d: %s failed without a message\n", __FILE__, __LINE__,    \
+                    #call);                                                                \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+#define OK(call) EXPECT(call, LG_OK)
+#define INVALID(call) EXPECT(call, LG_INVALID_ARGUMENT)
+
+/* A string literal as pointer and length. */
+#define S(lit) (lit), (sizeof(lit) - 1)
+
+static int contains(const char *haystack, const char *needle) {
+    return strstr(haystack, needle) != NULL;
+}
+
+static int last_error_contains(const char *needle) {
+    return contains(lg_last_error_message(), needle);
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static lg_load_report kv_report(uint64_t used, uint64_t total) {
+    lg_load_report r;
+    memset(&r, 0, sizeof r);
+    r.has_kv_used_blocks = true;
+    r.kv_used_blocks = used;
+    r.has_kv_total_blocks = true;
+    r.kv_total_blocks = total;
+    return r;
+}
+
+/* ----- version, status, last error -------------------------------------- */
+
+static void *other_thread_last_error(void *arg) {
+    (void)arg;
+    /* Another thread's failures are not visible here. */
+    return (void *)(lg_last_error_message()[0] == '\0' ? "empty" : NULL);
+}
+
+static void test_version_and_status(void) {
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", LOADGATE_VERSION_MAJOR, LOADGATE_VERSION_MINOR,
+             LOADGATE_VERSION_PATCH);
+    CHECK(strcmp(lg_version(), want) == 0);
+
+    CHECK(strcmp(lg_last_error_message(), "") == 0);
+
+    const lg_status all[] = {LG_OK,          LG_OVERLOADED,       LG_UNAVAILABLE,
+                             LG_WORKER_OVERLOADED, LG_AT_CAPACITY, LG_QUEUE_TIMEOUT,
+                             LG_CLOSED,      LG_WOULD_WAIT,       LG_TIMED_OUT,
+                             LG_INVALID_ARGUMENT, LG_NOT_FOUND,   LG_BUFFER_TOO_SMALL,
+                             LG_ALREADY_EXISTS, LG_MODEL_FULL,    LG_PANIC};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        CHECK(lg_status_str((int)all[i]) != NULL);
+        CHECK(strcmp(lg_status_str((int)all[i]), "unknown status") != 0);
+        CHECK(lg_status_http((int)all[i]) >= 200);
+    }
+    CHECK(strcmp(lg_status_str(-1), "unknown status") == 0);
+    CHECK(strcmp(lg_status_str(LG_OVERLOADED), "All workers are busy, please retry later") == 0);
+    CHECK(strcmp(lg_status_str(LG_AT_CAPACITY), "Server overloaded: worker at capacity") == 0);
+
+    /* The overload status comes from DYN_HTTP_OVERLOAD_STATUS_CODE, set by
+     * main() before the first call; 503 stays 503. */
+    CHECK(lg_overload_status() == 429);
+    CHECK(lg_status_http(LG_OK) == 200);
+    CHECK(lg_status_http(LG_OVERLOADED) == 429);
+    CHECK(lg_status_http(LG_WORKER_OVERLOADED) == 429);
+    CHECK(lg_status_http(LG_AT_CAPACITY) == 429);
+    CHECK(lg_status_http(LG_QUEUE_TIMEOUT) == 429);
+    CHECK(lg_status_http(LG_WOULD_WAIT) == 429);
+    CHECK(lg_status_http(LG_TIMED_OUT) == 429);
+    CHECK(lg_status_http(LG_UNAVAILABLE) == 503);
+    CHECK(lg_status_http(LG_CLOSED) == 503);
+    CHECK(lg_status_http(LG_INVALID_ARGUMENT) == 400);
+    CHECK(lg_status_http(LG_NOT_FOUND) == 404);
+    CHECK(lg_status_http(LG_ALREADY_EXISTS) == 409);
+    CHECK(lg_status_http(LG_PANIC) == 500);
+    CHECK(lg_status_http(99999) == 500);
+
+    CHECK(strcmp(lg_status_reason(LG_OVERLOADED), "all_workers_busy") == 0);
+    CHECK(strcmp(lg_status_reason(LG_UNAVAILABLE), "no_workers") == 0);
+    CHECK(strcmp(lg_status_reason(LG_WORKER_OVERLOADED), "worker_overloaded") == 0);
+    CHECK(strcmp(lg_status_reason(LG_AT_CAPACITY), "worker_at_capacity") == 0);
+    CHECK(strcmp(lg_status_reason(LG_QUEUE_TIMEOUT), "queue_timeout") == 0);
+    CHECK(strcmp(lg_status_reason(LG_CLOSED), "closed") == 0);
+    CHECK(lg_status_reason(LG_OK) == NULL);
+    CHECK(lg_status_reason(LG_NOT_FOUND) == NULL);
+    CHECK(lg_status_reason(-5) == NULL);
+
+    /* The last error is per thread, and success leaves it alone. */
+    INVALID(lg_monitor_new(NULL, NULL));
+    CHECK(last_error_contains("out_monitor must not be NULL"));
+    pthread_t t;
+    void *result = NULL;
+    CHECK(pthread_create(&t, NULL, other_thread_last_error, NULL) == 0);
+    CHECK(pthread_join(t, &result) == 0);
+    CHECK(result != NULL);
+    CHECK(strcmp(lg_version(), want) == 0);
+    CHECK(last_error_contains("out_monitor must not be NULL"));
+}
+
+/* ----- HTTP helpers ------------------------------------------------------ */
+
+static void test_error_response(void) {
+    char body[512];
+    size_t needed = 0;
+    uint16_t http = 0;
+    uint64_t retry = 0;
+
+    OK(lg_error_response(LG_OVERLOADED, LG_ERROR_STYLE_DYNAMO, 1500, &http, &retry, body,
+                         sizeof body, &needed));
+    CHECK(http == 429);
+    CHECK(retry == 2);
+    CHECK(needed == strlen(body));
+    CHECK(contains(body, "\"type\":\"Overloaded\""));
+    CHECK(contains(body, "All workers are busy, please retry later"));
+
+    OK(lg_error_response(LG_UNAVAILABLE, LG_ERROR_STYLE_OPENAI, 0, &http, &retry, body,
+                         sizeof body, &needed));
+    CHECK(http == 503);
+    CHECK(retry == 1);
+    CHECK(contains(body, "\"code\":\"no_workers\""));
+
+    OK(lg_error_response(LG_AT_CAPACITY, LG_ERROR_STYLE_ANTHROPIC, 3000, &http, &retry, body,
+                         sizeof body, &needed));
+    CHECK(http == 429 && retry == 3);
+    CHECK(contains(body, "overloaded_error"));
+
+    /* Buffer too small: snprintf semantics, status and length still given. */
+    char tiny[8];
+    http = 0;
+    EXPECT(lg_error_response(LG_WORKER_OVERLOADED, LG_ERROR_STYLE_DYNAMO, 1000, &http, &retry,
+                             tiny, sizeof tiny, &needed),
+           LG_BUFFER_TOO_SMALL);
+    CHECK(needed > sizeof tiny && http == 429);
+    CHECK(strlen(tiny) == sizeof tiny - 1);
+    CHECK(last_error_contains("too small"));
+    size_t size_only = 0;
+    EXPECT(lg_error_response(LG_QUEUE_TIMEOUT, LG_ERROR_STYLE_DYNAMO, 1000, &http, &retry, NULL,
+                             0, &size_only),
+           LG_BUFFER_TOO_SMALL);
+    CHECK(size_only > 0);
+
+    INVALID(lg_error_response(LG_OK, LG_ERROR_STYLE_DYNAMO, 1000, &http, &retry, body,
+                              sizeof body, &needed));
+    CHECK(last_error_contains("not a rejection"));
+    INVALID(lg_error_response(LG_NOT_FOUND, LG_ERROR_STYLE_DYNAMO, 1000, &http, &retry, body,
+                              sizeof body, &needed));
+    INVALID(lg_error_response(LG_OVERLOADED, 7, 1000, &http, &retry, body, sizeof body,
+                              &needed));
+    INVALID(lg_error_response(LG_OVERLOADED, LG_ERROR_STYLE_DYNAMO, 1000, NULL, &retry, body,
+                              sizeof body, &needed));
+    INVALID(lg_error_response(LG_OVERLOADED, LG_ERROR_STYLE_DYNAMO, 1000, &http, NULL, body,
+                              sizeof body, &needed));
+    INVALID(lg_error_response(LG_OVERLOADED, LG_ERROR_STYLE_DYNAMO, 1000, &http, &retry, body,
+                              sizeof body, NULL));
+    INVALID(lg_error_response(LG_OVERLOADED, LG_ERROR_STYLE_DYNAMO, 1000, &http, &retry, NULL,
+                              16, &needed));
+}
+
+/* ----- monitor ----------------------------------------------------------- */
+
+static void test_monitor_config(void) {
+    lg_monitor_config c;
+    lg_monitor *m = NULL;
+
+    INVALID(lg_monitor_config_default(NULL));
+    OK(lg_monitor_config_default(&c));
+    CHECK(c.lease_ms == 1000 && c.stale_after_ms == 3000);
+    CHECK(c.staleness == LG_STALENESS_KEEP && c.max_workers_per_model == 4096);
+    CHECK(c.metrics_prefix == NULL && c.metrics_prefix_len == 0);
+
+    /* Invalid settings: nothing is created, the out-parameter is untouched. */
+    lg_monitor *untouched = (lg_monitor *)&c;
+    c.lease_ms = 0;
+    INVALID(lg_monitor_new(&c, &untouched));
+    CHECK(untouched == (lg_monitor *)&c);
+    CHECK(last_error_contains("lease"));
+    OK(lg_monitor_config_default(&c));
+    c.stale_after_ms = 0;
+    INVALID(lg_monitor_new(&c, &m));
+    OK(lg_monitor_config_default(&c));
+    c.staleness = 9;
+    INVALID(lg_monitor_new(&c, &m));
+    CHECK(last_error_contains("staleness 9"));
+    OK(lg_monitor_config_default(&c));
+    c.max_workers_per_model = 0;
+    INVALID(lg_monitor_new(&c, &m));
+    OK(lg_monitor_config_default(&c));
+    c.metrics_prefix = "9bad";
+    c.metrics_prefix_len = 4;
+    INVALID(lg_monitor_new(&c, &m));
+    c.metrics_prefix = NULL;
+    c.metrics_prefix_len = 3;
+    INVALID(lg_monitor_new(&c, &m));
+    c.metrics_prefix = "\xff\xfe";
+    c.metrics_prefix_len = 2;
+    INVALID(lg_monitor_new(&c, &m));
+    CHECK(last_error_contains("UTF-8"));
+    CHECK(m == NULL);
+
+    /* A custom prefix and a one-worker model. */
+    OK(lg_monitor_config_default(&c));
+    c.metrics_prefix = "edge_xyz";
+    c.metrics_prefix_len = 4; /* only "edge" */
+    c.max_workers_per_model = 1;
+    OK(lg_monitor_new(&c, &m));
+    OK(lg_monitor_add_worker(m, S("tiny"), 1, NULL));
+    EXPECT(lg_monitor_add_worker(m, S("tiny"), 2, NULL), LG_MODEL_FULL);
+    CHECK(last_error_contains("maximum of 1"));
+    char text[4096];
+    size_t needed = 0;
+    OK(lg_monitor_metrics(m, text, sizeof text, &needed));
+    CHECK(contains(text, "edge_frontend_model_workers{model=\"tiny\"} 1"));
+    lg_monitor_free(m);
+
+    lg_monitor_free(NULL);
+}
+
+static void test_monitor(void) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    CHECK(m != NULL);
+
+    /* -- workers -- */
+    lg_worker_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.dp_start = 0;
+    spec.dp_size = 2;
+    spec.has_kv_total_blocks = true;
+    spec.kv_total_blocks = 100;
+    for (uint64_t id = 101; id <= 104; id++) {
+        OK(lg_monitor_add_worker(m, S("llama"), id, &spec));
+    }
+    OK(lg_monitor_add_worker(m, S("other"), 900, NULL)); /* default: one rank 0..1 */
+
+    INVALID(lg_monitor_add_worker(NULL, S("llama"), 1, &spec));
+    INVALID(lg_monitor_add_worker(m, NULL, 5, 1, &spec));
+    INVALID(lg_monitor_add_worker(m, "", 0, 1, &spec));
+    CHECK(last_error_contains("must not be empty"));
+    INVALID(lg_monitor_add_worker(m, "\xc3\x28", 2, 1, &spec));
+    INVALID(lg_monitor_add_worker(m, "llama", SIZE_MAX, 1, &spec));
+    CHECK(last_error_contains("out of range"));
+    EXPECT(lg_monitor_add_worker(m, S("llama"), 101, &spec), LG_ALREADY_EXISTS);
+    CHECK(last_error_contains("already registered"));
+    lg_worker_spec overflow = spec;
+    overflow.dp_start = UINT32_MAX;
+    overflow.dp_size = 2;
+    INVALID(lg_monitor_add_worker(m, S("llama"), 7, &overflow));
+    CHECK(last_error_contains("dp_start"));
+
+    /* -- thresholds: validation first, then a real one -- */
+    lg_threshold_update u;
+    lg_thresholds t;
+    memset(&u, 0, sizeof u);
+    const double bad_decode[] = {NAN, -0.1, 1.5, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof bad_decode / sizeof bad_decode[0]; i++) {
+        u.has_active_decode_blocks_threshold = true;
+        u.active_decode_blocks_threshold = bad_decode[i];
+        INVALID(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+        CHECK(last_error_contains("active_decode_blocks_threshold"));
+        CHECK(last_error_contains("[0, 1]"));
+    }
+    memset(&u, 0, sizeof u);
+    const double bad_frac[] = {NAN, -1.0, INFINITY};
+    for (size_t i = 0; i < sizeof bad_frac / sizeof bad_frac[0]; i++) {
+        u.has_active_prefill_tokens_threshold_frac = true;
+        u.active_prefill_tokens_threshold_frac = bad_frac[i];
+        INVALID(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+        CHECK(last_error_contains("active_prefill_tokens_threshold_frac"));
+    }
+    memset(&u, 0, sizeof u);
+    u.clear = 8;
+    INVALID(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+    CHECK(last_error_contains("unknown bits"));
+    u.clear = LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD;
+    u.has_active_prefill_tokens_threshold = true;
+    u.active_prefill_tokens_threshold = 10;
+    INVALID(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+    CHECK(last_error_contains("both set and cleared"));
+    memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.5;
+    EXPECT(lg_monitor_set_thresholds(m, S("nope"), &u, &t), LG_NOT_FOUND);
+    CHECK(last_error_contains("unknown model"));
+    INVALID(lg_monitor_set_thresholds(NULL, S("llama"), &u, &t));
+    INVALID(lg_monitor_set_thresholds(m, S("llama"), NULL, &t));
+    INVALID(lg_monitor_set_thresholds(m, NULL, 3, &u, &t));
+
+    /* Nothing refused above changed anything. */
+    OK(lg_monitor_get_thresholds(m, S("llama"), &t));
+    CHECK(t.version == 0);
+    CHECK(!t.has_active_decode_blocks_threshold && !t.has_active_prefill_tokens_threshold &&
+          !t.has_active_prefill_tokens_threshold_frac);
+
+    u.active_decode_blocks_threshold = 0.9;
+    OK(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+    CHECK(t.version == 1 && t.has_active_decode_blocks_threshold &&
+          t.active_decode_blocks_threshold == 0.9);
+    memset(&u, 0, sizeof u);
+    u.has_active_prefill_tokens_threshold_frac = true;
+    u.active_prefill_tokens_threshold_frac = 64.0; /* above 1 is legal */
+    OK(lg_monitor_set_thresholds(m, S("llama"), &u, NULL));
+    memset(&u, 0, sizeof u); /* nothing set, nothing cleared: a read */
+    OK(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+    CHECK(t.version == 2 && t.has_active_prefill_tokens_threshold_frac &&
+          t.active_prefill_tokens_threshold_frac == 64.0 &&
+          t.active_decode_blocks_threshold == 0.9);
+    u.clear = LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC;
+    OK(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+    CHECK(t.version == 3 && !t.has_active_prefill_tokens_threshold_frac &&
+          t.has_active_decode_blocks_threshold);
+
+    lg_thresholds untouched_t;
+    memset(&untouched_t, 0x5a, sizeof untouched_t);
+    EXPECT(lg_monitor_get_thresholds(m, S("nope"), &untouched_t), LG_NOT_FOUND);
+    CHECK(untouched_t.version == 0x5a5a5a5a5a5a5a5aULL);
+    INVALID(lg_monitor_get_thresholds(m, S("llama"), NULL));
+    INVALID(lg_monitor_get_thresholds(NULL, S("llama"), &t));
+    INVALID(lg_monitor_get_thresholds(m, "\xff", 1, &t));
+
+    /* -- reports and the busy rule (decode 0.9 of 100 blocks: busy > 90) -- */
+    lg_load_report r = kv_report(95, 100);
+    OK(lg_monitor_report(m, 102, 0, &r));
+    bool busy = true;
+    OK(lg_monitor_is_busy(m, 102, &busy));
+    CHECK(!busy); /* one of two ranks busy: the worker is not */
+    OK(lg_monitor_report(m, 102, 1, &r));
+    OK(lg_monitor_is_busy(m, 102, &busy));
+    CHECK(busy);
+    lg_load_report empty;
+    memset(&empty, 0, sizeof empty);
+    OK(lg_monitor_report(m, 102, 1, &empty)); /* absent fields keep their value */
+    OK(lg_monitor_is_busy(m, 102, &busy));
+    CHECK(busy);
+
+    EXPECT(lg_monitor_report(m, 555, 0, &r), LG_NOT_FOUND);
+    CHECK(last_error_contains("unknown worker 555"));
+    EXPECT(lg_monitor_report(m, 101, 2, &r), LG_NOT_FOUND);
+    CHECK(last_error_contains("no dp_rank 2"));
+    lg_load_report huge;
+    memset(&huge, 0, sizeof huge);
+    huge.has_active_prefill_tokens = true;
+    huge.active_prefill_tokens = UINT64_MAX;
+    INVALID(lg_monitor_report(m, 101, 0, &huge));
+    INVALID(lg_monitor_report(NULL, 101, 0, &r));
+    INVALID(lg_monitor_report(m, 101, 0, NULL));
+    CHECK(last_error_contains("report must not be NULL"));
+
+    INVALID(lg_monitor_is_busy(m, 101, NULL));
+    INVALID(lg_monitor_is_busy(NULL, 101, &busy));
+    EXPECT(lg_monitor_is_busy(m, 555, &busy), LG_NOT_FOUND);
+
+    /* -- select: round robin skips the busy worker -- */
+    uint64_t seen[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 30; i++) {
+        uint64_t w = 0;
+        OK(lg_monitor_select(m, S("llama"), LG_POLICY_ROUND_ROBIN, &w));
+        CHECK(w >= 101 && w <= 104 && w != 102);
+        seen[w - 101]++;
+    }
+    CHECK(seen[0] == 10 && seen[1] == 0 && seen[2] == 10 && seen[3] == 10);
+    for (int i = 0; i < 20; i++) {
+        uint64_t w = 0;
+        OK(lg_monitor_select(m, S("llama"), LG_POLICY_RANDOM, &w));
+        CHECK(w != 102);
+        OK(lg_monitor_select(m, S("llama"), LG_POLICY_POWER_OF_TWO, &w));
+        CHECK(w != 102);
+    }
+    uint64_t w = 77;
+    INVALID(lg_monitor_select(m, S("llama"), 3, &w));
+    CHECK(last_error_contains("policy 3"));
+    INVALID(lg_monitor_select(m, S("llama"), LG_POLICY_ROUND_ROBIN, NULL));
+    INVALID(lg_monitor_select(NULL, S("llama"), LG_POLICY_ROUND_ROBIN, &w));
+    INVALID(lg_monitor_select(m, NULL, 1, LG_POLICY_ROUND_ROBIN, &w));
+    EXPECT(lg_monitor_select(m, S("unknown-model"), LG_POLICY_ROUND_ROBIN, &w), LG_UNAVAILABLE);
+    CHECK(strcmp(lg_last_error_message(), "No workers available") == 0);
+    CHECK(w == 77);
+
+    /* -- select_min_cost -- */
+    const uint64_t ids[] = {101, 102, 103, 999, 900};
+    const double costs[] = {5.0, 0.0, 2.0, 0.0, 0.0};
+    OK(lg_monitor_select_min_cost(m, S("llama"), ids, costs, 5, &w));
+    CHECK(w == 103); /* 102 is busy, 999 unknown, 900 of another model */
+    const double nan_costs[] = {NAN, 0.0, NAN, 0.0, 0.0};
+    OK(lg_monitor_select_min_cost(m, S("llama"), ids, nan_costs, 3, &w));
+    CHECK(w == 101); /* NaN ranks last; ties keep the first */
+    EXPECT(lg_monitor_select_min_cost(m, S("llama"), NULL, NULL, 0, &w), LG_OVERLOADED);
+    INVALID(lg_monitor_select_min_cost(m, S("llama"), NULL, costs, 2, &w));
+    INVALID(lg_monitor_select_min_cost(m, S("llama"), ids, NULL, 2, &w));
+    INVALID(lg_monitor_select_min_cost(m, S("llama"), ids, costs, SIZE_MAX / 4, &w));
+    INVALID(lg_monitor_select_min_cost(m, S("llama"), ids, costs, 2, NULL));
+    INVALID(lg_monitor_select_min_cost(NULL, S("llama"), ids, costs, 2, &w));
+    EXPECT(lg_monitor_select_min_cost(m, S("ghost"), ids, costs, 2, &w), LG_UNAVAILABLE);
+
+    /* -- check and overload leases -- */
+    OK(lg_monitor_check(m, 101));
+    EXPECT(lg_monitor_check(m, 102), LG_WORKER_OVERLOADED);
+    CHECK(strcmp(lg_last_error_message(),
+                 "Selected worker is overloaded, please retry later") == 0);
+    EXPECT(lg_monitor_check(m, 555), LG_NOT_FOUND);
+    INVALID(lg_monitor_check(NULL, 101));
+
+    bool leased = true;
+    OK(lg_monitor_is_leased(m, 103, &leased));
+    CHECK(!leased);
+    OK(lg_monitor_mark_overloaded(m, 103));
+    OK(lg_monitor_is_leased(m, 103, &leased));
+    CHECK(leased);
+    EXPECT(lg_monitor_check(m, 103), LG_WORKER_OVERLOADED);
+    for (int i = 0; i < 10; i++) {
+        OK(lg_monitor_select(m, S("llama"), LG_POLICY_ROUND_ROBIN, &w));
+        CHECK(w == 101 || w == 104);
+    }
+    lg_load_report calm = kv_report(10, 100);
+    OK(lg_monitor_report(m, 103, 0, &calm)); /* a not-busy report ends the lease */
+    OK(lg_monitor_is_leased(m, 103, &leased));
+    CHECK(!leased);
+    EXPECT(lg_monitor_mark_overloaded(m, 555), LG_NOT_FOUND);
+    INVALID(lg_monitor_mark_overloaded(NULL, 101));
+    INVALID(lg_monitor_is_leased(m, 103, NULL));
+    INVALID(lg_monitor_is_leased(NULL, 103, &leased));
+    EXPECT(lg_monitor_is_leased(m, 555, &leased), LG_NOT_FOUND);
+
+    /* Everything busy: 529 (here 429), counted as a rejection. */
+    for (uint64_t id = 101; id <= 104; id++) {
+        OK(lg_monitor_report(m, id, 0, &r));
+        OK(lg_monitor_report(m, id, 1, &r));
+    }
+    EXPECT(lg_monitor_select(m, S("llama"), LG_POLICY_ROUND_ROBIN, &w), LG_OVERLOADED);
+    CHECK(strcmp(lg_last_error_message(), "All workers are busy, please retry later") == 0);
+    CHECK(lg_status_http(LG_OVERLOADED) == 429);
+
+    /* -- bookings feed active_decode_blocks -- */
+    lg_booking *b = NULL;
+    OK(lg_monitor_book(m, 900, 0, 5, &b));
+    uint64_t blocks = 0;
+    OK(lg_booking_blocks(b, &blocks));
+    CHECK(blocks == 5);
+    OK(lg_booking_add_output_blocks(b, 3));
+    OK(lg_booking_blocks(b, &blocks));
+    CHECK(blocks == 8);
+    memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.5;
+    OK(lg_monitor_set_thresholds(m, S("other"), &u, NULL));
+    lg_load_report cap;
+    memset(&cap, 0, sizeof cap);
+    cap.has_kv_total_blocks = true;
+    cap.kv_total_blocks = 10;
+    OK(lg_monitor_report(m, 900, 0, &cap));
+    OK(lg_monitor_is_busy(m, 900, &busy));
+    CHECK(busy); /* 8 booked blocks > 0.5 * 10 */
+    lg_booking_free(b);
+    OK(lg_monitor_is_busy(m, 900, &busy));
+    CHECK(!busy);
+    lg_booking *nb = NULL;
+    EXPECT(lg_monitor_book(m, 555, 0, 1, &nb), LG_NOT_FOUND);
+    EXPECT(lg_monitor_book(m, 900, 3, 1, &nb), LG_NOT_FOUND);
+    INVALID(lg_monitor_book(m, 900, 0, 1, NULL));
+    INVALID(lg_monitor_book(NULL, 900, 0, 1, &nb));
+    CHECK(nb == NULL);
+    INVALID(lg_booking_add_output_blocks(NULL, 1));
+    INVALID(lg_booking_blocks(NULL, &blocks));
+    OK(lg_monitor_book(m, 900, 0, 1, &b));
+    INVALID(lg_booking_blocks(b, NULL));
+    lg_booking_free(b);
+    lg_booking_free(NULL);
+
+    /* -- staleness and sweep -- */
+    /* Setting the policy sweeps once, which notes the last report. */
+    OK(lg_monitor_set_staleness(m, S("other"), LG_STALENESS_BUSY, 1));
+    OK(lg_monitor_is_busy(m, 900, &busy));
+    CHECK(!busy);
+    sleep_ms(5);
+    size_t changed = 99;
+    OK(lg_monitor_sweep(m, &changed));
+    CHECK(changed == 1);
+    OK(lg_monitor_is_busy(m, 900, &busy));
+    CHECK(busy); /* silent for longer than stale_after counts as busy */
+    OK(lg_monitor_set_staleness(m, S("other"), LG_STALENESS_KEEP, 3000));
+    OK(lg_monitor_is_busy(m, 900, &busy));
+    CHECK(!busy);
+    OK(lg_monitor_sweep(m, NULL));
+    INVALID(lg_monitor_sweep(NULL, &changed));
+    INVALID(lg_monitor_set_staleness(m, S("other"), 3, 1000));
+    INVALID(lg_monitor_set_staleness(m, S("other"), LG_STALENESS_FREE, 0));
+    EXPECT(lg_monitor_set_staleness(m, S("ghost"), LG_STALENESS_FREE, 10), LG_NOT_FOUND);
+    INVALID(lg_monitor_set_staleness(NULL, S("other"), LG_STALENESS_FREE, 10));
+
+    /* -- metrics, snprintf semantics -- */
+    size_t needed = 0;
+    EXPECT(lg_monitor_metrics(m, NULL, 0, &needed), LG_BUFFER_TOO_SMALL);
+    CHECK(needed > 100);
+    char *text = malloc(needed + 1);
+    CHECK(text != NULL);
+    size_t again = 0;
+    OK(lg_monitor_metrics(m, text, needed + 1, &again));
+    CHECK(again == needed && strlen(text) == needed);
+    CHECK(contains(text, "dynamo_frontend_model_rejection_total{model=\"llama\",endpoint=\"generate\"}"));
+    CHECK(contains(text, "dynamo_frontend_worker_active_decode_blocks{worker_id=\"101\",dp_rank=\"0\"}"));
+    EXPECT(lg_monitor_metrics(m, text, needed, &again), LG_BUFFER_TOO_SMALL);
+    CHECK(strlen(text) == needed - 1); /* truncated, NUL-terminated */
+    free(text);
+    char small[16];
+    EXPECT(lg_monitor_metrics(m, small, sizeof small, &needed), LG_BUFFER_TOO_SMALL);
+    CHECK(strlen(small) == sizeof small - 1);
+    INVALID(lg_monitor_metrics(m, small, sizeof small, NULL));
+    INVALID(lg_monitor_metrics(m, NULL, 10, &needed));
+    INVALID(lg_monitor_metrics(NULL, small, sizeof small, &needed));
+
+    /* -- /busy_threshold -- */
+    char resp[1024];
+    uint16_t status = 0;
+    OK(lg_monitor_handle_busy_threshold(m, S("GET"), NULL, 0, NULL, 0, &status, resp,
+                                        sizeof resp, &needed));
+    CHECK(status == 200 && contains(resp, "\"thresholds\""));
+    CHECK(contains(resp, "\"model\":\"llama\""));
+    const char *post = "{\"model\":\"llama\",\"active_decode_blocks_threshold\":0.97}";
+    OK(lg_monitor_handle_busy_threshold(m, S("POST"), S("application/json"),
+                                        (const uint8_t *)post, strlen(post), &status, resp,
+                                        sizeof resp, &needed));
+    CHECK(status == 200 && contains(resp, "\"active_decode_blocks_threshold\":0.97"));
+    CHECK(contains(resp, "\"version\":4"));
+    OK(lg_monitor_get_thresholds(m, S("llama"), &t));
+    CHECK(t.version == 4 && t.active_decode_blocks_threshold == 0.97);
+    OK(lg_monitor_is_busy(m, 101, &busy));
+    CHECK(!busy); /* 95 of 100 is not above 97 */
+
+    struct {
+        const char *method, *ctype, *body;
+        uint16_t want;
+    } cases[] = {
+        {"POST", "application/json", "{\"model\":", 400},
+        {"POST", "application/json", "{\"model\":\"llama\",\"active_decode_blocks_threshold\":2}",
+         400},
+        {"POST", "application/json", "{\"model\":5}", 422},
+        {"POST", "application/json", "{\"model\":\"ghost\",\"active_prefill_tokens_threshold\":3}",
+         404},
+        {"POST", "text/plain", "{}", 415},
+        {"POST", NULL, "{}", 415},
+        {"PUT", "application/json", "{}", 405},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        OK(lg_monitor_handle_busy_threshold(
+            m, cases[i].method, strlen(cases[i].method), cases[i].ctype,
+            cases[i].ctype ? strlen(cases[i].ctype) : 0, (const uint8_t *)cases[i].body,
+            strlen(cases[i].body), &status, resp, sizeof resp, &needed));
+        CHECK(status == cases[i].want);
+        CHECK(contains(resp, "\"error\""));
+    }
+    size_t big_len = 64 * 1024 + 1;
+    uint8_t *big = malloc(big_len);
+    CHECK(big != NULL);
+    memset(big, ' ', big_len);
+    OK(lg_monitor_handle_busy_threshold(m, S("POST"), S("application/json"), big, big_len,
+                                        &status, resp, sizeof resp, &needed));
+    CHECK(status == 413);
+    free(big);
+    OK(lg_monitor_get_thresholds(m, S("llama"), &t));
+    CHECK(t.version == 4); /* none of the failures changed anything */
+
+    char tiny[10];
+    status = 0;
+    EXPECT(lg_monitor_handle_busy_threshold(m, S("GET"), NULL, 0, NULL, 0, &status, tiny,
+                                            sizeof tiny, &needed),
+           LG_BUFFER_TOO_SMALL);
+    CHECK(status == 200 && needed > sizeof tiny && strlen(tiny) == sizeof tiny - 1);
+    INVALID(lg_monitor_handle_busy_threshold(NULL, S("GET"), NULL, 0, NULL, 0, &status, resp,
+                                             sizeof resp, &needed));
+    INVALID(lg_monitor_handle_busy_threshold(m, NULL, 0, NULL, 0, NULL, 0, &status, resp,
+                                             sizeof resp, &needed));
+    INVALID(lg_monitor_handle_busy_threshold(m, S("GET"), NULL, 4, NULL, 0, &status, resp,
+                                             sizeof resp, &needed));
+    INVALID(lg_monitor_handle_busy_threshold(m, S("POST"), S("application/json"), NULL, 5,
+                                             &status, resp, sizeof resp, &needed));
+    INVALID(lg_monitor_handle_busy_threshold(m, S("GET"), NULL, 0, NULL, 0, NULL, resp,
+                                             sizeof resp, &needed));
+    INVALID(lg_monitor_handle_busy_threshold(m, S("GET"), NULL, 0, NULL, 0, &status, resp,
+                                             sizeof resp, NULL));
+
+    /* -- removal -- */
+    OK(lg_monitor_remove_worker(m, 104));
+    EXPECT(lg_monitor_remove_worker(m, 104), LG_NOT_FOUND);
+    CHECK(last_error_contains("unknown worker 104"));
+    INVALID(lg_monitor_remove_worker(NULL, 101));
+    EXPECT(lg_monitor_is_busy(m, 104, &busy), LG_NOT_FOUND);
+    OK(lg_monitor_remove_worker(m, 900));
+    EXPECT(lg_monitor_select(m, S("other"), LG_POLICY_ROUND_ROBIN, &w), LG_UNAVAILABLE);
+    /* A booking outlives its worker and the monitor itself. */
+    OK(lg_monitor_book(m, 101, 1, 4, &b));
+    OK(lg_monitor_remove_worker(m, 101));
+    OK(lg_booking_add_output_blocks(b, 1));
+    lg_monitor_free(m);
+    OK(lg_booking_blocks(b, &blocks));
+    CHECK(blocks == 5);
+    lg_booking_free(b);
+}
+
+/* ----- gate --------------------------------------------------------------- */
+
+typedef struct {
+    int calls;
+    lg_status status;
+    lg_permit *permit;
+} outcome;
+
+static void record(void *user_data, lg_status status, lg_permit *permit) {
+    outcome *o = user_data;
+    o->calls++;
+    o->status = status;
+    o->permit = permit;
+}
+
+/* Releases its permit from inside the callback. */
+static void release_at_once(void *user_data, lg_status status, lg_permit *permit) {
+    record(user_data, status, permit);
+    lg_permit_release(permit);
+}
+
+static void test_gate_config(void) {
+    lg_gate_config c;
+    lg_gate *g = NULL;
+    INVALID(lg_gate_config_default(2, NULL));
+    OK(lg_gate_config_default(2, &c));
+    CHECK(c.limit == 2 && c.queue == 16 && c.queue_timeout_ms == 0 && !c.adaptive_lifo);
+    CHECK(c.metrics_prefix == NULL && c.metrics_prefix_len == 0);
+
+    c.limit = 0;
+    INVALID(lg_gate_new(&c, &g));
+    CHECK(last_error_contains("at least 1"));
+    c.limit = 1u << 21;
+    INVALID(lg_gate_new(&c, &g));
+    c.limit = 2;
+    c.queue = 1u << 21;
+    INVALID(lg_gate_new(&c, &g));
+    c.queue = 1;
+    c.metrics_prefix = "a-b";
+    c.metrics_prefix_len = 3;
+    INVALID(lg_gate_new(&c, &g));
+    c.metrics_prefix = NULL;
+    c.metrics_prefix_len = 1;
+    INVALID(lg_gate_new(&c, &g));
+    c.metrics_prefix_len = 0;
+    INVALID(lg_gate_new(NULL, &g));
+    INVALID(lg_gate_new(&c, NULL));
+    CHECK(g == NULL);
+
+    /* From the environment: invalid values are errors, never a fallback. */
+    setenv("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "abc", 1);
+    INVALID(lg_gate_from_env(4, &g));
+    CHECK(last_error_contains("DYN_DYNAMO_REQUEST_QUEUE_LIMIT"));
+    setenv("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", " 3 ", 1);
+    setenv("DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS", "0", 1);
+    INVALID(lg_gate_from_env(4, &g));
+    CHECK(last_error_contains("DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS"));
+    setenv("DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS", "250", 1);
+    INVALID(lg_gate_from_env(0, &g));
+    INVALID(lg_gate_from_env(4, NULL));
+    OK(lg_gate_from_env(4, &g));
+    lg_gate_stats s;
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.limit == 4 && s.queue_limit == 3);
+    uint64_t wait_ns = 0;
+    OK(lg_gate_next_deadline(g, &wait_ns));
+    CHECK(wait_ns == LG_TIMEOUT_INFINITE); /* nobody queued */
+    lg_gate_free(g);
+    unsetenv("DYN_DYNAMO_REQUEST_QUEUE_LIMIT");
+    unsetenv("DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS");
+    OK(lg_gate_from_env(1, &g));
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.queue_limit == 16);
+    lg_gate_free(g);
+    lg_gate_free(NULL);
+}
+
+static void test_gate(void) {
+    lg_gate_config c;
+    lg_gate *g = NULL;
+    OK(lg_gate_config_default(2, &c));
+    c.queue = 2;
+    c.metrics_prefix = "worker";
+    c.metrics_prefix_len = 6;
+    OK(lg_gate_new(&c, &g));
+
+    /* -- try_admit: immediate only -- */
+    lg_permit *p1 = NULL, *p2 = NULL, *p3 = NULL;
+    OK(lg_gate_try_admit(g, &p1));
+    OK(lg_gate_try_admit(g, &p2));
+    CHECK(p1 != NULL && p2 != NULL); /* interchangeable: they may be equal */
+    lg_permit *untouched = (lg_permit *)&c;
+    EXPECT(lg_gate_try_admit(g, &untouched), LG_WOULD_WAIT);
+    CHECK(untouched == (lg_permit *)&c);
+    INVALID(lg_gate_try_admit(NULL, &p3));
+    INVALID(lg_gate_try_admit(g, NULL));
+
+    /* -- blocking admit with the caller's timeout -- */
+    EXPECT(lg_gate_admit(g, 20, &p3), LG_TIMED_OUT);
+    INVALID(lg_gate_admit(NULL, 1, &p3));
+    INVALID(lg_gate_admit(g, 1, NULL));
+
+    /* -- async admit: two queue, the third is rejected at once -- */
+    outcome a = {0, LG_PANIC, NULL}, b = {0, LG_PANIC, NULL}, x = {0, LG_PANIC, NULL};
+    lg_ticket *ta = NULL, *tb = NULL;
+    OK(lg_gate_admit_async(g, record, &a, &ta));
+    OK(lg_gate_admit_async(g, record, &b, &tb));
+    CHECK(a.calls == 0 && b.calls == 0);
+    bool queued = false;
+    OK(lg_ticket_is_queued(ta, &queued));
+    CHECK(queued);
+    OK(lg_gate_admit_async(g, record, &x, NULL)); /* rejected on this thread, at once */
+    CHECK(x.calls == 1 && x.status == LG_AT_CAPACITY && x.permit == NULL);
+    EXPECT(lg_gate_admit(g, LG_TIMEOUT_INFINITE, &p3), LG_AT_CAPACITY);
+    CHECK(strcmp(lg_last_error_message(), "Server overloaded: worker at capacity") == 0);
+    EXPECT(lg_gate_try_admit(g, &p3), LG_WOULD_WAIT);
+
+    lg_gate_stats s;
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.running == 2 && s.queued == 2 && s.limit == 2 && s.queue_limit == 2 && !s.closed);
+    CHECK(s.admitted_direct == 2 && s.rejected_at_capacity == 2 && s.cancelled == 1);
+
+    /* Releasing hands the slot to the oldest waiter, whose callback runs here. */
+    lg_permit_release(p1);
+    CHECK(a.calls == 1 && a.status == LG_OK && a.permit != NULL);
+    OK(lg_ticket_is_queued(ta, &queued));
+    CHECK(!queued);
+    bool cancelled = true;
+    OK(lg_ticket_cancel(ta, &cancelled));
+    CHECK(!cancelled); /* too late: it already has its permit */
+    /* Cancelling a waiter frees its place; its callback never runs. */
+    OK(lg_ticket_cancel(tb, &cancelled));
+    CHECK(cancelled && b.calls == 0);
+    OK(lg_ticket_cancel(tb, &cancelled));
+    CHECK(!cancelled);
+    INVALID(lg_ticket_cancel(NULL, &cancelled));
+    INVALID(lg_ticket_cancel(ta, NULL));
+    INVALID(lg_ticket_is_queued(NULL, &queued));
+    INVALID(lg_ticket_is_queued(ta, NULL));
+    lg_ticket_free(ta);
+    lg_ticket_free(tb);
+    lg_ticket_free(NULL);
+    INVALID(lg_gate_admit_async(g, NULL, &a, NULL));
+    INVALID(lg_gate_admit_async(NULL, record, &a, NULL));
+
+    /* A callback may release its permit at once; the next waiter gets it. */
+    outcome c1 = {0, LG_PANIC, NULL}, c2 = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async(g, release_at_once, &c1, NULL));
+    OK(lg_gate_admit_async(g, record, &c2, NULL));
+    lg_permit_release(a.permit);
+    CHECK(c1.calls == 1 && c1.status == LG_OK);
+    CHECK(c2.calls == 1 && c2.status == LG_OK && c2.permit != NULL);
+
+    /* -- set_limit: raising grants waiters before returning -- */
+    outcome d = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async(g, record, &d, NULL));
+    CHECK(d.calls == 0);
+    OK(lg_gate_set_limit(g, 3));
+    CHECK(d.calls == 1 && d.status == LG_OK);
+    INVALID(lg_gate_set_limit(g, 0));
+    INVALID(lg_gate_set_limit(g, 1u << 21));
+    INVALID(lg_gate_set_limit(NULL, 3));
+    OK(lg_gate_set_limit(g, 1)); /* lowering revokes nothing */
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.running == 3 && s.limit == 1);
+    lg_permit_release(d.permit);
+    lg_permit_release(c2.permit);
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.running == 1);
+
+    /* -- metrics -- */
+    size_t needed = 0;
+    EXPECT(lg_gate_metrics(g, NULL, 0, &needed), LG_BUFFER_TOO_SMALL);
+    char *text = malloc(needed + 1);
+    CHECK(text != NULL);
+    OK(lg_gate_metrics(g, text, needed + 1, &needed));
+    CHECK(contains(text, "worker_engine_request 1\n"));
+    CHECK(contains(text, "worker_rejection_request_total 2\n"));
+    CHECK(contains(text, "worker_request_queue_wait_seconds_count"));
+    free(text);
+    char small[8];
+    EXPECT(lg_gate_metrics(g, small, sizeof small, &needed), LG_BUFFER_TOO_SMALL);
+    CHECK(strlen(small) == 7);
+    INVALID(lg_gate_metrics(NULL, small, sizeof small, &needed));
+    INVALID(lg_gate_metrics(g, small, sizeof small, NULL));
+    INVALID(lg_gate_metrics(g, NULL, 1, &needed));
+
+    /* -- close: waiters and later admits get LG_CLOSED; permits stay valid -- */
+    outcome e = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async(g, record, &e, NULL));
+    CHECK(e.calls == 0);
+    OK(lg_gate_close(g));
+    CHECK(e.calls == 1 && e.status == LG_CLOSED && e.permit == NULL);
+    OK(lg_gate_close(g));
+    EXPECT(lg_gate_try_admit(g, &p3), LG_CLOSED);
+    EXPECT(lg_gate_admit(g, 10, &p3), LG_CLOSED);
+    outcome f = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async(g, record, &f, NULL));
+    CHECK(f.calls == 1 && f.status == LG_CLOSED);
+    INVALID(lg_gate_close(NULL));
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.closed && s.rejected_closed >= 3);
+    INVALID(lg_gate_get_stats(g, NULL));
+    INVALID(lg_gate_get_stats(NULL, &s));
+
+    /* A permit outlives the gate handle. */
+    lg_gate_free(g);
+    lg_permit_release(p2);
+    lg_permit_release(NULL);
+}
+
+static void test_gate_deadline(void) {
+    lg_gate_config c;
+    lg_gate *g = NULL;
+    OK(lg_gate_config_default(1, &c));
+    c.queue = 4;
+    c.queue_timeout_ms = 30;
+    c.adaptive_lifo = true;
+    OK(lg_gate_new(&c, &g));
+
+    lg_permit *held = NULL;
+    OK(lg_gate_try_admit(g, &held));
+    outcome o = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async(g, record, &o, NULL));
+    uint64_t wait_ns = 0;
+    OK(lg_gate_next_deadline(g, &wait_ns));
+    CHECK(wait_ns <= 30u * 1000000u);
+    INVALID(lg_gate_next_deadline(g, NULL));
+    INVALID(lg_gate_next_deadline(NULL, &wait_ns));
+
+    size_t expired = 99;
+    OK(lg_gate_expire(g, &expired));
+    CHECK(expired == 0 && o.calls == 0);
+    sleep_ms(40);
+    OK(lg_gate_next_deadline(g, &wait_ns));
+    CHECK(wait_ns == 0); /* overdue */
+    OK(lg_gate_expire(g, &expired));
+    CHECK(expired == 1 && o.calls == 1 && o.status == LG_QUEUE_TIMEOUT);
+    OK(lg_gate_expire(g, NULL));
+    INVALID(lg_gate_expire(NULL, &expired));
+
+    /* A blocking waiter enforces the deadline itself. */
+    lg_permit *p = NULL;
+    EXPECT(lg_gate_admit(g, LG_TIMEOUT_INFINITE, &p), LG_QUEUE_TIMEOUT);
+    CHECK(p == NULL);
+    lg_gate_stats s;
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.expired == 2 && s.queued == 0);
+
+    lg_permit_release(held);
+    OK(lg_gate_admit(g, 1000, &p));
+    lg_permit_release(p);
+    lg_gate_free(g);
+}
+
+int main(void) {
+    /* Read once per process, at the first call that needs it. */
+    setenv("DYN_HTTP_OVERLOAD_STATUS_CODE", " 429 ", 1);
+
+    test_version_and_status();
+    test_error_response();
+    test_monitor_config();
+    test_monitor();
+    test_gate_config();
+    test_gate();
+    test_gate_deadline();
+
+    printf("c11 api: %d checks passed\n", checks);
+    return 0;
+}

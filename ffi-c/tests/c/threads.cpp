@@ -1,0 +1,424 @@
+// Many std::threads hammer one gate (try_admit, blocking admit, async admit,
+// release, cancel) and one monitor (report, select, select_min_cost, check,
+// mark_overloaded, threshold updates) at the same time.
+//
+// Checked with atomic counters of this program's own:
+// - running (permits held, counted after admission and before release)
+//   never exceeds N;
+// - in flight (permits held plus async requests known to be queued) never
+//   exceeds N + Q;
+// - every async admit's callback runs exactly once, unless its ticket
+//   cancelled it, in which case never;
+// - every worker id select returns belongs to the model;
+// and at the end the gate is idle and its counters add up.
+//
+// Built as C++17 with -Wall -Wextra -Wpedantic -Werror; run plain, under
+// valgrind memcheck and with ASan+UBSan by ffi-c/tests/run.sh.
+// LG_STRESS_ROUNDS scales the work (default 2000 per thread).
+
+#include <loadgate.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr uint32_t N = 4;
+constexpr uint32_t Q = 6;
+
+std::atomic<int> failures{0};
+
+#define REQUIRE(cond)                                                                      \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            std::fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__,   \
+                         __LINE__, #cond, lg_last_error_message());                        \
+            failures.fetch_add(1);                                                         \
+        }                                                                                  \
+    } while (0)
+
+int rounds() {
+    const char *v = std::getenv("LG_STRESS_ROUNDS");
+    return v ? std::atoi(v) : 2000;
+}
+
+// ----- gate ----------------------------------------------------------------
+
+// Both counters only ever under-count the gate's true state: a request is
+// counted after the library reports it running or queued, and uncounted
+// before it is released or cancelled. They are signed because a callback
+// on another thread may uncount a request a moment before it was counted.
+std::atomic<int64_t> running{0};  // permits held
+std::atomic<int64_t> waiting{0};  // async requests known to be queued
+std::atomic<int64_t> max_running{0};
+std::atomic<int64_t> max_in_flight{0};
+std::atomic<unsigned> parity{0};
+
+void bump_max(std::atomic<int64_t> &max, int64_t v) {
+    int64_t cur = max.load();
+    while (v > cur && !max.compare_exchange_weak(cur, v)) {
+    }
+}
+
+void observe() {
+    const int64_t r = running.load();
+    const int64_t in_flight = r + waiting.load();
+    bump_max(max_running, r);
+    bump_max(max_in_flight, in_flight);
+    REQUIRE(r <= N);
+    REQUIRE(in_flight <= N + Q);
+}
+
+// Counted as running from admission until just before release.
+void hold(lg_permit *permit) {
+    running.fetch_add(1);
+    observe();
+    running.fetch_sub(1);
+    lg_permit_release(permit);
+}
+
+// States of one async request.
+enum : int { ISSUED = 0, COUNTED_WAITING = 1, CANCELLING = 2, RESOLVED = 3 };
+
+struct Request {
+    std::atomic<int> calls{0};
+    std::atomic<int> state{ISSUED};
+    lg_status status = LG_PANIC;
+    bool cancelled = false;
+};
+
+// Permits handed over by callbacks, released later by the gate threads.
+std::mutex parked_mutex;
+std::deque<lg_permit *> parked;
+
+extern "C" void on_admit(void *user_data, lg_status status, lg_permit *permit) {
+    auto *req = static_cast<Request *>(user_data);
+    req->calls.fetch_add(1);
+    req->status = status;
+    REQUIRE((status == LG_OK) == (permit != nullptr));
+    // Leave the queue count first: a request counted as waiting is now
+    // either running or gone.
+    if (req->state.exchange(RESOLVED) == COUNTED_WAITING) {
+        waiting.fetch_sub(1);
+    }
+    REQUIRE(status == LG_OK || status == LG_AT_CAPACITY);
+    if (permit == nullptr) {
+        return;
+    }
+    running.fetch_add(1);
+    observe();
+    if (parity.fetch_add(1) % 2 == 0) {
+        // Release right here, from the releasing thread: the slot goes on
+        // to the next waiter (the library runs its callback after ours).
+        running.fetch_sub(1);
+        lg_permit_release(permit);
+    } else {
+        std::lock_guard<std::mutex> lock(parked_mutex);
+        parked.push_back(permit);
+    }
+}
+
+void release_parked(size_t keep) {
+    for (;;) {
+        lg_permit *p = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(parked_mutex);
+            if (parked.size() <= keep) {
+                return;
+            }
+            p = parked.front();
+            parked.pop_front();
+        }
+        observe();
+        running.fetch_sub(1);
+        lg_permit_release(p);
+    }
+}
+
+void gate_worker(const lg_gate *gate, int seed, std::vector<std::unique_ptr<Request>> &mine) {
+    std::mt19937 rng(static_cast<unsigned>(seed));
+    const int n = rounds();
+    for (int i = 0; i < n; i++) {
+        switch (rng() % 4) {
+        case 0: {
+            lg_permit *p = nullptr;
+            const lg_status s = lg_gate_try_admit(gate, &p);
+            REQUIRE(s == LG_OK || s == LG_WOULD_WAIT);
+            if (s == LG_OK) {
+                hold(p);
+            }
+            break;
+        }
+        case 1: {
+            lg_permit *p = nullptr;
+            const lg_status s = lg_gate_admit(gate, 2, &p);
+            REQUIRE(s == LG_OK || s == LG_AT_CAPACITY || s == LG_TIMED_OUT);
+            if (s == LG_OK) {
+                hold(p);
+            }
+            break;
+        }
+        default: {
+            mine.push_back(std::make_unique<Request>());
+            Request *req = mine.back().get();
+            lg_ticket *ticket = nullptr;
+            const lg_status s = lg_gate_admit_async(gate, on_admit, req, &ticket);
+            REQUIRE(s == LG_OK);
+            // Known to be queued unless the callback already ran.
+            int expected = ISSUED;
+            if (req->state.compare_exchange_strong(expected, COUNTED_WAITING)) {
+                waiting.fetch_add(1);
+                observe();
+            }
+            if (rng() % 3 == 0) {
+                // Uncount it before it may leave the queue; if the callback
+                // wins the race it sees CANCELLING and leaves the count alone.
+                expected = COUNTED_WAITING;
+                if (req->state.compare_exchange_strong(expected, CANCELLING)) {
+                    waiting.fetch_sub(1);
+                }
+                bool cancelled = false;
+                REQUIRE(lg_ticket_cancel(ticket, &cancelled) == LG_OK);
+                if (cancelled) {
+                    req->cancelled = true;
+                    REQUIRE(req->state.load() == CANCELLING);
+                }
+            }
+            lg_ticket_free(ticket);
+            break;
+        }
+        }
+        if (i % 8 == 0) {
+            release_parked(2);
+        }
+    }
+}
+
+void gate_stats_sampler(const lg_gate *gate, const std::atomic<bool> &stop) {
+    while (!stop.load()) {
+        lg_gate_stats s;
+        REQUIRE(lg_gate_get_stats(gate, &s) == LG_OK);
+        REQUIRE(s.running <= N);
+        REQUIRE(s.running + s.queued <= N + Q);
+        std::this_thread::yield();
+    }
+}
+
+void test_gate() {
+    lg_gate_config config;
+    REQUIRE(lg_gate_config_default(N, &config) == LG_OK);
+    config.queue = Q;
+    lg_gate *gate = nullptr;
+    REQUIRE(lg_gate_new(&config, &gate) == LG_OK);
+
+    const int threads = 4;
+    std::vector<std::vector<std::unique_ptr<Request>>> requests(threads);
+    std::atomic<bool> stop{false};
+    std::thread sampler(gate_stats_sampler, gate, std::cref(stop));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; t++) {
+        pool.emplace_back(gate_worker, gate, 1000 + t, std::ref(requests[t]));
+    }
+    for (auto &t : pool) {
+        t.join();
+    }
+    // Drain: releasing parked permits grants the remaining waiters, whose
+    // callbacks may park more permits.
+    for (int spin = 0; spin < 1000; spin++) {
+        release_parked(0);
+        lg_gate_stats s;
+        REQUIRE(lg_gate_get_stats(gate, &s) == LG_OK);
+        if (s.queued == 0 && s.running == 0) {
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    stop.store(true);
+    sampler.join();
+
+    lg_gate_stats s;
+    REQUIRE(lg_gate_get_stats(gate, &s) == LG_OK);
+    REQUIRE(s.running == 0 && s.queued == 0);
+    REQUIRE(running.load() == 0 && waiting.load() == 0);
+
+    uint64_t async_total = 0, granted = 0, rejected = 0, cancelled = 0;
+    for (auto &per_thread : requests) {
+        for (auto &req : per_thread) {
+            async_total++;
+            if (req->cancelled) {
+                cancelled++;
+                REQUIRE(req->calls.load() == 0);
+            } else {
+                REQUIRE(req->calls.load() == 1);
+                if (req->status == LG_OK) {
+                    granted++;
+                } else {
+                    rejected++;
+                }
+            }
+        }
+    }
+    REQUIRE(granted + rejected + cancelled == async_total);
+    REQUIRE(s.admitted_direct + s.admitted_queued >= granted);
+    REQUIRE(s.cancelled >= cancelled);
+    REQUIRE(max_running.load() <= N);
+    REQUIRE(max_in_flight.load() <= N + Q);
+    std::printf("gate: %llu async requests (%llu granted, %llu rejected, %llu cancelled); "
+                "direct %llu, queued %llu, at capacity %llu; max running %lld, max in flight "
+                "%lld\n",
+                (unsigned long long)async_total, (unsigned long long)granted,
+                (unsigned long long)rejected, (unsigned long long)cancelled,
+                (unsigned long long)s.admitted_direct, (unsigned long long)s.admitted_queued,
+                (unsigned long long)s.rejected_at_capacity, (long long)max_running.load(),
+                (long long)max_in_flight.load());
+    lg_gate_free(gate);
+}
+
+// ----- monitor ---------------------------------------------------------------
+
+const std::string model = "llama";
+constexpr uint64_t first_worker = 1;
+constexpr uint64_t workers = 8;
+
+void monitor_reporter(const lg_monitor *m, int seed) {
+    std::mt19937 rng(static_cast<unsigned>(seed));
+    const int n = rounds();
+    for (int i = 0; i < n; i++) {
+        lg_load_report r;
+        std::memset(&r, 0, sizeof r);
+        r.has_kv_used_blocks = true;
+        r.kv_used_blocks = rng() % 120;
+        r.has_active_prefill_tokens = (rng() % 2) == 0;
+        r.active_prefill_tokens = rng() % 5000;
+        const uint64_t id = first_worker + rng() % workers;
+        REQUIRE(lg_monitor_report(m, id, rng() % 2, &r) == LG_OK);
+        if (i % 64 == 0) {
+            REQUIRE(lg_monitor_mark_overloaded(m, id) == LG_OK);
+        }
+    }
+}
+
+void monitor_selector(const lg_monitor *m, int seed) {
+    std::mt19937 rng(static_cast<unsigned>(seed));
+    const int n = rounds();
+    uint64_t ids[workers];
+    double costs[workers];
+    for (int i = 0; i < n; i++) {
+        uint64_t w = 0;
+        const lg_status s =
+            lg_monitor_select(m, model.data(), model.size(), static_cast<lg_policy>(i % 3), &w);
+        REQUIRE(s == LG_OK || s == LG_OVERLOADED);
+        if (s == LG_OK) {
+            REQUIRE(w >= first_worker && w < first_worker + workers);
+            const lg_status c = lg_monitor_check(m, w);
+            REQUIRE(c == LG_OK || c == LG_WORKER_OVERLOADED);
+        }
+        for (uint64_t k = 0; k < workers; k++) {
+            ids[k] = first_worker + k;
+            costs[k] = static_cast<double>(rng() % 100);
+        }
+        const lg_status c =
+            lg_monitor_select_min_cost(m, model.data(), model.size(), ids, costs, workers, &w);
+        REQUIRE(c == LG_OK || c == LG_OVERLOADED);
+        if (c == LG_OK) {
+            REQUIRE(w >= first_worker && w < first_worker + workers);
+        }
+        bool busy = false;
+        REQUIRE(lg_monitor_is_busy(m, first_worker + i % workers, &busy) == LG_OK);
+    }
+}
+
+void monitor_operator(const lg_monitor *m) {
+    const int n = rounds() / 20 + 1;
+    for (int i = 0; i < n; i++) {
+        lg_threshold_update u;
+        std::memset(&u, 0, sizeof u);
+        u.has_active_decode_blocks_threshold = true;
+        u.active_decode_blocks_threshold = (i % 2) ? 0.8 : 0.95;
+        if (i % 3 == 0) {
+            u.has_active_prefill_tokens_threshold = true;
+            u.active_prefill_tokens_threshold = 4000;
+        } else {
+            u.clear = LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD;
+        }
+        lg_thresholds t;
+        REQUIRE(lg_monitor_set_thresholds(m, model.data(), model.size(), &u, &t) == LG_OK);
+        size_t changed = 0;
+        REQUIRE(lg_monitor_sweep(m, &changed) == LG_OK);
+    }
+}
+
+void test_monitor() {
+    lg_monitor *m = nullptr;
+    REQUIRE(lg_monitor_new(nullptr, &m) == LG_OK);
+    lg_worker_spec spec;
+    std::memset(&spec, 0, sizeof spec);
+    spec.dp_size = 2;
+    spec.has_kv_total_blocks = true;
+    spec.kv_total_blocks = 100;
+    for (uint64_t k = 0; k < workers; k++) {
+        REQUIRE(lg_monitor_add_worker(m, model.data(), model.size(), first_worker + k, &spec) ==
+                LG_OK);
+    }
+    std::vector<std::thread> pool;
+    pool.emplace_back(monitor_reporter, m, 1);
+    pool.emplace_back(monitor_reporter, m, 2);
+    pool.emplace_back(monitor_selector, m, 3);
+    pool.emplace_back(monitor_selector, m, 4);
+    pool.emplace_back(monitor_operator, m);
+    for (auto &t : pool) {
+        t.join();
+    }
+
+    // Quiescent: the busy state follows the last reports exactly.
+    lg_threshold_update u;
+    std::memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.5;
+    u.clear = LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD;
+    REQUIRE(lg_monitor_set_thresholds(m, model.data(), model.size(), &u, nullptr) == LG_OK);
+    for (uint64_t k = 0; k < workers; k++) {
+        lg_load_report r;
+        std::memset(&r, 0, sizeof r);
+        r.has_kv_used_blocks = true;
+        r.kv_used_blocks = k < workers / 2 ? 90 : 10;
+        r.has_active_prefill_tokens = true;
+        r.active_prefill_tokens = 0;
+        REQUIRE(lg_monitor_report(m, first_worker + k, 0, &r) == LG_OK);
+        REQUIRE(lg_monitor_report(m, first_worker + k, 1, &r) == LG_OK);
+        bool busy = false;
+        REQUIRE(lg_monitor_is_busy(m, first_worker + k, &busy) == LG_OK);
+        REQUIRE(busy == (k < workers / 2));
+    }
+    for (int i = 0; i < 20; i++) {
+        uint64_t w = 0;
+        REQUIRE(lg_monitor_select(m, model.data(), model.size(), LG_POLICY_ROUND_ROBIN, &w) ==
+                LG_OK);
+        REQUIRE(w >= first_worker + workers / 2);
+    }
+    std::printf("monitor: %d rounds per thread, busy state consistent afterwards\n", rounds());
+    lg_monitor_free(m);
+}
+
+}  // namespace
+
+int main() {
+    test_gate();
+    test_monitor();
+    if (failures.load() != 0) {
+        std::fprintf(stderr, "c++17 threads: %d checks failed\n", failures.load());
+        return 1;
+    }
+    std::printf("c++17 threads: all checks passed\n");
+    return 0;
+}

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# The C ABI test suite: header drift, then the C11 API program and the C++17
+# threaded program, built against an installed copy of libloadgate through
+# pkg-config (and CMake), with -Wall -Wextra -Wpedantic -Werror, run plain,
+# under valgrind memcheck and built with -fsanitize=address,undefined.
+#
+# Usage: ffi-c/tests/run.sh [--install]
+#   --install  install missing tools first (cbindgen from crates.io; valgrind,
+#              pkg-config, cmake, libasan/libubsan from Debian). CI uses it.
+#   without it a missing tool skips its step with a note (this is how
+#   `cargo test -p loadgate-ffi` runs the suite); a failing step always fails.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+ffi="$(cd "$here/.." && pwd)"
+root="$(cd "$ffi/.." && pwd)"
+cd "$root"
+
+CBINDGEN_VERSION=0.29.4
+install=0
+[ "${1:-}" = "--install" ] && install=1
+
+note() { printf '  [ffi-c] %s\n' "$*"; }
+skipped=()
+skip() { skipped+=("$1"); note "SKIPPED: $1"; }
+have() { command -v "$1" >/dev/null 2>&1; }
+apt_install() {
+    [ "$install" = 1 ] || return 1
+    note "installing Debian packages: $*"
+    if [ -z "${apt_updated:-}" ]; then apt-get update -qq >/dev/null; apt_updated=1; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+start=$SECONDS
+step() { printf '  [ffi-c] == %s (%ss)\n' "$*" "$((SECONDS - start))"; }
+
+# ---- tools ------------------------------------------------------------------
+cbindgen_ok() { have cbindgen && [ "$(cbindgen --version)" = "cbindgen $CBINDGEN_VERSION" ]; }
+if ! cbindgen_ok && [ "$install" = 1 ]; then
+    note "installing cbindgen $CBINDGEN_VERSION"
+    cargo install cbindgen --locked --version "$CBINDGEN_VERSION" --force --quiet
+fi
+have valgrind || apt_install valgrind || true
+have pkg-config || apt_install pkg-config || true
+have cmake || apt_install cmake || true
+have g++ || apt_install g++ || true
+sanitizers_ok() {
+    echo 'int main(void){return 0;}' > "$work/san.c"
+    gcc -fsanitize=address,undefined "$work/san.c" -o "$work/san" >/dev/null 2>&1 && "$work/san"
+}
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/loadgate-ffi.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+if ! sanitizers_ok; then
+    apt_install libasan8 libubsan1 || true
+fi
+
+# ---- header drift -----------------------------------------------------------
+step "header matches cbindgen $CBINDGEN_VERSION output"
+if cbindgen_ok; then
+    cbindgen --quiet --config "$ffi/cbindgen.toml" --crate loadgate-ffi \
+        --output "$work/loadgate.h" "$ffi"
+    if ! diff -u "$ffi/include/loadgate.h" "$work/loadgate.h"; then
+        echo "ffi-c/include/loadgate.h is stale; regenerate it with:" >&2
+        echo "  cbindgen --config ffi-c/cbindgen.toml --crate loadgate-ffi --output ffi-c/include/loadgate.h ffi-c" >&2
+        exit 1
+    fi
+else
+    skip "header drift check (needs cbindgen $CBINDGEN_VERSION: cargo install cbindgen --locked --version $CBINDGEN_VERSION)"
+fi
+
+# Every function the header declares is called by the C11 program.
+missing=0
+for fn in $(sed -n 's/^[a-z].*[ *]\(lg_[a-z_]*\)(.*/\1/p' "$ffi/include/loadgate.h"); do
+    if ! grep -q "\b$fn(" "$here/c/api.c"; then
+        echo "tests/c/api.c never calls $fn" >&2
+        missing=1
+    fi
+done
+[ "$missing" = 0 ] || exit 1
+
+# ---- build and install --------------------------------------------------------
+step "build libloadgate and install it into a scratch prefix"
+"$ffi/install.sh" "$work/prefix" --debug
+have pkg-config || { echo "pkg-config is required (apt-get install pkg-config)" >&2; exit 1; }
+export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+cflags="$(pkg-config --cflags loadgate)"
+libs="$(pkg-config --libs loadgate)"
+libdir="$(pkg-config --variable=libdir loadgate)"
+static_libs="$(pkg-config --static --libs-only-l loadgate | sed 's/-lloadgate//')"
+warn=(-Wall -Wextra -Wpedantic -Werror -g)
+c_std=(-std=c11)
+cxx_std=(-std=c++17)
+
+build() { # build NAME SOURCE COMPILER STD... -- EXTRA...
+    local name="$1" src="$2" cc="$3"; shift 3
+    "$cc" "$@" -o "$work/$name" "$src" $cflags $libs -Wl,-rpath,"$libdir" -pthread
+}
+
+step "compile (pkg-config: $cflags $libs)"
+build api "$here/c/api.c" gcc "${c_std[@]}" "${warn[@]}" -O1
+build threads "$here/c/threads.cpp" g++ "${cxx_std[@]}" "${warn[@]}" -O1
+# The static library links on its own too.
+gcc "${c_std[@]}" "${warn[@]}" -O1 -o "$work/api-static" "$here/c/api.c" $cflags \
+    -L"$libdir" -l:libloadgate.a $static_libs -pthread
+if ldd "$work/api-static" | grep -q libloadgate; then
+    echo "api-static is linked to the shared library" >&2
+    exit 1
+fi
+
+step "run"
+"$work/api"
+"$work/api-static"
+"$work/threads"
+
+# ---- valgrind -------------------------------------------------------------------
+if have valgrind; then
+    step "valgrind memcheck"
+    vg=(valgrind --quiet --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect
+        --errors-for-leak-kinds=definite,indirect --track-origins=yes)
+    "${vg[@]}" "$work/api"
+    LG_STRESS_ROUNDS=300 "${vg[@]}" "$work/threads"
+else
+    skip "valgrind (apt-get install valgrind)"
+fi
+
+# ---- sanitizers -------------------------------------------------------------------
+if sanitizers_ok; then
+    step "ASan + UBSan"
+    san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+    build api-asan "$here/c/api.c" gcc "${c_std[@]}" "${warn[@]}" -O1 "${san[@]}"
+    build threads-asan "$here/c/threads.cpp" g++ "${cxx_std[@]}" "${warn[@]}" -O1 "${san[@]}"
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    "$work/api-asan"
+    LG_STRESS_ROUNDS=1000 "$work/threads-asan"
+    unset ASAN_OPTIONS UBSAN_OPTIONS
+else
+    skip "ASan + UBSan (apt-get install libasan8 libubsan1)"
+fi
+
+# ---- CMake consumer -----------------------------------------------------------------
+if have cmake; then
+    step "CMake find_package(loadgate)"
+    cmake -S "$here/cmake" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+        -DLOADGATE_TEST_SOURCE="$here/c/api.c" >/dev/null
+    cmake --build "$work/cmake-build" >/dev/null
+    "$work/cmake-build/api-cmake"
+    "$work/cmake-build/api-cmake-static"
+else
+    skip "CMake consumer (apt-get install cmake)"
+fi
+
+step "done"
+if [ "${#skipped[@]}" -gt 0 ]; then
+    note "passed, with ${#skipped[@]} step(s) skipped: ${skipped[*]}"
+else
+    note "all steps passed"
+fi
