@@ -318,9 +318,6 @@ enum Enqueued {
     Direct(Waiter),
     Rejected(AdmitError, Waiter),
     Queued(u32, u32),
-    /// Due waiters filled the wake list before the queue had room: tell them,
-    /// then try again.
-    Retry(Waiter),
 }
 
 /// A worker's admission gate: at most `N` requests run and at most `Q` wait,
@@ -448,27 +445,21 @@ impl AdmissionGate {
             Fast::Admitted => Ok(()),
             Fast::Rejected(e) => Err(e),
             Fast::Slow => {
-                let mut waiter = Waiter::Callback(callback, Arc::clone(self));
-                loop {
-                    let mut wakes = WakeList::new();
-                    let step = self.enqueue(waiter, &mut wakes);
-                    wakes.run(self);
-                    let (outcome, back) = match step {
-                        Enqueued::Queued(idx, gen) => {
-                            return CallbackTicket::new(Arc::clone(self), Some((idx, gen)));
-                        }
-                        Enqueued::Retry(w) => {
-                            waiter = w;
-                            continue;
-                        }
-                        Enqueued::Direct(w) => (Ok(()), w),
-                        Enqueued::Rejected(e, w) => (Err(e), w),
-                    };
-                    if let Waiter::Callback(callback, gate) = back {
-                        dispatch(callback, outcome.map(|()| OwnedPermit::new(gate)));
+                let waiter = Waiter::Callback(callback, Arc::clone(self));
+                let mut wakes = WakeList::new();
+                let step = self.enqueue(waiter, &mut wakes);
+                wakes.run(self);
+                let (outcome, back) = match step {
+                    Enqueued::Queued(idx, gen) => {
+                        return CallbackTicket::new(Arc::clone(self), Some((idx, gen)));
                     }
-                    return CallbackTicket::new(Arc::clone(self), None);
+                    Enqueued::Direct(w) => (Ok(()), w),
+                    Enqueued::Rejected(e, w) => (Err(e), w),
+                };
+                if let Waiter::Callback(callback, gate) = back {
+                    dispatch(callback, outcome.map(|()| OwnedPermit::new(gate)));
                 }
+                return CallbackTicket::new(Arc::clone(self), None);
             }
         };
         dispatch(
@@ -922,10 +913,19 @@ impl AdmissionGate {
                 if self.timeout.is_some() {
                     let now = self.clock.now_nanos();
                     if self.head_is_due(&t, now) {
-                        if wakes.is_full() {
-                            return Enqueued::Retry(waiter);
+                        // Make room by expiring every due waiter, one wake
+                        // batch at a time: waiters are told outside the lock.
+                        loop {
+                            if wakes.is_full() {
+                                drop(t);
+                                std::mem::replace(wakes, WakeList::new()).run(self);
+                                t = lock(&self.table);
+                            }
+                            self.expire_locked(&mut t, now, wakes);
+                            if !self.head_is_due(&t, now) {
+                                break;
+                            }
                         }
-                        self.expire_locked(&mut t, now, wakes);
                         cur = self.state.load(Ordering::Acquire);
                         continue;
                     }
@@ -1188,17 +1188,13 @@ impl AdmissionGate {
             Fast::Slow => {}
         }
         let give_up = timeout.and_then(|d| Instant::now().checked_add(d));
-        let mut waiter = Waiter::Thread;
-        let idx = loop {
-            let mut wakes = WakeList::new();
-            let step = self.enqueue(waiter, &mut wakes);
-            wakes.run(self);
-            match step {
-                Enqueued::Direct(_) => return Ok(()),
-                Enqueued::Rejected(e, _) => return Err(e),
-                Enqueued::Queued(idx, _) => break idx,
-                Enqueued::Retry(w) => waiter = w,
-            }
+        let mut wakes = WakeList::new();
+        let step = self.enqueue(Waiter::Thread, &mut wakes);
+        wakes.run(self);
+        let idx = match step {
+            Enqueued::Direct(_) => return Ok(()),
+            Enqueued::Rejected(e, _) => return Err(e),
+            Enqueued::Queued(idx, _) => idx,
         };
         let cv = &self.condvars[idx as usize % self.condvars.len()];
         let mut t = lock(&self.table);

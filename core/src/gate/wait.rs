@@ -127,19 +127,15 @@ fn poll_admit(
             Fast::Admitted => Ok(()),
             Fast::Rejected(e) => Err(e),
             Fast::Slow => {
-                let mut waiter = Waiter::Task(Some(waker.clone()));
-                loop {
-                    let mut wakes = WakeList::new();
-                    let step = gate.enqueue(waiter, &mut wakes);
-                    wakes.run(gate);
-                    match step {
-                        Enqueued::Direct(_) => break Ok(()),
-                        Enqueued::Rejected(e, _) => break Err(e),
-                        Enqueued::Queued(idx, _) => {
-                            *state = WaitState::Queued(idx);
-                            return Poll::Pending;
-                        }
-                        Enqueued::Retry(w) => waiter = w,
+                let mut wakes = WakeList::new();
+                let step = gate.enqueue(Waiter::Task(Some(waker.clone())), &mut wakes);
+                wakes.run(gate);
+                match step {
+                    Enqueued::Direct(_) => Ok(()),
+                    Enqueued::Rejected(e, _) => Err(e),
+                    Enqueued::Queued(idx, _) => {
+                        *state = WaitState::Queued(idx);
+                        return Poll::Pending;
                     }
                 }
             }
