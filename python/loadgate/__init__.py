@@ -1,0 +1,53 @@
+"""loadgate: request rejection (load shedding) for LLM serving.
+
+* :class:`Monitor` (frontends) keeps every worker's per-rank load, decides
+  which workers are busy by per-model thresholds, routes around them, and
+  raises :class:`Overloaded` (529) or :class:`Unavailable` (503) when it
+  cannot route.
+* :class:`AdmissionGate` (workers) caps a worker's own concurrency at exactly
+  ``limit`` running plus ``queue`` waiting and raises :class:`AtCapacity`
+  for the rest; wait for a slot with ``await gate.admit()`` (asyncio) or
+  ``gate.admit_blocking()`` (threads).
+
+Helpers: :mod:`loadgate.asgi` (middleware and the ``/busy_threshold`` and
+``/metrics`` app), :mod:`loadgate.prometheus` (a ``prometheus_client``
+collector), and ``python -m loadgate.demo``.
+"""
+
+from ._errors import (
+    AtCapacity,
+    Closed,
+    LoadgateError,
+    Overloaded,
+    QueueTimeout,
+    Unavailable,
+    WorkerOverloaded,
+)
+from ._loadgate import (
+    REASON_HEADER,
+    Admission,
+    AdmissionGate,
+    Booking,
+    Monitor,
+    Permit,
+    __version__,
+    overload_status_code,
+)
+
+__all__ = [
+    "__version__",
+    "REASON_HEADER",
+    "overload_status_code",
+    "LoadgateError",
+    "Overloaded",
+    "WorkerOverloaded",
+    "AtCapacity",
+    "QueueTimeout",
+    "Unavailable",
+    "Closed",
+    "Monitor",
+    "Booking",
+    "AdmissionGate",
+    "Admission",
+    "Permit",
+]

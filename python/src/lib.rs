@@ -1,0 +1,111 @@
+//! The native module `loadgate._loadgate`: thin wrappers over the `loadgate`
+//! core crate. The public Python package `loadgate` re-exports it and adds
+//! the exception classes and pure-Python helpers (ASGI, Prometheus, demo).
+//!
+//! Rules the wrappers follow:
+//! * every class is `frozen` over a `&self`-only core object, so it can be
+//!   shared between threads without a Python-side lock;
+//! * calls that cannot block keep the GIL (an O(1) atomic call is cheaper
+//!   than a GIL round trip); only `AdmissionGate.admit_blocking` releases it;
+//! * nothing starts a thread: asyncio waiting is driven by the event loop.
+
+use std::time::Duration;
+
+use loadgate::http::{error_response_with_status, ErrorStyle, MAX_BODY_BYTES, REASON_HEADER};
+use loadgate::Reason;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+mod errors;
+mod gate;
+mod monitor;
+
+use errors::{bad_value, str_arg};
+
+fn reason_arg(obj: &Bound<'_, PyAny>) -> PyResult<Reason> {
+    let name = str_arg(obj, "reason")?;
+    Reason::from_name(&name).ok_or_else(|| {
+        bad_value(
+            "reason",
+            format!("{:?}", &*name),
+            "one of 'all_workers_busy', 'no_workers', 'worker_overloaded', \
+             'worker_at_capacity', 'queue_timeout', 'closed'",
+        )
+    })
+}
+
+/// The HTTP status answered for overloads: `DYN_HTTP_OVERLOAD_STATUS_CODE`
+/// (read once per process), 529 when unset or invalid.
+#[pyfunction]
+fn overload_status_code() -> u16 {
+    loadgate::http::overload_status()
+}
+
+/// `(message, status)` of a rejection reason.
+#[pyfunction]
+fn _reason_info(reason: &Bound<'_, PyAny>) -> PyResult<(&'static str, u16)> {
+    let r = reason_arg(reason)?;
+    Ok((r.message(), r.http_status()))
+}
+
+/// `(body, headers)` of the HTTP answer to a rejection: the JSON body text
+/// in `style` and the `Retry-After` and reason headers.
+#[pyfunction]
+#[pyo3(signature = (reason, style, status, retry_after))]
+fn _error_response(
+    reason: &Bound<'_, PyAny>,
+    style: &Bound<'_, PyAny>,
+    status: &Bound<'_, PyAny>,
+    retry_after: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(String, Vec<(&'static str, String)>)> {
+    let reason = reason_arg(reason)?;
+    let style_name = str_arg(style, "style")?;
+    let style = ErrorStyle::from_name(&style_name).ok_or_else(|| {
+        bad_value(
+            "style",
+            format!("{:?}", &*style_name),
+            "one of 'dynamo', 'openai', 'anthropic'",
+        )
+    })?;
+    let status = status
+        .extract::<u16>()
+        .ok()
+        .filter(|s| (100..=999).contains(s))
+        .ok_or_else(|| {
+            PyValueError::new_err("status_code must be an HTTP status from 100 to 999")
+        })?;
+    let retry_after = match retry_after.filter(|r| !r.is_none()) {
+        None => Duration::ZERO,
+        Some(r) => errors::timeout_arg(Some(r), "retry_after")?.unwrap_or_default(),
+    };
+    let r = error_response_with_status(reason, style, retry_after, status);
+    Ok((r.body, r.headers))
+}
+
+/// Does nothing; a baseline of `bench_calls.py` (a call without arguments).
+#[pyfunction]
+fn _noop() {}
+
+/// Does nothing with one argument; a baseline of `bench_calls.py` (a call
+/// with one positional argument, the shape of `Monitor.select(model)`).
+#[pyfunction]
+fn _noop_arg(_arg: &Bound<'_, PyAny>) {}
+
+/// The native module.
+#[pymodule]
+fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("REASON_HEADER", REASON_HEADER)?;
+    m.add("MAX_BUSY_THRESHOLD_BODY", MAX_BODY_BYTES)?;
+    m.add_function(wrap_pyfunction!(overload_status_code, m)?)?;
+    m.add_function(wrap_pyfunction!(_reason_info, m)?)?;
+    m.add_function(wrap_pyfunction!(_error_response, m)?)?;
+    m.add_function(wrap_pyfunction!(_noop, m)?)?;
+    m.add_function(wrap_pyfunction!(_noop_arg, m)?)?;
+    m.add_class::<monitor::Monitor>()?;
+    m.add_class::<monitor::Booking>()?;
+    m.add_class::<gate::AdmissionGate>()?;
+    m.add_class::<gate::Permit>()?;
+    m.add_class::<gate::Admission>()?;
+    Ok(())
+}

@@ -1,0 +1,502 @@
+//! `loadgate.Monitor` and `loadgate.Booking`: the frontend half.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use loadgate::http::handle_busy_threshold;
+use loadgate::monitor::ThresholdState;
+use loadgate::{
+    LoadReport, MonitorConfig, MonotonicClock, Policy, Staleness, ThresholdField, ThresholdUpdate,
+    WorkerSpec,
+};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
+use pyo3::types::{PyBytes, PyDict, PyString};
+
+use crate::errors::{
+    bad_value, f64_arg, opt_f64_arg, opt_str_arg, opt_u64_arg, report_error, route_error,
+    seconds_arg, str_arg, str_ref, threshold_error, u32_arg, u64_arg, worker_error,
+};
+
+/// The frontend's view of every worker's load, and its router.
+///
+/// Every method may be called from any thread. `report`, `is_busy`, `check`,
+/// `select` and `select_min_cost` are lock-free in the core and keep the GIL
+/// (they never wait).
+#[pyclass(frozen, module = "loadgate")]
+pub struct Monitor {
+    inner: loadgate::Monitor,
+}
+
+fn policy_arg(name: &str) -> PyResult<Policy> {
+    Policy::from_name(name).ok_or_else(|| {
+        bad_value(
+            "policy",
+            format!("{name:?}"),
+            "one of 'round_robin', 'random', 'power_of_two'",
+        )
+    })
+}
+
+fn staleness_arg(name: &str) -> PyResult<Staleness> {
+    Staleness::from_name(name).ok_or_else(|| {
+        bad_value(
+            "staleness",
+            format!("{name:?}"),
+            "one of 'keep', 'free', 'busy'",
+        )
+    })
+}
+
+/// `{model, three thresholds, version}`, as `/busy_threshold` echoes it.
+fn threshold_dict<'py>(
+    py: Python<'py>,
+    model: &str,
+    state: &ThresholdState,
+) -> PyResult<Bound<'py, PyDict>> {
+    let t = &state.thresholds;
+    let d = PyDict::new(py);
+    d.set_item("model", model)?;
+    d.set_item(
+        "active_decode_blocks_threshold",
+        t.active_decode_blocks_threshold,
+    )?;
+    d.set_item(
+        "active_prefill_tokens_threshold",
+        t.active_prefill_tokens_threshold,
+    )?;
+    d.set_item(
+        "active_prefill_tokens_threshold_frac",
+        t.active_prefill_tokens_threshold_frac,
+    )?;
+    d.set_item("version", state.version)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl Monitor {
+    #[new]
+    #[pyo3(
+        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None),
+        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo')"
+    )]
+    fn new(
+        lease_seconds: Option<&Bound<'_, PyAny>>,
+        staleness: Option<&Bound<'_, PyAny>>,
+        stale_after: Option<&Bound<'_, PyAny>>,
+        metrics_prefix: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let mut config = MonitorConfig::default();
+        if let Some(name) = opt_str_arg(staleness, "staleness")? {
+            config.staleness = staleness_arg(&name)?;
+        }
+        if let Some(prefix) = opt_str_arg(metrics_prefix, "metrics_prefix")? {
+            config.metrics_prefix = prefix.to_string();
+        }
+        if let Some(lease) = lease_seconds {
+            config.lease = seconds_arg(lease, "lease_seconds")?;
+        }
+        if let Some(after) = stale_after {
+            config.stale_after = seconds_arg(after, "stale_after")?;
+        }
+        let inner = loadgate::Monitor::with_config(config, MonotonicClock::shared())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self { inner })
+    }
+
+    /// Registers a worker of `model` with ranks `dp_start .. dp_start + dp_size`.
+    #[pyo3(
+        signature = (model, worker_id, *, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None),
+        text_signature = "($self, model, worker_id, *, dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None)"
+    )]
+    fn add_worker(
+        &self,
+        model: &Bound<'_, PyAny>,
+        worker_id: &Bound<'_, PyAny>,
+        dp_size: Option<&Bound<'_, PyAny>>,
+        dp_start: Option<&Bound<'_, PyAny>>,
+        kv_total_blocks: Option<&Bound<'_, PyAny>>,
+        max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let model = str_arg(model, "model")?;
+        let id = u64_arg(worker_id, "worker_id")?;
+        let spec = WorkerSpec {
+            dp_size: dp_size.map_or(Ok(1), |v| u32_arg(v, "dp_size"))?,
+            dp_start: dp_start.map_or(Ok(0), |v| u32_arg(v, "dp_start"))?,
+            kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
+            max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
+        };
+        self.inner
+            .add_worker(&model, id, spec)
+            .map_err(worker_error)
+    }
+
+    /// Unregisters a worker; `KeyError` if it is not registered.
+    fn remove_worker(&self, worker_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = u64_arg(worker_id, "worker_id")?;
+        self.inner.remove_worker(id).map_err(worker_error)
+    }
+
+    /// Ids of `model`'s workers (empty for an unknown model).
+    fn workers(&self, model: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+        Ok(self.inner.workers(&str_arg(model, "model")?))
+    }
+
+    /// Every model this monitor knows, sorted.
+    fn models(&self) -> Vec<String> {
+        self.inner.models()
+    }
+
+    /// Applies one load report to one rank; absent (`None`) fields keep
+    /// their value, a present 0 overwrites.
+    #[pyo3(
+        signature = (worker_id, dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None),
+        text_signature = "($self, worker_id, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None)"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn report(
+        &self,
+        worker_id: &Bound<'_, PyAny>,
+        dp_rank: Option<&Bound<'_, PyAny>>,
+        active_decode_blocks: Option<&Bound<'_, PyAny>>,
+        kv_used_blocks: Option<&Bound<'_, PyAny>>,
+        active_prefill_tokens: Option<&Bound<'_, PyAny>>,
+        kv_total_blocks: Option<&Bound<'_, PyAny>>,
+        max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let id = u64_arg(worker_id, "worker_id")?;
+        let rank = dp_rank.map_or(Ok(0), |r| u32_arg(r, "dp_rank"))?;
+        let report = LoadReport {
+            active_decode_blocks: opt_u64_arg(active_decode_blocks, "active_decode_blocks")?,
+            kv_used_blocks: opt_u64_arg(kv_used_blocks, "kv_used_blocks")?,
+            kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
+            active_prefill_tokens: opt_u64_arg(active_prefill_tokens, "active_prefill_tokens")?,
+            max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
+        };
+        self.inner.report(id, rank, &report).map_err(report_error)
+    }
+
+    /// Validates and merges a threshold update for `model` (fields given are
+    /// set, fields named in `clear` are unset), re-evaluates its workers, and
+    /// returns the thresholds now in force with their version.
+    #[pyo3(
+        signature = (model, *, active_decode_blocks_threshold = None, active_prefill_tokens_threshold = None, active_prefill_tokens_threshold_frac = None, clear = None),
+        text_signature = "($self, model, *, active_decode_blocks_threshold=None, active_prefill_tokens_threshold=None, active_prefill_tokens_threshold_frac=None, clear=())"
+    )]
+    fn set_thresholds<'py>(
+        &self,
+        py: Python<'py>,
+        model: &Bound<'py, PyAny>,
+        active_decode_blocks_threshold: Option<&Bound<'py, PyAny>>,
+        active_prefill_tokens_threshold: Option<&Bound<'py, PyAny>>,
+        active_prefill_tokens_threshold_frac: Option<&Bound<'py, PyAny>>,
+        clear: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let model = str_arg(model, "model")?;
+        let mut update = ThresholdUpdate {
+            active_decode_blocks_threshold: opt_f64_arg(
+                active_decode_blocks_threshold,
+                "active_decode_blocks_threshold",
+            )?,
+            active_prefill_tokens_threshold: opt_u64_arg(
+                active_prefill_tokens_threshold,
+                "active_prefill_tokens_threshold",
+            )?,
+            active_prefill_tokens_threshold_frac: opt_f64_arg(
+                active_prefill_tokens_threshold_frac,
+                "active_prefill_tokens_threshold_frac",
+            )?,
+            clear: Vec::new(),
+        };
+        if let Some(clear) = clear.filter(|c| !c.is_none()) {
+            if clear.is_instance_of::<PyString>() {
+                return Err(PyTypeError::new_err(
+                    "clear must be a sequence of field names, not a str",
+                ));
+            }
+            let items = clear
+                .try_iter()
+                .map_err(|_| PyTypeError::new_err("clear must be a sequence of field names"))?;
+            for item in items {
+                let item = item?;
+                let name: PyBackedStr = item.extract().map_err(|_| {
+                    PyTypeError::new_err("clear must be a sequence of field names (str)")
+                })?;
+                let field = ThresholdField::from_name(&name).map_err(threshold_error)?;
+                if !update.clear.contains(&field) {
+                    update.clear.push(field);
+                }
+            }
+        }
+        let state = self
+            .inner
+            .set_thresholds(&model, &update)
+            .map_err(threshold_error)?;
+        threshold_dict(py, &model, &state)
+    }
+
+    /// The thresholds of `model` (all `None` and version 0 for an unknown model).
+    fn thresholds<'py>(
+        &self,
+        py: Python<'py>,
+        model: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let model = str_arg(model, "model")?;
+        let state = self.inner.thresholds(&model).unwrap_or_default();
+        threshold_dict(py, &model, &state)
+    }
+
+    /// Sets `model`'s staleness policy (`keep`, `free` or `busy`) and
+    /// silence limit, and re-sweeps.
+    #[pyo3(signature = (model, staleness, stale_after = None))]
+    fn set_staleness(
+        &self,
+        model: &Bound<'_, PyAny>,
+        staleness: &Bound<'_, PyAny>,
+        stale_after: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let model = str_arg(model, "model")?;
+        let policy = staleness_arg(&str_arg(staleness, "staleness")?)?;
+        let after = match stale_after {
+            Some(v) => seconds_arg(v, "stale_after")?,
+            None => self.inner.config().stale_after,
+        };
+        self.inner
+            .set_staleness(&model, policy, after)
+            .map_err(threshold_error)
+    }
+
+    /// Marks ranks silent for `stale_after` as stale, ends expired overload
+    /// leases, and returns how many workers were re-evaluated. Call it
+    /// periodically when a staleness policy is in use.
+    fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+
+    /// Whether the worker is busy by its model's thresholds (leases aside).
+    fn is_busy(&self, py: Python<'_>, worker_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = u64_arg(worker_id, "worker_id")?;
+        self.inner.is_busy(id).map_err(|e| route_error(py, e))
+    }
+
+    /// Whether the worker is under an unexpired overload lease.
+    fn is_leased(&self, py: Python<'_>, worker_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = u64_arg(worker_id, "worker_id")?;
+        self.inner.is_leased(id).map_err(|e| route_error(py, e))
+    }
+
+    /// Ids of `model`'s busy workers, ascending.
+    fn busy_workers(&self, model: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+        Ok(self.inner.busy_workers(&str_arg(model, "model")?))
+    }
+
+    /// Picks a worker of `model` that is not busy and not under a lease.
+    /// Raises `Overloaded` (529) when none is eligible, `Unavailable` (503)
+    /// when the model has no workers.
+    #[pyo3(
+        signature = (model, *, policy = None, endpoint = None),
+        text_signature = "($self, model, *, policy='round_robin', endpoint=None)"
+    )]
+    fn select(
+        &self,
+        py: Python<'_>,
+        model: &Bound<'_, PyAny>,
+        policy: Option<&Bound<'_, PyAny>>,
+        endpoint: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let model = str_ref(model, "model")?;
+        let policy = match policy {
+            None => Policy::RoundRobin,
+            Some(p) => policy_arg(str_ref(p, "policy")?)?,
+        };
+        let picked = match endpoint.filter(|e| !e.is_none()) {
+            None => self.inner.select(model, policy),
+            Some(e) => self.inner.select_at(model, policy, str_ref(e, "endpoint")?),
+        };
+        picked.map_err(|e| route_error(py, e))
+    }
+
+    /// Picks the eligible worker with the lowest cost in `costs` (worker id
+    /// to cost); unknown, busy or leased workers are skipped.
+    fn select_min_cost(
+        &self,
+        py: Python<'_>,
+        model: &Bound<'_, PyAny>,
+        costs: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        let model = str_arg(model, "model")?;
+        let items = match costs.cast::<PyDict>() {
+            Ok(d) => d.items().into_any(),
+            Err(_) => costs.call_method0("items").map_err(|_| {
+                PyTypeError::new_err("costs must be a mapping of worker id to cost")
+            })?,
+        };
+        let mut pairs = Vec::new();
+        for item in items.try_iter()? {
+            let (id, cost): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
+            let id = u64_arg(&id, "costs key (worker id)")?;
+            let cost = f64_arg(&cost, "costs value")?;
+            pairs.push((id, cost));
+        }
+        self.inner
+            .select_min_cost(&model, pairs)
+            .map_err(|e| route_error(py, e))
+    }
+
+    /// Checks a pinned worker: raises `WorkerOverloaded` when it is busy or
+    /// under a lease, `KeyError` when it is not registered.
+    #[pyo3(signature = (worker_id, *, endpoint = None))]
+    fn check(
+        &self,
+        py: Python<'_>,
+        worker_id: &Bound<'_, PyAny>,
+        endpoint: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let id = u64_arg(worker_id, "worker_id")?;
+        let result = match opt_str_arg(endpoint, "endpoint")? {
+            None => self.inner.check(id),
+            Some(e) => self.inner.check_at(id, &e),
+        };
+        result.map_err(|e| route_error(py, e))
+    }
+
+    /// Marks a worker that refused with "Server overloaded": it is skipped
+    /// for the lease time or until its next report shows it not busy.
+    fn mark_overloaded(&self, py: Python<'_>, worker_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = u64_arg(worker_id, "worker_id")?;
+        self.inner
+            .mark_overloaded(id)
+            .map_err(|e| route_error(py, e))
+    }
+
+    /// Books `blocks` KV blocks of a routed request on a worker rank; they
+    /// count in its `active_decode_blocks` until the booking is released.
+    fn book(
+        &self,
+        worker_id: &Bound<'_, PyAny>,
+        dp_rank: &Bound<'_, PyAny>,
+        blocks: &Bound<'_, PyAny>,
+    ) -> PyResult<Booking> {
+        let id = u64_arg(worker_id, "worker_id")?;
+        let rank = u32_arg(dp_rank, "dp_rank")?;
+        let blocks = u64_arg(blocks, "blocks")?;
+        let booking = self.inner.book(id, rank, blocks).map_err(report_error)?;
+        Ok(Booking {
+            worker_id: id,
+            dp_rank: rank,
+            inner: Mutex::new(Some(booking)),
+        })
+    }
+
+    /// Serves `/busy_threshold`: (method, content type, body) to
+    /// (status, JSON body).
+    #[pyo3(signature = (method, content_type, body))]
+    fn handle_busy_threshold<'py>(
+        &self,
+        py: Python<'py>,
+        method: &Bound<'py, PyAny>,
+        content_type: Option<&Bound<'py, PyAny>>,
+        body: &Bound<'py, PyAny>,
+    ) -> PyResult<(u16, Bound<'py, PyBytes>)> {
+        let method = str_arg(method, "method")?;
+        let content_type = opt_str_arg(content_type, "content_type")?;
+        let body = body
+            .cast::<PyBytes>()
+            .map_err(|_| PyTypeError::new_err("body must be bytes"))?;
+        let (status, out) = handle_busy_threshold(
+            &self.inner,
+            &method,
+            content_type.as_deref(),
+            body.as_bytes(),
+        );
+        Ok((status, PyBytes::new(py, out.as_bytes())))
+    }
+
+    /// The frontend metrics in Prometheus text format.
+    fn metrics_text(&self) -> String {
+        self.inner.metrics_text()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<loadgate.Monitor models={:?}>", self.inner.models())
+    }
+}
+
+/// A request's KV blocks booked on a worker rank; freed by `release()`, by
+/// leaving its `with` block, or when it is garbage-collected.
+#[pyclass(frozen, module = "loadgate")]
+pub struct Booking {
+    worker_id: u64,
+    dp_rank: u32,
+    inner: Mutex<Option<loadgate::Booking>>,
+}
+
+impl Booking {
+    fn lock(&self) -> MutexGuard<'_, Option<loadgate::Booking>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[pymethods]
+impl Booking {
+    /// Adds `n` generated output blocks to the booking.
+    fn add_output_blocks(&self, n: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = u64_arg(n, "n")?;
+        match self.lock().as_mut() {
+            Some(b) => {
+                b.add_output_blocks(n);
+                Ok(())
+            }
+            None => Err(PyRuntimeError::new_err("the booking was already released")),
+        }
+    }
+
+    /// Frees the booked blocks; calling it again does nothing.
+    fn release(&self) {
+        let booking = self.lock().take();
+        drop(booking);
+    }
+
+    /// Blocks currently booked (0 once released).
+    #[getter]
+    fn blocks(&self) -> u64 {
+        self.lock().as_ref().map_or(0, loadgate::Booking::blocks)
+    }
+
+    /// The worker the blocks are booked on.
+    #[getter]
+    fn worker_id(&self) -> u64 {
+        self.worker_id
+    }
+
+    /// The rank the blocks are booked on.
+    #[getter]
+    fn dp_rank(&self) -> u32 {
+        self.dp_rank
+    }
+
+    /// Whether the booking was released.
+    #[getter]
+    fn released(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.release();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<loadgate.Booking worker_id={} dp_rank={} blocks={}>",
+            self.worker_id,
+            self.dp_rank,
+            self.blocks()
+        )
+    }
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the Python module the way users do (`pip install ./python`) into a
+# virtualenv and runs its tests. Needs only python3 (with venv and pip), Rust
+# and PyPI; installs the test tools itself.
+# Usage: python/tests/run.sh [pytest arguments...]
+#   LOADGATE_VENV=/path  virtualenv to use (default python/.venv, created if missing)
+#   PYTHON=python3.X     interpreter that creates it
+set -euo pipefail
+pkg="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$pkg/.." && pwd)"
+venv="${LOADGATE_VENV:-$pkg/.venv}"
+
+if [ ! -x "$venv/bin/python" ]; then
+    "${PYTHON:-python3}" -m venv "$venv"
+fi
+py="$venv/bin/python"
+"$py" -m pip install --quiet --disable-pip-version-check \
+    "maturin>=1.5,<2" "pytest>=7.4" "pytest-timeout>=2.1" "httpx>=0.24" "uvicorn>=0.23" \
+    "prometheus_client>=0.17" "mypy>=1.8"
+
+cd "$root"
+start=$SECONDS
+"$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
+echo "pip install ./python: $((SECONDS - start)) s"
+
+# From the repository root, so that the source tree's loadgate/ (which has no
+# native module) is not importable in place of the installed package.
+start=$SECONDS
+set +e
+"$py" -m pytest -c python/pyproject.toml python/tests "$@"
+status=$?
+set -e
+echo "pytest: $((SECONDS - start)) s"
+if [ "$status" -eq 5 ]; then
+    echo "pytest collected no tests: failing on purpose" >&2
+    exit 1
+fi
+exit "$status"

@@ -1,0 +1,349 @@
+"""`await gate.admit()`: N + Q exactness, FIFO, cancellation, deadlines,
+set_limit and close, on a real asyncio event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from typing import Any, Awaitable, Callable, List
+
+import pytest
+
+import loadgate
+from loadgate import AdmissionGate, AtCapacity, Closed, Permit, QueueTimeout
+
+
+def run(main: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(asyncio.wait_for(main(), 20))
+
+
+async def settle() -> None:
+    """Lets every ready callback and task run."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_admit_await_and_async_with() -> None:
+    async def main() -> None:
+        g = AdmissionGate(2, 2)
+        p = await g.admit()
+        assert isinstance(p, Permit) and g.running == 1
+        async with g.admit() as q:
+            assert isinstance(q, Permit) and g.running == 2
+        assert q.released and g.running == 1
+        with pytest.raises(ZeroDivisionError):
+            async with g.admit():
+                1 / 0
+        assert g.running == 1
+        p.release()
+        admission = g.admit()
+        assert "not awaited" in repr(admission)
+        permit = await admission
+        with pytest.raises(RuntimeError, match="already awaited"):
+            await admission
+        permit.release()
+        assert g.running == 0
+
+    run(main)
+
+
+def test_admit_needs_a_running_loop() -> None:
+    g = AdmissionGate(1)
+    with pytest.raises(RuntimeError):
+        g.admit().__await__()
+    assert g.running == 0
+
+
+@pytest.mark.parametrize("limit,queue", [(1, 0), (1, 1), (3, 2), (4, 16)])
+def test_n_plus_q_exact_with_many_tasks(limit: int, queue: int) -> None:
+    async def main() -> None:
+        g = AdmissionGate(limit, queue)
+        release = asyncio.Event()
+        running = 0
+        max_running = 0
+        outcomes: List[str] = []
+
+        async def request() -> None:
+            nonlocal running, max_running
+            try:
+                async with g.admit():
+                    running += 1
+                    max_running = max(max_running, running)
+                    assert g.running <= limit
+                    await release.wait()
+                    running -= 1
+                outcomes.append("served")
+            except AtCapacity:
+                outcomes.append("rejected")
+
+        n = 5 * (limit + queue) + 3
+        tasks = [asyncio.ensure_future(request()) for _ in range(n)]
+        await settle()
+        # Exactly N running and Q queued; everyone else refused at once.
+        assert (g.running, g.queued) == (limit, queue)
+        assert outcomes.count("rejected") == n - limit - queue
+        release.set()
+        await asyncio.gather(*tasks)
+        assert outcomes.count("served") == limit + queue
+        assert max_running == limit
+        assert (g.running, g.queued) == (0, 0)
+        s = g.stats()
+        assert s["rejected_at_capacity"] == n - limit - queue
+        assert s["admitted_queued"] == queue
+
+    run(main)
+
+
+def test_fifo_order() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 10)
+        first = await g.admit()
+        order: List[int] = []
+
+        async def waiter(i: int) -> None:
+            async with g.admit():
+                order.append(i)
+                await asyncio.sleep(0)
+
+        tasks = []
+        for i in range(10):
+            tasks.append(asyncio.ensure_future(waiter(i)))
+            await settle()  # queue them in a known order
+        assert g.queued == 10
+        first.release()
+        await asyncio.gather(*tasks)
+        assert order == list(range(10))
+
+    run(main)
+
+
+def test_cancellation_frees_the_place() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 2)
+        held = await g.admit()
+        t1 = asyncio.ensure_future(g.admit())
+        t2 = asyncio.ensure_future(g.admit())
+        await settle()
+        assert g.queued == 2
+        with pytest.raises(AtCapacity):
+            await g.admit()  # queue full
+        t1.cancel()
+        await settle()
+        assert g.queued == 1  # the place is free at once
+        t3 = asyncio.ensure_future(g.admit())
+        await settle()
+        assert g.queued == 2  # and can be taken
+        s = g.stats()
+        assert s["cancelled"] == 1 and s["rejected_at_capacity"] == 1  # a cancel is not a rejection
+        held.release()
+        p2 = await t2  # FIFO: t2 was ahead of t3
+        assert g.running == 1 and g.queued == 1
+        p2.release()
+        (await t3).release()
+        assert t1.cancelled()
+        assert (g.running, g.queued) == (0, 0)
+
+    run(main)
+
+
+def test_cancel_racing_a_grant_gives_the_slot_back() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 1)
+        held = await g.admit()
+        t = asyncio.ensure_future(g.admit())
+        await settle()
+        held.release()  # grants the waiter: its future now holds a permit
+        t.cancel()  # ... but the task is cancelled before it resumes
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        del t
+        gc.collect()
+        assert (g.running, g.queued) == (0, 0)  # the slot was given back
+        (await g.admit()).release()
+
+    run(main)
+
+
+def test_grant_from_another_thread() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 4)
+        held = g.try_admit()
+        assert held is not None
+        tasks = [asyncio.ensure_future(g.admit()) for _ in range(3)]
+        await settle()
+        assert g.queued == 3
+
+        def releaser() -> None:
+            held.release()  # runs the core callback on this thread
+
+        threading.Thread(target=releaser).start()
+        p = await tasks[0]  # delivered with call_soon_threadsafe
+        assert g.running == 1 and g.queued == 2
+        threading.Thread(target=p.release).start()
+        q = await tasks[1]
+        q.release()
+        (await tasks[2]).release()
+        assert (g.running, g.queued) == (0, 0)
+
+    run(main)
+
+
+def test_wait_for_timeout_leaves_the_queue() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 4)
+        held = await g.admit()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(g.admit(), 0.05)
+        assert g.queued == 0 and g.stats()["cancelled"] == 1
+        held.release()
+
+    run(main)
+
+
+def test_queue_deadline_from_the_event_loop() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 4, queue_timeout=0.05)
+        held = await g.admit()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        results = await asyncio.gather(g.admit(), g.admit(), return_exceptions=True)
+        elapsed = loop.time() - start
+        assert all(isinstance(r, QueueTimeout) for r in results), results
+        assert elapsed >= 0.045  # expired by the loop's timers, not by polling
+        assert g.queued == 0 and g.stats()["expired"] == 2
+        e = results[0]
+        assert (e.status_code, e.reason) == (529, "queue_timeout")
+        held.release()
+        # A waiter granted before its deadline is not expired.
+        held = await g.admit()
+        t = asyncio.ensure_future(g.admit())
+        await settle()
+        held.release()
+        (await t).release()
+        await asyncio.sleep(0.08)  # its timer was cancelled; nothing fires
+        assert g.stats()["expired"] == 2
+
+    run(main)
+
+
+def test_adaptive_lifo_after_an_expiry() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 3, queue_timeout=0.1, adaptive_lifo=True)
+        held = await g.admit()
+        old = asyncio.ensure_future(g.admit())
+        await asyncio.sleep(0.06)
+        middle = asyncio.ensure_future(g.admit())
+        newest = asyncio.ensure_future(g.admit())
+        await settle()
+        with pytest.raises(QueueTimeout):
+            await old  # expires at 0.1 s
+        held.release()  # one handoff to the newest waiter
+        p = await newest
+        assert not middle.done()
+        p.release()
+        (await middle).release()
+
+    run(main)
+
+
+def test_set_limit_releases_waiters() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 4)
+        held = await g.admit()
+        tasks = [asyncio.ensure_future(g.admit()) for _ in range(3)]
+        await settle()
+        g.set_limit(3)
+        done, pending = await asyncio.wait(tasks, timeout=1, return_when=asyncio.FIRST_COMPLETED)
+        await settle()
+        assert sum(t.done() for t in tasks) == 2 and g.running == 3 and g.queued == 1
+        g.set_limit(1)
+        assert g.running == 3  # lowering revokes nothing
+        for t in tasks[:2]:
+            t.result().release()
+        held.release()
+        (await tasks[2]).release()
+        assert (g.running, g.queued) == (0, 0)
+
+    run(main)
+
+
+def test_close_rejects_waiters_and_later_admits() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 4)
+        held = await g.admit()
+        tasks = [asyncio.ensure_future(g.admit()) for _ in range(3)]
+        await settle()
+        g.close()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, Closed) for r in results)
+        with pytest.raises(Closed) as info:
+            await g.admit()
+        assert info.value.status_code == 503
+        async def use() -> None:
+            async with g.admit():
+                pass
+        with pytest.raises(Closed):
+            await use()
+        held.release()
+        assert (g.running, g.queued) == (0, 0)
+
+    run(main)
+
+
+def test_waiter_on_a_closed_loop_does_not_leak_the_slot() -> None:
+    g = AdmissionGate(1, 1)
+    held = g.try_admit()
+    assert held is not None
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(_admit_and_hold(g))
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert g.queued == 1
+        task.cancel()
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+    finally:
+        loop.close()
+    assert g.queued == 0
+    held.release()
+    assert g.running == 0
+
+
+async def _admit_and_hold(g: AdmissionGate) -> None:
+    async with g.admit():
+        await asyncio.sleep(10)
+
+
+def test_two_event_loops_share_one_gate() -> None:
+    g = AdmissionGate(1, 8)
+    served: List[str] = []
+
+    async def client(name: str) -> None:
+        for _ in range(20):
+            async with g.admit():
+                assert g.running == 1
+                served.append(name)
+                await asyncio.sleep(0)
+
+    threads = [threading.Thread(target=lambda n=n: asyncio.run(client(n))) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert sorted(served) == ["a"] * 20 + ["b"] * 20
+    assert (g.running, g.queued) == (0, 0)
+
+
+def test_no_threads_started() -> None:
+    before = threading.active_count()
+
+    async def main() -> None:
+        g = AdmissionGate(1, 2, queue_timeout=0.02)
+        held = await g.admit()
+        with pytest.raises(QueueTimeout):
+            await g.admit()
+        held.release()
+
+    run(main)
+    assert threading.active_count() == before
+    assert isinstance(loadgate.Admission, type)

@@ -1,0 +1,339 @@
+"""Real HTTP: uvicorn on a free loopback port, driven by httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any, Dict, List
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import loadgate
+from loadgate import AdmissionGate, Monitor
+from loadgate.asgi import (
+    AdmissionMiddleware,
+    ControlApp,
+    LoadgateMiddleware,
+    Receive,
+    Scope,
+    Send,
+    hold_permit,
+)
+
+from conftest import serve
+
+NULLS = {
+    "active_decode_blocks_threshold": None,
+    "active_prefill_tokens_threshold": None,
+    "active_prefill_tokens_threshold_frac": None,
+}
+
+
+async def json_response(send: Send, status: int, payload: Any) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def frontend_routes(monitor: Monitor) -> Any:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["type"] == "http"
+        if scope["method"] == "POST" and scope["path"] in ("/v1/completions", "/v1/chat/completions", "/v1/messages"):
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            model = json.loads(body)["model"]
+            worker = monitor.select(model)  # raises Overloaded / Unavailable
+            await json_response(send, 200, {"worker": worker})
+        else:
+            await json_response(send, 404, {"error": "not found"})
+
+    return app
+
+
+def style_by_path(scope: Scope) -> str:
+    path = scope["path"]
+    return "openai" if path.startswith("/v1/chat/") else "anthropic" if path == "/v1/messages" else "dynamo"
+
+
+@pytest.fixture
+def frontend() -> Any:
+    monitor = Monitor()
+    monitor.add_worker("llama", 1, kv_total_blocks=100)
+    monitor.add_worker("llama", 2, kv_total_blocks=100)
+    gate = AdmissionGate(2, 1)
+    app = LoadgateMiddleware(ControlApp(monitor, gate, app=frontend_routes(monitor)), style=style_by_path)
+    with serve(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        yield monitor, gate, client
+
+
+def test_routes_while_workers_are_free(frontend: Any) -> None:
+    monitor, _, client = frontend
+    workers = {client.post("/v1/completions", json={"model": "llama"}).json()["worker"] for _ in range(4)}
+    assert workers == {1, 2}
+
+
+def test_529_with_body_and_headers_when_all_workers_are_busy(frontend: Any) -> None:
+    monitor, _, client = frontend
+    monitor.set_thresholds("llama", active_decode_blocks_threshold=0.9)
+    monitor.report(1, kv_used_blocks=95)
+    assert client.post("/v1/completions", json={"model": "llama"}).json() == {"worker": 2}
+    monitor.report(2, kv_used_blocks=91)
+    r = client.post("/v1/completions", json={"model": "llama"})
+    assert r.status_code == 529
+    assert r.json() == {"message": "All workers are busy, please retry later", "type": "Overloaded", "code": 529}
+    assert r.headers["retry-after"] == "1"
+    assert r.headers["x-loadgate-reason"] == "all_workers_busy"
+    assert r.headers["content-type"] == "application/json"
+    r = client.post("/v1/chat/completions", json={"model": "llama"})
+    assert r.status_code == 529
+    assert r.json()["error"] == {
+        "message": "All workers are busy, please retry later",
+        "type": "overloaded_error",
+        "param": None,
+        "code": "all_workers_busy",
+    }
+    r = client.post("/v1/messages", json={"model": "llama"})
+    assert r.status_code == 529
+    assert r.json() == {"type": "error", "error": {"type": "overloaded_error", "message": "All workers are busy, please retry later"}}
+    # Workers free again: routed again.
+    monitor.report(2, kv_used_blocks=10)
+    assert client.post("/v1/completions", json={"model": "llama"}).status_code == 200
+
+
+def test_503_when_no_workers(frontend: Any) -> None:
+    monitor, _, client = frontend
+    r = client.post("/v1/completions", json={"model": "unknown-model"})
+    assert r.status_code == 503
+    assert r.json() == {"message": "Service temporarily unavailable", "type": "ServiceUnavailable", "code": 503}
+    assert r.headers["retry-after"] == "1"
+    assert r.headers["x-loadgate-reason"] == "no_workers"
+    monitor.remove_worker(1)
+    monitor.remove_worker(2)
+    r = client.post("/v1/chat/completions", json={"model": "llama"})
+    assert r.status_code == 503
+    assert r.json()["error"]["type"] == "service_unavailable"
+
+
+def test_busy_threshold_status_table(frontend: Any) -> None:
+    monitor, _, client = frontend
+    post = lambda payload, **kw: client.post("/busy_threshold", content=payload, **kw)  # noqa: E731
+    as_json = {"headers": {"content-type": "application/json"}}
+
+    # GET: every model.
+    r = client.get("/busy_threshold")
+    assert r.status_code == 200
+    assert r.json() == {"thresholds": [{"model": "llama", **NULLS, "version": 0}]}
+    # POST without thresholds: a read (unknown model: all null, version 0).
+    r = post(json.dumps({"model": "nope"}), **as_json)
+    assert (r.status_code, r.json()) == (200, {"model": "nope", **NULLS, "version": 0})
+    # POST set: 200 echoing all three fields and the version.
+    r = post(json.dumps({"model": "llama", "active_decode_blocks_threshold": 0.85}), **as_json)
+    assert (r.status_code, r.json()) == (200, {"model": "llama", **NULLS, "active_decode_blocks_threshold": 0.85, "version": 1})
+    assert monitor.thresholds("llama")["active_decode_blocks_threshold"] == 0.85
+    r = post(json.dumps({"model": "llama", "clear": ["active_decode_blocks_threshold"]}), **as_json)
+    assert (r.status_code, r.json()["active_decode_blocks_threshold"], r.json()["version"]) == (200, None, 2)
+    r = post(json.dumps({"model": "llama", "active_prefill_tokens_threshold": 5}), headers={"content-type": "application/json; charset=utf-8"})
+    assert r.status_code == 200
+    table = [
+        (json.dumps({"model": "nope", "active_decode_blocks_threshold": 0.5}), "application/json", 404),
+        (json.dumps({"model": "llama", "active_decode_blocks_threshold": 1.5}), "application/json", 400),
+        (json.dumps({"model": "llama", "active_prefill_tokens_threshold": -1}), "application/json", 400),
+        (json.dumps({"model": "llama", "clear": ["nope"]}), "application/json", 400),
+        ("{not json", "application/json", 400),
+        (json.dumps({"model": "llama", "active_decode_blocks_threshold": "high"}), "application/json", 422),
+        (json.dumps({"active_decode_blocks_threshold": 0.5}), "application/json", 422),
+        (json.dumps(["llama"]), "application/json", 422),
+        (json.dumps({"model": "llama", "clear": "active_decode_blocks_threshold"}), "application/json", 422),
+        (json.dumps({"model": "llama"}), "text/plain", 415),
+        ("x" * (64 * 1024 + 1), "application/json", 413),
+    ]
+    for payload, content_type, status in table:
+        r = post(payload, headers={"content-type": content_type})
+        assert r.status_code == status, (payload[:60], content_type, r.text)
+        assert r.headers["content-type"] == "application/json"
+        assert isinstance(r.json()["error"], str) and r.json()["error"]
+    r = client.post("/busy_threshold", content=json.dumps({"model": "llama"}))  # no content type
+    assert r.status_code == 415
+    r = client.put("/busy_threshold", json={"model": "llama"})
+    assert r.status_code == 405 and "POST" in r.headers["allow"]
+    assert monitor.thresholds("llama")["version"] == 3  # refused updates changed nothing
+    r = client.head("/busy_threshold")
+    assert r.status_code == 200 and r.content == b""
+
+
+def test_metrics_scrape(frontend: Any) -> None:
+    monitor, gate, client = frontend
+    monitor.set_thresholds("llama", active_decode_blocks_threshold=0.5)
+    monitor.report(1, kv_used_blocks=60, active_prefill_tokens=7)
+    monitor.report(2, kv_used_blocks=60)
+    assert client.post("/v1/completions", json={"model": "llama"}).status_code == 529
+    held = gate.try_admit()
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = r.text
+    assert 'dynamo_frontend_model_rejection_total{model="llama",endpoint="generate"} 1' in text
+    assert 'dynamo_frontend_worker_active_prefill_tokens{worker_id="1",dp_rank="0"} 7' in text
+    assert 'dynamo_frontend_model_busy_workers{model="llama"} 2' in text
+    assert "dynamo_engine_request 1" in text
+    assert "dynamo_request_queue 0" in text
+    assert "dynamo_rejection_request_total 0" in text
+    families = {f.name for f in text_string_to_metric_families(text)}  # valid exposition format
+    assert {"dynamo_frontend_model_rejection", "dynamo_engine_request", "dynamo_request_queue_wait_seconds"} <= families
+    assert client.post("/metrics").status_code == 405
+    assert client.head("/metrics").content == b""
+    assert held is not None
+    held.release()
+
+
+def streaming_app(gate: AdmissionGate, proceed: threading.Event, chunks: int = 3) -> Any:
+    """`/stream`: admitted by AdmissionMiddleware, streams `chunks` chunks,
+    pausing after the first until `proceed` is set.
+    `/self`: admits itself and streams with `hold_permit`."""
+
+    async def body() -> Any:
+        for i in range(chunks):
+            yield f"chunk {i}\n".encode()
+            while i == 0 and not proceed.is_set():
+                await asyncio.sleep(0.005)
+
+    async def stream(send: Send, chunks_iter: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        async for chunk in chunks_iter:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def inner(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] == "/self":
+            permit = await gate.admit()  # a LoadgateError here becomes 529/503
+            await stream(send, hold_permit(permit, body()))
+        else:
+            await stream(send, body())
+
+    guarded = AdmissionMiddleware(inner, gate, paths=["/stream"])
+    return LoadgateMiddleware(guarded)
+
+
+@pytest.mark.parametrize("path", ["/stream", "/self"])
+def test_streamed_response_holds_its_permit_to_the_end(path: str) -> None:
+    gate = AdmissionGate(1, 0)
+    proceed = threading.Event()
+    with serve(streaming_app(gate, proceed)) as url, httpx.Client(base_url=url, timeout=10) as client:
+        with client.stream("GET", path) as r:
+            assert r.status_code == 200
+            chunks = r.iter_bytes()
+            assert next(chunks).startswith(b"chunk 0")
+            assert gate.running == 1  # held while the body streams
+            other = client.get(path)  # the only slot is taken, no queue
+            assert other.status_code == 529
+            assert other.headers["x-loadgate-reason"] == "worker_at_capacity"
+            assert other.json()["message"] == "Server overloaded: worker at capacity"
+            assert gate.running == 1
+            proceed.set()
+            rest = b"".join(chunks)
+        assert rest.count(b"chunk") == 2
+        deadline = time.monotonic() + 5
+        while gate.running and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert gate.running == 0  # released once the last chunk went out
+        assert client.get(path).status_code == 200
+
+
+def test_client_leaving_mid_stream_releases_the_permit() -> None:
+    gate = AdmissionGate(1, 0)
+    proceed = threading.Event()
+    with serve(streaming_app(gate, proceed, chunks=50)) as url, httpx.Client(base_url=url, timeout=10) as client:
+        with client.stream("GET", "/stream") as r:
+            next(r.iter_bytes())
+            assert gate.running == 1
+        proceed.set()  # the app streams on to a closed connection and ends
+        deadline = time.monotonic() + 5
+        while gate.running and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert gate.running == 0
+
+
+def test_gate_rejections_over_http() -> None:
+    gate = AdmissionGate(1, 1, queue_timeout=0.05)
+    proceed = threading.Event()
+    with serve(streaming_app(gate, proceed)) as url, httpx.Client(base_url=url, timeout=10) as client:
+        with client.stream("GET", "/stream") as r:
+            chunks = r.iter_bytes()
+            next(chunks)
+            slow = client.get("/stream")  # queued, then expired by the deadline
+            assert slow.status_code == 529
+            assert slow.headers["x-loadgate-reason"] == "queue_timeout"
+            proceed.set()
+            b"".join(chunks)
+        gate.close()
+        closed = client.get("/stream")
+        assert closed.status_code == 503
+        assert closed.headers["x-loadgate-reason"] == "closed"
+        assert client.get("/self").status_code == 503  # raised by the app, answered by the middleware
+        assert gate.stats()["expired"] == 1
+
+
+def test_control_app_alone_and_lifespan() -> None:
+    monitor = Monitor()
+    monitor.add_worker("m", 1)
+    control = ControlApp(monitor)
+    with serve(control) as url, httpx.Client(base_url=url) as client:
+        assert client.get("/nowhere").status_code == 404
+        assert client.get("/busy_threshold").json()["thresholds"][0]["model"] == "m"
+        assert "dynamo_frontend_model_workers" in client.get("/metrics").text
+
+    async def lifespan() -> List[str]:
+        sent: List[str] = []
+        incoming = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+
+        async def receive() -> Dict[str, Any]:
+            return next(incoming)
+
+        async def send(message: Any) -> None:
+            sent.append(message["type"])
+
+        await control({"type": "lifespan"}, receive, send)
+        return sent
+
+    assert asyncio.run(lifespan()) == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    with pytest.raises(TypeError, match="monitor"):
+        ControlApp("monitor")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="gate"):
+        ControlApp(monitor, ["gate"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="style"):
+        LoadgateMiddleware(control, style="xml")
+    with pytest.raises(TypeError, match="paths"):
+        AdmissionMiddleware(control, AdmissionGate(1), paths="/x")
+
+
+def test_middleware_leaves_other_errors_and_started_responses_alone() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] == "/boom":
+            raise RuntimeError("not a rejection")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise loadgate.Overloaded()  # too late to answer 529
+
+    async def call(path: str) -> List[Any]:
+        sent: List[Any] = []
+
+        async def receive() -> Dict[str, Any]:
+            return {"type": "http.request", "body": b""}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await LoadgateMiddleware(app)({"type": "http", "path": path, "method": "GET"}, receive, send)
+        return sent
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(call("/boom"))
+    with pytest.raises(loadgate.Overloaded):
+        asyncio.run(call("/late"))
