@@ -166,7 +166,7 @@ fn check_ptr<T>(p: *const T, what: &'static str) -> Result<()> {
 ///
 /// # Safety
 /// `p` is NULL or points to a valid `T` that nobody mutates for `'a`.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn input<'a, T>(p: *const T, what: &'static str) -> Result<&'a T> {
     check_ptr(p, what)?;
     // SAFETY: non-NULL and aligned (checked); valid for 'a by the contract.
@@ -191,7 +191,7 @@ pub(crate) unsafe fn optional<'a, T>(p: *const T, what: &'static str) -> Result<
 /// # Safety
 /// `p` is NULL or points to `len` valid, initialised `T`s that nobody
 /// mutates for `'a`.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn slice<'a, T>(p: *const T, len: usize, what: &'static str) -> Result<&'a [T]> {
     if len == 0 {
         return Ok(&[]);
@@ -211,7 +211,7 @@ pub(crate) unsafe fn slice<'a, T>(p: *const T, len: usize, what: &'static str) -
 ///
 /// # Safety
 /// As [`slice`] for `len` bytes.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn string<'a>(
     p: *const c_char,
     len: usize,
@@ -232,7 +232,7 @@ pub(crate) unsafe fn string<'a>(
 
 /// `bytes.is_ascii()`, tuned for short strings: eight bytes at a time, with
 /// no alignment prologue.
-#[inline]
+#[inline(always)]
 fn is_ascii_short(bytes: &[u8]) -> bool {
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let mut chunks = bytes.chunks_exact(8);
