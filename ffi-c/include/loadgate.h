@@ -592,6 +592,7 @@ enum lg_status lg_monitor_book(const struct lg_monitor *monitor,
  * worker.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL booking).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: one thread at a time per booking. Blocking: never
  * (lock-free).
  *
@@ -606,6 +607,7 @@ enum lg_status lg_booking_add_output_blocks(struct lg_booking *booking,
  * The blocks a booking holds now.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL booking or out_blocks).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: one thread at a time per booking. Blocking: never.
  *
  * # Safety
@@ -634,6 +636,7 @@ void lg_booking_free(struct lg_booking *booking);
  * lg_gate_new().
  *
  * Errors: LG_INVALID_ARGUMENT (NULL out).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never.
  *
  * # Safety
@@ -785,6 +788,7 @@ enum lg_status lg_gate_admit_async(const struct lg_gate *gate,
  * drains down.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate, limit 0 or too large).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes the gate's lock briefly; runs
  * asynchronous callbacks of granted waiters.
  *
@@ -799,6 +803,7 @@ enum lg_status lg_gate_set_limit(const struct lg_gate *gate,
  * LG_CLOSED. Permits already held stay valid. Closing twice is harmless.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes the gate's lock briefly;
  * wakes blocked waiters and runs the callbacks of queued asynchronous
  * requests on this thread.
@@ -814,6 +819,7 @@ enum lg_status lg_gate_close(const struct lg_gate *gate);
  * NULL) receives how many were rejected.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes the gate's lock briefly; runs
  * the callbacks of expired asynchronous requests on this thread.
  *
@@ -830,6 +836,7 @@ enum lg_status lg_gate_expire(const struct lg_gate *gate,
  * is no deadline or nobody is queued.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate or out_wait_ns).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (lock-free).
  *
  * # Safety
@@ -842,6 +849,7 @@ enum lg_status lg_gate_next_deadline(const struct lg_gate *gate,
  * A snapshot of the gate's gauges and counters.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate or out_stats).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (lock-free).
  *
  * # Safety
@@ -858,6 +866,7 @@ enum lg_status lg_gate_get_stats(const struct lg_gate *gate,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate or out_needed, NULL buf with
  * buf_len > 0), LG_BUFFER_TOO_SMALL.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes the gate's lock briefly;
  * allocates (cold path).
  *
@@ -874,6 +883,7 @@ enum lg_status lg_gate_metrics(const struct lg_gate *gate,
  * The process's overload status: DYN_HTTP_OVERLOAD_STATUS_CODE (trimmed; a
  * status in 200..=999) read once and cached, else 529.
  *
+ * Ownership: no arguments, nothing to free.
  * Thread safety: any thread. Blocking: never (the first call reads the
  * environment).
  */
@@ -893,6 +903,7 @@ uint16_t lg_overload_status(void);
  * buf_len > 0, a status that is not a rejection, unknown style),
  * LG_BUFFER_TOO_SMALL (then *out_http_status, *out_retry_after_s and
  * *out_needed are written too; the call has no side effect, so retry).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (allocates).
  *
  * # Safety
@@ -932,6 +943,7 @@ enum lg_status lg_error_response(int status,
  * Errors: LG_INVALID_ARGUMENT (NULL monitor, method or out-parameter, NULL
  * with a non-zero length, non-UTF-8 method or content type),
  * LG_BUFFER_TOO_SMALL. HTTP-level errors are LG_OK with a 4xx status.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes model locks briefly; allocates
  * (cold path).
  *
@@ -957,6 +969,7 @@ enum lg_status lg_monitor_handle_busy_threshold(const struct lg_monitor *monitor
  * Fills `out` with the default monitor settings.
  *
  * Errors: LG_INVALID_ARGUMENT if out is NULL.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never.
  *
  * # Safety
@@ -1023,6 +1036,7 @@ enum lg_status lg_monitor_add_worker(const struct lg_monitor *monitor,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor), LG_NOT_FOUND (unknown
  * worker).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes the monitor's writer lock
  * briefly (cold path).
  *
@@ -1041,6 +1055,7 @@ enum lg_status lg_monitor_remove_worker(const struct lg_monitor *monitor,
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or report,
  * active_prefill_tokens of UINT64_MAX), LG_NOT_FOUND (unknown worker or
  * undeclared rank). A refused report changes nothing and is counted.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (lock-free, no allocation).
  *
  * # Safety
@@ -1063,6 +1078,7 @@ enum lg_status lg_monitor_report(const struct lg_monitor *monitor,
  * negative fraction, unknown clear bits, a field both set and cleared),
  * LG_NOT_FOUND (no worker of the model was ever added). A refused update
  * changes nothing.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes the model's lock and waits
  * for the re-evaluation of its workers (cold path).
  *
@@ -1082,6 +1098,7 @@ enum lg_status lg_monitor_set_thresholds(const struct lg_monitor *monitor,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_thresholds, bad model
  * string), LG_NOT_FOUND (unknown model).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes the model's lock briefly.
  *
  * # Safety
@@ -1099,6 +1116,7 @@ enum lg_status lg_monitor_get_thresholds(const struct lg_monitor *monitor,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor, bad model string, unknown
  * policy, stale_after_ms of 0), LG_NOT_FOUND (unknown model).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: waits for the sweep (cold path).
  *
  * # Safety
@@ -1119,6 +1137,7 @@ enum lg_status lg_monitor_set_staleness(const struct lg_monitor *monitor,
  * of workers re-evaluated.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: waits for re-evaluations (cold
  * path).
  *
@@ -1134,6 +1153,7 @@ enum lg_status lg_monitor_sweep(const struct lg_monitor *monitor,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_busy), LG_NOT_FOUND
  * (unknown worker).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (lock-free).
  *
  * # Safety
@@ -1149,6 +1169,7 @@ enum lg_status lg_monitor_is_busy(const struct lg_monitor *monitor,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_leased), LG_NOT_FOUND
  * (unknown worker).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (lock-free).
  *
  * # Safety
@@ -1167,6 +1188,7 @@ enum lg_status lg_monitor_is_leased(const struct lg_monitor *monitor,
  * rejection), LG_UNAVAILABLE (no worker registered, or unknown model),
  * LG_INVALID_ARGUMENT (NULL monitor or out_worker_id, bad model string,
  * unknown policy).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (lock-free, no allocation).
  *
  * # Safety
@@ -1210,6 +1232,7 @@ enum lg_status lg_monitor_select_min_cost(const struct lg_monitor *monitor,
  * Errors: LG_WORKER_OVERLOADED (busy or under a lease; counted as a
  * rejection), LG_NOT_FOUND (unknown worker), LG_INVALID_ARGUMENT (NULL
  * monitor).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (lock-free).
  *
  * # Safety
@@ -1225,6 +1248,7 @@ enum lg_status lg_monitor_check(const struct lg_monitor *monitor,
  *
  * Errors: LG_NOT_FOUND (unknown worker), LG_INVALID_ARGUMENT (NULL
  * monitor).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (lock-free).
  *
  * # Safety
@@ -1244,6 +1268,7 @@ enum lg_status lg_monitor_mark_overloaded(const struct lg_monitor *monitor,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_needed, NULL buf with
  * buf_len > 0), LG_BUFFER_TOO_SMALL.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes model locks briefly; allocates
  * (cold path).
  *
@@ -1290,6 +1315,7 @@ const char *lg_status_str(int status);
  * LG_INVALID_ARGUMENT; 404 for LG_NOT_FOUND; 409 for LG_ALREADY_EXISTS and
  * LG_MODEL_FULL; 500 for anything else.
  *
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (the first call reads the
  * environment).
  */
@@ -1314,6 +1340,7 @@ const char *lg_status_reason(int status);
  * or a rejection).
  *
  * Errors: LG_INVALID_ARGUMENT (NULL ticket or out_cancelled).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes the gate's lock briefly.
  *
  * # Safety
@@ -1327,6 +1354,7 @@ enum lg_status lg_ticket_cancel(const struct lg_ticket *ticket,
  * Whether the request still waits in the queue.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL ticket or out_queued).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: takes the gate's lock briefly.
  *
  * # Safety

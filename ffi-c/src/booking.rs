@@ -55,6 +55,7 @@ pub unsafe extern "C" fn lg_monitor_book(
 /// worker.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL booking).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: one thread at a time per booking. Blocking: never
 /// (lock-free).
 ///
@@ -81,6 +82,7 @@ pub unsafe extern "C" fn lg_booking_add_output_blocks(
 /// The blocks a booking holds now.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL booking or out_blocks).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: one thread at a time per booking. Blocking: never.
 ///
 /// # Safety

@@ -99,6 +99,7 @@ impl lg_gate {
 /// lg_gate_new().
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL out).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never.
 ///
 /// # Safety
@@ -341,6 +342,7 @@ pub unsafe extern "C" fn lg_gate_admit_async(
 /// drains down.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate, limit 0 or too large).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes the gate's lock briefly; runs
 /// asynchronous callbacks of granted waiters.
 ///
@@ -360,6 +362,7 @@ pub unsafe extern "C" fn lg_gate_set_limit(gate: *const lg_gate, limit: u32) -> 
 /// LG_CLOSED. Permits already held stay valid. Closing twice is harmless.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes the gate's lock briefly;
 /// wakes blocked waiters and runs the callbacks of queued asynchronous
 /// requests on this thread.
@@ -381,6 +384,7 @@ pub unsafe extern "C" fn lg_gate_close(gate: *const lg_gate) -> lg_status {
 /// NULL) receives how many were rejected.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes the gate's lock briefly; runs
 /// the callbacks of expired asynchronous requests on this thread.
 ///
@@ -410,6 +414,7 @@ pub unsafe extern "C" fn lg_gate_expire(
 /// is no deadline or nobody is queued.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate or out_wait_ns).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (lock-free).
 ///
 /// # Safety
@@ -435,6 +440,7 @@ pub unsafe extern "C" fn lg_gate_next_deadline(
 /// A snapshot of the gate's gauges and counters.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate or out_stats).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (lock-free).
 ///
 /// # Safety
@@ -475,6 +481,7 @@ pub unsafe extern "C" fn lg_gate_get_stats(
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate or out_needed, NULL buf with
 /// buf_len > 0), LG_BUFFER_TOO_SMALL.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes the gate's lock briefly;
 /// allocates (cold path).
 ///

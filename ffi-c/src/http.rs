@@ -23,6 +23,7 @@ pub const LG_ERROR_STYLE_ANTHROPIC: lg_error_style = 2;
 /// The process's overload status: DYN_HTTP_OVERLOAD_STATUS_CODE (trimmed; a
 /// status in 200..=999) read once and cached, else 529.
 ///
+/// Ownership: no arguments, nothing to free.
 /// Thread safety: any thread. Blocking: never (the first call reads the
 /// environment).
 #[no_mangle]
@@ -43,6 +44,7 @@ pub extern "C" fn lg_overload_status() -> u16 {
 /// buf_len > 0, a status that is not a rejection, unknown style),
 /// LG_BUFFER_TOO_SMALL (then *out_http_status, *out_retry_after_s and
 /// *out_needed are written too; the call has no side effect, so retry).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (allocates).
 ///
 /// # Safety
@@ -111,6 +113,7 @@ pub unsafe extern "C" fn lg_error_response(
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor, method or out-parameter, NULL
 /// with a non-zero length, non-UTF-8 method or content type),
 /// LG_BUFFER_TOO_SMALL. HTTP-level errors are LG_OK with a 4xx status.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes model locks briefly; allocates
 /// (cold path).
 ///

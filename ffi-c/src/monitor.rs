@@ -220,6 +220,7 @@ fn thresholds_out(state: loadgate_core::monitor::ThresholdState) -> lg_threshold
 /// Fills `out` with the default monitor settings.
 ///
 /// Errors: LG_INVALID_ARGUMENT if out is NULL.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never.
 ///
 /// # Safety
@@ -356,6 +357,7 @@ pub unsafe extern "C" fn lg_monitor_add_worker(
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor), LG_NOT_FOUND (unknown
 /// worker).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes the monitor's writer lock
 /// briefly (cold path).
 ///
@@ -382,6 +384,7 @@ pub unsafe extern "C" fn lg_monitor_remove_worker(
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or report,
 /// active_prefill_tokens of UINT64_MAX), LG_NOT_FOUND (unknown worker or
 /// undeclared rank). A refused report changes nothing and is counted.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (lock-free, no allocation).
 ///
 /// # Safety
@@ -421,6 +424,7 @@ pub unsafe extern "C" fn lg_monitor_report(
 /// negative fraction, unknown clear bits, a field both set and cleared),
 /// LG_NOT_FOUND (no worker of the model was ever added). A refused update
 /// changes nothing.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes the model's lock and waits
 /// for the re-evaluation of its workers (cold path).
 ///
@@ -483,6 +487,7 @@ pub unsafe extern "C" fn lg_monitor_set_thresholds(
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_thresholds, bad model
 /// string), LG_NOT_FOUND (unknown model).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes the model's lock briefly.
 ///
 /// # Safety
@@ -518,6 +523,7 @@ pub unsafe extern "C" fn lg_monitor_get_thresholds(
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor, bad model string, unknown
 /// policy, stale_after_ms of 0), LG_NOT_FOUND (unknown model).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: waits for the sweep (cold path).
 ///
 /// # Safety
@@ -550,6 +556,7 @@ pub unsafe extern "C" fn lg_monitor_set_staleness(
 /// of workers re-evaluated.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: waits for re-evaluations (cold
 /// path).
 ///
@@ -578,6 +585,7 @@ pub unsafe extern "C" fn lg_monitor_sweep(
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_busy), LG_NOT_FOUND
 /// (unknown worker).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (lock-free).
 ///
 /// # Safety
@@ -604,6 +612,7 @@ pub unsafe extern "C" fn lg_monitor_is_busy(
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_leased), LG_NOT_FOUND
 /// (unknown worker).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (lock-free).
 ///
 /// # Safety
@@ -633,6 +642,7 @@ pub unsafe extern "C" fn lg_monitor_is_leased(
 /// rejection), LG_UNAVAILABLE (no worker registered, or unknown model),
 /// LG_INVALID_ARGUMENT (NULL monitor or out_worker_id, bad model string,
 /// unknown policy).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (lock-free, no allocation).
 ///
 /// # Safety
@@ -708,6 +718,7 @@ pub unsafe extern "C" fn lg_monitor_select_min_cost(
 /// Errors: LG_WORKER_OVERLOADED (busy or under a lease; counted as a
 /// rejection), LG_NOT_FOUND (unknown worker), LG_INVALID_ARGUMENT (NULL
 /// monitor).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (lock-free).
 ///
 /// # Safety
@@ -728,6 +739,7 @@ pub unsafe extern "C" fn lg_monitor_check(monitor: *const lg_monitor, worker_id:
 ///
 /// Errors: LG_NOT_FOUND (unknown worker), LG_INVALID_ARGUMENT (NULL
 /// monitor).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (lock-free).
 ///
 /// # Safety
@@ -755,6 +767,7 @@ pub unsafe extern "C" fn lg_monitor_mark_overloaded(
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_needed, NULL buf with
 /// buf_len > 0), LG_BUFFER_TOO_SMALL.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes model locks briefly; allocates
 /// (cold path).
 ///

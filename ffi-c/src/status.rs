@@ -253,6 +253,7 @@ pub extern "C" fn lg_status_str(status: c_int) -> *const c_char {
 /// LG_INVALID_ARGUMENT; 404 for LG_NOT_FOUND; 409 for LG_ALREADY_EXISTS and
 /// LG_MODEL_FULL; 500 for anything else.
 ///
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (the first call reads the
 /// environment).
 #[no_mangle]

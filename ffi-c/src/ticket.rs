@@ -26,6 +26,7 @@ impl lg_ticket {
 /// or a rejection).
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL ticket or out_cancelled).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes the gate's lock briefly.
 ///
 /// # Safety
@@ -50,6 +51,7 @@ pub unsafe extern "C" fn lg_ticket_cancel(
 /// Whether the request still waits in the queue.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL ticket or out_queued).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: takes the gate's lock briefly.
 ///
 /// # Safety
