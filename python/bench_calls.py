@@ -36,12 +36,14 @@ import subprocess
 import sys
 import tempfile
 import timeit
+from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Dict, List, Optional
 
-# This file sits next to the source package (python/loadgate, without its
-# native module); import the installed package instead.
+# This file sits next to the source package (python/loadgate); unless a
+# development build put the native module there, import the installed one.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+if not any(os.path.exists(os.path.join(_HERE, "loadgate", "_loadgate" + suffix)) for suffix in EXTENSION_SUFFIXES):
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import loadgate  # noqa: E402
 from loadgate import _loadgate  # noqa: E402

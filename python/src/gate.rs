@@ -257,7 +257,7 @@ impl AdmissionGate {
 
 /// A held engine slot. `release()` gives it back (idempotent); so do
 /// leaving a `with` block and garbage collection.
-#[pyclass(frozen, module = "loadgate")]
+#[pyclass(frozen, freelist = 64, module = "loadgate")]
 pub struct Permit {
     inner: Mutex<Option<OwnedPermit>>,
 }

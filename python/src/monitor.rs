@@ -307,11 +307,13 @@ impl Monitor {
         let model = str_ref(model, "model")?;
         let policy = match policy {
             None => Policy::RoundRobin,
-            Some(p) => policy_arg(str_ref(p, "policy")?)?,
+            Some(p) => policy_arg(&str_ref(p, "policy")?)?,
         };
         let picked = match endpoint.filter(|e| !e.is_none()) {
-            None => self.inner.select(model, policy),
-            Some(e) => self.inner.select_at(model, policy, str_ref(e, "endpoint")?),
+            None => self.inner.select(&model, policy),
+            Some(e) => self
+                .inner
+                .select_at(&model, policy, &str_ref(e, "endpoint")?),
         };
         picked.map_err(|e| route_error(py, e))
     }

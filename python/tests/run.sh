@@ -15,8 +15,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 py="$venv/bin/python"
 "$py" -m pip install --quiet --disable-pip-version-check \
-    "maturin>=1.5,<2" "pytest>=7.4" "pytest-timeout>=2.1" "httpx>=0.24" "uvicorn>=0.23" \
-    "prometheus_client>=0.17" "mypy>=1.8"
+    "maturin>=1.5,<2" "pytest>=7.4,<10" "pytest-timeout>=2.1,<3" "httpx>=0.24,<1" \
+    "uvicorn>=0.23,<1" "prometheus_client>=0.17,<1" "mypy>=1.8,<3"
 
 cd "$root"
 start=$SECONDS
