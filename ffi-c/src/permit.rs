@@ -1,9 +1,7 @@
 //! `lg_permit`: a held engine slot, and the callback of asynchronous admits.
 
+use loadgate_core::gate::{AdmitError, OwnedPermit};
 use std::ffi::c_void;
-use std::sync::Arc;
-
-use loadgate_core::gate::{AdmissionGate, AdmitError, OwnedPermit};
 
 use crate::ffi::boundary;
 use crate::status::{admit_status, lg_status};
@@ -21,25 +19,15 @@ pub struct lg_permit {
     _opaque: [u8; 0],
 }
 
-// An `lg_permit *` is not a heap object: it is the value of an
-// `OwnedPermit` itself, which is one `Arc` and so exactly pointer-sized.
-// Handing a permit to C and taking it back therefore allocates nothing,
-// which keeps lg_gate_try_admit() + lg_permit_release() as cheap as the Rust
-// calls. Both assertions hold as long as `OwnedPermit` is a single `Arc`
-// (if core ever adds a field, this stops compiling rather than misbehaving).
-const _: () = assert!(size_of::<OwnedPermit>() == size_of::<*mut lg_permit>());
-const _: () = assert!(size_of::<OwnedPermit>() == size_of::<Arc<AdmissionGate>>());
-
+// A permit crosses the boundary as core's own raw form of an `OwnedPermit`
+// (the gate's `Arc` pointer), so handing it to C and taking it back
+// allocates nothing and keeps lg_gate_try_admit() + lg_permit_release() as
+// cheap as the Rust calls.
 impl lg_permit {
     /// Hands a permit to C as an opaque, non-NULL pointer value.
     #[inline]
     pub(crate) fn into_raw(permit: OwnedPermit) -> *mut lg_permit {
-        // SAFETY: same size (asserted above, and checked by `transmute`). An
-        // `OwnedPermit` is one `Arc`, so all its bytes are initialised
-        // pointer bytes (no padding) and reading them as a raw pointer is
-        // valid and keeps their provenance. The permit is moved, not
-        // dropped: its slot stays held until `from_raw` gives it back.
-        unsafe { std::mem::transmute::<OwnedPermit, *mut lg_permit>(permit) }
+        permit.into_raw().cast_mut().cast()
     }
 
     /// Takes back a permit handed out by [`lg_permit::into_raw`].
@@ -48,9 +36,9 @@ impl lg_permit {
     /// `raw` was returned by `into_raw` and is taken back only once.
     #[inline]
     unsafe fn from_raw(raw: *mut lg_permit) -> OwnedPermit {
-        // SAFETY: these are the unchanged bytes of a valid `OwnedPermit`
-        // (contract), taken back once, so ownership of its slot returns here.
-        unsafe { std::mem::transmute::<*mut lg_permit, OwnedPermit>(raw) }
+        // SAFETY: `raw` is the unchanged pointer from `OwnedPermit::into_raw`,
+        // taken back once (contract).
+        unsafe { OwnedPermit::from_raw(raw.cast_const().cast()) }
     }
 }
 
@@ -124,7 +112,8 @@ impl CallbackTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loadgate_core::gate::GateConfig;
+    use loadgate_core::gate::{AdmissionGate, GateConfig};
+    use std::sync::Arc;
 
     #[test]
     fn permits_round_trip_through_c_without_losing_their_slot() {

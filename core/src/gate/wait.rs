@@ -91,6 +91,32 @@ impl OwnedPermit {
     pub fn gate(&self) -> &Arc<AdmissionGate> {
         &self.gate
     }
+
+    /// Turns the permit into a raw pointer for a foreign-function boundary,
+    /// keeping its slot held and allocating nothing. The pointer is the
+    /// gate's address, so permits of one gate compare equal; take each one
+    /// back exactly once with [`from_raw`](Self::from_raw).
+    pub fn into_raw(self) -> *const AdmissionGate {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped, so moving its `Arc` out leaves no
+        // second owner behind; the slot stays held by the returned pointer.
+        let gate = unsafe { std::ptr::read(&this.gate) };
+        Arc::into_raw(gate)
+    }
+
+    /// Takes back a permit turned into a pointer by
+    /// [`into_raw`](Self::into_raw).
+    ///
+    /// # Safety
+    /// `raw` came from `into_raw` and is taken back only once.
+    pub unsafe fn from_raw(raw: *const AdmissionGate) -> Self {
+        // SAFETY: `raw` is an `Arc` pointer from `into_raw`, reclaimed once
+        // (caller's contract), so ownership of the gate handle and of the
+        // slot returns here.
+        Self {
+            gate: unsafe { Arc::from_raw(raw) },
+        }
+    }
 }
 
 impl Drop for OwnedPermit {
