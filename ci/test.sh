@@ -46,6 +46,23 @@ step "C ABI: header, C11 and C++17 programs (valgrind, ASan+UBSan)"
 ./ffi-c/tests/run.sh --install
 # ---- end C ABI ---------------------------------------------------------------
 
+# ---- benches -----------------------------------------------------------------
+# The criterion benches must compile and `compare` must run in its short mode
+# (seconds). Timings are printed, never asserted; compare fails only when a
+# loadgate hot path allocated. Release profile, shared with the main job.
+step "benches: compile; compare --quick"
+cargo bench --no-run -p loadgate-benches
+cargo run --release -p loadgate-benches --bin compare -- --quick
+# ---- end benches -------------------------------------------------------------
+
+# ---- Python module (python/) -------------------------------------------------
+# `pip install ./python` (maturin, abi3 wheel) into python/.venv, then pytest:
+# API and bad input, asyncio and threads, real HTTP (uvicorn + httpx), env
+# vars in subprocesses, stubtest. Installs its tools from PyPI.
+step "Python module: pip install ./python; pytest"
+./python/tests/run.sh
+# ---- end Python module -------------------------------------------------------
+
 step "main job"
 cargo run --release --example overload >/dev/null
 echo "example ran"
