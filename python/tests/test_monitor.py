@@ -258,7 +258,7 @@ def test_select_min_cost(monitor: Monitor) -> None:
 
 
 def test_check_and_overload_lease() -> None:
-    m = Monitor(lease_seconds=0.2)
+    m = Monitor(lease_seconds=0.5)
     m.add_worker("m", 1)
     m.add_worker("m", 2)
     m.check(1)
@@ -272,7 +272,7 @@ def test_check_and_overload_lease() -> None:
     m.report(1, kv_used_blocks=0)  # a report showing it not busy ends the lease
     assert not m.is_leased(1)
     m.mark_overloaded(1)
-    time.sleep(0.25)
+    time.sleep(0.55)
     assert not m.is_leased(1)  # a lease never outlives its time
     for call in (m.check, m.mark_overloaded, m.is_leased, m.is_busy):
         with pytest.raises(KeyError, match="unknown worker 5"):
