@@ -405,3 +405,19 @@ def test_shared_between_threads(monitor: Monitor) -> None:
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_model_arguments_must_be_str(monitor: Monitor) -> None:
+    calls = [
+        lambda: monitor.workers(1),  # type: ignore[arg-type]
+        lambda: monitor.busy_workers(None),  # type: ignore[arg-type]
+        lambda: monitor.thresholds(b"m"),  # type: ignore[arg-type]
+        lambda: monitor.select_min_cost(1, {}),  # type: ignore[arg-type]
+        lambda: monitor.set_staleness(1, "keep"),  # type: ignore[arg-type]
+        lambda: monitor.add_worker(["m"], 3),  # type: ignore[arg-type]
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match="model must be a str"):
+            call()
+    with pytest.raises(TypeError, match="staleness must be a str"):
+        monitor.set_staleness("m", 1)  # type: ignore[arg-type]
