@@ -113,9 +113,8 @@ impl OwnedPermit {
         // SAFETY: `raw` is an `Arc` pointer from `into_raw`, reclaimed once
         // (caller's contract), so ownership of the gate handle and of the
         // slot returns here.
-        Self {
-            gate: unsafe { Arc::from_raw(raw) },
-        }
+        let gate = unsafe { Arc::from_raw(raw) };
+        Self { gate }
     }
 }
 
