@@ -73,7 +73,7 @@
  *
  * LG_OK is 0; every other value is far from errno values. Rejections (the
  * request should be answered with the overload status or 503) come first,
- * then caller errors, then LG_PANIC.
+ * then caller and environment errors, then LG_PANIC.
  */
 typedef enum lg_status {
   /**
@@ -141,6 +141,11 @@ typedef enum lg_status {
    */
   LG_MODEL_FULL = 7105,
   /**
+   * The message transport failed: the NATS server could not be reached
+   * (or the url is malformed), or a background thread could not start.
+   */
+  LG_TRANSPORT_ERROR = 7106,
+  /**
    * An internal error (a Rust panic) was caught at the boundary. The
    * objects involved should be freed and not used again.
    */
@@ -193,12 +198,157 @@ typedef struct lg_monitor lg_monitor;
 typedef struct lg_permit lg_permit;
 
 /**
+ * A worker's load publisher: reports are merged per rank and sent by a
+ * background thread (changes at once, every rank about once a second as a
+ * heartbeat that announces the worker, its model, ranks and capacities).
+ * Opaque; create with lg_reporter_new(), free with lg_reporter_free().
+ *
+ * lg_reporter_report() and lg_reporter_get_stats() may be called from any
+ * number of threads at once.
+ */
+typedef struct lg_reporter lg_reporter;
+
+/**
+ * A monitor's subscription to the load reports of a NATS namespace.
+ * Opaque; create with lg_monitor_subscribe_nats(), free (which detaches)
+ * with lg_subscription_free().
+ *
+ * lg_subscription_get_stats() may be called from any number of threads at
+ * once.
+ */
+typedef struct lg_subscription lg_subscription;
+
+/**
  * The handle of a request made with lg_gate_admit_async(). Opaque; free
  * with lg_ticket_free(). Freeing it does not cancel the request.
  *
  * A ticket may be used from any number of threads at once.
  */
 typedef struct lg_ticket lg_ticket;
+
+/**
+ * How a worker is declared. A zeroed struct declares no ranks (such a
+ * worker is never busy); pass NULL to lg_monitor_add_worker() for the
+ * default of one rank, 0..1.
+ */
+typedef struct lg_worker_spec {
+  /**
+   * First data-parallel rank.
+   */
+  uint32_t dp_start;
+  /**
+   * Number of ranks: the worker has ranks dp_start .. dp_start + dp_size.
+   */
+  uint32_t dp_size;
+  /**
+   * Whether kv_total_blocks is given.
+   */
+  bool has_kv_total_blocks;
+  /**
+   * KV cache capacity of every rank.
+   */
+  uint64_t kv_total_blocks;
+  /**
+   * Whether max_num_batched_tokens is given.
+   */
+  bool has_max_num_batched_tokens;
+  /**
+   * Prefill batch capacity of every rank.
+   */
+  uint64_t max_num_batched_tokens;
+} lg_worker_spec;
+
+/**
+ * One load report for one rank. A field whose has_ flag is false keeps its
+ * previous value; a present 0 overwrites.
+ */
+typedef struct lg_load_report {
+  /**
+   * Whether active_decode_blocks is present.
+   */
+  bool has_active_decode_blocks;
+  /**
+   * Router-side active decode blocks.
+   */
+  uint64_t active_decode_blocks;
+  /**
+   * Whether kv_used_blocks is present.
+   */
+  bool has_kv_used_blocks;
+  /**
+   * KV cache blocks in use.
+   */
+  uint64_t kv_used_blocks;
+  /**
+   * Whether kv_total_blocks is present.
+   */
+  bool has_kv_total_blocks;
+  /**
+   * KV cache capacity.
+   */
+  uint64_t kv_total_blocks;
+  /**
+   * Whether active_prefill_tokens is present.
+   */
+  bool has_active_prefill_tokens;
+  /**
+   * Prefill tokens in flight (UINT64_MAX is refused).
+   */
+  uint64_t active_prefill_tokens;
+  /**
+   * Whether max_num_batched_tokens is present.
+   */
+  bool has_max_num_batched_tokens;
+  /**
+   * Prefill batch capacity.
+   */
+  uint64_t max_num_batched_tokens;
+} lg_load_report;
+
+/**
+ * Counters of a reporter.
+ */
+typedef struct lg_reporter_stats {
+  /**
+   * Messages handed to the connection so far (changes and heartbeats).
+   */
+  uint64_t messages_sent;
+  /**
+   * Messages the connection refused so far.
+   */
+  uint64_t messages_failed;
+} lg_reporter_stats;
+
+/**
+ * Counters of a subscription.
+ */
+typedef struct lg_subscription_stats {
+  /**
+   * Reports applied to known workers.
+   */
+  uint64_t applied;
+  /**
+   * Workers registered in the monitor from their first message.
+   */
+  uint64_t announced;
+  /**
+   * Messages dropped because their sequence number was not newer than
+   * the last one applied for the worker.
+   */
+  uint64_t out_of_order;
+  /**
+   * Payloads that did not decode (malformed, unknown version, invalid).
+   */
+  uint64_t malformed;
+  /**
+   * Reports or registrations the monitor refused.
+   */
+  uint64_t refused;
+  /**
+   * Workers removed after going silent (three heartbeats).
+   */
+  uint64_t expired;
+} lg_subscription_stats;
 
 /**
  * Gate settings. Fill with lg_gate_config_default(), then change fields.
@@ -339,85 +489,6 @@ typedef struct lg_monitor_config {
    */
   size_t metrics_prefix_len;
 } lg_monitor_config;
-
-/**
- * How a worker is declared. A zeroed struct declares no ranks (such a
- * worker is never busy); pass NULL to lg_monitor_add_worker() for the
- * default of one rank, 0..1.
- */
-typedef struct lg_worker_spec {
-  /**
-   * First data-parallel rank.
-   */
-  uint32_t dp_start;
-  /**
-   * Number of ranks: the worker has ranks dp_start .. dp_start + dp_size.
-   */
-  uint32_t dp_size;
-  /**
-   * Whether kv_total_blocks is given.
-   */
-  bool has_kv_total_blocks;
-  /**
-   * KV cache capacity of every rank.
-   */
-  uint64_t kv_total_blocks;
-  /**
-   * Whether max_num_batched_tokens is given.
-   */
-  bool has_max_num_batched_tokens;
-  /**
-   * Prefill batch capacity of every rank.
-   */
-  uint64_t max_num_batched_tokens;
-} lg_worker_spec;
-
-/**
- * One load report for one rank. A field whose has_ flag is false keeps its
- * previous value; a present 0 overwrites.
- */
-typedef struct lg_load_report {
-  /**
-   * Whether active_decode_blocks is present.
-   */
-  bool has_active_decode_blocks;
-  /**
-   * Router-side active decode blocks.
-   */
-  uint64_t active_decode_blocks;
-  /**
-   * Whether kv_used_blocks is present.
-   */
-  bool has_kv_used_blocks;
-  /**
-   * KV cache blocks in use.
-   */
-  uint64_t kv_used_blocks;
-  /**
-   * Whether kv_total_blocks is present.
-   */
-  bool has_kv_total_blocks;
-  /**
-   * KV cache capacity.
-   */
-  uint64_t kv_total_blocks;
-  /**
-   * Whether active_prefill_tokens is present.
-   */
-  bool has_active_prefill_tokens;
-  /**
-   * Prefill tokens in flight (UINT64_MAX is refused).
-   */
-  uint64_t active_prefill_tokens;
-  /**
-   * Whether max_num_batched_tokens is present.
-   */
-  bool has_max_num_batched_tokens;
-  /**
-   * Prefill batch capacity.
-   */
-  uint64_t max_num_batched_tokens;
-} lg_load_report;
 
 /**
  * A partial threshold update: fields whose has_ flag is set are set, fields
@@ -629,6 +700,159 @@ enum lg_status lg_booking_blocks(const struct lg_booking *booking,
  * `booking` is NULL or was returned by lg_monitor_book() and not freed yet.
  */
 void lg_booking_free(struct lg_booking *booking);
+
+/**
+ * Creates a reporter for worker `worker_id` of `model` with the ranks and
+ * capacities of `spec` (NULL: one rank, 0..1, capacities unknown),
+ * connected to the NATS server at `url` (e.g. "nats://127.0.0.1:4222").
+ * It publishes on subject loadgate.<nats_namespace>.load.<worker_id>; a
+ * frontend subscribed to the same namespace with
+ * lg_monitor_subscribe_nats() learns the worker from its first message.
+ * The connection reconnects by itself after the server restarts.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL out_reporter, bad string, empty model,
+ * namespace that is empty or holds whitespace, '.', '*' or '>',
+ * dp_start + dp_size overflowing); LG_TRANSPORT_ERROR (the server cannot
+ * be reached within two seconds, malformed url; the reason is in
+ * lg_last_error_message()).
+ * Ownership: on LG_OK *out_reporter owns a new reporter; free it with
+ * lg_reporter_free(). The strings and the spec are copied.
+ * Thread safety: any thread. Blocking: connects to the server (up to two
+ * seconds); starts a sending thread and, on the first connection of the
+ * process, the library's NATS runtime thread.
+ *
+ * # Safety
+ * `url`, `nats_namespace` and `model` are NULL or valid for their lengths;
+ * `spec` is NULL or points to a valid lg_worker_spec; `out_reporter` is NULL
+ * or valid for writes.
+ */
+enum lg_status lg_reporter_new(const char *url,
+                               size_t url_len,
+                               const char *nats_namespace,
+                               size_t nats_namespace_len,
+                               uint64_t worker_id,
+                               const char *model,
+                               size_t model_len,
+                               const struct lg_worker_spec *spec,
+                               struct lg_reporter **out_reporter);
+
+/**
+ * Merges one load report into rank `dp_rank` of the reporter's worker
+ * (absent fields keep their value; a present 0 overwrites) and returns at
+ * once: the sending thread publishes the rank's merged load shortly after,
+ * coalescing reports that arrive while it sends. A message the server
+ * cannot take (server away) is dropped; the next heartbeat re-sends the
+ * state.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL reporter or report,
+ * active_prefill_tokens of UINT64_MAX), LG_NOT_FOUND (dp_rank outside the
+ * declared ranks). A refused report changes nothing.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: never waits for the network; takes
+ * the reporter's lock briefly.
+ *
+ * # Safety
+ * `reporter` is NULL or a live reporter; `report` is NULL or points to a
+ * valid lg_load_report.
+ */
+enum lg_status lg_reporter_report(const struct lg_reporter *reporter,
+                                  uint32_t dp_rank,
+                                  const struct lg_load_report *report);
+
+/**
+ * Reads a reporter's counters.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL reporter or out_stats).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `reporter` is NULL or a live reporter; `out_stats` is NULL or valid for
+ * writes.
+ */
+enum lg_status lg_reporter_get_stats(const struct lg_reporter *reporter,
+                                     struct lg_reporter_stats *out_stats);
+
+/**
+ * Frees a reporter: stops its sending thread and closes its connection
+ * once the messages already handed to it are sent. Frontends remove the
+ * worker after three heartbeats of silence. NULL is a no-op.
+ *
+ * Ownership: takes `reporter`.
+ * Thread safety: no other thread may be using the reporter.
+ * Blocking: joins the sending thread (at most one batch being sent).
+ *
+ * # Safety
+ * `reporter` is NULL or was returned by lg_reporter_new() and not freed
+ * yet.
+ */
+void lg_reporter_free(struct lg_reporter *reporter);
+
+/**
+ * Subscribes `monitor` to the load reports of `nats_namespace` on the NATS
+ * server at `url`: each worker is registered in the monitor on its first
+ * message (a worker already added with lg_monitor_add_worker() under the
+ * same id is adopted), its reports are applied as they arrive (out-of-order
+ * ones dropped), and a worker silent for three heartbeats (3 s) is removed.
+ * Thresholds stay local to this monitor. Set a model's thresholds once its
+ * first worker is known (lg_monitor_set_thresholds() answers LG_NOT_FOUND
+ * before).
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_subscription, bad
+ * string, namespace that is empty or holds whitespace, '.', '*' or '>');
+ * LG_TRANSPORT_ERROR (the server cannot be reached within two seconds,
+ * malformed url, the subscription or its expiry thread cannot start; the
+ * reason is in lg_last_error_message()).
+ * Ownership: on LG_OK *out_subscription owns a new subscription; free it
+ * with lg_subscription_free(). It shares the monitor's state: freeing the
+ * monitor first is allowed (the subscription then feeds a monitor nobody
+ * can read). The strings are copied.
+ * Thread safety: any thread. Blocking: connects and subscribes (up to two
+ * seconds); starts an expiry thread and, on the first connection of the
+ * process, the library's NATS runtime thread, which applies the reports.
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; `url` and `nats_namespace` are NULL
+ * or valid for their lengths; `out_subscription` is NULL or valid for
+ * writes.
+ */
+enum lg_status lg_monitor_subscribe_nats(const struct lg_monitor *monitor,
+                                         const char *url,
+                                         size_t url_len,
+                                         const char *nats_namespace,
+                                         size_t nats_namespace_len,
+                                         struct lg_subscription **out_subscription);
+
+/**
+ * Reads a subscription's counters.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL subscription or out_stats).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `subscription` is NULL or a live subscription; `out_stats` is NULL or
+ * valid for writes.
+ */
+enum lg_status lg_subscription_get_stats(const struct lg_subscription *subscription,
+                                         struct lg_subscription_stats *out_stats);
+
+/**
+ * Frees a subscription: unsubscribes, stops its expiry thread and closes
+ * its connection. Workers it registered stay in the monitor (remove them
+ * with lg_monitor_remove_worker() if needed). A message the NATS runtime
+ * thread is applying at that moment may still complete just after the
+ * call returns. NULL is a no-op.
+ *
+ * Ownership: takes `subscription`.
+ * Thread safety: no other thread may be using the subscription.
+ * Blocking: joins the expiry thread (at most one sweep).
+ *
+ * # Safety
+ * `subscription` is NULL or was returned by lg_monitor_subscribe_nats() and
+ * not freed yet.
+ */
+void lg_subscription_free(struct lg_subscription *subscription);
 
 /**
  * Fills `out` with the default settings for `limit` engine slots: queue 16,
@@ -999,7 +1223,9 @@ enum lg_status lg_monitor_new(const struct lg_monitor_config *config,
  * Frees a monitor. NULL is a no-op.
  *
  * Ownership: takes `monitor`. Outstanding bookings stay valid (free them
- * with lg_booking_free() as usual).
+ * with lg_booking_free() as usual), and so do subscriptions made with
+ * lg_monitor_subscribe_nats(): they keep feeding the monitor's state, now
+ * unreachable, until lg_subscription_free().
  * Thread safety: no other thread may be using the monitor.
  * Blocking: never.
  *
@@ -1313,7 +1539,7 @@ const char *lg_status_str(int status);
  * unless DYN_HTTP_OVERLOAD_STATUS_CODE names another valid code, read once
  * per process); 503 for LG_UNAVAILABLE and LG_CLOSED; 400 for
  * LG_INVALID_ARGUMENT; 404 for LG_NOT_FOUND; 409 for LG_ALREADY_EXISTS and
- * LG_MODEL_FULL; 500 for anything else.
+ * LG_MODEL_FULL; 500 for anything else (LG_TRANSPORT_ERROR included).
  *
  * Ownership: borrows its arguments for the call only; keeps none of them.
  * Thread safety: any thread. Blocking: never (the first call reads the

@@ -19,6 +19,7 @@
 #![allow(non_camel_case_types)]
 
 mod booking;
+mod cluster;
 mod ffi;
 mod gate;
 mod http;
@@ -30,6 +31,7 @@ mod ticket;
 use std::ffi::c_char;
 
 pub use booking::*;
+pub use cluster::*;
 pub use gate::*;
 pub use http::*;
 pub use monitor::*;

@@ -1,6 +1,7 @@
 //! `lg_monitor`: the frontend monitor (load table, busy rule, router).
 
 use std::ffi::c_char;
+use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate_core::monitor::{LoadReport, Monitor, MonitorConfig, Policy, Staleness, WorkerSpec};
@@ -17,7 +18,9 @@ use crate::status::lg_status;
 /// Every function taking a `const lg_monitor *` may be called from any
 /// number of threads at once.
 pub struct lg_monitor {
-    pub(crate) monitor: Monitor,
+    /// Shared with the subscriptions fed into it (lg_monitor_subscribe_nats),
+    /// which may outlive the handle.
+    pub(crate) monitor: Arc<Monitor>,
 }
 
 /// A routing policy for lg_monitor_select(): one of LG_POLICY_*.
@@ -130,6 +133,41 @@ pub struct lg_load_report {
     pub has_max_num_batched_tokens: bool,
     /// Prefill batch capacity.
     pub max_num_batched_tokens: u64,
+}
+
+impl lg_load_report {
+    /// The core report: absent fields are `None`.
+    #[inline]
+    pub(crate) fn core_report(&self) -> LoadReport {
+        LoadReport {
+            active_decode_blocks: some_if(self.has_active_decode_blocks, self.active_decode_blocks),
+            kv_used_blocks: some_if(self.has_kv_used_blocks, self.kv_used_blocks),
+            kv_total_blocks: some_if(self.has_kv_total_blocks, self.kv_total_blocks),
+            active_prefill_tokens: some_if(
+                self.has_active_prefill_tokens,
+                self.active_prefill_tokens,
+            ),
+            max_num_batched_tokens: some_if(
+                self.has_max_num_batched_tokens,
+                self.max_num_batched_tokens,
+            ),
+        }
+    }
+}
+
+impl lg_worker_spec {
+    /// The core declaration: absent capacities are `None`.
+    pub(crate) fn core_spec(&self) -> WorkerSpec {
+        WorkerSpec {
+            dp_start: self.dp_start,
+            dp_size: self.dp_size,
+            kv_total_blocks: some_if(self.has_kv_total_blocks, self.kv_total_blocks),
+            max_num_batched_tokens: some_if(
+                self.has_max_num_batched_tokens,
+                self.max_num_batched_tokens,
+            ),
+        }
+    }
 }
 
 /// A partial threshold update: fields whose has_ flag is set are set, fields
@@ -284,7 +322,7 @@ pub unsafe extern "C" fn lg_monitor_new(
                 config
             }
         };
-        let monitor = Monitor::with_config(config, MonotonicClock::shared())?;
+        let monitor = Arc::new(Monitor::with_config(config, MonotonicClock::shared())?);
         let handle = Box::into_raw(Box::new(lg_monitor { monitor }));
         // SAFETY: writable by the contract.
         unsafe { out.write(handle) };
@@ -295,7 +333,9 @@ pub unsafe extern "C" fn lg_monitor_new(
 /// Frees a monitor. NULL is a no-op.
 ///
 /// Ownership: takes `monitor`. Outstanding bookings stay valid (free them
-/// with lg_booking_free() as usual).
+/// with lg_booking_free() as usual), and so do subscriptions made with
+/// lg_monitor_subscribe_nats(): they keep feeding the monitor's state, now
+/// unreachable, until lg_subscription_free().
 /// Thread safety: no other thread may be using the monitor.
 /// Blocking: never.
 ///
@@ -341,12 +381,7 @@ pub unsafe extern "C" fn lg_monitor_add_worker(
         let model = unsafe { string(model, model_len, "model") }?;
         // SAFETY: `spec` is NULL or a valid lg_worker_spec (contract).
         let spec = unsafe { optional(spec, "spec") }?;
-        let spec = spec.map_or_else(WorkerSpec::default, |s| WorkerSpec {
-            dp_start: s.dp_start,
-            dp_size: s.dp_size,
-            kv_total_blocks: some_if(s.has_kv_total_blocks, s.kv_total_blocks),
-            max_num_batched_tokens: some_if(s.has_max_num_batched_tokens, s.max_num_batched_tokens),
-        });
+        let spec = spec.map_or_else(WorkerSpec::default, lg_worker_spec::core_spec);
         m.monitor.add_worker(model, worker_id, spec)?;
         Ok(())
     })
@@ -402,14 +437,7 @@ pub unsafe extern "C" fn lg_monitor_report(
         let m = unsafe { input(monitor, "monitor") }?;
         // SAFETY: `report` is NULL or a valid lg_load_report (contract).
         let r = unsafe { input(report, "report") }?;
-        let report = LoadReport {
-            active_decode_blocks: some_if(r.has_active_decode_blocks, r.active_decode_blocks),
-            kv_used_blocks: some_if(r.has_kv_used_blocks, r.kv_used_blocks),
-            kv_total_blocks: some_if(r.has_kv_total_blocks, r.kv_total_blocks),
-            active_prefill_tokens: some_if(r.has_active_prefill_tokens, r.active_prefill_tokens),
-            max_num_batched_tokens: some_if(r.has_max_num_batched_tokens, r.max_num_batched_tokens),
-        };
-        m.monitor.report(worker_id, dp_rank, &report)?;
+        m.monitor.report(worker_id, dp_rank, &r.core_report())?;
         Ok(())
     })
 }

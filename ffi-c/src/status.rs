@@ -3,6 +3,7 @@
 
 use std::ffi::{c_char, c_int};
 
+use loadgate_core::cluster::ClusterError;
 use loadgate_core::error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
 use loadgate_core::gate::{AdmitError, ConfigError, TryAdmitError};
 use loadgate_core::monitor::MonitorConfigError;
@@ -13,7 +14,7 @@ use crate::ffi::{boundary, Error};
 ///
 /// LG_OK is 0; every other value is far from errno values. Rejections (the
 /// request should be answered with the overload status or 503) come first,
-/// then caller errors, then LG_PANIC.
+/// then caller and environment errors, then LG_PANIC.
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
@@ -54,6 +55,9 @@ pub enum lg_status {
     LG_ALREADY_EXISTS = 7104,
     /// The model already holds the configured maximum number of workers.
     LG_MODEL_FULL = 7105,
+    /// The message transport failed: the NATS server could not be reached
+    /// (or the url is malformed), or a background thread could not start.
+    LG_TRANSPORT_ERROR = 7106,
     /// An internal error (a Rust panic) was caught at the boundary. The
     /// objects involved should be freed and not used again.
     LG_PANIC = 7201,
@@ -62,7 +66,7 @@ pub enum lg_status {
 use lg_status::*;
 
 impl lg_status {
-    const ALL: [lg_status; 15] = [
+    const ALL: [lg_status; 16] = [
         LG_OK,
         LG_OVERLOADED,
         LG_UNAVAILABLE,
@@ -77,6 +81,7 @@ impl lg_status {
         LG_BUFFER_TOO_SMALL,
         LG_ALREADY_EXISTS,
         LG_MODEL_FULL,
+        LG_TRANSPORT_ERROR,
         LG_PANIC,
     ];
 
@@ -117,6 +122,7 @@ impl lg_status {
             LG_BUFFER_TOO_SMALL => "buffer too small\0",
             LG_ALREADY_EXISTS => "already exists\0",
             LG_MODEL_FULL => "model is full\0",
+            LG_TRANSPORT_ERROR => "transport error\0",
             LG_PANIC => "internal error (panic)\0",
         }
     }
@@ -128,7 +134,7 @@ impl lg_status {
             LG_INVALID_ARGUMENT => 400,
             LG_NOT_FOUND => 404,
             LG_ALREADY_EXISTS | LG_MODEL_FULL => 409,
-            LG_BUFFER_TOO_SMALL | LG_PANIC => 500,
+            LG_BUFFER_TOO_SMALL | LG_TRANSPORT_ERROR | LG_PANIC => 500,
             other => other.reason().map_or(500, Reason::http_status),
         }
     }
@@ -192,6 +198,16 @@ impl From<MonitorConfigError> for Error {
     }
 }
 
+impl From<ClusterError> for Error {
+    fn from(e: ClusterError) -> Self {
+        let status = match e {
+            ClusterError::InvalidSubject(_) | ClusterError::InvalidConfig(_) => LG_INVALID_ARGUMENT,
+            ClusterError::Transport(_) => LG_TRANSPORT_ERROR,
+        };
+        Error::new(status, e)
+    }
+}
+
 impl From<AdmitError> for Error {
     #[inline]
     fn from(e: AdmitError) -> Self {
@@ -251,7 +267,7 @@ pub extern "C" fn lg_status_str(status: c_int) -> *const c_char {
 /// unless DYN_HTTP_OVERLOAD_STATUS_CODE names another valid code, read once
 /// per process); 503 for LG_UNAVAILABLE and LG_CLOSED; 400 for
 /// LG_INVALID_ARGUMENT; 404 for LG_NOT_FOUND; 409 for LG_ALREADY_EXISTS and
-/// LG_MODEL_FULL; 500 for anything else.
+/// LG_MODEL_FULL; 500 for anything else (LG_TRANSPORT_ERROR included).
 ///
 /// Ownership: borrows its arguments for the call only; keeps none of them.
 /// Thread safety: any thread. Blocking: never (the first call reads the
@@ -305,6 +321,25 @@ mod tests {
         assert!(lg_status_reason(12345).is_null());
         assert_eq!(lg_status_http(LG_UNAVAILABLE as c_int), 503);
         assert_eq!(lg_status_http(LG_NOT_FOUND as c_int), 404);
+    }
+
+    #[test]
+    fn cluster_errors_map_to_statuses() {
+        for (e, want) in [
+            (
+                ClusterError::InvalidSubject("a.b".into()),
+                LG_INVALID_ARGUMENT,
+            ),
+            (ClusterError::InvalidConfig("x".into()), LG_INVALID_ARGUMENT),
+            (
+                ClusterError::Transport("refused".into()),
+                LG_TRANSPORT_ERROR,
+            ),
+        ] {
+            assert_eq!(Error::from(e).status, want);
+        }
+        assert_eq!(lg_status_http(LG_TRANSPORT_ERROR as c_int), 500);
+        assert!(lg_status_reason(LG_TRANSPORT_ERROR as c_int).is_null());
     }
 
     #[test]

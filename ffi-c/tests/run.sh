@@ -3,10 +3,13 @@
 # threaded program, built against an installed copy of libloadgate through
 # pkg-config (and CMake), with -Wall -Wextra -Wpedantic -Werror, run plain,
 # under valgrind memcheck and built with -fsanitize=address,undefined.
+# The C11 program's NATS round trip runs against a nats-server this script
+# starts on a free loopback port (LG_NATS_URL) and stops on exit.
 #
 # Usage: ffi-c/tests/run.sh [--install]
 #   --install  install missing tools first (cbindgen from crates.io; valgrind,
-#              pkg-config, cmake, libasan/libubsan from Debian). CI uses it.
+#              pkg-config, cmake, libasan/libubsan, nats-server from Debian).
+#              CI uses it.
 #   without it a missing tool skips its step with a note (this is how
 #   `cargo test -p loadgate-ffi` runs the suite); a failing step always fails.
 set -euo pipefail
@@ -42,13 +45,22 @@ have valgrind || apt_install valgrind || true
 have pkg-config || apt_install pkg-config || true
 have cmake || apt_install cmake || true
 have g++ || apt_install g++ || true
+have nats-server || apt_install nats-server || true
 sanitizers_ok() {
     echo 'int main(void){return 0;}' > "$work/san.c"
     gcc -fsanitize=address,undefined "$work/san.c" -o "$work/san" >/dev/null 2>&1 && "$work/san"
 }
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/loadgate-ffi.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+nats_pid=""
+cleanup() {
+    if [ -n "$nats_pid" ]; then
+        kill "$nats_pid" 2>/dev/null || true
+        wait "$nats_pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
 if ! sanitizers_ok; then
     apt_install libasan8 libubsan1 || true
 fi
@@ -104,6 +116,31 @@ gcc "${c_std[@]}" "${warn[@]}" -O1 -o "$work/api-static" "$here/c/api.c" $cflags
 if ldd "$work/api-static" | grep -q libloadgate; then
     echo "api-static is linked to the shared library" >&2
     exit 1
+fi
+
+# ---- nats-server ----------------------------------------------------------------
+# On a port the kernel picks (-p -1), read back from the ports file.
+if have nats-server; then
+    step "start nats-server on a free loopback port"
+    mkdir -p "$work/nats"
+    nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$work/nats" -l "$work/nats/log" &
+    nats_pid=$!
+    ports="$work/nats/nats-server_$nats_pid.ports"
+    for _ in $(seq 100); do
+        [ -s "$ports" ] && break
+        kill -0 "$nats_pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    LG_NATS_URL="$(sed -n 's/.*"\(nats:\/\/[^"]*\)".*/\1/p' "$ports" 2>/dev/null || true)"
+    if [ -z "$LG_NATS_URL" ]; then
+        cat "$work/nats/log" >&2 || true
+        echo "nats-server did not start" >&2
+        exit 1
+    fi
+    export LG_NATS_URL
+    note "nats-server (pid $nats_pid) at $LG_NATS_URL"
+else
+    skip "NATS round trip (apt-get install nats-server)"
 fi
 
 step "run"

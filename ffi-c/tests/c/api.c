@@ -2,6 +2,9 @@
  * Calls every function of loadgate.h, on its success path and on every
  * error path: NULL handles and out-parameters, bad lengths, unknown
  * workers, invalid thresholds (NaN, negative, > 1), buffers too small.
+ * The cross-machine load reports (lg_reporter_*, lg_monitor_subscribe_nats)
+ * are checked on their error paths always, and end to end through a real
+ * nats-server when LG_NATS_URL names one (ffi-c/tests/run.sh starts it).
  *
  * Built as C11 with -Wall -Wextra -Wpedantic -Werror and run plain, under
  * valgrind memcheck and with ASan+UBSan by ffi-c/tests/run.sh. Exits 0 when
@@ -99,7 +102,8 @@ static void test_version_and_status(void) {
                              LG_WORKER_OVERLOADED, LG_AT_CAPACITY, LG_QUEUE_TIMEOUT,
                              LG_CLOSED,      LG_WOULD_WAIT,       LG_TIMED_OUT,
                              LG_INVALID_ARGUMENT, LG_NOT_FOUND,   LG_BUFFER_TOO_SMALL,
-                             LG_ALREADY_EXISTS, LG_MODEL_FULL,    LG_PANIC};
+                             LG_ALREADY_EXISTS, LG_MODEL_FULL,    LG_TRANSPORT_ERROR,
+                             LG_PANIC};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         CHECK(lg_status_str((int)all[i]) != NULL);
         CHECK(strcmp(lg_status_str((int)all[i]), "unknown status") != 0);
@@ -124,6 +128,7 @@ static void test_version_and_status(void) {
     CHECK(lg_status_http(LG_INVALID_ARGUMENT) == 400);
     CHECK(lg_status_http(LG_NOT_FOUND) == 404);
     CHECK(lg_status_http(LG_ALREADY_EXISTS) == 409);
+    CHECK(lg_status_http(LG_TRANSPORT_ERROR) == 500);
     CHECK(lg_status_http(LG_PANIC) == 500);
     CHECK(lg_status_http(99999) == 500);
 
@@ -135,6 +140,7 @@ static void test_version_and_status(void) {
     CHECK(strcmp(lg_status_reason(LG_CLOSED), "closed") == 0);
     CHECK(lg_status_reason(LG_OK) == NULL);
     CHECK(lg_status_reason(LG_NOT_FOUND) == NULL);
+    CHECK(lg_status_reason(LG_TRANSPORT_ERROR) == NULL);
     CHECK(lg_status_reason(-5) == NULL);
 
     /* The last error is per thread, and success leaves it alone. */
@@ -902,6 +908,211 @@ static void test_gate_deadline(void) {
     lg_gate_free(g);
 }
 
+/* ----- load reports across machines (NATS) -------------------------------- */
+
+/* Nothing listens on port 1 of the loopback interface. */
+#define UNREACHABLE "nats://127.0.0.1:1"
+
+static void test_cluster_errors(void) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_reporter *rep = (lg_reporter *)(uintptr_t)0x1;
+    lg_subscription *sub = (lg_subscription *)(uintptr_t)0x1;
+
+    /* Arguments are checked before any connection is tried. */
+    INVALID(lg_reporter_new(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, NULL));
+    CHECK(last_error_contains("out_reporter must not be NULL"));
+    INVALID(lg_reporter_new(NULL, 3, S("ns"), 1, S("m"), NULL, &rep));
+    INVALID(lg_reporter_new(S(UNREACHABLE), NULL, 2, 1, S("m"), NULL, &rep));
+    INVALID(lg_reporter_new(S(UNREACHABLE), S("ns"), 1, NULL, 1, NULL, &rep));
+    INVALID(lg_reporter_new(S(UNREACHABLE), S("ns"), 1, "", 0, NULL, &rep));
+    CHECK(last_error_contains("model must not be empty"));
+    INVALID(lg_reporter_new(S(UNREACHABLE), S("a.b"), 1, S("m"), NULL, &rep));
+    CHECK(last_error_contains("nats_namespace"));
+    INVALID(lg_reporter_new(S(UNREACHABLE), "", 0, 1, S("m"), NULL, &rep));
+    INVALID(lg_reporter_new(S(UNREACHABLE), S("a b"), 1, S("m"), NULL, &rep));
+    INVALID(lg_reporter_new(S(UNREACHABLE), S("*"), 1, S("m"), NULL, &rep));
+    INVALID(lg_reporter_new(S(UNREACHABLE), "\xff", 1, 1, S("m"), NULL, &rep));
+    lg_worker_spec overflow;
+    memset(&overflow, 0, sizeof overflow);
+    overflow.dp_start = UINT32_MAX;
+    overflow.dp_size = 2;
+    INVALID(lg_reporter_new(S(UNREACHABLE), S("ns"), 1, S("m"), &overflow, &rep));
+    CHECK(last_error_contains("overflows"));
+    CHECK(rep == (lg_reporter *)(uintptr_t)0x1); /* untouched on failure */
+
+    INVALID(lg_monitor_subscribe_nats(NULL, S(UNREACHABLE), S("ns"), &sub));
+    INVALID(lg_monitor_subscribe_nats(m, S(UNREACHABLE), S("ns"), NULL));
+    INVALID(lg_monitor_subscribe_nats(m, NULL, 1, S("ns"), &sub));
+    INVALID(lg_monitor_subscribe_nats(m, S(UNREACHABLE), S("a.b"), &sub));
+    CHECK(last_error_contains("nats_namespace"));
+    INVALID(lg_monitor_subscribe_nats(m, S(UNREACHABLE), S(">"), &sub));
+    CHECK(sub == (lg_subscription *)(uintptr_t)0x1);
+
+    /* An unreachable server is a transport error, with the reason. */
+    EXPECT(lg_reporter_new(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, &rep), LG_TRANSPORT_ERROR);
+    CHECK(last_error_contains("cannot connect to NATS"));
+    EXPECT(lg_monitor_subscribe_nats(m, S(UNREACHABLE), S("ns"), &sub), LG_TRANSPORT_ERROR);
+    CHECK(last_error_contains("cannot connect to NATS"));
+    EXPECT(lg_monitor_subscribe_nats(m, S("not a url at all"), S("ns"), &sub), LG_TRANSPORT_ERROR);
+    CHECK(rep == (lg_reporter *)(uintptr_t)0x1 && sub == (lg_subscription *)(uintptr_t)0x1);
+
+    /* NULL handles. */
+    lg_load_report r = kv_report(1, 100);
+    INVALID(lg_reporter_report(NULL, 0, &r));
+    CHECK(last_error_contains("reporter must not be NULL"));
+    lg_reporter_stats rs;
+    INVALID(lg_reporter_get_stats(NULL, &rs));
+    lg_subscription_stats ss;
+    INVALID(lg_subscription_get_stats(NULL, &ss));
+    CHECK(last_error_contains("subscription must not be NULL"));
+    lg_reporter_free(NULL);
+    lg_subscription_free(NULL);
+    lg_monitor_free(m);
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Polls lg_monitor_select on `model` every 5 ms for at most 5 s until it
+ * answers `want` (and, for LG_OK, the worker `want_id`); returns whether it
+ * did. */
+static int await_select(const lg_monitor *m, const char *model, lg_status want,
+                        uint64_t want_id) {
+    double deadline = now_ms() + 5000.0;
+    do {
+        uint64_t id = 0;
+        lg_status got = lg_monitor_select(m, model, strlen(model), LG_POLICY_ROUND_ROBIN, &id);
+        if (got == want && (want != LG_OK || id == want_id)) {
+            return 1;
+        }
+        sleep_ms(5);
+    } while (now_ms() < deadline);
+    return 0;
+}
+
+/* Polls lg_monitor_is_busy until it answers `want`, for at most 5 s. */
+static int await_busy(const lg_monitor *m, uint64_t worker_id, bool want) {
+    double deadline = now_ms() + 5000.0;
+    do {
+        bool busy = !want;
+        if (lg_monitor_is_busy(m, worker_id, &busy) == LG_OK && busy == want) {
+            return 1;
+        }
+        sleep_ms(5);
+    } while (now_ms() < deadline);
+    return 0;
+}
+
+/* Two workers (two ranks each) report over a real nats-server; two
+ * frontends subscribed to the namespace see them, agree on the busy set,
+ * and route or refuse accordingly. */
+static void test_cluster_live(const char *url) {
+    double t0 = now_ms();
+    const size_t url_len = strlen(url);
+    lg_monitor *front = NULL, *other = NULL;
+    OK(lg_monitor_new(NULL, &front));
+    OK(lg_monitor_new(NULL, &other));
+    lg_subscription *sub = NULL, *sub2 = NULL;
+    OK(lg_monitor_subscribe_nats(front, url, url_len, S("capi"), &sub));
+    CHECK(sub != NULL);
+    OK(lg_monitor_subscribe_nats(other, url, url_len, S("capi"), &sub2));
+    /* Another namespace sees nothing of this one. */
+    lg_monitor *elsewhere = NULL;
+    lg_subscription *sub3 = NULL;
+    OK(lg_monitor_new(NULL, &elsewhere));
+    OK(lg_monitor_subscribe_nats(elsewhere, url, url_len, S("capi-other"), &sub3));
+
+    lg_worker_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.dp_start = 0;
+    spec.dp_size = 2;
+    spec.has_kv_total_blocks = true;
+    spec.kv_total_blocks = 100;
+    lg_reporter *w1 = NULL, *w2 = NULL;
+    OK(lg_reporter_new(url, url_len, S("capi"), 41, S("llama"), &spec, &w1));
+    CHECK(w1 != NULL);
+    OK(lg_reporter_new(url, url_len, S("capi"), 42, S("llama"), &spec, &w2));
+
+    /* Both workers are announced by their first heartbeat. */
+    lg_load_report calm = kv_report(10, 100);
+    lg_load_report full = kv_report(95, 100);
+    for (uint32_t rank = 0; rank < 2; rank++) {
+        OK(lg_reporter_report(w1, rank, &calm));
+        OK(lg_reporter_report(w2, rank, &calm));
+    }
+    EXPECT(lg_reporter_report(w1, 2, &calm), LG_NOT_FOUND);
+    CHECK(last_error_contains("dp_rank 2"));
+    INVALID(lg_reporter_report(w1, 0, NULL));
+    CHECK(await_select(front, "llama", LG_OK, 41));
+    CHECK(await_busy(front, 41, false) && await_busy(front, 42, false));
+    CHECK(await_busy(other, 41, false) && await_busy(other, 42, false));
+
+    /* Thresholds are per frontend: only `front` gets a decode threshold. */
+    lg_threshold_update u;
+    memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.9;
+    OK(lg_monitor_set_thresholds(front, S("llama"), &u, NULL));
+
+    /* Worker 41 fills up on both ranks: busy on `front`, so select picks 42. */
+    OK(lg_reporter_report(w1, 0, &full));
+    OK(lg_reporter_report(w1, 1, &full));
+    CHECK(await_busy(front, 41, true));
+    for (int i = 0; i < 4; i++) {
+        uint64_t id = 0;
+        OK(lg_monitor_select(front, S("llama"), LG_POLICY_ROUND_ROBIN, &id));
+        CHECK(id == 42);
+    }
+    bool busy = true;
+    OK(lg_monitor_is_busy(other, 41, &busy));
+    CHECK(!busy); /* no threshold there */
+
+    /* Both full: every select on `front` is refused. */
+    OK(lg_reporter_report(w2, 0, &full));
+    OK(lg_reporter_report(w2, 1, &full));
+    CHECK(await_busy(front, 42, true));
+    CHECK(await_select(front, "llama", LG_OVERLOADED, 0));
+
+    /* Load drops again: 41 is routable. */
+    OK(lg_reporter_report(w1, 1, &calm));
+    CHECK(await_busy(front, 41, false));
+    CHECK(await_select(front, "llama", LG_OK, 41));
+
+    lg_reporter_stats rs;
+    OK(lg_reporter_get_stats(w1, &rs));
+    CHECK(rs.messages_sent >= 2 && rs.messages_failed == 0);
+    INVALID(lg_reporter_get_stats(w1, NULL));
+    lg_subscription_stats ss;
+    OK(lg_subscription_get_stats(sub, &ss));
+    CHECK(ss.announced == 2 && ss.applied >= 4);
+    CHECK(ss.malformed == 0 && ss.refused == 0 && ss.expired == 0);
+    INVALID(lg_subscription_get_stats(sub, NULL));
+
+    lg_subscription_stats none;
+    OK(lg_subscription_get_stats(sub3, &none));
+    CHECK(none.announced == 0 && none.applied == 0);
+    EXPECT(lg_monitor_select(elsewhere, S("llama"), LG_POLICY_ROUND_ROBIN, &(uint64_t){0}),
+           LG_UNAVAILABLE);
+
+    /* The monitor may go first: the subscription keeps its state alive. */
+    lg_monitor_free(other);
+    OK(lg_reporter_report(w2, 0, &calm));
+    sleep_ms(20);
+    lg_subscription_free(sub2);
+
+    lg_reporter_free(w1);
+    lg_reporter_free(w2);
+    lg_subscription_free(sub);
+    lg_subscription_free(sub3);
+    lg_monitor_free(front);
+    lg_monitor_free(elsewhere);
+    printf("c11 api: NATS round trip against %s took %.0f ms\n", url, now_ms() - t0);
+}
+
 int main(void) {
     /* Read once per process, at the first call that needs it. */
     setenv("DYN_HTTP_OVERLOAD_STATUS_CODE", " 429 ", 1);
@@ -913,6 +1124,13 @@ int main(void) {
     test_gate_config();
     test_gate();
     test_gate_deadline();
+    test_cluster_errors();
+    const char *nats_url = getenv("LG_NATS_URL");
+    if (nats_url != NULL && nats_url[0] != '\0') {
+        test_cluster_live(nats_url);
+    } else {
+        printf("c11 api: LG_NATS_URL is not set; the NATS round trip is skipped\n");
+    }
 
     printf("c11 api: %d checks passed\n", checks);
     return 0;

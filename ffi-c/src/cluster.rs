@@ -1,0 +1,357 @@
+//! `lg_reporter` and `lg_subscription`: load reports across machines over
+//! NATS (core's `loadgate::cluster`). Workers publish their load with a
+//! reporter; each frontend subscribes its monitor, and every frontend
+//! converges on the same busy set.
+
+use std::ffi::c_char;
+use std::sync::Arc;
+
+use loadgate_core::cluster::nats::NatsTransport;
+use loadgate_core::cluster::{
+    Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
+};
+use loadgate_core::MonotonicClock;
+
+use crate::ffi::{boundary, guard, input, optional, string, Error, Out};
+use crate::monitor::{lg_load_report, lg_monitor, lg_worker_spec};
+use crate::status::lg_status;
+
+/// A worker's load publisher: reports are merged per rank and sent by a
+/// background thread (changes at once, every rank about once a second as a
+/// heartbeat that announces the worker, its model, ranks and capacities).
+/// Opaque; create with lg_reporter_new(), free with lg_reporter_free().
+///
+/// lg_reporter_report() and lg_reporter_get_stats() may be called from any
+/// number of threads at once.
+pub struct lg_reporter {
+    publisher: Publisher,
+}
+
+/// A monitor's subscription to the load reports of a NATS namespace.
+/// Opaque; create with lg_monitor_subscribe_nats(), free (which detaches)
+/// with lg_subscription_free().
+///
+/// lg_subscription_get_stats() may be called from any number of threads at
+/// once.
+pub struct lg_subscription {
+    // Fields drop in order: detach first, then the subscriber, then the
+    // connection.
+    _attached: Attached,
+    subscriber: Arc<Subscriber>,
+    _transport: NatsTransport,
+}
+
+/// Counters of a reporter.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct lg_reporter_stats {
+    /// Messages handed to the connection so far (changes and heartbeats).
+    pub messages_sent: u64,
+    /// Messages the connection refused so far.
+    pub messages_failed: u64,
+}
+
+/// Counters of a subscription.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct lg_subscription_stats {
+    /// Reports applied to known workers.
+    pub applied: u64,
+    /// Workers registered in the monitor from their first message.
+    pub announced: u64,
+    /// Messages dropped because their sequence number was not newer than
+    /// the last one applied for the worker.
+    pub out_of_order: u64,
+    /// Payloads that did not decode (malformed, unknown version, invalid).
+    pub malformed: u64,
+    /// Reports or registrations the monitor refused.
+    pub refused: u64,
+    /// Workers removed after going silent (three heartbeats).
+    pub expired: u64,
+}
+
+/// The subjects of `namespace` under the default prefix.
+fn subjects(namespace: &str) -> Result<Subjects, Error> {
+    Subjects::new(namespace).map_err(|e| match e {
+        ClusterError::InvalidSubject(why) => {
+            Error::invalid(format_args!("nats_namespace is invalid: {why}"))
+        }
+        other => other.into(),
+    })
+}
+
+/// Creates a reporter for worker `worker_id` of `model` with the ranks and
+/// capacities of `spec` (NULL: one rank, 0..1, capacities unknown),
+/// connected to the NATS server at `url` (e.g. "nats://127.0.0.1:4222").
+/// It publishes on subject loadgate.<nats_namespace>.load.<worker_id>; a
+/// frontend subscribed to the same namespace with
+/// lg_monitor_subscribe_nats() learns the worker from its first message.
+/// The connection reconnects by itself after the server restarts.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL out_reporter, bad string, empty model,
+/// namespace that is empty or holds whitespace, '.', '*' or '>',
+/// dp_start + dp_size overflowing); LG_TRANSPORT_ERROR (the server cannot
+/// be reached within two seconds, malformed url; the reason is in
+/// lg_last_error_message()).
+/// Ownership: on LG_OK *out_reporter owns a new reporter; free it with
+/// lg_reporter_free(). The strings and the spec are copied.
+/// Thread safety: any thread. Blocking: connects to the server (up to two
+/// seconds); starts a sending thread and, on the first connection of the
+/// process, the library's NATS runtime thread.
+///
+/// # Safety
+/// `url`, `nats_namespace` and `model` are NULL or valid for their lengths;
+/// `spec` is NULL or points to a valid lg_worker_spec; `out_reporter` is NULL
+/// or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_reporter_new(
+    url: *const c_char,
+    url_len: usize,
+    nats_namespace: *const c_char,
+    nats_namespace_len: usize,
+    worker_id: u64,
+    model: *const c_char,
+    model_len: usize,
+    spec: *const lg_worker_spec,
+    out_reporter: *mut *mut lg_reporter,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: each string is NULL or valid for its length (contract).
+        let url = unsafe { string(url, url_len, "url") }?;
+        // SAFETY: as above.
+        let namespace = unsafe { string(nats_namespace, nats_namespace_len, "nats_namespace") }?;
+        // SAFETY: as above.
+        let model = unsafe { string(model, model_len, "model") }?;
+        // SAFETY: `spec` is NULL or a valid lg_worker_spec (contract).
+        let spec = unsafe { optional(spec, "spec") }?;
+        let out = Out::new(out_reporter, "out_reporter")?;
+        let subjects = subjects(namespace)?;
+        let mut config = PublisherConfig::new(worker_id, model);
+        if let Some(s) = spec {
+            let s = s.core_spec();
+            config.dp_start = s.dp_start;
+            config.dp_size = s.dp_size;
+            config.kv_total_blocks = s.kv_total_blocks;
+            config.max_num_batched_tokens = s.max_num_batched_tokens;
+        }
+        // Checked before connecting, so a bad argument costs no connection
+        // and is reported as such whatever the server's state.
+        if model.is_empty() {
+            return Err(Error::invalid("model must not be empty"));
+        }
+        if config.dp_start.checked_add(config.dp_size).is_none() {
+            return Err(Error::invalid(format_args!(
+                "dp_start {} + dp_size {} overflows",
+                config.dp_start, config.dp_size
+            )));
+        }
+        let transport = NatsTransport::connect(url)?;
+        let publisher = Publisher::spawn(config, Arc::new(transport), &subjects)?;
+        let handle = Box::into_raw(Box::new(lg_reporter { publisher }));
+        // SAFETY: writable by the contract.
+        unsafe { out.write(handle) };
+        Ok(())
+    })
+}
+
+/// Merges one load report into rank `dp_rank` of the reporter's worker
+/// (absent fields keep their value; a present 0 overwrites) and returns at
+/// once: the sending thread publishes the rank's merged load shortly after,
+/// coalescing reports that arrive while it sends. A message the server
+/// cannot take (server away) is dropped; the next heartbeat re-sends the
+/// state.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL reporter or report,
+/// active_prefill_tokens of UINT64_MAX), LG_NOT_FOUND (dp_rank outside the
+/// declared ranks). A refused report changes nothing.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: any thread. Blocking: never waits for the network; takes
+/// the reporter's lock briefly.
+///
+/// # Safety
+/// `reporter` is NULL or a live reporter; `report` is NULL or points to a
+/// valid lg_load_report.
+#[no_mangle]
+pub unsafe extern "C" fn lg_reporter_report(
+    reporter: *const lg_reporter,
+    dp_rank: u32,
+    report: *const lg_load_report,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `reporter` is NULL or live (contract).
+        let r = unsafe { input(reporter, "reporter") }?;
+        // SAFETY: `report` is NULL or a valid lg_load_report (contract).
+        let report = unsafe { input(report, "report") }?;
+        r.publisher.report(dp_rank, &report.core_report())?;
+        Ok(())
+    })
+}
+
+/// Reads a reporter's counters.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL reporter or out_stats).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: any thread. Blocking: never.
+///
+/// # Safety
+/// `reporter` is NULL or a live reporter; `out_stats` is NULL or valid for
+/// writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_reporter_get_stats(
+    reporter: *const lg_reporter,
+    out_stats: *mut lg_reporter_stats,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `reporter` is NULL or live (contract).
+        let r = unsafe { input(reporter, "reporter") }?;
+        let out = Out::new(out_stats, "out_stats")?;
+        let stats = lg_reporter_stats {
+            messages_sent: r.publisher.messages_sent(),
+            messages_failed: r.publisher.messages_failed(),
+        };
+        // SAFETY: writable by the contract.
+        unsafe { out.write(stats) };
+        Ok(())
+    })
+}
+
+/// Frees a reporter: stops its sending thread and closes its connection
+/// once the messages already handed to it are sent. Frontends remove the
+/// worker after three heartbeats of silence. NULL is a no-op.
+///
+/// Ownership: takes `reporter`.
+/// Thread safety: no other thread may be using the reporter.
+/// Blocking: joins the sending thread (at most one batch being sent).
+///
+/// # Safety
+/// `reporter` is NULL or was returned by lg_reporter_new() and not freed
+/// yet.
+#[no_mangle]
+pub unsafe extern "C" fn lg_reporter_free(reporter: *mut lg_reporter) {
+    boundary((), || {
+        if !reporter.is_null() {
+            // SAFETY: a live handle from lg_reporter_new(), given up by the
+            // caller (contract), so this is the only owner.
+            drop(unsafe { Box::from_raw(reporter) });
+        }
+    })
+}
+
+/// Subscribes `monitor` to the load reports of `nats_namespace` on the NATS
+/// server at `url`: each worker is registered in the monitor on its first
+/// message (a worker already added with lg_monitor_add_worker() under the
+/// same id is adopted), its reports are applied as they arrive (out-of-order
+/// ones dropped), and a worker silent for three heartbeats (3 s) is removed.
+/// Thresholds stay local to this monitor. Set a model's thresholds once its
+/// first worker is known (lg_monitor_set_thresholds() answers LG_NOT_FOUND
+/// before).
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_subscription, bad
+/// string, namespace that is empty or holds whitespace, '.', '*' or '>');
+/// LG_TRANSPORT_ERROR (the server cannot be reached within two seconds,
+/// malformed url, the subscription or its expiry thread cannot start; the
+/// reason is in lg_last_error_message()).
+/// Ownership: on LG_OK *out_subscription owns a new subscription; free it
+/// with lg_subscription_free(). It shares the monitor's state: freeing the
+/// monitor first is allowed (the subscription then feeds a monitor nobody
+/// can read). The strings are copied.
+/// Thread safety: any thread. Blocking: connects and subscribes (up to two
+/// seconds); starts an expiry thread and, on the first connection of the
+/// process, the library's NATS runtime thread, which applies the reports.
+///
+/// # Safety
+/// `monitor` is NULL or a live monitor; `url` and `nats_namespace` are NULL
+/// or valid for their lengths; `out_subscription` is NULL or valid for
+/// writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_subscribe_nats(
+    monitor: *const lg_monitor,
+    url: *const c_char,
+    url_len: usize,
+    nats_namespace: *const c_char,
+    nats_namespace_len: usize,
+    out_subscription: *mut *mut lg_subscription,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `monitor` is NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        // SAFETY: each string is NULL or valid for its length (contract).
+        let url = unsafe { string(url, url_len, "url") }?;
+        // SAFETY: as above.
+        let namespace = unsafe { string(nats_namespace, nats_namespace_len, "nats_namespace") }?;
+        let out = Out::new(out_subscription, "out_subscription")?;
+        let subjects = subjects(namespace)?;
+        let subscriber = Subscriber::new(
+            m.monitor.clone(),
+            SubscriberConfig::default(),
+            MonotonicClock::shared(),
+        )?;
+        let transport = NatsTransport::connect(url)?;
+        let attached = subscriber.attach(&transport, &subjects)?;
+        let handle = Box::into_raw(Box::new(lg_subscription {
+            _attached: attached,
+            subscriber,
+            _transport: transport,
+        }));
+        // SAFETY: writable by the contract.
+        unsafe { out.write(handle) };
+        Ok(())
+    })
+}
+
+/// Reads a subscription's counters.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL subscription or out_stats).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: any thread. Blocking: never.
+///
+/// # Safety
+/// `subscription` is NULL or a live subscription; `out_stats` is NULL or
+/// valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_subscription_get_stats(
+    subscription: *const lg_subscription,
+    out_stats: *mut lg_subscription_stats,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `subscription` is NULL or live (contract).
+        let s = unsafe { input(subscription, "subscription") }?;
+        let out = Out::new(out_stats, "out_stats")?;
+        let st = s.subscriber.stats();
+        let stats = lg_subscription_stats {
+            applied: st.applied,
+            announced: st.announced,
+            out_of_order: st.out_of_order,
+            malformed: st.malformed,
+            refused: st.refused,
+            expired: st.expired,
+        };
+        // SAFETY: writable by the contract.
+        unsafe { out.write(stats) };
+        Ok(())
+    })
+}
+
+/// Frees a subscription: unsubscribes, stops its expiry thread and closes
+/// its connection. Workers it registered stay in the monitor (remove them
+/// with lg_monitor_remove_worker() if needed). A message the NATS runtime
+/// thread is applying at that moment may still complete just after the
+/// call returns. NULL is a no-op.
+///
+/// Ownership: takes `subscription`.
+/// Thread safety: no other thread may be using the subscription.
+/// Blocking: joins the expiry thread (at most one sweep).
+///
+/// # Safety
+/// `subscription` is NULL or was returned by lg_monitor_subscribe_nats() and
+/// not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn lg_subscription_free(subscription: *mut lg_subscription) {
+    boundary((), || {
+        if !subscription.is_null() {
+            // SAFETY: a live handle from lg_monitor_subscribe_nats(), given
+            // up by the caller (contract), so this is the only owner.
+            drop(unsafe { Box::from_raw(subscription) });
+        }
+    })
+}
