@@ -11,6 +11,8 @@
 //   cancelled it, in which case never;
 // - every worker id select returns belongs to the model;
 // and at the end the gate is idle and its counters add up.
+// With LG_NATS_URL set, threads also report through one lg_reporter while
+// others select on a monitor subscribed over that nats-server.
 //
 // Built as C++17 with -Wall -Wextra -Wpedantic -Werror; run plain, under
 // valgrind memcheck and with ASan+UBSan by ffi-c/tests/run.sh.
@@ -410,11 +412,136 @@ void test_monitor() {
     lg_monitor_free(m);
 }
 
+// ----- load reports over NATS ---------------------------------------------
+
+// Polls `pred` every 5 ms for at most 5 s.
+template <typename Pred>
+bool await(Pred pred) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    do {
+        if (pred()) {
+            return true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } while (std::chrono::steady_clock::now() < deadline);
+    return false;
+}
+
+// Threads report on one shared reporter (one rank each) while others select
+// on a monitor subscribed over NATS; after the last reports the frontend
+// converges on them: the first worker busy, the second free.
+void test_nats(const char *url) {
+    const std::string ns = "cpp-threads";
+    const size_t url_len = std::strlen(url);
+    lg_monitor *m = nullptr;
+    REQUIRE(lg_monitor_new(nullptr, &m) == LG_OK);
+    lg_subscription *sub = nullptr;
+    REQUIRE(lg_monitor_subscribe_nats(m, url, url_len, ns.data(), ns.size(), &sub) == LG_OK);
+    lg_worker_spec spec;
+    std::memset(&spec, 0, sizeof spec);
+    spec.dp_size = 4;
+    spec.has_kv_total_blocks = true;
+    spec.kv_total_blocks = 100;
+    lg_reporter *reps[2] = {nullptr, nullptr};
+    for (uint64_t k = 0; k < 2; k++) {
+        REQUIRE(lg_reporter_new(url, url_len, ns.data(), ns.size(), first_worker + k, model.data(),
+                                model.size(), &spec, &reps[k]) == LG_OK);
+    }
+    if (reps[0] == nullptr || reps[1] == nullptr || sub == nullptr) {
+        return;
+    }
+    auto known = [&] {
+        bool b = false;
+        return lg_monitor_is_busy(m, first_worker, &b) == LG_OK &&
+               lg_monitor_is_busy(m, first_worker + 1, &b) == LG_OK;
+    };
+    REQUIRE(await(known));
+    lg_threshold_update u;
+    std::memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.5;
+    REQUIRE(lg_monitor_set_thresholds(m, model.data(), model.size(), &u, nullptr) == LG_OK);
+
+    const int n = rounds() / 4 + 1;
+    std::atomic<bool> done{false};
+    std::vector<std::thread> pool;
+    for (uint32_t rank = 0; rank < 4; rank++) {
+        pool.emplace_back([&, rank] {
+            for (int i = 0; i < n; i++) {
+                for (uint64_t k = 0; k < 2; k++) {
+                    lg_load_report r;
+                    std::memset(&r, 0, sizeof r);
+                    r.has_kv_used_blocks = true;
+                    // The last report of each rank: worker 0 full, worker 1 calm.
+                    r.kv_used_blocks = i + 1 == n ? (k == 0 ? 90 : 10) : (i * 7 + rank) % 100;
+                    REQUIRE(lg_reporter_report(reps[k], rank, &r) == LG_OK);
+                }
+            }
+        });
+    }
+    for (int s = 0; s < 2; s++) {
+        pool.emplace_back([&] {
+            while (!done.load()) {
+                uint64_t w = 0;
+                const lg_status c =
+                    lg_monitor_select(m, model.data(), model.size(), LG_POLICY_POWER_OF_TWO, &w);
+                REQUIRE(c == LG_OK || c == LG_OVERLOADED);
+                if (c == LG_OK) {
+                    REQUIRE(w == first_worker || w == first_worker + 1);
+                }
+                lg_subscription_stats st;
+                REQUIRE(lg_subscription_get_stats(sub, &st) == LG_OK);
+            }
+        });
+    }
+    for (size_t i = 0; i < 4; i++) {
+        pool[i].join();
+    }
+    auto settled = [&] {
+        bool b0 = false, b1 = true;
+        return lg_monitor_is_busy(m, first_worker, &b0) == LG_OK && b0 &&
+               lg_monitor_is_busy(m, first_worker + 1, &b1) == LG_OK && !b1;
+    };
+    REQUIRE(await(settled));
+    done.store(true);
+    for (size_t i = 4; i < pool.size(); i++) {
+        pool[i].join();
+    }
+    for (int i = 0; i < 10; i++) {
+        uint64_t w = 0;
+        REQUIRE(lg_monitor_select(m, model.data(), model.size(), LG_POLICY_ROUND_ROBIN, &w) ==
+                LG_OK);
+        REQUIRE(w == first_worker + 1);
+    }
+    lg_subscription_stats st;
+    REQUIRE(lg_subscription_get_stats(sub, &st) == LG_OK);
+    // Announced at least once each; more if a starved schedule (valgrind)
+    // kept a heartbeat away for 3 s, expiring the worker until its next one.
+    REQUIRE(st.announced >= 2 && st.announced == 2 + st.expired);
+    REQUIRE(st.malformed == 0 && st.refused == 0);
+    std::printf("nats: %d reports per rank thread; applied %llu, announced %llu, expired %llu, "
+                "out of order %llu\n",
+                n, static_cast<unsigned long long>(st.applied),
+                static_cast<unsigned long long>(st.announced),
+                static_cast<unsigned long long>(st.expired),
+                static_cast<unsigned long long>(st.out_of_order));
+    // Reporters and the monitor may go before the subscription.
+    lg_reporter_free(reps[0]);
+    lg_reporter_free(reps[1]);
+    lg_monitor_free(m);
+    lg_subscription_free(sub);
+}
+
 }  // namespace
 
 int main() {
     test_gate();
     test_monitor();
+    if (const char *url = std::getenv("LG_NATS_URL"); url != nullptr && url[0] != '\0') {
+        test_nats(url);
+    } else {
+        std::printf("c++17 threads: LG_NATS_URL is not set; the NATS test is skipped\n");
+    }
     if (failures.load() != 0) {
         std::fprintf(stderr, "c++17 threads: %d checks failed\n", failures.load());
         return 1;
