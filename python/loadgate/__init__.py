@@ -9,6 +9,10 @@
   for the rest; wait for a slot with ``await gate.admit()`` (asyncio) or
   ``gate.admit_blocking()`` (threads).
 
+Across machines, workers publish their load over NATS with :class:`Reporter`
+and each frontend feeds its monitor with :meth:`Monitor.subscribe_nats`
+(a :class:`Subscription`); every frontend converges on the same busy set.
+
 Helpers: :mod:`loadgate.asgi` (middleware and the ``/busy_threshold`` and
 ``/metrics`` app), :mod:`loadgate.prometheus` (a ``prometheus_client``
 collector), and ``python -m loadgate.demo``.
@@ -30,6 +34,8 @@ from ._loadgate import (
     Booking,
     Monitor,
     Permit,
+    Reporter,
+    Subscription,
     __version__,
     overload_status_code,
 )
@@ -47,6 +53,8 @@ __all__ = [
     "Closed",
     "Monitor",
     "Booking",
+    "Subscription",
+    "Reporter",
     "AdmissionGate",
     "Admission",
     "Permit",

@@ -15,6 +15,8 @@ __all__ = [
     "_noop_arg",
     "Monitor",
     "Booking",
+    "Subscription",
+    "Reporter",
     "AdmissionGate",
     "Permit",
     "Admission",
@@ -91,6 +93,7 @@ class Monitor:
         self, method: str, content_type: Optional[str], body: bytes
     ) -> Tuple[int, bytes]: ...
     def metrics_text(self) -> str: ...
+    def subscribe_nats(self, url: str, namespace: str = "default", *, expire_after: float = 3.0) -> Subscription: ...
 
 @final
 class Booking:
@@ -105,6 +108,54 @@ class Booking:
     @property
     def released(self) -> bool: ...
     def __enter__(self) -> Booking: ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+        /,
+    ) -> bool: ...
+
+@final
+class Subscription:
+    def close(self) -> None: ...
+    def stats(self) -> Dict[str, int]: ...
+    def __enter__(self) -> Subscription: ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+        /,
+    ) -> bool: ...
+
+@final
+class Reporter:
+    def __new__(
+        cls,
+        url: str,
+        worker_id: int,
+        model: str,
+        *,
+        namespace: str = "default",
+        dp_size: int = 1,
+        dp_start: int = 0,
+        kv_total_blocks: Optional[int] = None,
+        max_num_batched_tokens: Optional[int] = None,
+        heartbeat: float = 1.0,
+    ) -> Reporter: ...
+    def report(
+        self,
+        dp_rank: int = 0,
+        *,
+        active_decode_blocks: Optional[int] = None,
+        kv_used_blocks: Optional[int] = None,
+        active_prefill_tokens: Optional[int] = None,
+        kv_total_blocks: Optional[int] = None,
+        max_num_batched_tokens: Optional[int] = None,
+    ) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Reporter: ...
     def __exit__(
         self,
         exc_type: Optional[Type[BaseException]],

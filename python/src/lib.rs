@@ -6,8 +6,12 @@
 //! * every class is `frozen` over a `&self`-only core object, so it can be
 //!   shared between threads without a Python-side lock;
 //! * calls that cannot block keep the GIL (an O(1) atomic call is cheaper
-//!   than a GIL round trip); only `AdmissionGate.admit_blocking` releases it;
-//! * nothing starts a thread: asyncio waiting is driven by the event loop.
+//!   than a GIL round trip); `AdmissionGate.admit_blocking` and the NATS
+//!   connect and close calls release it;
+//! * nothing starts a thread at import or for a gate or monitor: asyncio
+//!   waiting is driven by the event loop. Only the NATS classes
+//!   (`Monitor.subscribe_nats`, `Reporter`) run core's cluster threads, and
+//!   the NATS runtime starts on the first connection.
 
 use std::time::Duration;
 
@@ -16,6 +20,7 @@ use loadgate::Reason;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+mod cluster;
 mod errors;
 mod gate;
 mod monitor;
@@ -104,6 +109,8 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_noop_arg, m)?)?;
     m.add_class::<monitor::Monitor>()?;
     m.add_class::<monitor::Booking>()?;
+    m.add_class::<cluster::Subscription>()?;
+    m.add_class::<cluster::Reporter>()?;
     m.add_class::<gate::AdmissionGate>()?;
     m.add_class::<gate::Permit>()?;
     m.add_class::<gate::Admission>()?;

@@ -1,6 +1,6 @@
 //! `loadgate.Monitor` and `loadgate.Booking`: the frontend half.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use loadgate::http::handle_busy_threshold;
 use loadgate::monitor::ThresholdState;
@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
+use crate::cluster::Subscription;
 use crate::errors::{
     bad_value, f64_arg, opt_f64_arg, opt_str_arg, opt_u64_arg, report_error, route_error,
     seconds_arg, str_arg, str_ref, threshold_error, u32_arg, u64_arg, worker_error,
@@ -25,7 +26,8 @@ use crate::errors::{
 /// (they never wait).
 #[pyclass(frozen, module = "loadgate")]
 pub struct Monitor {
-    inner: loadgate::Monitor,
+    // Shared with the subscribers `subscribe_nats` attaches.
+    inner: Arc<loadgate::Monitor>,
 }
 
 fn policy_arg(name: &str) -> PyResult<Policy> {
@@ -101,7 +103,9 @@ impl Monitor {
         }
         let inner = loadgate::Monitor::with_config(config, MonotonicClock::shared())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(Self { inner })
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Registers a worker of `model` with ranks `dp_start .. dp_start + dp_size`.
@@ -412,6 +416,25 @@ impl Monitor {
             body.as_bytes(),
         );
         Ok((status, PyBytes::new(py, out.as_bytes())))
+    }
+
+    /// Subscribes this monitor to the load reports workers publish with
+    /// `loadgate.Reporter` under `namespace` on the NATS server at `url`:
+    /// workers are registered on their first message, their reports are
+    /// applied, and a worker silent for `expire_after` seconds is removed.
+    /// Raises `ConnectionError` when the server cannot be reached.
+    #[pyo3(
+        signature = (url, namespace = None, *, expire_after = None),
+        text_signature = "($self, url, namespace='default', *, expire_after=3.0)"
+    )]
+    fn subscribe_nats(
+        &self,
+        py: Python<'_>,
+        url: &Bound<'_, PyAny>,
+        namespace: Option<&Bound<'_, PyAny>>,
+        expire_after: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Subscription> {
+        crate::cluster::subscribe_nats(py, &self.inner, url, namespace, expire_after)
     }
 
     /// The frontend metrics in Prometheus text format.

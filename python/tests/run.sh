@@ -10,6 +10,13 @@ pkg="$(cd "$(dirname "$0")/.." && pwd)"
 root="$(cd "$pkg/.." && pwd)"
 venv="${LOADGATE_VENV:-$pkg/.venv}"
 
+if ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ]; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nats-server >/dev/null
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
     "${PYTHON:-python3}" -m venv "$venv"
 fi

@@ -1,0 +1,303 @@
+//! `loadgate.Reporter` and `loadgate.Subscription`: load reports across
+//! machines over NATS, as thin shells over core's `loadgate::cluster`.
+//!
+//! A worker's `Reporter` merges each rank's load and returns at once; core's
+//! publisher thread sends the changes and re-sends every rank on each
+//! heartbeat. `Monitor.subscribe_nats` attaches a core subscriber that
+//! registers workers on their first message, applies their reports and
+//! removes those silent for `expire_after`. Both connect on construction;
+//! the process's NATS runtime (one thread) starts on the first connection,
+//! never at import.
+//!
+//! Closing (or garbage collection) stops the threads and drops the
+//! connection. Core never calls back into Python, so those threads never
+//! need the GIL; blocking steps (connecting, joining a thread) release it.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use loadgate::cluster::nats::NatsTransport;
+use loadgate::cluster::{
+    Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
+    DEFAULT_HEARTBEAT,
+};
+use loadgate::{LoadReport, MonotonicClock};
+use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::errors::{opt_u64_arg, report_error, seconds_arg, str_arg, u32_arg, u64_arg};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The subjects of `namespace`; `ValueError` naming it when it is not a
+/// plain NATS token.
+fn subjects(namespace: &Bound<'_, PyAny>) -> PyResult<Subjects> {
+    let namespace = str_arg(namespace, "namespace")?;
+    Subjects::new(&namespace).map_err(|e| match e {
+        ClusterError::InvalidSubject(_) => PyValueError::new_err(format!(
+            "namespace = {:?} is invalid: must be a non-empty NATS token without \
+             whitespace, '.', '*' or '>'",
+            &*namespace
+        )),
+        other => cluster_error(other),
+    })
+}
+
+/// A core cluster error: `ValueError` for a setting, `ConnectionError`
+/// for the transport.
+fn cluster_error(e: ClusterError) -> PyErr {
+    match e {
+        ClusterError::InvalidSubject(_) | ClusterError::InvalidConfig(_) => {
+            PyValueError::new_err(e.to_string())
+        }
+        ClusterError::Transport(why) => PyConnectionError::new_err(why),
+    }
+}
+
+/// Connects to `url` with the GIL released; `ConnectionError` naming the
+/// URL when the server cannot be reached.
+fn connect(py: Python<'_>, url: &Bound<'_, PyAny>) -> PyResult<NatsTransport> {
+    let url = str_arg(url, "url")?;
+    let target = url.to_string();
+    py.detach(move || NatsTransport::connect(&target))
+        .map_err(|e| {
+            let why = match e {
+                ClusterError::Transport(why) => why,
+                other => other.to_string(),
+            };
+            let why = why.strip_prefix("cannot connect to NATS: ").unwrap_or(&why);
+            PyConnectionError::new_err(format!(
+                "cannot connect to the NATS server at {:?}: {why}",
+                &*url
+            ))
+        })
+}
+
+/// What `subscribe_nats` keeps alive; fields drop in order (detach first,
+/// then the connection).
+struct Attachment {
+    _attached: Attached,
+    _transport: NatsTransport,
+}
+
+/// Subscribes `monitor` to the load reports of `namespace` on the NATS
+/// server at `url` (`Monitor.subscribe_nats`).
+pub fn subscribe_nats(
+    py: Python<'_>,
+    monitor: &Arc<loadgate::Monitor>,
+    url: &Bound<'_, PyAny>,
+    namespace: Option<&Bound<'_, PyAny>>,
+    expire_after: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Subscription> {
+    let subjects = match namespace {
+        Some(n) => subjects(n)?,
+        None => Subjects::new("default").map_err(cluster_error)?,
+    };
+    let mut config = SubscriberConfig::default();
+    if let Some(after) = expire_after {
+        config.expire_after = seconds_arg(after, "expire_after")?;
+    }
+    let subscriber = Subscriber::new(monitor.clone(), config, MonotonicClock::shared())
+        .map_err(cluster_error)?;
+    let transport = connect(py, url)?;
+    let attached = py
+        .detach(|| subscriber.attach(&transport, &subjects))
+        .map_err(cluster_error)?;
+    Ok(Subscription {
+        subscriber,
+        attachment: Mutex::new(Some(Attachment {
+            _attached: attached,
+            _transport: transport,
+        })),
+    })
+}
+
+/// A monitor's subscription to the load reports of one NATS namespace;
+/// `close()` (or leaving its `with` block) detaches. The workers it
+/// registered stay in the monitor until removed.
+#[pyclass(frozen, module = "loadgate")]
+pub struct Subscription {
+    subscriber: Arc<Subscriber>,
+    attachment: Mutex<Option<Attachment>>,
+}
+
+#[pymethods]
+impl Subscription {
+    /// Detaches from the server and stops expiring workers; calling it again
+    /// does nothing.
+    fn close(&self, py: Python<'_>) {
+        let attachment = lock(&self.attachment).take();
+        if attachment.is_some() {
+            py.detach(move || drop(attachment));
+        }
+    }
+
+    /// Message counters so far: `applied` (reports applied to known
+    /// workers), `announced` (workers registered from their first message),
+    /// `out_of_order`, `malformed`, `refused` (by the monitor) and `expired`
+    /// (workers removed after going silent).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.subscriber.stats();
+        let d = PyDict::new(py);
+        d.set_item("applied", s.applied)?;
+        d.set_item("announced", s.announced)?;
+        d.set_item("out_of_order", s.out_of_order)?;
+        d.set_item("malformed", s.malformed)?;
+        d.set_item("refused", s.refused)?;
+        d.set_item("expired", s.expired)?;
+        Ok(d)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if lock(&self.attachment).is_none() {
+            "closed"
+        } else {
+            "open"
+        };
+        format!("<loadgate.Subscription {state}>")
+    }
+}
+
+/// A worker's load reporter over NATS: `report()` merges a rank's load and
+/// returns at once; a background thread sends changes as they come and
+/// every rank once per `heartbeat` (which announces the worker, its model,
+/// ranks and capacities to frontends that join late).
+#[pyclass(frozen, module = "loadgate")]
+pub struct Reporter {
+    worker_id: u64,
+    model: String,
+    publisher: Mutex<Option<Publisher>>,
+}
+
+#[pymethods]
+impl Reporter {
+    #[new]
+    #[pyo3(
+        signature = (url, worker_id, model, *, namespace = None, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, heartbeat = None),
+        text_signature = "(url, worker_id, model, *, namespace='default', dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, heartbeat=1.0)"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        url: &Bound<'_, PyAny>,
+        worker_id: &Bound<'_, PyAny>,
+        model: &Bound<'_, PyAny>,
+        namespace: Option<&Bound<'_, PyAny>>,
+        dp_size: Option<&Bound<'_, PyAny>>,
+        dp_start: Option<&Bound<'_, PyAny>>,
+        kv_total_blocks: Option<&Bound<'_, PyAny>>,
+        max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
+        heartbeat: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let worker_id = u64_arg(worker_id, "worker_id")?;
+        let model = str_arg(model, "model")?.to_string();
+        let subjects = match namespace {
+            Some(n) => subjects(n)?,
+            None => Subjects::new("default").map_err(cluster_error)?,
+        };
+        let config = PublisherConfig {
+            worker_id,
+            model: model.clone(),
+            dp_start: dp_start.map_or(Ok(0), |v| u32_arg(v, "dp_start"))?,
+            dp_size: dp_size.map_or(Ok(1), |v| u32_arg(v, "dp_size"))?,
+            kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
+            max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
+            heartbeat: heartbeat.map_or(Ok(DEFAULT_HEARTBEAT), |h| seconds_arg(h, "heartbeat"))?,
+        };
+        // Refuse bad settings before connecting, as Monitor.add_worker words them.
+        if config.model.is_empty() {
+            return Err(PyValueError::new_err("model must not be empty"));
+        }
+        if config.dp_start.checked_add(config.dp_size).is_none() {
+            return Err(PyValueError::new_err(format!(
+                "dp_start = {} with dp_size = {} is invalid: dp_start + dp_size must be \
+                 at most 2**32 - 1",
+                config.dp_start, config.dp_size
+            )));
+        }
+        let transport: Arc<NatsTransport> = Arc::new(connect(py, url)?);
+        let publisher = Publisher::spawn(config, transport, &subjects).map_err(cluster_error)?;
+        Ok(Self {
+            worker_id,
+            model,
+            publisher: Mutex::new(Some(publisher)),
+        })
+    }
+
+    /// Merges one rank's new load (absent (`None`) fields keep their value,
+    /// a present 0 overwrites) and returns at once; the change is sent by
+    /// the reporter's thread.
+    #[pyo3(
+        signature = (dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None),
+        text_signature = "($self, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None)"
+    )]
+    fn report(
+        &self,
+        dp_rank: Option<&Bound<'_, PyAny>>,
+        active_decode_blocks: Option<&Bound<'_, PyAny>>,
+        kv_used_blocks: Option<&Bound<'_, PyAny>>,
+        active_prefill_tokens: Option<&Bound<'_, PyAny>>,
+        kv_total_blocks: Option<&Bound<'_, PyAny>>,
+        max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let rank = dp_rank.map_or(Ok(0), |r| u32_arg(r, "dp_rank"))?;
+        let report = LoadReport {
+            active_decode_blocks: opt_u64_arg(active_decode_blocks, "active_decode_blocks")?,
+            kv_used_blocks: opt_u64_arg(kv_used_blocks, "kv_used_blocks")?,
+            kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
+            active_prefill_tokens: opt_u64_arg(active_prefill_tokens, "active_prefill_tokens")?,
+            max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
+        };
+        match lock(&self.publisher).as_ref() {
+            Some(p) => p.report(rank, &report).map_err(report_error),
+            None => Err(PyRuntimeError::new_err("the reporter is closed")),
+        }
+    }
+
+    /// Sends the reports not sent yet, stops the reporter's thread and
+    /// disconnects; calling it again does nothing. Frontends remove the
+    /// worker once it has been silent for their `expire_after`.
+    fn close(&self, py: Python<'_>) {
+        let publisher = lock(&self.publisher).take();
+        if let Some(p) = publisher {
+            py.detach(move || {
+                p.flush();
+                drop(p);
+            });
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if lock(&self.publisher).is_none() {
+            " closed"
+        } else {
+            ""
+        };
+        format!(
+            "<loadgate.Reporter worker_id={} model={:?}{state}>",
+            self.worker_id, self.model
+        )
+    }
+}

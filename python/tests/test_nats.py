@@ -1,0 +1,266 @@
+"""Load reports across machines over a real `nats-server`: `Reporter` on the
+worker side, `Monitor.subscribe_nats` on the frontend side. Every
+subscribed monitor converges on the same busy set, thresholds stay local,
+and a worker that goes silent is removed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Iterator, List, TypeVar
+
+import pytest
+
+import loadgate
+from loadgate import Monitor, Reporter, Unavailable
+
+from conftest import run_python
+
+T = TypeVar("T")
+
+# A bounded wait for convergence: generous against a loaded CI machine;
+# typical runs settle in milliseconds.
+WAIT = 5.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def nats_server_binary() -> str:
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    if os.access("/usr/sbin/nats-server", os.X_OK):
+        return "/usr/sbin/nats-server"
+    pytest.fail("nats-server is not installed (python/tests/run.sh installs it)")
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `nats-server` of its own on a free loopback port, stopped after the
+    module's tests."""
+    log = tmp_path_factory.mktemp("nats") / "nats-server.log"
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port)],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    if s.recv(4).startswith(b"INFO"):
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("nats-server did not start:\n" + Path(log).read_text(errors="replace"))
+            time.sleep(0.02)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_for(read: Callable[[], T], want: Callable[[T], bool], timeout: float = WAIT) -> T:
+    """Polls `read()` until `want` holds of its value; fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if want(value):
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"no convergence within {timeout} s; last value: {value!r}")
+        time.sleep(0.01)
+
+
+def test_two_monitors_converge_and_thresholds_stay_local(nats_url: str) -> None:
+    a, b = Monitor(), Monitor()
+    with a.subscribe_nats(nats_url, "converge") as sub_a, b.subscribe_nats(nats_url, "converge") as sub_b, \
+            Reporter(nats_url, 1, "m", namespace="converge", dp_size=2, kv_total_blocks=100) as r1, \
+            Reporter(nats_url, 2, "m", namespace="converge", dp_size=2, dp_start=4, kv_total_blocks=100) as r2:
+        for m in (a, b):
+            wait_for(lambda: m.workers("m"), lambda w: w == [1, 2])
+            m.set_thresholds("m", active_decode_blocks_threshold=0.5)
+        assert a.busy_workers("m") == b.busy_workers("m") == []
+
+        # Both ranks of worker 2 above the line: worker 2 turns busy everywhere.
+        r2.report(4, kv_used_blocks=80)
+        r2.report(5, kv_used_blocks=90)
+        start = time.monotonic()
+        for m in (a, b):
+            wait_for(lambda: m.busy_workers("m"), lambda busy: busy == [2])
+        converged = time.monotonic() - start
+        assert a.select("m") == b.select("m") == 1
+        with pytest.raises(loadgate.WorkerOverloaded):
+            a.check(2)
+
+        # Worker 1 too (ranks 0 and 1), then worker 2 recovers on one rank.
+        r1.report(0, kv_used_blocks=60)
+        r1.report(kv_used_blocks=70)
+        r1.report(1, kv_used_blocks=70)
+        r2.report(5, kv_used_blocks=10)
+        for m in (a, b):
+            wait_for(lambda: m.busy_workers("m"), lambda busy: busy == [1])
+        assert a.is_busy(1) and b.is_busy(1)
+
+        # A threshold set on one monitor does not reach the other.
+        a.set_thresholds("m", active_decode_blocks_threshold=0.95)
+        assert a.busy_workers("m") == []
+        assert b.busy_workers("m") == [1]
+        assert b.thresholds("m")["active_decode_blocks_threshold"] == 0.5
+        assert b.thresholds("m")["version"] == 1
+        r1.report(0, active_decode_blocks=1)  # more traffic: still local
+        wait_for(lambda: sub_a.stats()["applied"], lambda n: n > 0)
+        time.sleep(0.1)
+        assert a.busy_workers("m") == [] and b.busy_workers("m") == [1]
+
+        for sub in (sub_a, sub_b):
+            s = sub.stats()
+            assert set(s) == {"applied", "announced", "out_of_order", "malformed", "refused", "expired"}
+            assert s["announced"] == 2  # one per worker
+            assert s["applied"] >= 6  # the reports above (heartbeats add more)
+            assert (s["out_of_order"], s["malformed"], s["refused"], s["expired"]) == (0, 0, 0, 0)
+    print(f"two monitors converged in {converged * 1000:.1f} ms")
+
+
+def test_silent_worker_expires_then_select_is_unavailable(nats_url: str) -> None:
+    m = Monitor()
+    sub = m.subscribe_nats(nats_url, "expiry", expire_after=0.5)
+    try:
+        reporters: List[Reporter] = [
+            Reporter(nats_url, wid, "m", namespace="expiry", dp_size=2, heartbeat=0.1) for wid in (7, 8)
+        ]
+        wait_for(lambda: m.workers("m"), lambda w: w == [7, 8])
+        # Heartbeats keep both alive past expire_after.
+        time.sleep(0.8)
+        assert m.workers("m") == [7, 8]
+
+        reporters[0].close()
+        reporters[0].close()  # idempotent
+        with pytest.raises(RuntimeError, match="closed"):
+            reporters[0].report(kv_used_blocks=1)
+        closed_at = time.monotonic()
+        wait_for(lambda: m.workers("m"), lambda w: w == [8])
+        assert time.monotonic() - closed_at >= 0.4  # not before expire_after
+        assert m.select("m") == 8
+        assert sub.stats()["expired"] == 1
+
+        reporters[1].close()
+        wait_for(lambda: m.workers("m"), lambda w: w == [])
+        with pytest.raises(Unavailable):
+            m.select("m")
+        assert sub.stats()["expired"] == 2
+    finally:
+        sub.close()
+    sub.close()  # idempotent
+    assert sub.stats()["expired"] == 2  # counters stay readable
+
+
+def test_namespaces_are_separate(nats_url: str) -> None:
+    m = Monitor()
+    with m.subscribe_nats(nats_url, "ns-a") as sub:
+        with Reporter(nats_url, 1, "m", namespace="ns-b", heartbeat=0.1), \
+                Reporter(nats_url, 2, "m", namespace="ns-a", heartbeat=0.1):
+            wait_for(lambda: m.workers("m"), lambda w: w == [2])
+            time.sleep(0.3)
+            assert m.workers("m") == [2]
+        assert sub.stats()["announced"] == 1
+
+
+def test_default_namespace(nats_url: str) -> None:
+    m = Monitor()
+    with m.subscribe_nats(nats_url) as sub, Reporter(nats_url, 3, "d", kv_total_blocks=10) as r:
+        wait_for(lambda: m.workers("d"), lambda w: w == [3])
+        m.set_thresholds("d", active_decode_blocks_threshold=0.5)
+        r.report(kv_used_blocks=9)
+        wait_for(lambda: m.busy_workers("d"), lambda busy: busy == [3])
+        assert sub.stats()["malformed"] == 0
+
+
+def test_unreachable_server_raises_connection_error_naming_the_url() -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    with pytest.raises(ConnectionError, match=url):
+        Monitor().subscribe_nats(url)
+    with pytest.raises(ConnectionError, match=url):
+        Reporter(url, 1, "m")
+
+
+@pytest.mark.parametrize("namespace", ["", "a.b", "a b", "*", ">", "x>"])
+def test_bad_namespace_is_a_value_error(namespace: str) -> None:
+    # Checked before connecting: no server is needed.
+    url = "nats://127.0.0.1:1"
+    with pytest.raises(ValueError, match="namespace"):
+        Monitor().subscribe_nats(url, namespace)
+    with pytest.raises(ValueError, match="namespace"):
+        Reporter(url, 1, "m", namespace=namespace)
+
+
+def test_bad_settings_are_refused_before_connecting() -> None:
+    url = "nats://127.0.0.1:1"
+    with pytest.raises(ValueError, match="expire_after"):
+        Monitor().subscribe_nats(url, expire_after=0)
+    with pytest.raises(ValueError, match="heartbeat"):
+        Reporter(url, 1, "m", heartbeat=-1.0)
+    with pytest.raises(ValueError, match="model"):
+        Reporter(url, 1, "")
+    with pytest.raises(ValueError, match="dp_start"):
+        Reporter(url, 1, "m", dp_start=2**32 - 1, dp_size=2)
+    with pytest.raises(ValueError, match="worker_id"):
+        Reporter(url, -1, "m")
+    with pytest.raises(TypeError, match="url"):
+        Reporter(b"nats://x", 1, "m")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="namespace"):
+        Monitor().subscribe_nats(url, 5)  # type: ignore[arg-type]
+
+
+def test_report_checks_ranks_like_monitor_report(nats_url: str) -> None:
+    m = Monitor()
+    m.add_worker("m", 1, dp_size=2, dp_start=2)
+    with Reporter(nats_url, 1, "m", dp_size=2, dp_start=2) as r:
+        r.report(2, kv_used_blocks=1)
+        r.report(3, active_prefill_tokens=0)
+        for rank in (0, 4):
+            with pytest.raises(ValueError, match=f"dp_rank {rank}"):
+                m.report(1, rank, kv_used_blocks=1)
+            with pytest.raises(ValueError, match=f"dp_rank {rank}"):
+                r.report(rank, kv_used_blocks=1)
+        with pytest.raises(ValueError, match="dp_rank"):
+            r.report(-1)
+        with pytest.raises(ValueError, match="kv_used_blocks"):
+            r.report(2, kv_used_blocks=-1)
+        with pytest.raises(TypeError, match="active_decode_blocks"):
+            r.report(2, active_decode_blocks=1.5)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="closed"):
+        r.report(2)
+
+
+def test_threads_start_on_first_connection_not_at_import(nats_url: str) -> None:
+    code = f"""
+import os, time, loadgate
+def threads(): return len(os.listdir("/proc/self/task"))
+m = loadgate.Monitor(); g = loadgate.AdmissionGate(1)
+print(threads())
+s = m.subscribe_nats({nats_url!r}); r = loadgate.Reporter({nats_url!r}, 1, "m")
+print(threads() > 1)
+r.close(); s.close()
+"""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc")
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "True"]
