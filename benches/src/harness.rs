@@ -59,6 +59,9 @@ pub struct Series {
     pub elapsed: Duration,
     /// Allocations made by the measuring thread(s) while measuring.
     pub allocs: u64,
+    /// On-CPU time of the measuring threads while measuring, where the OS
+    /// reports it (Linux); zero elsewhere.
+    pub on_cpu: Duration,
 }
 
 impl Default for Series {
@@ -68,6 +71,7 @@ impl Default for Series {
             ops: 0,
             elapsed: Duration::ZERO,
             allocs: 0,
+            on_cpu: Duration::ZERO,
         }
     }
 }
@@ -111,6 +115,14 @@ impl Series {
         self.hist.add(&other.hist).expect("same histogram bounds");
         self.ops += other.ops;
         self.allocs += other.allocs;
+        self.on_cpu += other.on_cpu;
+    }
+
+    /// How many threads were on a CPU on average while measuring (on-CPU
+    /// time over wall time); `None` where the OS does not report it.
+    pub fn threads_on_cpu(&self) -> Option<f64> {
+        (!self.on_cpu.is_zero() && !self.elapsed.is_zero())
+            .then(|| self.on_cpu.as_secs_f64() / self.elapsed.as_secs_f64())
     }
 }
 
@@ -172,6 +184,16 @@ pub fn interleave(budget: &Budget, sides: &mut [Side<'_>]) -> Vec<Series> {
     out
 }
 
+/// This thread's on-CPU time so far (Linux `schedstat`), if known.
+fn thread_cpu_time() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+        .map(Duration::from_nanos)
+}
+
 /// A design run by several threads at once: `op(n)` performs `n`
 /// operations and may be called from any of them.
 pub struct SharedSide<'a> {
@@ -203,6 +225,7 @@ pub fn contend(budget: &Budget, threads: usize, sides: &[SharedSide<'_>]) -> Vec
                             let mut mine = Series::default();
                             let batch = calibrate(&mut |n| op(n));
                             barrier.wait();
+                            let cpu_before = thread_cpu_time();
                             let before = thread_allocations();
                             while !stop.load(Ordering::Relaxed) {
                                 let t = Instant::now();
@@ -211,6 +234,9 @@ pub fn contend(budget: &Budget, threads: usize, sides: &[SharedSide<'_>]) -> Vec
                                 mine.ops += batch;
                             }
                             mine.allocs = thread_allocations() - before;
+                            if let (Some(a), Some(b)) = (cpu_before, thread_cpu_time()) {
+                                mine.on_cpu = b.saturating_sub(a);
+                            }
                             mine
                         })
                     })

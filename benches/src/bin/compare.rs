@@ -21,7 +21,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use loadgate::{
-    AdmissionGate, AdmitError, GateConfig, LoadReport, OwnedPermit, Policy, ThresholdUpdate,
+    AdmissionGate, AdmitError, BusySet, GateConfig, LoadReport, OwnedPermit, Policy,
+    ThresholdUpdate,
 };
 use loadgate_benches::alloc::{thread_allocations, CountingAlloc};
 use loadgate_benches::baseline::admission::{
@@ -126,8 +127,11 @@ fn allocs(s: &Series) -> String {
 
 fn latency_cells(s: &Series, throughput: bool) -> (String, String) {
     if throughput {
+        let on_cpu = s
+            .threads_on_cpu()
+            .map_or(String::new(), |t| format!(", {t:.1} threads on CPU"));
         (
-            format!("{} ({:.1} M/s)", ns(s.p50()), s.throughput() / 1e6),
+            format!("{} ({:.1} M/s{on_cpu})", ns(s.p50()), s.throughput() / 1e6),
             ns(s.p99()),
         )
     } else {
@@ -495,6 +499,8 @@ fn monitor_cases(run: &mut Run) {
         }
     }
 
+    busy_set_cases(run);
+
     let case = "threshold update, 4096 workers × 8 ranks".to_string();
     if run.wants(&case) {
         let mut fx = MonitorFixture::new(4096, 8);
@@ -606,6 +612,108 @@ fn monitor_cases(run: &mut Run) {
             others: vec![Compared {
                 design: "reference routing under monitor writes",
                 series: reference,
+                target: Target::None,
+            }],
+        });
+    }
+}
+
+/// `BusySet` on its own, against bare atomics doing the same bit work.
+fn busy_set_cases(run: &mut Run) {
+    let set = BusySet::new(4096);
+    let bare: Vec<AtomicU64> = (0..64).map(|_| AtomicU64::new(0)).collect();
+    for s in (0..4096).step_by(3) {
+        set.insert(s);
+        bare[s / 64].fetch_or(1 << (s % 64), Ordering::Relaxed);
+    }
+    let case = "busy set: contains, 4096 slots".to_string();
+    if run.wants(&case) {
+        let mut sides = [
+            Side::new(|ops| {
+                for i in 0..ops {
+                    black_box(set.contains(black_box((i as usize * 61) & 4095)));
+                }
+            }),
+            Side::new(|ops| {
+                for i in 0..ops {
+                    let s = black_box((i as usize * 61) & 4095);
+                    black_box(bare[s / 64].load(Ordering::Acquire) >> (s % 64) & 1 == 1);
+                }
+            }),
+        ];
+        let mut s = interleave(&run.budget, &mut sides).into_iter();
+        let (lg, floor) = (s.next().unwrap(), s.next().unwrap());
+        run.push(Row {
+            case,
+            hot: true,
+            throughput: false,
+            loadgate: lg,
+            others: vec![Compared {
+                design: "bare AtomicU64 bit test",
+                series: floor,
+                target: Target::None,
+            }],
+        });
+    }
+    let case = "busy set: insert + remove (epoch bumped twice)".to_string();
+    if run.wants(&case) {
+        let mut sides = [
+            Side::new(|ops| {
+                for _ in 0..ops {
+                    black_box(set.insert(1000));
+                    black_box(set.remove(1000));
+                }
+            }),
+            Side::new(|ops| {
+                for _ in 0..ops {
+                    black_box(bare[15].fetch_or(1 << 40, Ordering::AcqRel));
+                    black_box(bare[15].fetch_and(!(1 << 40), Ordering::AcqRel));
+                }
+            }),
+        ];
+        let mut s = interleave(&run.budget, &mut sides).into_iter();
+        let (lg, floor) = (s.next().unwrap(), s.next().unwrap());
+        run.push(Row {
+            case,
+            hot: true,
+            throughput: false,
+            loadgate: lg,
+            others: vec![Compared {
+                design: "bare fetch_or + fetch_and",
+                series: floor,
+                target: Target::None,
+            }],
+        });
+    }
+    let case = "busy set: snapshot, 4096 slots".to_string();
+    if run.wants(&case) {
+        let mut words = vec![0u64; set.words()];
+        let mut copy = vec![0u64; bare.len()];
+        let mut sides = [
+            Side::new(|ops| {
+                for _ in 0..ops {
+                    black_box(set.snapshot(&mut words));
+                }
+            }),
+            Side::new(|ops| {
+                for _ in 0..ops {
+                    for (c, w) in copy.iter_mut().zip(&bare) {
+                        *c = w.load(Ordering::Acquire);
+                    }
+                    black_box(&copy);
+                }
+            }),
+        ];
+        let mut s = interleave(&run.budget, &mut sides).into_iter();
+        let (lg, floor) = (s.next().unwrap(), s.next().unwrap());
+        run.push(Row {
+            case,
+            hot: true,
+            throughput: false,
+            loadgate: lg,
+            others: vec![Compared {
+                design: "bare copy of 64 atomic words",
+                series: floor,
                 target: Target::None,
             }],
         });
@@ -1041,14 +1149,6 @@ fn pingpong<P>(
     });
     let mut all = a;
     all.merge(&b);
-    if std::env::var_os("COMPARE_DEBUG").is_some() {
-        eprintln!(
-            "pingpong: {} handoffs in {:?}, max {:.1} us",
-            all.ops,
-            base.elapsed(),
-            all.hist.max() as f64 / 1e6
-        );
-    }
     all
 }
 
