@@ -266,9 +266,10 @@ impl Reporter {
         }
     }
 
-    /// Sends the reports not sent yet, stops the reporter's thread and
-    /// disconnects; calling it again does nothing. Frontends remove the
-    /// worker once it has been silent for their `expire_after`.
+    /// Hands the reports not sent yet to the connection, stops the
+    /// reporter's thread and disconnects; calling it again does nothing.
+    /// Frontends remove the worker once it has been silent for their
+    /// `expire_after`.
     fn close(&self, py: Python<'_>) {
         let publisher = lock(&self.publisher).take();
         if let Some(p) = publisher {
