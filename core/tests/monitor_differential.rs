@@ -1,9 +1,8 @@
 //! Randomized differential test: random operation sequences applied to the
 //! monitor and to a deliberately simple reference (HashMap + HashSet, busy
-//! rule written out again here) must give the same busy sets, leases,
-//! versions and errors after every step.
+//! rule written out again in `support/reference_monitor.rs`) must give the
+//! same busy sets, leases, versions and errors after every step.
 
-use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use loadgate::{
@@ -12,93 +11,15 @@ use loadgate::{
 };
 use proptest::prelude::*;
 
+// The reference lives in its own file so the fuzz target can share it; an
+// inline `support` module picks up only that file, not the NATS helpers.
+mod support {
+    pub mod reference_monitor;
+}
+use support::reference_monitor::{RefRank, RefWorker, Reference};
+
 const MODELS: [&str; 3] = ["a", "b", "c"];
 const LEASE_MS: u64 = 1000;
-
-#[derive(Debug, Clone, Default)]
-struct RefRank {
-    decode: u64,
-    used: u64,
-    total: u64,
-    prefill: Option<u64>,
-    mnbt: u64,
-}
-
-#[derive(Debug, Clone)]
-struct RefWorker {
-    model: usize,
-    dp_start: u32,
-    ranks: Vec<RefRank>,
-    lease_until: Option<u64>,
-    generation: u64,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct RefThresholds {
-    decode: Option<f64>,
-    abs: Option<u64>,
-    frac: Option<f64>,
-    version: u64,
-}
-
-/// The reference: plain maps, recomputing everything on demand.
-#[derive(Debug, Default)]
-struct Reference {
-    workers: HashMap<u64, RefWorker>,
-    known_models: BTreeSet<usize>,
-    thresholds: HashMap<usize, RefThresholds>,
-    now_ms: u64,
-    generations: u64,
-}
-
-impl Reference {
-    fn rank_busy(t: &RefThresholds, r: &RefRank) -> bool {
-        let decode = t.decode.is_some_and(|t| {
-            r.total != 0 && {
-                let line = t * r.total as f64;
-                r.used as f64 > line || r.decode as f64 > line
-            }
-        });
-        let abs = matches!((t.abs, r.prefill), (Some(n), Some(p)) if p > n);
-        let frac = matches!((t.frac, r.prefill), (Some(f), Some(p)) if p as f64 > (f * r.mnbt as f64).floor());
-        decode || abs || frac
-    }
-
-    fn busy(&self, id: u64) -> bool {
-        let w = &self.workers[&id];
-        let t = self.thresholds.get(&w.model).copied().unwrap_or_default();
-        !w.ranks.is_empty() && w.ranks.iter().all(|r| Self::rank_busy(&t, r))
-    }
-
-    fn leased(&self, id: u64) -> bool {
-        self.workers[&id]
-            .lease_until
-            .is_some_and(|until| self.now_ms < until)
-    }
-
-    fn eligible(&self, model: usize) -> BTreeSet<u64> {
-        self.workers
-            .iter()
-            .filter(|(id, w)| w.model == model && !self.busy(**id) && !self.leased(**id))
-            .map(|(id, _)| *id)
-            .collect()
-    }
-
-    fn busy_set(&self, model: usize) -> Vec<u64> {
-        let mut v: Vec<u64> = self
-            .workers
-            .iter()
-            .filter(|(id, w)| w.model == model && self.busy(**id))
-            .map(|(id, _)| *id)
-            .collect();
-        v.sort_unstable();
-        v
-    }
-
-    fn has_workers(&self, model: usize) -> bool {
-        self.workers.values().any(|w| w.model == model)
-    }
-}
 
 #[derive(Debug, Clone)]
 enum Op {
