@@ -183,8 +183,16 @@ fn pingpong<P>(
                     stop.store(true, Ordering::Release);
                 }
             }
+            // Yield now and then: a holder that only spins can keep the
+            // thread it waits for off its CPU for a whole scheduler slice.
+            let mut spins = 0u32;
             while !queued() && !stop.load(Ordering::Acquire) {
-                std::hint::spin_loop();
+                spins += 1;
+                if spins % 64 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
             drop(held.take());
             if stop.load(Ordering::Acquire) {
