@@ -1,0 +1,570 @@
+//! Monitor operation sequences (add, remove, report, thresholds, select,
+//! check, lease, bookings, time) checked step by step against the reference
+//! monitor that `core/tests/monitor_differential.rs` also uses. Load values
+//! range over all of `u64` and thresholds over all of `f64`, so rounding,
+//! overflow and the refused-value paths are reached, which the proptest
+//! version (small values) does not.
+//!
+//! After every step: the operation's result, every model's busy set and
+//! worker list, every worker's busy flag, lease and per-rank load, and every
+//! model's thresholds and version must match the reference.
+#![no_main]
+
+use std::time::Duration;
+
+use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use loadgate::{
+    Booking, LoadReport, ManualClock, Monitor, MonitorConfig, Policy, ReportError, RouteError,
+    ThresholdError, ThresholdField, ThresholdUpdate, WorkerError, WorkerSpec,
+};
+
+#[path = "../../core/tests/support/reference_monitor.rs"]
+mod reference_monitor;
+use reference_monitor::{RefRank, RefWorker, Reference};
+
+/// Models by index; the last one is empty, which `add_worker` refuses.
+const MODELS: [&str; 4] = ["a", "b", "c", ""];
+const IDS: u64 = 10;
+const CAPACITY: usize = 6;
+const LEASE_MS: u64 = 1000;
+const DEFAULT_MNBT: u64 = 10_000_000;
+
+/// A `u64` drawn mostly small, sometimes anywhere, sometimes at the edges
+/// where `as f64` rounds and saturating arithmetic kicks in.
+#[derive(Debug, Clone, Copy)]
+struct Num(u64);
+
+impl<'a> Arbitrary<'a> for Num {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(Num(match u.arbitrary::<u8>()? {
+            0..=191 => u64::from(u.int_in_range(0u8..=15)?),
+            192..=223 => u.arbitrary()?,
+            224..=231 => u64::MAX,
+            232..=239 => u64::MAX - 1,
+            240..=247 => 1 << 53,
+            _ => (1 << 53) + 1,
+        }))
+    }
+}
+
+/// A threshold drawn mostly from tenths, sometimes from any bit pattern or
+/// the special values validation has to refuse (or accept: `-0.0`, `1.0`).
+#[derive(Debug, Clone, Copy)]
+struct Real(f64);
+
+impl<'a> Arbitrary<'a> for Real {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        const SPECIAL: [f64; 9] = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            -0.5,
+            1.0,
+            1.0 + f64::EPSILON,
+            64.0,
+            f64::MIN_POSITIVE,
+        ];
+        Ok(Real(match u.arbitrary::<u8>()? {
+            0..=191 => f64::from(u.int_in_range(0u8..=30)?) / 10.0,
+            192..=223 => f64::from_bits(u.arbitrary()?),
+            n => SPECIAL[usize::from(n) % SPECIAL.len()],
+        }))
+    }
+}
+
+#[derive(Debug, Arbitrary)]
+enum Op {
+    Add {
+        model: u8,
+        id: u8,
+        near_max_start: bool,
+        dp_start: u8,
+        dp_size: u8,
+        total: Option<Num>,
+        mnbt: Option<Num>,
+    },
+    Remove {
+        id: u8,
+    },
+    Report {
+        id: u8,
+        rank: u8,
+        decode: Option<Num>,
+        used: Option<Num>,
+        total: Option<Num>,
+        prefill: Option<Num>,
+        mnbt: Option<Num>,
+    },
+    Set {
+        model: u8,
+        decode: Option<Real>,
+        abs: Option<Num>,
+        frac: Option<Real>,
+        clear: Vec<u8>,
+    },
+    Select {
+        model: u8,
+        policy: u8,
+    },
+    SelectMinCost {
+        model: u8,
+        costs: Vec<(u8, Real)>,
+    },
+    Check {
+        id: u8,
+    },
+    Mark {
+        id: u8,
+    },
+    Advance {
+        ms: u16,
+    },
+    Book {
+        id: u8,
+        rank: u8,
+        blocks: Num,
+    },
+    AddOutput {
+        index: u8,
+        blocks: Num,
+    },
+    Unbook {
+        index: u8,
+    },
+}
+
+/// A live booking and what the reference needs to undo it.
+struct Held {
+    booking: Booking,
+    id: u64,
+    rank_index: usize,
+    /// Blocks the reference added (the booking's own count saturates the
+    /// same way).
+    blocks: u64,
+    generation: u64,
+}
+
+fn rank_of(r: &mut Reference, id: u64, rank: u32) -> Option<&mut RefRank> {
+    let w = r.workers.get_mut(&id)?;
+    let i = rank.checked_sub(w.dp_start)?;
+    w.ranks.get_mut(i as usize)
+}
+
+fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held>, op: &Op) {
+    match *op {
+        Op::Add {
+            model,
+            id,
+            near_max_start,
+            dp_start,
+            dp_size,
+            total,
+            mnbt,
+        } => {
+            let model = usize::from(model) % MODELS.len();
+            let id = u64::from(id) % IDS;
+            let dp_start = if near_max_start {
+                u32::MAX - u32::from(dp_start % 4)
+            } else {
+                u32::from(dp_start % 4)
+            };
+            let dp_size = u32::from(dp_size % 4);
+            let spec = WorkerSpec {
+                dp_start,
+                dp_size,
+                kv_total_blocks: total.map(|n| n.0),
+                max_num_batched_tokens: mnbt.map(|n| n.0),
+            };
+            let got = m.add_worker(MODELS[model], id, spec);
+            let want = if MODELS[model].is_empty() {
+                Err(WorkerError::EmptyModel)
+            } else if dp_start.checked_add(dp_size).is_none() {
+                Err(WorkerError::InvalidRanks { dp_start, dp_size })
+            } else if r.workers.contains_key(&id) {
+                Err(WorkerError::Duplicate(id))
+            } else if r.workers.values().filter(|w| w.model == model).count() >= CAPACITY {
+                Err(WorkerError::ModelFull {
+                    model: MODELS[model].into(),
+                    capacity: CAPACITY,
+                })
+            } else {
+                r.generations += 1;
+                let rank = RefRank {
+                    total: spec.kv_total_blocks.unwrap_or(0),
+                    mnbt: spec.max_num_batched_tokens.unwrap_or(DEFAULT_MNBT),
+                    ..Default::default()
+                };
+                r.workers.insert(
+                    id,
+                    RefWorker {
+                        model,
+                        dp_start,
+                        ranks: vec![rank; dp_size as usize],
+                        lease_until: None,
+                        generation: r.generations,
+                    },
+                );
+                r.known_models.insert(model);
+                Ok(())
+            };
+            assert_eq!(got, want, "add_worker");
+        }
+        Op::Remove { id } => {
+            let id = u64::from(id) % IDS;
+            let want = r
+                .workers
+                .remove(&id)
+                .map(|_| ())
+                .ok_or(WorkerError::Unknown(id));
+            assert_eq!(m.remove_worker(id), want, "remove_worker");
+        }
+        Op::Report {
+            id,
+            rank,
+            decode,
+            used,
+            total,
+            prefill,
+            mnbt,
+        } => {
+            let id = u64::from(id) % IDS;
+            let rank = u32::from(rank);
+            let report = LoadReport {
+                active_decode_blocks: decode.map(|n| n.0),
+                kv_used_blocks: used.map(|n| n.0),
+                kv_total_blocks: total.map(|n| n.0),
+                active_prefill_tokens: prefill.map(|n| n.0),
+                max_num_batched_tokens: mnbt.map(|n| n.0),
+            };
+            let got = m.report(id, rank, &report);
+            if !r.workers.contains_key(&id) {
+                assert_eq!(got, Err(ReportError::UnknownWorker(id)), "report");
+                return;
+            }
+            let Some(rr) = rank_of(r, id, rank) else {
+                assert!(
+                    matches!(got, Err(ReportError::UndeclaredRank { worker_id, dp_rank, .. })
+                        if worker_id == id && dp_rank == rank),
+                    "report to an undeclared rank: {got:?}"
+                );
+                return;
+            };
+            if report.active_prefill_tokens == Some(u64::MAX) {
+                // u64::MAX marks "never reported" inside the monitor.
+                assert!(
+                    matches!(
+                        got,
+                        Err(ReportError::InvalidValue {
+                            field: "active_prefill_tokens",
+                            value: u64::MAX
+                        })
+                    ),
+                    "report of the reserved prefill value: {got:?}"
+                );
+                return;
+            }
+            assert_eq!(got, Ok(()), "report");
+            if let Some(v) = report.active_decode_blocks {
+                rr.decode = v;
+            }
+            if let Some(v) = report.kv_used_blocks {
+                rr.used = v;
+            }
+            if let Some(v) = report.kv_total_blocks {
+                rr.total = v;
+            }
+            if let Some(v) = report.active_prefill_tokens {
+                rr.prefill = Some(v);
+            }
+            if let Some(v) = report.max_num_batched_tokens {
+                rr.mnbt = v;
+            }
+            if !r.busy(id) {
+                r.workers.get_mut(&id).unwrap().lease_until = None;
+            }
+        }
+        Op::Set {
+            model,
+            decode,
+            abs,
+            frac,
+            ref clear,
+        } => {
+            let model = usize::from(model) % 3;
+            let name = MODELS[model];
+            let mut clear_fields: Vec<ThresholdField> = Vec::new();
+            for &i in clear.iter().take(3) {
+                let f = ThresholdField::ALL[usize::from(i) % ThresholdField::ALL.len()];
+                if !clear_fields.contains(&f) {
+                    clear_fields.push(f);
+                }
+            }
+            let (decode, abs, frac) = (decode.map(|x| x.0), abs.map(|n| n.0), frac.map(|x| x.0));
+            let update = ThresholdUpdate {
+                active_decode_blocks_threshold: decode,
+                active_prefill_tokens_threshold: abs,
+                active_prefill_tokens_threshold_frac: frac,
+                clear: clear_fields.clone(),
+            };
+            let got = m.set_thresholds(name, &update);
+            if !r.known_models.contains(&model) {
+                assert_eq!(got, Err(ThresholdError::UnknownModel(name.into())));
+                return;
+            }
+            let cur = r.thresholds.get(&model).copied().unwrap_or_default();
+            let bad_decode = decode.is_some_and(|t| !(t.is_finite() && (0.0..=1.0).contains(&t)));
+            let bad_frac = frac.is_some_and(|f| !(f.is_finite() && f >= 0.0));
+            let conflict = clear_fields.iter().any(|f| match f {
+                ThresholdField::ActiveDecodeBlocks => decode.is_some(),
+                ThresholdField::ActivePrefillTokens => abs.is_some(),
+                ThresholdField::ActivePrefillTokensFrac => frac.is_some(),
+            });
+            if bad_decode || bad_frac || conflict {
+                assert!(got.is_err(), "{update:?} accepted");
+                assert_eq!(m.thresholds(name).unwrap().version, cur.version);
+                return;
+            }
+            let got = got.expect("a valid update is accepted");
+            if update.is_empty() {
+                assert_eq!(got.version, cur.version, "an empty update is a read");
+                return;
+            }
+            let mut next = cur;
+            for f in &clear_fields {
+                match f {
+                    ThresholdField::ActiveDecodeBlocks => next.decode = None,
+                    ThresholdField::ActivePrefillTokens => next.abs = None,
+                    ThresholdField::ActivePrefillTokensFrac => next.frac = None,
+                }
+            }
+            next.decode = decode.or(next.decode);
+            next.abs = abs.or(next.abs);
+            next.frac = frac.or(next.frac);
+            next.version += 1;
+            r.thresholds.insert(model, next);
+            assert_eq!(got.version, next.version);
+        }
+        Op::Select { model, policy } => {
+            let model = usize::from(model) % 3;
+            let policy =
+                [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo][usize::from(policy) % 3];
+            let got = m.select(MODELS[model], policy);
+            let eligible = r.eligible(model);
+            match got {
+                Ok(id) => assert!(eligible.contains(&id), "picked {id} not in {eligible:?}"),
+                Err(RouteError::Unavailable) => assert!(!r.has_workers(model)),
+                Err(RouteError::Overloaded) => {
+                    assert!(r.has_workers(model) && eligible.is_empty(), "{eligible:?}")
+                }
+                Err(e) => panic!("select: unexpected {e:?}"),
+            }
+        }
+        Op::SelectMinCost { model, ref costs } => {
+            let model = usize::from(model) % 3;
+            let costs: Vec<(u64, f64)> = costs
+                .iter()
+                .take(16)
+                .map(|&(id, c)| (u64::from(id) % (IDS + 2), c.0))
+                .collect();
+            let got = m.select_min_cost(MODELS[model], costs.iter().copied());
+            let want = if !r.has_workers(model) {
+                Err(RouteError::Unavailable)
+            } else {
+                let eligible = r.eligible(model);
+                let mut best: Option<(u64, f64)> = None;
+                for &(id, cost) in &costs {
+                    let cost = if cost.is_nan() { f64::INFINITY } else { cost };
+                    if eligible.contains(&id) && best.is_none_or(|(_, b)| cost < b) {
+                        best = Some((id, cost));
+                    }
+                }
+                best.map(|(id, _)| id).ok_or(RouteError::Overloaded)
+            };
+            assert_eq!(got, want, "select_min_cost over {costs:?}");
+        }
+        Op::Check { id } => {
+            let id = u64::from(id) % IDS;
+            let want = if !r.workers.contains_key(&id) {
+                Err(RouteError::UnknownWorker(id))
+            } else if r.busy(id) || r.leased(id) {
+                Err(RouteError::WorkerOverloaded)
+            } else {
+                Ok(())
+            };
+            assert_eq!(m.check(id), want, "check");
+        }
+        Op::Mark { id } => {
+            let id = u64::from(id) % IDS;
+            let got = m.mark_overloaded(id);
+            match r.workers.get_mut(&id) {
+                None => assert_eq!(got, Err(RouteError::UnknownWorker(id))),
+                Some(w) => {
+                    assert_eq!(got, Ok(()));
+                    w.lease_until = Some(r.now_ms + LEASE_MS);
+                }
+            }
+        }
+        Op::Advance { ms } => {
+            let ms = u64::from(ms % 2000);
+            clock.advance(Duration::from_millis(ms));
+            r.now_ms += ms;
+        }
+        Op::Book { id, rank, blocks } => {
+            let id = u64::from(id) % IDS;
+            let rank = u32::from(rank % 4);
+            let got = m.book(id, rank, blocks.0);
+            let generation = r.workers.get(&id).map(|w| w.generation);
+            let dp_start = r.workers.get(&id).map(|w| w.dp_start);
+            match rank_of(r, id, rank) {
+                None => assert!(got.is_err(), "booking on a missing rank: {got:?}"),
+                Some(rr) => {
+                    let booking = got.expect("booking on a declared rank");
+                    rr.decode = rr.decode.saturating_add(blocks.0);
+                    assert_eq!(booking.blocks(), blocks.0);
+                    assert_eq!(booking.worker_id(), id);
+                    held.push(Held {
+                        booking,
+                        id,
+                        rank_index: (rank - dp_start.unwrap()) as usize,
+                        blocks: blocks.0,
+                        generation: generation.unwrap(),
+                    });
+                }
+            }
+        }
+        Op::AddOutput { index, blocks } => {
+            if held.is_empty() {
+                return;
+            }
+            let i = usize::from(index) % held.len();
+            let h = &mut held[i];
+            let n = blocks.0.min(u64::MAX - h.blocks);
+            h.booking.add_output_blocks(blocks.0);
+            h.blocks += n;
+            assert_eq!(h.booking.blocks(), h.blocks, "booking count");
+            if let Some(w) = r.workers.get_mut(&h.id) {
+                if w.generation == h.generation {
+                    let rr = &mut w.ranks[h.rank_index];
+                    rr.decode = rr.decode.saturating_add(n);
+                }
+            }
+        }
+        Op::Unbook { index } => {
+            if held.is_empty() {
+                return;
+            }
+            let h = held.swap_remove(usize::from(index) % held.len());
+            h.booking.release();
+            if let Some(w) = r.workers.get_mut(&h.id) {
+                if w.generation == h.generation {
+                    let rr = &mut w.ranks[h.rank_index];
+                    rr.decode = rr.decode.saturating_sub(h.blocks);
+                }
+            }
+        }
+    }
+}
+
+/// Everything observable must agree with the reference.
+fn compare(m: &Monitor, r: &Reference, op: &Op) {
+    let mut models: Vec<String> = r
+        .known_models
+        .iter()
+        .map(|&i| MODELS[i].to_owned())
+        .collect();
+    models.sort_unstable();
+    assert_eq!(m.models(), models, "models after {op:?}");
+    for (i, name) in MODELS.iter().enumerate().take(3) {
+        assert_eq!(
+            m.busy_workers(name),
+            r.busy_set(i),
+            "busy set of {name:?} after {op:?}"
+        );
+        let mut ids = m.workers(name);
+        ids.sort_unstable();
+        let mut want: Vec<u64> = r
+            .workers
+            .iter()
+            .filter(|(_, w)| w.model == i)
+            .map(|(id, _)| *id)
+            .collect();
+        want.sort_unstable();
+        assert_eq!(ids, want, "workers of {name:?} after {op:?}");
+        let t = m.thresholds(name);
+        if r.known_models.contains(&i) {
+            let want = r.thresholds.get(&i).copied().unwrap_or_default();
+            let got = t.expect("a known model has thresholds");
+            assert_eq!(
+                got.version, want.version,
+                "version of {name:?} after {op:?}"
+            );
+            let got_t = &got.thresholds;
+            // Bit equality: -0.0 and NaN payloads must survive as given.
+            assert_eq!(
+                got_t.active_decode_blocks_threshold.map(f64::to_bits),
+                want.decode.map(f64::to_bits),
+                "decode threshold of {name:?} after {op:?}"
+            );
+            assert_eq!(got_t.active_prefill_tokens_threshold, want.abs);
+            assert_eq!(
+                got_t.active_prefill_tokens_threshold_frac.map(f64::to_bits),
+                want.frac.map(f64::to_bits),
+                "frac threshold of {name:?} after {op:?}"
+            );
+        } else {
+            assert_eq!(t, None, "thresholds of unknown {name:?}");
+        }
+    }
+    for id in 0..IDS {
+        let Some(w) = r.workers.get(&id) else {
+            assert_eq!(m.is_busy(id), Err(RouteError::UnknownWorker(id)));
+            assert_eq!(m.is_leased(id), Err(RouteError::UnknownWorker(id)));
+            continue;
+        };
+        assert_eq!(
+            m.is_busy(id),
+            Ok(r.busy(id)),
+            "busy flag of {id} after {op:?}"
+        );
+        assert_eq!(
+            m.is_leased(id),
+            Ok(r.leased(id)),
+            "lease of {id} after {op:?}"
+        );
+        for (i, rr) in w.ranks.iter().enumerate() {
+            let rank = w.dp_start + i as u32;
+            let l = m.rank_load(id, rank).expect("declared rank");
+            assert_eq!(
+                (
+                    l.active_decode_blocks,
+                    l.kv_used_blocks,
+                    l.kv_total_blocks,
+                    l.active_prefill_tokens,
+                    l.max_num_batched_tokens
+                ),
+                (rr.decode, rr.used, rr.total, rr.prefill, rr.mnbt),
+                "load of {id}/{rank} after {op:?}"
+            );
+        }
+    }
+}
+
+fuzz_target!(|ops: Vec<Op>| {
+    let clock = ManualClock::new();
+    let config = MonitorConfig {
+        lease: Duration::from_millis(LEASE_MS),
+        max_workers_per_model: CAPACITY,
+        ..Default::default()
+    };
+    let m = Monitor::with_config(config, clock.clone()).expect("valid config");
+    let mut r = Reference::default();
+    let mut held: Vec<Held> = Vec::new();
+    for op in ops.iter().take(256) {
+        step(&m, &clock, &mut r, &mut held, op);
+        compare(&m, &r, op);
+    }
+    // Releasing every booking leaves each rank at its reported decode value.
+    drop(held);
+});

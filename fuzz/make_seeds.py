@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Writes the committed seed corpora under fuzz/corpus/<target>/.
+
+Deterministic: running it again rewrites the same files. Structured targets
+get hand-written inputs (wire envelopes, HTTP requests); targets that read
+operation sequences through `arbitrary` (gate_ops, monitor_ops, c_abi) get a
+few fixed-seed pseudo-random inputs of different lengths, which decode to
+mixed operation sequences, plus the inputs of past findings.
+
+Usage: python3 fuzz/make_seeds.py
+"""
+
+import json
+import os
+import random
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---- msgpack, just what the envelopes need ------------------------------------
+
+
+def mp_uint(n):
+    if n < 0x80:
+        return bytes([n])
+    if n < 1 << 8:
+        return b"\xcc" + struct.pack(">B", n)
+    if n < 1 << 16:
+        return b"\xcd" + struct.pack(">H", n)
+    if n < 1 << 32:
+        return b"\xce" + struct.pack(">I", n)
+    return b"\xcf" + struct.pack(">Q", n)
+
+
+def mp_str(s):
+    b = s.encode()
+    assert len(b) < 32
+    return bytes([0xA0 | len(b)]) + b
+
+
+def mp_map(fields):
+    assert len(fields) < 16
+    out = bytes([0x80 | len(fields)])
+    for k, v in fields.items():
+        out += mp_str(k)
+        if v is None:
+            out += b"\xc0"
+        elif isinstance(v, str):
+            out += mp_str(v)
+        elif isinstance(v, int) and v < 0:
+            out += b"\xd0" + struct.pack(">b", v)
+        else:
+            out += mp_uint(v)
+    return out
+
+
+def wire():
+    envelope = {
+        "v": 1,
+        "instance": 77,
+        "seq": 5,
+        "worker_id": 3,
+        "model": "llama",
+        "dp_start": 2,
+        "dp_size": 2,
+        "dp_rank": 3,
+        "kv_total_blocks": 1000,
+        "kv_used_blocks": 10,
+        "active_prefill_tokens": 0,
+    }
+    active_load = {"worker_id": 9, "dp_rank": 1, "active_decode_blocks": 12,
+                   "active_prefill_tokens": None}
+    write("wire_decode", "envelope.msgpack", mp_map(envelope))
+    write("wire_decode", "envelope.json", json.dumps(envelope))
+    write("wire_decode", "active_load.msgpack", mp_map(active_load))
+    write("wire_decode", "active_load.json", json.dumps(active_load))
+    big = dict(envelope, seq=2**64 - 1, worker_id=2**63, kv_used_blocks=2**53 + 1,
+               max_num_batched_tokens=None)
+    write("wire_decode", "edges.msgpack", mp_map(big))
+    write("wire_decode", "bad_rank.json", json.dumps(dict(envelope, dp_rank=9)))
+    write("wire_decode", "bad_version.msgpack", mp_map(dict(envelope, v=2)))
+    write("wire_decode", "negative.msgpack", mp_map(dict(active_load, worker_id=-1)))
+
+
+def http():
+    ct = "application/json"
+    requests = {
+        "set_then_read": [
+            ("POST", ct, {"model": "llama", "active_decode_blocks_threshold": 0.9,
+                          "active_prefill_tokens_threshold": 2048}),
+            ("POST", ct, {"model": "llama"}),
+            ("GET", "", None),
+        ],
+        "clear": [
+            ("POST", ct, {"model": "mistral", "active_prefill_tokens_threshold_frac": 1.5}),
+            ("POST", ct + "; charset=utf-8",
+             {"model": "mistral", "clear": ["active_prefill_tokens_threshold_frac"]}),
+        ],
+        "errors": [
+            ("POST", ct, {"model": "nope", "active_decode_blocks_threshold": 0.5}),
+            ("POST", ct, {"model": "llama", "active_decode_blocks_threshold": 1.5}),
+            ("POST", ct, {"model": "llama", "active_prefill_tokens_threshold": -1}),
+            ("POST", ct, {"model": 7}),
+        ],
+        "wrong_shapes": [
+            ("POST", "text/plain", {"model": "llama"}),
+            ("PUT", ct, {"model": "llama"}),
+            ("POST", ct, {"model": "llama", "clear": "all"}),
+            ("POST", "", None),
+        ],
+    }
+    for name, reqs in requests.items():
+        chunks = []
+        for method, content_type, body in reqs:
+            text = "" if body is None else json.dumps(body)
+            chunks.append(f"{method}\n{content_type}\n{text}".encode())
+        write("busy_threshold_http", name, b"\0".join(chunks))
+    write("busy_threshold_http", "malformed", b"POST\napplication/json\n{\"model\": \"llama\",")
+
+
+def ops(target, count=4):
+    rng = random.Random(target)
+    for i, length in enumerate([16, 64, 256, 1024][:count]):
+        write(target, f"random-{i}", bytes(rng.randrange(256) for _ in range(length)))
+
+
+# Minimized inputs of past findings (core/tests/fuzz_regressions.rs).
+FINDINGS = {
+    # N=1, Q=47, deadline 1 ms: 47 callbacks queue, time passes, one more
+    # admission finds the queue full with 47 overdue waiters.
+    ("gate_ops", "finding-full-queue-expiry"):
+        "f8002f2f00102f2f2f2f2f982f2f2f2f2f2f982f2f2f2f2f982f2f",
+}
+
+
+def findings():
+    for (target, name), hexbytes in FINDINGS.items():
+        write(target, name, bytes.fromhex(hexbytes))
+
+
+def main():
+    wire()
+    http()
+    ops("monitor_ops")
+    ops("gate_ops")
+    ops("c_abi")
+    findings()
+
+
+if __name__ == "__main__":
+    main()
