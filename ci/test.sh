@@ -63,6 +63,17 @@ step "Python module: pip install ./python; pytest"
 ./python/tests/run.sh
 # ---- end Python module -------------------------------------------------------
 
+# ---- fuzzing and ThreadSanitizer ---------------------------------------------
+# Every fuzz target for 30 s (FUZZ_SECONDS) from its committed seeds
+# (cargo-fuzz on nightly, installed from crates.io when missing), then the
+# threaded stress tests under ThreadSanitizer with an instrumented std.
+# README "Verification" lists every check.
+step "fuzz targets (${FUZZ_SECONDS:=30}s each)"
+./ci/fuzz.sh "$FUZZ_SECONDS"
+step "ThreadSanitizer: threaded stress tests"
+./ci/sanitize.sh
+# ---- end fuzzing and ThreadSanitizer -----------------------------------------
+
 step "main job"
 cargo run --release --example overload >/dev/null
 echo "example ran"
