@@ -5,7 +5,9 @@
 //! Calls go straight to the `extern "C"` functions (ffi-c compiled as an
 //! rlib, see `ffi-rlib/`), under AddressSanitizer and LeakSanitizer. Only
 //! calls the header allows are made: no dangling or freed handle, no length
-//! longer than its buffer. Within that contract every call must:
+//! longer than its buffer. The NATS calls (reporter, subscription) are made
+//! only with an argument they must refuse before connecting, so the target
+//! never touches the network. Within that contract every call must:
 //! * return a status and never `LG_PANIC` (and never crash or leak);
 //! * give `LG_INVALID_ARGUMENT` for a NULL it cannot take;
 //! * write its out-parameters only on success (snprintf-style text calls:
@@ -106,7 +108,7 @@ struct Buf {
     len: u16,
 }
 
-#[derive(Debug, Arbitrary)]
+#[derive(Debug, Default, Arbitrary)]
 struct Spec {
     dp_start_high: bool,
     dp_start: u8,
@@ -115,7 +117,7 @@ struct Spec {
     mnbt: Option<Small>,
 }
 
-#[derive(Debug, Arbitrary)]
+#[derive(Debug, Default, Arbitrary)]
 struct Report {
     decode: Option<Small>,
     used: Option<Small>,
@@ -316,6 +318,29 @@ enum Call {
         nulls: u8,
     },
     Version,
+    MonitorConfigDefault {
+        out_null: bool,
+    },
+    /// `lg_reporter_new` with one argument it must refuse (`fault`).
+    ReporterNew {
+        url: Str,
+        namespace: Str,
+        id: u8,
+        model: Str,
+        spec: Option<Spec>,
+        fault: u8,
+    },
+    /// `lg_monitor_subscribe_nats` with one argument it must refuse.
+    Subscribe {
+        m: Handle,
+        url: Str,
+        namespace: Str,
+        fault: u8,
+    },
+    /// The reporter and subscription calls on NULL handles.
+    NullNatsHandles {
+        out_null: bool,
+    },
 }
 
 // ---- state --------------------------------------------------------------------
@@ -521,18 +546,7 @@ impl State {
                 let m = pick(&self.monitors, *m);
                 let mut keep = Vec::new();
                 let (p, len) = model.raw(&mut keep);
-                let spec = spec.as_ref().map(|s| lg_worker_spec {
-                    dp_start: if s.dp_start_high {
-                        u32::MAX - u32::from(s.dp_start % 4)
-                    } else {
-                        u32::from(s.dp_start % 4)
-                    },
-                    dp_size: u32::from(s.dp_size % 4),
-                    has_kv_total_blocks: s.total.is_some(),
-                    kv_total_blocks: s.total.map_or(0, |v| v.0),
-                    has_max_num_batched_tokens: s.mnbt.is_some(),
-                    max_num_batched_tokens: s.mnbt.map_or(0, |v| v.0),
-                });
+                let spec = spec.as_ref().map(worker_spec);
                 let st = checked("lg_monitor_add_worker", unsafe {
                     lg_monitor_add_worker(
                         m,
@@ -558,18 +572,7 @@ impl State {
                 report,
             } => {
                 let m = pick(&self.monitors, *m);
-                let r = report.as_ref().map(|r| lg_load_report {
-                    has_active_decode_blocks: r.decode.is_some(),
-                    active_decode_blocks: r.decode.map_or(0, |v| v.0),
-                    has_kv_used_blocks: r.used.is_some(),
-                    kv_used_blocks: r.used.map_or(0, |v| v.0),
-                    has_kv_total_blocks: r.total.is_some(),
-                    kv_total_blocks: r.total.map_or(0, |v| v.0),
-                    has_active_prefill_tokens: r.prefill.is_some(),
-                    active_prefill_tokens: r.prefill.map_or(0, |v| v.0),
-                    has_max_num_batched_tokens: r.mnbt.is_some(),
-                    max_num_batched_tokens: r.mnbt.map_or(0, |v| v.0),
-                });
+                let r = report.as_ref().map(worker_report);
                 let st = checked("lg_monitor_report", unsafe {
                     lg_monitor_report(
                         m,
@@ -1203,6 +1206,138 @@ impl State {
                     check_text("lg_error_response", st, &buf, *b, needed);
                 }
             }
+            Call::MonitorConfigDefault { out_null } => {
+                let mut out = std::mem::MaybeUninit::<lg_monitor_config>::uninit();
+                let st = checked("lg_monitor_config_default", unsafe {
+                    lg_monitor_config_default(if *out_null {
+                        null_mut()
+                    } else {
+                        out.as_mut_ptr()
+                    })
+                });
+                refuses_null("lg_monitor_config_default", st, *out_null);
+                if st == lg_status::LG_OK {
+                    // SAFETY: written on LG_OK; the defaults must be accepted.
+                    let config = unsafe { out.assume_init() };
+                    let mut m: *mut lg_monitor = null_mut();
+                    let st = checked("lg_monitor_new", unsafe { lg_monitor_new(&config, &mut m) });
+                    assert_eq!(st, lg_status::LG_OK, "the default config is refused");
+                    self.monitors.push(m);
+                }
+            }
+            Call::ReporterNew {
+                url,
+                namespace,
+                id,
+                model,
+                spec,
+                fault,
+            } => {
+                let (mut k1, mut k2, mut k3) = (Vec::new(), Vec::new(), Vec::new());
+                let (mut up, mut ul) = url.raw(&mut k1);
+                let (mut np, mut nl) = namespace.raw(&mut k2);
+                let (mut mp, mut ml) = model.raw(&mut k3);
+                let mut spec = spec.as_ref().map(worker_spec);
+                let mut out: *mut lg_reporter = dangling();
+                let mut out_ptr: *mut *mut lg_reporter = &mut out;
+                match fault % 6 {
+                    0 => out_ptr = null_mut(),
+                    1 => (up, ul) = (null(), 7),
+                    2 => (mp, ml) = (null(), 0), // empty model
+                    3 => (np, nl) = (b"a.b".as_ptr(), 3),
+                    4 => (np, nl) = (null(), 0), // empty namespace
+                    _ => {
+                        spec = Some(lg_worker_spec {
+                            dp_start: u32::MAX,
+                            dp_size: 2,
+                            ..worker_spec(&Spec::default())
+                        })
+                    }
+                }
+                let st = checked("lg_reporter_new", unsafe {
+                    lg_reporter_new(
+                        up.cast(),
+                        ul,
+                        np.cast(),
+                        nl,
+                        u64::from(*id),
+                        mp.cast(),
+                        ml,
+                        spec.as_ref().map_or(null(), |s| s as *const _),
+                        out_ptr,
+                    )
+                });
+                assert_eq!(
+                    st,
+                    lg_status::LG_INVALID_ARGUMENT,
+                    "lg_reporter_new, fault {fault}"
+                );
+                assert_eq!(out, dangling(), "reporter written on failure");
+            }
+            Call::Subscribe {
+                m,
+                url,
+                namespace,
+                fault,
+            } => {
+                let mut m = pick(&self.monitors, *m);
+                let (mut k1, mut k2) = (Vec::new(), Vec::new());
+                let (mut up, mut ul) = url.raw(&mut k1);
+                let (mut np, mut nl) = namespace.raw(&mut k2);
+                let mut out: *mut lg_subscription = dangling();
+                let mut out_ptr: *mut *mut lg_subscription = &mut out;
+                match fault % 5 {
+                    0 => out_ptr = null_mut(),
+                    1 => m = null_mut(),
+                    2 => (up, ul) = (null(), 3),
+                    3 => (np, nl) = (b"x y".as_ptr(), 3),
+                    _ => (np, nl) = (b">".as_ptr(), 1),
+                }
+                let st = checked("lg_monitor_subscribe_nats", unsafe {
+                    lg_monitor_subscribe_nats(m, up.cast(), ul, np.cast(), nl, out_ptr)
+                });
+                assert_eq!(
+                    st,
+                    lg_status::LG_INVALID_ARGUMENT,
+                    "lg_monitor_subscribe_nats, fault {fault}"
+                );
+                assert_eq!(out, dangling(), "subscription written on failure");
+            }
+            Call::NullNatsHandles { out_null } => {
+                let report = worker_report(&Report::default());
+                let st = checked("lg_reporter_report", unsafe {
+                    lg_reporter_report(null(), 0, &report)
+                });
+                refuses_null("lg_reporter_report", st, true);
+                let mut rs = std::mem::MaybeUninit::<lg_reporter_stats>::uninit();
+                let st = checked("lg_reporter_get_stats", unsafe {
+                    lg_reporter_get_stats(
+                        null(),
+                        if *out_null {
+                            null_mut()
+                        } else {
+                            rs.as_mut_ptr()
+                        },
+                    )
+                });
+                refuses_null("lg_reporter_get_stats", st, true);
+                let mut ss = std::mem::MaybeUninit::<lg_subscription_stats>::uninit();
+                let st = checked("lg_subscription_get_stats", unsafe {
+                    lg_subscription_get_stats(
+                        null(),
+                        if *out_null {
+                            null_mut()
+                        } else {
+                            ss.as_mut_ptr()
+                        },
+                    )
+                });
+                refuses_null("lg_subscription_get_stats", st, true);
+                unsafe {
+                    lg_reporter_free(null_mut());
+                    lg_subscription_free(null_mut());
+                }
+            }
             Call::Version => {
                 let v = unsafe { CStr::from_ptr(lg_version()) }.to_str().unwrap();
                 assert_eq!(v.split('.').count(), 3, "{v}");
@@ -1234,6 +1369,36 @@ impl State {
         for m in std::mem::take(&mut self.monitors) {
             unsafe { lg_monitor_free(m) };
         }
+    }
+}
+
+fn worker_spec(s: &Spec) -> lg_worker_spec {
+    lg_worker_spec {
+        dp_start: if s.dp_start_high {
+            u32::MAX - u32::from(s.dp_start % 4)
+        } else {
+            u32::from(s.dp_start % 4)
+        },
+        dp_size: u32::from(s.dp_size % 4),
+        has_kv_total_blocks: s.total.is_some(),
+        kv_total_blocks: s.total.map_or(0, |v| v.0),
+        has_max_num_batched_tokens: s.mnbt.is_some(),
+        max_num_batched_tokens: s.mnbt.map_or(0, |v| v.0),
+    }
+}
+
+fn worker_report(r: &Report) -> lg_load_report {
+    lg_load_report {
+        has_active_decode_blocks: r.decode.is_some(),
+        active_decode_blocks: r.decode.map_or(0, |v| v.0),
+        has_kv_used_blocks: r.used.is_some(),
+        kv_used_blocks: r.used.map_or(0, |v| v.0),
+        has_kv_total_blocks: r.total.is_some(),
+        kv_total_blocks: r.total.map_or(0, |v| v.0),
+        has_active_prefill_tokens: r.prefill.is_some(),
+        active_prefill_tokens: r.prefill.map_or(0, |v| v.0),
+        has_max_num_batched_tokens: r.mnbt.is_some(),
+        max_num_batched_tokens: r.mnbt.map_or(0, |v| v.0),
     }
 }
 
