@@ -602,7 +602,12 @@ impl Hasher for IdHasher {
 struct Track {
     instance: u64,
     seq: u64,
+    /// Clock time at which the worker was last known to be alive: set when
+    /// it is announced, and by the first sweep after each later message.
     last_heard: u64,
+    /// A message arrived since the last sweep; keeps the clock off the
+    /// per-message path.
+    heard: bool,
     model: String,
     dp_start: u32,
     dp_size: u32,
@@ -705,7 +710,6 @@ impl Subscriber {
     }
 
     fn apply(&self, msg: &LoadRef<'_>) -> Result<Applied, HandleError> {
-        let now = self.clock.now_nanos();
         // Held while applying, so two messages of one worker never apply out
         // of the order their sequence check passed in.
         let mut tracks = lock(&self.tracks);
@@ -721,7 +725,7 @@ impl Subscriber {
                     return Ok(Applied::OutOfOrder);
                 }
                 t.seq = msg.seq;
-                t.last_heard = now;
+                t.heard = true;
                 Applied::Report
             }
             known => {
@@ -748,7 +752,8 @@ impl Subscriber {
                     Track {
                         instance: msg.instance,
                         seq: msg.seq,
-                        last_heard: now,
+                        last_heard: self.clock.now_nanos(),
+                        heard: false,
                         model: msg.model.clone().into_owned(),
                         dp_start: msg.dp_start,
                         dp_size: msg.dp_size,
@@ -764,10 +769,20 @@ impl Subscriber {
     }
 
     /// Removes workers silent for `expire_after`; returns their ids.
+    ///
+    /// Messages only mark a worker as heard (no clock read per message);
+    /// this sweep turns the mark into a time. So a worker is removed between
+    /// `expire_after` and `expire_after` plus one sweep period after its last
+    /// message ([`attach`](Self::attach) sweeps every quarter of
+    /// `expire_after`, at most every 250 ms).
     pub fn expire(&self) -> Vec<u64> {
         let now = self.clock.now_nanos();
         let limit = nanos(self.config.expire_after);
         let mut tracks = lock(&self.tracks);
+        for t in tracks.values_mut().filter(|t| t.heard) {
+            t.heard = false;
+            t.last_heard = now;
+        }
         let silent: Vec<u64> = tracks
             .iter()
             .filter(|(_, t)| now.saturating_sub(t.last_heard) >= limit)

@@ -382,6 +382,14 @@ mod tests {
     }
 
     #[test]
+    fn the_envelopes_this_crate_writes_take_the_fast_path() {
+        let mut m = message();
+        m.active_decode_blocks = Some(u64::MAX - 1);
+        m.max_num_batched_tokens = Some(0);
+        assert!(decode_msgpack_fast(&m.to_msgpack()).is_some());
+    }
+
+    #[test]
     fn reference_active_load_is_decoded() {
         let json = br#"{"worker_id": 9, "dp_rank": 1, "active_decode_blocks": 12, "active_prefill_tokens": null}"#;
         let want = ActiveLoad {

@@ -288,12 +288,16 @@ fn a_silent_worker_is_removed_and_its_model_becomes_unavailable() {
     let bus = InProcessBus::new();
     let f = frontend(&clock);
     let w = worker(&bus, &clock, 3);
-    let _a = f
-        .subscriber
-        .attach(&bus, &Subjects::new("test").unwrap())
+    // Subscribe without `attach`'s sweeping thread: this test sweeps by hand.
+    let s = f.subscriber.clone();
+    let all = Subjects::new("test").unwrap().load_all();
+    let _sub = bus
+        .subscribe(&all, Arc::new(move |p: &[u8]| drop(s.handle(p))))
         .unwrap();
     w.flush();
     assert_eq!(f.monitor.select("llama", Policy::RoundRobin), Ok(3));
+    // The sweep turns "heard since the last sweep" into a time.
+    assert!(f.subscriber.expire().is_empty());
     clock.advance(Duration::from_millis(2999));
     assert!(f.subscriber.expire().is_empty());
     clock.advance(Duration::from_millis(1));
