@@ -14,16 +14,10 @@ fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo --version
 
-# System packages the tests run against (Debian names).
-apt_install() {
-    local sudo=""
-    [ "$(id -u)" = 0 ] || sudo="sudo"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
-}
-if ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ]; then
-    step "installing nats-server"
-    apt_install nats-server
-fi
+# The tools the tests run against: nats-server, valgrind, pkg-config, cmake,
+# the sanitizer runtimes (Debian packages) and cbindgen (crates.io).
+step "test tools: nats-server, valgrind, cmake, cbindgen, ..."
+./ffi-c/tests/run.sh --install-only
 
 step "format"
 cargo fmt --all -- --check
@@ -31,20 +25,16 @@ cargo fmt --all -- --check
 step "lint"
 cargo clippy --workspace --all-targets --features loadgate/nats -- -D warnings
 
-step "unit, integration, differential, stress and nats-server tests"
-cargo test --workspace --features loadgate/nats
+# Includes the C ABI suite (ffi-c/tests/run.sh via tests/c_suite.rs): header
+# drift check, then the C11 and C++17 programs built through pkg-config and
+# CMake, run plain, under valgrind memcheck and with ASan+UBSan.
+step "unit, integration, differential, stress, nats-server and C ABI tests"
+LOADGATE_NO_SKIP=1 cargo test --workspace --features loadgate/nats
 
 step "loom models (release, LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:=2})"
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS \
     cargo test -p loadgate --release --lib --test loom_gate --test loom_monitor
 
-# ---- C ABI (ffi-c) ----------------------------------------------------------
-# Header drift check, then the C11 and C++17 programs built through
-# pkg-config and CMake, run plain, under valgrind memcheck and with
-# ASan+UBSan. --install fetches cbindgen, valgrind, cmake, ... when missing.
-step "C ABI: header, C11 and C++17 programs (valgrind, ASan+UBSan)"
-./ffi-c/tests/run.sh --install
-# ---- end C ABI ---------------------------------------------------------------
 
 # ---- benches -----------------------------------------------------------------
 # The criterion benches must compile and `compare` must run in its short mode
