@@ -1,4 +1,4 @@
-//! Routing: `Monitor::select` (every policy), `select_min_cost` and `check`
+//! Routing: `Route::select` and `Monitor::select` (every policy), `select_min_cost` and `check`
 //! against the reference routing snapshot and the bitset floor, at 64, 1024
 //! and 4096 workers with 0 %, 50 % and 99 % of them busy.
 
@@ -33,7 +33,11 @@ fn select(c: &mut Criterion) {
                 (Policy::PowerOfTwo, "power_of_two"),
             ] {
                 let mut g = c.benchmark_group(format!("select/{pname}/{n}w/{label}"));
+                let route = fx.monitor.route(MODEL).unwrap();
                 g.bench_function("loadgate", |b| {
+                    b.iter(|| black_box(route.select(policy)).ok())
+                });
+                g.bench_function("loadgate_by_name", |b| {
                     b.iter(|| black_box(fx.monitor.select(MODEL, policy)).ok())
                 });
                 g.bench_function("reference", |b| {

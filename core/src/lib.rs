@@ -35,5 +35,7 @@ pub use gate::{
     AdmissionGate, Admit, AdmitCallback, AdmitError, AdmitOwned, CallbackTicket, ConfigError,
     GateConfig, GateStats, OwnedPermit, Permit, TryAdmitError,
 };
-pub use monitor::{Booking, LoadReport, Monitor, MonitorConfig, Policy, Staleness, WorkerSpec};
+pub use monitor::{
+    Booking, LoadReport, Monitor, MonitorConfig, Policy, Route, Staleness, WorkerSpec,
+};
 pub use thresholds::{ThresholdField, ThresholdUpdate, Thresholds};

@@ -588,18 +588,27 @@ impl Model {
     /// Reads the clock only if a lease overlaps the candidates.
     #[inline]
     fn eligible(&self, w: usize, now: &mut Option<u64>, clock: &SharedClock) -> u64 {
-        let mut bits = self.members.word(w) & !self.busy.word(w);
-        if self.leases_out.load(Ordering::Relaxed) != 0 {
-            let leased = self.leased.word(w) & bits;
-            if leased != 0 {
-                let t = *now.get_or_insert_with(|| clock.now_nanos());
-                for b in BitIter(leased) {
-                    let slot = w * 64 + b;
-                    if self.lease_deadline[slot].load(Ordering::Relaxed) <= t {
-                        self.end_lease(slot);
-                    } else {
-                        bits &= !(1u64 << b);
-                    }
+        let bits = self.members.word(w) & !self.busy.word(w);
+        if self.leases_out.load(Ordering::Relaxed) == 0 || bits == 0 {
+            bits
+        } else {
+            self.unleased(w, bits, now, clock)
+        }
+    }
+
+    /// `bits` of word `w` without the slots under an unexpired lease; ends
+    /// expired leases.
+    #[inline(never)]
+    fn unleased(&self, w: usize, mut bits: u64, now: &mut Option<u64>, clock: &SharedClock) -> u64 {
+        let leased = self.leased.word(w) & bits;
+        if leased != 0 {
+            let t = *now.get_or_insert_with(|| clock.now_nanos());
+            for b in BitIter(leased) {
+                let slot = w * 64 + b;
+                if self.lease_deadline[slot].load(Ordering::Relaxed) <= t {
+                    self.end_lease(slot);
+                } else {
+                    bits &= !(1u64 << b);
                 }
             }
         }
@@ -625,8 +634,8 @@ impl Model {
         let found = if first & (!0u64 << sb) != 0 {
             Some(sw * 64 + (first & (!0u64 << sb)).trailing_zeros() as usize)
         } else {
-            (1..words)
-                .map(|i| (sw + i) % words)
+            (sw + 1..words)
+                .chain(0..sw)
                 .find_map(|w| {
                     let e = self.eligible(w, &mut now, clock);
                     (e != 0).then(|| w * 64 + e.trailing_zeros() as usize)
@@ -639,26 +648,85 @@ impl Model {
         found
     }
 
-    /// Uniform random: a few direct probes, then an exact count-and-pick.
+    /// Whether at most half the workers are busy, so that a random probe
+    /// usually hits an eligible one.
+    #[inline]
+    fn mostly_free(&self) -> bool {
+        self.busy_workers.load(Ordering::Relaxed) * 2 <= self.workers.load(Ordering::Relaxed)
+    }
+
+    /// A few random probes for an eligible slot while most workers are free.
+    #[inline]
+    fn probe(&self, now: &mut Option<u64>, clock: &SharedClock) -> Option<usize> {
+        if !self.mostly_free() {
+            return None;
+        }
+        let span = self.words_in_use() as u64 * 64;
+        (0..4).find_map(|_| {
+            let slot = below(next_random(), span) as usize;
+            (self.eligible(slot / 64, now, clock) >> (slot % 64) & 1 == 1).then_some(slot)
+        })
+    }
+
+    /// Uniform random: probes while most workers are free, else (or when
+    /// they miss) an exact pick.
     #[inline]
     fn pick_random(&self, clock: &SharedClock) -> Option<usize> {
-        let words = self.words_in_use();
         let mut now = None;
-        for _ in 0..4 {
-            let slot = below(next_random(), words as u64 * 64) as usize;
-            if self.eligible(slot / 64, &mut now, clock) >> (slot % 64) & 1 == 1 {
-                return Some(slot);
-            }
+        self.probe(&mut now, clock)
+            .or_else(|| self.uniform_pair(&mut now, clock).map(|(a, _)| a))
+    }
+
+    /// Two independent uniform picks among the eligible slots. Up to
+    /// [`STACK_WORDS`] words (4096 slots) this is one pass: the eligible
+    /// words are kept on the stack, counted, and indexed twice.
+    #[inline]
+    fn uniform_pair(&self, now: &mut Option<u64>, clock: &SharedClock) -> Option<(usize, usize)> {
+        let words = self.words_in_use();
+        if words > STACK_WORDS {
+            let a = self.uniform_two_pass(now, clock)?;
+            return Some((a, self.uniform_two_pass(now, clock).unwrap_or(a)));
         }
+        // `upto[w]`: eligible slots in words `0..=w` (non-decreasing).
+        let mut eligible = [0u64; STACK_WORDS];
+        let mut upto = [0u32; STACK_WORDS];
+        let mut total = 0u32;
+        for w in 0..words {
+            let e = self.eligible(w, now, clock);
+            if e != 0 {
+                eligible[w] = e;
+                total += e.count_ones();
+            }
+            upto[w] = total;
+        }
+        if total == 0 {
+            return None;
+        }
+        let upto = &upto[..words];
+        let nth = |k: u32| {
+            let w = upto.partition_point(|&c| c <= k);
+            let before = if w == 0 { 0 } else { upto[w - 1] };
+            w * 64 + nth_set_bit(eligible[w], k - before)
+        };
+        let total = u64::from(total);
+        Some((
+            nth(below(next_random(), total) as u32),
+            nth(below(next_random(), total) as u32),
+        ))
+    }
+
+    /// A uniform pick for models wider than [`STACK_WORDS`]: count, then walk.
+    fn uniform_two_pass(&self, now: &mut Option<u64>, clock: &SharedClock) -> Option<usize> {
+        let words = self.words_in_use();
         let total: u64 = (0..words)
-            .map(|w| u64::from(self.eligible(w, &mut now, clock).count_ones()))
+            .map(|w| u64::from(self.eligible(w, now, clock).count_ones()))
             .sum();
         if total == 0 {
             return None;
         }
         let mut k = below(next_random(), total);
         for w in 0..words {
-            let e = self.eligible(w, &mut now, clock);
+            let e = self.eligible(w, now, clock);
             let c = u64::from(e.count_ones());
             if k < c {
                 return Some(w * 64 + nth_set_bit(e, k as u32));
@@ -675,14 +743,53 @@ impl Model {
             Policy::RoundRobin => self.pick_round_robin(clock),
             Policy::Random => self.pick_random(clock),
             Policy::PowerOfTwo => {
-                let a = self.pick_random(clock)?;
-                let b = self.pick_random(clock).unwrap_or(a);
+                let mut now = None;
+                let (a, b) = match (self.probe(&mut now, clock), self.probe(&mut now, clock)) {
+                    (Some(a), Some(b)) => (a, b),
+                    _ => self.uniform_pair(&mut now, clock)?,
+                };
                 let load = |s: usize| self.load[s].load(Ordering::Relaxed);
                 Some(if load(b) < load(a) { b } else { a })
             }
         }
     }
+
+    /// Picks a worker by `policy`: [`RouteError::Unavailable`] (counted)
+    /// with no workers, [`RouteError::Overloaded`] (counted under
+    /// `endpoint`) when none is eligible.
+    #[inline]
+    fn select(
+        &self,
+        policy: Policy,
+        clock: &SharedClock,
+        endpoint: &str,
+    ) -> Result<u64, RouteError> {
+        self.routable()?;
+        match self.pick(policy, clock) {
+            Some(slot) => Ok(self.ids[slot].load(Ordering::Relaxed)),
+            None => Err(self.overloaded(endpoint)),
+        }
+    }
+
+    /// [`RouteError::Unavailable`] (counted) when the model has no workers.
+    #[inline]
+    fn routable(&self) -> Result<(), RouteError> {
+        if self.workers.load(Ordering::Relaxed) == 0 {
+            self.count_rejection(Reason::NoWorkers, "");
+            return Err(RouteError::Unavailable);
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn overloaded(&self, endpoint: &str) -> RouteError {
+        self.count_rejection(Reason::AllWorkersBusy, endpoint);
+        RouteError::Overloaded
+    }
 }
+
+/// Models up to this many bitset words (4096 slots) pick uniformly in one pass.
+const STACK_WORDS: usize = 64;
 
 /// Maps a random `r` uniformly onto `0..n` with a multiply, not a division.
 #[inline]
@@ -1076,12 +1183,43 @@ impl Monitor {
         policy: Policy,
         endpoint: &str,
     ) -> Result<u64, RouteError> {
-        let reg = self.registry.load();
-        let m = Self::routable(&reg, model)?;
-        match m.pick(policy, &self.clock) {
-            Some(slot) => Ok(m.ids[slot].load(Ordering::Relaxed)),
-            None => Err(Self::overloaded(m, endpoint)),
+        match self.registry.load().models.get(model) {
+            Some(m) => m.select(policy, &self.clock, endpoint),
+            None => Err(RouteError::Unavailable),
         }
+    }
+
+    /// A routing handle for `model`: [`select`](Self::select) without the
+    /// model lookup, for frontends that route to a known model on every
+    /// request. Creates the model (with no workers, so `select` answers
+    /// Unavailable) if it is new; models are never removed, so the handle
+    /// stays valid while workers come and go.
+    pub fn route(&self, model: &str) -> Result<Route, WorkerError> {
+        if model.is_empty() {
+            return Err(WorkerError::EmptyModel);
+        }
+        let found = self.registry.load().models.get(model).cloned();
+        let model = match found {
+            Some(m) => m,
+            None => {
+                let _writer = lock(&self.writer);
+                let current = self.registry.load_full();
+                match current.models.get(model) {
+                    Some(m) => m.clone(),
+                    None => {
+                        let m = Arc::new(Model::new(model, &self.config));
+                        let mut next = (*current).clone();
+                        next.models.insert(m.name.clone(), m.clone());
+                        self.registry.store(Arc::new(next));
+                        m
+                    }
+                }
+            }
+        };
+        Ok(Route {
+            model,
+            clock: self.clock.clone(),
+        })
     }
 
     /// Picks the eligible worker of `model` with the lowest caller-given cost
@@ -1113,7 +1251,7 @@ impl Monitor {
             }
         }
         best.map(|(id, _)| id)
-            .ok_or_else(|| Self::overloaded(m, DEFAULT_ENDPOINT))
+            .ok_or_else(|| m.overloaded(DEFAULT_ENDPOINT))
     }
 
     /// Checks a pinned worker: [`RouteError::WorkerOverloaded`] (counted)
@@ -1142,17 +1280,8 @@ impl Monitor {
     #[inline]
     fn routable<'r>(reg: &'r Registry, model: &str) -> Result<&'r Arc<Model>, RouteError> {
         let m = reg.models.get(model).ok_or(RouteError::Unavailable)?;
-        if m.workers.load(Ordering::Relaxed) == 0 {
-            m.count_rejection(Reason::NoWorkers, "");
-            return Err(RouteError::Unavailable);
-        }
+        m.routable()?;
         Ok(m)
-    }
-
-    #[cold]
-    fn overloaded(m: &Model, endpoint: &str) -> RouteError {
-        m.count_rejection(Reason::AllWorkersBusy, endpoint);
-        RouteError::Overloaded
     }
 
     /// Marks a worker that refused with "Server overloaded: …": it is skipped
@@ -1448,6 +1577,42 @@ impl Monitor {
             );
         }
         out
+    }
+}
+
+/// A routing handle for one model, from [`Monitor::route`]: `select` reads
+/// the model's bitsets directly, with no registry guard and no name lookup.
+/// Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct Route {
+    model: Arc<Model>,
+    clock: SharedClock,
+}
+
+impl fmt::Debug for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Route")
+            .field("model", &self.model.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Route {
+    /// The model this handle routes to.
+    pub fn model(&self) -> &str {
+        &self.model.name
+    }
+
+    /// [`Monitor::select`] for this handle's model.
+    #[inline]
+    pub fn select(&self, policy: Policy) -> Result<u64, RouteError> {
+        self.model.select(policy, &self.clock, DEFAULT_ENDPOINT)
+    }
+
+    /// [`Monitor::select_at`] for this handle's model.
+    #[inline]
+    pub fn select_at(&self, policy: Policy, endpoint: &str) -> Result<u64, RouteError> {
+        self.model.select(policy, &self.clock, endpoint)
     }
 }
 

@@ -90,6 +90,8 @@ fn hot_paths_allocate_nothing() {
     let _ = busy_only.select("b", Policy::RoundRobin);
     let _ = busy_only.check(1);
 
+    let route = m.route("m").unwrap();
+    let busy_route = busy_only.route("b").unwrap();
     let costs: Vec<(u64, f64)> = (0..64).map(|i| (i * 3, i as f64)).collect();
     let n = allocations_in(|| {
         for round in 0..1000u64 {
@@ -101,6 +103,7 @@ fn hot_paths_allocate_nothing() {
             for policy in [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo] {
                 let picked = m.select("m", policy).unwrap();
                 assert!(picked >= 100);
+                assert!(route.select(policy).unwrap() >= 100);
             }
             m.select_min_cost("m", costs.iter().copied()).unwrap();
             m.check(id).unwrap();
@@ -109,6 +112,7 @@ fn hot_paths_allocate_nothing() {
             drop(booking);
             // Rejections: Overloaded and WorkerOverloaded.
             assert!(busy_only.select("b", Policy::RoundRobin).is_err());
+            assert!(busy_route.select(Policy::PowerOfTwo).is_err());
             assert!(busy_only.check(1).is_err());
         }
     });

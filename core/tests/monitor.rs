@@ -506,6 +506,85 @@ fn select_errors_distinguish_overloaded_from_unavailable() {
     ));
 }
 
+#[test]
+fn a_route_selects_like_the_monitor_while_workers_come_and_go() {
+    let (m, _) = monitor();
+    assert_eq!(m.route("").unwrap_err(), WorkerError::EmptyModel);
+    // A route to a model with no workers yet answers Unavailable.
+    let route = m.route(M).unwrap();
+    assert_eq!(route.model(), M);
+    assert_eq!(
+        route.select(Policy::RoundRobin),
+        Err(RouteError::Unavailable)
+    );
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.add_worker(M, 2, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    m.report(1, 0, &used(60)).unwrap();
+    for policy in [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo] {
+        assert_eq!(route.select(policy), Ok(2));
+    }
+    m.mark_overloaded(2).unwrap();
+    assert_eq!(route.select(Policy::Random), Err(RouteError::Overloaded));
+    m.report(2, 0, &used(10)).unwrap();
+    assert_eq!(route.select(Policy::PowerOfTwo), Ok(2));
+    m.report(2, 0, &used(60)).unwrap();
+    assert_eq!(
+        route.select_at(Policy::RoundRobin, "chat/completions"),
+        Err(RouteError::Overloaded)
+    );
+    // Removing every worker and adding one back: the same handle follows.
+    m.remove_worker(1).unwrap();
+    m.remove_worker(2).unwrap();
+    assert_eq!(
+        route.clone().select(Policy::RoundRobin),
+        Err(RouteError::Unavailable)
+    );
+    m.add_worker(M, 3, spec(1, 100)).unwrap();
+    assert_eq!(m.route(M).unwrap().select(Policy::RoundRobin), Ok(3));
+    assert_eq!(route.select(Policy::Random), Ok(3));
+    // Rejections through a route count on the model like Monitor::select's.
+    let text = m.metrics_text();
+    for line in [
+        format!("dynamo_frontend_model_rejection_total{{model=\"llama\",endpoint=\"{DEFAULT_ENDPOINT}\"}} 1"),
+        "dynamo_frontend_model_rejection_total{model=\"llama\",endpoint=\"chat/completions\"} 1".into(),
+        "dynamo_frontend_model_rejection_by_reason_total{model=\"llama\",reason=\"no_workers\"} 2".into(),
+    ] {
+        assert!(text.contains(&line), "{line} in\n{text}");
+    }
+}
+
+#[test]
+fn random_is_uniform_over_eligible_workers_at_any_width() {
+    // 5000 slots (wider than the one-pass path's 4096) and 300 (within it),
+    // both with few free workers so that random probes are skipped.
+    for (workers, free) in [
+        (300u64, [7u64, 64, 130, 299]),
+        (5000, [3, 2000, 4095, 4999]),
+    ] {
+        let config = MonitorConfig {
+            max_workers_per_model: 5000,
+            ..Default::default()
+        };
+        let m = Monitor::with_config(config, ManualClock::new()).unwrap();
+        for id in 0..workers {
+            m.add_worker(M, id, spec(1, 100)).unwrap();
+        }
+        m.set_thresholds(M, &decode(0.5)).unwrap();
+        for id in (0..workers).filter(|id| !free.contains(id)) {
+            m.report(id, 0, &used(90)).unwrap();
+        }
+        for policy in [Policy::Random, Policy::PowerOfTwo] {
+            let c = counts(&m, policy, 4000);
+            assert_eq!(c.keys().copied().collect::<Vec<_>>(), free.to_vec());
+            assert!(
+                c.values().all(|n| (800..1200).contains(n)),
+                "{workers} workers, {policy:?}: {c:?}"
+            );
+        }
+    }
+}
+
 fn counts(m: &Monitor, policy: Policy, n: usize) -> std::collections::BTreeMap<u64, usize> {
     let mut c = std::collections::BTreeMap::new();
     for _ in 0..n {

@@ -52,6 +52,8 @@ enum Op {
     Select {
         model: usize,
         policy: usize,
+        /// Through a `Route` handle rather than `Monitor::select`.
+        via_route: bool,
     },
     Check {
         id: u64,
@@ -89,7 +91,13 @@ fn op() -> impl Strategy<Value = Op> {
             proptest::collection::vec(0usize..4, 0..2),
         )
             .prop_map(|(model, decode, abs, frac, clear)| Op::Set { model, decode, abs, frac, clear }),
-        4 => (0usize..3, 0usize..3).prop_map(|(model, policy)| Op::Select { model, policy }),
+        4 => (0usize..3, 0usize..3, any::<bool>()).prop_map(|(model, policy, via_route)| {
+            Op::Select {
+                model,
+                policy,
+                via_route,
+            }
+        }),
         2 => id.clone().prop_map(|id| Op::Check { id }),
         2 => id.clone().prop_map(|id| Op::Mark { id }),
         2 => (0u64..1500).prop_map(|ms| Op::Advance { ms }),
@@ -283,9 +291,19 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     next.frac
                 );
             }
-            Op::Select { model, policy } => {
+            Op::Select {
+                model,
+                policy,
+                via_route,
+            } => {
                 let policy = [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo][policy];
-                let got = m.select(MODELS[model], policy);
+                let got = if via_route {
+                    // A route makes its model known (thresholds can be set).
+                    r.known_models.insert(model);
+                    m.route(MODELS[model]).unwrap().select(policy)
+                } else {
+                    m.select(MODELS[model], policy)
+                };
                 let eligible = r.eligible(model);
                 match got {
                     Ok(id) => prop_assert!(

@@ -226,11 +226,15 @@ fn routing_cases(run: &mut Run) {
                     continue;
                 }
                 let (m, r, f) = (&fx.monitor, &fx.router, &fx.floor);
-                assert!(m.select(MODEL, policy).is_ok());
+                // A frontend routes through a `Route` handle; selecting by
+                // model name (one registry guard and hash lookup more) is
+                // shown beside it.
+                let route = m.route(MODEL).unwrap();
+                assert!(route.select(policy).is_ok() && m.select(MODEL, policy).is_ok());
                 let mut sides = [
                     Side::new(|ops| {
                         for _ in 0..ops {
-                            black_box(m.select(MODEL, policy).ok());
+                            black_box(route.select(policy).ok());
                         }
                     }),
                     Side::new(|ops| {
@@ -252,10 +256,19 @@ fn routing_cases(run: &mut Run) {
                             });
                         }
                     }),
+                    Side::new(|ops| {
+                        for _ in 0..ops {
+                            black_box(m.select(MODEL, policy).ok());
+                        }
+                    }),
                 ];
                 let mut s = interleave(&run.budget, &mut sides).into_iter();
-                let (lg, reference, floor) =
-                    (s.next().unwrap(), s.next().unwrap(), s.next().unwrap());
+                let (lg, reference, floor, by_name) = (
+                    s.next().unwrap(),
+                    s.next().unwrap(),
+                    s.next().unwrap(),
+                    s.next().unwrap(),
+                );
                 run.push(Row {
                     case,
                     hot: true,
@@ -271,6 +284,11 @@ fn routing_cases(run: &mut Run) {
                             design: "bitset floor",
                             series: floor,
                             target: Target::WithinOf(2.0),
+                        },
+                        Compared {
+                            design: "loadgate by model name (Monitor::select)",
+                            series: by_name,
+                            target: Target::None,
                         },
                     ],
                 });
@@ -568,6 +586,7 @@ fn monitor_cases(run: &mut Run) {
             ..
         } = &mut fx;
         let monitor = &*monitor;
+        let route = monitor.route(MODEL).unwrap();
         let router = router.clone();
         let (mut a, mut b) = (0usize, 0usize);
         let flippers = &flippers;
@@ -575,7 +594,7 @@ fn monitor_cases(run: &mut Run) {
             UnderWrites {
                 read: Box::new(|ops| {
                     for _ in 0..ops {
-                        black_box(monitor.select(MODEL, Policy::RoundRobin).ok());
+                        black_box(route.select(Policy::RoundRobin).ok());
                     }
                 }),
                 write: Box::new(move || {
