@@ -164,7 +164,7 @@ impl std::error::Error for WireError {}
 
 /// Every field either payload may carry; decoding goes through this so the
 /// two shapes are told apart by their fields, not by trial and error.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Debug, PartialEq)]
 struct AnyPayload<'a> {
     v: Option<u64>,
     instance: Option<u64>,
@@ -284,41 +284,121 @@ pub(crate) fn decode_ref(bytes: &[u8]) -> Result<DecodedRef<'_>, WireError> {
 /// serde. Anything else returns `None` and the serde path decides, with its
 /// precise error.
 fn decode_msgpack_fast(bytes: &[u8]) -> Option<AnyPayload<'_>> {
+    const KEYS: [&[u8]; 13] = [
+        b"v",
+        b"instance",
+        b"seq",
+        b"worker_id",
+        b"model",
+        b"dp_start",
+        b"dp_size",
+        b"dp_rank",
+        b"kv_total_blocks",
+        b"max_num_batched_tokens",
+        b"active_decode_blocks",
+        b"kv_used_blocks",
+        b"active_prefill_tokens",
+    ];
     let mut rd = bytes;
-    let entries = rmp::decode::read_map_len(&mut rd).ok()?;
+    let entries = take_map_len(&mut rd)?;
     let mut any = AnyPayload::default();
+    // A repeated key is an error for serde; leave it to that path.
+    let mut seen = 0u16;
     for _ in 0..entries {
-        let (key, rest) = rmp::decode::read_str_from_slice(rd).ok()?;
-        rd = rest;
+        let key = take_str(&mut rd)?;
+        let k = KEYS.iter().position(|&name| name == key)?;
+        if seen & 1 << k != 0 {
+            return None;
+        }
+        seen |= 1 << k;
         if rd.first() == Some(&0xc0) {
             rd = &rd[1..];
             continue; // nil: the field stays absent
         }
-        if key == "model" {
-            let (model, rest) = rmp::decode::read_str_from_slice(rd).ok()?;
-            rd = rest;
-            any.model = Some(Cow::Borrowed(model));
+        if k == 4 {
+            any.model = Some(Cow::Borrowed(std::str::from_utf8(take_str(&mut rd)?).ok()?));
             continue;
         }
-        let value = Some(rmp::decode::read_int::<u64, _>(&mut rd).ok()?);
+        let value = Some(take_uint(&mut rd)?);
         let small = || value.map(u32::try_from).transpose().ok();
-        match key {
-            "v" => any.v = value,
-            "instance" => any.instance = value,
-            "seq" => any.seq = value,
-            "worker_id" => any.worker_id = value,
-            "dp_start" => any.dp_start = small()?,
-            "dp_size" => any.dp_size = small()?,
-            "dp_rank" => any.dp_rank = small()?,
-            "kv_total_blocks" => any.kv_total_blocks = value,
-            "max_num_batched_tokens" => any.max_num_batched_tokens = value,
-            "active_decode_blocks" => any.active_decode_blocks = value,
-            "kv_used_blocks" => any.kv_used_blocks = value,
-            "active_prefill_tokens" => any.active_prefill_tokens = value,
-            _ => return None,
+        match k {
+            0 => any.v = value,
+            1 => any.instance = value,
+            2 => any.seq = value,
+            3 => any.worker_id = value,
+            5 => any.dp_start = small()?,
+            6 => any.dp_size = small()?,
+            7 => any.dp_rank = small()?,
+            8 => any.kv_total_blocks = value,
+            9 => any.max_num_batched_tokens = value,
+            10 => any.active_decode_blocks = value,
+            11 => any.kv_used_blocks = value,
+            _ => any.active_prefill_tokens = value,
         }
     }
     rd.is_empty().then_some(any)
+}
+
+/// Takes `n` bytes off the front of `rd`.
+#[inline]
+fn take<'a>(rd: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if rd.len() < n {
+        return None;
+    }
+    let (head, rest) = rd.split_at(n);
+    *rd = rest;
+    Some(head)
+}
+
+/// A big-endian unsigned integer of `n` (1, 2, 4 or 8) bytes.
+#[inline]
+fn take_be(rd: &mut &[u8], n: usize) -> Option<u64> {
+    Some(
+        take(rd, n)?
+            .iter()
+            .fold(0, |acc, &b| acc << 8 | u64::from(b)),
+    )
+}
+
+/// A msgpack map header (fixmap, map 16, map 32).
+#[inline]
+fn take_map_len(rd: &mut &[u8]) -> Option<u64> {
+    let marker = take(rd, 1)?[0];
+    match marker {
+        0x80..=0x8f => Some(u64::from(marker & 0x0f)),
+        0xde => take_be(rd, 2),
+        0xdf => take_be(rd, 4),
+        _ => None,
+    }
+}
+
+/// A msgpack string's bytes (fixstr, str 8, str 16), not yet checked as
+/// UTF-8: keys are compared as bytes, and the one string value is checked.
+#[inline]
+fn take_str<'a>(rd: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let marker = take(rd, 1)?[0];
+    let len = match marker {
+        0xa0..=0xbf => u64::from(marker & 0x1f),
+        0xd9 => take_be(rd, 1)?,
+        0xda => take_be(rd, 2)?,
+        _ => return None,
+    };
+    take(rd, len as usize)
+}
+
+/// A msgpack unsigned integer (positive fixint, uint 8/16/32/64). Other
+/// encodings leave the payload to the serde path.
+#[inline]
+fn take_uint(rd: &mut &[u8]) -> Option<u64> {
+    let marker = take(rd, 1)?[0];
+    match marker {
+        0x00..=0x7f => Some(u64::from(marker)),
+        0xcc => take_be(rd, 1),
+        0xcd => take_be(rd, 2),
+        0xce => take_be(rd, 4),
+        0xcf => take_be(rd, 8),
+        _ => None,
+    }
 }
 
 fn validate(msg: &LoadRef<'_>) -> Result<(), WireError> {
@@ -387,6 +467,67 @@ mod tests {
         m.active_decode_blocks = Some(u64::MAX - 1);
         m.max_num_batched_tokens = Some(0);
         assert!(decode_msgpack_fast(&m.to_msgpack()).is_some());
+    }
+
+    /// Whenever the fast path accepts a payload, serde reads the same from it.
+    fn fast_path_agrees_with_serde(bytes: &[u8]) {
+        if let Some(fast) = decode_msgpack_fast(bytes) {
+            let slow: AnyPayload<'_> = rmp_serde::from_slice(bytes)
+                .unwrap_or_else(|e| panic!("fast path accepted {bytes:x?}, serde refused: {e}"));
+            assert_eq!(fast, slow, "{bytes:x?}");
+        }
+    }
+
+    #[test]
+    fn the_fast_path_reads_what_serde_reads() {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for round in 0..20_000 {
+            let r = next();
+            // Values of every msgpack width, fields present or absent.
+            let v: [Option<u64>; 5] = std::array::from_fn(|b| {
+                (r >> (20 + b) & 1 == 1).then(|| {
+                    let x = next();
+                    x >> (next() % 64)
+                })
+            });
+            let m = LoadMessage {
+                v: SCHEMA_VERSION,
+                instance: next(),
+                seq: next() >> (r % 64),
+                worker_id: next() >> 40,
+                model: "é-model-".repeat(1 + (r >> 8) as usize % 40),
+                dp_start: (next() % 8) as u32,
+                dp_size: 1 + (next() % 8) as u32,
+                dp_rank: (next() % 16) as u32,
+                kv_total_blocks: v[0],
+                max_num_batched_tokens: v[1],
+                active_decode_blocks: v[2],
+                kv_used_blocks: v[3],
+                active_prefill_tokens: v[4],
+            };
+            let bytes = m.to_msgpack();
+            assert!(decode_msgpack_fast(&bytes).is_some(), "{m:?}");
+            fast_path_agrees_with_serde(&bytes);
+            // Damaged copies: a changed byte, a cut, a repeated entry.
+            let mut bad = bytes.clone();
+            let i = (next() % bad.len() as u64) as usize;
+            bad[i] = next() as u8;
+            fast_path_agrees_with_serde(&bad);
+            fast_path_agrees_with_serde(&bytes[..i]);
+            if round % 7 == 0 {
+                let mut dup = bytes.clone();
+                dup[0] += 1; // one more entry in the fixmap ...
+                dup.extend_from_slice(&bytes[1..4]); // ... repeating "v": 1
+                fast_path_agrees_with_serde(&dup);
+                assert!(decode_msgpack_fast(&dup).is_none());
+            }
+        }
     }
 
     #[test]
