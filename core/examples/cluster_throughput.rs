@@ -3,7 +3,7 @@
 //! end to end through a real `nats-server` (publisher connection → server →
 //! subscriber connection → monitor).
 //!
-//! Run with `cargo run --release --features nats --example cluster_throughput`
+//! Run with `cargo run --release -p loadgate --features nats --example cluster_throughput`
 //! (starts its own `nats-server` on a free loopback port; pass `--quick` for a
 //! short run).
 
