@@ -918,7 +918,7 @@ impl AdmissionGate {
                         loop {
                             if wakes.is_full() {
                                 drop(t);
-                                std::mem::replace(wakes, WakeList::new()).run(self);
+                                wakes.run(self);
                                 t = lock(&self.table);
                             }
                             self.expire_locked(&mut t, now, wakes);
