@@ -24,6 +24,7 @@ pub mod gate;
 pub mod http;
 pub mod metrics;
 pub mod monitor;
+mod pick_cache;
 mod sync;
 pub mod thresholds;
 pub mod wire;

@@ -14,7 +14,12 @@
 //! * **Busy set.** Each model numbers its workers with dense slots and keeps a
 //!   [`BusySet`] plus a membership bitset and an overload-lease bitset.
 //!   Routing ANDs the words together and picks a bit: no lock, no
-//!   allocation, and no clock read unless a lease is outstanding.
+//!   allocation, and no clock read unless a lease is outstanding. Random and
+//!   power-of-two picks are uniform over the eligible workers: a few random
+//!   probes while most are free, otherwise one index into a `PickCache`
+//!   (the free workers listed at the current busy and membership epochs,
+//!   rebuilt by a router that counted the model twice at the same epochs),
+//!   and an exact count when neither answers.
 //! * **Registry.** Worker and model lookup goes through an immutable snapshot
 //!   swapped with `arc-swap` when workers come and go (the cold path), so
 //!   lookups on the hot path are lock-free.
@@ -33,6 +38,7 @@ use crate::clock::{nanos, MonotonicClock, SharedClock};
 use crate::combine::Combiner;
 use crate::error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
 use crate::metrics;
+use crate::pick_cache::{PickCache, Stamp};
 use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::thresholds::{RankLoad, ThresholdUpdate, Thresholds, DEFAULT_MAX_NUM_BATCHED_TOKENS};
 
@@ -467,6 +473,11 @@ struct Model {
     name: Box<str>,
     members: AtomicBits,
     busy: BusySet,
+    /// Bumped after every change to `members`.
+    members_epoch: AtomicU64,
+    /// The free workers listed at the current epochs, for uniform picks
+    /// when most workers are busy.
+    free_list: PickCache,
     leased: AtomicBits,
     ids: Box<[AtomicU64]>,
     load: Box<[AtomicU64]>,
@@ -499,6 +510,8 @@ impl Model {
             name: name.into(),
             members: AtomicBits::new(cap),
             busy: BusySet::new(cap),
+            members_epoch: AtomicU64::new(0),
+            free_list: PickCache::new(cap),
             leased: AtomicBits::new(cap),
             ids: atomics(),
             load: atomics(),
@@ -668,13 +681,43 @@ impl Model {
         })
     }
 
-    /// Uniform random: probes while most workers are free, else (or when
-    /// they miss) an exact pick.
+    /// Uniform random: the free list if it is current, else probes while
+    /// most workers are free, else an exact pick (which may build the list).
     #[inline]
     fn pick_random(&self, clock: &SharedClock) -> Option<usize> {
         let mut now = None;
-        self.probe(&mut now, clock)
+        self.listed::<1>(&mut now, clock)
+            .map(|[a]| a)
+            .or_else(|| self.probe(&mut now, clock))
             .or_else(|| self.uniform_pair(&mut now, clock).map(|(a, _)| a))
+    }
+
+    /// The model's current epochs.
+    #[inline]
+    fn stamp(&self) -> Stamp {
+        Stamp {
+            busy: self.busy.epoch(),
+            members: self.members_epoch.load(Ordering::Acquire),
+        }
+    }
+
+    /// `K` uniform picks from the free list, if it is current and every
+    /// pick is still eligible. A pick that is not (leased, or changed since
+    /// the list was built) returns `None` for an exact pick: the two together
+    /// stay uniform over the eligible workers.
+    #[inline]
+    fn listed<const K: usize>(
+        &self,
+        now: &mut Option<u64>,
+        clock: &SharedClock,
+    ) -> Option<[usize; K]> {
+        let picks = self.free_list.pick::<K>(self.stamp(), |len| {
+            below(next_random(), len as u64) as usize
+        })?;
+        picks
+            .iter()
+            .all(|&s| self.eligible(s / 64, now, clock) >> (s % 64) & 1 == 1)
+            .then_some(picks)
     }
 
     /// Two independent uniform picks among the eligible slots. Up to
@@ -691,6 +734,8 @@ impl Model {
         let mut eligible = [0u64; STACK_WORDS];
         let mut upto = [0u32; STACK_WORDS];
         let mut total = 0u32;
+        let before = self.stamp();
+        let unleased = self.leases_out.load(Ordering::Relaxed) == 0;
         for w in 0..words {
             let e = self.eligible(w, now, clock);
             if e != 0 {
@@ -701,6 +746,11 @@ impl Model {
         }
         if total == 0 {
             return None;
+        }
+        // A count at epochs that held still, with no lease hiding a worker,
+        // may become the free list.
+        if unleased && self.leases_out.load(Ordering::Relaxed) == 0 && self.stamp() == before {
+            self.free_list.offer(before, &eligible[..words]);
         }
         let upto = &upto[..words];
         let nth = |k: u32| {
@@ -744,9 +794,12 @@ impl Model {
             Policy::Random => self.pick_random(clock),
             Policy::PowerOfTwo => {
                 let mut now = None;
-                let (a, b) = match (self.probe(&mut now, clock), self.probe(&mut now, clock)) {
-                    (Some(a), Some(b)) => (a, b),
-                    _ => self.uniform_pair(&mut now, clock)?,
+                let (a, b) = match self.listed::<2>(&mut now, clock) {
+                    Some([a, b]) => (a, b),
+                    None => match (self.probe(&mut now, clock), self.probe(&mut now, clock)) {
+                        (Some(a), Some(b)) => (a, b),
+                        _ => self.uniform_pair(&mut now, clock)?,
+                    },
                 };
                 let load = |s: usize| self.load[s].load(Ordering::Relaxed);
                 Some(if load(b) < load(a) { b } else { a })
@@ -991,6 +1044,7 @@ impl Monitor {
         self.registry.store(Arc::new(next));
         // AcqRel in `set`: a router that sees the bit sees the id stored above.
         model.members.set(slot);
+        model.members_epoch.fetch_add(1, Ordering::Release);
         model.workers.fetch_add(1, Ordering::Relaxed);
         // A busy-when-stale model or preset capacities can already decide.
         worker.reevaluate_and_wait();
@@ -1007,6 +1061,7 @@ impl Monitor {
         };
         let model = &worker.model;
         model.members.clear(worker.slot);
+        model.members_epoch.fetch_add(1, Ordering::Release);
         model.workers.fetch_sub(1, Ordering::Relaxed);
         worker.removed.store(true, Ordering::Relaxed);
         // Publishes "not busy" and clears the bit before the slot is reused.

@@ -585,6 +585,55 @@ fn random_is_uniform_over_eligible_workers_at_any_width() {
     }
 }
 
+#[test]
+fn random_stays_uniform_while_the_busy_set_membership_and_leases_change() {
+    // 200 workers, all busy but a few: random picks use the free list once
+    // the busy set holds still, and every change must show in the picks.
+    // (Power-of-two favours the less loaded of its two uniform draws, so
+    // only the workers it reaches are checked.)
+    let (m, _) = monitor();
+    for id in 0..200 {
+        m.add_worker(M, id, spec(1, 100)).unwrap();
+    }
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    let free = [5u64, 70, 133, 199];
+    for id in (0..200).filter(|id| !free.contains(id)) {
+        m.report(id, 0, &used(90)).unwrap();
+    }
+    let uniform_over = |want: &[u64], what: &str| {
+        for policy in [Policy::Random, Policy::PowerOfTwo] {
+            let n = want.len() * 600;
+            let c = counts(&m, policy, n);
+            assert_eq!(
+                c.keys().copied().collect::<Vec<_>>(),
+                want,
+                "{what}, {policy:?}"
+            );
+            assert!(
+                policy != Policy::Random || c.values().all(|k| (450..750).contains(k)),
+                "{what}, {policy:?}: {c:?}"
+            );
+        }
+    };
+    uniform_over(&free, "four free");
+    m.report(70, 0, &used(10)).unwrap(); // already free: no change
+    m.report(133, 0, &used(90)).unwrap();
+    uniform_over(&[5, 70, 199], "one turned busy");
+    m.report(100, 0, &used(10)).unwrap();
+    uniform_over(&[5, 70, 100, 199], "one turned free");
+    m.remove_worker(5).unwrap();
+    uniform_over(&[70, 100, 199], "one removed");
+    m.add_worker(M, 500, spec(1, 100)).unwrap();
+    uniform_over(&[70, 100, 199, 500], "one added");
+    m.mark_overloaded(199).unwrap();
+    uniform_over(&[70, 100, 500], "one leased");
+    for id in [70, 100, 500] {
+        m.report(id, 0, &used(90)).unwrap();
+    }
+    assert_eq!(m.select(M, Policy::Random), Err(RouteError::Overloaded));
+    assert_eq!(m.select(M, Policy::PowerOfTwo), Err(RouteError::Overloaded));
+}
+
 fn counts(m: &Monitor, policy: Policy, n: usize) -> std::collections::BTreeMap<u64, usize> {
     let mut c = std::collections::BTreeMap::new();
     for _ in 0..n {

@@ -50,7 +50,7 @@ fn busy_set_matches_the_final_loads_after_concurrent_updates() {
     };
     m.set_thresholds("m", &t).unwrap();
 
-    let start = Arc::new(Barrier::new(5));
+    let start = Arc::new(Barrier::new(6));
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for seed in 0..2u64 {
@@ -97,7 +97,7 @@ fn busy_set_matches_the_final_loads_after_concurrent_updates() {
             }
         }));
     }
-    for policy in [Policy::RoundRobin, Policy::PowerOfTwo] {
+    for policy in [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo] {
         let (m, start, stop) = (m.clone(), start.clone(), stop.clone());
         handles.push(thread::spawn(move || {
             start.wait();
@@ -125,6 +125,31 @@ fn busy_set_matches_the_final_loads_after_concurrent_updates() {
     assert_eq!(m.busy_workers("m"), expected);
     for id in 0..WORKERS {
         assert_eq!(m.is_busy(id).unwrap(), expected.contains(&id));
+    }
+    // Once the writers stop, every policy (random and power-of-two through
+    // the free list built while they ran) picks only free workers, and each
+    // free worker is reachable.
+    for policy in [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo] {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..2000 {
+            match m.select("m", policy) {
+                Ok(id) => {
+                    assert!(!expected.contains(&id), "{policy:?} picked busy {id}");
+                    seen.insert(id);
+                }
+                Err(e) => {
+                    assert_eq!(e, RouteError::Overloaded);
+                    assert_eq!(expected.len() as u64, WORKERS);
+                }
+            }
+        }
+        if policy != Policy::PowerOfTwo {
+            assert_eq!(
+                seen.len() as u64,
+                WORKERS - expected.len() as u64,
+                "{policy:?}"
+            );
+        }
     }
     let text = m.metrics_text();
     assert!(
