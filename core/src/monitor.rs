@@ -1291,6 +1291,12 @@ impl Monitor {
         let mut now = None;
         let mut best: Option<(u64, f64)> = None;
         for (id, cost) in costs {
+            let cost = if cost.is_nan() { f64::INFINITY } else { cost };
+            // Only a candidate that would win is looked up: with costs in
+            // random order that is a handful of the candidates, not all.
+            if best.is_some_and(|(_, b)| cost >= b) {
+                continue;
+            }
             let Some(w) = reg.workers.get(&id) else {
                 continue;
             };
@@ -1300,10 +1306,7 @@ impl Monitor {
             {
                 continue;
             }
-            let cost = if cost.is_nan() { f64::INFINITY } else { cost };
-            if best.is_none_or(|(_, b)| cost < b) {
-                best = Some((id, cost));
-            }
+            best = Some((id, cost));
         }
         best.map(|(id, _)| id)
             .ok_or_else(|| m.overloaded(DEFAULT_ENDPOINT))

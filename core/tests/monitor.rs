@@ -634,6 +634,61 @@ fn random_stays_uniform_while_the_busy_set_membership_and_leases_change() {
     assert_eq!(m.select(M, Policy::PowerOfTwo), Err(RouteError::Overloaded));
 }
 
+#[test]
+fn min_cost_agrees_with_a_plain_filter_then_minimum() {
+    // Random busy sets, leases and candidate lists (ties, NaN, unknown and
+    // foreign ids) against the obvious definition: drop the ineligible, then
+    // the lowest cost wins, NaN counts as +inf, and the first of equals wins.
+    let (m, _) = monitor();
+    for id in 0..40 {
+        m.add_worker(M, id, spec(1, 100)).unwrap();
+    }
+    m.add_worker("other", 40, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..500 {
+        let busy_share = next() % 101;
+        for id in 0..40 {
+            let busy = next() % 100 < busy_share;
+            m.report(id, 0, &used(if busy { 90 } else { 10 })).unwrap();
+        }
+        if round % 7 == 0 {
+            m.mark_overloaded(next() % 40).unwrap();
+        }
+        let costs: Vec<(u64, f64)> = (0..next() % 30)
+            .map(|_| {
+                let id = next() % 45; // 40: other model; 41..45: unknown
+                let cost = match next() % 10 {
+                    0 => f64::NAN,
+                    1 => f64::INFINITY,
+                    _ => (next() % 8) as f64 / 4.0,
+                };
+                (id, cost)
+            })
+            .collect();
+        let eligible = |id: u64| id < 40 && m.check(id).is_ok();
+        let mut want: Option<(u64, f64)> = None;
+        for &(id, cost) in costs.iter().filter(|(id, _)| eligible(*id)) {
+            let cost = if cost.is_nan() { f64::INFINITY } else { cost };
+            if want.is_none_or(|(_, b)| cost < b) {
+                want = Some((id, cost));
+            }
+        }
+        let want = want.map(|(id, _)| id).ok_or(RouteError::Overloaded);
+        assert_eq!(
+            m.select_min_cost(M, costs.iter().copied()),
+            want,
+            "{costs:?}"
+        );
+    }
+}
+
 fn counts(m: &Monitor, policy: Policy, n: usize) -> std::collections::BTreeMap<u64, usize> {
     let mut c = std::collections::BTreeMap::new();
     for _ in 0..n {
