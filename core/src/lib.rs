@@ -19,6 +19,7 @@ pub mod busy_set;
 pub mod clock;
 pub mod cluster;
 mod combine;
+mod counter;
 pub mod error;
 pub mod gate;
 pub mod http;
