@@ -591,15 +591,8 @@ fn random_stays_uniform_while_the_busy_set_membership_and_leases_change() {
     // the busy set holds still, and every change must show in the picks.
     // (Power-of-two favours the less loaded of its two uniform draws, so
     // only the workers it reaches are checked.)
-    let (m, _) = monitor();
-    for id in 0..200 {
-        m.add_worker(M, id, spec(1, 100)).unwrap();
-    }
-    m.set_thresholds(M, &decode(0.5)).unwrap();
     let free = [5u64, 70, 133, 199];
-    for id in (0..200).filter(|id| !free.contains(id)) {
-        m.report(id, 0, &used(90)).unwrap();
-    }
+    let m = decode_model(0..200, |id| !free.contains(&id));
     let uniform_over = |want: &[u64], what: &str| {
         for policy in [Policy::Random, Policy::PowerOfTwo] {
             let n = want.len() * 600;
@@ -639,12 +632,8 @@ fn min_cost_agrees_with_a_plain_filter_then_minimum() {
     // Random busy sets, leases and candidate lists (ties, NaN, unknown and
     // foreign ids) against the obvious definition: drop the ineligible, then
     // the lowest cost wins, NaN counts as +inf, and the first of equals wins.
-    let (m, _) = monitor();
-    for id in 0..40 {
-        m.add_worker(M, id, spec(1, 100)).unwrap();
-    }
+    let m = decode_model(0..40, |_| false);
     m.add_worker("other", 40, spec(1, 100)).unwrap();
-    m.set_thresholds(M, &decode(0.5)).unwrap();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut next = move || {
         x ^= x << 13;
@@ -689,6 +678,20 @@ fn min_cost_agrees_with_a_plain_filter_then_minimum() {
     }
 }
 
+/// A monitor with one model of single-rank workers `ids` under a 50 % decode
+/// threshold, the workers for which `busy` holds reported busy.
+fn decode_model(ids: std::ops::Range<u64>, busy: impl Fn(u64) -> bool) -> Monitor {
+    let (m, _) = monitor();
+    for id in ids.clone() {
+        m.add_worker(M, id, spec(1, 100)).unwrap();
+    }
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    for id in ids.filter(|&id| busy(id)) {
+        m.report(id, 0, &used(90)).unwrap();
+    }
+    m
+}
+
 fn counts(m: &Monitor, policy: Policy, n: usize) -> std::collections::BTreeMap<u64, usize> {
     let mut c = std::collections::BTreeMap::new();
     for _ in 0..n {
@@ -699,14 +702,7 @@ fn counts(m: &Monitor, policy: Policy, n: usize) -> std::collections::BTreeMap<u
 
 #[test]
 fn round_robin_visits_every_eligible_worker_in_turn() {
-    let (m, _) = monitor();
-    for id in 0..130 {
-        m.add_worker(M, 1000 + id, spec(1, 100)).unwrap();
-    }
-    m.set_thresholds(M, &decode(0.5)).unwrap();
-    for id in (0..130).filter(|i| i % 3 == 0) {
-        m.report(1000 + id, 0, &used(90)).unwrap();
-    }
+    let m = decode_model(1000..1130, |id| (id - 1000) % 3 == 0);
     let c = counts(&m, Policy::RoundRobin, 86 * 10);
     assert_eq!(c.len(), 86, "every free worker, no busy one");
     assert!(
@@ -717,14 +713,7 @@ fn round_robin_visits_every_eligible_worker_in_turn() {
 
 #[test]
 fn random_picks_every_eligible_worker_and_never_a_busy_one() {
-    let (m, _) = monitor();
-    for id in 0..100 {
-        m.add_worker(M, id, spec(1, 100)).unwrap();
-    }
-    m.set_thresholds(M, &decode(0.5)).unwrap();
-    for id in 0..95 {
-        m.report(id, 0, &used(90)).unwrap();
-    }
+    let m = decode_model(0..100, |id| id < 95);
     let c = counts(&m, Policy::Random, 5000);
     assert_eq!(
         c.keys().copied().collect::<Vec<_>>(),
