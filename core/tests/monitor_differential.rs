@@ -16,7 +16,7 @@ use proptest::prelude::*;
 mod support {
     pub mod reference_monitor;
 }
-use support::reference_monitor::{RefRank, RefWorker, Reference};
+use support::reference_monitor::{RefRank, RefUpdate, RefWorker, Reference};
 
 const MODELS: [&str; 3] = ["a", "b", "c"];
 const LEASE_MS: u64 = 1000;
@@ -252,35 +252,18 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     continue;
                 }
                 let cur = r.thresholds.get(&model).copied().unwrap_or_default();
-                let bad_decode =
-                    decode.is_some_and(|t| !(t.is_finite() && (0.0..=1.0).contains(&t)));
-                let bad_frac = frac.is_some_and(|f| !(f.is_finite() && f >= 0.0));
-                let conflict = clear_fields.iter().any(|f| match f {
-                    ThresholdField::ActiveDecodeBlocks => decode.is_some(),
-                    ThresholdField::ActivePrefillTokens => abs.is_some(),
-                    ThresholdField::ActivePrefillTokensFrac => frac.is_some(),
-                });
-                if bad_decode || bad_frac || conflict {
-                    prop_assert!(got.is_err(), "{:?} accepted", update);
-                    prop_assert_eq!(m.thresholds(MODELS[model]).unwrap().version, cur.version);
-                    continue;
-                }
-                if decode.is_none() && abs.is_none() && frac.is_none() && clear_fields.is_empty() {
-                    prop_assert_eq!(got.unwrap().version, cur.version);
-                    continue;
-                }
-                let mut next = cur;
-                for f in &clear_fields {
-                    match f {
-                        ThresholdField::ActiveDecodeBlocks => next.decode = None,
-                        ThresholdField::ActivePrefillTokens => next.abs = None,
-                        ThresholdField::ActivePrefillTokensFrac => next.frac = None,
+                let next = match cur.apply(decode, abs, frac, &clear_fields) {
+                    RefUpdate::Refused => {
+                        prop_assert!(got.is_err(), "{:?} accepted", update);
+                        prop_assert_eq!(m.thresholds(MODELS[model]).unwrap().version, cur.version);
+                        continue;
                     }
-                }
-                next.decode = decode.or(next.decode);
-                next.abs = abs.or(next.abs);
-                next.frac = frac.or(next.frac);
-                next.version += 1;
+                    RefUpdate::Unchanged => {
+                        prop_assert_eq!(got.unwrap().version, cur.version);
+                        continue;
+                    }
+                    RefUpdate::Next(next) => next,
+                };
                 r.thresholds.insert(model, next);
                 let got = got.unwrap();
                 prop_assert_eq!(got.version, next.version);
@@ -304,19 +287,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 } else {
                     m.select(MODELS[model], policy)
                 };
-                let eligible = r.eligible(model);
-                match got {
-                    Ok(id) => prop_assert!(
-                        eligible.contains(&id),
-                        "picked {} not in {:?}",
-                        id,
-                        eligible
-                    ),
-                    Err(RouteError::Unavailable) => prop_assert!(!r.has_workers(model)),
-                    Err(RouteError::Overloaded) => {
-                        prop_assert!(r.has_workers(model) && eligible.is_empty())
-                    }
-                    Err(e) => prop_assert!(false, "unexpected {:?}", e),
+                if let Err(why) = r.check_select(model, got) {
+                    prop_assert!(false, "{}", why);
                 }
             }
             Op::Check { id } => {

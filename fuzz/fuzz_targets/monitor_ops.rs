@@ -21,7 +21,7 @@ use loadgate::{
 
 #[path = "../../core/tests/support/reference_monitor.rs"]
 mod reference_monitor;
-use reference_monitor::{RefRank, RefWorker, Reference};
+use reference_monitor::{RefRank, RefUpdate, RefWorker, Reference};
 
 /// Models by index; the last one is empty, which `add_worker` refuses.
 const MODELS: [&str; 4] = ["a", "b", "c", ""];
@@ -106,6 +106,8 @@ enum Op {
     },
     Select {
         model: u8,
+        /// Policy from the value mod 3; the top bit selects through a
+        /// `Route` handle instead of by model name.
         policy: u8,
     },
     SelectMinCost {
@@ -314,51 +316,35 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                 return;
             }
             let cur = r.thresholds.get(&model).copied().unwrap_or_default();
-            let bad_decode = decode.is_some_and(|t| !(t.is_finite() && (0.0..=1.0).contains(&t)));
-            let bad_frac = frac.is_some_and(|f| !(f.is_finite() && f >= 0.0));
-            let conflict = clear_fields.iter().any(|f| match f {
-                ThresholdField::ActiveDecodeBlocks => decode.is_some(),
-                ThresholdField::ActivePrefillTokens => abs.is_some(),
-                ThresholdField::ActivePrefillTokensFrac => frac.is_some(),
-            });
-            if bad_decode || bad_frac || conflict {
-                assert!(got.is_err(), "{update:?} accepted");
-                assert_eq!(m.thresholds(name).unwrap().version, cur.version);
-                return;
-            }
-            let got = got.expect("a valid update is accepted");
-            if update.is_empty() {
-                assert_eq!(got.version, cur.version, "an empty update is a read");
-                return;
-            }
-            let mut next = cur;
-            for f in &clear_fields {
-                match f {
-                    ThresholdField::ActiveDecodeBlocks => next.decode = None,
-                    ThresholdField::ActivePrefillTokens => next.abs = None,
-                    ThresholdField::ActivePrefillTokensFrac => next.frac = None,
+            match cur.apply(decode, abs, frac, &clear_fields) {
+                RefUpdate::Refused => {
+                    assert!(got.is_err(), "{update:?} accepted");
+                    assert_eq!(m.thresholds(name).unwrap().version, cur.version);
+                }
+                RefUpdate::Unchanged => {
+                    let got = got.expect("a valid update is accepted");
+                    assert_eq!(got.version, cur.version, "an empty update is a read");
+                }
+                RefUpdate::Next(next) => {
+                    let got = got.expect("a valid update is accepted");
+                    r.thresholds.insert(model, next);
+                    assert_eq!(got.version, next.version);
                 }
             }
-            next.decode = decode.or(next.decode);
-            next.abs = abs.or(next.abs);
-            next.frac = frac.or(next.frac);
-            next.version += 1;
-            r.thresholds.insert(model, next);
-            assert_eq!(got.version, next.version);
         }
         Op::Select { model, policy } => {
             let model = usize::from(model) % 3;
-            let policy =
+            let kind =
                 [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo][usize::from(policy) % 3];
-            let got = m.select(MODELS[model], policy);
-            let eligible = r.eligible(model);
-            match got {
-                Ok(id) => assert!(eligible.contains(&id), "picked {id} not in {eligible:?}"),
-                Err(RouteError::Unavailable) => assert!(!r.has_workers(model)),
-                Err(RouteError::Overloaded) => {
-                    assert!(r.has_workers(model) && eligible.is_empty(), "{eligible:?}")
-                }
-                Err(e) => panic!("select: unexpected {e:?}"),
+            let got = if policy & 0x80 != 0 {
+                // Through a `Route` handle, which makes its model known.
+                r.known_models.insert(model);
+                m.route(MODELS[model]).unwrap().select(kind)
+            } else {
+                m.select(MODELS[model], kind)
+            };
+            if let Err(why) = r.check_select(model, got) {
+                panic!("{why}");
             }
         }
         Op::SelectMinCost { model, ref costs } => {

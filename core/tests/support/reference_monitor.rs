@@ -6,6 +6,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use loadgate::{RouteError, ThresholdField};
+
 #[derive(Debug, Clone, Default)]
 pub struct RefRank {
     pub decode: u64,
@@ -30,6 +32,56 @@ pub struct RefThresholds {
     pub abs: Option<u64>,
     pub frac: Option<f64>,
     pub version: u64,
+}
+
+/// What a threshold update does, by the rules written out again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RefUpdate {
+    /// A value out of range, or a field both set and cleared: refused,
+    /// nothing changes.
+    Refused,
+    /// Nothing to set or clear: a read, the version stays.
+    Unchanged,
+    /// The merged thresholds, one version later.
+    Next(RefThresholds),
+}
+
+impl RefThresholds {
+    /// Applies an update: cleared fields first, then set fields overwrite.
+    pub fn apply(
+        self,
+        decode: Option<f64>,
+        abs: Option<u64>,
+        frac: Option<f64>,
+        clear: &[ThresholdField],
+    ) -> RefUpdate {
+        let bad_decode = decode.is_some_and(|t| !(t.is_finite() && (0.0..=1.0).contains(&t)));
+        let bad_frac = frac.is_some_and(|f| !(f.is_finite() && f >= 0.0));
+        let conflict = clear.iter().any(|f| match f {
+            ThresholdField::ActiveDecodeBlocks => decode.is_some(),
+            ThresholdField::ActivePrefillTokens => abs.is_some(),
+            ThresholdField::ActivePrefillTokensFrac => frac.is_some(),
+        });
+        if bad_decode || bad_frac || conflict {
+            return RefUpdate::Refused;
+        }
+        if decode.is_none() && abs.is_none() && frac.is_none() && clear.is_empty() {
+            return RefUpdate::Unchanged;
+        }
+        let mut next = self;
+        for f in clear {
+            match f {
+                ThresholdField::ActiveDecodeBlocks => next.decode = None,
+                ThresholdField::ActivePrefillTokens => next.abs = None,
+                ThresholdField::ActivePrefillTokensFrac => next.frac = None,
+            }
+        }
+        next.decode = decode.or(next.decode);
+        next.abs = abs.or(next.abs);
+        next.frac = frac.or(next.frac);
+        next.version += 1;
+        RefUpdate::Next(next)
+    }
 }
 
 /// The reference: plain maps, recomputing everything on demand.
@@ -88,5 +140,23 @@ impl Reference {
 
     pub fn has_workers(&self, model: usize) -> bool {
         self.workers.values().any(|w| w.model == model)
+    }
+
+    /// Whether `got` is a correct answer of `select` on `model` (any eligible
+    /// worker; Unavailable without workers; Overloaded with none eligible),
+    /// or why not.
+    pub fn check_select(&self, model: usize, got: Result<u64, RouteError>) -> Result<(), String> {
+        let eligible = self.eligible(model);
+        let ok = match got {
+            Ok(id) => eligible.contains(&id),
+            Err(RouteError::Unavailable) => !self.has_workers(model),
+            Err(RouteError::Overloaded) => self.has_workers(model) && eligible.is_empty(),
+            Err(_) => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("select answered {got:?}; eligible {eligible:?}"))
+        }
     }
 }
