@@ -1289,12 +1289,14 @@ impl Monitor {
         let reg = self.registry.load();
         let m = Self::routable(&reg, model)?;
         let mut now = None;
-        let mut best: Option<(u64, f64)> = None;
+        let mut best = None;
+        // NaN until a candidate wins, so that no comparison skips the first.
+        let mut best_cost = f64::NAN;
         for (id, cost) in costs {
             let cost = if cost.is_nan() { f64::INFINITY } else { cost };
             // Only a candidate that would win is looked up: with costs in
             // random order that is a handful of the candidates, not all.
-            if best.is_some_and(|(_, b)| cost >= b) {
+            if cost >= best_cost {
                 continue;
             }
             let Some(w) = reg.workers.get(&id) else {
@@ -1306,10 +1308,10 @@ impl Monitor {
             {
                 continue;
             }
-            best = Some((id, cost));
+            best = Some(id);
+            best_cost = cost;
         }
-        best.map(|(id, _)| id)
-            .ok_or_else(|| m.overloaded(DEFAULT_ENDPOINT))
+        best.ok_or_else(|| m.overloaded(DEFAULT_ENDPOINT))
     }
 
     /// Checks a pinned worker: [`RouteError::WorkerOverloaded`] (counted)

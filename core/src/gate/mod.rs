@@ -286,11 +286,11 @@ impl GateStats {
 /// Statistics counters; plain atomics, not model-checked (they order nothing).
 #[derive(Default)]
 struct Counters {
-    /// Bumped on every direct admission, the hottest path: per-thread cells
-    /// instead of a shared locked add.
+    /// Bumped on every direct admission and every lock-free rejection, the
+    /// hottest paths: per-thread cells instead of a shared locked add.
     admitted_direct: ThreadCounter,
+    rejected_capacity: ThreadCounter,
     admitted_queued: StatCounter,
-    rejected_capacity: StatCounter,
     rejected_closed: StatCounter,
     expired: StatCounter,
     cancelled: StatCounter,
@@ -647,7 +647,7 @@ impl AdmissionGate {
             closed: w.closed(),
             admitted_direct: c.admitted_direct.get(),
             admitted_queued: get(&c.admitted_queued),
-            rejected_at_capacity: get(&c.rejected_capacity),
+            rejected_at_capacity: c.rejected_capacity.get(),
             rejected_closed: get(&c.rejected_closed),
             expired: get(&c.expired),
             cancelled: get(&c.cancelled),
@@ -830,7 +830,7 @@ impl AdmissionGate {
                 Fast::Rejected(AdmitError::Closed)
             }
             Err(w) if w.queued() >= self.queue_limit && !self.head_due_hint() => {
-                bump(&self.counters.rejected_capacity, 1);
+                self.counters.rejected_capacity.add(1);
                 Fast::Rejected(AdmitError::AtCapacity)
             }
             Err(_) => Fast::Slow,
@@ -933,7 +933,7 @@ impl AdmissionGate {
                         continue;
                     }
                 }
-                bump(&self.counters.rejected_capacity, 1);
+                self.counters.rejected_capacity.add(1);
                 return Enqueued::Rejected(AdmitError::AtCapacity, waiter);
             }
             // CAS, not fetch_add: `running` may move lock-free while queued
