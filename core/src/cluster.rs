@@ -967,10 +967,18 @@ pub mod nats {
     }
 
     impl NatsTransport {
-        /// Connects to `url` (e.g. `nats://127.0.0.1:4222`); fails if the
-        /// server cannot be reached within two seconds.
+        /// Connects to `url` (e.g. `nats://127.0.0.1:4222`; scheme and port
+        /// default to `nats://` and 4222). A malformed URL is
+        /// [`ClusterError::InvalidConfig`]; a server that cannot be reached
+        /// within two seconds is [`ClusterError::Transport`].
         pub fn connect(url: &str) -> Result<Self, ClusterError> {
-            let url = url.to_owned();
+            let invalid = |why: &dyn std::fmt::Display| {
+                ClusterError::InvalidConfig(format!("{url:?} is not a NATS server URL ({why})"))
+            };
+            let url: async_nats::ServerAddr = url.parse().map_err(|e| invalid(&e))?;
+            if url.host().is_empty() {
+                return Err(invalid(&"no host"));
+            }
             let client = block_on(async move {
                 async_nats::ConnectOptions::new()
                     .name("loadgate")

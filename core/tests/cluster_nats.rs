@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use loadgate::cluster::nats::NatsTransport;
 use loadgate::cluster::{
-    Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig, Transport,
+    ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig, Transport,
 };
 use loadgate::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::{LoadReport, Monitor, MonotonicClock, Policy, RouteError, ThresholdUpdate};
@@ -346,4 +346,24 @@ fn bad_and_stale_messages_are_counted_and_silent_workers_expire() {
         "heartbeats keep a live worker registered"
     );
     drop(alive);
+}
+
+#[test]
+fn a_malformed_url_is_an_invalid_setting_and_an_unreachable_server_a_transport_error() {
+    for url in ["nats://", "nats://host:notaport", "nats://[::1", "::::"] {
+        match NatsTransport::connect(url) {
+            Err(ClusterError::InvalidConfig(why)) => {
+                assert!(why.contains(&format!("{url:?}")), "{why}")
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    // A free port with nobody listening: well-formed, unreachable.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let got = NatsTransport::connect(&format!("nats://127.0.0.1:{port}"));
+    assert!(matches!(got, Err(ClusterError::Transport(_))), "{got:?}");
 }

@@ -141,8 +141,8 @@ typedef enum lg_status {
    */
   LG_MODEL_FULL = 7105,
   /**
-   * The message transport failed: the NATS server could not be reached
-   * (or the url is malformed), or a background thread could not start.
+   * The message transport failed: the NATS server could not be reached,
+   * or a background thread could not start.
    */
   LG_TRANSPORT_ERROR = 7106,
   /**
@@ -710,10 +710,10 @@ void lg_booking_free(struct lg_booking *booking);
  * lg_monitor_subscribe_nats() learns the worker from its first message.
  * The connection reconnects by itself after the server restarts.
  *
- * Errors: LG_INVALID_ARGUMENT (NULL out_reporter, bad string, empty model,
- * namespace that is empty or holds whitespace, '.', '*' or '>',
- * dp_start + dp_size overflowing); LG_TRANSPORT_ERROR (the server cannot
- * be reached within two seconds, malformed url; the reason is in
+ * Errors: LG_INVALID_ARGUMENT (NULL out_reporter, bad string, malformed
+ * url, empty model, namespace that is empty or holds whitespace, '.', '*'
+ * or '>', dp_start + dp_size overflowing); LG_TRANSPORT_ERROR (the server
+ * cannot be reached within two seconds; the reason is in
  * lg_last_error_message()).
  * Ownership: on LG_OK *out_reporter owns a new reporter; free it with
  * lg_reporter_free(). The strings and the spec are copied.
@@ -799,10 +799,10 @@ void lg_reporter_free(struct lg_reporter *reporter);
  * before).
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_subscription, bad
- * string, namespace that is empty or holds whitespace, '.', '*' or '>');
- * LG_TRANSPORT_ERROR (the server cannot be reached within two seconds,
- * malformed url, the subscription or its expiry thread cannot start; the
- * reason is in lg_last_error_message()).
+ * string, malformed url, namespace that is empty or holds whitespace, '.',
+ * '*' or '>'); LG_TRANSPORT_ERROR (the server cannot be reached within two
+ * seconds, the subscription or its expiry thread cannot start; the reason
+ * is in lg_last_error_message()).
  * Ownership: on LG_OK *out_subscription owns a new subscription; free it
  * with lg_subscription_free(). It shares the monitor's state: freeing the
  * monitor first is allowed (the subscription then feeds a monitor nobody

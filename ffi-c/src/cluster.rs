@@ -88,10 +88,10 @@ fn subjects(namespace: &str) -> Result<Subjects, Error> {
 /// lg_monitor_subscribe_nats() learns the worker from its first message.
 /// The connection reconnects by itself after the server restarts.
 ///
-/// Errors: LG_INVALID_ARGUMENT (NULL out_reporter, bad string, empty model,
-/// namespace that is empty or holds whitespace, '.', '*' or '>',
-/// dp_start + dp_size overflowing); LG_TRANSPORT_ERROR (the server cannot
-/// be reached within two seconds, malformed url; the reason is in
+/// Errors: LG_INVALID_ARGUMENT (NULL out_reporter, bad string, malformed
+/// url, empty model, namespace that is empty or holds whitespace, '.', '*'
+/// or '>', dp_start + dp_size overflowing); LG_TRANSPORT_ERROR (the server
+/// cannot be reached within two seconds; the reason is in
 /// lg_last_error_message()).
 /// Ownership: on LG_OK *out_reporter owns a new reporter; free it with
 /// lg_reporter_free(). The strings and the spec are copied.
@@ -247,10 +247,10 @@ pub unsafe extern "C" fn lg_reporter_free(reporter: *mut lg_reporter) {
 /// before).
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_subscription, bad
-/// string, namespace that is empty or holds whitespace, '.', '*' or '>');
-/// LG_TRANSPORT_ERROR (the server cannot be reached within two seconds,
-/// malformed url, the subscription or its expiry thread cannot start; the
-/// reason is in lg_last_error_message()).
+/// string, malformed url, namespace that is empty or holds whitespace, '.',
+/// '*' or '>'); LG_TRANSPORT_ERROR (the server cannot be reached within two
+/// seconds, the subscription or its expiry thread cannot start; the reason
+/// is in lg_last_error_message()).
 /// Ownership: on LG_OK *out_subscription owns a new subscription; free it
 /// with lg_subscription_free(). It shares the monitor's state: freeing the
 /// monitor first is allowed (the subscription then feeds a monitor nobody

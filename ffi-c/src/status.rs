@@ -55,8 +55,8 @@ pub enum lg_status {
     LG_ALREADY_EXISTS = 7104,
     /// The model already holds the configured maximum number of workers.
     LG_MODEL_FULL = 7105,
-    /// The message transport failed: the NATS server could not be reached
-    /// (or the url is malformed), or a background thread could not start.
+    /// The message transport failed: the NATS server could not be reached,
+    /// or a background thread could not start.
     LG_TRANSPORT_ERROR = 7106,
     /// An internal error (a Rust panic) was caught at the boundary. The
     /// objects involved should be freed and not used again.

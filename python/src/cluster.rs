@@ -56,22 +56,21 @@ fn cluster_error(e: ClusterError) -> PyErr {
     }
 }
 
-/// Connects to `url` with the GIL released; `ConnectionError` naming the
-/// URL when the server cannot be reached.
+/// Connects to `url` with the GIL released; `ValueError` for a malformed
+/// URL, `ConnectionError` naming the URL when the server cannot be reached.
 fn connect(py: Python<'_>, url: &Bound<'_, PyAny>) -> PyResult<NatsTransport> {
     let url = str_arg(url, "url")?;
     let target = url.to_string();
     py.detach(move || NatsTransport::connect(&target))
-        .map_err(|e| {
-            let why = match e {
-                ClusterError::Transport(why) => why,
-                other => other.to_string(),
-            };
-            let why = why.strip_prefix("cannot connect to NATS: ").unwrap_or(&why);
-            PyConnectionError::new_err(format!(
-                "cannot connect to the NATS server at {:?}: {why}",
-                &*url
-            ))
+        .map_err(|e| match e {
+            ClusterError::Transport(why) => {
+                let why = why.strip_prefix("cannot connect to NATS: ").unwrap_or(&why);
+                PyConnectionError::new_err(format!(
+                    "cannot connect to the NATS server at {:?}: {why}",
+                    &*url
+                ))
+            }
+            other => cluster_error(other),
         })
 }
 
@@ -173,7 +172,9 @@ impl Subscription {
 /// A worker's load reporter over NATS: `report()` merges a rank's load and
 /// returns at once; a background thread sends changes as they come and
 /// every rank once per `heartbeat` (which announces the worker, its model,
-/// ranks and capacities to frontends that join late).
+/// ranks and capacities to frontends that join late). Construction raises
+/// `ValueError` for a bad argument (malformed URL, empty model, bad
+/// namespace) and `ConnectionError` when the server cannot be reached.
 #[pyclass(frozen, module = "loadgate")]
 pub struct Reporter {
     worker_id: u64,

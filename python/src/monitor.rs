@@ -422,7 +422,8 @@ impl Monitor {
     /// `loadgate.Reporter` under `namespace` on the NATS server at `url`:
     /// workers are registered on their first message, their reports are
     /// applied, and a worker silent for `expire_after` seconds is removed.
-    /// Raises `ConnectionError` when the server cannot be reached.
+    /// Raises `ValueError` for a malformed URL or namespace and
+    /// `ConnectionError` when the server cannot be reached.
     #[pyo3(
         signature = (url, namespace = None, *, expire_after = None),
         text_signature = "($self, url, namespace='default', *, expire_after=3.0)"

@@ -200,6 +200,14 @@ def test_unreachable_server_raises_connection_error_naming_the_url() -> None:
         Reporter(url, 1, "m")
 
 
+@pytest.mark.parametrize("url", ["nats://", "nats://host:notaport", "nats://[::1", "::::"])
+def test_malformed_url_is_a_value_error_naming_it(url: str) -> None:
+    with pytest.raises(ValueError, match="not a NATS server URL"):
+        Monitor().subscribe_nats(url)
+    with pytest.raises(ValueError, match="not a NATS server URL"):
+        Reporter(url, 1, "m")
+
+
 @pytest.mark.parametrize("namespace", ["", "a.b", "a b", "*", ">", "x>"])
 def test_bad_namespace_is_a_value_error(namespace: str) -> None:
     # Checked before connecting: no server is needed.

@@ -954,7 +954,11 @@ static void test_cluster_errors(void) {
     CHECK(last_error_contains("cannot connect to NATS"));
     EXPECT(lg_monitor_subscribe_nats(m, S(UNREACHABLE), S("ns"), &sub), LG_TRANSPORT_ERROR);
     CHECK(last_error_contains("cannot connect to NATS"));
-    EXPECT(lg_monitor_subscribe_nats(m, S("not a url at all"), S("ns"), &sub), LG_TRANSPORT_ERROR);
+    /* A malformed URL is a bad argument, found without connecting. */
+    INVALID(lg_monitor_subscribe_nats(m, S("not a url at all"), S("ns"), &sub));
+    CHECK(last_error_contains("is not a NATS server URL"));
+    INVALID(lg_reporter_new(S("nats://"), S("ns"), 1, S("m"), NULL, &rep));
+    CHECK(last_error_contains("no host"));
     CHECK(rep == (lg_reporter *)(uintptr_t)0x1 && sub == (lg_subscription *)(uintptr_t)0x1);
 
     /* NULL handles. */
