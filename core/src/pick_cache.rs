@@ -33,6 +33,7 @@
 //! started with. A reader whose first load saw a builder's final even `seq`
 //! sees everything that builder wrote.
 
+use crate::busy_set::BitIter;
 use crate::sync::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// The epochs a list is valid for.
@@ -126,15 +127,14 @@ impl PickCache {
         fence(Ordering::Release);
         self.busy.store(stamp.busy, Ordering::Relaxed);
         self.members.store(stamp.members, Ordering::Relaxed);
+        let slots = eligible
+            .iter()
+            .enumerate()
+            .flat_map(|(w, &word)| BitIter(word).map(move |b| w * 64 + b));
         let mut len = 0;
-        for (w, &word) in eligible.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 && len < self.slots.len() {
-                let slot = w * 64 + bits.trailing_zeros() as usize;
-                self.slots[len].store(slot as u32, Ordering::Relaxed);
-                len += 1;
-                bits &= bits - 1;
-            }
+        for (cell, slot) in self.slots.iter().zip(slots) {
+            cell.store(slot as u32, Ordering::Relaxed);
+            len += 1;
         }
         self.len.store(len, Ordering::Relaxed);
         self.seq.store(seq + 2, Ordering::Release);
