@@ -257,6 +257,57 @@ pub enum WorkerError {
     Unknown(u64),
     /// The model name is empty.
     EmptyModel,
+    /// The model name is longer than [`Limits::max_name_len`](crate::limits::Limits).
+    NameTooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The configured maximum.
+        limit: usize,
+    },
+    /// More ranks than [`Limits::max_ranks_per_worker`](crate::limits::Limits).
+    TooManyRanks {
+        /// Number of ranks given.
+        dp_size: u32,
+        /// The configured maximum.
+        limit: u32,
+    },
+    /// A new model while the monitor holds [`Limits::max_models`](crate::limits::Limits)
+    /// models, none of which can be dropped.
+    TooManyModels {
+        /// The configured maximum.
+        limit: usize,
+    },
+    /// The monitor holds [`Limits::max_workers`](crate::limits::Limits) workers.
+    TooManyWorkers {
+        /// The configured maximum.
+        limit: usize,
+    },
+    /// The worker's ranks would take the monitor past
+    /// [`Limits::max_ranks`](crate::limits::Limits).
+    RankBudget {
+        /// Number of ranks given.
+        dp_size: u32,
+        /// The configured maximum over all workers.
+        limit: usize,
+    },
+}
+
+impl WorkerError {
+    /// Stable name, used as a metrics label.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            WorkerError::Duplicate(_) => "duplicate",
+            WorkerError::InvalidRanks { .. } => "invalid_ranks",
+            WorkerError::ModelFull { .. } => "model_full",
+            WorkerError::Unknown(_) => "unknown_worker",
+            WorkerError::EmptyModel => "empty_model",
+            WorkerError::NameTooLong { .. } => "name_too_long",
+            WorkerError::TooManyRanks { .. } => "too_many_ranks",
+            WorkerError::TooManyModels { .. } => "too_many_models",
+            WorkerError::TooManyWorkers { .. } => "too_many_workers",
+            WorkerError::RankBudget { .. } => "rank_budget",
+        }
+    }
 }
 
 impl fmt::Display for WorkerError {
@@ -265,13 +316,33 @@ impl fmt::Display for WorkerError {
             WorkerError::Duplicate(id) => write!(f, "worker {id} is already registered"),
             WorkerError::InvalidRanks { dp_start, dp_size } => write!(
                 f,
-                "invalid ranks dp_start={dp_start} dp_size={dp_size}: dp_start + dp_size must fit in u32"
+                "invalid ranks dp_start={dp_start} dp_size={dp_size}: dp_start + dp_size overflows u32"
             ),
             WorkerError::ModelFull { model, capacity } => {
                 write!(f, "model {model:?} already has the maximum of {capacity} workers")
             }
             WorkerError::Unknown(id) => write!(f, "unknown worker {id}"),
             WorkerError::EmptyModel => f.write_str("model name must not be empty"),
+            WorkerError::NameTooLong { len, limit } => write!(
+                f,
+                "model name of {len} bytes is too long: at most {limit} bytes (max_name_len)"
+            ),
+            WorkerError::TooManyRanks { dp_size, limit } => write!(
+                f,
+                "dp_size {dp_size} is too large: at most {limit} ranks per worker (max_ranks_per_worker)"
+            ),
+            WorkerError::TooManyModels { limit } => write!(
+                f,
+                "the monitor already holds the maximum of {limit} models (max_models)"
+            ),
+            WorkerError::TooManyWorkers { limit } => write!(
+                f,
+                "the monitor already holds the maximum of {limit} workers (max_workers)"
+            ),
+            WorkerError::RankBudget { dp_size, limit } => write!(
+                f,
+                "{dp_size} more ranks would exceed the monitor's maximum of {limit} ranks (max_ranks)"
+            ),
         }
     }
 }

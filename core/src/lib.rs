@@ -23,6 +23,7 @@ mod counter;
 pub mod error;
 pub mod gate;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod monitor;
 mod pick_cache;
@@ -37,6 +38,7 @@ pub use gate::{
     AdmissionGate, Admit, AdmitCallback, AdmitError, AdmitOwned, CallbackTicket, ConfigError,
     GateConfig, GateStats, OwnedPermit, Permit, TryAdmitError,
 };
+pub use limits::Limits;
 pub use monitor::{
     Booking, LoadReport, Monitor, MonitorConfig, Policy, Route, Staleness, WorkerSpec,
 };

@@ -26,7 +26,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +36,7 @@ use crate::busy_set::{AtomicBits, BitIter, BusySet};
 use crate::clock::{nanos, MonotonicClock, SharedClock};
 use crate::combine::Combiner;
 use crate::error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
+use crate::limits::Limits;
 use crate::metrics;
 use crate::pick_cache::{PickCache, Stamp};
 use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
@@ -117,8 +117,8 @@ pub struct MonitorConfig {
     pub staleness: Staleness,
     /// Silence after which a rank is stale.
     pub stale_after: Duration,
-    /// Most workers one model can hold (slots are allocated up front).
-    pub max_workers_per_model: usize,
+    /// Bounds on models, workers, ranks and names (see [`Limits`]).
+    pub limits: Limits,
     /// Metric name prefix.
     pub metrics_prefix: String,
 }
@@ -129,7 +129,7 @@ impl Default for MonitorConfig {
             lease: Duration::from_secs(1),
             staleness: Staleness::Keep,
             stale_after: Duration::from_secs(3),
-            max_workers_per_model: 4096,
+            limits: Limits::default(),
             metrics_prefix: metrics::DEFAULT_PREFIX.to_owned(),
         }
     }
@@ -205,52 +205,11 @@ pub struct ThresholdState {
 }
 
 // ---------------------------------------------------------------------------
-// Hashing: ids and model names are trusted keys, so a multiply-rotate hash
-// (FxHash) replaces SipHash on the hot path.
+// Hashing: worker ids and model names come from the network, so the maps are
+// keyed with foldhash's per-process random seed (fast, and not predictable by
+// a publisher choosing ids that collide).
 
-#[derive(Default, Clone, Copy)]
-struct FastHasher(u64);
-
-impl FastHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for FastHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().expect("8-byte chunk")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut buf = [0u8; 8];
-            buf[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(buf));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-    #[inline]
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 // ---------------------------------------------------------------------------
 // Load table.
@@ -504,7 +463,7 @@ const REJECTED_REASONS: [Reason; 3] = [
 
 impl Model {
     fn new(name: &str, config: &MonitorConfig) -> Self {
-        let cap = config.max_workers_per_model;
+        let cap = config.limits.max_workers_per_model;
         let atomics = || (0..cap).map(|_| AtomicU64::new(0)).collect::<Box<[_]>>();
         Self {
             name: name.into(),
@@ -890,6 +849,8 @@ fn next_random() -> u64 {
 struct Registry {
     workers: FastMap<u64, Arc<Worker>>,
     models: FastMap<Box<str>, Arc<Model>>,
+    /// Ranks over all workers (bounded by `Limits::max_ranks`).
+    ranks: usize,
 }
 
 /// Refused-report reasons, in metrics order.
@@ -948,8 +909,8 @@ impl Monitor {
             field,
             problem: problem.to_owned(),
         };
-        if config.max_workers_per_model == 0 || config.max_workers_per_model > (1 << 24) {
-            return Err(err("max_workers_per_model", "must be in 1..=16777216"));
+        if let Some((field, problem)) = config.limits.invalid_field() {
+            return Err(err(field, problem));
         }
         if config.lease.is_zero() {
             return Err(err("lease", "must be longer than zero"));
@@ -980,29 +941,50 @@ impl Monitor {
     /// Registers a worker of `model` with ranks `dp_start..dp_start + dp_size`.
     /// The model is created on its first worker and keeps its thresholds
     /// when its workers come and go.
+    ///
+    /// Every size is checked against the configured [`Limits`] before
+    /// anything is allocated. When `max_models` is reached, a model with no
+    /// workers, no settings of its own (thresholds never set, staleness as
+    /// configured) and no [`Route`] handle is dropped to make room; if there
+    /// is none, the new model is refused.
     pub fn add_worker(
         &self,
         model: &str,
         worker_id: u64,
         spec: WorkerSpec,
     ) -> Result<(), WorkerError> {
-        if model.is_empty() {
-            return Err(WorkerError::EmptyModel);
-        }
-        if spec.dp_start.checked_add(spec.dp_size).is_none() {
-            return Err(WorkerError::InvalidRanks {
-                dp_start: spec.dp_start,
-                dp_size: spec.dp_size,
-            });
-        }
+        let limits = &self.config.limits;
+        limits.check_declaration(model, spec.dp_start, spec.dp_size)?;
         let _writer = lock(&self.writer);
         let current = self.registry.load_full();
         if current.workers.contains_key(&worker_id) {
             return Err(WorkerError::Duplicate(worker_id));
         }
+        if current.workers.len() >= limits.max_workers {
+            return Err(WorkerError::TooManyWorkers {
+                limit: limits.max_workers,
+            });
+        }
+        let ranks_after = current.ranks + spec.dp_size as usize;
+        if ranks_after > limits.max_ranks {
+            return Err(WorkerError::RankBudget {
+                dp_size: spec.dp_size,
+                limit: limits.max_ranks,
+            });
+        }
+        let mut evict = None;
         let (model, new_model) = match current.models.get(model) {
             Some(m) => (m.clone(), false),
-            None => (Arc::new(Model::new(model, &self.config)), true),
+            None => {
+                if current.models.len() >= limits.max_models {
+                    evict = Some(self.evictable_model(&current).ok_or(
+                        WorkerError::TooManyModels {
+                            limit: limits.max_models,
+                        },
+                    )?);
+                }
+                (Arc::new(Model::new(model, &self.config)), true)
+            }
         };
         let slot = {
             let mut cold = lock(&model.cold);
@@ -1038,6 +1020,10 @@ impl Monitor {
             .fetch_max(slot / 64 + 1, Ordering::AcqRel);
         let mut next = (*current).clone();
         next.workers.insert(worker_id, worker.clone());
+        next.ranks = ranks_after;
+        if let Some(name) = evict {
+            next.models.remove(&name);
+        }
         if new_model {
             next.models.insert(model.name.clone(), model.clone());
         }
@@ -1049,6 +1035,25 @@ impl Monitor {
         // A busy-when-stale model or preset capacities can already decide.
         worker.reevaluate_and_wait();
         Ok(())
+    }
+
+    /// A model that can be dropped to make room for a new one: no workers,
+    /// thresholds never set, the configured staleness, and no reference
+    /// outside the registry (no worker, no [`Route`]). Called with the
+    /// writer lock held, so no worker can join it meanwhile; a reader that
+    /// holds a registry snapshot only makes the count higher, so the check
+    /// errs on the side of keeping a model.
+    fn evictable_model(&self, reg: &Registry) -> Option<Box<str>> {
+        reg.models
+            .iter()
+            .find(|(_, m)| {
+                Arc::strong_count(m) == 1
+                    && m.workers.load(Ordering::Relaxed) == 0
+                    && m.staleness() == self.config.staleness
+                    && m.stale_after.load(Ordering::Relaxed) == nanos(self.config.stale_after)
+                    && lock(&m.cold).thresholds.version == 0
+            })
+            .map(|(name, _)| name.clone())
     }
 
     /// Unregisters a worker: it leaves the busy set and the metrics at once.
@@ -1069,6 +1074,7 @@ impl Monitor {
         model.end_lease(worker.slot);
         let mut next = (*current).clone();
         next.workers.remove(&worker_id);
+        next.ranks -= worker.ranks.len();
         self.registry.store(Arc::new(next));
         lock(&model.cold).free.insert(worker.slot);
         Ok(())

@@ -196,8 +196,24 @@ pub(crate) struct LoadRef<'a> {
     pub(crate) report: LoadReport,
 }
 
+impl LoadMessage {
+    /// Borrows this message as the subscriber reads it.
+    pub(crate) fn as_ref(&self) -> LoadRef<'_> {
+        LoadRef {
+            instance: self.instance,
+            seq: self.seq,
+            worker_id: self.worker_id,
+            model: Cow::Borrowed(&self.model),
+            dp_start: self.dp_start,
+            dp_size: self.dp_size,
+            dp_rank: self.dp_rank,
+            report: self.report(),
+        }
+    }
+}
+
 impl LoadRef<'_> {
-    fn into_owned(self) -> LoadMessage {
+    pub(crate) fn into_owned(self) -> LoadMessage {
         LoadMessage {
             v: SCHEMA_VERSION,
             instance: self.instance,

@@ -73,13 +73,17 @@ fn frontends_learn_workers_and_converge_on_one_busy_set() {
     let bus = InProcessBus::new();
     let subjects = Subjects::new("test").unwrap();
     let frontends: Vec<Frontend> = (0..3).map(|_| frontend(&clock)).collect();
-    let _attached: Vec<_> = frontends
+    let attached: Vec<_> = frontends
         .iter()
         .map(|f| f.subscriber.attach(&bus, &subjects).unwrap())
         .collect();
     let workers: Vec<Publisher> = (1..=4).map(|id| worker(&bus, &clock, id)).collect();
     for w in &workers {
         w.flush(); // announcement
+    }
+    // Announcements register on each subscriber's own thread.
+    for a in &attached {
+        a.settle();
     }
     let decode = ThresholdUpdate {
         active_decode_blocks_threshold: Some(0.5),
@@ -133,13 +137,14 @@ fn a_late_frontend_learns_everything_from_the_heartbeat() {
     .unwrap();
     w.flush();
     let late = frontend(&clock);
-    let _a = late
+    let a = late
         .subscriber
         .attach(&bus, &Subjects::new("test").unwrap())
         .unwrap();
     assert_eq!(w.flush(), 0, "nothing changed and no heartbeat due");
     clock.advance(Duration::from_secs(1));
     assert_eq!(w.flush(), 2, "the heartbeat re-sends every rank");
+    a.settle();
     let load = late.monitor.rank_load(9, 1).unwrap();
     assert_eq!(
         (
@@ -156,12 +161,13 @@ fn publishers_coalesce_reports_between_flushes() {
     let clock = ManualClock::new();
     let bus = InProcessBus::new();
     let f = frontend(&clock);
-    let _a = f
+    let a = f
         .subscriber
         .attach(&bus, &Subjects::new("test").unwrap())
         .unwrap();
     let w = worker(&bus, &clock, 1);
     w.flush();
+    a.settle();
     for n in 0..50 {
         w.report(0, &used(n)).unwrap();
     }
@@ -292,7 +298,10 @@ fn a_silent_worker_is_removed_and_its_model_becomes_unavailable() {
     let s = f.subscriber.clone();
     let all = Subjects::new("test").unwrap().load_all();
     let _sub = bus
-        .subscribe(&all, Arc::new(move |p: &[u8]| drop(s.handle(p))))
+        .subscribe(
+            &all,
+            Arc::new(move |subject: &str, p: &[u8]| drop(s.handle_on(subject, p))),
+        )
         .unwrap();
     w.flush();
     assert_eq!(f.monitor.select("llama", Policy::RoundRobin), Ok(3));

@@ -13,7 +13,10 @@ use loadgate::{
 
 fn monitor() -> Arc<Monitor> {
     let config = MonitorConfig {
-        max_workers_per_model: 64,
+        limits: loadgate::Limits {
+            max_workers_per_model: 64,
+            ..loadgate::Limits::default()
+        },
         ..Default::default()
     };
     let m = Monitor::with_config(config, ManualClock::new()).unwrap();

@@ -563,7 +563,10 @@ fn random_is_uniform_over_eligible_workers_at_any_width() {
         (5000, [3, 2000, 4095, 4999]),
     ] {
         let config = MonitorConfig {
-            max_workers_per_model: 5000,
+            limits: loadgate::Limits {
+                max_workers_per_model: 5000,
+                ..loadgate::Limits::default()
+            },
             ..Default::default()
         };
         let m = Monitor::with_config(config, ManualClock::new()).unwrap();
@@ -989,7 +992,10 @@ fn adding_and_removing_workers_validates_input() {
     let clock = ManualClock::new();
     let m = Monitor::with_config(
         MonitorConfig {
-            max_workers_per_model: 2,
+            limits: loadgate::Limits {
+                max_workers_per_model: 2,
+                ..loadgate::Limits::default()
+            },
             ..Default::default()
         },
         clock,

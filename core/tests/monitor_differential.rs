@@ -116,7 +116,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
     let config = MonitorConfig {
         lease: Duration::from_millis(LEASE_MS),
-        max_workers_per_model: 6,
+        limits: loadgate::Limits {
+            max_workers_per_model: 6,
+            ..loadgate::Limits::default()
+        },
         ..Default::default()
     };
     let m = Monitor::with_config(config, clock.clone()).unwrap();

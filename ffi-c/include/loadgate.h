@@ -488,6 +488,29 @@ typedef struct lg_monitor_config {
    * Length of metrics_prefix in bytes.
    */
   size_t metrics_prefix_len;
+  /**
+   * Most models the monitor holds (default 256; at least 1). A model
+   * with no workers and no settings of its own makes room for a new one.
+   */
+  size_t max_models;
+  /**
+   * Most workers the monitor holds over all models (default 16384; at
+   * least 1).
+   */
+  size_t max_workers;
+  /**
+   * Most ranks one worker declares (default 1024; at least 1).
+   */
+  uint32_t max_ranks_per_worker;
+  /**
+   * Most ranks the monitor holds over all workers (default 65536; at
+   * least 1).
+   */
+  size_t max_ranks;
+  /**
+   * Longest model name in bytes (default 256; at least 1).
+   */
+  size_t max_name_len;
 } lg_monitor_config;
 
 /**
@@ -1205,7 +1228,7 @@ enum lg_status lg_monitor_config_default(struct lg_monitor_config *out);
  * Creates a monitor. `config` may be NULL for the defaults.
  *
  * Errors: LG_INVALID_ARGUMENT if out_monitor is NULL or a setting is
- * invalid (zero lease or stale_after, max_workers_per_model out of range,
+ * invalid (zero lease or stale_after, a limit out of range,
  * bad staleness, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*).
  * Ownership: on LG_OK *out_monitor owns a new monitor; free it with
  * lg_monitor_free(). The config is copied.

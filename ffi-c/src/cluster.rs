@@ -136,15 +136,7 @@ pub unsafe extern "C" fn lg_reporter_new(
         }
         // Checked before connecting, so a bad argument costs no connection
         // and is reported as such whatever the server's state.
-        if model.is_empty() {
-            return Err(Error::invalid("model must not be empty"));
-        }
-        if config.dp_start.checked_add(config.dp_size).is_none() {
-            return Err(Error::invalid(format_args!(
-                "dp_start {} + dp_size {} overflows",
-                config.dp_start, config.dp_size
-            )));
-        }
+        config.validate()?;
         let transport = NatsTransport::connect(url)?;
         let publisher = Publisher::spawn(config, Arc::new(transport), &subjects)?;
         let handle = Box::into_raw(Box::new(lg_reporter { publisher }));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use loadgate_core::monitor::{LoadReport, Monitor, MonitorConfig, Policy, Staleness, WorkerSpec};
 use loadgate_core::thresholds::{ThresholdField, ThresholdUpdate};
-use loadgate_core::MonotonicClock;
+use loadgate_core::{Limits, MonotonicClock};
 
 use crate::ffi::{guard, input, optional, optional_string, slice, string, Error, Out, TextBuf};
 use crate::status::lg_status;
@@ -86,6 +86,19 @@ pub struct lg_monitor_config {
     pub metrics_prefix: *const c_char,
     /// Length of metrics_prefix in bytes.
     pub metrics_prefix_len: usize,
+    /// Most models the monitor holds (default 256; at least 1). A model
+    /// with no workers and no settings of its own makes room for a new one.
+    pub max_models: usize,
+    /// Most workers the monitor holds over all models (default 16384; at
+    /// least 1).
+    pub max_workers: usize,
+    /// Most ranks one worker declares (default 1024; at least 1).
+    pub max_ranks_per_worker: u32,
+    /// Most ranks the monitor holds over all workers (default 65536; at
+    /// least 1).
+    pub max_ranks: usize,
+    /// Longest model name in bytes (default 256; at least 1).
+    pub max_name_len: usize,
 }
 
 /// How a worker is declared. A zeroed struct declares no ranks (such a
@@ -272,9 +285,14 @@ pub unsafe extern "C" fn lg_monitor_config_default(out: *mut lg_monitor_config) 
             lease_ms: d.lease.as_millis() as u64,
             stale_after_ms: d.stale_after.as_millis() as u64,
             staleness: LG_STALENESS_KEEP,
-            max_workers_per_model: d.max_workers_per_model,
+            max_workers_per_model: d.limits.max_workers_per_model,
             metrics_prefix: std::ptr::null(),
             metrics_prefix_len: 0,
+            max_models: d.limits.max_models,
+            max_workers: d.limits.max_workers,
+            max_ranks_per_worker: d.limits.max_ranks_per_worker,
+            max_ranks: d.limits.max_ranks,
+            max_name_len: d.limits.max_name_len,
         };
         // SAFETY: writable by the contract.
         unsafe { out.write(config) };
@@ -285,7 +303,7 @@ pub unsafe extern "C" fn lg_monitor_config_default(out: *mut lg_monitor_config) 
 /// Creates a monitor. `config` may be NULL for the defaults.
 ///
 /// Errors: LG_INVALID_ARGUMENT if out_monitor is NULL or a setting is
-/// invalid (zero lease or stale_after, max_workers_per_model out of range,
+/// invalid (zero lease or stale_after, a limit out of range,
 /// bad staleness, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*).
 /// Ownership: on LG_OK *out_monitor owns a new monitor; free it with
 /// lg_monitor_free(). The config is copied.
@@ -310,7 +328,14 @@ pub unsafe extern "C" fn lg_monitor_new(
                     lease: Duration::from_millis(c.lease_ms),
                     staleness: staleness(c.staleness)?,
                     stale_after: Duration::from_millis(c.stale_after_ms),
-                    max_workers_per_model: c.max_workers_per_model,
+                    limits: Limits {
+                        max_models: c.max_models,
+                        max_workers: c.max_workers,
+                        max_workers_per_model: c.max_workers_per_model,
+                        max_ranks_per_worker: c.max_ranks_per_worker,
+                        max_ranks: c.max_ranks,
+                        max_name_len: c.max_name_len,
+                    },
                     ..MonitorConfig::default()
                 };
                 // SAFETY: NULL or valid for metrics_prefix_len bytes.

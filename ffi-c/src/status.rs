@@ -170,7 +170,9 @@ impl From<WorkerError> for Error {
             WorkerError::Duplicate(_) => LG_ALREADY_EXISTS,
             WorkerError::ModelFull { .. } => LG_MODEL_FULL,
             WorkerError::Unknown(_) => LG_NOT_FOUND,
-            WorkerError::InvalidRanks { .. } | WorkerError::EmptyModel => LG_INVALID_ARGUMENT,
+            // Bad declarations and exceeded limits (names, ranks, models,
+            // workers).
+            _ => LG_INVALID_ARGUMENT,
         };
         Error::new(status, e)
     }

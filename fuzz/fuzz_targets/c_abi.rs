@@ -524,6 +524,11 @@ impl State {
                         max_workers_per_model: usize::from(c.max_workers % 16),
                         metrics_prefix: prefix.cast(),
                         metrics_prefix_len: prefix_len,
+                        max_models: usize::from(c.max_workers % 5),
+                        max_workers: usize::from(c.max_workers % 32),
+                        max_ranks_per_worker: u32::from(c.max_workers % 9),
+                        max_ranks: usize::from(c.max_workers % 64),
+                        max_name_len: usize::from(c.max_workers % 24),
                     }
                 });
                 let mut out: *mut lg_monitor = dangling();

@@ -541,7 +541,10 @@ fuzz_target!(|ops: Vec<Op>| {
     let clock = ManualClock::new();
     let config = MonitorConfig {
         lease: Duration::from_millis(LEASE_MS),
-        max_workers_per_model: CAPACITY,
+        limits: loadgate::Limits {
+            max_workers_per_model: CAPACITY,
+            ..loadgate::Limits::default()
+        },
         ..Default::default()
     };
     let m = Monitor::with_config(config, clock.clone()).expect("valid config");

@@ -44,6 +44,12 @@ class Monitor:
         staleness: str = "keep",
         stale_after: float = 3.0,
         metrics_prefix: str = "dynamo",
+        max_models: int = 256,
+        max_workers: int = 16384,
+        max_workers_per_model: int = 4096,
+        max_ranks_per_worker: int = 1024,
+        max_ranks: int = 65536,
+        max_name_len: int = 256,
     ) -> Monitor: ...
     def add_worker(
         self,

@@ -20,7 +20,7 @@ use loadgate::cluster::{
     Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
     DEFAULT_HEARTBEAT,
 };
-use loadgate::{LoadReport, MonotonicClock};
+use loadgate::{Limits, LoadReport, MonotonicClock};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -216,18 +216,10 @@ impl Reporter {
             kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
             max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
             heartbeat: heartbeat.map_or(Ok(DEFAULT_HEARTBEAT), |h| seconds_arg(h, "heartbeat"))?,
+            limits: Limits::default(),
         };
-        // Refuse bad settings before connecting, as Monitor.add_worker words them.
-        if config.model.is_empty() {
-            return Err(PyValueError::new_err("model must not be empty"));
-        }
-        if config.dp_start.checked_add(config.dp_size).is_none() {
-            return Err(PyValueError::new_err(format!(
-                "dp_start = {} with dp_size = {} is invalid: dp_start + dp_size must be \
-                 at most 2**32 - 1",
-                config.dp_start, config.dp_size
-            )));
-        }
+        // Refuse bad settings before connecting.
+        config.validate().map_err(cluster_error)?;
         let transport: Arc<NatsTransport> = Arc::new(connect(py, url)?);
         let publisher = Publisher::spawn(config, transport, &subjects).map_err(cluster_error)?;
         Ok(Self {

@@ -79,16 +79,42 @@ fn threshold_dict<'py>(
 impl Monitor {
     #[new]
     #[pyo3(
-        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None),
-        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo')"
+        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None, max_models = None, max_workers = None, max_workers_per_model = None, max_ranks_per_worker = None, max_ranks = None, max_name_len = None),
+        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo', max_models=256, max_workers=16384, max_workers_per_model=4096, max_ranks_per_worker=1024, max_ranks=65536, max_name_len=256)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         lease_seconds: Option<&Bound<'_, PyAny>>,
         staleness: Option<&Bound<'_, PyAny>>,
         stale_after: Option<&Bound<'_, PyAny>>,
         metrics_prefix: Option<&Bound<'_, PyAny>>,
+        max_models: Option<&Bound<'_, PyAny>>,
+        max_workers: Option<&Bound<'_, PyAny>>,
+        max_workers_per_model: Option<&Bound<'_, PyAny>>,
+        max_ranks_per_worker: Option<&Bound<'_, PyAny>>,
+        max_ranks: Option<&Bound<'_, PyAny>>,
+        max_name_len: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = MonitorConfig::default();
+        let l = &mut config.limits;
+        for (slot, arg, name) in [
+            (&mut l.max_models, max_models, "max_models"),
+            (&mut l.max_workers, max_workers, "max_workers"),
+            (
+                &mut l.max_workers_per_model,
+                max_workers_per_model,
+                "max_workers_per_model",
+            ),
+            (&mut l.max_ranks, max_ranks, "max_ranks"),
+            (&mut l.max_name_len, max_name_len, "max_name_len"),
+        ] {
+            if let Some(v) = arg {
+                *slot = usize::try_from(u64_arg(v, name)?).unwrap_or(usize::MAX);
+            }
+        }
+        if let Some(v) = max_ranks_per_worker {
+            l.max_ranks_per_worker = u32_arg(v, "max_ranks_per_worker")?;
+        }
         if let Some(name) = opt_str_arg(staleness, "staleness")? {
             config.staleness = staleness_arg(&name)?;
         }

@@ -1,0 +1,68 @@
+//! Load reports across machines.
+//!
+//! Workers run a [`Publisher`]: `report` merges a rank's new load into a
+//! pending state and returns at once; a background thread sends every changed
+//! rank as a [`LoadMessage`] (coalescing reports that arrive while it sends)
+//! and re-sends every rank about once a second as a heartbeat, so a frontend
+//! that joins late learns each worker, its model, ranks and capacities.
+//!
+//! Frontends run a [`Subscriber`]: it decodes each payload, registers a worker
+//! in its [`Monitor`] on the first message, applies reports, drops messages
+//! whose sequence number is not newer than the last one applied, and removes
+//! a worker silent for `expire_after` (three heartbeats by default). Because
+//! every frontend applies the same messages to the same busy rule, all
+//! frontends converge on the same busy set; thresholds stay local to each
+//! frontend.
+//!
+//! Messages travel over a [`Transport`]: [`InProcessBus`] (the embedded
+//! default) or, with the `nats` feature, [`nats::NatsTransport`] (NATS core
+//! pub/sub). Subjects are `{prefix}.{namespace}.load.{worker_id}`.
+//!
+//! Files: `transport.rs` (subjects, the [`Transport`] trait, the in-process
+//! bus), `publisher.rs` (worker side), `subscriber.rs` (frontend side) and
+//! `nats.rs` (the NATS transport).
+
+use std::fmt;
+use std::sync::{Mutex, MutexGuard};
+
+mod publisher;
+mod subscriber;
+mod transport;
+
+#[cfg(feature = "nats")]
+pub mod nats;
+
+pub use publisher::{Publisher, PublisherConfig, DEFAULT_HEARTBEAT};
+pub use subscriber::{
+    Applied, Attached, HandleError, Subscriber, SubscriberConfig, SubscriberStats,
+};
+pub use transport::{
+    subject_matches, Handler, InProcessBus, Subjects, Subscription, Transport, DEFAULT_PREFIX,
+};
+
+/// A cluster setup or transport failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterError {
+    /// A subject prefix or namespace that is not a plain NATS token.
+    InvalidSubject(String),
+    /// A setting out of range.
+    InvalidConfig(String),
+    /// The transport failed (connect, subscribe or publish).
+    Transport(String),
+}
+
+impl fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterError::InvalidSubject(s) => write!(f, "invalid subject token: {s}"),
+            ClusterError::InvalidConfig(s) => write!(f, "invalid setting: {s}"),
+            ClusterError::Transport(s) => write!(f, "transport error: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

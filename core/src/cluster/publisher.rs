@@ -1,0 +1,327 @@
+//! The worker side: coalescing load reports and publishing them.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{lock, ClusterError, Subjects, Transport};
+use crate::clock::{nanos, MonotonicClock, SharedClock};
+use crate::error::ReportError;
+use crate::limits::Limits;
+use crate::monitor::LoadReport;
+use crate::wire::{LoadMessage, SCHEMA_VERSION};
+
+/// Default heartbeat period of a publisher.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// What a publishing worker declares about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublisherConfig {
+    /// The worker's id.
+    pub worker_id: u64,
+    /// The worker's model.
+    pub model: String,
+    /// First data-parallel rank.
+    pub dp_start: u32,
+    /// Number of ranks.
+    pub dp_size: u32,
+    /// KV cache capacity per rank, if known.
+    pub kv_total_blocks: Option<u64>,
+    /// Prefill batch capacity per rank, if known.
+    pub max_num_batched_tokens: Option<u64>,
+    /// Period of the full re-send.
+    pub heartbeat: Duration,
+    /// Bounds on the declaration (model name length, ranks); by default
+    /// those of a default [`Monitor`](crate::Monitor), so a publisher
+    /// never declares what default frontends refuse.
+    pub limits: Limits,
+}
+
+impl PublisherConfig {
+    /// A single-rank worker of `model` with the default heartbeat.
+    pub fn new(worker_id: u64, model: impl Into<String>) -> Self {
+        Self {
+            worker_id,
+            model: model.into(),
+            dp_start: 0,
+            dp_size: 1,
+            kv_total_blocks: None,
+            max_num_batched_tokens: None,
+            heartbeat: DEFAULT_HEARTBEAT,
+            limits: Limits::default(),
+        }
+    }
+
+    /// Checks the settings (a non-empty model name within
+    /// `limits.max_name_len`, ranks that fit in `u32` and within
+    /// `limits.max_ranks_per_worker`, a non-zero heartbeat) without
+    /// connecting anything.
+    pub fn validate(&self) -> Result<(), ClusterError> {
+        self.limits
+            .check_declaration(&self.model, self.dp_start, self.dp_size)
+            .map_err(|e| ClusterError::InvalidConfig(e.to_string()))?;
+        if self.heartbeat.is_zero() {
+            return Err(ClusterError::InvalidConfig(
+                "heartbeat must be longer than zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct PendingRank {
+    load: LoadReport,
+    dirty: bool,
+}
+
+#[derive(Debug)]
+struct PublisherState {
+    ranks: Vec<PendingRank>,
+    seq: u64,
+    last_heartbeat: Option<u64>,
+    stop: bool,
+}
+
+struct PublisherInner {
+    config: PublisherConfig,
+    subject: String,
+    instance: u64,
+    transport: Arc<dyn Transport>,
+    clock: SharedClock,
+    state: Mutex<PublisherState>,
+    /// Held while building and sending one batch, so batches leave in
+    /// sequence order even when `flush` is called from several threads.
+    sending: Mutex<()>,
+    wake: Condvar,
+    sent: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// The worker side: coalesces load reports and publishes them.
+pub struct Publisher {
+    inner: Arc<PublisherInner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Publisher")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// A publisher driven by hand: call [`flush`](Self::flush) to send.
+    pub fn new(
+        config: PublisherConfig,
+        transport: Arc<dyn Transport>,
+        subjects: &Subjects,
+        clock: SharedClock,
+    ) -> Result<Self, ClusterError> {
+        config.validate()?;
+        let ranks = vec![PendingRank::default(); config.dp_size as usize];
+        let inner = Arc::new(PublisherInner {
+            subject: subjects.load(config.worker_id),
+            instance: instance_id(),
+            transport,
+            clock,
+            state: Mutex::new(PublisherState {
+                ranks,
+                seq: 0,
+                last_heartbeat: None,
+                stop: false,
+            }),
+            sending: Mutex::new(()),
+            wake: Condvar::new(),
+            sent: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            config,
+        });
+        Ok(Self {
+            inner,
+            thread: None,
+        })
+    }
+
+    /// A publisher with its own sending thread on the monotonic clock: it
+    /// sends changes as they come and heartbeats on time. The thread stops
+    /// when the publisher is dropped.
+    pub fn spawn(
+        config: PublisherConfig,
+        transport: Arc<dyn Transport>,
+        subjects: &Subjects,
+    ) -> Result<Self, ClusterError> {
+        let mut publisher = Self::new(config, transport, subjects, MonotonicClock::shared())?;
+        let inner = publisher.inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("loadgate-publisher".into())
+            .spawn(move || inner.run())
+            .map_err(|e| {
+                ClusterError::Transport(format!("cannot start the publisher thread: {e}"))
+            })?;
+        publisher.thread = Some(thread);
+        Ok(publisher)
+    }
+
+    /// Merges a rank's new load (absent fields keep their value) and returns
+    /// at once; the change is sent on the next flush.
+    pub fn report(&self, dp_rank: u32, report: &LoadReport) -> Result<(), ReportError> {
+        let c = &self.inner.config;
+        let index = dp_rank
+            .checked_sub(c.dp_start)
+            .filter(|i| *i < c.dp_size)
+            .ok_or(ReportError::UndeclaredRank {
+                worker_id: c.worker_id,
+                dp_rank,
+                dp_start: c.dp_start,
+                dp_size: c.dp_size,
+            })?;
+        if report.active_prefill_tokens == Some(u64::MAX) {
+            return Err(ReportError::InvalidValue {
+                field: "active_prefill_tokens",
+                value: u64::MAX,
+            });
+        }
+        let mut state = lock(&self.inner.state);
+        let rank = &mut state.ranks[index as usize];
+        merge(&mut rank.load, report);
+        rank.dirty = true;
+        drop(state);
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Sends every changed rank, and every rank if a heartbeat is due.
+    /// Returns the number of messages sent.
+    pub fn flush(&self) -> usize {
+        self.inner.flush()
+    }
+
+    /// Messages sent so far.
+    pub fn messages_sent(&self) -> u64 {
+        self.inner.sent.load(Ordering::Relaxed)
+    }
+
+    /// Messages the transport refused so far.
+    pub fn messages_failed(&self) -> u64 {
+        self.inner.failed.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        lock(&self.inner.state).stop = true;
+        self.inner.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn merge(into: &mut LoadReport, new: &LoadReport) {
+    let set = |slot: &mut Option<u64>, v: Option<u64>| {
+        if v.is_some() {
+            *slot = v;
+        }
+    };
+    set(&mut into.active_decode_blocks, new.active_decode_blocks);
+    set(&mut into.kv_used_blocks, new.kv_used_blocks);
+    set(&mut into.kv_total_blocks, new.kv_total_blocks);
+    set(&mut into.active_prefill_tokens, new.active_prefill_tokens);
+    set(&mut into.max_num_batched_tokens, new.max_num_batched_tokens);
+}
+
+/// A process-unique, run-unique publisher instance id.
+fn instance_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+impl PublisherInner {
+    fn heartbeat_due(&self, state: &PublisherState, now: u64) -> bool {
+        state
+            .last_heartbeat
+            .is_none_or(|t| now.saturating_sub(t) >= nanos(self.config.heartbeat))
+    }
+
+    fn flush(&self) -> usize {
+        let _sending = lock(&self.sending);
+        let now = self.clock.now_nanos();
+        let messages: Vec<LoadMessage> = {
+            let mut state = lock(&self.state);
+            let heartbeat = self.heartbeat_due(&state, now);
+            if heartbeat {
+                state.last_heartbeat = Some(now);
+            }
+            let c = &self.config;
+            let mut out = Vec::new();
+            for i in 0..state.ranks.len() {
+                if !(heartbeat || state.ranks[i].dirty) {
+                    continue;
+                }
+                state.ranks[i].dirty = false;
+                state.seq += 1;
+                let load = state.ranks[i].load;
+                out.push(LoadMessage {
+                    v: SCHEMA_VERSION,
+                    instance: self.instance,
+                    seq: state.seq,
+                    worker_id: c.worker_id,
+                    model: c.model.clone(),
+                    dp_start: c.dp_start,
+                    dp_size: c.dp_size,
+                    dp_rank: c.dp_start + i as u32,
+                    kv_total_blocks: load.kv_total_blocks.or(c.kv_total_blocks),
+                    max_num_batched_tokens: load
+                        .max_num_batched_tokens
+                        .or(c.max_num_batched_tokens),
+                    active_decode_blocks: load.active_decode_blocks,
+                    kv_used_blocks: load.kv_used_blocks,
+                    active_prefill_tokens: load.active_prefill_tokens,
+                });
+            }
+            out
+        };
+        for m in &messages {
+            match self.transport.publish(&self.subject, m.to_msgpack()) {
+                Ok(()) => self.sent.fetch_add(1, Ordering::Relaxed),
+                Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+        messages.len()
+    }
+
+    fn run(&self) {
+        loop {
+            {
+                let mut state = lock(&self.state);
+                loop {
+                    if state.stop {
+                        return;
+                    }
+                    let now = self.clock.now_nanos();
+                    if state.ranks.iter().any(|r| r.dirty) || self.heartbeat_due(&state, now) {
+                        break;
+                    }
+                    let wait = state.last_heartbeat.map_or(0, |t| {
+                        nanos(self.config.heartbeat).saturating_sub(now.saturating_sub(t))
+                    });
+                    state = self
+                        .wake
+                        .wait_timeout(state, Duration::from_nanos(wait.max(1_000_000)))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+            self.flush();
+        }
+    }
+}

@@ -1,0 +1,653 @@
+//! The frontend side: applying published load to a monitor.
+//!
+//! Every payload goes through the same checks, in order, each refusal
+//! counted under its reason (`metrics_text`): the size bound
+//! (`oversized`), decoding (`malformed`, `unsupported_version`, `invalid`),
+//! the sender check (`spoofed`: a loadgate message must carry the worker id
+//! of the subject it arrived on, so NATS per-subject publish permissions
+//! bind a worker to its own reports), the declaration limits of the
+//! monitor, and finally the monitor itself.
+//!
+//! **Two paths.** A message of a worker this subscriber already tracks is
+//! applied on the receiving thread: one lookup under the `tracks` lock,
+//! the sequence check, and a lock-free `Monitor::report`. A message that
+//! has to register a worker (its first, or a restarted one) is the slow
+//! path: registration clones the monitor's registry, so it costs time
+//! proportional to the number of workers. When attached to a transport,
+//! such messages go to a bounded queue served by the subscriber's own
+//! thread (which also expires silent workers), so a flood of new worker
+//! ids or model names never delays the reports of known workers; when the
+//! queue is full the announcement is dropped and counted (`backlog`), and
+//! the worker's next heartbeat announces it again. [`Subscriber::handle`]
+//! runs both paths on the calling thread.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use foldhash::fast::RandomState;
+
+use super::{lock, ClusterError, Subjects, Subscription, Transport, DEFAULT_HEARTBEAT};
+use crate::clock::{nanos, SharedClock};
+use crate::error::{ReportError, WorkerError};
+use crate::metrics;
+use crate::monitor::{Monitor, WorkerSpec};
+use crate::wire::{decode_ref, DecodedRef, LoadMessage, LoadRef, WireError};
+
+/// Default [`SubscriberConfig::max_payload`].
+pub const DEFAULT_MAX_PAYLOAD: usize = 16 * 1024;
+/// Default [`SubscriberConfig::registration_backlog`].
+pub const DEFAULT_REGISTRATION_BACKLOG: usize = 1024;
+
+/// Frontend settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriberConfig {
+    /// A worker silent this long is removed (default: three heartbeats).
+    pub expire_after: Duration,
+    /// An extra subject carrying the reference system's `ActiveLoad`
+    /// payloads, if any.
+    pub active_load_subject: Option<String>,
+    /// Longest payload decoded (default 16 KiB; loadgate's own messages
+    /// take well under 1 KiB); longer ones are refused unread.
+    pub max_payload: usize,
+    /// Announcements waiting for registration when attached (default
+    /// 1024); more are dropped and counted until the queue drains.
+    pub registration_backlog: usize,
+}
+
+impl Default for SubscriberConfig {
+    fn default() -> Self {
+        Self {
+            expire_after: 3 * DEFAULT_HEARTBEAT,
+            active_load_subject: None,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            registration_backlog: DEFAULT_REGISTRATION_BACKLOG,
+        }
+    }
+}
+
+/// What happened to one payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// A report for a known worker was applied.
+    Report,
+    /// The first message of a worker (or of a restarted one) registered it
+    /// and was applied.
+    Announced,
+    /// Not newer than the last message applied for the worker: dropped.
+    OutOfOrder,
+    /// Queued for the attached subscriber's registration thread.
+    Queued,
+}
+
+/// Why a payload was not applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandleError {
+    /// Longer than [`SubscriberConfig::max_payload`]; not read.
+    Oversized {
+        /// Its length in bytes.
+        len: usize,
+        /// The configured maximum.
+        limit: usize,
+    },
+    /// The payload did not decode.
+    Wire(WireError),
+    /// The payload's worker id is not the one its subject names.
+    Spoofed {
+        /// The subject it arrived on.
+        subject: String,
+        /// The worker id it carries.
+        worker_id: u64,
+    },
+    /// The monitor refused the report.
+    Report(ReportError),
+    /// The monitor refused to register the worker.
+    Worker(WorkerError),
+    /// The registration queue was full; the worker's next heartbeat
+    /// announces it again.
+    Backlog,
+}
+
+impl HandleError {
+    /// Stable name of the refusal, used as the `reason` label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HandleError::Oversized { .. } => "oversized",
+            HandleError::Wire(e) => e.kind(),
+            HandleError::Spoofed { .. } => "spoofed",
+            HandleError::Report(e) => e.kind(),
+            HandleError::Worker(e) => e.kind(),
+            HandleError::Backlog => "backlog",
+        }
+    }
+}
+
+impl fmt::Display for HandleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandleError::Oversized { len, limit } => write!(
+                f,
+                "load message of {len} bytes is too large: at most {limit} bytes (max_payload)"
+            ),
+            HandleError::Wire(e) => e.fmt(f),
+            HandleError::Spoofed { subject, worker_id } => write!(
+                f,
+                "load message for worker {worker_id} arrived on subject {subject:?}, \
+                 which belongs to another worker"
+            ),
+            HandleError::Report(e) => e.fmt(f),
+            HandleError::Worker(e) => e.fmt(f),
+            HandleError::Backlog => f.write_str(
+                "registration queue full: announcement dropped until the next heartbeat",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for HandleError {}
+
+/// Every refusal reason, in metrics order: [`HandleError::kind`] of each
+/// variant, with the wire, report and worker kinds spelled out.
+pub const REFUSAL_REASONS: [&str; 19] = [
+    "oversized",
+    "malformed",
+    "unsupported_version",
+    "invalid",
+    "spoofed",
+    "unknown_worker",
+    "undeclared_rank",
+    "invalid_value",
+    "duplicate",
+    "invalid_ranks",
+    "model_full",
+    "empty_model",
+    "name_too_long",
+    "too_many_ranks",
+    "too_many_models",
+    "too_many_workers",
+    "rank_budget",
+    "backlog",
+    "other",
+];
+
+#[derive(Debug)]
+struct Track {
+    instance: u64,
+    seq: u64,
+    /// Clock time at which the worker was last known to be alive: set when
+    /// it is announced, and by the first sweep after each later message.
+    last_heard: u64,
+    /// A message arrived since the last sweep; keeps the clock off the
+    /// per-message path.
+    heard: bool,
+    model: String,
+    dp_start: u32,
+    dp_size: u32,
+}
+
+impl Track {
+    fn declares(&self, msg: &LoadRef<'_>) -> bool {
+        self.instance == msg.instance
+            && self.model == msg.model
+            && self.dp_start == msg.dp_start
+            && self.dp_size == msg.dp_size
+    }
+}
+
+/// Counters of a subscriber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SubscriberStats {
+    /// Reports applied to known workers.
+    pub applied: u64,
+    /// Workers registered from their first message.
+    pub announced: u64,
+    /// Messages dropped as out of order.
+    pub out_of_order: u64,
+    /// Payloads that were not read: too large, malformed, unknown version
+    /// or invalid.
+    pub malformed: u64,
+    /// Decoded messages refused: spoofed senders, limits, the monitor's
+    /// refusals and announcements dropped from a full queue.
+    pub refused: u64,
+    /// Workers removed after going silent.
+    pub expired: u64,
+}
+
+const STAT_NAMES: [&str; 6] = [
+    "applied",
+    "announced",
+    "out_of_order",
+    "malformed",
+    "refused",
+    "expired",
+];
+
+/// Indices into `Subscriber::counters`.
+const APPLIED: usize = 0;
+const ANNOUNCED: usize = 1;
+const OUT_OF_ORDER: usize = 2;
+const MALFORMED: usize = 3;
+const REFUSED: usize = 4;
+const EXPIRED: usize = 5;
+
+/// The frontend side: applies published load to a [`Monitor`].
+pub struct Subscriber {
+    monitor: Arc<Monitor>,
+    clock: SharedClock,
+    config: SubscriberConfig,
+    tracks: Mutex<HashMap<u64, Track, RandomState>>,
+    /// Held by registration and expiry (the slow paths), never by the
+    /// path of known workers, so the two slow paths never interleave.
+    registering: Mutex<()>,
+    counters: [AtomicU64; 6],
+    refusals: [AtomicU64; REFUSAL_REASONS.len()],
+}
+
+impl fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscriber")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The worker id a loadgate subject names: its last token.
+fn subject_worker_id(subject: &str) -> Option<u64> {
+    subject.rsplit('.').next()?.parse().ok()
+}
+
+impl Subscriber {
+    /// A subscriber feeding `monitor`, reading time from `clock`.
+    pub fn new(
+        monitor: Arc<Monitor>,
+        config: SubscriberConfig,
+        clock: SharedClock,
+    ) -> Result<Arc<Self>, ClusterError> {
+        if config.expire_after.is_zero() {
+            return Err(ClusterError::InvalidConfig(
+                "expire_after must be longer than zero".into(),
+            ));
+        }
+        if config.max_payload == 0 || config.registration_backlog == 0 {
+            return Err(ClusterError::InvalidConfig(
+                "max_payload and registration_backlog must be at least 1".into(),
+            ));
+        }
+        Ok(Arc::new(Self {
+            monitor,
+            clock,
+            config,
+            tracks: Mutex::new(HashMap::default()),
+            registering: Mutex::new(()),
+            counters: Default::default(),
+            refusals: Default::default(),
+        }))
+    }
+
+    /// The monitor this subscriber feeds.
+    pub fn monitor(&self) -> &Arc<Monitor> {
+        &self.monitor
+    }
+
+    /// Decodes and applies one payload, registering its worker on this
+    /// thread if needed. Errors are counted and change nothing. The sender
+    /// is not checked: use [`handle_on`](Self::handle_on) for payloads that
+    /// arrived on a loadgate subject.
+    pub fn handle(&self, payload: &[u8]) -> Result<Applied, HandleError> {
+        self.receive(None, payload, None)
+    }
+
+    /// [`handle`](Self::handle) for a payload that arrived on `subject`
+    /// (`{prefix}.{namespace}.load.{worker_id}`): a loadgate message whose
+    /// worker id differs from the subject's is refused as
+    /// [`HandleError::Spoofed`].
+    pub fn handle_on(&self, subject: &str, payload: &[u8]) -> Result<Applied, HandleError> {
+        self.receive(Some(subject), payload, None)
+    }
+
+    fn receive(
+        &self,
+        subject: Option<&str>,
+        payload: &[u8],
+        queue: Option<&SyncSender<Job>>,
+    ) -> Result<Applied, HandleError> {
+        let result = self.try_receive(subject, payload, queue);
+        self.count(&result);
+        result
+    }
+
+    fn try_receive(
+        &self,
+        subject: Option<&str>,
+        payload: &[u8],
+        queue: Option<&SyncSender<Job>>,
+    ) -> Result<Applied, HandleError> {
+        if payload.len() > self.config.max_payload {
+            return Err(HandleError::Oversized {
+                len: payload.len(),
+                limit: self.config.max_payload,
+            });
+        }
+        let msg = match decode_ref(payload).map_err(HandleError::Wire)? {
+            DecodedRef::ActiveLoad(a) => {
+                return self
+                    .monitor
+                    .report(a.worker_id, a.dp_rank, &a.report())
+                    .map(|()| Applied::Report)
+                    .map_err(HandleError::Report)
+            }
+            DecodedRef::Load(msg) => msg,
+        };
+        if let Some(subject) = subject {
+            if subject_worker_id(subject) != Some(msg.worker_id) {
+                return Err(HandleError::Spoofed {
+                    subject: subject.to_owned(),
+                    worker_id: msg.worker_id,
+                });
+            }
+        }
+        if let Some(applied) = self.apply_known(&msg) {
+            return applied;
+        }
+        // Checked before queueing, so the queue holds only bounded names.
+        self.monitor
+            .config()
+            .limits
+            .check_declaration(&msg.model, msg.dp_start, msg.dp_size)
+            .map_err(HandleError::Worker)?;
+        match queue {
+            None => self.register(&msg),
+            Some(queue) => match queue.try_send(Job::Register(msg.into_owned())) {
+                Ok(()) => Ok(Applied::Queued),
+                Err(_) => Err(HandleError::Backlog),
+            },
+        }
+    }
+
+    fn count(&self, result: &Result<Applied, HandleError>) {
+        let i = match result {
+            Ok(Applied::Report) => APPLIED,
+            Ok(Applied::Announced) => ANNOUNCED,
+            Ok(Applied::OutOfOrder) => OUT_OF_ORDER,
+            Ok(Applied::Queued) => return,
+            Err(e) => {
+                let kind = e.kind();
+                let r = REFUSAL_REASONS
+                    .iter()
+                    .position(|k| *k == kind)
+                    .unwrap_or(REFUSAL_REASONS.len() - 1);
+                self.refusals[r].fetch_add(1, Ordering::Relaxed);
+                match e {
+                    HandleError::Oversized { .. } | HandleError::Wire(_) => MALFORMED,
+                    _ => REFUSED,
+                }
+            }
+        };
+        self.counters[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The fast path: applies `msg` if its worker is tracked with the same
+    /// declaration; `None` if it has to be registered.
+    fn apply_known(&self, msg: &LoadRef<'_>) -> Option<Result<Applied, HandleError>> {
+        // Held while applying, so two messages of one worker never apply out
+        // of the order their sequence check passed in.
+        let mut tracks = lock(&self.tracks);
+        let t = tracks.get_mut(&msg.worker_id).filter(|t| t.declares(msg))?;
+        if msg.seq <= t.seq {
+            return Some(Ok(Applied::OutOfOrder));
+        }
+        t.seq = msg.seq;
+        t.heard = true;
+        Some(
+            self.monitor
+                .report(msg.worker_id, msg.dp_rank, &msg.report)
+                .map(|()| Applied::Report)
+                .map_err(HandleError::Report),
+        )
+    }
+
+    /// The slow path: registers `msg`'s worker (replacing an older
+    /// declaration of it) and applies the message. Serialized with other
+    /// registrations and with expiry; the `tracks` lock is taken only to
+    /// read and write the track, never while the monitor registers.
+    fn register(&self, msg: &LoadRef<'_>) -> Result<Applied, HandleError> {
+        let _registering = lock(&self.registering);
+        // An earlier queued message may have registered it meanwhile.
+        if let Some(applied) = self.apply_known(msg) {
+            return applied;
+        }
+        let replaced = lock(&self.tracks).remove(&msg.worker_id).is_some();
+        if replaced {
+            let _ = self.monitor.remove_worker(msg.worker_id);
+        }
+        let spec = WorkerSpec {
+            dp_start: msg.dp_start,
+            dp_size: msg.dp_size,
+            kv_total_blocks: msg.report.kv_total_blocks,
+            max_num_batched_tokens: msg.report.max_num_batched_tokens,
+        };
+        match self.monitor.add_worker(&msg.model, msg.worker_id, spec) {
+            // Registered locally by the embedding application: adopt it.
+            Ok(()) | Err(WorkerError::Duplicate(_)) => {}
+            Err(e) => return Err(HandleError::Worker(e)),
+        }
+        let mut tracks = lock(&self.tracks);
+        tracks.insert(
+            msg.worker_id,
+            Track {
+                instance: msg.instance,
+                seq: msg.seq,
+                last_heard: self.clock.now_nanos(),
+                heard: false,
+                model: msg.model.clone().into_owned(),
+                dp_start: msg.dp_start,
+                dp_size: msg.dp_size,
+            },
+        );
+        self.monitor
+            .report(msg.worker_id, msg.dp_rank, &msg.report)
+            .map_err(HandleError::Report)?;
+        Ok(Applied::Announced)
+    }
+
+    /// Removes workers silent for `expire_after`; returns their ids.
+    ///
+    /// Messages only mark a worker as heard (no clock read per message);
+    /// this sweep turns the mark into a time. So a worker is removed between
+    /// `expire_after` and `expire_after` plus one sweep period after its last
+    /// message ([`attach`](Self::attach) sweeps every quarter of
+    /// `expire_after`, at most every 250 ms). The monitor's removals run
+    /// outside the `tracks` lock, so known workers' reports go on meanwhile.
+    pub fn expire(&self) -> Vec<u64> {
+        let _registering = lock(&self.registering);
+        let now = self.clock.now_nanos();
+        let limit = nanos(self.config.expire_after);
+        let silent: Vec<u64> = {
+            let mut tracks = lock(&self.tracks);
+            for t in tracks.values_mut().filter(|t| t.heard) {
+                t.heard = false;
+                t.last_heard = now;
+            }
+            let silent: Vec<u64> = tracks
+                .iter()
+                .filter(|(_, t)| now.saturating_sub(t.last_heard) >= limit)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in &silent {
+                tracks.remove(id);
+            }
+            silent
+        };
+        for id in &silent {
+            let _ = self.monitor.remove_worker(*id);
+            self.counters[EXPIRED].fetch_add(1, Ordering::Relaxed);
+        }
+        silent
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> SubscriberStats {
+        let c = |i: usize| self.counters[i].load(Ordering::Relaxed);
+        SubscriberStats {
+            applied: c(APPLIED),
+            announced: c(ANNOUNCED),
+            out_of_order: c(OUT_OF_ORDER),
+            malformed: c(MALFORMED),
+            refused: c(REFUSED),
+            expired: c(EXPIRED),
+        }
+    }
+
+    /// Refusals so far, by reason (every reason of [`REFUSAL_REASONS`],
+    /// zeros included).
+    pub fn refusals(&self) -> [(&'static str, u64); REFUSAL_REASONS.len()] {
+        std::array::from_fn(|i| (REFUSAL_REASONS[i], self.refusals[i].load(Ordering::Relaxed)))
+    }
+
+    /// The counters in Prometheus text format, under the monitor's prefix:
+    /// `frontend_load_messages_total{outcome}` and
+    /// `frontend_load_messages_refused_total{reason}`.
+    pub fn metrics_text(&self) -> String {
+        let p = self.monitor.config().metrics_prefix.as_str();
+        let mut out = String::new();
+        let name = "frontend_load_messages_total";
+        metrics::header(
+            &mut out,
+            p,
+            name,
+            "counter",
+            "Load messages received, by outcome.",
+        );
+        for (i, outcome) in STAT_NAMES.iter().enumerate() {
+            metrics::sample(
+                &mut out,
+                p,
+                name,
+                &[("outcome", outcome)],
+                self.counters[i].load(Ordering::Relaxed),
+            );
+        }
+        let name = "frontend_load_messages_refused_total";
+        metrics::header(
+            &mut out,
+            p,
+            name,
+            "counter",
+            "Load messages not applied, by reason.",
+        );
+        for (reason, n) in self.refusals() {
+            metrics::sample(&mut out, p, name, &[("reason", &reason)], n);
+        }
+        out
+    }
+
+    /// Subscribes to every worker's load on `transport` and starts the
+    /// subscriber's thread, which registers new workers from a bounded
+    /// queue and expires silent ones. Both stop when the returned handle
+    /// is dropped.
+    pub fn attach(
+        self: &Arc<Self>,
+        transport: &dyn Transport,
+        subjects: &Subjects,
+    ) -> Result<Attached, ClusterError> {
+        let (queue, jobs) = mpsc::sync_channel(self.config.registration_backlog);
+        let mut subscriptions = Vec::new();
+        let (me, q) = (self.clone(), queue.clone());
+        subscriptions.push(transport.subscribe(
+            &subjects.load_all(),
+            Arc::new(move |subject: &str, p: &[u8]| {
+                let _ = me.receive(Some(subject), p, Some(&q));
+            }),
+        )?);
+        if let Some(subject) = &self.config.active_load_subject {
+            let (me, q) = (self.clone(), queue.clone());
+            subscriptions.push(transport.subscribe(
+                subject,
+                Arc::new(move |_: &str, p: &[u8]| {
+                    let _ = me.receive(None, p, Some(&q));
+                }),
+            )?);
+        }
+        let tick = (self.config.expire_after / 4).min(Duration::from_millis(250));
+        let me = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("loadgate-registrar".into())
+            .spawn(move || me.serve(&jobs, tick))
+            .map_err(|e| {
+                ClusterError::Transport(format!("cannot start the registration thread: {e}"))
+            })?;
+        Ok(Attached {
+            subscriptions,
+            queue,
+            thread: Some(thread),
+        })
+    }
+
+    /// The attached subscriber's thread: registrations as they come, and
+    /// an expiry sweep every `tick`.
+    fn serve(&self, jobs: &Receiver<Job>, tick: Duration) {
+        let mut next_sweep = Instant::now() + tick;
+        loop {
+            match jobs.recv_timeout(next_sweep.saturating_duration_since(Instant::now())) {
+                Ok(Job::Register(msg)) => {
+                    let result = self.register(&msg.as_ref());
+                    self.count(&result);
+                }
+                Ok(Job::Barrier(done)) => {
+                    let _ = done.send(());
+                }
+                Ok(Job::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if Instant::now() >= next_sweep {
+                self.expire();
+                next_sweep = Instant::now() + tick;
+            }
+        }
+    }
+}
+
+/// Work for an attached subscriber's thread.
+enum Job {
+    Register(LoadMessage),
+    Barrier(SyncSender<()>),
+    Stop,
+}
+
+/// A subscriber attached to a transport; dropping it detaches.
+pub struct Attached {
+    subscriptions: Vec<Subscription>,
+    queue: SyncSender<Job>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Attached {
+    /// Waits until every announcement queued so far has been registered
+    /// (or refused). Messages delivered later may still be queued.
+    pub fn settle(&self) {
+        let (done, wait) = mpsc::sync_channel(1);
+        if self.queue.send(Job::Barrier(done)).is_ok() {
+            let _ = wait.recv();
+        }
+    }
+}
+
+impl fmt::Debug for Attached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Attached")
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.subscriptions.clear();
+        let _ = self.queue.send(Job::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

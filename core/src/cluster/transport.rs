@@ -1,0 +1,183 @@
+//! Subjects and transports.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::{lock, ClusterError};
+
+/// Default subject prefix.
+pub const DEFAULT_PREFIX: &str = "loadgate";
+
+/// The subjects one deployment uses: `{prefix}.{namespace}.load.{worker_id}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subjects {
+    base: String,
+}
+
+impl Subjects {
+    /// Subjects under the default prefix `loadgate`.
+    pub fn new(namespace: &str) -> Result<Self, ClusterError> {
+        Self::with_prefix(DEFAULT_PREFIX, namespace)
+    }
+
+    /// Subjects under `prefix` (one or more dot-separated tokens).
+    pub fn with_prefix(prefix: &str, namespace: &str) -> Result<Self, ClusterError> {
+        for token in prefix.split('.').chain(std::iter::once(namespace)) {
+            let bad = token.is_empty()
+                || token
+                    .chars()
+                    .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>'));
+            if bad {
+                return Err(ClusterError::InvalidSubject(format!(
+                    "{token:?} in prefix {prefix:?} / namespace {namespace:?}: tokens must be non-empty \
+                     without whitespace, '.', '*' or '>'"
+                )));
+            }
+        }
+        Ok(Self {
+            base: format!("{prefix}.{namespace}.load"),
+        })
+    }
+
+    /// The subject one worker publishes on.
+    pub fn load(&self, worker_id: u64) -> String {
+        format!("{}.{worker_id}", self.base)
+    }
+
+    /// The wildcard subject a frontend subscribes to.
+    pub fn load_all(&self) -> String {
+        format!("{}.*", self.base)
+    }
+}
+
+/// Whether `subject` matches a NATS `pattern` (`*` one token, `>` the rest).
+pub fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut subject_tokens = subject.split('.');
+    for p in pattern.split('.') {
+        match (p, subject_tokens.next()) {
+            (">", Some(_)) => return true,
+            (_, None) => return false,
+            ("*", Some(_)) => {}
+            (p, Some(s)) if p == s => {}
+            _ => return false,
+        }
+    }
+    subject_tokens.next().is_none()
+}
+
+/// A message handler: called with the subject and payload of each message
+/// on the subscribed subject.
+pub type Handler = Arc<dyn Fn(&str, &[u8]) + Send + Sync>;
+
+/// Pub/sub as loadgate needs it: fire-and-forget publish, wildcard subscribe.
+pub trait Transport: Send + Sync {
+    /// Publishes `payload` on `subject` without waiting for delivery.
+    fn publish(&self, subject: &str, payload: Vec<u8>) -> Result<(), ClusterError>;
+    /// Calls `handler` for every message on `subject` (wildcards allowed)
+    /// until the returned [`Subscription`] is dropped.
+    fn subscribe(&self, subject: &str, handler: Handler) -> Result<Subscription, ClusterError>;
+}
+
+/// An active subscription; dropping it unsubscribes.
+pub struct Subscription {
+    on_drop: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Subscription {
+    /// A subscription that runs `cancel` when dropped.
+    pub fn new(cancel: impl FnOnce() + Send + 'static) -> Self {
+        Self {
+            on_drop: Some(Box::new(cancel)),
+        }
+    }
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Subscription")
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.on_drop.take() {
+            cancel();
+        }
+    }
+}
+
+/// The embedded default transport: delivery inside one process, synchronous
+/// on the publishing thread. Cloning shares the bus.
+#[derive(Clone, Default)]
+pub struct InProcessBus {
+    inner: Arc<BusInner>,
+}
+
+#[derive(Default)]
+struct BusInner {
+    subscribers: Mutex<Vec<(u64, String, Handler)>>,
+    next_id: AtomicU64,
+}
+
+impl InProcessBus {
+    /// A new, empty bus.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl fmt::Debug for InProcessBus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InProcessBus")
+            .field("subscribers", &lock(&self.inner.subscribers).len())
+            .finish()
+    }
+}
+
+impl Transport for InProcessBus {
+    fn publish(&self, subject: &str, payload: Vec<u8>) -> Result<(), ClusterError> {
+        let handlers: Vec<Handler> = lock(&self.inner.subscribers)
+            .iter()
+            .filter(|(_, pattern, _)| subject_matches(pattern, subject))
+            .map(|(_, _, h)| h.clone())
+            .collect();
+        for h in handlers {
+            h(subject, &payload);
+        }
+        Ok(())
+    }
+
+    fn subscribe(&self, subject: &str, handler: Handler) -> Result<Subscription, ClusterError> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.inner.subscribers).push((id, subject.to_owned(), handler));
+        let weak = Arc::downgrade(&self.inner);
+        Ok(Subscription::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                lock(&inner.subscribers).retain(|(i, _, _)| *i != id);
+            }
+        }))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_and_wildcards() {
+        let s = Subjects::new("prod").unwrap();
+        assert_eq!(s.load(7), "loadgate.prod.load.7");
+        assert!(subject_matches(&s.load_all(), &s.load(7)));
+        assert!(!subject_matches(&s.load_all(), "loadgate.dev.load.7"));
+        assert!(subject_matches("a.>", "a.b.c"));
+        assert!(!subject_matches("a.>", "a"));
+        assert!(!subject_matches("a.*", "a.b.c"));
+        assert!(subject_matches("a.b", "a.b"));
+        for bad in ["", "a.b", "a b", "*", ">"] {
+            assert!(Subjects::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(Subjects::with_prefix("corp.loadgate", "ns").is_ok());
+        assert!(Subjects::with_prefix("corp..x", "ns").is_err());
+    }
+}
