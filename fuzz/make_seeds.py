@@ -3,7 +3,8 @@
 
 Deterministic: running it again rewrites the same files. Structured targets
 get hand-written inputs (wire envelopes, HTTP requests); targets that read
-operation sequences through `arbitrary` (gate_ops, monitor_ops, c_abi) get a
+operation sequences through `arbitrary` (gate_ops, monitor_ops, c_abi,
+subscriber) get a
 few fixed-seed pseudo-random inputs of different lengths, which decode to
 mixed operation sequences, plus the inputs of past findings.
 
@@ -154,6 +155,7 @@ def main():
     ops("monitor_ops")
     ops("gate_ops")
     ops("c_abi")
+    ops("subscriber")
     findings()
 
 

@@ -348,3 +348,23 @@ fn a_spawned_publisher_sends_changes_by_itself() {
     }
     drop(w);
 }
+
+#[test]
+fn a_worker_removed_by_the_application_is_registered_again_by_its_next_message() {
+    let clock = ManualClock::new();
+    let f = frontend(&clock);
+    assert_eq!(
+        f.subscriber.handle(&message(1).to_msgpack()),
+        Ok(Applied::Announced)
+    );
+    f.monitor.remove_worker(5).unwrap();
+    assert!(matches!(
+        f.subscriber.handle(&message(2).to_msgpack()),
+        Err(HandleError::Report(loadgate::ReportError::UnknownWorker(5)))
+    ));
+    assert_eq!(
+        f.subscriber.handle(&message(3).to_msgpack()),
+        Ok(Applied::Announced)
+    );
+    assert_eq!(f.monitor.rank_load(5, 0).unwrap().kv_used_blocks, 3);
+}

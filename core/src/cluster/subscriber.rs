@@ -402,12 +402,17 @@ impl Subscriber {
         }
         t.seq = msg.seq;
         t.heard = true;
-        Some(
-            self.monitor
-                .report(msg.worker_id, msg.dp_rank, &msg.report)
-                .map(|()| Applied::Report)
-                .map_err(HandleError::Report),
-        )
+        let result = self
+            .monitor
+            .report(msg.worker_id, msg.dp_rank, &msg.report)
+            .map(|()| Applied::Report)
+            .map_err(HandleError::Report);
+        if let Err(HandleError::Report(ReportError::UnknownWorker(_))) = result {
+            // Removed from the monitor by the application: forget it, so
+            // its next message registers it again.
+            tracks.remove(&msg.worker_id);
+        }
+        Some(result)
     }
 
     /// The slow path: registers `msg`'s worker (replacing an older
