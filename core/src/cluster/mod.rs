@@ -38,6 +38,7 @@ pub use subscriber::{
 };
 pub use transport::{
     subject_matches, Handler, InProcessBus, Subjects, Subscription, Transport, DEFAULT_PREFIX,
+    MAX_TOKEN_LEN,
 };
 
 /// A cluster setup or transport failure.

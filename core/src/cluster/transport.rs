@@ -8,6 +8,8 @@ use super::{lock, ClusterError};
 
 /// Default subject prefix.
 pub const DEFAULT_PREFIX: &str = "loadgate";
+/// Longest token of a subject prefix or namespace, in bytes.
+pub const MAX_TOKEN_LEN: usize = 256;
 
 /// The subjects one deployment uses: `{prefix}.{namespace}.load.{worker_id}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,9 +23,17 @@ impl Subjects {
         Self::with_prefix(DEFAULT_PREFIX, namespace)
     }
 
-    /// Subjects under `prefix` (one or more dot-separated tokens).
+    /// Subjects under `prefix` (one or more dot-separated tokens). Each
+    /// token is at most [`MAX_TOKEN_LEN`] bytes.
     pub fn with_prefix(prefix: &str, namespace: &str) -> Result<Self, ClusterError> {
         for token in prefix.split('.').chain(std::iter::once(namespace)) {
+            if token.len() > MAX_TOKEN_LEN {
+                return Err(ClusterError::InvalidSubject(format!(
+                    "a token of {} bytes in the prefix or namespace is too long: at most \
+                     {MAX_TOKEN_LEN} bytes",
+                    token.len()
+                )));
+            }
             let bad = token.is_empty()
                 || token
                     .chars()
@@ -179,5 +189,7 @@ mod tests {
         }
         assert!(Subjects::with_prefix("corp.loadgate", "ns").is_ok());
         assert!(Subjects::with_prefix("corp..x", "ns").is_err());
+        assert!(Subjects::new(&"n".repeat(MAX_TOKEN_LEN)).is_ok());
+        assert!(Subjects::new(&"n".repeat(MAX_TOKEN_LEN + 1)).is_err());
     }
 }
