@@ -62,9 +62,7 @@ fn names_workers_and_ranks_are_bounded_per_monitor() {
         m.add_worker(&long, 1, ranks(0, 1)),
         Err(WorkerError::NameTooLong { len: 9, limit: 8 })
     );
-    assert!(m
-        .add_worker(&"x".repeat(10 << 20), 1, ranks(0, 1))
-        .is_err());
+    assert!(m.add_worker(&"x".repeat(10 << 20), 1, ranks(0, 1)).is_err());
     m.add_worker("12345678", 1, ranks(0, 4)).unwrap();
     assert_eq!(
         m.add_worker("a", 2, ranks(0, 2)),
@@ -227,7 +225,10 @@ fn hostile_messages_are_refused_and_counted_by_reason() {
         s.handle_on("loadgate.ns.load.x", &message(8, "m", 1).to_msgpack()),
         Err(HandleError::Spoofed { .. })
     ));
-    assert!(m.rank_load(8, 0).is_err(), "the spoofed worker was not added");
+    assert!(
+        m.rank_load(8, 0).is_err(),
+        "the spoofed worker was not added"
+    );
     for model in ["a", "b"] {
         let _ = s.handle(&message(100, model, 1).to_msgpack());
     }

@@ -92,6 +92,11 @@ def test_add_remove_workers_and_models(monitor: Monitor) -> None:
         (("m", 5), {"dp_start": 2**32 - 1, "dp_size": 2}, ValueError, "dp_start"),
         (("m", 5), {"kv_total_blocks": -5}, ValueError, "kv_total_blocks"),
         (("m", 5), {"max_num_batched_tokens": 1.5}, TypeError, "max_num_batched_tokens"),
+        # Sizes are bounded before anything is allocated (2**31 ranks were 120 GB).
+        (("m", 5), {"dp_size": 2**31}, ValueError, "max_ranks_per_worker"),
+        (("m", 5), {"dp_size": 2**32 - 1}, ValueError, "max_ranks_per_worker"),
+        (("x" * 257, 5), {}, ValueError, "max_name_len"),
+        (("x" * (10 << 20), 5), {}, ValueError, "max_name_len"),
     ],
 )
 def test_add_worker_bad_input(monitor: Monitor, args: tuple[Any, ...], kwargs: dict[str, Any], exc: type[Exception], match: str) -> None:
@@ -421,3 +426,40 @@ def test_model_arguments_must_be_str(monitor: Monitor) -> None:
             call()
     with pytest.raises(TypeError, match="staleness must be a str"):
         monitor.set_staleness("m", 1)  # type: ignore[arg-type]
+
+
+def test_limits_bound_models_workers_and_ranks() -> None:
+    m = Monitor(max_models=2, max_workers=3, max_ranks_per_worker=4, max_ranks=6, max_name_len=5)
+    m.add_worker("a", 1, dp_size=4)
+    with pytest.raises(ValueError, match="max_ranks_per_worker"):
+        m.add_worker("a", 2, dp_size=5)
+    with pytest.raises(ValueError, match="max_name_len"):
+        m.add_worker("abcdef", 2)
+    with pytest.raises(ValueError, match="max_ranks"):
+        m.add_worker("a", 2, dp_size=3)
+    m.add_worker("b", 2, dp_size=2)
+    m.set_thresholds("b", active_decode_blocks_threshold=0.5)
+    with pytest.raises(ValueError, match="max_models"):
+        m.add_worker("c", 3, dp_size=0)
+    m.add_worker("b", 3, dp_size=0)
+    with pytest.raises(ValueError, match="max_workers"):
+        m.add_worker("b", 4, dp_size=0)
+    assert m.models() == ["a", "b"]
+    assert m.workers("a") == [1] and m.workers("b") == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"max_models": 0}, "max_models"),
+        ({"max_workers": 0}, "max_workers"),
+        ({"max_workers_per_model": 2**25}, "max_workers_per_model"),
+        ({"max_ranks_per_worker": 0}, "max_ranks_per_worker"),
+        ({"max_ranks_per_worker": 2**32}, "max_ranks_per_worker"),
+        ({"max_ranks": -1}, "max_ranks"),
+        ({"max_name_len": 0}, "max_name_len"),
+    ],
+)
+def test_limits_out_of_range(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Monitor(**kwargs)
