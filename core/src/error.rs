@@ -293,6 +293,20 @@ pub enum WorkerError {
 }
 
 impl WorkerError {
+    /// Every [`kind`](Self::kind) `add_worker` can refuse with, in metrics
+    /// order.
+    pub const ADD_KINDS: [&'static str; 9] = [
+        "duplicate",
+        "invalid_ranks",
+        "model_full",
+        "empty_model",
+        "name_too_long",
+        "too_many_ranks",
+        "too_many_models",
+        "too_many_workers",
+        "rank_budget",
+    ];
+
     /// Stable name, used as a metrics label.
     pub const fn kind(&self) -> &'static str {
         match self {

@@ -877,6 +877,7 @@ pub struct Monitor {
     config: MonitorConfig,
     lease_nanos: u64,
     refused: [AtomicU64; 3],
+    refused_workers: [AtomicU64; WorkerError::ADD_KINDS.len()],
 }
 
 impl fmt::Debug for Monitor {
@@ -928,6 +929,7 @@ impl Monitor {
             lease_nanos: nanos(config.lease),
             config,
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            refused_workers: Default::default(),
         })
     }
 
@@ -947,7 +949,24 @@ impl Monitor {
     /// workers, no settings of its own (thresholds never set, staleness as
     /// configured) and no [`Route`] handle is dropped to make room; if there
     /// is none, the new model is refused.
+    ///
+    /// Refusals are counted by reason (`frontend_worker_registrations_refused_total`).
     pub fn add_worker(
+        &self,
+        model: &str,
+        worker_id: u64,
+        spec: WorkerSpec,
+    ) -> Result<(), WorkerError> {
+        let result = self.try_add_worker(model, worker_id, spec);
+        if let Err(e) = &result {
+            if let Some(i) = WorkerError::ADD_KINDS.iter().position(|k| *k == e.kind()) {
+                self.refused_workers[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    fn try_add_worker(
         &self,
         model: &str,
         worker_id: u64,
@@ -1502,6 +1521,17 @@ impl Monitor {
         std::array::from_fn(|i| (REFUSED_KINDS[i], self.refused[i].load(Ordering::Relaxed)))
     }
 
+    /// Registrations [`add_worker`](Self::add_worker) refused so far, by
+    /// reason ([`WorkerError::ADD_KINDS`], zeros included).
+    pub fn refused_registrations(&self) -> [(&'static str, u64); WorkerError::ADD_KINDS.len()] {
+        std::array::from_fn(|i| {
+            (
+                WorkerError::ADD_KINDS[i],
+                self.refused_workers[i].load(Ordering::Relaxed),
+            )
+        })
+    }
+
     /// Rejections counted for `model`: `(reason, count)` for
     /// `all_workers_busy`, `worker_overloaded` and `no_workers`.
     pub fn rejections(&self, model: &str) -> Vec<(Reason, u64)> {
@@ -1641,6 +1671,17 @@ impl Monitor {
                 &[("reason", &kind)],
                 count,
             );
+        }
+        let name = "frontend_worker_registrations_refused_total";
+        metrics::header(
+            &mut out,
+            p,
+            name,
+            "counter",
+            "Worker registrations refused, by reason.",
+        );
+        for (kind, count) in self.refused_registrations() {
+            metrics::sample(&mut out, p, name, &[("reason", &kind)], count);
         }
         out
     }

@@ -81,6 +81,22 @@ fn names_workers_and_ranks_are_bounded_per_monitor() {
     m.remove_worker(1).unwrap();
     m.add_worker("a", 4, ranks(0, 4)).unwrap();
     assert_eq!(m.workers("a"), vec![2, 3, 4]);
+    let refused: Vec<_> = m
+        .refused_registrations()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert_eq!(
+        refused,
+        vec![
+            ("name_too_long", 2),
+            ("too_many_workers", 1),
+            ("rank_budget", 1)
+        ]
+    );
+    assert!(m
+        .metrics_text()
+        .contains("dynamo_frontend_worker_registrations_refused_total{reason=\"rank_budget\"} 1"));
 }
 
 #[test]
