@@ -8,7 +8,13 @@
 //!   anthropic shape) and headers (`Retry-After`, `x-loadgate-reason`) for a
 //!   rejection.
 //! * [`handle_busy_threshold`] maps (method, content type, body) to
-//!   (status, JSON body) for `GET`/`POST /busy_threshold`.
+//!   (status, JSON body) for `GET`/`POST /busy_threshold`;
+//!   [`serve_busy_threshold`] does the same for a request that also carries
+//!   its `Authorization` header, checks it against an optional
+//!   [`ControlAuth`] bearer token, and returns the headers to send too
+//!   (`WWW-Authenticate: Bearer` with a 401, `Allow` with a 405).
+
+mod auth;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -19,6 +25,8 @@ use crate::error::{Reason, ThresholdError};
 use crate::monitor::{Monitor, ThresholdState};
 use crate::thresholds::{ThresholdField, ThresholdUpdate};
 
+pub use auth::{AuthFailure, ControlAuth, ControlAuthError, BEARER_CHALLENGE};
+
 /// Environment variable overriding the overload status code.
 pub const OVERLOAD_STATUS_ENV: &str = "DYN_HTTP_OVERLOAD_STATUS_CODE";
 /// The overload status used when none (or an invalid one) is configured.
@@ -27,6 +35,8 @@ pub const DEFAULT_OVERLOAD_STATUS: u16 = 529;
 pub const REASON_HEADER: &str = "x-loadgate-reason";
 /// Largest `/busy_threshold` body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The `Allow` header value sent with a 405 from `/busy_threshold`.
+pub const BUSY_THRESHOLD_METHODS: &str = "GET, HEAD, POST";
 
 /// The overload status rule applied to the raw env value.
 pub fn parse_overload_status(raw: Option<&str>) -> u16 {
@@ -133,7 +143,9 @@ pub fn error_response_with_status(
     }
 }
 
-/// Serves `/busy_threshold`.
+/// Serves `/busy_threshold` without authentication: (method, content type,
+/// body) to (status, JSON body). The same as [`serve_busy_threshold`] with no
+/// [`ControlAuth`], less the headers.
 ///
 /// * `GET` → 200 `{"thresholds": [{model, fields…, version}, …]}` for every model.
 /// * `POST` with `{model, active_decode_blocks_threshold?,
@@ -150,7 +162,95 @@ pub fn handle_busy_threshold(
     content_type: Option<&str>,
     body: &[u8],
 ) -> (u16, String) {
-    match method.to_ascii_uppercase().as_str() {
+    let request = BusyThresholdRequest {
+        method,
+        content_type,
+        authorization: None,
+        body,
+    };
+    let response = serve_busy_threshold(monitor, None, &request);
+    (response.status, response.body)
+}
+
+/// One `/busy_threshold` request, as a server received it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BusyThresholdRequest<'a> {
+    /// The method, in any case (`GET`, `HEAD`, `POST`; others get 405).
+    pub method: &'a str,
+    /// The `Content-Type` header's value, `None` when absent.
+    pub content_type: Option<&'a str>,
+    /// The `Authorization` header's value, `None` when absent.
+    pub authorization: Option<&'a str>,
+    /// The body (ignored unless the method is `POST`).
+    pub body: &'a [u8],
+}
+
+/// The complete answer to a `/busy_threshold` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusyThresholdResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body (`Content-Type: application/json`).
+    pub body: String,
+    /// Headers to send besides the content type and length, names in lower
+    /// case: `www-authenticate: Bearer` with a 401 and
+    /// `allow: GET, HEAD, POST` with a 405; none otherwise.
+    pub headers: Vec<(&'static str, &'static str)>,
+}
+
+/// Serves `/busy_threshold`, checking the request's bearer token against
+/// `auth` (`None`: no authentication, as [`handle_busy_threshold`]).
+///
+/// With a token configured, a write (a `POST` that sets or clears a
+/// threshold) without `Authorization: Bearer <token>` is answered with 401
+/// `{"error": "missing bearer token…"}` or `{"error": "invalid bearer
+/// token"}` and changes nothing (no threshold, no version). Reads (`GET`,
+/// `HEAD`, a `POST` that only reads) and requests refused before any state
+/// is touched (405, 415, 413, 400, 422) are answered without the token,
+/// unless [`ControlAuth::protect_reads`] is set: then every request needs
+/// it, and is checked before anything else. Everything else is as
+/// [`handle_busy_threshold`] describes.
+pub fn serve_busy_threshold(
+    monitor: &Monitor,
+    auth: Option<&ControlAuth>,
+    request: &BusyThresholdRequest<'_>,
+) -> BusyThresholdResponse {
+    let (status, body) = match serve(monitor, auth, request) {
+        Ok(v) => (200, v.to_string()),
+        Err((status, message)) => (status, json!({ "error": message }).to_string()),
+    };
+    let headers = match status {
+        401 => vec![("www-authenticate", BEARER_CHALLENGE)],
+        405 => vec![("allow", BUSY_THRESHOLD_METHODS)],
+        _ => Vec::new(),
+    };
+    BusyThresholdResponse {
+        status,
+        body,
+        headers,
+    }
+}
+
+/// 401 unless `auth` is absent or accepts `authorization`.
+fn authorize(auth: Option<&ControlAuth>, authorization: Option<&str>) -> Result<(), HttpError> {
+    match auth {
+        None => Ok(()),
+        Some(auth) => auth
+            .verify(authorization)
+            .map_err(|failure| (401, failure.message().to_owned())),
+    }
+}
+
+fn serve(
+    monitor: &Monitor,
+    auth: Option<&ControlAuth>,
+    request: &BusyThresholdRequest<'_>,
+) -> Result<Value, HttpError> {
+    let protect_reads = auth.is_some_and(ControlAuth::protect_reads);
+    if protect_reads {
+        authorize(auth, request.authorization)?;
+    }
+    match request.method.to_ascii_uppercase().as_str() {
         "GET" | "HEAD" => {
             let list: Vec<Value> = monitor
                 .models()
@@ -160,16 +260,24 @@ pub fn handle_busy_threshold(
                     threshold_json(&m, &state)
                 })
                 .collect();
-            (200, json!({ "thresholds": list }).to_string())
+            Ok(json!({ "thresholds": list }))
         }
-        "POST" => match post(monitor, content_type, body) {
-            Ok(v) => (200, v.to_string()),
-            Err((status, message)) => (status, json!({ "error": message }).to_string()),
-        },
-        other => (
-            405,
-            json!({ "error": format!("method {other} not allowed; use GET or POST") }).to_string(),
-        ),
+        "POST" => {
+            let (model, update) = parse_post(request.content_type, request.body)?;
+            if update.is_empty() {
+                let state = monitor.thresholds(&model).unwrap_or_default();
+                return Ok(threshold_json(&model, &state));
+            }
+            if !protect_reads {
+                authorize(auth, request.authorization)?;
+            }
+            match monitor.set_thresholds(&model, &update) {
+                Ok(state) => Ok(threshold_json(&model, &state)),
+                Err(e @ ThresholdError::UnknownModel(_)) => Err((404, e.to_string())),
+                Err(e) => Err((400, e.to_string())),
+            }
+        }
+        other => Err((405, format!("method {other} not allowed; use GET or POST"))),
     }
 }
 
@@ -198,7 +306,11 @@ fn is_json(content_type: Option<&str>) -> bool {
 
 type HttpError = (u16, String);
 
-fn post(monitor: &Monitor, content_type: Option<&str>, body: &[u8]) -> Result<Value, HttpError> {
+/// The model and update of a `POST` body, or the 4xx refusing it.
+fn parse_post(
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<(String, ThresholdUpdate), HttpError> {
     if !is_json(content_type) {
         return Err((
             415,
@@ -229,15 +341,7 @@ fn post(monitor: &Monitor, content_type: Option<&str>, body: &[u8]) -> Result<Va
         None => return Err((422, "missing field: model".to_owned())),
     };
     let update = parse_update(&obj)?;
-    if update.is_empty() {
-        let state = monitor.thresholds(&model).unwrap_or_default();
-        return Ok(threshold_json(&model, &state));
-    }
-    match monitor.set_thresholds(&model, &update) {
-        Ok(state) => Ok(threshold_json(&model, &state)),
-        Err(e @ ThresholdError::UnknownModel(_)) => Err((404, e.to_string())),
-        Err(e) => Err((400, e.to_string())),
-    }
+    Ok((model, update))
 }
 
 fn parse_update(obj: &Map<String, Value>) -> Result<ThresholdUpdate, HttpError> {

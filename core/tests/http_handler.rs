@@ -1,7 +1,11 @@
-//! The `/busy_threshold` handler: every status code SPEC §5 lists, plus the
-//! overload status read from the environment once.
+//! The `/busy_threshold` handler: every status code SPEC §5 lists, the
+//! optional bearer token guarding it, plus the overload status read from the
+//! environment once.
 
-use loadgate::http::{handle_busy_threshold, overload_status, MAX_BODY_BYTES};
+use loadgate::http::{
+    handle_busy_threshold, overload_status, serve_busy_threshold, BusyThresholdRequest,
+    BusyThresholdResponse, ControlAuth, ControlAuthError, MAX_BODY_BYTES,
+};
 use loadgate::{LoadReport, ManualClock, Monitor, MonitorConfig, Reason, WorkerSpec};
 use serde_json::{json, Value};
 
@@ -246,4 +250,211 @@ fn overload_status_comes_from_the_environment_once() {
             "the child ran the test"
         );
     }
+}
+
+const TOKEN: &str = "s3cret-token";
+
+fn auth(protect_reads: bool) -> ControlAuth {
+    ControlAuth::new(TOKEN, protect_reads).unwrap()
+}
+
+/// A request to the handler guarded by `auth`, with `authorization` as the
+/// `Authorization` header; the body parsed.
+fn call_auth(
+    m: &Monitor,
+    auth: &ControlAuth,
+    method: &str,
+    authorization: Option<&str>,
+    body: &[u8],
+) -> (BusyThresholdResponse, Value) {
+    let request = BusyThresholdRequest {
+        method,
+        content_type: JSON,
+        authorization,
+        body,
+    };
+    let response = serve_busy_threshold(m, Some(auth), &request);
+    let body = serde_json::from_str(&response.body).expect("every answer is JSON");
+    (response, body)
+}
+
+const SET: &[u8] = br#"{"model": "llama", "active_decode_blocks_threshold": 0.5}"#;
+
+fn assert_unauthorized(response: &BusyThresholdResponse, body: &Value, word: &str) {
+    assert_eq!(response.status, 401, "{body}");
+    assert_eq!(response.headers, vec![("www-authenticate", "Bearer")]);
+    let error = body["error"].as_str().expect("a JSON error");
+    assert!(error.starts_with(word), "{error}");
+    assert!(error.contains("bearer token"), "{error}");
+    assert!(!error.contains(TOKEN), "the answer never echoes the token");
+}
+
+#[test]
+fn a_write_without_the_right_bearer_token_is_refused_and_changes_nothing() {
+    let m = monitor();
+    let guard = auth(false);
+    let refused = [
+        (None, "missing"),
+        (Some(""), "missing"),
+        (Some("Bearer"), "missing"),
+        (Some("Basic czNjcmV0LXRva2Vu"), "missing"),
+        (Some(TOKEN), "missing"),
+        (Some("Token s3cret-token"), "missing"),
+        (Some("Bearer wrong"), "invalid"),
+        (Some("Bearer S3CRET-TOKEN"), "invalid"),
+        (Some("Bearer s3cret-toke"), "invalid"),
+        (Some("Bearer s3cret-token2"), "invalid"),
+    ];
+    let clear = br#"{"model": "llama", "clear": ["active_decode_blocks_threshold"]}"#;
+    // A set on an unknown model is a write too: without the token it is
+    // 401, not 404.
+    let unknown = br#"{"model": "nope", "active_decode_blocks_threshold": 0.5}"#;
+    for (authorization, word) in refused {
+        for body in [SET, clear, unknown] {
+            let (response, answer) = call_auth(&m, &guard, "POST", authorization, body);
+            assert_unauthorized(&response, &answer, word);
+        }
+    }
+    let state = m.thresholds("llama").unwrap();
+    assert_eq!(state.version, 0, "no refused write bumped the version");
+    assert_eq!(state.thresholds.active_decode_blocks_threshold, None);
+}
+
+#[test]
+fn a_write_with_the_right_bearer_token_is_applied() {
+    let m = monitor();
+    let guard = auth(false);
+    for (n, authorization) in [
+        "Bearer s3cret-token",
+        "bearer s3cret-token",
+        "BEARER \t s3cret-token ",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (response, body) = call_auth(&m, &guard, "POST", Some(authorization), SET);
+        assert_eq!(response.status, 200, "{authorization:?}: {body}");
+        assert!(response.headers.is_empty());
+        assert_eq!(body["active_decode_blocks_threshold"], 0.5);
+        assert_eq!(body["version"], n + 1);
+    }
+    let state = m.thresholds("llama").unwrap();
+    assert_eq!(state.thresholds.active_decode_blocks_threshold, Some(0.5));
+    // The write takes effect: 60 of 100 blocks is above 0.5.
+    m.report(
+        1,
+        0,
+        &LoadReport {
+            kv_used_blocks: Some(60),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(m.is_busy(1).unwrap());
+    // Authorised requests still get every other answer.
+    let unknown = br#"{"model": "nope", "active_decode_blocks_threshold": 0.5}"#;
+    let bearer = Some("Bearer s3cret-token");
+    assert_eq!(call_auth(&m, &guard, "POST", bearer, unknown).0.status, 404);
+    let invalid = br#"{"model": "llama", "active_decode_blocks_threshold": 2}"#;
+    assert_eq!(call_auth(&m, &guard, "POST", bearer, invalid).0.status, 400);
+}
+
+#[test]
+fn reads_stay_open_by_default() {
+    let m = monitor();
+    let guard = auth(false);
+    let (response, body) = call_auth(&m, &guard, "GET", None, b"");
+    assert_eq!(response.status, 200);
+    assert_eq!(body["thresholds"].as_array().unwrap().len(), 2);
+    assert_eq!(call_auth(&m, &guard, "HEAD", None, b"").0.status, 200);
+    // A POST that sets and clears nothing is a read.
+    let read = br#"{"model": "llama", "active_decode_blocks_threshold": null}"#;
+    let (response, body) = call_auth(&m, &guard, "POST", None, read);
+    assert_eq!(response.status, 200);
+    assert_eq!(body["version"], 0);
+    // So is one with a wrong token: the token is only judged for writes.
+    let (response, _) = call_auth(&m, &guard, "POST", Some("Bearer wrong"), read);
+    assert_eq!(response.status, 200);
+    // Requests refused before any state is touched keep their status.
+    assert_eq!(call_auth(&m, &guard, "POST", None, b"{oops").0.status, 400);
+    let (response, _) = call_auth(&m, &guard, "DELETE", None, b"");
+    assert_eq!(response.status, 405);
+    assert_eq!(response.headers, vec![("allow", "GET, HEAD, POST")]);
+}
+
+#[test]
+fn protected_reads_need_the_token_too() {
+    let m = monitor();
+    let guard = auth(true);
+    let read = br#"{"model": "llama"}"#;
+    for (method, body) in [
+        ("GET", &b""[..]),
+        ("HEAD", b""),
+        ("POST", read),
+        ("POST", SET),
+    ] {
+        let (response, answer) = call_auth(&m, &guard, method, None, body);
+        assert_unauthorized(&response, &answer, "missing");
+        let (response, answer) = call_auth(&m, &guard, method, Some("Bearer nope"), body);
+        assert_unauthorized(&response, &answer, "invalid");
+    }
+    // Checked before anything else: even a malformed request gets 401.
+    let (response, answer) = call_auth(&m, &guard, "DELETE", None, b"");
+    assert_unauthorized(&response, &answer, "missing");
+    let (response, answer) = call_auth(&m, &guard, "POST", None, b"{oops");
+    assert_unauthorized(&response, &answer, "missing");
+    assert_eq!(m.thresholds("llama").unwrap().version, 0);
+
+    let bearer = Some("Bearer s3cret-token");
+    let (response, body) = call_auth(&m, &guard, "GET", bearer, b"");
+    assert_eq!(response.status, 200);
+    assert_eq!(body["thresholds"].as_array().unwrap().len(), 2);
+    assert_eq!(call_auth(&m, &guard, "POST", bearer, read).0.status, 200);
+    let (response, body) = call_auth(&m, &guard, "POST", bearer, SET);
+    assert_eq!(response.status, 200);
+    assert_eq!(body["version"], 1);
+}
+
+#[test]
+fn an_empty_or_unsendable_token_is_a_configuration_error() {
+    assert_eq!(
+        ControlAuth::new("", false).unwrap_err(),
+        ControlAuthError::EmptyToken
+    );
+    assert_eq!(
+        ControlAuth::new(String::new(), true).unwrap_err(),
+        ControlAuthError::EmptyToken
+    );
+    for bad in ["two words", "tab\there", "line\n", "caf\u{e9}"] {
+        assert!(
+            matches!(
+                ControlAuth::new(bad, false),
+                Err(ControlAuthError::UnsendableToken { .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    let guard = auth(false);
+    assert!(
+        !format!("{guard:?}").contains(TOKEN),
+        "Debug hides the token"
+    );
+}
+
+#[test]
+fn no_auth_serves_as_the_plain_handler_with_headers() {
+    let m = monitor();
+    for (method, body) in [("GET", &b""[..]), ("POST", SET), ("PUT", b"")] {
+        let request = BusyThresholdRequest {
+            method,
+            content_type: JSON,
+            authorization: None,
+            body,
+        };
+        let other = monitor();
+        let served = serve_busy_threshold(&m, None, &request);
+        let plain = handle_busy_threshold(&other, method, JSON, body);
+        assert_eq!((served.status, served.body), plain, "{method}");
+    }
+    assert_eq!(m.thresholds("llama").unwrap().version, 1, "no token needed");
 }
