@@ -163,6 +163,14 @@ typedef enum lg_status {
 typedef struct lg_booking lg_booking;
 
 /**
+ * The bearer token guarding /busy_threshold, and whether reads need it too.
+ * Opaque; create with lg_control_auth_new(), free with
+ * lg_control_auth_free(); pass it to lg_monitor_handle_busy_threshold_auth().
+ * Immutable: it may be used from any number of threads at once.
+ */
+typedef struct lg_control_auth lg_control_auth;
+
+/**
  * A worker's admission gate: at most N requests run and at most Q wait, at
  * any instant; the rest are rejected with "Server overloaded: worker at
  * capacity". Opaque; create with lg_gate_new() or lg_gate_from_env(), free
@@ -1211,6 +1219,96 @@ enum lg_status lg_monitor_handle_busy_threshold(const struct lg_monitor *monitor
                                                 char *buf,
                                                 size_t buf_len,
                                                 size_t *out_needed);
+
+/**
+ * Creates the guard of /busy_threshold: with it, a write (a POST that sets
+ * or clears a threshold) must carry the header "Authorization: Bearer
+ * <token>" (scheme in any case, token exact, compared in constant time);
+ * reads (GET, HEAD, a POST that only reads) stay open unless
+ * `protect_reads`.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL out_auth, NULL token with a non-zero
+ * length, an empty token, a token with a byte that is not visible ASCII
+ * 0x21..0x7e, such as a space).
+ * Ownership: on LG_OK *out_auth owns a new guard; free it with
+ * lg_control_auth_free(). The token is copied.
+ * Thread safety: any thread. Blocking: never (allocates).
+ *
+ * # Safety
+ * `token` is NULL or valid for `token_len` bytes; `out_auth` is NULL or
+ * valid for writes.
+ */
+enum lg_status lg_control_auth_new(const char *token,
+                                   size_t token_len,
+                                   bool protect_reads,
+                                   struct lg_control_auth **out_auth);
+
+/**
+ * Frees a guard made by lg_control_auth_new(). NULL is a no-op.
+ *
+ * Ownership: takes `auth`.
+ * Thread safety: no other thread may be using the guard.
+ * Blocking: never.
+ *
+ * # Safety
+ * `auth` is NULL or was returned by lg_control_auth_new() and not freed
+ * yet.
+ */
+void lg_control_auth_free(struct lg_control_auth *auth);
+
+/**
+ * Serves /busy_threshold as lg_monitor_handle_busy_threshold() does, with
+ * the request's Authorization header value (`authorization`; NULL if
+ * absent) checked against `auth` (NULL: no authentication, exactly
+ * lg_monitor_handle_busy_threshold()).
+ *
+ * With a guard, a write (a POST that sets or clears a threshold) without
+ * "Authorization: Bearer <token>" is answered with status 401 and
+ * {"error": "missing bearer token: ..."} or {"error": "invalid bearer
+ * token"}, and changes nothing. Reads, and requests refused before any
+ * state is touched (400, 405, 413, 415, 422), need no token unless the
+ * guard protects reads; then every request needs it, and is checked first.
+ *
+ * When `out_www_authenticate` is not NULL, it receives the value of the
+ * WWW-Authenticate header the answer must carry ("Bearer", a static
+ * string: do not free it) with a 401, and NULL otherwise. A 405 answer
+ * should carry "Allow: GET, HEAD, POST".
+ *
+ * Buffer and side effects as lg_monitor_handle_busy_threshold(): the
+ * request takes effect once whatever the buffer size; on
+ * LG_BUFFER_TOO_SMALL, *out_http_status, *out_www_authenticate and
+ * *out_needed are still written.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor, method, out_http_status or
+ * out_needed, NULL with a non-zero length, non-UTF-8 method, content type
+ * or authorization), LG_BUFFER_TOO_SMALL. HTTP-level errors (401
+ * included) are LG_OK with a 4xx status.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread; one guard may serve any number of threads at
+ * once. Blocking: takes model locks briefly; allocates (cold path).
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; `auth` is NULL or a live guard;
+ * `method`, `content_type`, `authorization` and `body` are NULL or valid
+ * for their lengths; `out_http_status`, `out_www_authenticate` and
+ * `out_needed` are NULL or valid for writes; `buf` is NULL or valid for
+ * writes of `buf_len` bytes.
+ */
+enum lg_status lg_monitor_handle_busy_threshold_auth(const struct lg_monitor *monitor,
+                                                     const struct lg_control_auth *auth,
+                                                     const char *method,
+                                                     size_t method_len,
+                                                     const char *content_type,
+                                                     size_t content_type_len,
+                                                     const char *authorization,
+                                                     size_t authorization_len,
+                                                     const uint8_t *body,
+                                                     size_t body_len,
+                                                     uint16_t *out_http_status,
+                                                     const char **out_www_authenticate,
+                                                     char *buf,
+                                                     size_t buf_len,
+                                                     size_t *out_needed);
 
 /**
  * Fills `out` with the default monitor settings.

@@ -1,12 +1,15 @@
 //! HTTP glue: the overload status, rejection bodies, and the
-//! `/busy_threshold` handler, for C/C++ servers.
+//! `/busy_threshold` handler with its optional bearer token
+//! (`lg_control_auth`), for C/C++ servers.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CStr};
 use std::time::Duration;
 
-use loadgate_core::http::{self, ErrorStyle};
+use loadgate_core::http::{self, BusyThresholdRequest, ControlAuth, ErrorStyle};
 
-use crate::ffi::{boundary, guard, input, optional_string, slice, string, Error, Out, TextBuf};
+use crate::ffi::{
+    boundary, guard, input, optional, optional_string, slice, string, Error, Out, TextBuf,
+};
 use crate::monitor::lg_monitor;
 use crate::status::lg_status;
 
@@ -136,9 +139,155 @@ pub unsafe extern "C" fn lg_monitor_handle_busy_threshold(
     buf_len: usize,
     out_needed: *mut usize,
 ) -> lg_status {
+    // SAFETY: the caller's contract, which is this one's, plus a NULL auth,
+    // a NULL authorization of length 0 and a NULL out_www_authenticate,
+    // all of which lg_monitor_handle_busy_threshold_auth() allows.
+    unsafe {
+        lg_monitor_handle_busy_threshold_auth(
+            monitor,
+            std::ptr::null(),
+            method,
+            method_len,
+            content_type,
+            content_type_len,
+            std::ptr::null(),
+            0,
+            body,
+            body_len,
+            out_http_status,
+            std::ptr::null_mut(),
+            buf,
+            buf_len,
+            out_needed,
+        )
+    }
+}
+
+/// The bearer token guarding /busy_threshold, and whether reads need it too.
+/// Opaque; create with lg_control_auth_new(), free with
+/// lg_control_auth_free(); pass it to lg_monitor_handle_busy_threshold_auth().
+/// Immutable: it may be used from any number of threads at once.
+pub struct lg_control_auth {
+    auth: ControlAuth,
+}
+
+/// The WWW-Authenticate value handed to C (core's BEARER_CHALLENGE).
+const BEARER_CHALLENGE: &CStr = c"Bearer";
+
+/// Creates the guard of /busy_threshold: with it, a write (a POST that sets
+/// or clears a threshold) must carry the header "Authorization: Bearer
+/// <token>" (scheme in any case, token exact, compared in constant time);
+/// reads (GET, HEAD, a POST that only reads) stay open unless
+/// `protect_reads`.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL out_auth, NULL token with a non-zero
+/// length, an empty token, a token with a byte that is not visible ASCII
+/// 0x21..0x7e, such as a space).
+/// Ownership: on LG_OK *out_auth owns a new guard; free it with
+/// lg_control_auth_free(). The token is copied.
+/// Thread safety: any thread. Blocking: never (allocates).
+///
+/// # Safety
+/// `token` is NULL or valid for `token_len` bytes; `out_auth` is NULL or
+/// valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_control_auth_new(
+    token: *const c_char,
+    token_len: usize,
+    protect_reads: bool,
+    out_auth: *mut *mut lg_control_auth,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `token` is NULL or valid for `token_len` bytes (contract).
+        let token = unsafe { string(token, token_len, "token") }?;
+        let out = Out::new(out_auth, "out_auth")?;
+        let auth = ControlAuth::new(token, protect_reads).map_err(Error::invalid)?;
+        let handle = Box::into_raw(Box::new(lg_control_auth { auth }));
+        // SAFETY: writable by the contract.
+        unsafe { out.write(handle) };
+        Ok(())
+    })
+}
+
+/// Frees a guard made by lg_control_auth_new(). NULL is a no-op.
+///
+/// Ownership: takes `auth`.
+/// Thread safety: no other thread may be using the guard.
+/// Blocking: never.
+///
+/// # Safety
+/// `auth` is NULL or was returned by lg_control_auth_new() and not freed
+/// yet.
+#[no_mangle]
+pub unsafe extern "C" fn lg_control_auth_free(auth: *mut lg_control_auth) {
+    boundary((), || {
+        if !auth.is_null() {
+            // SAFETY: a live handle from lg_control_auth_new(), given up by
+            // the caller (contract), so this is the only owner.
+            drop(unsafe { Box::from_raw(auth) });
+        }
+    })
+}
+
+/// Serves /busy_threshold as lg_monitor_handle_busy_threshold() does, with
+/// the request's Authorization header value (`authorization`; NULL if
+/// absent) checked against `auth` (NULL: no authentication, exactly
+/// lg_monitor_handle_busy_threshold()).
+///
+/// With a guard, a write (a POST that sets or clears a threshold) without
+/// "Authorization: Bearer <token>" is answered with status 401 and
+/// {"error": "missing bearer token: ..."} or {"error": "invalid bearer
+/// token"}, and changes nothing. Reads, and requests refused before any
+/// state is touched (400, 405, 413, 415, 422), need no token unless the
+/// guard protects reads; then every request needs it, and is checked first.
+///
+/// When `out_www_authenticate` is not NULL, it receives the value of the
+/// WWW-Authenticate header the answer must carry ("Bearer", a static
+/// string: do not free it) with a 401, and NULL otherwise. A 405 answer
+/// should carry "Allow: GET, HEAD, POST".
+///
+/// Buffer and side effects as lg_monitor_handle_busy_threshold(): the
+/// request takes effect once whatever the buffer size; on
+/// LG_BUFFER_TOO_SMALL, *out_http_status, *out_www_authenticate and
+/// *out_needed are still written.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor, method, out_http_status or
+/// out_needed, NULL with a non-zero length, non-UTF-8 method, content type
+/// or authorization), LG_BUFFER_TOO_SMALL. HTTP-level errors (401
+/// included) are LG_OK with a 4xx status.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: any thread; one guard may serve any number of threads at
+/// once. Blocking: takes model locks briefly; allocates (cold path).
+///
+/// # Safety
+/// `monitor` is NULL or a live monitor; `auth` is NULL or a live guard;
+/// `method`, `content_type`, `authorization` and `body` are NULL or valid
+/// for their lengths; `out_http_status`, `out_www_authenticate` and
+/// `out_needed` are NULL or valid for writes; `buf` is NULL or valid for
+/// writes of `buf_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_handle_busy_threshold_auth(
+    monitor: *const lg_monitor,
+    auth: *const lg_control_auth,
+    method: *const c_char,
+    method_len: usize,
+    content_type: *const c_char,
+    content_type_len: usize,
+    authorization: *const c_char,
+    authorization_len: usize,
+    body: *const u8,
+    body_len: usize,
+    out_http_status: *mut u16,
+    out_www_authenticate: *mut *const c_char,
+    buf: *mut c_char,
+    buf_len: usize,
+    out_needed: *mut usize,
+) -> lg_status {
     guard(|| {
         // SAFETY: `monitor` is NULL or live (contract).
         let m = unsafe { input(monitor, "monitor") }?;
+        // SAFETY: `auth` is NULL or a live guard (contract).
+        let auth = unsafe { optional(auth, "auth") }?;
         if method.is_null() {
             return Err(Error::invalid("method must not be NULL"));
         }
@@ -147,15 +296,43 @@ pub unsafe extern "C" fn lg_monitor_handle_busy_threshold(
         // SAFETY: NULL or valid for `content_type_len` bytes (contract).
         let content_type =
             unsafe { optional_string(content_type, content_type_len, "content_type") }?;
+        // SAFETY: NULL or valid for `authorization_len` bytes (contract).
+        let authorization =
+            unsafe { optional_string(authorization, authorization_len, "authorization") }?;
         // SAFETY: NULL (with length 0) or valid for `body_len` bytes.
         let body = unsafe { slice(body, body_len, "body") }?;
         let out_status = Out::new(out_http_status, "out_http_status")?;
+        let out_challenge = Out::optional(out_www_authenticate, "out_www_authenticate")?;
         let text = TextBuf::new(buf, buf_len, out_needed)?;
-        let (status, response) =
-            http::handle_busy_threshold(&m.monitor, method, content_type, body);
+        let request = BusyThresholdRequest {
+            method,
+            content_type,
+            authorization,
+            body,
+        };
+        let response = http::serve_busy_threshold(&m.monitor, auth.map(|a| &a.auth), &request);
         // SAFETY: `out_http_status` is writable (contract).
-        unsafe { out_status.write(status) };
+        unsafe { out_status.write(response.status) };
+        if let Some(out) = out_challenge {
+            let challenge = response
+                .headers
+                .iter()
+                .any(|(name, _)| *name == "www-authenticate")
+                .then_some(BEARER_CHALLENGE.as_ptr());
+            // SAFETY: `out_www_authenticate` is writable (contract).
+            unsafe { out.write(challenge.unwrap_or(std::ptr::null())) };
+        }
         // SAFETY: `buf` and `out_needed` are writable (contract).
-        unsafe { text.write(response.as_bytes()) }
+        unsafe { text.write(response.body.as_bytes()) }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_challenge_handed_to_c_is_cores() {
+        assert_eq!(BEARER_CHALLENGE.to_str().unwrap(), http::BEARER_CHALLENGE);
+    }
 }
