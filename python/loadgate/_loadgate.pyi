@@ -2,7 +2,7 @@
 built module by ``tests/test_stub.py`` with mypy's stubtest)."""
 
 from types import TracebackType
-from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Type, Union, final
+from typing import Any, ClassVar, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Type, Union, final
 
 __all__ = [
     "__version__",
@@ -14,6 +14,7 @@ __all__ = [
     "_noop",
     "_noop_arg",
     "Monitor",
+    "ControlAuth",
     "Booking",
     "Subscription",
     "Reporter",
@@ -96,10 +97,23 @@ class Monitor:
     def mark_overloaded(self, worker_id: int) -> None: ...
     def book(self, worker_id: int, dp_rank: int, blocks: int) -> Booking: ...
     def handle_busy_threshold(
-        self, method: str, content_type: Optional[str], body: bytes
+        self,
+        method: str,
+        content_type: Optional[str],
+        body: bytes,
+        *,
+        authorization: Optional[str] = None,
+        auth: Optional[ControlAuth] = None,
     ) -> Tuple[int, bytes]: ...
     def metrics_text(self) -> str: ...
     def subscribe_nats(self, url: str, namespace: str = "default", *, expire_after: float = 3.0) -> Subscription: ...
+
+@final
+class ControlAuth:
+    CHALLENGE: ClassVar[str]
+    def __new__(cls, token: str, *, protect_reads: bool = False) -> ControlAuth: ...
+    @property
+    def protect_reads(self) -> bool: ...
 
 @final
 class Booking:

@@ -10,9 +10,10 @@
   and keeps it until its response body has been sent, streamed or not.
 * :func:`hold_permit` and :func:`release_on_end` keep a permit until a
   streamed body ends, for apps that admit requests themselves.
-* :class:`ControlApp` serves ``GET``/``POST /busy_threshold`` and
-  ``GET /metrics`` for a :class:`~loadgate.Monitor` (and optionally gates),
-  and passes every other request to an app of yours.
+* :class:`ControlApp` serves ``GET``/``POST /busy_threshold`` (optionally
+  guarded by a bearer token) and ``GET /metrics`` for a
+  :class:`~loadgate.Monitor` (and optionally gates), and passes every other
+  request to an app of yours.
 
 Example (a frontend)::
 
@@ -41,7 +42,7 @@ from typing import (
 
 from . import _loadgate
 from ._errors import LoadgateError
-from ._loadgate import AdmissionGate, Monitor, Permit
+from ._loadgate import AdmissionGate, ControlAuth, Monitor, Permit
 
 __all__ = [
     "LoadgateMiddleware",
@@ -280,6 +281,15 @@ class ControlApp:
     * ``GET /metrics`` renders the monitor's and the gates' metrics in the
       Prometheus text format.
 
+    With a `token`, a write to ``/busy_threshold`` (a ``POST`` that sets or
+    clears a threshold) must carry ``Authorization: Bearer <token>``, or is
+    answered 401 with ``WWW-Authenticate: Bearer`` and ``{"error": "missing
+    bearer token: ..."}`` or ``{"error": "invalid bearer token"}``, and
+    changes nothing. Reads stay open unless `protect_reads` is true (then
+    every ``/busy_threshold`` request needs the token; ``/metrics`` stays
+    open). An empty token raises ``ValueError``, and so does `protect_reads`
+    without a token. Bind the control port to a private interface too.
+
     Any other request goes to `app`, or gets 404 without one. Lifespan
     events go to `app`, or are acknowledged without one."""
 
@@ -291,6 +301,8 @@ class ControlApp:
         app: Optional[ASGIApp] = None,
         busy_threshold_path: str = "/busy_threshold",
         metrics_path: str = "/metrics",
+        token: Optional[str] = None,
+        protect_reads: bool = False,
     ) -> None:
         if monitor is not None and not isinstance(monitor, Monitor):
             raise TypeError("monitor must be a loadgate.Monitor or None")
@@ -303,6 +315,9 @@ class ControlApp:
             gates = tuple(gate)
         if not all(isinstance(g, AdmissionGate) for g in gates):
             raise TypeError("gate must be a loadgate.AdmissionGate, a sequence of them, or None")
+        if token is None and protect_reads:
+            raise ValueError("protect_reads needs a token")
+        self.auth = None if token is None else ControlAuth(token, protect_reads=protect_reads)
         self.monitor = monitor
         self.gates = gates
         self.app = app
@@ -336,9 +351,14 @@ class ControlApp:
         if method == "POST":
             body = await _read_body(receive, _loadgate.MAX_BUSY_THRESHOLD_BODY)
         content_type = _header(scope, b"content-type")
-        status, out = monitor.handle_busy_threshold(method, content_type, body)
+        authorization = _header(scope, b"authorization")
+        status, out = monitor.handle_busy_threshold(
+            method, content_type, body, authorization=authorization, auth=self.auth
+        )
         headers = [_JSON]
-        if status == 405:
+        if status == 401:
+            headers.append((b"www-authenticate", ControlAuth.CHALLENGE.encode()))
+        elif status == 405:
             headers.append((b"allow", b"GET, HEAD, POST"))
         await _respond(send, status, headers, out, head=method == "HEAD")
 

@@ -21,6 +21,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 mod cluster;
+mod control;
 mod errors;
 mod gate;
 mod monitor;
@@ -108,6 +109,7 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_noop_arg, m)?)?;
     m.add_class::<monitor::Monitor>()?;
+    m.add_class::<control::ControlAuth>()?;
     m.add_class::<monitor::Booking>()?;
     m.add_class::<cluster::Subscription>()?;
     m.add_class::<cluster::Reporter>()?;

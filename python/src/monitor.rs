@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use loadgate::http::handle_busy_threshold;
+use loadgate::http::{serve_busy_threshold, BusyThresholdRequest};
 use loadgate::monitor::ThresholdState;
 use loadgate::{
     LoadReport, MonitorConfig, MonotonicClock, Policy, Staleness, ThresholdField, ThresholdUpdate,
@@ -14,6 +14,7 @@ use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
 use crate::cluster::Subscription;
+use crate::control::ControlAuth;
 use crate::errors::{
     bad_value, f64_arg, opt_f64_arg, opt_str_arg, opt_u64_arg, report_error, route_error,
     seconds_arg, str_arg, str_ref, threshold_error, u32_arg, u64_arg, worker_error,
@@ -421,27 +422,35 @@ impl Monitor {
     }
 
     /// Serves `/busy_threshold`: (method, content type, body) to
-    /// (status, JSON body).
-    #[pyo3(signature = (method, content_type, body))]
+    /// (status, JSON body). With `auth` (a `ControlAuth`), `authorization`
+    /// (the request's `Authorization` header, `None` if absent) is checked:
+    /// a write without the right bearer token is answered 401 (send
+    /// `WWW-Authenticate: Bearer` with it) and changes nothing.
+    #[pyo3(signature = (method, content_type, body, *, authorization = None, auth = None))]
     fn handle_busy_threshold<'py>(
         &self,
         py: Python<'py>,
         method: &Bound<'py, PyAny>,
         content_type: Option<&Bound<'py, PyAny>>,
         body: &Bound<'py, PyAny>,
+        authorization: Option<&Bound<'py, PyAny>>,
+        auth: Option<&Bound<'py, ControlAuth>>,
     ) -> PyResult<(u16, Bound<'py, PyBytes>)> {
         let method = str_arg(method, "method")?;
         let content_type = opt_str_arg(content_type, "content_type")?;
+        let authorization = opt_str_arg(authorization, "authorization")?;
         let body = body
             .cast::<PyBytes>()
             .map_err(|_| PyTypeError::new_err("body must be bytes"))?;
-        let (status, out) = handle_busy_threshold(
-            &self.inner,
-            &method,
-            content_type.as_deref(),
-            body.as_bytes(),
-        );
-        Ok((status, PyBytes::new(py, out.as_bytes())))
+        let request = BusyThresholdRequest {
+            method: &method,
+            content_type: content_type.as_deref(),
+            authorization: authorization.as_deref(),
+            body: body.as_bytes(),
+        };
+        let auth = auth.map(|a| &a.get().inner);
+        let response = serve_busy_threshold(&self.inner, auth, &request);
+        Ok((response.status, PyBytes::new(py, response.body.as_bytes())))
     }
 
     /// Subscribes this monitor to the load reports workers publish with

@@ -337,3 +337,95 @@ def test_middleware_leaves_other_errors_and_started_responses_alone() -> None:
         asyncio.run(call("/boom"))
     with pytest.raises(loadgate.Overloaded):
         asyncio.run(call("/late"))
+
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+def guarded() -> Any:
+    monitor = Monitor()
+    monitor.add_worker("llama", 1, kv_total_blocks=100)
+    with serve(ControlApp(monitor, token=TOKEN)) as url, httpx.Client(base_url=url, timeout=10) as client:
+        yield monitor, client
+
+
+def assert_unauthorized(r: httpx.Response, word: str) -> None:
+    assert r.status_code == 401, r.text
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert error.startswith(f"{word} bearer token"), error
+    assert TOKEN not in error
+
+
+def test_control_app_with_a_token_refuses_writes_without_it(guarded: Any) -> None:
+    monitor, client = guarded
+    write = {"model": "llama", "active_decode_blocks_threshold": 0.5}
+    clear = {"model": "llama", "clear": ["active_decode_blocks_threshold"]}
+    for headers, word in [
+        ({}, "missing"),
+        ({"authorization": "Basic czNjcmV0"}, "missing"),
+        ({"authorization": "Bearer"}, "missing"),
+        ({"authorization": "Bearer wrong"}, "invalid"),
+        ({"authorization": f"Bearer {TOKEN.upper()}"}, "invalid"),
+    ]:
+        for payload in (write, clear):
+            assert_unauthorized(client.post("/busy_threshold", json=payload, headers=headers), word)
+    assert monitor.thresholds("llama")["version"] == 0  # nothing changed
+
+    # Reads stay open.
+    r = client.get("/busy_threshold")
+    assert r.status_code == 200 and "www-authenticate" not in r.headers
+    assert client.post("/busy_threshold", json={"model": "llama"}).status_code == 200
+
+    # The right token, scheme in any case: applied.
+    r = client.post("/busy_threshold", json=write, headers={"authorization": f"bearer {TOKEN}"})
+    assert (r.status_code, r.json()["version"]) == (200, 1)
+    assert monitor.thresholds("llama")["active_decode_blocks_threshold"] == 0.5
+    r = client.post("/busy_threshold", json=clear, headers={"authorization": f"Bearer {TOKEN}"})
+    assert (r.status_code, r.json()["active_decode_blocks_threshold"]) == (200, None)
+    assert client.get("/metrics").status_code == 200
+
+
+def test_control_app_protecting_reads() -> None:
+    monitor = Monitor()
+    monitor.add_worker("llama", 1)
+    app = ControlApp(monitor, token=TOKEN, protect_reads=True)
+    with serve(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        assert_unauthorized(client.get("/busy_threshold"), "missing")
+        assert_unauthorized(client.post("/busy_threshold", json={"model": "llama"}), "missing")
+        assert_unauthorized(client.get("/busy_threshold", headers={"authorization": "Bearer nope"}), "invalid")
+        r = client.head("/busy_threshold")
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and r.content == b""
+        r = client.get("/busy_threshold", headers={"authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and r.json()["thresholds"][0]["model"] == "llama"
+
+
+def test_control_auth_configuration() -> None:
+    monitor = Monitor()
+    with pytest.raises(ValueError, match="empty"):
+        ControlApp(monitor, token="")
+    with pytest.raises(ValueError, match="visible ASCII"):
+        ControlApp(monitor, token="two words")
+    with pytest.raises(ValueError, match="protect_reads needs a token"):
+        ControlApp(monitor, protect_reads=True)
+    with pytest.raises(TypeError):
+        loadgate.ControlAuth(b"bytes")  # type: ignore[arg-type]
+    auth = loadgate.ControlAuth(TOKEN, protect_reads=True)
+    assert auth.protect_reads and loadgate.ControlAuth.CHALLENGE == "Bearer"
+    assert TOKEN not in repr(auth)
+
+    # The method the app calls, directly.
+    monitor.add_worker("llama", 1)
+    write = json.dumps({"model": "llama", "active_decode_blocks_threshold": 0.5}).encode()
+    status, body = monitor.handle_busy_threshold("POST", "application/json", write, auth=auth)
+    assert status == 401 and json.loads(body)["error"].startswith("missing bearer token")
+    status, _ = monitor.handle_busy_threshold(
+        "POST", "application/json", write, authorization=f"Bearer {TOKEN}", auth=auth
+    )
+    assert status == 200
+    status, _ = monitor.handle_busy_threshold("POST", "application/json", write)
+    assert status == 200  # no auth: as before
+    with pytest.raises(TypeError):
+        monitor.handle_busy_threshold("GET", None, b"", auth="token")  # type: ignore[arg-type]
