@@ -336,7 +336,7 @@ impl fmt::Display for WorkerError {
                 write!(f, "model {model:?} already has the maximum of {capacity} workers")
             }
             WorkerError::Unknown(id) => write!(f, "unknown worker {id}"),
-            WorkerError::EmptyModel => f.write_str("model name must not be empty"),
+            WorkerError::EmptyModel => f.write_str("model must not be empty"),
             WorkerError::NameTooLong { len, limit } => write!(
                 f,
                 "model name of {len} bytes is too long: at most {limit} bytes (max_name_len)"

@@ -100,7 +100,6 @@ pub fn report_error(e: ReportError) -> PyErr {
 pub fn worker_error(e: WorkerError) -> PyErr {
     match e {
         WorkerError::Unknown(_) => PyKeyError::new_err(e.to_string()),
-        WorkerError::EmptyModel => PyValueError::new_err("model must not be empty"),
         _ => PyValueError::new_err(e.to_string()),
     }
 }
