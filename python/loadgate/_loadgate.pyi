@@ -1,6 +1,7 @@
 """Type stub of the native module ``loadgate._loadgate`` (checked against the
 built module by ``tests/test_stub.py`` with mypy's stubtest)."""
 
+from os import PathLike
 from types import TracebackType
 from typing import Any, ClassVar, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Type, Union, final
 
@@ -106,7 +107,20 @@ class Monitor:
         auth: Optional[ControlAuth] = None,
     ) -> Tuple[int, bytes]: ...
     def metrics_text(self) -> str: ...
-    def subscribe_nats(self, url: str, namespace: str = "default", *, expire_after: float = 3.0) -> Subscription: ...
+    def subscribe_nats(
+        self,
+        url: str,
+        namespace: str = "default",
+        *,
+        expire_after: float = 3.0,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        token: Optional[str] = None,
+        credentials: Optional[Union[str, PathLike[str]]] = None,
+        tls_ca: Optional[Union[str, PathLike[str]]] = None,
+        tls_cert: Optional[Union[str, PathLike[str]]] = None,
+        tls_key: Optional[Union[str, PathLike[str]]] = None,
+    ) -> Subscription: ...
 
 @final
 class ControlAuth:
@@ -163,6 +177,13 @@ class Reporter:
         kv_total_blocks: Optional[int] = None,
         max_num_batched_tokens: Optional[int] = None,
         heartbeat: float = 1.0,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        token: Optional[str] = None,
+        credentials: Optional[Union[str, PathLike[str]]] = None,
+        tls_ca: Optional[Union[str, PathLike[str]]] = None,
+        tls_cert: Optional[Union[str, PathLike[str]]] = None,
+        tls_key: Optional[Union[str, PathLike[str]]] = None,
     ) -> Reporter: ...
     def report(
         self,

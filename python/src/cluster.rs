@@ -9,23 +9,32 @@
 //! the process's NATS runtime (one thread) starts on the first connection,
 //! never at import.
 //!
+//! Both take the same keyword-only authentication and TLS arguments
+//! (`user`, `password`, `token`, `credentials`, `tls_ca`, `tls_cert`,
+//! `tls_key`), turned into core's `NatsOptions`: a bad combination is a
+//! `ValueError` naming the arguments, found before connecting; refused
+//! credentials and failed TLS handshakes are `ConnectionError`s saying so.
+//!
 //! Closing (or garbage collection) stops the threads and drops the
 //! connection. Core never calls back into Python, so those threads never
 //! need the GIL; blocking steps (connecting, joining a thread) release it.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use loadgate::cluster::nats::NatsTransport;
+use loadgate::cluster::nats::{NatsOptions, NatsTransport};
 use loadgate::cluster::{
     Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
     DEFAULT_HEARTBEAT,
 };
 use loadgate::{Limits, LoadReport, MonotonicClock};
-use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::errors::{opt_u64_arg, report_error, seconds_arg, str_arg, u32_arg, u64_arg};
+use crate::errors::{
+    opt_str_arg, opt_u64_arg, report_error, seconds_arg, str_arg, u32_arg, u64_arg,
+};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -56,12 +65,71 @@ fn cluster_error(e: ClusterError) -> PyErr {
     }
 }
 
-/// Connects to `url` with the GIL released; `ValueError` for a malformed
-/// URL, `ConnectionError` naming the URL when the server cannot be reached.
-fn connect(py: Python<'_>, url: &Bound<'_, PyAny>) -> PyResult<NatsTransport> {
+/// The authentication and TLS keyword arguments of `Reporter` and
+/// `Monitor.subscribe_nats`, as given.
+pub struct NatsArgs<'a, 'py> {
+    /// `user`: a str.
+    pub user: Option<&'a Bound<'py, PyAny>>,
+    /// `password`: a str.
+    pub password: Option<&'a Bound<'py, PyAny>>,
+    /// `token`: a str.
+    pub token: Option<&'a Bound<'py, PyAny>>,
+    /// `credentials`: the path of a `.creds` file.
+    pub credentials: Option<&'a Bound<'py, PyAny>>,
+    /// `tls_ca`: the path of a PEM file of CA certificates.
+    pub tls_ca: Option<&'a Bound<'py, PyAny>>,
+    /// `tls_cert`: the path of a PEM client certificate chain.
+    pub tls_cert: Option<&'a Bound<'py, PyAny>>,
+    /// `tls_key`: the path of the client certificate's PEM private key.
+    pub tls_key: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// A path argument: a str or an `os.PathLike`; `None` is absent.
+fn opt_path_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<PathBuf>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => o.extract::<PathBuf>().map(Some).map_err(|_| {
+            let got = o
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+            PyTypeError::new_err(format!("{name} must be a str or os.PathLike, not {got}"))
+        }),
+    }
+}
+
+impl NatsArgs<'_, '_> {
+    /// Core's options; `TypeError` naming an argument of the wrong type.
+    /// Combinations and files are checked by core when connecting.
+    fn options(&self) -> PyResult<NatsOptions> {
+        let text = |v: Option<&Bound<'_, PyAny>>, name: &str| -> PyResult<Option<String>> {
+            Ok(opt_str_arg(v, name)?.map(|s| s.to_string()))
+        };
+        Ok(NatsOptions {
+            user: text(self.user, "user")?,
+            password: text(self.password, "password")?,
+            token: text(self.token, "token")?,
+            credentials: opt_path_arg(self.credentials, "credentials")?,
+            tls_ca: opt_path_arg(self.tls_ca, "tls_ca")?,
+            tls_cert: opt_path_arg(self.tls_cert, "tls_cert")?,
+            tls_key: opt_path_arg(self.tls_key, "tls_key")?,
+        })
+    }
+}
+
+/// Connects to `url` with `options`, the GIL released; `ValueError` for a
+/// malformed URL or bad options, `ConnectionError` naming the URL when the
+/// server cannot be reached, refuses the credentials or fails the TLS
+/// handshake.
+fn connect(
+    py: Python<'_>,
+    url: &Bound<'_, PyAny>,
+    options: &NatsOptions,
+) -> PyResult<NatsTransport> {
     let url = str_arg(url, "url")?;
     let target = url.to_string();
-    py.detach(move || NatsTransport::connect(&target))
+    py.detach(move || NatsTransport::connect_with(&target, options))
         .map_err(|e| match e {
             ClusterError::Transport(why) => {
                 let why = why.strip_prefix("cannot connect to NATS: ").unwrap_or(&why);
@@ -89,7 +157,9 @@ pub fn subscribe_nats(
     url: &Bound<'_, PyAny>,
     namespace: Option<&Bound<'_, PyAny>>,
     expire_after: Option<&Bound<'_, PyAny>>,
+    auth: &NatsArgs<'_, '_>,
 ) -> PyResult<Subscription> {
+    let options = auth.options()?;
     let subjects = match namespace {
         Some(n) => subjects(n)?,
         None => Subjects::new("default").map_err(cluster_error)?,
@@ -100,7 +170,7 @@ pub fn subscribe_nats(
     }
     let subscriber = Subscriber::new(monitor.clone(), config, MonotonicClock::shared())
         .map_err(cluster_error)?;
-    let transport = connect(py, url)?;
+    let transport = connect(py, url, &options)?;
     let attached = py
         .detach(|| subscriber.attach(&transport, &subjects))
         .map_err(cluster_error)?;
@@ -174,7 +244,9 @@ impl Subscription {
 /// every rank once per `heartbeat` (which announces the worker, its model,
 /// ranks and capacities to frontends that join late). Construction raises
 /// `ValueError` for a bad argument (malformed URL, empty model, bad
-/// namespace) and `ConnectionError` when the server cannot be reached.
+/// namespace, conflicting or unreadable authentication and TLS arguments)
+/// and `ConnectionError` when the server cannot be reached, refuses the
+/// credentials or fails the TLS handshake.
 #[pyclass(frozen, module = "loadgate")]
 pub struct Reporter {
     worker_id: u64,
@@ -186,8 +258,8 @@ pub struct Reporter {
 impl Reporter {
     #[new]
     #[pyo3(
-        signature = (url, worker_id, model, *, namespace = None, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, heartbeat = None),
-        text_signature = "(url, worker_id, model, *, namespace='default', dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, heartbeat=1.0)"
+        signature = (url, worker_id, model, *, namespace = None, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, heartbeat = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None),
+        text_signature = "(url, worker_id, model, *, namespace='default', dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, heartbeat=1.0, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -201,7 +273,24 @@ impl Reporter {
         kv_total_blocks: Option<&Bound<'_, PyAny>>,
         max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
         heartbeat: Option<&Bound<'_, PyAny>>,
+        user: Option<&Bound<'_, PyAny>>,
+        password: Option<&Bound<'_, PyAny>>,
+        token: Option<&Bound<'_, PyAny>>,
+        credentials: Option<&Bound<'_, PyAny>>,
+        tls_ca: Option<&Bound<'_, PyAny>>,
+        tls_cert: Option<&Bound<'_, PyAny>>,
+        tls_key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let options = NatsArgs {
+            user,
+            password,
+            token,
+            credentials,
+            tls_ca,
+            tls_cert,
+            tls_key,
+        }
+        .options()?;
         let worker_id = u64_arg(worker_id, "worker_id")?;
         let model = str_arg(model, "model")?.to_string();
         let subjects = match namespace {
@@ -220,7 +309,7 @@ impl Reporter {
         };
         // Refuse bad settings before connecting.
         config.validate().map_err(cluster_error)?;
-        let transport: Arc<NatsTransport> = Arc::new(connect(py, url)?);
+        let transport: Arc<NatsTransport> = Arc::new(connect(py, url, &options)?);
         let publisher = Publisher::spawn(config, transport, &subjects).map_err(cluster_error)?;
         Ok(Self {
             worker_id,

@@ -457,20 +457,41 @@ impl Monitor {
     /// `loadgate.Reporter` under `namespace` on the NATS server at `url`:
     /// workers are registered on their first message, their reports are
     /// applied, and a worker silent for `expire_after` seconds is removed.
-    /// Raises `ValueError` for a malformed URL or namespace and
-    /// `ConnectionError` when the server cannot be reached.
+    /// `user` and `password`, `token` or `credentials` (a `.creds` file)
+    /// authenticate; `tls_ca` (a PEM CA file) and `tls_cert` with `tls_key`
+    /// (a client certificate) set up TLS, as for `Reporter`. Raises
+    /// `ValueError` for a malformed URL or namespace or a bad combination of
+    /// those arguments, and `ConnectionError` when the server cannot be
+    /// reached, refuses the credentials or fails the TLS handshake.
     #[pyo3(
-        signature = (url, namespace = None, *, expire_after = None),
-        text_signature = "($self, url, namespace='default', *, expire_after=3.0)"
+        signature = (url, namespace = None, *, expire_after = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None),
+        text_signature = "($self, url, namespace='default', *, expire_after=3.0, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn subscribe_nats(
         &self,
         py: Python<'_>,
         url: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
         expire_after: Option<&Bound<'_, PyAny>>,
+        user: Option<&Bound<'_, PyAny>>,
+        password: Option<&Bound<'_, PyAny>>,
+        token: Option<&Bound<'_, PyAny>>,
+        credentials: Option<&Bound<'_, PyAny>>,
+        tls_ca: Option<&Bound<'_, PyAny>>,
+        tls_cert: Option<&Bound<'_, PyAny>>,
+        tls_key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Subscription> {
-        crate::cluster::subscribe_nats(py, &self.inner, url, namespace, expire_after)
+        let auth = crate::cluster::NatsArgs {
+            user,
+            password,
+            token,
+            credentials,
+            tls_ca,
+            tls_cert,
+            tls_key,
+        };
+        crate::cluster::subscribe_nats(py, &self.inner, url, namespace, expire_after, &auth)
     }
 
     /// The frontend metrics in Prometheus text format.
