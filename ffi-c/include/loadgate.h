@@ -193,6 +193,25 @@ typedef struct lg_gate lg_gate;
 typedef struct lg_monitor lg_monitor;
 
 /**
+ * Authentication and TLS settings for a NATS connection, given to
+ * lg_reporter_new_with() and lg_monitor_subscribe_nats_with(). Opaque;
+ * create with lg_nats_options_new() (no authentication, TLS only for a
+ * tls:// url), change with the lg_nats_options_set_*() calls, free with
+ * lg_nats_options_free(). The connecting calls copy it, so it may be
+ * changed or freed right after.
+ *
+ * Set at most one way to authenticate: a user and password, a token, or a
+ * credentials file. The combination is checked by the connecting calls,
+ * before they connect: conflicting settings, empty values and files that
+ * cannot be read or do not hold what they should are LG_INVALID_ARGUMENT
+ * with a message naming the setting.
+ *
+ * The setters change the object: no other thread may use it meanwhile.
+ * The connecting calls only read it, from any number of threads at once.
+ */
+typedef struct lg_nats_options lg_nats_options;
+
+/**
  * A held engine slot of a gate. Opaque; obtained from lg_gate_try_admit(),
  * lg_gate_admit() or an lg_gate_admit_async() callback; released with
  * lg_permit_release() exactly once, from any thread (for a streamed
@@ -735,7 +754,9 @@ void lg_booking_free(struct lg_booking *booking);
 /**
  * Creates a reporter for worker `worker_id` of `model` with the ranks and
  * capacities of `spec` (NULL: one rank, 0..1, capacities unknown),
- * connected to the NATS server at `url` (e.g. "nats://127.0.0.1:4222").
+ * connected to the NATS server at `url` (e.g. "nats://127.0.0.1:4222")
+ * without authentication, with TLS for a tls:// url; see
+ * lg_reporter_new_with() for the server's authentication and TLS.
  * It publishes on subject loadgate.<nats_namespace>.load.<worker_id>; a
  * frontend subscribed to the same namespace with
  * lg_monitor_subscribe_nats() learns the worker from its first message.
@@ -766,6 +787,35 @@ enum lg_status lg_reporter_new(const char *url,
                                size_t model_len,
                                const struct lg_worker_spec *spec,
                                struct lg_reporter **out_reporter);
+
+/**
+ * lg_reporter_new() with the server's authentication and TLS settings
+ * `options` (NULL: the defaults, as lg_reporter_new()).
+ *
+ * Errors: those of lg_reporter_new(); LG_INVALID_ARGUMENT also for
+ * settings that conflict, are empty or incomplete, or name a file that
+ * cannot be read or holds no credentials, certificate or key (the message
+ * names the setting); LG_TRANSPORT_ERROR also when the server refuses the
+ * credentials ("authorization failed") or the TLS handshake fails ("TLS
+ * handshake failed", e.g. a server certificate the CA did not sign), each
+ * within two seconds.
+ * Ownership: as lg_reporter_new(); `options` is copied.
+ * Thread safety: any thread; `options` is only read. Blocking: as
+ * lg_reporter_new(); reads the settings' files.
+ *
+ * # Safety
+ * As lg_reporter_new(); `options` is NULL or a live lg_nats_options.
+ */
+enum lg_status lg_reporter_new_with(const char *url,
+                                    size_t url_len,
+                                    const char *nats_namespace,
+                                    size_t nats_namespace_len,
+                                    uint64_t worker_id,
+                                    const char *model,
+                                    size_t model_len,
+                                    const struct lg_worker_spec *spec,
+                                    const struct lg_nats_options *options,
+                                    struct lg_reporter **out_reporter);
 
 /**
  * Merges one load report into rank `dp_rank` of the reporter's worker
@@ -821,10 +871,12 @@ void lg_reporter_free(struct lg_reporter *reporter);
 
 /**
  * Subscribes `monitor` to the load reports of `nats_namespace` on the NATS
- * server at `url`: each worker is registered in the monitor on its first
- * message (a worker already added with lg_monitor_add_worker() under the
- * same id is adopted), its reports are applied as they arrive (out-of-order
- * ones dropped), and a worker silent for three heartbeats (3 s) is removed.
+ * server at `url` (without authentication, with TLS for a tls:// url; see
+ * lg_monitor_subscribe_nats_with()): each worker is registered in the
+ * monitor on its first message (a worker already added with
+ * lg_monitor_add_worker() under the same id is adopted), its reports are
+ * applied as they arrive (out-of-order ones dropped), and a worker silent
+ * for three heartbeats (3 s) is removed.
  * Thresholds stay local to this monitor. Set a model's thresholds once its
  * first worker is known (lg_monitor_set_thresholds() answers LG_NOT_FOUND
  * before).
@@ -853,6 +905,35 @@ enum lg_status lg_monitor_subscribe_nats(const struct lg_monitor *monitor,
                                          const char *nats_namespace,
                                          size_t nats_namespace_len,
                                          struct lg_subscription **out_subscription);
+
+/**
+ * lg_monitor_subscribe_nats() with the server's authentication and TLS
+ * settings `options` (NULL: the defaults, as lg_monitor_subscribe_nats()).
+ * With per-subject permissions, the frontend's user needs only to
+ * subscribe to loadgate.<nats_namespace>.load.* (a subscription the
+ * server refuses receives nothing; the server logs the refusal).
+ *
+ * Errors: those of lg_monitor_subscribe_nats(); LG_INVALID_ARGUMENT also
+ * for settings that conflict, are empty or incomplete, or name a file that
+ * cannot be read or holds no credentials, certificate or key (the message
+ * names the setting); LG_TRANSPORT_ERROR also when the server refuses the
+ * credentials ("authorization failed") or the TLS handshake fails ("TLS
+ * handshake failed"), each within two seconds.
+ * Ownership: as lg_monitor_subscribe_nats(); `options` is copied.
+ * Thread safety: any thread; `options` is only read. Blocking: as
+ * lg_monitor_subscribe_nats(); reads the settings' files.
+ *
+ * # Safety
+ * As lg_monitor_subscribe_nats(); `options` is NULL or a live
+ * lg_nats_options.
+ */
+enum lg_status lg_monitor_subscribe_nats_with(const struct lg_monitor *monitor,
+                                              const char *url,
+                                              size_t url_len,
+                                              const char *nats_namespace,
+                                              size_t nats_namespace_len,
+                                              const struct lg_nats_options *options,
+                                              struct lg_subscription **out_subscription);
 
 /**
  * Reads a subscription's counters.
@@ -884,6 +965,127 @@ enum lg_status lg_subscription_get_stats(const struct lg_subscription *subscript
  * not freed yet.
  */
 void lg_subscription_free(struct lg_subscription *subscription);
+
+/**
+ * Creates NATS settings with no authentication, and TLS only for a
+ * tls:// url.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL out_options).
+ * Ownership: on LG_OK *out_options owns a new object; free it with
+ * lg_nats_options_free().
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `out_options` is NULL or valid for writes.
+ */
+enum lg_status lg_nats_options_new(struct lg_nats_options **out_options);
+
+/**
+ * Frees NATS settings. NULL is a no-op. Reporters and subscriptions
+ * created with them keep their own copy.
+ *
+ * Ownership: takes `options`.
+ * Thread safety: no other thread may be using the object. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or was returned by lg_nats_options_new() and not freed
+ * yet.
+ */
+void lg_nats_options_free(struct lg_nats_options *options);
+
+/**
+ * Authenticates with `user` and `password` (NULL and 0 for both: clears
+ * them). A password without a user, or a user with a token or a
+ * credentials file too, is refused by the connecting calls.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a
+ * non-zero length or not UTF-8). A failed call changes nothing.
+ * Ownership: the strings are copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `user` and `password` are
+ * NULL or valid for their lengths.
+ */
+enum lg_status lg_nats_options_set_user_password(struct lg_nats_options *options,
+                                                 const char *user,
+                                                 size_t user_len,
+                                                 const char *password,
+                                                 size_t password_len);
+
+/**
+ * Authenticates with `token` (NULL and 0: clears it).
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a
+ * non-zero length or not UTF-8). A failed call changes nothing.
+ * Ownership: the string is copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `token` is NULL or valid
+ * for `token_len` bytes.
+ */
+enum lg_status lg_nats_options_set_token(struct lg_nats_options *options,
+                                         const char *token,
+                                         size_t token_len);
+
+/**
+ * Authenticates with the credentials file at `path` (a `.creds` file: a
+ * user JWT and its NKey seed, for servers in operator mode; NULL and 0:
+ * clears it). The file is read by the connecting calls.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
+ * length or not UTF-8). A failed call changes nothing.
+ * Ownership: the path is copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `path` is NULL or valid for
+ * `path_len` bytes.
+ */
+enum lg_status lg_nats_options_set_credentials_file(struct lg_nats_options *options,
+                                                    const char *path,
+                                                    size_t path_len);
+
+/**
+ * Trusts the CA certificates in the PEM file at `path` (instead of the
+ * system's roots) for the server's certificate, and requires TLS whatever
+ * the url's scheme (NULL and 0: clears it). The file is read by the
+ * connecting calls.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
+ * length or not UTF-8). A failed call changes nothing.
+ * Ownership: the path is copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `path` is NULL or valid for
+ * `path_len` bytes.
+ */
+enum lg_status lg_nats_options_set_tls_ca(struct lg_nats_options *options,
+                                          const char *path,
+                                          size_t path_len);
+
+/**
+ * Presents the client certificate chain in the PEM file `cert_path`, with
+ * the private key in the PEM file `key_path` (mutual TLS), and requires
+ * TLS (NULL and 0 for both: clears them; one without the other is refused
+ * by the connecting calls). The files are read by the connecting calls.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
+ * length or not UTF-8). A failed call changes nothing.
+ * Ownership: the paths are copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `cert_path` and `key_path`
+ * are NULL or valid for their lengths.
+ */
+enum lg_status lg_nats_options_set_client_cert(struct lg_nats_options *options,
+                                               const char *cert_path,
+                                               size_t cert_path_len,
+                                               const char *key_path,
+                                               size_t key_path_len);
 
 /**
  * Fills `out` with the default settings for `limit` engine slots: queue 16,

@@ -1,18 +1,20 @@
-//! `lg_reporter` and `lg_subscription`: load reports across machines over
-//! NATS (core's `loadgate::cluster`). Workers publish their load with a
-//! reporter; each frontend subscribes its monitor, and every frontend
-//! converges on the same busy set.
+//! `lg_reporter`, `lg_subscription` and `lg_nats_options`: load reports
+//! across machines over NATS (core's `loadgate::cluster`). Workers publish
+//! their load with a reporter; each frontend subscribes its monitor, and
+//! every frontend converges on the same busy set. `lg_nats_options` carries
+//! the server's authentication and TLS settings (core's `NatsOptions`).
 
 use std::ffi::c_char;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use loadgate_core::cluster::nats::NatsTransport;
+use loadgate_core::cluster::nats::{NatsOptions, NatsTransport};
 use loadgate_core::cluster::{
     Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
 };
 use loadgate_core::MonotonicClock;
 
-use crate::ffi::{boundary, guard, input, optional, string, Error, Out};
+use crate::ffi::{boundary, guard, input, optional, optional_string, string, Error, Out};
 use crate::monitor::{lg_load_report, lg_monitor, lg_worker_spec};
 use crate::status::lg_status;
 
@@ -39,6 +41,25 @@ pub struct lg_subscription {
     _attached: Attached,
     subscriber: Arc<Subscriber>,
     _transport: NatsTransport,
+}
+
+/// Authentication and TLS settings for a NATS connection, given to
+/// lg_reporter_new_with() and lg_monitor_subscribe_nats_with(). Opaque;
+/// create with lg_nats_options_new() (no authentication, TLS only for a
+/// tls:// url), change with the lg_nats_options_set_*() calls, free with
+/// lg_nats_options_free(). The connecting calls copy it, so it may be
+/// changed or freed right after.
+///
+/// Set at most one way to authenticate: a user and password, a token, or a
+/// credentials file. The combination is checked by the connecting calls,
+/// before they connect: conflicting settings, empty values and files that
+/// cannot be read or do not hold what they should are LG_INVALID_ARGUMENT
+/// with a message naming the setting.
+///
+/// The setters change the object: no other thread may use it meanwhile.
+/// The connecting calls only read it, from any number of threads at once.
+pub struct lg_nats_options {
+    options: NatsOptions,
 }
 
 /// Counters of a reporter.
@@ -82,7 +103,9 @@ fn subjects(namespace: &str) -> Result<Subjects, Error> {
 
 /// Creates a reporter for worker `worker_id` of `model` with the ranks and
 /// capacities of `spec` (NULL: one rank, 0..1, capacities unknown),
-/// connected to the NATS server at `url` (e.g. "nats://127.0.0.1:4222").
+/// connected to the NATS server at `url` (e.g. "nats://127.0.0.1:4222")
+/// without authentication, with TLS for a tls:// url; see
+/// lg_reporter_new_with() for the server's authentication and TLS.
 /// It publishes on subject loadgate.<nats_namespace>.load.<worker_id>; a
 /// frontend subscribed to the same namespace with
 /// lg_monitor_subscribe_nats() learns the worker from its first message.
@@ -115,6 +138,52 @@ pub unsafe extern "C" fn lg_reporter_new(
     spec: *const lg_worker_spec,
     out_reporter: *mut *mut lg_reporter,
 ) -> lg_status {
+    // SAFETY: forwarded contract; NULL options are the defaults.
+    unsafe {
+        lg_reporter_new_with(
+            url,
+            url_len,
+            nats_namespace,
+            nats_namespace_len,
+            worker_id,
+            model,
+            model_len,
+            spec,
+            std::ptr::null(),
+            out_reporter,
+        )
+    }
+}
+
+/// lg_reporter_new() with the server's authentication and TLS settings
+/// `options` (NULL: the defaults, as lg_reporter_new()).
+///
+/// Errors: those of lg_reporter_new(); LG_INVALID_ARGUMENT also for
+/// settings that conflict, are empty or incomplete, or name a file that
+/// cannot be read or holds no credentials, certificate or key (the message
+/// names the setting); LG_TRANSPORT_ERROR also when the server refuses the
+/// credentials ("authorization failed") or the TLS handshake fails ("TLS
+/// handshake failed", e.g. a server certificate the CA did not sign), each
+/// within two seconds.
+/// Ownership: as lg_reporter_new(); `options` is copied.
+/// Thread safety: any thread; `options` is only read. Blocking: as
+/// lg_reporter_new(); reads the settings' files.
+///
+/// # Safety
+/// As lg_reporter_new(); `options` is NULL or a live lg_nats_options.
+#[no_mangle]
+pub unsafe extern "C" fn lg_reporter_new_with(
+    url: *const c_char,
+    url_len: usize,
+    nats_namespace: *const c_char,
+    nats_namespace_len: usize,
+    worker_id: u64,
+    model: *const c_char,
+    model_len: usize,
+    spec: *const lg_worker_spec,
+    options: *const lg_nats_options,
+    out_reporter: *mut *mut lg_reporter,
+) -> lg_status {
     guard(|| {
         // SAFETY: each string is NULL or valid for its length (contract).
         let url = unsafe { string(url, url_len, "url") }?;
@@ -124,6 +193,8 @@ pub unsafe extern "C" fn lg_reporter_new(
         let model = unsafe { string(model, model_len, "model") }?;
         // SAFETY: `spec` is NULL or a valid lg_worker_spec (contract).
         let spec = unsafe { optional(spec, "spec") }?;
+        // SAFETY: `options` is NULL or live (contract).
+        let options = unsafe { optional(options, "options") }?;
         let out = Out::new(out_reporter, "out_reporter")?;
         let subjects = subjects(namespace)?;
         let mut config = PublisherConfig::new(worker_id, model);
@@ -137,13 +208,23 @@ pub unsafe extern "C" fn lg_reporter_new(
         // Checked before connecting, so a bad argument costs no connection
         // and is reported as such whatever the server's state.
         config.validate()?;
-        let transport = NatsTransport::connect(url)?;
+        let transport = connect(url, options)?;
         let publisher = Publisher::spawn(config, Arc::new(transport), &subjects)?;
         let handle = Box::into_raw(Box::new(lg_reporter { publisher }));
         // SAFETY: writable by the contract.
         unsafe { out.write(handle) };
         Ok(())
     })
+}
+
+/// Connects to `url` with `options` (NULL: the defaults); core checks the
+/// options before connecting.
+fn connect(url: &str, options: Option<&lg_nats_options>) -> Result<NatsTransport, Error> {
+    let transport = match options {
+        Some(o) => NatsTransport::connect_with(url, &o.options)?,
+        None => NatsTransport::connect(url)?,
+    };
+    Ok(transport)
 }
 
 /// Merges one load report into rank `dp_rank` of the reporter's worker
@@ -230,10 +311,12 @@ pub unsafe extern "C" fn lg_reporter_free(reporter: *mut lg_reporter) {
 }
 
 /// Subscribes `monitor` to the load reports of `nats_namespace` on the NATS
-/// server at `url`: each worker is registered in the monitor on its first
-/// message (a worker already added with lg_monitor_add_worker() under the
-/// same id is adopted), its reports are applied as they arrive (out-of-order
-/// ones dropped), and a worker silent for three heartbeats (3 s) is removed.
+/// server at `url` (without authentication, with TLS for a tls:// url; see
+/// lg_monitor_subscribe_nats_with()): each worker is registered in the
+/// monitor on its first message (a worker already added with
+/// lg_monitor_add_worker() under the same id is adopted), its reports are
+/// applied as they arrive (out-of-order ones dropped), and a worker silent
+/// for three heartbeats (3 s) is removed.
 /// Thresholds stay local to this monitor. Set a model's thresholds once its
 /// first worker is known (lg_monitor_set_thresholds() answers LG_NOT_FOUND
 /// before).
@@ -264,6 +347,49 @@ pub unsafe extern "C" fn lg_monitor_subscribe_nats(
     nats_namespace_len: usize,
     out_subscription: *mut *mut lg_subscription,
 ) -> lg_status {
+    // SAFETY: forwarded contract; NULL options are the defaults.
+    unsafe {
+        lg_monitor_subscribe_nats_with(
+            monitor,
+            url,
+            url_len,
+            nats_namespace,
+            nats_namespace_len,
+            std::ptr::null(),
+            out_subscription,
+        )
+    }
+}
+
+/// lg_monitor_subscribe_nats() with the server's authentication and TLS
+/// settings `options` (NULL: the defaults, as lg_monitor_subscribe_nats()).
+/// With per-subject permissions, the frontend's user needs only to
+/// subscribe to loadgate.<nats_namespace>.load.* (a subscription the
+/// server refuses receives nothing; the server logs the refusal).
+///
+/// Errors: those of lg_monitor_subscribe_nats(); LG_INVALID_ARGUMENT also
+/// for settings that conflict, are empty or incomplete, or name a file that
+/// cannot be read or holds no credentials, certificate or key (the message
+/// names the setting); LG_TRANSPORT_ERROR also when the server refuses the
+/// credentials ("authorization failed") or the TLS handshake fails ("TLS
+/// handshake failed"), each within two seconds.
+/// Ownership: as lg_monitor_subscribe_nats(); `options` is copied.
+/// Thread safety: any thread; `options` is only read. Blocking: as
+/// lg_monitor_subscribe_nats(); reads the settings' files.
+///
+/// # Safety
+/// As lg_monitor_subscribe_nats(); `options` is NULL or a live
+/// lg_nats_options.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_subscribe_nats_with(
+    monitor: *const lg_monitor,
+    url: *const c_char,
+    url_len: usize,
+    nats_namespace: *const c_char,
+    nats_namespace_len: usize,
+    options: *const lg_nats_options,
+    out_subscription: *mut *mut lg_subscription,
+) -> lg_status {
     guard(|| {
         // SAFETY: `monitor` is NULL or live (contract).
         let m = unsafe { input(monitor, "monitor") }?;
@@ -271,6 +397,8 @@ pub unsafe extern "C" fn lg_monitor_subscribe_nats(
         let url = unsafe { string(url, url_len, "url") }?;
         // SAFETY: as above.
         let namespace = unsafe { string(nats_namespace, nats_namespace_len, "nats_namespace") }?;
+        // SAFETY: `options` is NULL or live (contract).
+        let options = unsafe { optional(options, "options") }?;
         let out = Out::new(out_subscription, "out_subscription")?;
         let subjects = subjects(namespace)?;
         let subscriber = Subscriber::new(
@@ -278,7 +406,7 @@ pub unsafe extern "C" fn lg_monitor_subscribe_nats(
             SubscriberConfig::default(),
             MonotonicClock::shared(),
         )?;
-        let transport = NatsTransport::connect(url)?;
+        let transport = connect(url, options)?;
         let attached = subscriber.attach(&transport, &subjects)?;
         let handle = Box::into_raw(Box::new(lg_subscription {
             _attached: attached,
@@ -345,5 +473,228 @@ pub unsafe extern "C" fn lg_subscription_free(subscription: *mut lg_subscription
             // up by the caller (contract), so this is the only owner.
             drop(unsafe { Box::from_raw(subscription) });
         }
+    })
+}
+
+/// Creates NATS settings with no authentication, and TLS only for a
+/// tls:// url.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL out_options).
+/// Ownership: on LG_OK *out_options owns a new object; free it with
+/// lg_nats_options_free().
+/// Thread safety: any thread. Blocking: never.
+///
+/// # Safety
+/// `out_options` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_new(out_options: *mut *mut lg_nats_options) -> lg_status {
+    guard(|| {
+        let out = Out::new(out_options, "out_options")?;
+        let handle = Box::into_raw(Box::new(lg_nats_options {
+            options: NatsOptions::default(),
+        }));
+        // SAFETY: writable by the contract.
+        unsafe { out.write(handle) };
+        Ok(())
+    })
+}
+
+/// Frees NATS settings. NULL is a no-op. Reporters and subscriptions
+/// created with them keep their own copy.
+///
+/// Ownership: takes `options`.
+/// Thread safety: no other thread may be using the object. Blocking: never.
+///
+/// # Safety
+/// `options` is NULL or was returned by lg_nats_options_new() and not freed
+/// yet.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_free(options: *mut lg_nats_options) {
+    boundary((), || {
+        if !options.is_null() {
+            // SAFETY: a live handle from lg_nats_options_new(), given up by
+            // the caller (contract), so this is the only owner.
+            drop(unsafe { Box::from_raw(options) });
+        }
+    })
+}
+
+/// Borrows settings to change.
+///
+/// # Safety
+/// `p` is NULL or a live lg_nats_options that no other thread uses for
+/// `'a`.
+unsafe fn options_mut<'a>(p: *mut lg_nats_options) -> Result<&'a mut NatsOptions, Error> {
+    if p.is_null() {
+        return Err(Error::invalid("options must not be NULL"));
+    }
+    if !p.is_aligned() {
+        return Err(Error::invalid("options is misaligned"));
+    }
+    // SAFETY: non-NULL and aligned (checked), live and used by this thread
+    // alone (contract), so a unique reference is sound.
+    Ok(unsafe { &mut (*p).options })
+}
+
+/// A setting's string: NULL with length 0 is absent (clears the setting).
+///
+/// # Safety
+/// As `optional_string`.
+unsafe fn setting(
+    p: *const c_char,
+    len: usize,
+    what: &'static str,
+) -> Result<Option<String>, Error> {
+    // SAFETY: forwarded contract.
+    Ok(unsafe { optional_string(p, len, what) }?.map(str::to_owned))
+}
+
+/// Authenticates with `user` and `password` (NULL and 0 for both: clears
+/// them). A password without a user, or a user with a token or a
+/// credentials file too, is refused by the connecting calls.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a
+/// non-zero length or not UTF-8). A failed call changes nothing.
+/// Ownership: the strings are copied.
+/// Thread safety: no other thread may be using `options`. Blocking: never.
+///
+/// # Safety
+/// `options` is NULL or a live lg_nats_options; `user` and `password` are
+/// NULL or valid for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_set_user_password(
+    options: *mut lg_nats_options,
+    user: *const c_char,
+    user_len: usize,
+    password: *const c_char,
+    password_len: usize,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: each string is NULL or valid for its length (contract).
+        let user = unsafe { setting(user, user_len, "user") }?;
+        // SAFETY: as above.
+        let password = unsafe { setting(password, password_len, "password") }?;
+        // SAFETY: NULL or live, used by no other thread (contract).
+        let o = unsafe { options_mut(options) }?;
+        o.user = user;
+        o.password = password;
+        Ok(())
+    })
+}
+
+/// Authenticates with `token` (NULL and 0: clears it).
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a
+/// non-zero length or not UTF-8). A failed call changes nothing.
+/// Ownership: the string is copied.
+/// Thread safety: no other thread may be using `options`. Blocking: never.
+///
+/// # Safety
+/// `options` is NULL or a live lg_nats_options; `token` is NULL or valid
+/// for `token_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_set_token(
+    options: *mut lg_nats_options,
+    token: *const c_char,
+    token_len: usize,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or valid for its length (contract).
+        let token = unsafe { setting(token, token_len, "token") }?;
+        // SAFETY: NULL or live, used by no other thread (contract).
+        let o = unsafe { options_mut(options) }?;
+        o.token = token;
+        Ok(())
+    })
+}
+
+/// Authenticates with the credentials file at `path` (a `.creds` file: a
+/// user JWT and its NKey seed, for servers in operator mode; NULL and 0:
+/// clears it). The file is read by the connecting calls.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
+/// length or not UTF-8). A failed call changes nothing.
+/// Ownership: the path is copied.
+/// Thread safety: no other thread may be using `options`. Blocking: never.
+///
+/// # Safety
+/// `options` is NULL or a live lg_nats_options; `path` is NULL or valid for
+/// `path_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_set_credentials_file(
+    options: *mut lg_nats_options,
+    path: *const c_char,
+    path_len: usize,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or valid for its length (contract).
+        let path = unsafe { setting(path, path_len, "credentials") }?;
+        // SAFETY: NULL or live, used by no other thread (contract).
+        let o = unsafe { options_mut(options) }?;
+        o.credentials = path.map(PathBuf::from);
+        Ok(())
+    })
+}
+
+/// Trusts the CA certificates in the PEM file at `path` (instead of the
+/// system's roots) for the server's certificate, and requires TLS whatever
+/// the url's scheme (NULL and 0: clears it). The file is read by the
+/// connecting calls.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
+/// length or not UTF-8). A failed call changes nothing.
+/// Ownership: the path is copied.
+/// Thread safety: no other thread may be using `options`. Blocking: never.
+///
+/// # Safety
+/// `options` is NULL or a live lg_nats_options; `path` is NULL or valid for
+/// `path_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_set_tls_ca(
+    options: *mut lg_nats_options,
+    path: *const c_char,
+    path_len: usize,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or valid for its length (contract).
+        let path = unsafe { setting(path, path_len, "tls_ca") }?;
+        // SAFETY: NULL or live, used by no other thread (contract).
+        let o = unsafe { options_mut(options) }?;
+        o.tls_ca = path.map(PathBuf::from);
+        Ok(())
+    })
+}
+
+/// Presents the client certificate chain in the PEM file `cert_path`, with
+/// the private key in the PEM file `key_path` (mutual TLS), and requires
+/// TLS (NULL and 0 for both: clears them; one without the other is refused
+/// by the connecting calls). The files are read by the connecting calls.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
+/// length or not UTF-8). A failed call changes nothing.
+/// Ownership: the paths are copied.
+/// Thread safety: no other thread may be using `options`. Blocking: never.
+///
+/// # Safety
+/// `options` is NULL or a live lg_nats_options; `cert_path` and `key_path`
+/// are NULL or valid for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_set_client_cert(
+    options: *mut lg_nats_options,
+    cert_path: *const c_char,
+    cert_path_len: usize,
+    key_path: *const c_char,
+    key_path_len: usize,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: each path is NULL or valid for its length (contract).
+        let cert = unsafe { setting(cert_path, cert_path_len, "tls_cert") }?;
+        // SAFETY: as above.
+        let key = unsafe { setting(key_path, key_path_len, "tls_key") }?;
+        // SAFETY: NULL or live, used by no other thread (contract).
+        let o = unsafe { options_mut(options) }?;
+        o.tls_cert = cert.map(PathBuf::from);
+        o.tls_key = key.map(PathBuf::from);
+        Ok(())
     })
 }

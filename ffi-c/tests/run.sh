@@ -4,7 +4,9 @@
 # pkg-config (and CMake), with -Wall -Wextra -Wpedantic -Werror, run plain,
 # under valgrind memcheck and built with -fsanitize=address,undefined.
 # The C11 program's NATS round trip runs against a nats-server this script
-# starts on a free loopback port (LG_NATS_URL) and stops on exit.
+# starts on a free loopback port (LG_NATS_URL), and its authentication check
+# against a second one that wants user "loadgate", password "s3cret"
+# (LG_NATS_AUTH_URL); both are stopped on exit.
 #
 # Usage: ffi-c/tests/run.sh [--install | --install-only]
 #   --install       install missing tools first (cbindgen from crates.io;
@@ -63,12 +65,12 @@ sanitizers_ok() {
 }
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/loadgate-ffi.XXXXXX")"
-nats_pid=""
+nats_pids=()
 cleanup() {
-    if [ -n "$nats_pid" ]; then
-        kill "$nats_pid" 2>/dev/null || true
-        wait "$nats_pid" 2>/dev/null || true
-    fi
+    for pid in "${nats_pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -134,26 +136,34 @@ if ldd "$work/api-static" | grep -q libloadgate; then
 fi
 
 # ---- nats-server ----------------------------------------------------------------
-# On a port the kernel picks (-p -1), read back from the ports file.
-if have nats-server; then
-    step "start nats-server on a free loopback port"
-    mkdir -p "$work/nats"
-    nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$work/nats" -l "$work/nats/log" &
-    nats_pid=$!
-    ports="$work/nats/nats-server_$nats_pid.ports"
+# start_nats NAME [nats-server options...]: a server on a port the kernel
+# picks (-p -1), read back from the ports file into $nats_url.
+start_nats() {
+    local name="$1" dir="$work/$1"; shift
+    mkdir -p "$dir"
+    nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$dir" -l "$dir/log" "$@" &
+    local pid=$!
+    nats_pids+=("$pid")
+    local ports="$dir/nats-server_$pid.ports"
     for _ in $(seq 100); do
         [ -s "$ports" ] && break
-        kill -0 "$nats_pid" 2>/dev/null || break
+        kill -0 "$pid" 2>/dev/null || break
         sleep 0.05
     done
-    LG_NATS_URL="$(sed -n 's/.*"\(nats:\/\/[^"]*\)".*/\1/p' "$ports" 2>/dev/null || true)"
-    if [ -z "$LG_NATS_URL" ]; then
-        cat "$work/nats/log" >&2 || true
+    nats_url="$(sed -n 's/.*"\(nats:\/\/[^"]*\)".*/\1/p' "$ports" 2>/dev/null || true)"
+    if [ -z "$nats_url" ]; then
+        cat "$dir/log" >&2 || true
         echo "nats-server did not start" >&2
         exit 1
     fi
-    export LG_NATS_URL
-    note "nats-server (pid $nats_pid) at $LG_NATS_URL"
+    note "nats-server $name (pid $pid) at $nats_url"
+}
+if have nats-server; then
+    step "start nats-servers on free loopback ports"
+    start_nats nats
+    export LG_NATS_URL="$nats_url"
+    start_nats nats-auth --user loadgate --pass s3cret
+    export LG_NATS_AUTH_URL="$nats_url"
 else
     skip "NATS round trip (apt-get install nats-server)"
 fi

@@ -2,9 +2,11 @@
  * Calls every function of loadgate.h, on its success path and on every
  * error path: NULL handles and out-parameters, bad lengths, unknown
  * workers, invalid thresholds (NaN, negative, > 1), buffers too small.
- * The cross-machine load reports (lg_reporter_*, lg_monitor_subscribe_nats)
- * are checked on their error paths always, and end to end through a real
- * nats-server when LG_NATS_URL names one (ffi-c/tests/run.sh starts it).
+ * The cross-machine load reports (lg_reporter_*, lg_monitor_subscribe_nats,
+ * lg_nats_options_*) are checked on their error paths always, and end to
+ * end through a real nats-server when LG_NATS_URL names one, and one that
+ * wants a user and password when LG_NATS_AUTH_URL does
+ * (ffi-c/tests/run.sh starts both).
  *
  * Built as C11 with -Wall -Wextra -Wpedantic -Werror and run plain, under
  * valgrind memcheck and with ASan+UBSan by ffi-c/tests/run.sh. Exits 0 when
@@ -1087,6 +1089,75 @@ static void test_cluster_errors(void) {
     lg_monitor_free(m);
 }
 
+/* lg_nats_options: the connecting calls check the settings before they
+ * connect, with a message naming the setting. */
+static void test_nats_options_errors(void) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_reporter *rep = (lg_reporter *)(uintptr_t)0x1;
+    lg_subscription *sub = (lg_subscription *)(uintptr_t)0x1;
+    lg_nats_options *o = NULL;
+    INVALID(lg_nats_options_new(NULL));
+    CHECK(last_error_contains("out_options must not be NULL"));
+    OK(lg_nats_options_new(&o));
+    CHECK(o != NULL);
+
+    /* NULL handles and bad strings. */
+    INVALID(lg_nats_options_set_user_password(NULL, S("u"), S("p")));
+    CHECK(last_error_contains("options must not be NULL"));
+    INVALID(lg_nats_options_set_token(NULL, S("t")));
+    INVALID(lg_nats_options_set_credentials_file(NULL, S("x.creds")));
+    INVALID(lg_nats_options_set_tls_ca(NULL, S("ca.pem")));
+    INVALID(lg_nats_options_set_client_cert(NULL, S("c.pem"), S("k.pem")));
+    INVALID(lg_nats_options_set_token(o, NULL, 3));
+    CHECK(last_error_contains("token"));
+    INVALID(lg_nats_options_set_user_password(o, "\xff", 1, S("p")));
+    CHECK(last_error_contains("user is not valid UTF-8"));
+
+    /* The defaults, and NULL options, connect as the plain calls do. */
+    EXPECT(lg_reporter_new_with(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, o, &rep),
+           LG_TRANSPORT_ERROR);
+    CHECK(last_error_contains("cannot connect to NATS"));
+    EXPECT(lg_monitor_subscribe_nats_with(m, S(UNREACHABLE), S("ns"), NULL, &sub),
+           LG_TRANSPORT_ERROR);
+    INVALID(lg_reporter_new_with(S(UNREACHABLE), S("a.b"), 1, S("m"), NULL, o, &rep));
+    CHECK(last_error_contains("nats_namespace"));
+    INVALID(lg_monitor_subscribe_nats_with(m, S(UNREACHABLE), S("ns"), o, NULL));
+
+    /* A password without a user. */
+    OK(lg_nats_options_set_user_password(o, NULL, 0, S("p")));
+    INVALID(lg_reporter_new_with(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, o, &rep));
+    CHECK(last_error_contains("password is set without user"));
+    /* A user and password together with a token. */
+    OK(lg_nats_options_set_user_password(o, S("u"), S("p")));
+    OK(lg_nats_options_set_token(o, S("t")));
+    INVALID(lg_monitor_subscribe_nats_with(m, S(UNREACHABLE), S("ns"), o, &sub));
+    CHECK(last_error_contains("user/password and token"));
+    /* Cleared, the token alone passes the checks and fails at connecting. */
+    OK(lg_nats_options_set_user_password(o, NULL, 0, NULL, 0));
+    EXPECT(lg_monitor_subscribe_nats_with(m, S(UNREACHABLE), S("ns"), o, &sub),
+           LG_TRANSPORT_ERROR);
+    OK(lg_nats_options_set_token(o, NULL, 0));
+
+    /* Files that cannot be read, and incomplete pairs. */
+    OK(lg_nats_options_set_credentials_file(o, S("/nonexistent/loadgate.creds")));
+    INVALID(lg_reporter_new_with(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, o, &rep));
+    CHECK(last_error_contains("credentials file") && last_error_contains("cannot be read"));
+    OK(lg_nats_options_set_credentials_file(o, NULL, 0));
+    OK(lg_nats_options_set_tls_ca(o, S("/nonexistent/ca.pem")));
+    INVALID(lg_monitor_subscribe_nats_with(m, S(UNREACHABLE), S("ns"), o, &sub));
+    CHECK(last_error_contains("tls_ca file"));
+    OK(lg_nats_options_set_tls_ca(o, NULL, 0));
+    OK(lg_nats_options_set_client_cert(o, S("/nonexistent/c.pem"), NULL, 0));
+    INVALID(lg_reporter_new_with(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, o, &rep));
+    CHECK(last_error_contains("tls_cert is set without tls_key"));
+    CHECK(rep == (lg_reporter *)(uintptr_t)0x1 && sub == (lg_subscription *)(uintptr_t)0x1);
+
+    lg_nats_options_free(o);
+    lg_nats_options_free(NULL);
+    lg_monitor_free(m);
+}
+
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1229,6 +1300,42 @@ static void test_cluster_live(const char *url) {
     printf("c11 api: NATS round trip against %s took %.0f ms\n", url, now_ms() - t0);
 }
 
+/* A nats-server that wants user "loadgate" with password "s3cret"
+ * (ffi-c/tests/run.sh starts it): refused credentials are a transport
+ * error saying so; the right ones carry a report to a frontend. */
+static void test_cluster_auth_live(const char *url) {
+    const size_t url_len = strlen(url);
+    lg_monitor *front = NULL;
+    OK(lg_monitor_new(NULL, &front));
+    lg_nats_options *o = NULL;
+    OK(lg_nats_options_new(&o));
+    lg_subscription *sub = (lg_subscription *)(uintptr_t)0x1;
+    lg_reporter *w = (lg_reporter *)(uintptr_t)0x1;
+
+    EXPECT(lg_monitor_subscribe_nats(front, url, url_len, S("capi-auth"), &sub),
+           LG_TRANSPORT_ERROR);
+    CHECK(last_error_contains("authorization failed"));
+    OK(lg_nats_options_set_user_password(o, S("loadgate"), S("wrong")));
+    EXPECT(lg_reporter_new_with(url, url_len, S("capi-auth"), 5, S("llama"), NULL, o, &w),
+           LG_TRANSPORT_ERROR);
+    CHECK(last_error_contains("authorization failed") &&
+          last_error_contains("user and password"));
+    CHECK(sub == (lg_subscription *)(uintptr_t)0x1 && w == (lg_reporter *)(uintptr_t)0x1);
+
+    OK(lg_nats_options_set_user_password(o, S("loadgate"), S("s3cret")));
+    OK(lg_monitor_subscribe_nats_with(front, url, url_len, S("capi-auth"), o, &sub));
+    OK(lg_reporter_new_with(url, url_len, S("capi-auth"), 5, S("llama"), NULL, o, &w));
+    lg_nats_options_free(o); /* the handles keep their own copy */
+    lg_load_report r = kv_report(10, 100);
+    OK(lg_reporter_report(w, 0, &r));
+    CHECK(await_select(front, "llama", LG_OK, 5));
+
+    lg_reporter_free(w);
+    lg_subscription_free(sub);
+    lg_monitor_free(front);
+    printf("c11 api: NATS user/password checked against %s\n", url);
+}
+
 int main(void) {
     /* Read once per process, at the first call that needs it. */
     setenv("DYN_HTTP_OVERLOAD_STATUS_CODE", " 429 ", 1);
@@ -1242,11 +1349,18 @@ int main(void) {
     test_gate();
     test_gate_deadline();
     test_cluster_errors();
+    test_nats_options_errors();
     const char *nats_url = getenv("LG_NATS_URL");
     if (nats_url != NULL && nats_url[0] != '\0') {
         test_cluster_live(nats_url);
     } else {
         printf("c11 api: LG_NATS_URL is not set; the NATS round trip is skipped\n");
+    }
+    const char *auth_url = getenv("LG_NATS_AUTH_URL");
+    if (auth_url != NULL && auth_url[0] != '\0') {
+        test_cluster_auth_live(auth_url);
+    } else {
+        printf("c11 api: LG_NATS_AUTH_URL is not set; the NATS authentication is skipped\n");
     }
 
     printf("c11 api: %d checks passed\n", checks);
