@@ -950,6 +950,25 @@ enum lg_status lg_subscription_get_stats(const struct lg_subscription *subscript
                                          struct lg_subscription_stats *out_stats);
 
 /**
+ * Writes the subscription's counters (Prometheus text format, under the
+ * monitor's metrics prefix: messages by outcome, refusals by reason) into
+ * `buf`, with the snprintf semantics of lg_monitor_metrics().
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL subscription or out_needed, NULL buf
+ * with buf_len > 0), LG_BUFFER_TOO_SMALL.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: never (allocates).
+ *
+ * # Safety
+ * `subscription` is NULL or a live subscription; `buf` is NULL or valid
+ * for writes of `buf_len` bytes; `out_needed` is NULL or valid for writes.
+ */
+enum lg_status lg_subscription_metrics(const struct lg_subscription *subscription,
+                                       char *buf,
+                                       size_t buf_len,
+                                       size_t *out_needed);
+
+/**
  * Frees a subscription: unsubscribes, stops its expiry thread and closes
  * its connection. Workers it registered stay in the monitor (remove them
  * with lg_monitor_remove_worker() if needed). A message the NATS runtime

@@ -14,7 +14,7 @@ use loadgate_core::cluster::{
 };
 use loadgate_core::MonotonicClock;
 
-use crate::ffi::{boundary, guard, input, optional, optional_string, string, Error, Out};
+use crate::ffi::{boundary, guard, input, optional, optional_string, string, Error, Out, TextBuf};
 use crate::monitor::{lg_load_report, lg_monitor, lg_worker_spec};
 use crate::status::lg_status;
 
@@ -449,6 +449,35 @@ pub unsafe extern "C" fn lg_subscription_get_stats(
         // SAFETY: writable by the contract.
         unsafe { out.write(stats) };
         Ok(())
+    })
+}
+
+/// Writes the subscription's counters (Prometheus text format, under the
+/// monitor's metrics prefix: messages by outcome, refusals by reason) into
+/// `buf`, with the snprintf semantics of lg_monitor_metrics().
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL subscription or out_needed, NULL buf
+/// with buf_len > 0), LG_BUFFER_TOO_SMALL.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: any thread. Blocking: never (allocates).
+///
+/// # Safety
+/// `subscription` is NULL or a live subscription; `buf` is NULL or valid
+/// for writes of `buf_len` bytes; `out_needed` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_subscription_metrics(
+    subscription: *const lg_subscription,
+    buf: *mut c_char,
+    buf_len: usize,
+    out_needed: *mut usize,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `subscription` is NULL or live (contract).
+        let s = unsafe { input(subscription, "subscription") }?;
+        let text = TextBuf::new(buf, buf_len, out_needed)?;
+        let metrics = s.subscriber.metrics_text();
+        // SAFETY: buf and out_needed writable by the contract.
+        unsafe { text.write(metrics.as_bytes()) }
     })
 }
 

@@ -205,8 +205,9 @@ impl Subscription {
 
     /// Message counters so far: `applied` (reports applied to known
     /// workers), `announced` (workers registered from their first message),
-    /// `out_of_order`, `malformed`, `refused` (by the monitor) and `expired`
-    /// (workers removed after going silent).
+    /// `out_of_order`, `malformed` (not read: too large, not decodable),
+    /// `refused` (decoded but refused: a spoofed sender, a limit, the
+    /// monitor) and `expired` (workers removed after going silent).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.subscriber.stats();
         let d = PyDict::new(py);
@@ -217,6 +218,23 @@ impl Subscription {
         d.set_item("refused", s.refused)?;
         d.set_item("expired", s.expired)?;
         Ok(d)
+    }
+
+    /// Messages not applied so far, by reason (every reason, zeros
+    /// included): `oversized`, `malformed`, `spoofed`, `too_many_ranks`,
+    /// `name_too_long`, `too_many_models`, `backlog`, ... (docs/limits.md).
+    fn refusals<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (reason, n) in self.subscriber.refusals() {
+            d.set_item(reason, n)?;
+        }
+        Ok(d)
+    }
+
+    /// The counters in Prometheus text format, under the monitor's metrics
+    /// prefix: messages by outcome and refusals by reason.
+    fn metrics_text(&self) -> String {
+        self.subscriber.metrics_text()
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

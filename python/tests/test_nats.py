@@ -272,3 +272,21 @@ r.close(); s.close()
     r = run_python(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "True"]
+
+
+def test_a_frontend_refuses_what_its_limits_do_not_allow_and_counts_why(nats_url: str) -> None:
+    m = Monitor(max_ranks_per_worker=2, max_models=1)
+    with m.subscribe_nats(nats_url, "limits") as sub, \
+            Reporter(nats_url, 1, "m", namespace="limits", dp_size=2) as ok, \
+            Reporter(nats_url, 2, "m", namespace="limits", dp_size=4) as wide, \
+            Reporter(nats_url, 3, "other", namespace="limits") as other:
+        ok.report(1, kv_used_blocks=5)
+        wait_for(lambda: m.workers("m"), lambda w: w == [1])
+        wait_for(lambda: sub.refusals(), lambda r: r["too_many_ranks"] > 0 and r["too_many_models"] > 0)
+        assert m.models() == ["m"] and m.workers("m") == [1]
+        assert sub.stats()["refused"] >= 2
+        assert all(n == 0 for reason, n in sub.refusals().items()
+                   if reason not in ("too_many_ranks", "too_many_models"))
+        text = sub.metrics_text()
+        assert 'dynamo_frontend_load_messages_refused_total{reason="too_many_ranks"}' in text
+        del wide, other

@@ -227,6 +227,38 @@ static void test_monitor_config(void) {
     CHECK(c.lease_ms == 1000 && c.stale_after_ms == 3000);
     CHECK(c.staleness == LG_STALENESS_KEEP && c.max_workers_per_model == 4096);
     CHECK(c.metrics_prefix == NULL && c.metrics_prefix_len == 0);
+    CHECK(c.max_models == 256 && c.max_workers == 16384 && c.max_ranks_per_worker == 1024);
+    CHECK(c.max_ranks == 65536 && c.max_name_len == 256);
+
+    /* Sizes are bounded before anything is allocated: 2^31 ranks were 120 GB. */
+    OK(lg_monitor_new(&c, &m));
+    lg_worker_spec huge;
+    memset(&huge, 0, sizeof huge);
+    huge.dp_size = UINT32_C(1) << 31;
+    INVALID(lg_monitor_add_worker(m, S("m"), 1, &huge));
+    CHECK(last_error_contains("max_ranks_per_worker"));
+    char long_name[300];
+    memset(long_name, 'x', sizeof long_name);
+    INVALID(lg_monitor_add_worker(m, long_name, sizeof long_name, NULL));
+    CHECK(last_error_contains("max_name_len"));
+    lg_monitor_free(m);
+    m = NULL;
+    c.max_models = 1;
+    c.max_workers = 2;
+    OK(lg_monitor_new(&c, &m));
+    OK(lg_monitor_add_worker(m, S("a"), 1, NULL));
+    INVALID(lg_monitor_add_worker(m, S("b"), 2, NULL));
+    CHECK(last_error_contains("max_models"));
+    OK(lg_monitor_add_worker(m, S("a"), 2, NULL));
+    INVALID(lg_monitor_add_worker(m, S("a"), 3, NULL));
+    CHECK(last_error_contains("max_workers"));
+    lg_monitor_free(m);
+    m = NULL;
+    OK(lg_monitor_config_default(&c));
+    c.max_ranks_per_worker = 0;
+    INVALID(lg_monitor_new(&c, &m));
+    CHECK(last_error_contains("max_ranks_per_worker"));
+    OK(lg_monitor_config_default(&c));
 
     /* Invalid settings: nothing is created, the out-parameter is untouched. */
     lg_monitor *untouched = (lg_monitor *)&c;
@@ -1278,6 +1310,16 @@ static void test_cluster_live(const char *url) {
     CHECK(ss.announced == 2 && ss.applied >= 4);
     CHECK(ss.malformed == 0 && ss.refused == 0 && ss.expired == 0);
     INVALID(lg_subscription_get_stats(sub, NULL));
+    size_t sub_needed = 0;
+    EXPECT(lg_subscription_metrics(sub, NULL, 0, &sub_needed), LG_BUFFER_TOO_SMALL);
+    CHECK(sub_needed > 0);
+    char sub_text[8192];
+    OK(lg_subscription_metrics(sub, sub_text, sizeof sub_text, &sub_needed));
+    CHECK(strstr(sub_text, "dynamo_frontend_load_messages_total{outcome=\"announced\"} 2") != NULL);
+    CHECK(strstr(sub_text, "dynamo_frontend_load_messages_refused_total{reason=\"spoofed\"} 0") !=
+          NULL);
+    INVALID(lg_subscription_metrics(NULL, sub_text, sizeof sub_text, &sub_needed));
+    INVALID(lg_subscription_metrics(sub, sub_text, sizeof sub_text, NULL));
 
     lg_subscription_stats none;
     OK(lg_subscription_get_stats(sub3, &none));
