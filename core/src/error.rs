@@ -76,7 +76,7 @@ impl Reason {
     /// The HTTP status to answer with, using the process's overload status.
     pub fn http_status(self) -> u16 {
         if self.is_overload() {
-            crate::http::overload_status()
+            crate::status::overload_status()
         } else {
             503
         }

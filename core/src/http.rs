@@ -16,7 +16,6 @@
 
 mod auth;
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
@@ -25,31 +24,17 @@ use crate::error::{Reason, ThresholdError};
 use crate::monitor::{Monitor, ThresholdState};
 use crate::thresholds::{ThresholdField, ThresholdUpdate};
 
+pub use crate::status::{
+    overload_status, parse_overload_status, DEFAULT_OVERLOAD_STATUS, OVERLOAD_STATUS_ENV,
+};
 pub use auth::{AuthFailure, ControlAuth, ControlAuthError, BEARER_CHALLENGE};
 
-/// Environment variable overriding the overload status code.
-pub const OVERLOAD_STATUS_ENV: &str = "DYN_HTTP_OVERLOAD_STATUS_CODE";
-/// The overload status used when none (or an invalid one) is configured.
-pub const DEFAULT_OVERLOAD_STATUS: u16 = 529;
 /// Header carrying the machine-readable rejection reason.
 pub const REASON_HEADER: &str = "x-loadgate-reason";
 /// Largest `/busy_threshold` body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The `Allow` header value sent with a 405 from `/busy_threshold`.
 pub const BUSY_THRESHOLD_METHODS: &str = "GET, HEAD, POST";
-
-/// The overload status rule applied to the raw env value.
-pub fn parse_overload_status(raw: Option<&str>) -> u16 {
-    raw.and_then(|s| s.trim().parse::<u16>().ok())
-        .filter(|code| (200..=999).contains(code))
-        .unwrap_or(DEFAULT_OVERLOAD_STATUS)
-}
-
-/// The process's overload status: `DYN_HTTP_OVERLOAD_STATUS_CODE`, read once.
-pub fn overload_status() -> u16 {
-    static CODE: OnceLock<u16> = OnceLock::new();
-    *CODE.get_or_init(|| parse_overload_status(std::env::var(OVERLOAD_STATUS_ENV).ok().as_deref()))
-}
 
 /// The shape of an error body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -391,32 +376,6 @@ fn parse_update(obj: &Map<String, Value>) -> Result<ThresholdUpdate, HttpError> 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-
-    #[test]
-    fn overload_status_parse_table() {
-        for raw in [
-            None,
-            Some(""),
-            Some("abc"),
-            Some("99"),
-            Some("100"),
-            Some("199"),
-            Some("1000"),
-            Some("-529"),
-            Some("5 29"),
-        ] {
-            assert_eq!(parse_overload_status(raw), 529, "{raw:?}");
-        }
-        for (raw, code) in [
-            ("200", 200),
-            (" 429 ", 429),
-            ("503", 503),
-            ("999", 999),
-            ("\t529\n", 529),
-        ] {
-            assert_eq!(parse_overload_status(Some(raw)), code, "{raw:?}");
-        }
-    }
 
     #[test]
     fn retry_after_rounds_up_to_whole_seconds() {

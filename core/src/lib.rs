@@ -24,9 +24,11 @@ pub mod error;
 pub mod gate;
 pub mod http;
 pub mod limits;
+mod load;
 pub mod metrics;
 pub mod monitor;
 mod pick_cache;
+mod status;
 mod sync;
 pub mod thresholds;
 pub mod wire;
@@ -39,7 +41,6 @@ pub use gate::{
     GateConfig, GateStats, OwnedPermit, Permit, TryAdmitError,
 };
 pub use limits::Limits;
-pub use monitor::{
-    Booking, LoadReport, Monitor, MonitorConfig, Policy, Route, Staleness, WorkerSpec,
-};
+pub use load::{LoadReport, WorkerSpec};
+pub use monitor::{Booking, Monitor, MonitorConfig, Policy, Route, Staleness};
 pub use thresholds::{ThresholdField, ThresholdUpdate, Thresholds};

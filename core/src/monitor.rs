@@ -37,6 +37,7 @@ use crate::clock::{nanos, MonotonicClock, SharedClock};
 use crate::combine::Combiner;
 use crate::error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
 use crate::limits::Limits;
+use crate::load::{LoadReport, WorkerSpec, UNREPORTED};
 use crate::metrics;
 use crate::pick_cache::{PickCache, Stamp};
 use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
@@ -44,9 +45,6 @@ use crate::thresholds::{RankLoad, ThresholdUpdate, Thresholds, DEFAULT_MAX_NUM_B
 
 /// Endpoint label used when the caller names none.
 pub const DEFAULT_ENDPOINT: &str = "generate";
-
-/// Marks `active_prefill_tokens` as never reported.
-const UNREPORTED: u64 = u64::MAX;
 
 /// Routing policy for [`Monitor::select`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -155,45 +153,6 @@ impl fmt::Display for MonitorConfigError {
 }
 
 impl std::error::Error for MonitorConfigError {}
-
-/// How a worker is declared: its ranks and known capacities.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerSpec {
-    /// First data-parallel rank.
-    pub dp_start: u32,
-    /// Number of ranks (0 is allowed: a worker with no ranks is never busy).
-    pub dp_size: u32,
-    /// KV cache capacity of every rank, if known.
-    pub kv_total_blocks: Option<u64>,
-    /// Prefill batch capacity of every rank, if known.
-    pub max_num_batched_tokens: Option<u64>,
-}
-
-impl Default for WorkerSpec {
-    fn default() -> Self {
-        Self {
-            dp_start: 0,
-            dp_size: 1,
-            kv_total_blocks: None,
-            max_num_batched_tokens: None,
-        }
-    }
-}
-
-/// One load report for one rank: absent fields keep their value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LoadReport {
-    /// Router-side active decode blocks.
-    pub active_decode_blocks: Option<u64>,
-    /// KV cache blocks in use.
-    pub kv_used_blocks: Option<u64>,
-    /// KV cache capacity.
-    pub kv_total_blocks: Option<u64>,
-    /// Prefill tokens in flight.
-    pub active_prefill_tokens: Option<u64>,
-    /// Prefill batch capacity.
-    pub max_num_batched_tokens: Option<u64>,
-}
 
 /// A model's thresholds and the version of the last update.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -1145,12 +1104,7 @@ impl Monitor {
     ) -> Result<(), ReportError> {
         let reg = self.registry.load();
         let result = Self::rank_of(&reg, worker_id, dp_rank).and_then(|(worker, rank)| {
-            if report.active_prefill_tokens == Some(UNREPORTED) {
-                return Err(ReportError::InvalidValue {
-                    field: "active_prefill_tokens",
-                    value: UNREPORTED,
-                });
-            }
+            report.check()?;
             rank.apply(report);
             worker.reevaluate();
             let model = &worker.model;

@@ -18,7 +18,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::monitor::LoadReport;
+use crate::error::ReportError;
+use crate::load::LoadReport;
 
 /// The schema version this crate writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -433,10 +434,9 @@ fn validate(msg: &LoadRef<'_>) -> Result<(), WireError> {
             msg.dp_rank, msg.dp_start
         )));
     }
-    if msg.report.active_prefill_tokens == Some(u64::MAX) {
-        return Err(WireError::Invalid(
-            "active_prefill_tokens out of range".into(),
-        ));
+    // The same value check as the monitor's, worded as a wire error.
+    if let Err(ReportError::InvalidValue { field, .. }) = msg.report.check() {
+        return Err(WireError::Invalid(format!("{field} out of range")));
     }
     Ok(())
 }

@@ -4,9 +4,9 @@ use std::ffi::c_char;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loadgate_core::monitor::{LoadReport, Monitor, MonitorConfig, Policy, Staleness, WorkerSpec};
+use loadgate_core::monitor::{Monitor, MonitorConfig, Policy, Staleness};
 use loadgate_core::thresholds::{ThresholdField, ThresholdUpdate};
-use loadgate_core::{Limits, MonotonicClock};
+use loadgate_core::{Limits, LoadReport, MonotonicClock, WorkerSpec};
 
 use crate::ffi::{guard, input, optional, optional_string, slice, string, Error, Out, TextBuf};
 use crate::status::lg_status;

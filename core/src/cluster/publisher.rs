@@ -10,7 +10,7 @@ use super::{lock, ClusterError, Subjects, Transport};
 use crate::clock::{nanos, MonotonicClock, SharedClock};
 use crate::error::ReportError;
 use crate::limits::Limits;
-use crate::monitor::LoadReport;
+use crate::load::LoadReport;
 use crate::wire::{LoadMessage, SCHEMA_VERSION};
 
 /// Default heartbeat period of a publisher.
@@ -180,12 +180,7 @@ impl Publisher {
                 dp_start: c.dp_start,
                 dp_size: c.dp_size,
             })?;
-        if report.active_prefill_tokens == Some(u64::MAX) {
-            return Err(ReportError::InvalidValue {
-                field: "active_prefill_tokens",
-                value: u64::MAX,
-            });
-        }
+        report.check()?;
         let mut state = lock(&self.inner.state);
         let rank = &mut state.ranks[index as usize];
         merge(&mut rank.load, report);

@@ -34,8 +34,9 @@ use foldhash::fast::RandomState;
 use super::{lock, ClusterError, Subjects, Subscription, Transport, DEFAULT_HEARTBEAT};
 use crate::clock::{nanos, SharedClock};
 use crate::error::{ReportError, WorkerError};
+use crate::load::WorkerSpec;
 use crate::metrics;
-use crate::monitor::{Monitor, WorkerSpec};
+use crate::monitor::Monitor;
 use crate::wire::{decode_ref, DecodedRef, LoadMessage, LoadRef, WireError};
 
 /// Default [`SubscriberConfig::max_payload`].
