@@ -11,9 +11,12 @@
 //!   exactly `N` running plus `Q` queued, rejecting the rest with
 //!   "Server overloaded: worker at capacity".
 //!
-//! Hot paths (reporting load, checking and selecting workers, direct admission
-//! and release) are lock-free and allocation-free; cold paths (adding workers,
-//! changing thresholds, rendering metrics) may lock and allocate.
+//! Hot paths (reporting load, checking and selecting workers, and the gate's
+//! direct admission, release while nobody is queued, and rejection) are
+//! lock-free and allocation-free. The gate's queue (enqueue, handoff to a
+//! waiter, cancel, every poll of a queued future) takes a short mutex and
+//! allocates nothing. Cold paths (adding workers, changing thresholds,
+//! rendering metrics) may lock and allocate.
 
 pub mod busy_set;
 pub mod clock;
