@@ -21,6 +21,9 @@
 //! Files: `transport.rs` (subjects, the [`Transport`] trait, the in-process
 //! bus), `publisher.rs` (worker side), `subscriber.rs` (frontend side) and
 //! `nats.rs` (the NATS transport).
+//!
+//! [`LoadMessage`]: crate::wire::LoadMessage
+//! [`Monitor`]: crate::Monitor
 
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};

@@ -508,8 +508,8 @@ impl Subscriber {
         }
     }
 
-    /// Refusals so far, by reason (every reason of [`REFUSAL_REASONS`],
-    /// zeros included).
+    /// Refusals so far, by reason (every reason a message can be refused
+    /// for, zeros included).
     pub fn refusals(&self) -> [(&'static str, u64); REFUSAL_REASONS.len()] {
         std::array::from_fn(|i| (REFUSAL_REASONS[i], self.refusals[i].load(Ordering::Relaxed)))
     }
