@@ -25,6 +25,11 @@ cargo fmt --all -- --check
 step "lint"
 cargo clippy --workspace --all-targets --features loadgate/nats -- -D warnings
 
+# No broken or private links in the crate's docs. The README's Rust code runs
+# as doctests in the next step (core/src/lib.rs includes it under cfg(doctest)).
+step "API docs"
+RUSTDOCFLAGS="-D warnings" cargo doc -p loadgate --no-deps --features nats
+
 # Includes the C ABI suite (ffi-c/tests/run.sh via tests/c_suite.rs): header
 # drift check, then the C11 and C++17 programs built through pkg-config and
 # CMake, run plain, under valgrind memcheck and with ASan+UBSan.
@@ -57,7 +62,7 @@ step "Python module: pip install ./python; pytest"
 # Every fuzz target for 30 s (FUZZ_SECONDS) from its committed seeds
 # (cargo-fuzz on nightly, installed from crates.io when missing), then the
 # threaded stress tests under ThreadSanitizer with an instrumented std.
-# README "Verification" lists every check.
+# docs/verification.md lists every check.
 step "fuzz targets (${FUZZ_SECONDS:=30}s each)"
 ./ci/fuzz.sh "$FUZZ_SECONDS"
 step "ThreadSanitizer: threaded stress tests"
