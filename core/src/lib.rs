@@ -47,3 +47,7 @@ pub use limits::Limits;
 pub use load::{LoadReport, WorkerSpec};
 pub use monitor::{Booking, Monitor, MonitorConfig, Policy, Route, Staleness};
 pub use thresholds::{ThresholdField, ThresholdUpdate, Thresholds};
+
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
