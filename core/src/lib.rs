@@ -18,10 +18,8 @@
 //! allocates nothing. Cold paths (adding workers, changing thresholds,
 //! rendering metrics) may lock and allocate.
 
-pub mod busy_set;
 pub mod clock;
 pub mod cluster;
-mod combine;
 mod counter;
 pub mod error;
 pub mod gate;
@@ -30,13 +28,11 @@ pub mod limits;
 mod load;
 pub mod metrics;
 pub mod monitor;
-mod pick_cache;
 mod status;
 mod sync;
 pub mod thresholds;
 pub mod wire;
 
-pub use busy_set::BusySet;
 pub use clock::{Clock, ManualClock, MonotonicClock, SharedClock};
 pub use error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
 pub use gate::{
@@ -45,6 +41,7 @@ pub use gate::{
 };
 pub use limits::Limits;
 pub use load::{LoadReport, WorkerSpec};
+pub use monitor::busy_set::BusySet;
 pub use monitor::{Booking, Monitor, MonitorConfig, Policy, Route, Staleness};
 pub use thresholds::{ThresholdField, ThresholdUpdate, Thresholds};
 

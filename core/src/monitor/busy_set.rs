@@ -16,6 +16,11 @@
 //! that change (never a torn word, never a lost change that was stamped).
 //! Single-bit reads ([`BusySet::contains`]) are always current to the latest
 //! completed change.
+//!
+//! # Layout
+//!
+//! Slot `s` is bit `s % 64` of word `s / 64`; the epoch is a plain count of
+//! the changes made so far (64 bits, so it never wraps in practice).
 
 use crate::sync::{AtomicU64, Ordering};
 
@@ -134,7 +139,8 @@ impl BusySet {
     /// The epoch: the number of changes made so far.
     #[inline]
     pub fn epoch(&self) -> u64 {
-        // Acquire: see the module docs.
+        // Acquire: pairs with the Release bump in `insert`/`remove`, so the
+        // bit changes an epoch counts are visible to whoever reads it.
         self.epoch.load(Ordering::Acquire)
     }
 

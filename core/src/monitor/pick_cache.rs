@@ -33,7 +33,7 @@
 //! started with. A reader whose first load saw a builder's final even `seq`
 //! sees everything that builder wrote.
 
-use crate::busy_set::BitIter;
+use super::busy_set::BitIter;
 use crate::sync::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// The epochs a list is valid for.
@@ -90,7 +90,11 @@ impl PickCache {
         stamp: Stamp,
         mut random: impl FnMut(usize) -> usize,
     ) -> Option<[usize; K]> {
+        // Acquire: pairs with the builder's final Release store of `seq`, so
+        // an even value means that builder's list is visible.
         let seq = self.seq.load(Ordering::Acquire);
+        // Relaxed stamp, length and slot loads: a torn read is caught by the
+        // fence and the second `seq` load below, and then discarded.
         if seq & 1 == 1
             || self.busy.load(Ordering::Relaxed) != stamp.busy
             || self.members.load(Ordering::Relaxed) != stamp.members
@@ -103,6 +107,9 @@ impl PickCache {
         }
         let picks =
             std::array::from_fn(|_| self.slots[random(len)].load(Ordering::Relaxed) as usize);
+        // Acquire fence: pairs with a builder's Release fence, so reading
+        // anything it wrote makes its odd `seq` visible to the load below,
+        // which therefore needs no ordering of its own.
         fence(Ordering::Acquire);
         (self.seq.load(Ordering::Relaxed) == seq).then_some(picks)
     }
@@ -112,9 +119,13 @@ impl PickCache {
     /// the list on the second offer at the same stamp; see the module docs.
     pub(crate) fn offer(&self, stamp: Stamp, eligible: &[u64]) {
         let key = stamp.key();
+        // Relaxed: a hint that only decides whether to rebuild; a lost
+        // update costs one more miss.
         if self.missed_at.swap(key, Ordering::Relaxed) != key {
             return;
         }
+        // Relaxed load and exchange: they only claim the list; the Release
+        // fence after the claim orders it before the writes.
         let seq = self.seq.load(Ordering::Relaxed);
         if seq & 1 == 1
             || self
@@ -124,6 +135,8 @@ impl PickCache {
         {
             return;
         }
+        // Release fence: pairs with the readers' Acquire fence (module docs);
+        // the Relaxed writes below are ordered after the odd `seq`.
         fence(Ordering::Release);
         self.busy.store(stamp.busy, Ordering::Relaxed);
         self.members.store(stamp.members, Ordering::Relaxed);
@@ -137,6 +150,7 @@ impl PickCache {
             len += 1;
         }
         self.len.store(len, Ordering::Relaxed);
+        // Release: pairs with the readers' first Acquire load of `seq`.
         self.seq.store(seq + 2, Ordering::Release);
     }
 }

@@ -72,6 +72,7 @@ impl Combiner {
     /// this change has completed. For cold paths (threshold updates, removal,
     /// sweeps) that promise their effect before returning.
     pub(crate) fn run_and_wait(&self, publish: impl FnMut()) {
+        // AcqRel: as in `run`.
         let prev = self.state.fetch_add(1, Ordering::AcqRel);
         if prev & PENDING == 0 {
             self.publish_until_quiet(prev + 1, publish);

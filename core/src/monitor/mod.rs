@@ -1,0 +1,511 @@
+//! The frontend monitor: load table, busy rule, busy set and router.
+//!
+//! A [`Monitor`] holds every worker of every model a frontend routes to.
+//!
+//! * **Load table.** Each worker owns one `Rank` per declared data-parallel
+//!   rank, with one atomic per load field. A field has a single owner: a
+//!   report of `kv_used_blocks` never touches `active_decode_blocks`, which
+//!   the router's [`Booking`]s own. An absent field keeps its value; a present
+//!   `0` overwrites.
+//! * **Busy rule.** After any change the worker's busy state is recomputed
+//!   from the latest inputs by [`Thresholds::rank_busy`] (all ranks busy ⇒
+//!   worker busy) and published through a `Combiner`, so concurrent writers
+//!   never publish a stale result and never wait for one another.
+//! * **Busy set.** Each model numbers its workers with dense slots and keeps a
+//!   [`BusySet`] plus a membership bitset and an overload-lease bitset.
+//!   Routing ANDs the words together and picks a bit: no lock, no
+//!   allocation, and no clock read unless a lease is outstanding. Random and
+//!   power-of-two picks are uniform over the eligible workers: a few random
+//!   probes while most are free, otherwise one index into a `PickCache`
+//!   (the free workers listed at the current busy and membership epochs,
+//!   rebuilt by a router that counted the model twice at the same epochs),
+//!   and an exact count when neither answers.
+//! * **Registry.** Worker and model lookup goes through an immutable snapshot
+//!   swapped with `arc-swap` when workers come and go (the cold path), so
+//!   lookups on the hot path are lock-free.
+//!
+//! # Files
+//!
+//! One algorithm or concern per file, lowest layer first:
+//!
+//! * `busy_set.rs`: epoch-stamped atomic bitsets ([`BusySet`]);
+//! * `combine.rs`: combining publication (one publisher, writers never wait);
+//! * `pick_cache.rs`: the sequence-locked list of free workers;
+//! * `config.rs`: [`MonitorConfig`], [`Policy`], [`Staleness`], [`ThresholdState`];
+//! * `model.rs`: a model's slots, bitsets, leases and counters;
+//! * `rank.rs`: the load table (`Rank`, `Worker`) and the busy-rule publisher;
+//! * `pick.rs`: the round-robin, random and power-of-two picks;
+//! * `registry.rs`: the RCU registry, adding and removing workers;
+//! * `route.rs`, `booking.rs`: the [`Route`] and [`Booking`] handles;
+//! * `metrics.rs`: counters and the Prometheus rendering;
+//! * this file: the [`Monitor`] type and its hot paths, thresholds and sweep.
+//!
+//! # Orderings in this file
+//!
+//! The hot paths here only look up the registry snapshot and call into the
+//! model and the worker; the orderings they rely on are explained in
+//! `model.rs` (bitsets and slot data) and `rank.rs` (load fields). The
+//! `Relaxed` accesses below are counters, hints re-checked against the
+//! bitsets, or inputs released by a combiner registration that follows.
+//!
+//! [`BusySet`]: crate::BusySet
+//! [`Thresholds::rank_busy`]: crate::Thresholds::rank_busy
+
+mod booking;
+pub(crate) mod busy_set;
+mod combine;
+mod config;
+mod metrics;
+mod model;
+mod pick;
+mod pick_cache;
+mod rank;
+mod registry;
+mod route;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+pub use booking::Booking;
+pub use config::{
+    MonitorConfig, MonitorConfigError, Policy, Staleness, ThresholdState, DEFAULT_ENDPOINT,
+};
+pub use route::Route;
+
+use busy_set::BitIter;
+use metrics::REFUSED_KINDS;
+use model::Model;
+use rank::{Rank, Worker};
+use registry::Registry;
+
+use crate::clock::{nanos, MonotonicClock, SharedClock};
+use crate::error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
+use crate::load::LoadReport;
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::thresholds::{RankLoad, ThresholdUpdate};
+
+/// The frontend's view of every worker's load, and its router.
+///
+/// All methods take `&self`; share the monitor between threads with an `Arc`.
+/// Hot paths — [`report`](Self::report), [`is_busy`](Self::is_busy),
+/// [`check`](Self::check), [`select`](Self::select),
+/// [`select_min_cost`](Self::select_min_cost) and [`Booking`] updates — are
+/// lock-free and allocation-free (after a thread's first call).
+///
+/// Ordering guarantee: once `report` (or a booking update) returns, any
+/// `select` that starts afterwards sees the busy state computed from that
+/// report or from a newer one — unless another thread is publishing that
+/// worker at the same moment, in which case it sees it as soon as that
+/// thread's publication lands. Threshold updates, removals and sweeps wait
+/// for their publication before returning.
+pub struct Monitor {
+    registry: ArcSwap<Registry>,
+    writer: Mutex<()>,
+    clock: SharedClock,
+    config: MonitorConfig,
+    lease_nanos: u64,
+    refused: [AtomicU64; 3],
+    refused_workers: [AtomicU64; WorkerError::ADD_KINDS.len()],
+}
+
+impl fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Monitor")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Monitor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Monitor {
+    /// A monitor with default settings on the monotonic clock.
+    pub fn new() -> Self {
+        Self::with_config(MonitorConfig::default(), MonotonicClock::shared())
+            .expect("default config is valid")
+    }
+
+    /// A monitor with the given settings and clock.
+    pub fn with_config(
+        config: MonitorConfig,
+        clock: SharedClock,
+    ) -> Result<Self, MonitorConfigError> {
+        config.validate()?;
+        Ok(Self {
+            registry: ArcSwap::from_pointee(Registry::default()),
+            writer: Mutex::new(()),
+            clock,
+            lease_nanos: nanos(config.lease),
+            config,
+            refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            refused_workers: Default::default(),
+        })
+    }
+
+    /// The settings this monitor was built with.
+    pub fn config(&self) -> &MonitorConfig {
+        &self.config
+    }
+
+    // -- load (hot path) ----------------------------------------------------
+
+    /// Applies one load report to one rank and re-evaluates the worker.
+    ///
+    /// An absent field keeps its value; a present `0` overwrites. Reports for
+    /// unknown workers, undeclared ranks or out-of-range values are refused,
+    /// counted, and change nothing. A report that leaves the worker not busy
+    /// ends its overload lease.
+    #[inline]
+    pub fn report(
+        &self,
+        worker_id: u64,
+        dp_rank: u32,
+        report: &LoadReport,
+    ) -> Result<(), ReportError> {
+        let reg = self.registry.load();
+        let result = Self::rank_of(&reg, worker_id, dp_rank).and_then(|(worker, rank)| {
+            report.check()?;
+            rank.apply(report);
+            worker.reevaluate();
+            let model = &worker.model;
+            // Relaxed hint: a lease set while this report lands ends at its
+            // deadline or at the next report instead.
+            if model.leases_out.load(Ordering::Relaxed) != 0 && !model.busy.contains(worker.slot) {
+                model.end_lease(worker.slot);
+            }
+            Ok(())
+        });
+        if let Err(e) = &result {
+            let i = REFUSED_KINDS
+                .iter()
+                .position(|k| *k == e.kind())
+                .unwrap_or(0);
+            // Relaxed: a counter for metrics.
+            self.refused[i].fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    #[inline]
+    fn rank_of(
+        reg: &Registry,
+        worker_id: u64,
+        dp_rank: u32,
+    ) -> Result<(&Arc<Worker>, &Rank), ReportError> {
+        let worker = reg
+            .workers
+            .get(&worker_id)
+            .ok_or(ReportError::UnknownWorker(worker_id))?;
+        Ok((worker, worker.rank(dp_rank)?))
+    }
+
+    /// The latest load of one rank.
+    pub fn rank_load(&self, worker_id: u64, dp_rank: u32) -> Result<RankLoad, ReportError> {
+        let reg = self.registry.load();
+        Self::rank_of(&reg, worker_id, dp_rank).map(|(_, rank)| rank.load())
+    }
+
+    /// Books `blocks` KV blocks of a routed request on a worker rank (the
+    /// router-side `active_decode_blocks`). Add generated output with
+    /// [`Booking::add_output_blocks`]; the blocks are freed when the booking
+    /// is released or dropped.
+    pub fn book(&self, worker_id: u64, dp_rank: u32, blocks: u64) -> Result<Booking, ReportError> {
+        let reg = self.registry.load();
+        let (worker, _) = Self::rank_of(&reg, worker_id, dp_rank)?;
+        let rank_index = (dp_rank - worker.dp_start) as usize;
+        Ok(Booking::new(worker.clone(), rank_index, blocks))
+    }
+
+    // -- busy state (hot path) ---------------------------------------------
+
+    /// Whether the worker is busy by its model's thresholds (leases aside).
+    #[inline]
+    pub fn is_busy(&self, worker_id: u64) -> Result<bool, RouteError> {
+        let reg = self.registry.load();
+        let w = reg
+            .workers
+            .get(&worker_id)
+            .ok_or(RouteError::UnknownWorker(worker_id))?;
+        Ok(w.model.busy.contains(w.slot))
+    }
+
+    /// Ids of `model`'s busy workers, ascending (empty for an unknown model).
+    pub fn busy_workers(&self, model: &str) -> Vec<u64> {
+        let reg = self.registry.load();
+        let Some(m) = reg.models.get(model) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<u64> = m
+            .busy
+            .iter()
+            .filter(|&s| m.members.contains(s))
+            // Relaxed: ordered by the Acquire load of the member word.
+            .map(|s| m.ids[s].load(Ordering::Relaxed))
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The busy-set epoch of `model` (number of busy-bit changes so far).
+    pub fn busy_epoch(&self, model: &str) -> Option<u64> {
+        self.registry
+            .load()
+            .models
+            .get(model)
+            .map(|m| m.busy.epoch())
+    }
+
+    // -- routing (hot path) -------------------------------------------------
+
+    /// Picks a worker of `model` that is not busy and not under a lease.
+    ///
+    /// [`RouteError::Unavailable`] when the model has no workers,
+    /// [`RouteError::Overloaded`] (counted under [`DEFAULT_ENDPOINT`]) when
+    /// none is eligible.
+    #[inline]
+    pub fn select(&self, model: &str, policy: Policy) -> Result<u64, RouteError> {
+        self.select_at(model, policy, DEFAULT_ENDPOINT)
+    }
+
+    /// [`select`](Self::select), counting a rejection under `endpoint`.
+    #[inline]
+    pub fn select_at(
+        &self,
+        model: &str,
+        policy: Policy,
+        endpoint: &str,
+    ) -> Result<u64, RouteError> {
+        match self.registry.load().models.get(model) {
+            Some(m) => m.select(policy, &self.clock, endpoint),
+            None => Err(RouteError::Unavailable),
+        }
+    }
+
+    /// Picks the eligible worker of `model` with the lowest caller-given cost
+    /// (for KV-overlap routers). Candidates that are unknown, of another
+    /// model, busy or leased are skipped; NaN costs rank last; ties keep the
+    /// first. Allocation-free: the costs are read straight from the iterator.
+    #[inline]
+    pub fn select_min_cost<I>(&self, model: &str, costs: I) -> Result<u64, RouteError>
+    where
+        I: IntoIterator<Item = (u64, f64)>,
+    {
+        let reg = self.registry.load();
+        let m = Self::routable(&reg, model)?;
+        let mut now = None;
+        let mut best = None;
+        // NaN until a candidate wins, so that no comparison skips the first.
+        let mut best_cost = f64::NAN;
+        for (id, cost) in costs {
+            let cost = if cost.is_nan() { f64::INFINITY } else { cost };
+            // Only a candidate that would win is looked up: with costs in
+            // random order that is a handful of the candidates, not all.
+            if cost >= best_cost {
+                continue;
+            }
+            let Some(w) = reg.workers.get(&id) else {
+                continue;
+            };
+            if !Arc::ptr_eq(&w.model, m)
+                || m.busy.contains(w.slot)
+                || m.lease_active(w.slot, &mut now, &self.clock)
+            {
+                continue;
+            }
+            best = Some(id);
+            best_cost = cost;
+        }
+        best.ok_or_else(|| m.overloaded(DEFAULT_ENDPOINT))
+    }
+
+    /// Checks a pinned worker: [`RouteError::WorkerOverloaded`] (counted)
+    /// when it is busy or under a lease.
+    #[inline]
+    pub fn check(&self, worker_id: u64) -> Result<(), RouteError> {
+        self.check_at(worker_id, DEFAULT_ENDPOINT)
+    }
+
+    /// [`check`](Self::check), counting a rejection under `endpoint`.
+    #[inline]
+    pub fn check_at(&self, worker_id: u64, endpoint: &str) -> Result<(), RouteError> {
+        let reg = self.registry.load();
+        let w = reg
+            .workers
+            .get(&worker_id)
+            .ok_or(RouteError::UnknownWorker(worker_id))?;
+        let m = &w.model;
+        if m.busy.contains(w.slot) || m.lease_active(w.slot, &mut None, &self.clock) {
+            m.count_rejection(Reason::WorkerOverloaded, endpoint);
+            return Err(RouteError::WorkerOverloaded);
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn routable<'r>(reg: &'r Registry, model: &str) -> Result<&'r Arc<Model>, RouteError> {
+        let m = reg.models.get(model).ok_or(RouteError::Unavailable)?;
+        m.routable()?;
+        Ok(m)
+    }
+
+    /// Marks a worker that refused with "Server overloaded: …": it is skipped
+    /// for the lease time, or until its next report shows it not busy.
+    /// Marking again extends the lease.
+    pub fn mark_overloaded(&self, worker_id: u64) -> Result<(), RouteError> {
+        let reg = self.registry.load();
+        let w = reg
+            .workers
+            .get(&worker_id)
+            .ok_or(RouteError::UnknownWorker(worker_id))?;
+        let m = &w.model;
+        let deadline = self.clock.now_nanos().saturating_add(self.lease_nanos);
+        // Relaxed: the AcqRel in `set` orders the deadline store before the
+        // bit, which readers load with Acquire before the deadline.
+        m.lease_deadline[w.slot].store(deadline, Ordering::Relaxed);
+        if m.leased.set(w.slot) {
+            // Relaxed: a hint that lets routers skip the lease words.
+            m.leases_out.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Whether the worker is under an unexpired overload lease.
+    pub fn is_leased(&self, worker_id: u64) -> Result<bool, RouteError> {
+        let reg = self.registry.load();
+        let w = reg
+            .workers
+            .get(&worker_id)
+            .ok_or(RouteError::UnknownWorker(worker_id))?;
+        Ok(w.model.lease_active(w.slot, &mut None, &self.clock))
+    }
+
+    // -- thresholds and staleness (cold path) -------------------------------
+
+    /// Validates and applies a threshold update to `model`, bumps its version
+    /// and re-evaluates every worker of the model before returning. An empty
+    /// update is a read. A refused update changes nothing.
+    pub fn set_thresholds(
+        &self,
+        model: &str,
+        update: &ThresholdUpdate,
+    ) -> Result<ThresholdState, ThresholdError> {
+        let reg = self.registry.load_full();
+        let m = reg
+            .models
+            .get(model)
+            .ok_or_else(|| ThresholdError::UnknownModel(model.to_owned()))?;
+        let mut cold = lock(&m.cold);
+        if update.is_empty() {
+            return Ok(cold.thresholds);
+        }
+        let merged = cold.thresholds.thresholds.merged(update)?;
+        cold.thresholds = ThresholdState {
+            thresholds: merged,
+            version: cold.thresholds.version + 1,
+        };
+        m.thresholds.store(&merged);
+        for w in reg.workers.values().filter(|w| Arc::ptr_eq(&w.model, m)) {
+            w.reevaluate_and_wait();
+        }
+        Ok(cold.thresholds)
+    }
+
+    /// The thresholds of `model`, or `None` for an unknown model.
+    pub fn thresholds(&self, model: &str) -> Option<ThresholdState> {
+        self.registry
+            .load()
+            .models
+            .get(model)
+            .map(|m| lock(&m.cold).thresholds)
+    }
+
+    /// Sets `model`'s staleness policy and re-sweeps.
+    pub fn set_staleness(
+        &self,
+        model: &str,
+        policy: Staleness,
+        stale_after: Duration,
+    ) -> Result<(), ThresholdError> {
+        if stale_after.is_zero() {
+            return Err(ThresholdError::Invalid {
+                field: "stale_after",
+                value: format!("{stale_after:?}"),
+                allowed: "longer than zero",
+            });
+        }
+        let reg = self.registry.load();
+        let m = reg
+            .models
+            .get(model)
+            .ok_or_else(|| ThresholdError::UnknownModel(model.to_owned()))?;
+        // Relaxed: settings read by the sweep below on this thread, and by
+        // publications, to which its combiner registrations release them.
+        m.stale_after.store(nanos(stale_after), Ordering::Relaxed);
+        m.staleness.store(policy.to_u64(), Ordering::Relaxed);
+        drop(reg);
+        self.sweep();
+        Ok(())
+    }
+
+    /// The off-hot-path sweep: marks ranks silent for `stale_after` as stale
+    /// (for models whose policy is not `keep`), un-marks ranks that reported,
+    /// re-evaluates the workers whose state changed, and ends expired leases.
+    /// Call it periodically (e.g. every few hundred milliseconds); a rank is
+    /// stale once it missed reports for `stale_after` plus at most one period.
+    /// Returns the number of workers re-evaluated.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_nanos();
+        let reg = self.registry.load_full();
+        let mut changed_workers = 0;
+        for w in reg.workers.values() {
+            let m = &w.model;
+            let policy = m.staleness();
+            // Relaxed: a setting (see `set_staleness`).
+            let after = m.stale_after.load(Ordering::Relaxed);
+            let mut changed = false;
+            for rank in w.ranks.iter() {
+                // Relaxed `seen` and `last_seen`: flags for the sweep that
+                // order nothing; a report racing this swap is seen next time.
+                let stale = if rank.seen.swap(false, Ordering::Relaxed) {
+                    rank.last_seen.store(now, Ordering::Relaxed);
+                    false
+                } else {
+                    policy != Staleness::Keep
+                        && now.saturating_sub(rank.last_seen.load(Ordering::Relaxed)) >= after
+                };
+                // Relaxed: an input released by `reevaluate_and_wait` below.
+                if rank.stale.swap(stale, Ordering::Relaxed) != stale {
+                    changed = true;
+                }
+            }
+            if changed {
+                w.reevaluate_and_wait();
+                changed_workers += 1;
+            }
+        }
+        for m in reg
+            .models
+            .values()
+            // Relaxed hint: a lease set meanwhile is swept next time.
+            .filter(|m| m.leases_out.load(Ordering::Relaxed) != 0)
+        {
+            for w in 0..m.words_in_use() {
+                for b in BitIter(m.leased.word(w)) {
+                    let slot = w * 64 + b;
+                    // Relaxed: ordered by the Acquire load of the lease word.
+                    if m.lease_deadline[slot].load(Ordering::Relaxed) <= now {
+                        m.end_lease(slot);
+                    }
+                }
+            }
+        }
+        changed_workers
+    }
+}

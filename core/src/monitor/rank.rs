@@ -1,0 +1,209 @@
+//! The load table: one [`Rank`] of atomics per declared data-parallel rank,
+//! and the [`Worker`] that owns them and publishes its busy bit.
+//!
+//! # Algorithm
+//!
+//! Each load field is one `AtomicU64` with a single source: reports write
+//! the fields they carry, [`Booking`](super::Booking)s add to and subtract
+//! from `active_decode_blocks`, the sweep writes the staleness flags. A
+//! writer stores its field, then registers the change with the worker's
+//! [`Combiner`]; the combiner's publisher re-reads every rank, applies the
+//! busy rule ([`Thresholds::rank_busy`]; all ranks busy ⇒ worker busy) and
+//! flips the worker's bit in the model's busy set if the answer changed.
+//!
+//! # Orderings
+//!
+//! Every field access here is `Relaxed`: the combiner's registration
+//! (`fetch_add(AcqRel)` in [`Combiner::run`]) is the release that carries a
+//! writer's stores to whichever thread publishes, and only one thread
+//! publishes at a time. The busy set itself orders what routers read.
+//!
+//! [`Thresholds::rank_busy`]: crate::Thresholds::rank_busy
+
+use std::sync::Arc;
+
+use super::combine::Combiner;
+use super::config::Staleness;
+use super::model::Model;
+use crate::error::ReportError;
+use crate::load::{LoadReport, WorkerSpec, UNREPORTED};
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
+use crate::thresholds::{RankLoad, DEFAULT_MAX_NUM_BATCHED_TOKENS};
+
+/// The load fields of one rank; each field is written by its own source.
+#[derive(Debug)]
+pub(super) struct Rank {
+    pub(super) active_decode_blocks: AtomicU64,
+    kv_used_blocks: AtomicU64,
+    kv_total_blocks: AtomicU64,
+    active_prefill_tokens: AtomicU64,
+    max_num_batched_tokens: AtomicU64,
+    /// Set by every report; cleared by the staleness sweep.
+    pub(super) seen: AtomicBool,
+    /// Whether the sweep found this rank silent for `stale_after`.
+    pub(super) stale: AtomicBool,
+    /// Clock time of the sweep that last saw a report (or of the add).
+    pub(super) last_seen: AtomicU64,
+}
+
+impl Rank {
+    pub(super) fn new(spec: &WorkerSpec, now: u64) -> Self {
+        Self {
+            active_decode_blocks: AtomicU64::new(0),
+            kv_used_blocks: AtomicU64::new(0),
+            kv_total_blocks: AtomicU64::new(spec.kv_total_blocks.unwrap_or(0)),
+            active_prefill_tokens: AtomicU64::new(UNREPORTED),
+            max_num_batched_tokens: AtomicU64::new(
+                spec.max_num_batched_tokens
+                    .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            ),
+            seen: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
+            last_seen: AtomicU64::new(now),
+        }
+    }
+
+    /// The rank's latest load. Relaxed loads: the publisher's combiner
+    /// registration already made the inputs visible (module docs); metrics
+    /// and `rank_load` read a value that may be a moment old.
+    #[inline]
+    pub(super) fn load(&self) -> RankLoad {
+        let prefill = self.active_prefill_tokens.load(Ordering::Relaxed);
+        RankLoad {
+            active_decode_blocks: self.active_decode_blocks.load(Ordering::Relaxed),
+            kv_used_blocks: self.kv_used_blocks.load(Ordering::Relaxed),
+            kv_total_blocks: self.kv_total_blocks.load(Ordering::Relaxed),
+            active_prefill_tokens: (prefill != UNREPORTED).then_some(prefill),
+            max_num_batched_tokens: self.max_num_batched_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stores the fields `r` carries. Relaxed stores: the caller registers
+    /// with the worker's combiner next, which releases them (module docs).
+    #[inline]
+    pub(super) fn apply(&self, r: &LoadReport) {
+        let store = |field: &AtomicU64, v: Option<u64>| {
+            if let Some(v) = v {
+                field.store(v, Ordering::Relaxed);
+            }
+        };
+        store(&self.active_decode_blocks, r.active_decode_blocks);
+        store(&self.kv_used_blocks, r.kv_used_blocks);
+        store(&self.kv_total_blocks, r.kv_total_blocks);
+        store(&self.active_prefill_tokens, r.active_prefill_tokens);
+        store(&self.max_num_batched_tokens, r.max_num_batched_tokens);
+        // Relaxed: `seen` is a flag for the next sweep, which orders nothing
+        // by it; a report racing the sweep is seen by the one after.
+        self.seen.store(true, Ordering::Relaxed);
+        // Relaxed: an input of the busy rule, released by the combiner.
+        if self.stale.load(Ordering::Relaxed) {
+            self.stale.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One registered worker.
+#[derive(Debug)]
+pub(super) struct Worker {
+    pub(super) id: u64,
+    pub(super) model: Arc<Model>,
+    pub(super) slot: usize,
+    pub(super) dp_start: u32,
+    pub(super) ranks: Box<[Rank]>,
+    pub(super) combiner: Combiner,
+    /// Busy state as last published (written only by the publisher).
+    pub(super) busy: AtomicBool,
+    /// Set once by `remove_worker`; a removed worker publishes nothing.
+    pub(super) removed: AtomicBool,
+}
+
+impl Worker {
+    #[inline]
+    pub(super) fn rank(&self, dp_rank: u32) -> Result<&Rank, ReportError> {
+        dp_rank
+            .checked_sub(self.dp_start)
+            .and_then(|i| self.ranks.get(i as usize))
+            .ok_or(ReportError::UndeclaredRank {
+                worker_id: self.id,
+                dp_rank,
+                dp_start: self.dp_start,
+                dp_size: self.ranks.len() as u32,
+            })
+    }
+
+    /// Recomputes the busy bit from the latest inputs; runs only inside the
+    /// worker's combiner, so only one thread at a time publishes.
+    fn publish(&self) {
+        let model = &*self.model;
+        // Relaxed: stored before `remove_worker`'s combiner registration,
+        // which releases it to this publisher.
+        let busy = if self.removed.load(Ordering::Relaxed) {
+            false
+        } else {
+            let thresholds = model.thresholds.load();
+            let staleness = model.staleness();
+            let mut all_busy = !self.ranks.is_empty();
+            let mut load = 0u64;
+            for rank in self.ranks.iter() {
+                let l = rank.load();
+                load = load
+                    .saturating_add(l.active_decode_blocks.max(l.kv_used_blocks))
+                    .saturating_add(l.active_prefill_tokens.unwrap_or(0) / 16);
+                // Relaxed: an input, released by the combiner (module docs).
+                let rank_busy = match (staleness, rank.stale.load(Ordering::Relaxed)) {
+                    (Staleness::Free, true) => false,
+                    (Staleness::Busy, true) => true,
+                    _ => thresholds.rank_busy(&l),
+                };
+                all_busy &= rank_busy;
+            }
+            // Relaxed: a hint power-of-two routing compares; a value a
+            // moment old only skews one choice between two free workers.
+            model.load[self.slot].store(load, Ordering::Relaxed);
+            all_busy
+        };
+        // Relaxed: only publishers touch `busy`, and successive publishers
+        // are ordered by the combiner's AcqRel exchange.
+        if busy != self.busy.load(Ordering::Relaxed) {
+            self.busy.store(busy, Ordering::Relaxed);
+            // Relaxed `busy_workers`: a count for metrics and for the
+            // mostly-free heuristic, whose every probe is re-checked.
+            if busy {
+                model.busy.insert(self.slot);
+                model.busy_workers.fetch_add(1, Ordering::Relaxed);
+            } else {
+                model.busy.remove(self.slot);
+                model.busy_workers.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Registers a change and returns; some thread publishes it.
+    #[inline]
+    pub(super) fn reevaluate(&self) {
+        self.combiner.run(|| self.publish());
+    }
+
+    /// Registers a change and returns once a publication covering it landed.
+    pub(super) fn reevaluate_and_wait(&self) {
+        self.combiner.run_and_wait(|| self.publish());
+    }
+}
+
+/// Adds to a counter, saturating. Relaxed: the caller
+/// registers with the worker's combiner next, which releases the new value.
+#[inline]
+pub(super) fn add_saturating(a: &AtomicU64, n: u64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_add(n))
+    });
+}
+
+/// Subtracts from a counter, stopping at zero (a report may have lowered
+/// it). Relaxed, as in [`add_saturating`].
+#[inline]
+pub(super) fn sub_saturating(a: &AtomicU64, n: u64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
+}
