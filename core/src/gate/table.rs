@@ -7,7 +7,9 @@ use std::task::Waker;
 
 use hdrhistogram::Histogram;
 
-use super::{AdmissionGate, AdmitCallback, AdmitError};
+use super::callback::AdmitCallback;
+use super::error::AdmitError;
+use super::AdmissionGate;
 
 /// "No cell" in a link.
 pub(super) const NIL: u32 = u32::MAX;

@@ -1,0 +1,248 @@
+//! The public gate: [`AdmissionGate`], its documentation and its methods, a
+//! thin layer over the raw gate (`raw.rs`) that holds the algorithm.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{nanos, MonotonicClock, SharedClock};
+
+use super::callback::{self, AdmitCallback, CallbackTicket};
+use super::config::{self, ConfigError, GateConfig};
+use super::error::{AdmitError, TryAdmitError};
+use super::future::{Admit, AdmitOwned};
+use super::metrics;
+use super::permit::{OwnedPermit, Permit};
+use super::raw::RawGate;
+use super::stats::GateStats;
+
+/// A worker's admission gate: at most `N` requests run and at most `Q` wait,
+/// at any instant, whatever the interleaving; the rest are rejected with
+/// "Server overloaded: worker at capacity".
+///
+/// * A request is admitted directly only when a slot is free and nobody is
+///   queued; otherwise it queues (FIFO) if the queue has room.
+/// * A [`Permit`] holds a slot until dropped; its release hands the slot to
+///   the oldest waiter.
+/// * Waiting works as a future ([`admit`](Self::admit),
+///   [`admit_owned`](Self::admit_owned)), as a blocking call with a timeout
+///   ([`admit_blocking`](Self::admit_blocking)), or with a callback
+///   ([`admit_with_callback`](Self::admit_with_callback)).
+///
+/// **Memory ordering:** releasing a permit happens-before the admission that
+/// reuses its slot, whether that admission is direct or a queued waiter that
+/// the release handed the slot to. Writes a request made while holding its
+/// slot are therefore visible to the request that gets the slot next.
+///
+/// **Locking:** direct admission, release while nobody is queued, and
+/// rejection while the queue is full are one atomic operation on the state
+/// word: no lock. Queueing, handing a released slot to a waiter, cancelling
+/// a waiter, every poll of a queued future, blocking waits, callback tickets,
+/// expiry, [`set_limit`](Self::set_limit), [`close`](Self::close) and
+/// [`metrics_text`](Self::metrics_text) take the gate's mutex, briefly.
+/// Admission, queueing and handoff allocate nothing (the waiter table is
+/// reserved when the gate is built); raising the limit and rendering metrics
+/// may.
+pub struct AdmissionGate {
+    pub(super) raw: RawGate,
+    prefix: String,
+}
+
+impl AdmissionGate {
+    /// A gate with the process's monotonic clock.
+    pub fn new(config: GateConfig) -> Result<Self, ConfigError> {
+        Self::with_clock(config, MonotonicClock::shared())
+    }
+
+    /// A gate reading time from `clock` (queue deadline, queue-wait times).
+    pub fn with_clock(config: GateConfig, clock: SharedClock) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            raw: RawGate::new(
+                config.limit,
+                config.queue,
+                config.queue_timeout.map(|d| nanos(d).max(1)),
+                config.adaptive_lifo,
+                clock,
+            ),
+            prefix: config.metrics_prefix,
+        })
+    }
+
+    // ----- admission -------------------------------------------------------
+
+    /// Takes a slot only if one is free and nobody is waiting; never queues.
+    /// Failures are not counted as rejections.
+    #[inline]
+    pub fn try_admit(&self) -> Result<Permit<'_>, TryAdmitError> {
+        match self.raw.try_direct() {
+            Ok(()) => {
+                self.raw.counters.admitted_direct.add(1);
+                Ok(Permit::new(self))
+            }
+            Err(w) if w.closed() => Err(TryAdmitError::Closed),
+            Err(_) => Err(TryAdmitError::WouldWait),
+        }
+    }
+
+    /// [`try_admit`](Self::try_admit) returning an [`OwnedPermit`].
+    #[inline]
+    pub fn try_admit_owned(self: &Arc<Self>) -> Result<OwnedPermit, TryAdmitError> {
+        self.try_admit().map(|p| p.into_owned(self))
+    }
+
+    /// Waits for a slot as a future (see [`Admit`]).
+    pub fn admit(&self) -> Admit<'_> {
+        Admit::new(self)
+    }
+
+    /// Waits for a slot as a `'static` future (see [`AdmitOwned`]).
+    pub fn admit_owned(self: &Arc<Self>) -> AdmitOwned {
+        AdmitOwned::new(Arc::clone(self))
+    }
+
+    /// Waits for a slot, blocking the thread, for at most `timeout` (`None`:
+    /// as long as it takes). When the timeout runs out the request leaves the
+    /// queue and [`AdmitError::TimedOut`] is returned. A queue deadline, if
+    /// configured, is enforced by the waiting thread itself.
+    pub fn admit_blocking(&self, timeout: Option<Duration>) -> Result<Permit<'_>, AdmitError> {
+        self.raw.wait_blocking(timeout).map(|()| Permit::new(self))
+    }
+
+    /// [`admit_blocking`](Self::admit_blocking) returning an [`OwnedPermit`].
+    pub fn admit_blocking_owned(
+        self: &Arc<Self>,
+        timeout: Option<Duration>,
+    ) -> Result<OwnedPermit, AdmitError> {
+        self.raw
+            .wait_blocking(timeout)
+            .map(|()| OwnedPermit::new(Arc::clone(self)))
+    }
+
+    /// Asks for a slot and calls `callback` exactly once with the outcome:
+    /// at once on this thread if the request is admitted or rejected
+    /// straight away, otherwise later from the thread that hands it a slot,
+    /// expires it or closes the gate. For engine loops and event loops that
+    /// cannot poll a future (C++, Python asyncio).
+    ///
+    /// The callback must be quick and must not panic; it may drop its permit
+    /// or ask for another. While queued, the request holds a handle to the
+    /// gate. The returned ticket can cancel the request while it waits.
+    pub fn admit_with_callback(self: &Arc<Self>, callback: AdmitCallback) -> CallbackTicket {
+        callback::admit(self, callback)
+    }
+
+    // ----- control ---------------------------------------------------------
+
+    /// Changes the engine limit `N` (1 to [`MAX_LIMIT`](super::MAX_LIMIT)).
+    /// Raising it hands the new slots to waiters before returning; lowering
+    /// it revokes nothing: running requests finish and the count drains down
+    /// to the new limit.
+    pub fn set_limit(&self, limit: u32) -> Result<(), ConfigError> {
+        config::check_limit(limit)?;
+        self.raw.set_limit(limit);
+        Ok(())
+    }
+
+    /// Closes the gate: every queued request and every later admission gets
+    /// [`AdmitError::Closed`]. Permits already held stay valid and release
+    /// normally. Closing twice is harmless.
+    pub fn close(&self) {
+        self.raw.close();
+    }
+
+    /// Rejects every queued request whose deadline has come (queued at `t`,
+    /// now `>= t + timeout`) with [`AdmitError::QueueTimeout`] and returns how
+    /// many. A no-op without a queue deadline. Event loops call it at
+    /// [`next_deadline`](Self::next_deadline).
+    pub fn expire(&self) -> usize {
+        self.raw.expire()
+    }
+
+    /// Clock time (nanoseconds, the gate's clock) at which the oldest waiter
+    /// expires, or `None` without a deadline or without waiters.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.raw.timeout?;
+        self.raw.next_deadline()
+    }
+
+    /// How long from now until [`next_deadline`](Self::next_deadline), by the
+    /// gate's clock (zero if it has passed): what a host timer should sleep
+    /// before calling [`expire`](Self::expire).
+    pub fn time_to_next_deadline(&self) -> Option<Duration> {
+        let at = self.next_deadline()?;
+        Some(Duration::from_nanos(
+            at.saturating_sub(self.raw.clock.now_nanos()),
+        ))
+    }
+
+    // ----- observation -----------------------------------------------------
+
+    /// Slots held now.
+    pub fn running(&self) -> u32 {
+        self.raw.word_relaxed().running()
+    }
+
+    /// Requests queued now.
+    pub fn queued(&self) -> u32 {
+        self.raw.word_relaxed().queued()
+    }
+
+    /// The engine limit `N`.
+    pub fn limit(&self) -> u32 {
+        self.raw.word_relaxed().limit()
+    }
+
+    /// The queue size `Q`.
+    pub fn queue_limit(&self) -> u32 {
+        self.raw.queue_limit
+    }
+
+    /// The queue deadline, if set.
+    pub fn queue_timeout(&self) -> Option<Duration> {
+        self.raw.timeout.map(Duration::from_nanos)
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.raw.word_relaxed().closed()
+    }
+
+    /// The metric name prefix.
+    pub fn metrics_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A snapshot of the gauges and counters.
+    pub fn stats(&self) -> GateStats {
+        self.raw.stats()
+    }
+
+    /// The worker metrics in Prometheus text format:
+    /// `{prefix}_rejection_request_total` (all rejections),
+    /// `{prefix}_engine_request` (running), `{prefix}_request_queue`
+    /// (queued), `{prefix}_engine_request_limit`,
+    /// `{prefix}_request_queue_limit`, `{prefix}_request_admitted_total{path}`,
+    /// `{prefix}_request_rejection_by_reason_total{reason}`,
+    /// `{prefix}_request_cancelled_total`,
+    /// `{prefix}_request_queue_expired_total` and the histogram
+    /// `{prefix}_request_queue_wait_seconds` of how long admitted waiters
+    /// waited.
+    pub fn metrics_text(&self) -> String {
+        metrics::render(self)
+    }
+}
+
+impl fmt::Debug for AdmissionGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.stats();
+        f.debug_struct("AdmissionGate")
+            .field("running", &s.running)
+            .field("queued", &s.queued)
+            .field("limit", &s.limit)
+            .field("queue_limit", &s.queue_limit)
+            .field("closed", &s.closed)
+            .field("queue_timeout", &self.queue_timeout())
+            .finish_non_exhaustive()
+    }
+}

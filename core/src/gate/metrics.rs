@@ -1,0 +1,135 @@
+//! The gate's metrics in Prometheus text format.
+
+use std::fmt::Write as _;
+
+use crate::error::Reason;
+use crate::metrics;
+
+use super::AdmissionGate;
+
+/// Upper bounds, in seconds, of the queue-wait histogram's buckets.
+const BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// [`AdmissionGate::metrics_text`].
+pub(super) fn render(gate: &AdmissionGate) -> String {
+    let s = gate.stats();
+    let p = gate.metrics_prefix();
+    let mut out = String::with_capacity(2048);
+    metrics::header(
+        &mut out,
+        p,
+        "rejection_request_total",
+        "counter",
+        "Requests rejected by the worker admission gate.",
+    );
+    metrics::sample(
+        &mut out,
+        p,
+        "rejection_request_total",
+        &[],
+        s.rejected_total(),
+    );
+    metrics::header(
+        &mut out,
+        p,
+        "engine_request",
+        "gauge",
+        "Requests holding an engine slot.",
+    );
+    metrics::sample(&mut out, p, "engine_request", &[], s.running);
+    metrics::header(
+        &mut out,
+        p,
+        "request_queue",
+        "gauge",
+        "Requests waiting for a slot.",
+    );
+    metrics::sample(&mut out, p, "request_queue", &[], s.queued);
+    metrics::header(
+        &mut out,
+        p,
+        "engine_request_limit",
+        "gauge",
+        "Engine slots (N).",
+    );
+    metrics::sample(&mut out, p, "engine_request_limit", &[], s.limit);
+    metrics::header(
+        &mut out,
+        p,
+        "request_queue_limit",
+        "gauge",
+        "Queue size (Q).",
+    );
+    metrics::sample(&mut out, p, "request_queue_limit", &[], s.queue_limit);
+    let name = "request_admitted_total";
+    metrics::header(&mut out, p, name, "counter", "Requests admitted, by path.");
+    metrics::sample(&mut out, p, name, &[("path", &"direct")], s.admitted_direct);
+    metrics::sample(&mut out, p, name, &[("path", &"queued")], s.admitted_queued);
+    let name = "request_rejection_by_reason_total";
+    metrics::header(
+        &mut out,
+        p,
+        name,
+        "counter",
+        "Requests rejected, by reason.",
+    );
+    for reason in [
+        Reason::WorkerAtCapacity,
+        Reason::QueueTimeout,
+        Reason::Closed,
+    ] {
+        metrics::sample(
+            &mut out,
+            p,
+            name,
+            &[("reason", &reason.as_str())],
+            s.rejected(reason),
+        );
+    }
+    let name = "request_cancelled_total";
+    metrics::header(
+        &mut out,
+        p,
+        name,
+        "counter",
+        "Requests that left the queue unserved.",
+    );
+    metrics::sample(&mut out, p, name, &[], s.cancelled);
+    let name = "request_queue_expired_total";
+    metrics::header(
+        &mut out,
+        p,
+        name,
+        "counter",
+        "Requests rejected by the queue deadline.",
+    );
+    metrics::sample(&mut out, p, name, &[], s.expired);
+    render_wait_histogram(gate, &mut out);
+    out
+}
+
+fn render_wait_histogram(gate: &AdmissionGate, out: &mut String) {
+    let (counts, total, sum_nanos) = gate.raw.wait_histogram(BUCKETS);
+    let p = gate.metrics_prefix();
+    let name = "request_queue_wait_seconds";
+    metrics::header(
+        out,
+        p,
+        name,
+        "histogram",
+        "Time admitted requests spent queued.",
+    );
+    let bucket = format!("{name}_bucket");
+    let mut le = String::new();
+    for (bound, count) in BUCKETS.iter().zip(counts) {
+        le.clear();
+        let _ = write!(le, "{bound}");
+        metrics::sample(out, p, &bucket, &[("le", &le)], count);
+    }
+    metrics::sample(out, p, &bucket, &[("le", &"+Inf")], total);
+    metrics::sample(out, p, &format!("{name}_sum"), &[], sum_nanos as f64 / 1e9);
+    metrics::sample(out, p, &format!("{name}_count"), &[], total);
+}

@@ -1,0 +1,677 @@
+//! The raw gate: the state word and the waiter table, and the algorithm that
+//! keeps them in step. [`AdmissionGate`](super::AdmissionGate) is a thin
+//! public layer over [`RawGate`].
+//!
+//! Which paths run on the state word alone and which take the mutex is
+//! listed in the gate's module docs (`mod.rs`). Below, the methods under
+//! "lock-free paths" (and the gauges) touch only atomics; those under
+//! "locked paths" and "control" run with `table` locked or lock it.
+//!
+//! # Orderings
+//!
+//! * Direct admit CAS: `Acquire` on success, so everything the previous
+//!   holder of the slot did before its release happens-before the new holder
+//!   runs. Failure and the first load are `Relaxed`: the value is only a CAS
+//!   guess or a reason to reject, and rejecting publishes nothing.
+//! * Fast release CAS: `Release`, pairing with the admit's `Acquire`.
+//! * Under the mutex, loads are `Acquire` and every read-modify-write is
+//!   `AcqRel`: a slot freed under the lock (release with no waiter left) is
+//!   published to lock-free admitters, and the lock holder sees slots freed
+//!   lock-free. A slot handed to a waiter is published by the mutex itself:
+//!   the releaser marks the cell under the lock, the waiter reads it under
+//!   the lock.
+//! * Statistics counters are `Relaxed`: they order nothing.
+//! * The head-deadline hint is written under the mutex (`Release`) and read
+//!   by the reject path and `next_deadline` (`Acquire`); a stale read only
+//!   delays an expiry to the next event, because whatever the hint leads to
+//!   (an expiry) is decided again under the mutex.
+
+use std::sync::atomic::AtomicU64 as HintWord;
+use std::task::{Poll, Waker};
+
+use crossbeam_utils::CachePadded;
+
+use crate::clock::SharedClock;
+use crate::sync::{lock, AtomicU64, Condvar, Mutex, Ordering};
+
+use super::error::AdmitError;
+use super::state::{Word, CLOSED, ONE_QUEUED, ONE_RUNNING};
+use super::stats::{bump, Counters, GateStats};
+use super::table::{Status, Table, Waiter, NIL};
+use super::wake::{Wake, WakeList};
+
+/// "No waiter queued" in the head-deadline hint.
+const NO_DEADLINE: u64 = u64::MAX;
+
+/// Most condition variables a gate keeps; blocking waiters beyond that share
+/// them (a shared one is notified with `notify_all`, so sharing only costs
+/// spurious wakeups).
+const MAX_CONDVARS: usize = 4096;
+
+/// A waiter queued at `enqueued_at` is due once `now` reaches its deadline;
+/// exactly at the deadline counts.
+#[inline]
+pub(super) fn is_due(enqueued_at: u64, timeout: u64, now: u64) -> bool {
+    enqueued_at.saturating_add(timeout) <= now
+}
+
+/// Outcome of the lock-free part of an admission.
+pub(super) enum Fast {
+    Admitted,
+    Rejected(AdmitError),
+    Slow,
+}
+
+/// Outcome of the locked part of an admission; hands the waiter back when it
+/// was not queued, so the caller can use or drop it after unlocking.
+pub(super) enum Enqueued {
+    Direct(Waiter),
+    Rejected(AdmitError, Waiter),
+    Queued(u32, u32),
+}
+
+/// The state word, the waiter table and the settings the algorithm reads.
+pub(super) struct RawGate {
+    /// The packed state word (see `state.rs`), alone on its cache line.
+    pub(super) state: CachePadded<AtomicU64>,
+    pub(super) counters: CachePadded<Counters>,
+    /// Clock time at which the head waiter expires, or [`NO_DEADLINE`]. A
+    /// plain `std` atomic: a hint whose every use is re-checked under the
+    /// mutex, so it carries no ordering the model checker must explore.
+    head_deadline: HintWord,
+    pub(super) table: Mutex<Table>,
+    pub(super) condvars: Box<[Condvar]>,
+    pub(super) queue_limit: u32,
+    /// Queue deadline in clock nanoseconds (at least 1), if set.
+    pub(super) timeout: Option<u64>,
+    adaptive_lifo: bool,
+    pub(super) clock: SharedClock,
+}
+
+impl RawGate {
+    /// A gate of `limit` slots and `queue` waiters; the settings are checked
+    /// by the caller.
+    pub(super) fn new(
+        limit: u32,
+        queue: u32,
+        timeout: Option<u64>,
+        adaptive_lifo: bool,
+        clock: SharedClock,
+    ) -> Self {
+        let capacity = queue as usize + limit as usize;
+        let condvars = (0..capacity.clamp(1, MAX_CONDVARS))
+            .map(|_| Condvar::new())
+            .collect();
+        Self {
+            state: CachePadded::new(AtomicU64::new(Word::new(0, 0, limit, false).0)),
+            counters: CachePadded::new(Counters::default()),
+            head_deadline: HintWord::new(NO_DEADLINE),
+            table: Mutex::new(Table::new(capacity)),
+            condvars,
+            queue_limit: queue,
+            timeout,
+            adaptive_lifo,
+            clock,
+        }
+    }
+
+    /// The state word, for a gauge.
+    #[inline]
+    pub(super) fn word_relaxed(&self) -> Word {
+        // Relaxed: a gauge read for display; the caller orders nothing on it.
+        Word(self.state.load(Ordering::Relaxed))
+    }
+
+    /// A snapshot of the gauges and counters.
+    pub(super) fn stats(&self) -> GateStats {
+        // Acquire, pairing with the word's Release/AcqRel writes: what the
+        // last writer did before is visible. The counters read after it are
+        // Relaxed and may still be a moment apart from the gauges.
+        let w = Word(self.state.load(Ordering::Acquire));
+        self.counters.snapshot(w, self.queue_limit)
+    }
+
+    // ----- lock-free paths -------------------------------------------------
+
+    /// CAS `running + 1` while admission is direct; the word seen otherwise.
+    #[inline]
+    pub(super) fn try_direct(&self) -> Result<(), Word> {
+        // Relaxed: only a guess for the CAS, or a reason to refuse.
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            let w = Word(cur);
+            if !w.direct() {
+                return Err(w);
+            }
+            // Acquire on success, pairing with the Release (fast) or AcqRel
+            // (locked) write that freed the slot: its last holder's work
+            // happens-before ours. Relaxed on failure: a new guess only.
+            match self.state.compare_exchange_weak(
+                cur,
+                cur + ONE_RUNNING,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Direct admit or lock-free reject; `Slow` when it must queue.
+    #[inline]
+    pub(super) fn admit_fast(&self) -> Fast {
+        match self.try_direct() {
+            Ok(()) => {
+                self.counters.admitted_direct.add(1);
+                Fast::Admitted
+            }
+            Err(w) if w.closed() => {
+                bump(&self.counters.rejected_closed, 1);
+                Fast::Rejected(AdmitError::Closed)
+            }
+            Err(w) if w.queued() >= self.queue_limit && !self.head_due_hint() => {
+                self.counters.rejected_capacity.add(1);
+                Fast::Rejected(AdmitError::AtCapacity)
+            }
+            Err(_) => Fast::Slow,
+        }
+    }
+
+    /// Whether the head waiter may be due (then the slow path expires it
+    /// before deciding to reject).
+    #[inline]
+    fn head_due_hint(&self) -> bool {
+        self.timeout.is_some() && {
+            // Acquire, pairing with the Release in `sync_head`; the slow path
+            // re-checks under the mutex, so a stale value costs only a delay.
+            let d = self.head_deadline.load(Ordering::Acquire);
+            d != NO_DEADLINE && self.clock.now_nanos() >= d
+        }
+    }
+
+    /// Gives back one slot.
+    #[inline]
+    pub(super) fn release_slot(&self) {
+        // Relaxed: only a guess for the CAS; `queued > 0` sends us to the
+        // mutex, which orders the rest.
+        let mut cur = self.state.load(Ordering::Relaxed);
+        while Word(cur).queued() == 0 {
+            debug_assert!(Word(cur).running() > 0, "release without a held slot");
+            // Release, pairing with the next admitter's Acquire (direct CAS
+            // or a load under the mutex): our use of the slot happens-before
+            // its next admit. Relaxed on failure: a new guess only.
+            match self.state.compare_exchange_weak(
+                cur,
+                cur - ONE_RUNNING,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+        self.release_slow();
+    }
+
+    /// The head-deadline hint, or `None` when nobody is queued.
+    pub(super) fn next_deadline(&self) -> Option<u64> {
+        // Acquire, pairing with the Release in `sync_head`; the caller acts
+        // on it only through `expire`, which re-checks under the mutex.
+        let d = self.head_deadline.load(Ordering::Acquire);
+        (d != NO_DEADLINE).then_some(d)
+    }
+
+    // ----- locked paths ----------------------------------------------------
+
+    /// CAS loop for changes under the mutex (`running` may still move
+    /// lock-free while `queued == 0`).
+    pub(super) fn update(&self, f: impl Fn(Word) -> Word) {
+        // Acquire (load and CAS failure): sees slots freed lock-free, pairing
+        // with the fast release's Release.
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            let new = f(Word(cur)).0;
+            // AcqRel: Acquire as above; Release publishes slots this change
+            // frees to lock-free admitters (their Acquire CAS).
+            match self
+                .state
+                .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// The locked part of an admission.
+    pub(super) fn enqueue(&self, waiter: Waiter, wakes: &mut WakeList) -> Enqueued {
+        let mut t = lock(&self.table);
+        // Acquire: pairs with the fast release's Release (a slot freed
+        // lock-free is seen, and its holder's work happens-before ours).
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            let w = Word(cur);
+            if w.closed() {
+                bump(&self.counters.rejected_closed, 1);
+                return Enqueued::Rejected(AdmitError::Closed, waiter);
+            }
+            if w.direct() {
+                // AcqRel on success: Acquire as for a direct admit; Release
+                // is the rule for every RMW under the mutex. Acquire on
+                // failure: the next guess pairs like the load above.
+                match self.state.compare_exchange(
+                    cur,
+                    cur + ONE_RUNNING,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        self.counters.admitted_direct.add(1);
+                        return Enqueued::Direct(waiter);
+                    }
+                    Err(actual) => {
+                        cur = actual;
+                        continue;
+                    }
+                }
+            }
+            if w.queued() >= self.queue_limit {
+                if self.timeout.is_some() {
+                    let now = self.clock.now_nanos();
+                    if self.head_is_due(&t, now) {
+                        // Make room by expiring every due waiter, one wake
+                        // batch at a time: waiters are told outside the lock.
+                        loop {
+                            if wakes.is_full() {
+                                drop(t);
+                                wakes.run(self);
+                                t = lock(&self.table);
+                            }
+                            self.expire_locked(&mut t, now, wakes);
+                            if !self.head_is_due(&t, now) {
+                                break;
+                            }
+                        }
+                        // Acquire: as the first load of this loop.
+                        cur = self.state.load(Ordering::Acquire);
+                        continue;
+                    }
+                }
+                self.counters.rejected_capacity.add(1);
+                return Enqueued::Rejected(AdmitError::AtCapacity, waiter);
+            }
+            // CAS, not fetch_add: `running` may move lock-free while queued
+            // is 0, and we queue only if no slot is free. AcqRel / Acquire:
+            // the rule for RMWs under the mutex (a lost race re-reads a slot
+            // freed lock-free with Acquire, pairing with its Release).
+            match self.state.compare_exchange(
+                cur,
+                cur + ONE_QUEUED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    let now = self.clock.now_nanos();
+                    let (idx, gen) = t.push_back(now, waiter);
+                    if t.head == idx {
+                        self.sync_head(&t);
+                    }
+                    return Enqueued::Queued(idx, gen);
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Release when waiters may be queued.
+    #[cold]
+    fn release_slow(&self) {
+        loop {
+            let mut wakes = WakeList::new();
+            let mut t = lock(&self.table);
+            let done = self.release_locked(&mut t, &mut wakes);
+            drop(t);
+            wakes.run(self);
+            if done {
+                return;
+            }
+        }
+    }
+
+    /// Hands the slot to the next live waiter, or gives it back. False when
+    /// the wake list filled with expired waiters first (call again).
+    fn release_locked(&self, t: &mut Table, wakes: &mut WakeList) -> bool {
+        // Acquire: the rule for loads under the mutex (pairs with the fast
+        // paths' Release; `queued > 0` here means nobody else writes).
+        let w = Word(self.state.load(Ordering::Acquire));
+        debug_assert!(w.running() > 0, "release without a held slot");
+        if w.queued() > 0 && !w.closed() && w.running() <= w.limit() {
+            let now = self.clock.now_nanos();
+            if self.timeout.is_some() {
+                self.expire_locked(t, now, wakes);
+                if self.head_is_due(t, now) {
+                    return false;
+                }
+            }
+            if t.head != NIL {
+                if wakes.is_full() {
+                    return false;
+                }
+                self.grant_one(t, now, wakes);
+                // The slot moves to the waiter: running unchanged. With
+                // queued > 0 nobody else writes the word (invariant 3).
+                // AcqRel: the rule for RMWs under the mutex; the waiter
+                // itself learns of the slot through the mutex.
+                self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+                self.sync_head(t);
+                return true;
+            }
+        }
+        // AcqRel: the Release half publishes the slot to lock-free admitters
+        // (pairing with their Acquire CAS).
+        self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);
+        true
+    }
+
+    /// Unlinks the next waiter (oldest, or newest once after an expiry with
+    /// adaptive LIFO) and grants it a slot. The caller fixes the word.
+    pub(super) fn grant_one(&self, t: &mut Table, now: u64, wakes: &mut WakeList) {
+        let idx = if t.lifo_next {
+            t.lifo_next = false;
+            t.tail
+        } else {
+            t.head
+        };
+        debug_assert_ne!(idx, NIL);
+        t.unlink(idx);
+        self.resolve(t, idx, Ok(()), now, wakes);
+        bump(&self.counters.admitted_queued, 1);
+    }
+
+    /// Marks an unlinked waiter granted or rejected and lists whom to tell.
+    /// A callback's cell is freed at once (its owner never looks again).
+    pub(super) fn resolve(
+        &self,
+        t: &mut Table,
+        idx: u32,
+        outcome: Result<(), AdmitError>,
+        now: u64,
+        wakes: &mut WakeList,
+    ) {
+        let cell = &mut t.cells[idx as usize];
+        if outcome.is_ok() {
+            let waited = now.saturating_sub(cell.enqueued_at);
+            t.record_wait(waited);
+        }
+        let cell = &mut t.cells[idx as usize];
+        cell.status = match outcome {
+            Ok(()) => Status::Granted,
+            Err(e) => Status::Rejected(e),
+        };
+        match std::mem::replace(&mut cell.waiter, Waiter::None) {
+            Waiter::Task(Some(waker)) => wakes.push(Wake::Task(waker)),
+            Waiter::Thread => wakes.push(Wake::Thread(idx as usize % self.condvars.len())),
+            Waiter::Callback(callback, gate) => {
+                t.release_cell(idx);
+                wakes.push(Wake::Callback {
+                    callback,
+                    gate,
+                    outcome,
+                });
+            }
+            Waiter::Task(None) | Waiter::None => {}
+        }
+    }
+
+    /// Rejects due waiters from the head, as many as the wake list holds.
+    pub(super) fn expire_locked(&self, t: &mut Table, now: u64, wakes: &mut WakeList) -> u32 {
+        let Some(timeout) = self.timeout else {
+            return 0;
+        };
+        // Acquire: the rule for loads under the mutex (`closed` itself only
+        // changes under it).
+        if Word(self.state.load(Ordering::Acquire)).closed() {
+            return 0;
+        }
+        let mut n = 0u32;
+        while t.head != NIL && !wakes.is_full() {
+            let idx = t.head;
+            if !is_due(t.cells[idx as usize].enqueued_at, timeout, now) {
+                break;
+            }
+            t.unlink(idx);
+            self.resolve(t, idx, Err(AdmitError::QueueTimeout), now, wakes);
+            n += 1;
+        }
+        if n > 0 {
+            // queued > 0 until this RMW: nobody else writes the word.
+            // AcqRel: the rule for RMWs under the mutex.
+            self.state
+                .fetch_sub(u64::from(n) * ONE_QUEUED, Ordering::AcqRel);
+            bump(&self.counters.expired, u64::from(n));
+            if self.adaptive_lifo {
+                t.lifo_next = true;
+            }
+            self.sync_head(t);
+        }
+        n
+    }
+
+    /// Whether the head waiter is past its deadline (and the gate is open).
+    pub(super) fn head_is_due(&self, t: &Table, now: u64) -> bool {
+        match self.timeout {
+            Some(timeout) if t.head != NIL => {
+                is_due(t.cells[t.head as usize].enqueued_at, timeout, now)
+                    // Acquire: the rule for loads under the mutex.
+                    && !Word(self.state.load(Ordering::Acquire)).closed()
+            }
+            _ => false,
+        }
+    }
+
+    /// Publishes the head waiter's deadline for the lock-free reject path.
+    pub(super) fn sync_head(&self, t: &Table) {
+        if let Some(timeout) = self.timeout {
+            let d = if t.head == NIL {
+                NO_DEADLINE
+            } else {
+                t.cells[t.head as usize].enqueued_at.saturating_add(timeout)
+            };
+            // Release, pairing with the Acquire in `head_due_hint` and
+            // `next_deadline`.
+            self.head_deadline.store(d, Ordering::Release);
+        }
+    }
+
+    /// A queued future's poll: its outcome, or `Pending` with its waker kept.
+    pub(super) fn poll_cell(&self, idx: u32, waker: &Waker) -> Poll<Result<(), AdmitError>> {
+        let mut t = lock(&self.table);
+        let cell = &mut t.cells[idx as usize];
+        let outcome = match cell.status {
+            Status::Queued => {
+                let mut stale = None;
+                if let Waiter::Task(slot) = &mut cell.waiter {
+                    if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                        stale = slot.replace(waker.clone());
+                    }
+                }
+                drop(t);
+                drop(stale); // a waker's drop may run executor code: unlocked
+                return Poll::Pending;
+            }
+            Status::Granted => Ok(()),
+            Status::Rejected(e) => Err(e),
+            Status::Free => unreachable!("polled a free waiter cell"),
+        };
+        let stale = t.release_cell(idx);
+        drop(t);
+        drop(stale);
+        Poll::Ready(outcome)
+    }
+
+    /// A future or blocked thread gives up its cell: leaves the queue, or
+    /// passes on a slot it was granted but never took.
+    pub(super) fn cancel_cell(&self, idx: u32) {
+        let mut t = lock(&self.table);
+        let status = t.cells[idx as usize].status;
+        if status == Status::Queued {
+            self.unqueue_locked(&mut t, idx);
+        }
+        let stale = t.release_cell(idx);
+        drop(t);
+        drop(stale);
+        if status == Status::Granted {
+            self.release_slot();
+        }
+    }
+
+    /// Unlinks a queued waiter that gives up (a cancellation).
+    pub(super) fn unqueue_locked(&self, t: &mut Table, idx: u32) {
+        t.unlink(idx);
+        // queued > 0 until this RMW: nobody else writes the word.
+        // AcqRel: the rule for RMWs under the mutex.
+        self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+        bump(&self.counters.cancelled, 1);
+        self.sync_head(t);
+    }
+
+    /// A callback ticket's cancel: true if the request was still queued.
+    pub(super) fn cancel_callback(&self, idx: u32, gen: u32) -> bool {
+        let mut t = lock(&self.table);
+        let cell = &t.cells[idx as usize];
+        if cell.gen != gen || cell.status != Status::Queued {
+            return false;
+        }
+        self.unqueue_locked(&mut t, idx);
+        let stale = t.release_cell(idx);
+        drop(t);
+        drop(stale); // the callback and its gate handle: dropped unlocked
+        true
+    }
+
+    /// Whether a callback request is still queued.
+    pub(super) fn callback_queued(&self, idx: u32, gen: u32) -> bool {
+        let t = lock(&self.table);
+        let cell = &t.cells[idx as usize];
+        cell.gen == gen && cell.status == Status::Queued
+    }
+
+    /// Notifies the condition variable of blocked waiters (after unlocking).
+    pub(super) fn notify_thread(&self, cv: usize) {
+        self.condvars[cv].notify_all();
+    }
+
+    // ----- control ---------------------------------------------------------
+
+    /// Sets the engine limit (already checked), granting new slots to
+    /// waiters one wake batch at a time.
+    pub(super) fn set_limit(&self, limit: u32) {
+        loop {
+            let mut wakes = WakeList::new();
+            let mut t = lock(&self.table);
+            if t.cells.capacity() < self.queue_limit as usize + limit as usize {
+                // Cold path: room for every waiter that may be granted at once.
+                t.reserve_total(self.queue_limit as usize + limit as usize);
+            }
+            let now = self.clock.now_nanos();
+            // Acquire: the rule for loads under the mutex.
+            let w = Word(self.state.load(Ordering::Acquire));
+            let mut done = true;
+            let mut granted = 0u32;
+            if !w.closed() && w.queued() > 0 && w.running() < limit {
+                if self.timeout.is_some() {
+                    self.expire_locked(&mut t, now, &mut wakes);
+                }
+                if self.head_is_due(&t, now) {
+                    done = false; // the wake list filled up; next batch
+                } else {
+                    // Acquire: the rule for loads under the mutex.
+                    let w = Word(self.state.load(Ordering::Acquire));
+                    let want = w.queued().min(limit - w.running());
+                    granted = want.min(wakes.room() as u32);
+                    for _ in 0..granted {
+                        self.grant_one(&mut t, now, &mut wakes);
+                    }
+                    done = granted == want;
+                }
+            }
+            // While more waiters remain to be granted, the limit is raised
+            // only as far as the grants made (keeping invariant 4).
+            self.update(|w| {
+                let target = if done { limit } else { w.running() + granted };
+                Word::new(
+                    w.running() + granted,
+                    w.queued() - granted,
+                    target,
+                    w.closed(),
+                )
+            });
+            self.sync_head(&t);
+            drop(t);
+            wakes.run(self);
+            if done {
+                return;
+            }
+        }
+    }
+
+    /// Sets `closed` and rejects every queued waiter, one wake batch at a
+    /// time.
+    pub(super) fn close(&self) {
+        loop {
+            let mut wakes = WakeList::new();
+            let mut t = lock(&self.table);
+            // AcqRel: the rule for RMWs under the mutex.
+            self.state.fetch_or(CLOSED, Ordering::AcqRel);
+            let mut n = 0u32;
+            while t.head != NIL && !wakes.is_full() {
+                let idx = t.head;
+                t.unlink(idx);
+                self.resolve(&mut t, idx, Err(AdmitError::Closed), 0, &mut wakes);
+                n += 1;
+            }
+            if n > 0 {
+                // AcqRel: the rule for RMWs under the mutex.
+                self.state
+                    .fetch_sub(u64::from(n) * ONE_QUEUED, Ordering::AcqRel);
+                bump(&self.counters.rejected_closed, u64::from(n));
+            }
+            let done = t.head == NIL;
+            self.sync_head(&t);
+            drop(t);
+            wakes.run(self);
+            if done {
+                return;
+            }
+        }
+    }
+
+    /// Rejects every due waiter, one wake batch at a time; how many.
+    pub(super) fn expire(&self) -> usize {
+        if self.timeout.is_none() {
+            return 0;
+        }
+        let mut total = 0;
+        loop {
+            let mut wakes = WakeList::new();
+            let mut t = lock(&self.table);
+            let now = self.clock.now_nanos();
+            total += self.expire_locked(&mut t, now, &mut wakes) as usize;
+            let more = self.head_is_due(&t, now);
+            drop(t);
+            wakes.run(self);
+            if !more {
+                return total;
+            }
+        }
+    }
+
+    /// Bucket counts (waits up to each bound, in seconds), total count and
+    /// sum in nanoseconds of the queue-wait histogram.
+    pub(super) fn wait_histogram<const B: usize>(&self, bounds: [f64; B]) -> ([u64; B], u64, u64) {
+        let t = lock(&self.table);
+        let counts = bounds.map(|le| t.wait_hist.count_between(0, (le * 1e9) as u64));
+        (counts, t.wait_hist.len(), t.wait_sum_nanos)
+    }
+}

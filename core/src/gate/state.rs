@@ -1,0 +1,79 @@
+//! The gate's state word: `running`, `queued`, `limit` and `closed` packed
+//! into one `AtomicU64`, so that the direct-admit and release fast paths are a
+//! single CAS that sees all four at once.
+//!
+//! # Bit layout
+//!
+//! ```text
+//!  63     62..42        41..21          20..0
+//! +------+-------------+---------------+---------------+
+//! |closed| limit (21b) | queued (21b)  | running (21b) |
+//! +------+-------------+---------------+---------------+
+//! ```
+//!
+//! `running` counts held slots, including slots granted to waiters that have
+//! not picked them up yet; `queued` counts linked cells; `limit` is `N`.
+//!
+//! # Invariants
+//!
+//! At every value the word takes:
+//! 1. `queued <= Q`, and `running <= max(limit ever set)` (never above `N`
+//!    unless the limit was just lowered; lowering revokes nothing).
+//! 2. `queued`, `limit` and `closed` change only under the mutex, and
+//!    `queued` always equals the length of the linked list when the mutex is
+//!    taken.
+//! 3. `running` changes without the mutex only while `queued == 0` (both fast
+//!    paths require it in the value they CAS). So while `queued > 0`, the
+//!    mutex holder owns the whole word.
+//! 4. `queued > 0` implies `running >= limit` or `closed`: a slot is never
+//!    left idle while someone waits. (A `set_limit` that grants more waiters
+//!    than one batch raises `limit` step by step, together with the grants.)
+
+const FIELD_BITS: u32 = 21;
+const FIELD_MASK: u64 = (1 << FIELD_BITS) - 1;
+const QUEUED_SHIFT: u32 = FIELD_BITS;
+const LIMIT_SHIFT: u32 = 2 * FIELD_BITS;
+
+/// The `closed` bit.
+pub(super) const CLOSED: u64 = 1 << 63;
+/// One unit of `running`, to add to or subtract from a raw word.
+pub(super) const ONE_RUNNING: u64 = 1;
+/// One unit of `queued`, to add to or subtract from a raw word.
+pub(super) const ONE_QUEUED: u64 = 1 << QUEUED_SHIFT;
+
+/// A decoded state word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Word(pub(super) u64);
+
+impl Word {
+    pub(super) fn new(running: u32, queued: u32, limit: u32, closed: bool) -> Self {
+        debug_assert!(u64::from(running.max(queued).max(limit)) <= FIELD_MASK);
+        Word(
+            u64::from(running)
+                | u64::from(queued) << QUEUED_SHIFT
+                | u64::from(limit) << LIMIT_SHIFT
+                | if closed { CLOSED } else { 0 },
+        )
+    }
+    #[inline]
+    pub(super) fn running(self) -> u32 {
+        (self.0 & FIELD_MASK) as u32
+    }
+    #[inline]
+    pub(super) fn queued(self) -> u32 {
+        ((self.0 >> QUEUED_SHIFT) & FIELD_MASK) as u32
+    }
+    #[inline]
+    pub(super) fn limit(self) -> u32 {
+        ((self.0 >> LIMIT_SHIFT) & FIELD_MASK) as u32
+    }
+    #[inline]
+    pub(super) fn closed(self) -> bool {
+        self.0 & CLOSED != 0
+    }
+    /// Open, nobody queued, a slot free.
+    #[inline]
+    pub(super) fn direct(self) -> bool {
+        !self.closed() && self.queued() == 0 && self.running() < self.limit()
+    }
+}
