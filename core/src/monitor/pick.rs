@@ -6,7 +6,7 @@
 //!   cursor and stores the slot after the one it took. Concurrent routers
 //!   may take the same slot (the policy is documented as approximate).
 //! * **Random** must be uniform over the eligible workers. In order of cost:
-//!   one index into the [`PickCache`] if it was built at the model's
+//!   one index into the `PickCache` if it was built at the model's
 //!   current epochs and the picked slot is still eligible; else up to four
 //!   random probes of the bitsets while at most half the workers are busy;
 //!   else an exact pick that counts the eligible bits of every word and

@@ -3,7 +3,7 @@
 //!
 //! # Algorithm
 //!
-//! Read-copy-update over [`ArcSwap`]: the hot path loads the current
+//! Read-copy-update over `ArcSwap`: the hot path loads the current
 //! [`Registry`] snapshot without a lock (`ArcSwap::load`), while writers
 //! serialize on the monitor's `writer` mutex, clone the snapshot, change the
 //! clone and store it. A reader may keep an old snapshot for the length of
