@@ -87,11 +87,13 @@ mod config;
 mod error;
 mod future;
 mod metrics;
+#[allow(unsafe_code)] // the raw-pointer round trip of an owned permit
 mod permit;
 mod raw;
 mod state;
 mod stats;
 mod table;
+#[allow(unsafe_code)] // the uninitialized wake buffer
 mod wake;
 
 pub use admission::AdmissionGate;
