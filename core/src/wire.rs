@@ -21,6 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::ReportError;
 use crate::load::LoadReport;
 
+mod dynamo;
+
+pub use dynamo::{Envelope, KV_METRICS_TOPIC};
+
 /// The schema version this crate writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -122,6 +126,8 @@ pub enum Decoded {
     Load(LoadMessage),
     /// A reference `ActiveLoad`.
     ActiveLoad(ActiveLoad),
+    /// A reference event-plane envelope carrying an `ActiveLoad`.
+    Envelope(Envelope),
 }
 
 /// Why a payload was refused.
@@ -181,6 +187,12 @@ struct AnyPayload<'a> {
     active_decode_blocks: Option<u64>,
     kv_used_blocks: Option<u64>,
     active_prefill_tokens: Option<u64>,
+    // The reference event-plane envelope (`topic` and `published_at` are
+    // not needed, so not read).
+    publisher_id: Option<u64>,
+    sequence: Option<u64>,
+    #[serde(borrow)]
+    payload: Option<dynamo::Payload<'a>>,
 }
 
 /// A decoded envelope that borrows the model name from the payload, so the
@@ -238,6 +250,7 @@ impl LoadRef<'_> {
 pub(crate) enum DecodedRef<'a> {
     Load(LoadRef<'a>),
     ActiveLoad(ActiveLoad),
+    Envelope(Envelope),
 }
 
 /// Decodes a msgpack or JSON payload (JSON when it starts with `{`).
@@ -245,6 +258,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, WireError> {
     Ok(match decode_ref(bytes)? {
         DecodedRef::Load(l) => Decoded::Load(l.into_owned()),
         DecodedRef::ActiveLoad(a) => Decoded::ActiveLoad(a),
+        DecodedRef::Envelope(e) => Decoded::Envelope(e),
     })
 }
 
@@ -263,6 +277,13 @@ pub(crate) fn decode_ref(bytes: &[u8]) -> Result<DecodedRef<'_>, WireError> {
         },
     };
     let missing = |field: &str| WireError::Malformed(format!("missing field {field}"));
+    if let Some(payload) = any.payload {
+        return Ok(DecodedRef::Envelope(Envelope {
+            publisher_id: any.publisher_id.ok_or_else(|| missing("publisher_id"))?,
+            sequence: any.sequence.ok_or_else(|| missing("sequence"))?,
+            load: dynamo::decode_payload(payload)?,
+        }));
+    }
     let worker_id = any.worker_id.ok_or_else(|| missing("worker_id"))?;
     let Some(v) = any.v else {
         return Ok(DecodedRef::ActiveLoad(ActiveLoad {

@@ -10,7 +10,7 @@
 
 use libfuzzer_sys::arbitrary::{self, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use loadgate::wire::{decode, Decoded, LoadMessage, WireError, SCHEMA_VERSION};
+use loadgate::wire::{decode, ActiveLoad, Decoded, Envelope, LoadMessage, WireError, SCHEMA_VERSION};
 
 /// Field values biased towards the boundaries `decode` validates.
 fn u32_field(u: &mut Unstructured<'_>) -> arbitrary::Result<u32> {
@@ -63,6 +63,20 @@ fn message(u: &mut Unstructured<'_>) -> arbitrary::Result<LoadMessage> {
     })
 }
 
+fn envelope(u: &mut Unstructured<'_>) -> arbitrary::Result<Envelope> {
+    Ok(Envelope {
+        publisher_id: u.arbitrary()?,
+        sequence: u.arbitrary()?,
+        load: ActiveLoad {
+            worker_id: u.arbitrary()?,
+            dp_rank: u32_field(u)?,
+            active_decode_blocks: u64_field(u)?,
+            active_prefill_tokens: u64_field(u)?,
+            kv_used_blocks: u64_field(u)?,
+        },
+    })
+}
+
 /// What `decode` must answer for an encoded `m`.
 fn expected(m: &LoadMessage) -> Result<(), &'static str> {
     if m.v != SCHEMA_VERSION {
@@ -90,6 +104,10 @@ fn round_trips(decoded: &Decoded) {
             let json = serde_json::to_vec(a).expect("ActiveLoad serializes");
             assert_eq!(decode(&json).as_ref(), Ok(decoded), "json");
         }
+        Decoded::Envelope(e) => {
+            assert_eq!(decode(&e.to_msgpack(1)).as_ref(), Ok(decoded), "msgpack");
+            assert_eq!(decode(&e.to_json(1)).as_ref(), Ok(decoded), "json");
+        }
     }
 }
 
@@ -107,6 +125,12 @@ fuzz_target!(|data: &[u8]| {
     }
 
     let mut u = Unstructured::new(data);
+    if let Ok(e) = envelope(&mut u) {
+        // The reference's envelope, as it writes it, reads back as itself.
+        let want = Ok(Decoded::Envelope(e.clone()));
+        assert_eq!(decode(&e.to_msgpack(u64::MAX)), want, "msgpack envelope");
+        assert_eq!(decode(&e.to_json(0)), want, "json envelope");
+    }
     let Ok(m) = message(&mut u) else { return };
     for (encoding, bytes) in [("msgpack", m.to_msgpack()), ("json", m.to_json())] {
         let got = decode(&bytes);

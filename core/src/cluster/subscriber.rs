@@ -37,7 +37,7 @@ use crate::error::{ReportError, WorkerError};
 use crate::load::WorkerSpec;
 use crate::metrics;
 use crate::monitor::Monitor;
-use crate::wire::{decode_ref, DecodedRef, LoadMessage, LoadRef, WireError};
+use crate::wire::{decode_ref, DecodedRef, Envelope, LoadMessage, LoadRef, WireError};
 
 /// Default [`SubscriberConfig::max_payload`].
 pub const DEFAULT_MAX_PAYLOAD: usize = 16 * 1024;
@@ -241,6 +241,9 @@ pub struct Subscriber {
     clock: SharedClock,
     config: SubscriberConfig,
     tracks: Mutex<HashMap<u64, Track, RandomState>>,
+    /// The last `(publisher_id, sequence)` applied per worker from reference
+    /// envelopes; only for workers the monitor knows (pruned by `expire`).
+    envelope_order: Mutex<HashMap<u64, (u64, u64), RandomState>>,
     /// Held by registration and expiry (the slow paths), never by the
     /// path of known workers, so the two slow paths never interleave.
     registering: Mutex<()>,
@@ -283,6 +286,7 @@ impl Subscriber {
             clock,
             config,
             tracks: Mutex::new(HashMap::default()),
+            envelope_order: Mutex::new(HashMap::default()),
             registering: Mutex::new(()),
             counters: Default::default(),
             refusals: Default::default(),
@@ -341,6 +345,7 @@ impl Subscriber {
                     .map(|()| Applied::Report)
                     .map_err(HandleError::Report)
             }
+            DecodedRef::Envelope(e) => return self.apply_envelope(&e),
             DecodedRef::Load(msg) => msg,
         };
         if let Some(subject) = subject {
@@ -389,6 +394,29 @@ impl Subscriber {
             }
         };
         self.counters[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Applies a reference event-plane envelope to a worker the application
+    /// declared (these carry no declaration). Envelopes are ordered per
+    /// worker by `sequence` within one `publisher_id`; a new `publisher_id`
+    /// is a restarted worker and starts a new order.
+    fn apply_envelope(&self, e: &Envelope) -> Result<Applied, HandleError> {
+        let id = e.load.worker_id;
+        let mut order = lock(&self.envelope_order);
+        if let Some(&(publisher, last)) = order.get(&id) {
+            if publisher == e.publisher_id && e.sequence <= last {
+                return Ok(Applied::OutOfOrder);
+            }
+        }
+        let result = self.monitor.report(id, e.load.dp_rank, &e.load.report());
+        if let Err(ReportError::UnknownWorker(_)) = result {
+            order.remove(&id);
+        } else {
+            order.insert(id, (e.publisher_id, e.sequence));
+        }
+        result
+            .map(|()| Applied::Report)
+            .map_err(HandleError::Report)
     }
 
     /// The fast path: applies `msg` if its worker is tracked with the same
@@ -492,6 +520,7 @@ impl Subscriber {
             let _ = self.monitor.remove_worker(*id);
             self.counters[EXPIRED].fetch_add(1, Ordering::Relaxed);
         }
+        lock(&self.envelope_order).retain(|id, _| self.monitor.is_busy(*id).is_ok());
         silent
     }
 

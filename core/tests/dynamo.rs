@@ -1,0 +1,333 @@
+//! The reference system's event-plane envelope (docs/behaviour.md), built
+//! here the way `rmp_serde::to_vec_named` writes the reference's own structs:
+//! field order as declared, `None` as nil, `payload` as msgpack `bin`; all
+//! three payload generations, older envelope layouts and the JSON form.
+
+use std::sync::Arc;
+
+use loadgate::cluster::{Applied, HandleError, Subscriber, SubscriberConfig};
+use loadgate::wire::{decode, ActiveLoad, Decoded, Envelope, WireError};
+use loadgate::{ManualClock, Monitor, ReportError, WorkerSpec};
+use serde::{Serialize, Serializer};
+
+/// `bytes::Bytes` as serde writes it: a byte string.
+struct Bytes(Vec<u8>);
+
+impl Serialize for Bytes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+/// The reference's `EventEnvelope`, fields in its declaration order.
+#[derive(Serialize)]
+struct EventEnvelope {
+    publisher_id: u64,
+    sequence: u64,
+    published_at: u64,
+    topic: String,
+    payload: Bytes,
+}
+
+/// An older layout: `topic` first, nanosecond timestamp.
+#[derive(Serialize)]
+struct OldEventEnvelope {
+    topic: String,
+    publisher_id: u64,
+    sequence: u64,
+    published_at_ns: u64,
+    payload: Bytes,
+}
+
+/// The newest `ActiveLoad`.
+#[derive(Serialize)]
+struct ActiveLoadV3 {
+    worker_id: u64,
+    dp_rank: u32,
+    active_decode_blocks: Option<u64>,
+    active_prefill_tokens: Option<u64>,
+    scheduler_load_scope: Option<&'static str>,
+    kv_used_blocks: Option<u64>,
+}
+
+/// Before `scheduler_load_scope`.
+#[derive(Serialize)]
+struct ActiveLoadV2 {
+    worker_id: u64,
+    dp_rank: u32,
+    active_decode_blocks: Option<u64>,
+    active_prefill_tokens: Option<u64>,
+    kv_used_blocks: Option<u64>,
+}
+
+/// Before `kv_used_blocks`.
+#[derive(Serialize)]
+struct ActiveLoadV1 {
+    worker_id: u64,
+    dp_rank: u32,
+    active_decode_blocks: Option<u64>,
+    active_prefill_tokens: Option<u64>,
+}
+
+fn envelope(publisher_id: u64, sequence: u64, payload: &impl Serialize) -> Vec<u8> {
+    rmp_serde::to_vec_named(&EventEnvelope {
+        publisher_id,
+        sequence,
+        published_at: 1_764_720_000_000,
+        topic: "kv_metrics".into(),
+        payload: Bytes(rmp_serde::to_vec_named(payload).unwrap()),
+    })
+    .unwrap()
+}
+
+fn v3(worker_id: u64, kv_used: Option<u64>, decode: Option<u64>) -> ActiveLoadV3 {
+    ActiveLoadV3 {
+        worker_id,
+        dp_rank: 0,
+        active_decode_blocks: decode,
+        active_prefill_tokens: None,
+        scheduler_load_scope: Some("local"),
+        kv_used_blocks: kv_used,
+    }
+}
+
+fn load(worker_id: u64, dp_rank: u32) -> ActiveLoad {
+    ActiveLoad {
+        worker_id,
+        dp_rank,
+        active_decode_blocks: None,
+        active_prefill_tokens: None,
+        kv_used_blocks: None,
+    }
+}
+
+#[test]
+fn every_payload_generation_and_envelope_layout_decodes() {
+    let want = |load: ActiveLoad| {
+        Ok(Decoded::Envelope(Envelope {
+            publisher_id: 9,
+            sequence: 3,
+            load,
+        }))
+    };
+    let gen3 = ActiveLoadV3 {
+        dp_rank: 2,
+        active_prefill_tokens: Some(512),
+        scheduler_load_scope: Some("replica_synchronized"),
+        ..v3(7, Some(40), Some(30))
+    };
+    assert_eq!(
+        decode(&envelope(9, 3, &gen3)),
+        want(ActiveLoad {
+            active_decode_blocks: Some(30),
+            active_prefill_tokens: Some(512),
+            kv_used_blocks: Some(40),
+            ..load(7, 2)
+        })
+    );
+    let gen2 = ActiveLoadV2 {
+        worker_id: 7,
+        dp_rank: 1,
+        active_decode_blocks: None,
+        active_prefill_tokens: Some(0),
+        kv_used_blocks: Some(5),
+    };
+    assert_eq!(
+        decode(&envelope(9, 3, &gen2)),
+        want(ActiveLoad {
+            active_prefill_tokens: Some(0),
+            kv_used_blocks: Some(5),
+            ..load(7, 1)
+        })
+    );
+    let gen1 = ActiveLoadV1 {
+        worker_id: 7,
+        dp_rank: 0,
+        active_decode_blocks: Some(12),
+        active_prefill_tokens: None,
+    };
+    assert_eq!(
+        decode(&envelope(9, 3, &gen1)),
+        want(ActiveLoad {
+            active_decode_blocks: Some(12),
+            ..load(7, 0)
+        })
+    );
+    // An older envelope layout, matched by field name.
+    let old = rmp_serde::to_vec_named(&OldEventEnvelope {
+        topic: "kv_metrics".into(),
+        publisher_id: 9,
+        sequence: 3,
+        published_at_ns: 1,
+        payload: Bytes(rmp_serde::to_vec_named(&gen1).unwrap()),
+    })
+    .unwrap();
+    assert_eq!(
+        decode(&old),
+        want(ActiveLoad {
+            active_decode_blocks: Some(12),
+            ..load(7, 0)
+        })
+    );
+    // The JSON form: serde writes the payload bytes as an array.
+    let json = serde_json::to_vec(&EventEnvelope {
+        publisher_id: 9,
+        sequence: 3,
+        published_at: 1,
+        topic: "kv_metrics".into(),
+        payload: Bytes(rmp_serde::to_vec_named(&gen2).unwrap()),
+    })
+    .unwrap();
+    assert!(json.starts_with(b"{\"publisher_id\":9"));
+    assert_eq!(
+        decode(&json),
+        want(ActiveLoad {
+            active_prefill_tokens: Some(0),
+            kv_used_blocks: Some(5),
+            ..load(7, 1)
+        })
+    );
+    // ... and a nested ActiveLoad object, with unknown fields ignored.
+    let nested = br#"{"publisher_id":9,"sequence":3,"published_at":1,"topic":"kv_metrics",
+        "payload":{"worker_id":7,"dp_rank":1,"kv_used_blocks":5,"active_prefill_tokens":0,
+        "scheduler_load_scope":"local","future_field":[1,2]},"future":null}"#;
+    assert_eq!(
+        decode(nested),
+        want(ActiveLoad {
+            active_prefill_tokens: Some(0),
+            kv_used_blocks: Some(5),
+            ..load(7, 1)
+        })
+    );
+    // What loadgate writes is what the reference writes.
+    let e = Envelope {
+        publisher_id: 9,
+        sequence: 3,
+        load: ActiveLoad {
+            active_decode_blocks: Some(30),
+            kv_used_blocks: Some(40),
+            ..load(7, 0)
+        },
+    };
+    let reference = rmp_serde::to_vec_named(&EventEnvelope {
+        publisher_id: 9,
+        sequence: 3,
+        published_at: 5,
+        topic: "kv_metrics".into(),
+        payload: Bytes(
+            rmp_serde::to_vec_named(&ActiveLoadV3 {
+                scheduler_load_scope: None,
+                ..v3(7, Some(40), Some(30))
+            })
+            .unwrap(),
+        ),
+    })
+    .unwrap();
+    assert_eq!(e.to_msgpack(5), reference, "byte for byte");
+}
+
+#[test]
+fn malformed_envelopes_are_typed_errors() {
+    let malformed = |bytes: &[u8]| matches!(decode(bytes), Err(WireError::Malformed(_)));
+    let no_sequence = rmp_serde::to_vec_named(&serde_json::json!({
+        "publisher_id": 1, "payload": serde_json::json!({"worker_id": 1}),
+    }))
+    .unwrap();
+    assert!(malformed(&no_sequence));
+    let mut cut = envelope(1, 1, &v3(7, Some(1), None));
+    cut.truncate(cut.len() - 3);
+    assert!(malformed(&cut));
+    let bad_inner = rmp_serde::to_vec_named(&EventEnvelope {
+        publisher_id: 1,
+        sequence: 1,
+        published_at: 1,
+        topic: "kv_metrics".into(),
+        payload: Bytes(b"\xc1nonsense".to_vec()),
+    })
+    .unwrap();
+    assert!(malformed(&bad_inner));
+    assert!(malformed(
+        br#"{"publisher_id":1,"sequence":1,"payload":{"dp_rank":1}}"#
+    ));
+    assert!(malformed(
+        br#"{"publisher_id":1,"sequence":1,"payload":[256]}"#
+    ));
+    assert!(malformed(
+        br#"{"publisher_id":1,"sequence":1,"payload":"text"}"#
+    ));
+}
+
+fn frontend() -> (Arc<Monitor>, Arc<Subscriber>) {
+    let monitor = Arc::new(Monitor::with_config(Default::default(), ManualClock::new()).unwrap());
+    let spec = WorkerSpec {
+        dp_size: 2,
+        kv_total_blocks: Some(100),
+        ..Default::default()
+    };
+    monitor.add_worker("m", 7, spec).unwrap();
+    let s = Subscriber::new(
+        monitor.clone(),
+        SubscriberConfig::default(),
+        ManualClock::new(),
+    )
+    .unwrap();
+    (monitor, s)
+}
+
+#[test]
+fn envelopes_are_ordered_per_publisher_and_a_new_publisher_is_a_restart() {
+    let (m, s) = frontend();
+    let kv = |m: &Monitor| m.rank_load(7, 0).unwrap().kv_used_blocks;
+    assert_eq!(
+        s.handle(&envelope(1, 0, &v3(7, Some(10), None))),
+        Ok(Applied::Report)
+    );
+    assert_eq!(
+        s.handle(&envelope(1, 2, &v3(7, Some(20), None))),
+        Ok(Applied::Report)
+    );
+    assert_eq!(
+        s.handle(&envelope(1, 1, &v3(7, Some(15), None))),
+        Ok(Applied::OutOfOrder)
+    );
+    assert_eq!(
+        s.handle(&envelope(1, 2, &v3(7, Some(15), None))),
+        Ok(Applied::OutOfOrder),
+        "a replay"
+    );
+    assert_eq!(kv(&m), 20);
+    // nil keeps the value: only active_decode_blocks changes.
+    assert_eq!(
+        s.handle(&envelope(1, 3, &v3(7, None, Some(4)))),
+        Ok(Applied::Report)
+    );
+    let rank = m.rank_load(7, 0).unwrap();
+    assert_eq!((rank.kv_used_blocks, rank.active_decode_blocks), (20, 4));
+    // The worker restarts: a new publisher starts again from 0.
+    assert_eq!(
+        s.handle(&envelope(2, 0, &v3(7, Some(30), None))),
+        Ok(Applied::Report)
+    );
+    assert_eq!(kv(&m), 30);
+    assert_eq!(s.stats().out_of_order, 2);
+}
+
+#[test]
+fn envelopes_for_undeclared_workers_or_ranks_are_refused_and_counted() {
+    let (m, s) = frontend();
+    assert_eq!(
+        s.handle(&envelope(1, 0, &v3(8, Some(10), None))),
+        Err(HandleError::Report(ReportError::UnknownWorker(8)))
+    );
+    let rank_5 = ActiveLoadV3 {
+        dp_rank: 5,
+        ..v3(7, Some(10), None)
+    };
+    assert!(matches!(
+        s.handle(&envelope(1, 0, &rank_5)),
+        Err(HandleError::Report(ReportError::UndeclaredRank { .. }))
+    ));
+    assert!(m.workers("m") == vec![7], "nothing registered");
+    let refused: Vec<_> = s.refusals().into_iter().filter(|(_, n)| *n > 0).collect();
+    assert_eq!(refused, vec![("unknown_worker", 1), ("undeclared_rank", 1)]);
+}
