@@ -331,3 +331,94 @@ fn envelopes_for_undeclared_workers_or_ranks_are_refused_and_counted() {
     let refused: Vec<_> = s.refusals().into_iter().filter(|(_, n)| *n > 0).collect();
     assert_eq!(refused, vec![("unknown_worker", 1), ("undeclared_rank", 1)]);
 }
+
+#[test]
+fn a_loadgate_worker_publishes_what_a_reference_frontend_reads() {
+    use loadgate::cluster::{
+        dynamo_kv_metrics_subject, InProcessBus, Publisher, PublisherConfig, Subjects, Transport,
+        WireFormat,
+    };
+    use loadgate::LoadReport;
+    use std::sync::Mutex;
+
+    let bus = InProcessBus::new();
+    // What a reference frontend receives: every endpoint of the namespace.
+    let seen: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    let sink = seen.clone();
+    let _raw = bus
+        .subscribe(
+            &dynamo_kv_metrics_subject("dyn", "*", "*").unwrap(),
+            Arc::new(move |subject: &str, p: &[u8]| {
+                sink.lock().unwrap().push((subject.to_owned(), p.to_vec()));
+            }),
+        )
+        .unwrap();
+    // A loadgate frontend following the same subject, the worker declared.
+    let (m, s) = frontend();
+    let config = SubscriberConfig {
+        active_load_subject: Some(dynamo_kv_metrics_subject("dyn", "*", "*").unwrap()),
+        ..Default::default()
+    };
+    let s2 = Subscriber::new(m.clone(), config, ManualClock::new()).unwrap();
+    let _attached = s2.attach(&bus, &Subjects::new("dyn").unwrap()).unwrap();
+    drop(s);
+
+    let config = PublisherConfig {
+        dp_size: 2,
+        format: WireFormat::Dynamo {
+            namespace: "dyn".into(),
+            component: "vllm worker".into(),
+            endpoint: "generate".into(),
+        },
+        ..PublisherConfig::new(7, "m")
+    };
+    let w = Publisher::new(
+        config,
+        Arc::new(bus.clone()),
+        &Subjects::new("dyn").unwrap(),
+        ManualClock::new(),
+    )
+    .unwrap();
+    w.report(
+        1,
+        &LoadReport {
+            kv_used_blocks: Some(42),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(w.flush(), 2, "the first flush is a heartbeat of both ranks");
+    assert_eq!(m.rank_load(7, 1).unwrap().kv_used_blocks, 42);
+
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[0].0,
+        "namespace.dyn.component.vllm%20worker.endpoint.generate.kv_metrics"
+    );
+    let Ok(Decoded::Envelope(first)) = decode(&seen[0].1) else {
+        panic!("not an envelope")
+    };
+    let Ok(Decoded::Envelope(second)) = decode(&seen[1].1) else {
+        panic!("not an envelope")
+    };
+    assert_eq!((first.sequence, second.sequence), (0, 1), "counted from 0");
+    assert_eq!(first.publisher_id, second.publisher_id);
+    assert_eq!(
+        second.load,
+        ActiveLoad {
+            kv_used_blocks: Some(42),
+            ..load(7, 1)
+        }
+    );
+
+    let wildcard = PublisherConfig {
+        format: WireFormat::Dynamo {
+            namespace: "dyn".into(),
+            component: "*".into(),
+            endpoint: "generate".into(),
+        },
+        ..PublisherConfig::new(8, "m")
+    };
+    assert!(wildcard.validate().is_err());
+}

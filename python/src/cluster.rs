@@ -27,7 +27,7 @@ use loadgate::cluster::{
     Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
     DEFAULT_HEARTBEAT,
 };
-use loadgate::{Limits, LoadReport, MonotonicClock};
+use loadgate::{LoadReport, MonotonicClock};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -316,14 +316,12 @@ impl Reporter {
             None => Subjects::new("default").map_err(cluster_error)?,
         };
         let config = PublisherConfig {
-            worker_id,
-            model: model.clone(),
             dp_start: dp_start.map_or(Ok(0), |v| u32_arg(v, "dp_start"))?,
             dp_size: dp_size.map_or(Ok(1), |v| u32_arg(v, "dp_size"))?,
             kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
             max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
             heartbeat: heartbeat.map_or(Ok(DEFAULT_HEARTBEAT), |h| seconds_arg(h, "heartbeat"))?,
-            limits: Limits::default(),
+            ..PublisherConfig::new(worker_id, model.clone())
         };
         // Refuse bad settings before connecting.
         config.validate().map_err(cluster_error)?;

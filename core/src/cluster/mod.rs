@@ -35,13 +35,13 @@ mod transport;
 #[cfg(feature = "nats")]
 pub mod nats;
 
-pub use publisher::{Publisher, PublisherConfig, DEFAULT_HEARTBEAT};
+pub use publisher::{Publisher, PublisherConfig, WireFormat, DEFAULT_HEARTBEAT};
 pub use subscriber::{
     Applied, Attached, HandleError, Subscriber, SubscriberConfig, SubscriberStats,
 };
 pub use transport::{
-    subject_matches, Handler, InProcessBus, Subjects, Subscription, Transport, DEFAULT_PREFIX,
-    MAX_TOKEN_LEN,
+    dynamo_kv_metrics_subject, subject_matches, Handler, InProcessBus, Subjects, Subscription,
+    Transport, DEFAULT_PREFIX, MAX_TOKEN_LEN,
 };
 
 /// A cluster setup or transport failure.

@@ -6,12 +6,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{lock, ClusterError, Subjects, Transport};
+use super::{dynamo_kv_metrics_subject, lock, ClusterError, Subjects, Transport};
 use crate::clock::{nanos, MonotonicClock, SharedClock};
 use crate::error::ReportError;
 use crate::limits::Limits;
 use crate::load::LoadReport;
-use crate::wire::{LoadMessage, SCHEMA_VERSION};
+use crate::wire::{ActiveLoad, Envelope, LoadMessage, SCHEMA_VERSION};
 
 /// Default heartbeat period of a publisher.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
@@ -37,6 +37,31 @@ pub struct PublisherConfig {
     /// those of a default [`Monitor`](crate::Monitor), so a publisher
     /// never declares what default frontends refuse.
     pub limits: Limits,
+    /// What to publish and where: loadgate's own messages (the default) or
+    /// the reference's event-plane envelope.
+    pub format: WireFormat,
+}
+
+/// The message format and subject a publisher uses.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum WireFormat {
+    /// loadgate's [`LoadMessage`] (declaration included) on
+    /// `{prefix}.{namespace}.load.{worker_id}`.
+    #[default]
+    Loadgate,
+    /// The reference's event-plane envelope around its `ActiveLoad` on
+    /// `namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv_metrics`
+    /// (see [`dynamo_kv_metrics_subject`]), so a reference frontend reads
+    /// this worker. The envelope carries no declaration: frontends declare
+    /// the worker themselves.
+    Dynamo {
+        /// The reference namespace.
+        namespace: String,
+        /// The worker's component.
+        component: String,
+        /// The worker's endpoint.
+        endpoint: String,
+    },
 }
 
 impl PublisherConfig {
@@ -51,6 +76,7 @@ impl PublisherConfig {
             max_num_batched_tokens: None,
             heartbeat: DEFAULT_HEARTBEAT,
             limits: Limits::default(),
+            format: WireFormat::Loadgate,
         }
     }
 
@@ -67,7 +93,32 @@ impl PublisherConfig {
                 "heartbeat must be longer than zero".into(),
             ));
         }
+        if let WireFormat::Dynamo {
+            namespace,
+            component,
+            endpoint,
+        } = &self.format
+        {
+            if [namespace, component, endpoint].iter().any(|s| *s == "*") {
+                return Err(ClusterError::InvalidSubject(
+                    "a publisher's namespace, component and endpoint cannot be wildcards".into(),
+                ));
+            }
+            dynamo_kv_metrics_subject(namespace, component, endpoint)?;
+        }
         Ok(())
+    }
+
+    /// The subject this publisher sends on.
+    fn subject(&self, subjects: &Subjects) -> Result<String, ClusterError> {
+        match &self.format {
+            WireFormat::Loadgate => Ok(subjects.load(self.worker_id)),
+            WireFormat::Dynamo {
+                namespace,
+                component,
+                endpoint,
+            } => dynamo_kv_metrics_subject(namespace, component, endpoint),
+        }
     }
 }
 
@@ -125,7 +176,7 @@ impl Publisher {
         config.validate()?;
         let ranks = vec![PendingRank::default(); config.dp_size as usize];
         let inner = Arc::new(PublisherInner {
-            subject: subjects.load(config.worker_id),
+            subject: config.subject(subjects)?,
             instance: instance_id(),
             transport,
             clock,
@@ -230,6 +281,14 @@ fn merge(into: &mut LoadReport, new: &LoadReport) {
     set(&mut into.max_num_batched_tokens, new.max_num_batched_tokens);
 }
 
+/// Wall-clock time in unix milliseconds, for the reference envelope's
+/// `published_at` (informational: readers order by `sequence`).
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A process-unique, run-unique publisher instance id.
 fn instance_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -286,7 +345,23 @@ impl PublisherInner {
             out
         };
         for m in &messages {
-            match self.transport.publish(&self.subject, m.to_msgpack()) {
+            let payload = match self.config.format {
+                WireFormat::Loadgate => m.to_msgpack(),
+                WireFormat::Dynamo { .. } => Envelope {
+                    publisher_id: m.instance,
+                    // The reference counts from 0; `seq` counts from 1.
+                    sequence: m.seq - 1,
+                    load: ActiveLoad {
+                        worker_id: m.worker_id,
+                        dp_rank: m.dp_rank,
+                        active_decode_blocks: m.active_decode_blocks,
+                        active_prefill_tokens: m.active_prefill_tokens,
+                        kv_used_blocks: m.kv_used_blocks,
+                    },
+                }
+                .to_msgpack(unix_millis()),
+            };
+            match self.transport.publish(&self.subject, payload) {
                 Ok(()) => self.sent.fetch_add(1, Ordering::Relaxed),
                 Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
             };

@@ -4,7 +4,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
 use super::{lock, ClusterError};
+use crate::wire::KV_METRICS_TOPIC;
 
 /// Default subject prefix.
 pub const DEFAULT_PREFIX: &str = "loadgate";
@@ -59,6 +62,44 @@ impl Subjects {
     pub fn load_all(&self) -> String {
         format!("{}.*", self.base)
     }
+}
+
+/// What the reference leaves unencoded in a subject segment: `[A-Za-z0-9_-]`.
+const DYNAMO_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'_').remove(b'-');
+
+/// The subject a reference worker publishes its load on:
+/// `namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv_metrics`,
+/// each segment percent-encoded except `[A-Za-z0-9_-]`, as the reference
+/// encodes them. A segment that is exactly `*` stays a wildcard (one
+/// segment), so a frontend can follow every component or endpoint.
+pub fn dynamo_kv_metrics_subject(
+    namespace: &str,
+    component: &str,
+    endpoint: &str,
+) -> Result<String, ClusterError> {
+    let mut subject = String::new();
+    for (name, segment) in [
+        ("namespace", namespace),
+        ("component", component),
+        ("endpoint", endpoint),
+    ] {
+        if segment.is_empty() || segment.len() > MAX_TOKEN_LEN {
+            return Err(ClusterError::InvalidSubject(format!(
+                "{name} must be 1 to {MAX_TOKEN_LEN} bytes, not {}",
+                segment.len()
+            )));
+        }
+        subject.push_str(name);
+        subject.push('.');
+        if segment == "*" {
+            subject.push('*');
+        } else {
+            subject.extend(utf8_percent_encode(segment, DYNAMO_SEGMENT));
+        }
+        subject.push('.');
+    }
+    subject.push_str(KV_METRICS_TOPIC);
+    Ok(subject)
 }
 
 /// Whether `subject` matches a NATS `pattern` (`*` one token, `>` the rest).
@@ -190,6 +231,22 @@ mod tests {
         assert!(Subjects::with_prefix("corp.loadgate", "ns").is_ok());
         assert!(Subjects::with_prefix("corp..x", "ns").is_err());
         assert!(Subjects::new(&"n".repeat(MAX_TOKEN_LEN)).is_ok());
+        assert_eq!(
+            dynamo_kv_metrics_subject("dynamo", "backend", "generate").unwrap(),
+            "namespace.dynamo.component.backend.endpoint.generate.kv_metrics"
+        );
+        assert_eq!(
+            dynamo_kv_metrics_subject("my ns.v1", "vllm-worker_2", "gen/é").unwrap(),
+            "namespace.my%20ns%2Ev1.component.vllm-worker_2.endpoint.gen%2F%C3%A9.kv_metrics"
+        );
+        let all = dynamo_kv_metrics_subject("dynamo", "*", "*").unwrap();
+        assert_eq!(all, "namespace.dynamo.component.*.endpoint.*.kv_metrics");
+        assert!(subject_matches(
+            &all,
+            &dynamo_kv_metrics_subject("dynamo", "a.b", "c").unwrap()
+        ));
+        assert!(dynamo_kv_metrics_subject("", "c", "e").is_err());
+        assert!(dynamo_kv_metrics_subject("n", "c", &"e".repeat(MAX_TOKEN_LEN + 1)).is_err());
         assert!(Subjects::new(&"n".repeat(MAX_TOKEN_LEN + 1)).is_err());
     }
 }
