@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate_core::gate::{AdmissionGate, GateConfig, DEFAULT_QUEUE_LIMIT};
-use loadgate_core::{Clock, MonotonicClock};
 
 use crate::ffi::{boundary, guard, input, optional_string, Error, Out, TextBuf};
 use crate::permit::{lg_admit_callback, lg_permit, CallbackTarget};
@@ -26,9 +25,6 @@ pub const LG_TIMEOUT_INFINITE: u64 = u64::MAX;
 /// gate's state alive, so the handle may be freed before they are done.
 pub struct lg_gate {
     gate: Arc<AdmissionGate>,
-    /// The clock the gate reads (same origin), to turn its deadlines into
-    /// waits.
-    clock: MonotonicClock,
 }
 
 /// Gate settings. Fill with lg_gate_config_default(), then change fields.
@@ -85,11 +81,9 @@ pub struct lg_gate_stats {
 
 impl lg_gate {
     fn build(config: GateConfig) -> Result<*mut lg_gate, Error> {
-        let clock = MonotonicClock::new();
-        let gate = AdmissionGate::with_clock(config, Arc::new(clock))?;
+        let gate = AdmissionGate::new(config)?;
         Ok(Box::into_raw(Box::new(lg_gate {
             gate: Arc::new(gate),
-            clock,
         })))
     }
 }
@@ -428,9 +422,12 @@ pub unsafe extern "C" fn lg_gate_next_deadline(
         // SAFETY: `gate` is NULL or live (contract).
         let g = unsafe { input(gate, "gate") }?;
         let out = Out::new(out_wait_ns, "out_wait_ns")?;
-        let wait = g.gate.next_deadline().map_or(LG_TIMEOUT_INFINITE, |d| {
-            d.saturating_sub(g.clock.now_nanos())
-        });
+        let wait = g
+            .gate
+            .time_to_next_deadline()
+            .map_or(LG_TIMEOUT_INFINITE, |d| {
+                u64::try_from(d.as_nanos()).unwrap_or(LG_TIMEOUT_INFINITE)
+            });
         // SAFETY: `out_wait_ns` is writable (contract).
         unsafe { out.write(wait) };
         Ok(())

@@ -27,10 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
 
-use loadgate::{
-    AdmitError, CallbackTicket, Clock, GateConfig, MonotonicClock, OwnedPermit, Reason,
-    TryAdmitError,
-};
+use loadgate::{AdmitError, CallbackTicket, GateConfig, OwnedPermit, Reason, TryAdmitError};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -51,17 +48,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[pyclass(frozen, module = "loadgate")]
 pub struct AdmissionGate {
     inner: Arc<loadgate::AdmissionGate>,
-    clock: MonotonicClock,
 }
 
 impl AdmissionGate {
     fn build(config: GateConfig) -> PyResult<Self> {
-        let clock = MonotonicClock::new();
-        let inner =
-            loadgate::AdmissionGate::with_clock(config, Arc::new(clock)).map_err(config_error)?;
+        let inner = loadgate::AdmissionGate::new(config).map_err(config_error)?;
         Ok(Self {
             inner: Arc::new(inner),
-            clock,
         })
     }
 }
@@ -137,7 +130,6 @@ impl AdmissionGate {
     fn admit(&self) -> Admission {
         Admission {
             gate: Arc::clone(&self.inner),
-            clock: self.clock,
             future: Mutex::new(None),
         }
     }
@@ -320,7 +312,6 @@ fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 #[pyclass(frozen, module = "loadgate")]
 pub struct Admission {
     gate: Arc<loadgate::AdmissionGate>,
-    clock: MonotonicClock,
     /// The asyncio future, once awaited.
     future: Mutex<Option<Py<PyAny>>>,
 }
@@ -366,7 +357,6 @@ impl Admission {
             py,
             Waiter {
                 gate: Arc::clone(&self.gate),
-                clock: self.clock,
                 fut: fut.clone().unbind(),
                 event_loop: event_loop.clone().unbind(),
                 thread: thread::current().id(),
@@ -543,7 +533,6 @@ impl Ready {
 #[pyclass(frozen, module = "loadgate", name = "_AdmissionWaiter")]
 pub struct Waiter {
     gate: Arc<loadgate::AdmissionGate>,
-    clock: MonotonicClock,
     fut: Py<PyAny>,
     event_loop: Py<PyAny>,
     thread: ThreadId,
@@ -664,13 +653,12 @@ impl Waiter {
             .as_ref()
             .is_some_and(CallbackTicket::is_queued);
         if queued {
-            let now = me.clock.now_nanos();
             let wait = me
                 .gate
-                .next_deadline()
-                .map_or(0, |d| d.saturating_sub(now))
-                .max(100_000);
-            me.arm_timer(py, slf, Duration::from_nanos(wait))?;
+                .time_to_next_deadline()
+                .unwrap_or_default()
+                .max(Duration::from_micros(100));
+            me.arm_timer(py, slf, wait)?;
         }
         Ok(())
     }

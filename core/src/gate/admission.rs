@@ -246,3 +246,52 @@ impl fmt::Debug for AdmissionGate {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[test]
+    fn time_to_next_deadline_counts_down_by_the_gate_clock() {
+        let clock = ManualClock::new();
+        let config = GateConfig::new(1)
+            .with_queue(1)
+            .with_queue_timeout(Some(Duration::from_millis(100)));
+        let gate = Arc::new(AdmissionGate::with_clock(config, clock.clone()).unwrap());
+        assert_eq!(gate.time_to_next_deadline(), None, "nobody is queued");
+        let _held = gate.try_admit_owned().unwrap();
+        let _ticket = gate.admit_with_callback(Box::new(|_| {}));
+        assert_eq!(
+            gate.time_to_next_deadline(),
+            Some(Duration::from_millis(100))
+        );
+        clock.advance(Duration::from_millis(30));
+        assert_eq!(
+            gate.time_to_next_deadline(),
+            Some(Duration::from_millis(70))
+        );
+        clock.advance(Duration::from_millis(500));
+        assert_eq!(
+            gate.time_to_next_deadline(),
+            Some(Duration::ZERO),
+            "a passed deadline is a wait of zero"
+        );
+        assert_eq!(gate.expire(), 1);
+        assert_eq!(gate.time_to_next_deadline(), None);
+    }
+
+    #[test]
+    fn time_to_next_deadline_is_none_without_a_deadline() {
+        let clock = ManualClock::new();
+        let gate = Arc::new(
+            AdmissionGate::with_clock(GateConfig::new(1).with_queue(1), clock.clone()).unwrap(),
+        );
+        let _held = gate.try_admit_owned().unwrap();
+        let _ticket = gate.admit_with_callback(Box::new(|_| {}));
+        assert_eq!(gate.time_to_next_deadline(), None);
+    }
+}
