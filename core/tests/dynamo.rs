@@ -1,7 +1,12 @@
 //! The reference system's event-plane envelope (docs/behaviour.md), built
 //! here the way `rmp_serde::to_vec_named` writes the reference's own structs:
 //! field order as declared, `None` as nil, `payload` as msgpack `bin`; all
-//! three payload generations, older envelope layouts and the JSON form.
+//! three payload generations, older envelope layouts and the JSON form,
+//! in process and through a real `nats-server`.
+
+#[cfg(feature = "nats")]
+#[allow(dead_code)] // each test binary uses part of the support code
+mod support;
 
 use std::sync::Arc;
 
@@ -421,4 +426,159 @@ fn a_loadgate_worker_publishes_what_a_reference_frontend_reads() {
         ..PublisherConfig::new(8, "m")
     };
     assert!(wildcard.validate().is_err());
+}
+
+/// Through a real server: a reference worker's envelopes (every payload
+/// generation, msgpack and JSON) reach a loadgate frontend that follows the
+/// reference subjects, and a loadgate worker publishing the reference format
+/// is read by a subscriber of the reference subject.
+#[cfg(feature = "nats")]
+#[test]
+fn reference_envelopes_cross_a_real_nats_server_both_ways() {
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use loadgate::cluster::nats::NatsTransport;
+    use loadgate::cluster::{
+        dynamo_kv_metrics_subject, Publisher, PublisherConfig, Subjects, Transport, WireFormat,
+    };
+    use loadgate::{LoadReport, MonotonicClock};
+    use support::nats_server::NatsServer;
+
+    let server = NatsServer::start();
+    let url = server.url();
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    // A loadgate frontend following every endpoint of namespace "dyn",
+    // with the reference's workers declared.
+    let monitor = Arc::new(Monitor::new());
+    for id in [7, 8, 9] {
+        let spec = WorkerSpec {
+            dp_size: 2,
+            kv_total_blocks: Some(100),
+            ..Default::default()
+        };
+        monitor.add_worker("m", id, spec).unwrap();
+    }
+    let config = SubscriberConfig {
+        active_load_subject: Some(dynamo_kv_metrics_subject("dyn", "*", "*").unwrap()),
+        ..Default::default()
+    };
+    let s = Subscriber::new(monitor.clone(), config, MonotonicClock::shared()).unwrap();
+    let frontend = NatsTransport::connect(&url).unwrap();
+    let _attached = s.attach(&frontend, &Subjects::new("dyn").unwrap()).unwrap();
+
+    // A reference worker of each payload generation, on its own subject.
+    let worker = NatsTransport::connect(&url).unwrap();
+    let subject =
+        |component: &str| dynamo_kv_metrics_subject("dyn", component, "generate").unwrap();
+    let gen3 = ActiveLoadV3 {
+        dp_rank: 1,
+        ..v3(7, Some(70), Some(1))
+    };
+    let gen2 = ActiveLoadV2 {
+        worker_id: 8,
+        dp_rank: 0,
+        active_decode_blocks: None,
+        active_prefill_tokens: None,
+        kv_used_blocks: Some(80),
+    };
+    let gen1 = ActiveLoadV1 {
+        worker_id: 9,
+        dp_rank: 1,
+        active_decode_blocks: Some(90),
+        active_prefill_tokens: None,
+    };
+    worker
+        .publish(&subject("backend"), envelope(1, 0, &gen3))
+        .unwrap();
+    worker
+        .publish(&subject("vllm.worker"), envelope(2, 0, &gen2))
+        .unwrap();
+    let json = serde_json::to_vec(&EventEnvelope {
+        publisher_id: 3,
+        sequence: 0,
+        published_at: 1,
+        topic: "kv_metrics".into(),
+        payload: Bytes(rmp_serde::to_vec_named(&gen1).unwrap()),
+    })
+    .unwrap();
+    worker.publish(&subject("prefill"), json).unwrap();
+    // A replay of worker 7's first envelope, now with other load: dropped.
+    worker
+        .publish(&subject("backend"), envelope(1, 0, &v3(7, Some(1), None)))
+        .unwrap();
+    worker
+        .publish(&subject("backend"), envelope(1, 1, &v3(7, None, Some(2))))
+        .unwrap();
+    worker.flush().unwrap();
+    wait("every envelope applied", &|| {
+        let rank = |id, r| monitor.rank_load(id, r).unwrap();
+        rank(7, 1).kv_used_blocks == 70
+            && rank(7, 0).active_decode_blocks == 2
+            && rank(8, 0).kv_used_blocks == 80
+            && rank(9, 1).active_decode_blocks == 90
+    });
+    wait("the replay counted", &|| s.stats().out_of_order == 1);
+    assert_eq!(
+        monitor.rank_load(7, 0).unwrap().kv_used_blocks,
+        0,
+        "the replay changed nothing"
+    );
+
+    // A loadgate worker publishing the reference format, read by a plain
+    // subscriber of the reference subject.
+    let received: Arc<Mutex<Vec<Envelope>>> = Arc::default();
+    let sink = received.clone();
+    let reader = NatsTransport::connect(&url).unwrap();
+    let _sub = reader
+        .subscribe(
+            &dynamo_kv_metrics_subject("dyn", "lg", "*").unwrap(),
+            Arc::new(move |_: &str, p: &[u8]| {
+                if let Ok(Decoded::Envelope(e)) = decode(p) {
+                    sink.lock().unwrap().push(e);
+                }
+            }),
+        )
+        .unwrap();
+    reader.flush().unwrap();
+    let config = PublisherConfig {
+        format: WireFormat::Dynamo {
+            namespace: "dyn".into(),
+            component: "lg".into(),
+            endpoint: "generate".into(),
+        },
+        heartbeat: Duration::from_millis(50),
+        ..PublisherConfig::new(11, "m")
+    };
+    let transport: Arc<dyn Transport> = Arc::new(NatsTransport::connect(&url).unwrap());
+    let w = Publisher::spawn(config, transport, &Subjects::new("dyn").unwrap()).unwrap();
+    w.report(
+        0,
+        &LoadReport {
+            kv_used_blocks: Some(33),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    wait("the reference-format report arrived", &|| {
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.load.worker_id == 11 && e.load.kv_used_blocks == Some(33))
+    });
+    let got = received.lock().unwrap();
+    assert!(
+        got.windows(2).all(|w| w[1].sequence == w[0].sequence + 1),
+        "one publisher, sequence counting up: {:?}",
+        got.iter().map(|e| e.sequence).collect::<Vec<_>>()
+    );
+    assert_eq!(got[0].sequence, 0);
 }
