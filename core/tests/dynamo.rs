@@ -348,7 +348,8 @@ fn a_loadgate_worker_publishes_what_a_reference_frontend_reads() {
 
     let bus = InProcessBus::new();
     // What a reference frontend receives: every endpoint of the namespace.
-    let seen: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    type Seen = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+    let seen: Seen = Arc::default();
     let sink = seen.clone();
     let _raw = bus
         .subscribe(
