@@ -25,7 +25,8 @@ use crate::monitor::{Monitor, ThresholdState};
 use crate::thresholds::{ThresholdField, ThresholdUpdate};
 
 pub use crate::status::{
-    overload_status, parse_overload_status, DEFAULT_OVERLOAD_STATUS, OVERLOAD_STATUS_ENV,
+    is_status_code, overload_status, parse_overload_status, DEFAULT_OVERLOAD_STATUS,
+    OVERLOAD_STATUS_ENV, STATUS_CODES,
 };
 pub use auth::{AuthFailure, ControlAuth, ControlAuthError, BEARER_CHALLENGE};
 

@@ -56,8 +56,8 @@ class LoadgateError(Exception):
             status_code = default_status
         elif isinstance(status_code, bool) or not isinstance(status_code, int):
             raise TypeError("status_code must be an int")
-        elif not 100 <= status_code <= 999:
-            raise ValueError(f"status_code = {status_code} is invalid: must be from 100 to 999")
+        else:
+            _loadgate._check_status_code(status_code)
         if retry_after is not None:
             if isinstance(retry_after, bool) or not isinstance(retry_after, (int, float)):
                 raise TypeError("retry_after must be a number of seconds or None")

@@ -11,6 +11,7 @@ __all__ = [
     "MAX_BUSY_THRESHOLD_BODY",
     "overload_status_code",
     "_reason_info",
+    "_check_status_code",
     "_error_response",
     "_noop",
     "_noop_arg",
@@ -29,6 +30,7 @@ MAX_BUSY_THRESHOLD_BODY: int
 
 def overload_status_code() -> int: ...
 def _reason_info(reason: str) -> Tuple[str, int]: ...
+def _check_status_code(status_code: int) -> int: ...
 def _error_response(
     reason: str, style: str, status: int, retry_after: Optional[float]
 ) -> Tuple[str, List[Tuple[str, str]]]: ...

@@ -15,9 +15,11 @@
 
 use std::time::Duration;
 
-use loadgate::http::{error_response_with_status, ErrorStyle, MAX_BODY_BYTES, REASON_HEADER};
+use loadgate::http::{
+    error_response_with_status, is_status_code, ErrorStyle, MAX_BODY_BYTES, REASON_HEADER,
+    STATUS_CODES,
+};
 use loadgate::Reason;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 mod cluster;
@@ -38,6 +40,31 @@ fn reason_arg(obj: &Bound<'_, PyAny>) -> PyResult<Reason> {
              'worker_at_capacity', 'queue_timeout', 'closed'",
         )
     })
+}
+
+/// A status code chosen for a rejection answer, by core's rule
+/// (`loadgate::http::is_status_code`); `ValueError` otherwise.
+fn status_arg(obj: &Bound<'_, PyAny>) -> PyResult<u16> {
+    obj.extract::<u16>()
+        .ok()
+        .filter(|s| is_status_code(*s))
+        .ok_or_else(|| {
+            let shown = obj
+                .repr()
+                .map_or_else(|_| "?".to_owned(), |r| r.to_string());
+            bad_value(
+                "status_code",
+                shown,
+                &format!("from {} to {}", STATUS_CODES.start(), STATUS_CODES.end()),
+            )
+        })
+}
+
+/// Checks a status code chosen for a rejection answer and returns it;
+/// `ValueError` when it is not one.
+#[pyfunction]
+fn _check_status_code(status_code: &Bound<'_, PyAny>) -> PyResult<u16> {
+    status_arg(status_code)
 }
 
 /// The HTTP status answered for overloads: `DYN_HTTP_OVERLOAD_STATUS_CODE`
@@ -73,13 +100,7 @@ fn _error_response(
             "one of 'dynamo', 'openai', 'anthropic'",
         )
     })?;
-    let status = status
-        .extract::<u16>()
-        .ok()
-        .filter(|s| (100..=999).contains(s))
-        .ok_or_else(|| {
-            PyValueError::new_err("status_code must be an HTTP status from 100 to 999")
-        })?;
+    let status = status_arg(status)?;
     let retry_after = match retry_after.filter(|r| !r.is_none()) {
         None => Duration::ZERO,
         Some(r) => errors::timeout_arg(Some(r), "retry_after")?.unwrap_or_default(),
@@ -105,6 +126,7 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_BUSY_THRESHOLD_BODY", MAX_BODY_BYTES)?;
     m.add_function(wrap_pyfunction!(overload_status_code, m)?)?;
     m.add_function(wrap_pyfunction!(_reason_info, m)?)?;
+    m.add_function(wrap_pyfunction!(_check_status_code, m)?)?;
     m.add_function(wrap_pyfunction!(_error_response, m)?)?;
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_noop_arg, m)?)?;
