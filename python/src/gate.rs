@@ -28,7 +28,7 @@ use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use loadgate::{AdmitError, CallbackTicket, GateConfig, OwnedPermit, Reason, TryAdmitError};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -97,20 +97,23 @@ impl AdmissionGate {
         Self::build(config)
     }
 
-    /// A gate for an engine limit of `limit`, with the queue size from
-    /// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` (default 16) and the queue deadline
-    /// from `DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS` (off when unset). An
-    /// invalid value raises `ValueError` naming the variable.
+    /// A gate configured from the environment: the engine request limit
+    /// `limit`, or when it is `None` the variable
+    /// `DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT` (older name
+    /// `DYN_ENGINE_REQUEST_LIMIT`); the queue size from
+    /// `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT` (older name
+    /// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`; default 16, 0 = no queue) and the
+    /// queue deadline from `DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS` (off when
+    /// unset). The newer name wins; an invalid value of either raises
+    /// `ValueError` naming the variable, and so does a missing limit.
     #[classmethod]
     #[pyo3(signature = (limit = None))]
     fn from_env(_cls: &Bound<'_, PyType>, limit: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let Some(limit) = limit.filter(|l| !l.is_none()) else {
-            return Err(PyValueError::new_err(
-                "limit is required: pass the engine request limit N; the queue variables are \
-                 read only when an engine limit is given",
-            ));
-        };
-        let config = GateConfig::from_env(u32_arg(limit, "limit")?).map_err(config_error)?;
+        let config = match limit.filter(|l| !l.is_none()) {
+            Some(limit) => GateConfig::from_env(u32_arg(limit, "limit")?),
+            None => GateConfig::from_env_all(),
+        }
+        .map_err(config_error)?;
         Self::build(config)
     }
 

@@ -101,6 +101,45 @@ def test_gate_env_invalid(var: str, value: str) -> None:
     assert isinstance(error, str) and var in error  # a clear error naming the variable
 
 
+GATE_ALL_PROBE = """
+import json, loadgate
+try:
+    g = loadgate.AdmissionGate.from_env()
+    print(json.dumps({"limit": g.limit, "queue": g.queue_limit}))
+except ValueError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+NEW_LIMIT, OLD_LIMIT = "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT", "DYN_ENGINE_REQUEST_LIMIT"
+NEW_QUEUE, OLD_QUEUE = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT", "DYN_DYNAMO_REQUEST_QUEUE_LIMIT"
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({NEW_LIMIT: "8"}, {"limit": 8, "queue": 16}),
+        ({OLD_LIMIT: "3", OLD_QUEUE: "2"}, {"limit": 3, "queue": 2}),
+        ({NEW_LIMIT: "8", OLD_LIMIT: "3", NEW_QUEUE: "0", OLD_QUEUE: "5"}, {"limit": 8, "queue": 0}),
+    ],
+)
+def test_gate_env_newest_names_win(env: Dict[str, str], expected: Dict[str, object]) -> None:
+    assert probe(GATE_ALL_PROBE, env) == expected
+
+
+@pytest.mark.parametrize(
+    "env,named",
+    [
+        ({}, NEW_LIMIT),
+        ({NEW_LIMIT: "8", OLD_LIMIT: "zero"}, OLD_LIMIT),
+        ({NEW_LIMIT: "0"}, NEW_LIMIT),
+        ({NEW_LIMIT: "8", NEW_QUEUE: "-2", OLD_QUEUE: "4"}, NEW_QUEUE),
+    ],
+)
+def test_gate_env_all_errors_name_the_variable(env: Dict[str, str], named: str) -> None:
+    error = probe(GATE_ALL_PROBE, env)["error"]
+    assert isinstance(error, str) and named in error
+
+
 def test_env_changes_after_start_reach_from_env() -> None:
     code = """
 import os, loadgate

@@ -6,8 +6,20 @@ use std::time::Duration;
 
 use crate::metrics::{valid_prefix, DEFAULT_PREFIX};
 
-/// Environment variable holding the overflow queue size `Q` (default 16).
-pub const QUEUE_LIMIT_ENV: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
+/// Environment variable holding the engine request limit `N` (the
+/// reference's newest name; [`ENGINE_REQUEST_LIMIT_ALIAS`] is the older one).
+pub const ENGINE_REQUEST_LIMIT_ENV: &str = "DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT";
+
+/// The older name of [`ENGINE_REQUEST_LIMIT_ENV`].
+pub const ENGINE_REQUEST_LIMIT_ALIAS: &str = "DYN_ENGINE_REQUEST_LIMIT";
+
+/// Environment variable holding the overflow queue size `Q` (default 16; 0
+/// means no queue). The reference's newest name; [`QUEUE_LIMIT_ALIAS`] is
+/// the older one.
+pub const QUEUE_LIMIT_ENV: &str = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT";
+
+/// The older name of [`QUEUE_LIMIT_ENV`].
+pub const QUEUE_LIMIT_ALIAS: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
 
 /// Environment variable holding the queue deadline in milliseconds (unset: off).
 pub const QUEUE_TIMEOUT_ENV: &str = "DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS";
@@ -86,18 +98,43 @@ impl GateConfig {
     }
 
     /// The configuration for an engine limit of `limit`, with the queue size
-    /// and deadline read from [`QUEUE_LIMIT_ENV`] and [`QUEUE_TIMEOUT_ENV`].
+    /// and deadline read from [`QUEUE_LIMIT_ENV`] (or its older name
+    /// [`QUEUE_LIMIT_ALIAS`]) and [`QUEUE_TIMEOUT_ENV`].
     ///
     /// Call it only when an engine limit is configured (the reference reads
     /// the queue variable only then). Values are trimmed; the queue size is
-    /// an integer from 0 to [`MAX_QUEUE`] (default 16 when unset); the
-    /// deadline is a positive integer of milliseconds (off when unset). A
-    /// variable that is set but empty or malformed is an error naming the
-    /// variable and its value, never a silent fallback.
+    /// an integer from 0 to [`MAX_QUEUE`] (default 16 when unset, 0 = no
+    /// queue); the deadline is a positive integer of milliseconds (off when
+    /// unset). When both names of a setting are set, the newer one wins, and
+    /// each must be valid. A variable that is set but empty or malformed is
+    /// an error naming the variable and its value, never a silent fallback.
     pub fn from_env(limit: u32) -> Result<Self, ConfigError> {
-        Self::from_lookup(limit, |name| {
-            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
-        })
+        Self::from_lookup(limit, env_lookup)
+    }
+
+    /// Everything from the environment, the engine request limit included:
+    /// [`ENGINE_REQUEST_LIMIT_ENV`] (or its older name
+    /// [`ENGINE_REQUEST_LIMIT_ALIAS`]), an integer from 1 to [`MAX_LIMIT`],
+    /// then as [`from_env`](Self::from_env). With neither name set there is
+    /// no limit to enforce: [`ConfigError::MissingEnv`].
+    pub fn from_env_all() -> Result<Self, ConfigError> {
+        Self::from_lookup_all(env_lookup)
+    }
+
+    /// [`GateConfig::from_env_all`] over any variable lookup.
+    pub fn from_lookup_all(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let limit = read_pair(
+            &lookup,
+            [ENGINE_REQUEST_LIMIT_ENV, ENGINE_REQUEST_LIMIT_ALIAS],
+            1,
+            u64::from(MAX_LIMIT),
+            "an integer from 1 to 2097151",
+        )?
+        .ok_or(ConfigError::MissingEnv {
+            var: ENGINE_REQUEST_LIMIT_ENV,
+            alias: ENGINE_REQUEST_LIMIT_ALIAS,
+        })?;
+        Self::from_lookup(limit as u32, lookup)
     }
 
     /// [`GateConfig::from_env`] over any variable lookup (for tests and for
@@ -107,14 +144,14 @@ impl GateConfig {
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
         let mut config = Self::new(limit);
-        if let Some(raw) = lookup(QUEUE_LIMIT_ENV) {
-            config.queue = parse_env(&raw, 0, u64::from(MAX_QUEUE))
-                .and_then(|q| u32::try_from(q).ok())
-                .ok_or_else(|| ConfigError::InvalidEnv {
-                    var: QUEUE_LIMIT_ENV,
-                    value: raw.clone(),
-                    expected: "an integer from 0 to 2097151",
-                })?;
+        if let Some(queue) = read_pair(
+            &lookup,
+            [QUEUE_LIMIT_ENV, QUEUE_LIMIT_ALIAS],
+            0,
+            u64::from(MAX_QUEUE),
+            "an integer from 0 to 2097151",
+        )? {
+            config.queue = queue as u32;
         }
         if let Some(raw) = lookup(QUEUE_TIMEOUT_ENV) {
             let ms = parse_env(&raw, 1, u64::MAX).ok_or_else(|| ConfigError::InvalidEnv {
@@ -163,6 +200,36 @@ pub(crate) fn check_limit(limit: u32) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The process environment, for the `from_env*` constructors.
+fn env_lookup(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// Reads a setting that has a newer name and an older one: each that is set
+/// must be an integer in `min..=max` (or it is an error naming it); the
+/// newer one wins.
+fn read_pair(
+    lookup: &impl Fn(&str) -> Option<String>,
+    [newer, older]: [&'static str; 2],
+    min: u64,
+    max: u64,
+    expected: &'static str,
+) -> Result<Option<u64>, ConfigError> {
+    let read = |var: &'static str| {
+        lookup(var)
+            .map(|raw| {
+                parse_env(&raw, min, max).ok_or(ConfigError::InvalidEnv {
+                    var,
+                    value: raw,
+                    expected,
+                })
+            })
+            .transpose()
+    };
+    let (newer, older) = (read(newer)?, read(older)?);
+    Ok(newer.or(older))
+}
+
 /// Parses a trimmed decimal integer in `min..=max`; `None` when it is not one.
 fn parse_env(raw: &str, min: u64, max: u64) -> Option<u64> {
     let text = raw.trim();
@@ -195,6 +262,13 @@ pub enum ConfigError {
         /// What it must be.
         expected: &'static str,
     },
+    /// No engine request limit is set in the environment.
+    MissingEnv {
+        /// The variable's name.
+        var: &'static str,
+        /// Its older name.
+        alias: &'static str,
+    },
     /// The queue deadline is zero (use `None` to turn it off).
     ZeroTimeout,
     /// The metric prefix is not a valid Prometheus metric name.
@@ -220,6 +294,10 @@ impl fmt::Display for ConfigError {
             } => {
                 write!(f, "{var} = {value:?} is invalid: expected {expected}")
             }
+            ConfigError::MissingEnv { var, alias } => write!(
+                f,
+                "no engine request limit: set {var} (or {alias}) to an integer from 1 to 2097151"
+            ),
             ConfigError::ZeroTimeout => f.write_str(
                 "queue_timeout = 0 is invalid: must be positive (use None to turn it off)",
             ),
@@ -232,3 +310,69 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn lookup<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn the_newest_names_win_and_the_older_ones_still_work() {
+        let c = GateConfig::from_lookup_all(lookup(&[
+            (ENGINE_REQUEST_LIMIT_ENV, "8"),
+            (ENGINE_REQUEST_LIMIT_ALIAS, "4"),
+            (QUEUE_LIMIT_ENV, "0"),
+            (QUEUE_LIMIT_ALIAS, "9"),
+        ]))
+        .unwrap();
+        assert_eq!((c.limit, c.queue), (8, 0), "newer names win; 0 = no queue");
+        let c = GateConfig::from_lookup_all(lookup(&[
+            (ENGINE_REQUEST_LIMIT_ALIAS, " 4 "),
+            (QUEUE_LIMIT_ALIAS, "9"),
+        ]))
+        .unwrap();
+        assert_eq!((c.limit, c.queue), (4, 9), "older names alone");
+        let c = GateConfig::from_lookup_all(lookup(&[(ENGINE_REQUEST_LIMIT_ENV, "2")])).unwrap();
+        assert_eq!((c.limit, c.queue), (2, DEFAULT_QUEUE_LIMIT));
+    }
+
+    #[test]
+    fn an_invalid_value_of_either_name_is_an_error_naming_it() {
+        for (var, value) in [
+            (ENGINE_REQUEST_LIMIT_ALIAS, "0"),
+            (ENGINE_REQUEST_LIMIT_ALIAS, "lots"),
+            (ENGINE_REQUEST_LIMIT_ENV, "2097152"),
+            (QUEUE_LIMIT_ALIAS, "-1"),
+            (QUEUE_LIMIT_ENV, ""),
+        ] {
+            let mut vars = vec![(ENGINE_REQUEST_LIMIT_ENV, "4"), (QUEUE_LIMIT_ENV, "3")];
+            vars.retain(|(k, _)| *k != var);
+            vars.push((var, value));
+            let e = GateConfig::from_lookup_all(lookup(&vars)).unwrap_err();
+            assert_eq!(
+                e,
+                ConfigError::InvalidEnv {
+                    var,
+                    value: value.to_owned(),
+                    expected: if var.contains("QUEUE") {
+                        "an integer from 0 to 2097151"
+                    } else {
+                        "an integer from 1 to 2097151"
+                    },
+                },
+                "{var}={value:?}"
+            );
+            assert!(e.to_string().contains(var));
+        }
+        let e = GateConfig::from_lookup_all(lookup(&[])).unwrap_err();
+        assert!(matches!(e, ConfigError::MissingEnv { .. }));
+        assert!(e.to_string().contains(ENGINE_REQUEST_LIMIT_ENV), "{e}");
+    }
+}

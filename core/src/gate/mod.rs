@@ -99,7 +99,8 @@ mod wake;
 pub use admission::AdmissionGate;
 pub use callback::{AdmitCallback, CallbackTicket};
 pub use config::{
-    ConfigError, GateConfig, DEFAULT_QUEUE_LIMIT, MAX_LIMIT, MAX_QUEUE, QUEUE_LIMIT_ENV,
+    ConfigError, GateConfig, DEFAULT_QUEUE_LIMIT, ENGINE_REQUEST_LIMIT_ALIAS,
+    ENGINE_REQUEST_LIMIT_ENV, MAX_LIMIT, MAX_QUEUE, QUEUE_LIMIT_ALIAS, QUEUE_LIMIT_ENV,
     QUEUE_TIMEOUT_ENV,
 };
 pub use error::{AdmitError, TryAdmitError};
