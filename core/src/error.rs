@@ -6,6 +6,7 @@
 //! default) or an unavailability (503). Errors from bad input name what was
 //! wrong and never change stored state.
 
+use std::ffi::CStr;
 use std::fmt;
 
 /// Why a request was rejected; stable names for headers, metrics and bindings.
@@ -36,35 +37,9 @@ impl Reason {
         Reason::Closed,
     ];
 
-    /// The machine-readable name, e.g. `all_workers_busy`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Reason::AllWorkersBusy => "all_workers_busy",
-            Reason::NoWorkers => "no_workers",
-            Reason::WorkerOverloaded => "worker_overloaded",
-            Reason::WorkerAtCapacity => "worker_at_capacity",
-            Reason::QueueTimeout => "queue_timeout",
-            Reason::Closed => "closed",
-        }
-    }
-
     /// Parses a machine-readable name.
     pub fn from_name(name: &str) -> Option<Reason> {
         Reason::ALL.into_iter().find(|r| r.as_str() == name)
-    }
-
-    /// The human message, as the reference system words it.
-    pub const fn message(self) -> &'static str {
-        match self {
-            Reason::AllWorkersBusy => "All workers are busy, please retry later",
-            Reason::NoWorkers => "No workers available",
-            Reason::WorkerOverloaded => "Selected worker is overloaded, please retry later",
-            Reason::WorkerAtCapacity => "Server overloaded: worker at capacity",
-            Reason::QueueTimeout => {
-                "Server overloaded: request rejected after exceeding the backend admission queue delay"
-            }
-            Reason::Closed => "Service is shutting down: admission gate closed",
-        }
     }
 
     /// True when the client should get the overload status (529 by default);
@@ -80,6 +55,64 @@ impl Reason {
         } else {
             503
         }
+    }
+}
+
+/// The one table of the reasons' texts: each row names a variant, its
+/// machine-readable name and its human message (as the reference system
+/// words it). The `&str` accessors and the NUL-terminated `&CStr` ones the
+/// C ABI hands out are generated from the same literals, so no binding keeps
+/// a copy.
+macro_rules! reason_texts {
+    ($($variant:ident => $name:literal, $message:literal;)+) => {
+        impl Reason {
+            /// The machine-readable name, e.g. `all_workers_busy`.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $name,)+
+                }
+            }
+
+            /// [`as_str`](Self::as_str) as a static NUL-terminated C string.
+            pub const fn c_name(self) -> &'static CStr {
+                match self {
+                    $(Reason::$variant => const { c_text(concat!($name, "\0")) },)+
+                }
+            }
+
+            /// The human message, as the reference system words it.
+            pub const fn message(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $message,)+
+                }
+            }
+
+            /// [`message`](Self::message) as a static NUL-terminated C string.
+            pub const fn c_message(self) -> &'static CStr {
+                match self {
+                    $(Reason::$variant => const { c_text(concat!($message, "\0")) },)+
+                }
+            }
+        }
+    };
+}
+
+reason_texts! {
+    AllWorkersBusy => "all_workers_busy", "All workers are busy, please retry later";
+    NoWorkers => "no_workers", "No workers available";
+    WorkerOverloaded => "worker_overloaded", "Selected worker is overloaded, please retry later";
+    WorkerAtCapacity => "worker_at_capacity", "Server overloaded: worker at capacity";
+    QueueTimeout => "queue_timeout",
+        "Server overloaded: request rejected after exceeding the backend admission queue delay";
+    Closed => "closed", "Service is shutting down: admission gate closed";
+}
+
+/// A NUL-terminated literal as a C string; evaluated at compile time by its
+/// callers, so a literal with an inner NUL does not build.
+const fn c_text(text: &'static str) -> &'static CStr {
+    match CStr::from_bytes_with_nul(text.as_bytes()) {
+        Ok(c) => c,
+        Err(_) => panic!("a C text holds exactly one NUL, at its end"),
     }
 }
 
@@ -362,3 +395,23 @@ impl fmt::Display for WorkerError {
 }
 
 impl std::error::Error for WorkerError {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_its_texts_as_c_strings() {
+        for r in Reason::ALL {
+            assert_eq!(r.c_name().to_str(), Ok(r.as_str()));
+            assert_eq!(r.c_message().to_str(), Ok(r.message()));
+            assert_eq!(Reason::from_name(r.as_str()), Some(r));
+        }
+        assert_eq!(Reason::AllWorkersBusy.as_str(), "all_workers_busy");
+        assert_eq!(
+            Reason::WorkerAtCapacity.c_message(),
+            c"Server overloaded: worker at capacity"
+        );
+        assert_eq!(Reason::from_name("nope"), None);
+    }
+}

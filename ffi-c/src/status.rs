@@ -1,7 +1,7 @@
 //! `lg_status`, its text and HTTP mapping, and the conversions from every
 //! core error.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CStr};
 
 use loadgate_core::cluster::ClusterError;
 use loadgate_core::error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
@@ -103,27 +103,25 @@ impl lg_status {
         }
     }
 
-    /// A NUL-terminated description.
-    const fn text(self) -> &'static str {
+    /// A static description: for a rejection, the message the client is
+    /// sent, from core.
+    const fn text(self) -> &'static CStr {
         match self {
-            LG_OK => "ok\0",
-            LG_OVERLOADED => "All workers are busy, please retry later\0",
-            LG_UNAVAILABLE => "No workers available\0",
-            LG_WORKER_OVERLOADED => "Selected worker is overloaded, please retry later\0",
-            LG_AT_CAPACITY => "Server overloaded: worker at capacity\0",
-            LG_QUEUE_TIMEOUT => {
-                "Server overloaded: request rejected after exceeding the backend admission queue delay\0"
-            }
-            LG_CLOSED => "Service is shutting down: admission gate closed\0",
-            LG_WOULD_WAIT => "no engine slot is free without waiting\0",
-            LG_TIMED_OUT => "the caller's wait for an engine slot timed out\0",
-            LG_INVALID_ARGUMENT => "invalid argument\0",
-            LG_NOT_FOUND => "not found\0",
-            LG_BUFFER_TOO_SMALL => "buffer too small\0",
-            LG_ALREADY_EXISTS => "already exists\0",
-            LG_MODEL_FULL => "model is full\0",
-            LG_TRANSPORT_ERROR => "transport error\0",
-            LG_PANIC => "internal error (panic)\0",
+            LG_OK => c"ok",
+            LG_OVERLOADED | LG_UNAVAILABLE | LG_WORKER_OVERLOADED | LG_AT_CAPACITY
+            | LG_QUEUE_TIMEOUT | LG_CLOSED => match self.reason() {
+                Some(reason) => reason.c_message(),
+                None => c"",
+            },
+            LG_WOULD_WAIT => TryAdmitError::WouldWait.c_message(),
+            LG_TIMED_OUT => c"the caller's wait for an engine slot timed out",
+            LG_INVALID_ARGUMENT => c"invalid argument",
+            LG_NOT_FOUND => c"not found",
+            LG_BUFFER_TOO_SMALL => c"buffer too small",
+            LG_ALREADY_EXISTS => c"already exists",
+            LG_MODEL_FULL => c"model is full",
+            LG_TRANSPORT_ERROR => c"transport error",
+            LG_PANIC => c"internal error (panic)",
         }
     }
 
@@ -230,10 +228,9 @@ impl From<TryAdmitError> for Error {
 }
 
 impl lg_status {
-    /// The description without its NUL.
+    /// The description as a Rust string.
     pub(crate) fn message(self) -> &'static str {
-        let text = self.text();
-        &text[..text.len() - 1]
+        self.text().to_str().unwrap_or_default()
     }
 }
 
@@ -257,9 +254,9 @@ pub(crate) const fn admit_status(e: AdmitError) -> lg_status {
 #[no_mangle]
 pub extern "C" fn lg_status_str(status: c_int) -> *const c_char {
     boundary(c"unknown status".as_ptr(), || {
-        lg_status::from_int(status).map_or(c"unknown status".as_ptr(), |s| {
-            s.text().as_ptr().cast::<c_char>()
-        })
+        lg_status::from_int(status)
+            .map_or(c"unknown status", lg_status::text)
+            .as_ptr()
     })
 }
 
@@ -291,28 +288,20 @@ pub extern "C" fn lg_status_http(status: c_int) -> u16 {
 #[no_mangle]
 pub extern "C" fn lg_status_reason(status: c_int) -> *const c_char {
     boundary(std::ptr::null(), || {
-        match lg_status::from_int(status).and_then(lg_status::reason) {
-            Some(Reason::AllWorkersBusy) => c"all_workers_busy".as_ptr(),
-            Some(Reason::NoWorkers) => c"no_workers".as_ptr(),
-            Some(Reason::WorkerOverloaded) => c"worker_overloaded".as_ptr(),
-            Some(Reason::WorkerAtCapacity) => c"worker_at_capacity".as_ptr(),
-            Some(Reason::QueueTimeout) => c"queue_timeout".as_ptr(),
-            Some(Reason::Closed) => c"closed".as_ptr(),
-            None => std::ptr::null(),
-        }
+        lg_status::from_int(status)
+            .and_then(lg_status::reason)
+            .map_or(std::ptr::null(), |r| r.c_name().as_ptr())
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::ffi::CStr;
 
     #[test]
     fn every_status_has_text_and_an_http_code() {
         for s in lg_status::ALL {
-            assert!(s.text().ends_with('\0'));
-            assert!(!s.message().contains('\0'));
+            assert!(!s.message().is_empty());
             assert_eq!(lg_status::from_int(s as c_int), Some(s));
             // SAFETY: lg_status_str returns a static C string.
             let text = unsafe { CStr::from_ptr(lg_status_str(s as c_int)) };

@@ -1,5 +1,6 @@
 //! Why a request got no slot: the errors of the admission calls.
 
+use std::ffi::CStr;
 use std::fmt;
 
 use crate::error::Reason;
@@ -49,13 +50,43 @@ pub enum TryAdmitError {
     Closed,
 }
 
+impl TryAdmitError {
+    /// The message, as a static NUL-terminated C string.
+    pub const fn c_message(self) -> &'static CStr {
+        match self {
+            TryAdmitError::WouldWait => c"no engine slot is free without waiting",
+            TryAdmitError::Closed => Reason::Closed.c_message(),
+        }
+    }
+
+    /// The message (what `Display` writes).
+    pub fn message(self) -> &'static str {
+        self.c_message().to_str().unwrap_or_default()
+    }
+}
+
 impl fmt::Display for TryAdmitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TryAdmitError::WouldWait => f.write_str("no engine slot is free without waiting"),
-            TryAdmitError::Closed => f.write_str(Reason::Closed.message()),
-        }
+        f.write_str(self.message())
     }
 }
 
 impl std::error::Error for TryAdmitError {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn try_admit_messages_are_c_strings_too() {
+        assert_eq!(
+            TryAdmitError::WouldWait.message(),
+            "no engine slot is free without waiting"
+        );
+        assert_eq!(TryAdmitError::Closed.message(), Reason::Closed.message());
+        for e in [TryAdmitError::WouldWait, TryAdmitError::Closed] {
+            assert_eq!(e.c_message().to_str(), Ok(e.message()));
+            assert_eq!(e.to_string(), e.message());
+        }
+    }
+}
