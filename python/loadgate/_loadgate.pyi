@@ -9,6 +9,7 @@ __all__ = [
     "__version__",
     "REASON_HEADER",
     "MAX_BUSY_THRESHOLD_BODY",
+    "ERROR_STYLES",
     "overload_status_code",
     "_reason_info",
     "_check_status_code",
@@ -27,6 +28,7 @@ __all__ = [
 __version__: str
 REASON_HEADER: str
 MAX_BUSY_THRESHOLD_BODY: int
+ERROR_STYLES: Tuple[str, ...]
 
 def overload_status_code() -> int: ...
 def _reason_info(reason: str) -> Tuple[str, int]: ...
@@ -115,6 +117,7 @@ class Monitor:
         namespace: str = "default",
         *,
         expire_after: float = 3.0,
+        dynamo: Optional[Tuple[str, str]] = None,
         user: Optional[str] = None,
         password: Optional[str] = None,
         token: Optional[str] = None,
@@ -181,6 +184,7 @@ class Reporter:
         kv_total_blocks: Optional[int] = None,
         max_num_batched_tokens: Optional[int] = None,
         heartbeat: float = 1.0,
+        dynamo: Optional[Tuple[str, str]] = None,
         user: Optional[str] = None,
         password: Optional[str] = None,
         token: Optional[str] = None,

@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use loadgate::cluster::nats::{NatsOptions, NatsTransport};
 use loadgate::cluster::{
-    Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
-    DEFAULT_HEARTBEAT,
+    dynamo_kv_metrics_subject, Attached, ClusterError, Publisher, PublisherConfig, Subjects,
+    Subscriber, SubscriberConfig, WireFormat, DEFAULT_HEARTBEAT,
 };
 use loadgate::{LoadReport, MonotonicClock};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyTypeError, PyValueError};
@@ -40,15 +40,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The `namespace` argument (default `"default"`).
+fn namespace_arg(namespace: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+    namespace.map_or(Ok("default".to_owned()), |n| {
+        Ok(str_arg(n, "namespace")?.to_string())
+    })
+}
+
+/// The `dynamo=(component, endpoint)` argument: the reference worker
+/// endpoint whose subject a subscription follows or a reporter publishes on.
+fn dynamo_arg(dynamo: Option<&Bound<'_, PyAny>>) -> PyResult<Option<(String, String)>> {
+    let Some(value) = dynamo.filter(|d| !d.is_none()) else {
+        return Ok(None);
+    };
+    let pair: (Bound<'_, PyAny>, Bound<'_, PyAny>) = value.extract().map_err(|_| {
+        PyTypeError::new_err("dynamo must be a (component, endpoint) pair of strings")
+    })?;
+    Ok(Some((
+        str_arg(&pair.0, "dynamo component")?.to_string(),
+        str_arg(&pair.1, "dynamo endpoint")?.to_string(),
+    )))
+}
+
 /// The subjects of `namespace`; `ValueError` naming it when it is not a
 /// plain NATS token.
-fn subjects(namespace: &Bound<'_, PyAny>) -> PyResult<Subjects> {
-    let namespace = str_arg(namespace, "namespace")?;
-    Subjects::new(&namespace).map_err(|e| match e {
+fn subjects(namespace: &str) -> PyResult<Subjects> {
+    Subjects::new(namespace).map_err(|e| match e {
         ClusterError::InvalidSubject(_) => PyValueError::new_err(format!(
-            "namespace = {:?} is invalid: must be a non-empty NATS token without \
-             whitespace, '.', '*' or '>'",
-            &*namespace
+            "namespace = {namespace:?} is invalid: must be a non-empty NATS token without \
+             whitespace, '.', '*' or '>'"
         )),
         other => cluster_error(other),
     })
@@ -157,16 +177,21 @@ pub fn subscribe_nats(
     url: &Bound<'_, PyAny>,
     namespace: Option<&Bound<'_, PyAny>>,
     expire_after: Option<&Bound<'_, PyAny>>,
+    dynamo: Option<&Bound<'_, PyAny>>,
     auth: &NatsArgs<'_, '_>,
 ) -> PyResult<Subscription> {
     let options = auth.options()?;
-    let subjects = match namespace {
-        Some(n) => subjects(n)?,
-        None => Subjects::new("default").map_err(cluster_error)?,
-    };
+    let namespace = namespace_arg(namespace)?;
+    let subjects = subjects(&namespace)?;
     let mut config = SubscriberConfig::default();
     if let Some(after) = expire_after {
         config.expire_after = seconds_arg(after, "expire_after")?;
+    }
+    if let Some((component, endpoint)) = dynamo_arg(dynamo)? {
+        config.active_load_subject = Some(
+            dynamo_kv_metrics_subject(&namespace, &component, &endpoint)
+                .map_err(|e| PyValueError::new_err(format!("dynamo: {e}")))?,
+        );
     }
     let subscriber = Subscriber::new(monitor.clone(), config, MonotonicClock::shared())
         .map_err(cluster_error)?;
@@ -260,7 +285,10 @@ impl Subscription {
 /// A worker's load reporter over NATS: `report()` merges a rank's load and
 /// returns at once; a background thread sends changes as they come and
 /// every rank once per `heartbeat` (which announces the worker, its model,
-/// ranks and capacities to frontends that join late). Construction raises
+/// ranks and capacities to frontends that join late). With
+/// `dynamo=(component, endpoint)` it publishes the reference system's
+/// event-plane envelope on that endpoint's subject in `namespace` instead,
+/// so a reference frontend reads this worker. Construction raises
 /// `ValueError` for a bad argument (malformed URL, empty model, bad
 /// namespace, conflicting or unreadable authentication and TLS arguments)
 /// and `ConnectionError` when the server cannot be reached, refuses the
@@ -276,8 +304,8 @@ pub struct Reporter {
 impl Reporter {
     #[new]
     #[pyo3(
-        signature = (url, worker_id, model, *, namespace = None, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, heartbeat = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None),
-        text_signature = "(url, worker_id, model, *, namespace='default', dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, heartbeat=1.0, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None)"
+        signature = (url, worker_id, model, *, namespace = None, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, heartbeat = None, dynamo = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None),
+        text_signature = "(url, worker_id, model, *, namespace='default', dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, heartbeat=1.0, dynamo=None, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -291,6 +319,7 @@ impl Reporter {
         kv_total_blocks: Option<&Bound<'_, PyAny>>,
         max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
         heartbeat: Option<&Bound<'_, PyAny>>,
+        dynamo: Option<&Bound<'_, PyAny>>,
         user: Option<&Bound<'_, PyAny>>,
         password: Option<&Bound<'_, PyAny>>,
         token: Option<&Bound<'_, PyAny>>,
@@ -311,11 +340,18 @@ impl Reporter {
         .options()?;
         let worker_id = u64_arg(worker_id, "worker_id")?;
         let model = str_arg(model, "model")?.to_string();
-        let subjects = match namespace {
-            Some(n) => subjects(n)?,
-            None => Subjects::new("default").map_err(cluster_error)?,
+        let namespace = namespace_arg(namespace)?;
+        let subjects = subjects(&namespace)?;
+        let format = match dynamo_arg(dynamo)? {
+            None => WireFormat::Loadgate,
+            Some((component, endpoint)) => WireFormat::Dynamo {
+                namespace,
+                component,
+                endpoint,
+            },
         };
         let config = PublisherConfig {
+            format,
             dp_start: dp_start.map_or(Ok(0), |v| u32_arg(v, "dp_start"))?,
             dp_size: dp_size.map_or(Ok(1), |v| u32_arg(v, "dp_size"))?,
             kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,

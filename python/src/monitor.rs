@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use loadgate::http::{serve_busy_threshold, BusyThresholdRequest};
 use loadgate::monitor::ThresholdState;
 use loadgate::{
-    LoadReport, MonitorConfig, MonotonicClock, Policy, Staleness, ThresholdField, ThresholdUpdate,
+    LoadReport, MonitorConfig, MonotonicClock, Policy, Staleness, ThresholdFields, ThresholdUpdate,
     WorkerSpec,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -237,7 +237,7 @@ impl Monitor {
                 active_prefill_tokens_threshold_frac,
                 "active_prefill_tokens_threshold_frac",
             )?,
-            clear: Vec::new(),
+            clear: ThresholdFields::NONE,
         };
         if let Some(clear) = clear.filter(|c| !c.is_none()) {
             if clear.is_instance_of::<PyString>() {
@@ -253,10 +253,7 @@ impl Monitor {
                 let name: PyBackedStr = item.extract().map_err(|_| {
                     PyTypeError::new_err("clear must be a sequence of field names (str)")
                 })?;
-                let field = ThresholdField::from_name(&name).map_err(threshold_error)?;
-                if !update.clear.contains(&field) {
-                    update.clear.push(field);
-                }
+                update.clear.insert_name(&name).map_err(threshold_error)?;
             }
         }
         let state = self
@@ -457,6 +454,12 @@ impl Monitor {
     /// `loadgate.Reporter` under `namespace` on the NATS server at `url`:
     /// workers are registered on their first message, their reports are
     /// applied, and a worker silent for `expire_after` seconds is removed.
+    /// `dynamo=(component, endpoint)` also follows the reference system's
+    /// load events of that endpoint in `namespace`
+    /// (`namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv_metrics`,
+    /// `"*"` for any component or endpoint); those carry no declaration, so
+    /// their workers must be added with `add_worker` (reports for others are
+    /// refused and counted).
     /// `user` and `password`, `token` or `credentials` (a `.creds` file)
     /// authenticate; `tls_ca` (a PEM CA file) and `tls_cert` with `tls_key`
     /// (a client certificate) set up TLS, as for `Reporter`. Raises
@@ -464,8 +467,8 @@ impl Monitor {
     /// those arguments, and `ConnectionError` when the server cannot be
     /// reached, refuses the credentials or fails the TLS handshake.
     #[pyo3(
-        signature = (url, namespace = None, *, expire_after = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None),
-        text_signature = "($self, url, namespace='default', *, expire_after=3.0, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None)"
+        signature = (url, namespace = None, *, expire_after = None, dynamo = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None),
+        text_signature = "($self, url, namespace='default', *, expire_after=3.0, dynamo=None, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn subscribe_nats(
@@ -474,6 +477,7 @@ impl Monitor {
         url: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
         expire_after: Option<&Bound<'_, PyAny>>,
+        dynamo: Option<&Bound<'_, PyAny>>,
         user: Option<&Bound<'_, PyAny>>,
         password: Option<&Bound<'_, PyAny>>,
         token: Option<&Bound<'_, PyAny>>,
@@ -491,7 +495,7 @@ impl Monitor {
             tls_cert,
             tls_key,
         };
-        crate::cluster::subscribe_nats(py, &self.inner, url, namespace, expire_after, &auth)
+        crate::cluster::subscribe_nats(py, &self.inner, url, namespace, expire_after, dynamo, &auth)
     }
 
     /// The frontend metrics in Prometheus text format.

@@ -22,9 +22,9 @@ from conftest import run_python
 
 T = TypeVar("T")
 
-# A bounded wait for convergence: generous against a loaded CI machine;
-# typical runs settle in milliseconds.
-WAIT = 5.0
+# A bounded wait for convergence: it only turns a hang into a failure, far
+# above what a loaded CI machine needs; typical runs settle in milliseconds.
+WAIT = 30.0
 
 
 def free_port() -> int:
@@ -125,8 +125,9 @@ def test_two_monitors_converge_and_thresholds_stay_local(nats_url: str) -> None:
         assert b.thresholds("m")["active_decode_blocks_threshold"] == 0.5
         assert b.thresholds("m")["version"] == 1
         r1.report(0, active_decode_blocks=1)  # more traffic: still local
-        wait_for(lambda: sub_a.stats()["applied"], lambda n: n > 0)
-        time.sleep(0.1)
+        landed = 'dynamo_frontend_worker_active_decode_blocks{worker_id="1",dp_rank="0"} 1\n'
+        for m in (a, b):
+            wait_for(m.metrics_text, lambda text: landed in text)
         assert a.busy_workers("m") == [] and b.busy_workers("m") == [1]
 
         for sub in (sub_a, sub_b):
@@ -146,7 +147,11 @@ def test_silent_worker_expires_then_select_is_unavailable(nats_url: str) -> None
             Reporter(nats_url, wid, "m", namespace="expiry", dp_size=2, heartbeat=0.1) for wid in (7, 8)
         ]
         wait_for(lambda: m.workers("m"), lambda w: w == [7, 8])
-        # Heartbeats keep both alive past expire_after.
+        # Heartbeats keep both alive past expire_after. A negative check with
+        # no condition to wait for: the sleep gives a wrong expiry the chance
+        # to happen (heartbeats come every 0.1 s, expiry takes 0.5 s of
+        # silence). core/tests/cluster_nats.rs checks the same on a manual
+        # clock.
         time.sleep(0.8)
         assert m.workers("m") == [7, 8]
 
@@ -177,6 +182,8 @@ def test_namespaces_are_separate(nats_url: str) -> None:
         with Reporter(nats_url, 1, "m", namespace="ns-b", heartbeat=0.1), \
                 Reporter(nats_url, 2, "m", namespace="ns-a", heartbeat=0.1):
             wait_for(lambda: m.workers("m"), lambda w: w == [2])
+            # A negative check with no condition to wait for: the sleep gives
+            # worker 1's heartbeats (every 0.1 s) the chance to arrive wrongly.
             time.sleep(0.3)
             assert m.workers("m") == [2]
         assert sub.stats()["announced"] == 1
@@ -290,3 +297,32 @@ def test_a_frontend_refuses_what_its_limits_do_not_allow_and_counts_why(nats_url
         text = sub.metrics_text()
         assert 'dynamo_frontend_load_messages_refused_total{reason="too_many_ranks"}' in text
         del wide, other
+
+
+def test_reference_event_plane_both_ways(nats_url: str) -> None:
+    """A Reporter speaking the reference's envelope is read by a monitor that
+    follows the reference's subject; its workers are declared by hand."""
+    m = Monitor()
+    m.add_worker("m", 5, dp_size=2, kv_total_blocks=100)
+    with m.subscribe_nats(nats_url, "dyn", dynamo=("*", "*")) as sub, \
+            Reporter(nats_url, 5, "m", namespace="dyn", dp_size=2, dynamo=("vllm worker", "generate")) as r, \
+            Reporter(nats_url, 6, "m", namespace="dyn", dynamo=("backend", "generate")) as undeclared:
+        m.set_thresholds("m", active_decode_blocks_threshold=0.4)
+        r.report(0, kv_used_blocks=42)
+        r.report(1, kv_used_blocks=42)
+        undeclared.report(kv_used_blocks=1)
+        wait_for(lambda: m.busy_workers("m"), lambda busy: busy == [5])
+        wait_for(lambda: sub.refusals()["unknown_worker"], lambda n: n > 0)
+        assert m.workers("m") == [5]  # envelopes never register a worker
+        assert sub.stats()["announced"] == 0
+
+
+@pytest.mark.parametrize(
+    "dynamo,exc",
+    [("backend", TypeError), (("backend",), TypeError), ((1, "generate"), TypeError), (("", "generate"), ValueError)],
+)
+def test_reference_event_plane_bad_arguments(nats_url: str, dynamo: object, exc: type) -> None:
+    with pytest.raises(exc, match="dynamo|component|endpoint|namespace"):
+        Monitor().subscribe_nats(nats_url, "dyn", dynamo=dynamo)  # type: ignore[arg-type]
+    with pytest.raises(exc, match="dynamo|component|endpoint|namespace"):
+        Reporter(nats_url, 1, "m", namespace="dyn", dynamo=dynamo)  # type: ignore[arg-type]
