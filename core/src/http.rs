@@ -50,14 +50,25 @@ pub enum ErrorStyle {
 }
 
 impl ErrorStyle {
+    /// Every style, in a stable order.
+    pub const ALL: [ErrorStyle; 3] = [
+        ErrorStyle::Dynamo,
+        ErrorStyle::OpenAi,
+        ErrorStyle::Anthropic,
+    ];
+
+    /// The name bindings take: `dynamo`, `openai` or `anthropic`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ErrorStyle::Dynamo => "dynamo",
+            ErrorStyle::OpenAi => "openai",
+            ErrorStyle::Anthropic => "anthropic",
+        }
+    }
+
     /// Parses `dynamo`, `openai` or `anthropic`.
     pub fn from_name(name: &str) -> Option<ErrorStyle> {
-        match name {
-            "dynamo" => Some(ErrorStyle::Dynamo),
-            "openai" => Some(ErrorStyle::OpenAi),
-            "anthropic" => Some(ErrorStyle::Anthropic),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|s| s.name() == name)
     }
 }
 
@@ -383,6 +394,15 @@ mod tests {
         assert_eq!(retry_after_seconds(Duration::ZERO), 1);
         assert_eq!(retry_after_seconds(Duration::from_millis(1500)), 2);
         assert_eq!(retry_after_seconds(Duration::from_secs(3)), 3);
+    }
+
+    #[test]
+    fn error_styles_parse_their_own_names() {
+        for style in ErrorStyle::ALL {
+            assert_eq!(ErrorStyle::from_name(style.name()), Some(style));
+        }
+        assert_eq!(ErrorStyle::from_name("openai"), Some(ErrorStyle::OpenAi));
+        assert_eq!(ErrorStyle::from_name("xml"), None);
     }
 
     #[test]

@@ -65,7 +65,7 @@ Headers = List[Tuple[bytes, bytes]]
 
 T = TypeVar("T")
 
-_STYLES = ("dynamo", "openai", "anthropic")
+_STYLES = _loadgate.ERROR_STYLES
 
 
 def _check_style(style: Style) -> None:

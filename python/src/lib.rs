@@ -21,6 +21,7 @@ use loadgate::http::{
 };
 use loadgate::Reason;
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 mod cluster;
 mod control;
@@ -30,14 +31,18 @@ mod monitor;
 
 use errors::{bad_value, str_arg};
 
+/// `'a', 'b', 'c'`: core's names, as a message lists them.
+fn quoted<const N: usize>(names: [&str; N]) -> String {
+    names.map(|n| format!("'{n}'")).join(", ")
+}
+
 fn reason_arg(obj: &Bound<'_, PyAny>) -> PyResult<Reason> {
     let name = str_arg(obj, "reason")?;
     Reason::from_name(&name).ok_or_else(|| {
         bad_value(
             "reason",
             format!("{:?}", &*name),
-            "one of 'all_workers_busy', 'no_workers', 'worker_overloaded', \
-             'worker_at_capacity', 'queue_timeout', 'closed'",
+            &format!("one of {}", quoted(Reason::ALL.map(Reason::as_str))),
         )
     })
 }
@@ -97,7 +102,7 @@ fn _error_response(
         bad_value(
             "style",
             format!("{:?}", &*style_name),
-            "one of 'dynamo', 'openai', 'anthropic'",
+            &format!("one of {}", quoted(ErrorStyle::ALL.map(ErrorStyle::name))),
         )
     })?;
     let status = status_arg(status)?;
@@ -124,6 +129,8 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("REASON_HEADER", REASON_HEADER)?;
     m.add("MAX_BUSY_THRESHOLD_BODY", MAX_BODY_BYTES)?;
+    let styles = PyTuple::new(m.py(), ErrorStyle::ALL.map(ErrorStyle::name))?;
+    m.add("ERROR_STYLES", styles)?;
     m.add_function(wrap_pyfunction!(overload_status_code, m)?)?;
     m.add_function(wrap_pyfunction!(_reason_info, m)?)?;
     m.add_function(wrap_pyfunction!(_check_status_code, m)?)?;
