@@ -374,10 +374,10 @@ fn parse_update(obj: &Map<String, Value>) -> Result<ThresholdUpdate, HttpError> 
                 let Value::String(name) = name else {
                     return Err((422, "clear must be a list of field names".to_owned()));
                 };
-                let f = ThresholdField::from_name(name).map_err(|e| (400, e.to_string()))?;
-                if !update.clear.contains(&f) {
-                    update.clear.push(f);
-                }
+                update
+                    .clear
+                    .insert_name(name)
+                    .map_err(|e| (400, e.to_string()))?;
             }
         }
         Some(_) => return Err((422, "clear must be a list of field names".to_owned())),

@@ -56,7 +56,7 @@ pub use limits::Limits;
 pub use load::{LoadReport, WorkerSpec};
 pub use monitor::busy_set::BusySet;
 pub use monitor::{Booking, Monitor, MonitorConfig, Policy, Route, Staleness};
-pub use thresholds::{ThresholdField, ThresholdUpdate, Thresholds};
+pub use thresholds::{ThresholdField, ThresholdFields, ThresholdUpdate, Thresholds};
 
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

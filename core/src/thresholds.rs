@@ -60,6 +60,85 @@ impl ThresholdField {
     }
 }
 
+/// A set of threshold fields (the `clear` of an update): a bitset with bit
+/// `1 << i` for the `i`-th field of [`ThresholdField::ALL`], the values of
+/// the C ABI's `LG_CLEAR_*` flags. Naming a field twice names it once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ThresholdFields(u8);
+
+impl ThresholdFields {
+    /// No field.
+    pub const NONE: ThresholdFields = ThresholdFields(0);
+
+    /// The bit of `field`.
+    const fn bit(field: ThresholdField) -> u8 {
+        1 << field as u8
+    }
+
+    /// Every bit that names a field.
+    const KNOWN: u8 = (1 << ThresholdField::ALL.len()) - 1;
+
+    /// The fields of a bitset; `Err` with the bits that name no field.
+    pub const fn from_bits(bits: u32) -> Result<Self, u32> {
+        let unknown = bits & !(Self::KNOWN as u32);
+        if unknown != 0 {
+            return Err(unknown);
+        }
+        Ok(Self(bits as u8))
+    }
+
+    /// The bitset.
+    pub const fn bits(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// Adds `field`.
+    pub fn insert(&mut self, field: ThresholdField) {
+        self.0 |= Self::bit(field);
+    }
+
+    /// Adds the field with wire name `name`: the one parser of a `clear`
+    /// list. An unknown name is [`ThresholdError::UnknownField`] and adds
+    /// nothing.
+    pub fn insert_name(&mut self, name: &str) -> Result<(), ThresholdError> {
+        self.insert(ThresholdField::from_name(name)?);
+        Ok(())
+    }
+
+    /// Whether `field` is in the set.
+    pub const fn contains(self, field: ThresholdField) -> bool {
+        self.0 & Self::bit(field) != 0
+    }
+
+    /// True when no field is in the set.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The fields in the set, in wire order.
+    pub fn iter(self) -> impl Iterator<Item = ThresholdField> {
+        ThresholdField::ALL
+            .into_iter()
+            .filter(move |f| self.contains(*f))
+    }
+}
+
+impl From<ThresholdField> for ThresholdFields {
+    fn from(field: ThresholdField) -> Self {
+        Self(Self::bit(field))
+    }
+}
+
+impl FromIterator<ThresholdField> for ThresholdFields {
+    fn from_iter<I: IntoIterator<Item = ThresholdField>>(fields: I) -> Self {
+        let mut set = Self::NONE;
+        for f in fields {
+            set.insert(f);
+        }
+        set
+    }
+}
+
 /// A partial update: fields given are set, fields in `clear` are unset, the
 /// rest keep their value.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -71,7 +150,7 @@ pub struct ThresholdUpdate {
     /// New fractional prefill threshold, if given.
     pub active_prefill_tokens_threshold_frac: Option<f64>,
     /// Fields to unset.
-    pub clear: Vec<ThresholdField>,
+    pub clear: ThresholdFields,
 }
 
 impl ThresholdUpdate {
@@ -114,7 +193,7 @@ impl Thresholds {
             }
         }
         let mut next = *self;
-        for &field in &update.clear {
+        for field in update.clear.iter() {
             let given = match field {
                 ThresholdField::ActiveDecodeBlocks => {
                     update.active_decode_blocks_threshold.is_some()
@@ -384,7 +463,7 @@ mod tests {
         assert_eq!(t.active_prefill_tokens_threshold_frac, Some(1.5));
         let t = t
             .merged(&ThresholdUpdate {
-                clear: vec![ThresholdField::ActiveDecodeBlocks],
+                clear: ThresholdField::ActiveDecodeBlocks.into(),
                 ..Default::default()
             })
             .unwrap();
@@ -393,7 +472,7 @@ mod tests {
         let err = t
             .merged(&ThresholdUpdate {
                 active_prefill_tokens_threshold: Some(1),
-                clear: vec![ThresholdField::ActivePrefillTokens],
+                clear: ThresholdField::ActivePrefillTokens.into(),
                 ..Default::default()
             })
             .unwrap_err();
@@ -402,9 +481,49 @@ mod tests {
             ThresholdError::SetAndClear("active_prefill_tokens_threshold")
         );
         assert!(ThresholdField::from_name("nope").is_err());
+        let mut clear = ThresholdFields::NONE;
+        clear
+            .insert_name("active_prefill_tokens_threshold")
+            .unwrap();
+        clear
+            .insert_name("active_prefill_tokens_threshold")
+            .unwrap();
+        assert_eq!(
+            clear.insert_name("nope"),
+            Err(ThresholdError::UnknownField("nope".into()))
+        );
+        assert_eq!(
+            clear.iter().collect::<Vec<_>>(),
+            [ThresholdField::ActivePrefillTokens],
+            "a name given twice is cleared once; an unknown one adds nothing"
+        );
         assert_eq!(
             ThresholdField::from_name("active_prefill_tokens_threshold_frac").unwrap(),
             ThresholdField::ActivePrefillTokensFrac
         );
+    }
+
+    #[test]
+    fn field_sets_are_the_c_clear_flags() {
+        assert_eq!(
+            ThresholdField::ALL.map(|f| ThresholdFields::from(f).bits()),
+            [1, 2, 4]
+        );
+        let all: ThresholdFields = ThresholdField::ALL.into_iter().collect();
+        assert_eq!(all.bits(), 7);
+        assert_eq!(ThresholdFields::from_bits(7), Ok(all));
+        assert_eq!(ThresholdFields::from_bits(0), Ok(ThresholdFields::NONE));
+        assert!(ThresholdFields::NONE.is_empty());
+        assert_eq!(ThresholdFields::from_bits(8 | 2), Err(8));
+        assert_eq!(ThresholdFields::from_bits(u32::MAX), Err(!7));
+        let two = ThresholdFields::from_bits(5).unwrap();
+        assert_eq!(
+            two.iter().collect::<Vec<_>>(),
+            [
+                ThresholdField::ActiveDecodeBlocks,
+                ThresholdField::ActivePrefillTokensFrac
+            ]
+        );
+        assert!(!two.contains(ThresholdField::ActivePrefillTokens));
     }
 }

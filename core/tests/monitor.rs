@@ -413,7 +413,7 @@ fn threshold_updates_validate_merge_clear_and_bump_the_version() {
         .set_thresholds(
             M,
             &ThresholdUpdate {
-                clear: vec![ThresholdField::ActiveDecodeBlocks],
+                clear: ThresholdField::ActiveDecodeBlocks.into(),
                 ..Default::default()
             },
         )

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate_core::monitor::{Monitor, MonitorConfig, Policy, Staleness};
-use loadgate_core::thresholds::{ThresholdField, ThresholdUpdate};
+use loadgate_core::thresholds::{ThresholdField, ThresholdFields, ThresholdUpdate};
 use loadgate_core::{Limits, LoadReport, MonotonicClock, WorkerSpec};
 
 use crate::ffi::{guard, input, optional, optional_string, slice, string, Error, Out, TextBuf};
@@ -51,20 +51,27 @@ pub const LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD: u32 = 2;
 /// active_prefill_tokens_threshold_frac.
 pub const LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC: u32 = 4;
 
-const CLEAR_FLAGS: [(u32, ThresholdField); 3] = [
-    (
+// The flags are the bits of core's field set, which parses them.
+const _: () = {
+    const fn names(flag: u32, field: ThresholdField) -> bool {
+        match ThresholdFields::from_bits(flag) {
+            Ok(set) => flag.count_ones() == 1 && set.contains(field),
+            Err(_) => false,
+        }
+    }
+    assert!(names(
         LG_CLEAR_ACTIVE_DECODE_BLOCKS_THRESHOLD,
-        ThresholdField::ActiveDecodeBlocks,
-    ),
-    (
+        ThresholdField::ActiveDecodeBlocks
+    ));
+    assert!(names(
         LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD,
-        ThresholdField::ActivePrefillTokens,
-    ),
-    (
+        ThresholdField::ActivePrefillTokens
+    ));
+    assert!(names(
         LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC,
-        ThresholdField::ActivePrefillTokensFrac,
-    ),
-];
+        ThresholdField::ActivePrefillTokensFrac
+    ));
+};
 
 /// Monitor settings. Fill with lg_monitor_config_default(), then change
 /// fields; a zeroed struct is invalid (zero lease).
@@ -501,13 +508,11 @@ pub unsafe extern "C" fn lg_monitor_set_thresholds(
         // SAFETY: `update` is NULL or a valid lg_threshold_update (contract).
         let u = unsafe { input(update, "update") }?;
         let out = Out::optional(out_thresholds, "out_thresholds")?;
-        let known = CLEAR_FLAGS.iter().fold(0, |acc, (bit, _)| acc | bit);
-        if u.clear & !known != 0 {
-            return Err(Error::invalid(format_args!(
-                "clear has unknown bits {:#x} (use LG_CLEAR_* flags)",
-                u.clear & !known
-            )));
-        }
+        let clear = ThresholdFields::from_bits(u.clear).map_err(|unknown| {
+            Error::invalid(format_args!(
+                "clear has unknown bits {unknown:#x} (use LG_CLEAR_* flags)"
+            ))
+        })?;
         let update = ThresholdUpdate {
             active_decode_blocks_threshold: some_if(
                 u.has_active_decode_blocks_threshold,
@@ -521,11 +526,7 @@ pub unsafe extern "C" fn lg_monitor_set_thresholds(
                 u.has_active_prefill_tokens_threshold_frac,
                 u.active_prefill_tokens_threshold_frac,
             ),
-            clear: CLEAR_FLAGS
-                .iter()
-                .filter(|(bit, _)| u.clear & bit != 0)
-                .map(|(_, field)| *field)
-                .collect(),
+            clear,
         };
         let state = m.monitor.set_thresholds(model, &update)?;
         if let Some(out) = out {
