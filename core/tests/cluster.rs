@@ -1,4 +1,5 @@
-//! Publisher → transport → subscriber → monitor, in process (SPEC §7).
+//! Publisher → transport → subscriber → monitor, in process
+//! (docs/behaviour.md#across-machines).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -338,7 +339,7 @@ fn a_spawned_publisher_sends_changes_by_itself() {
     )
     .unwrap();
     w.report(0, &used(33)).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while f.monitor.rank_load(8, 0).map(|l| l.kv_used_blocks) != Ok(33) {
         assert!(
             std::time::Instant::now() < deadline,

@@ -1,6 +1,8 @@
-//! Across machines over a real `nats-server` (SPEC §7): every frontend
-//! converges on the same busy set, survives a server restart, ignores bad
-//! messages and forgets silent workers.
+//! Across machines over a real `nats-server`
+//! (docs/behaviour.md#across-machines): every frontend converges on the same
+//! busy set, survives a server restart, ignores bad messages and forgets
+//! silent workers. Convergence times are printed, never asserted: each wait
+//! has a generous limit that only turns a hang into a failure.
 #![cfg(feature = "nats")]
 
 mod support;
@@ -16,11 +18,19 @@ use loadgate::cluster::{
     ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig, Transport,
 };
 use loadgate::wire::{LoadMessage, SCHEMA_VERSION};
-use loadgate::{LoadReport, Monitor, MonotonicClock, Policy, RouteError, ThresholdUpdate};
+use loadgate::{
+    LoadReport, ManualClock, Monitor, MonotonicClock, Policy, RouteError, SharedClock,
+    ThresholdUpdate,
+};
 use support::nats_server::NatsServer;
 
-/// Tests here measure convergence time; run them one at a time.
+/// Tests here report convergence times; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
+
+/// How long any wait for another process or thread may take before the
+/// test fails: far above what a loaded machine needs, so it bounds a hang,
+/// not a speed.
+const WAIT: Duration = Duration::from_secs(30);
 
 const NS: &str = "it";
 const CHILD_ENV: &str = "LOADGATE_CHILD_FRONTEND_URL";
@@ -32,8 +42,13 @@ struct Frontend {
 }
 
 fn frontend(url: &str, config: SubscriberConfig) -> Frontend {
+    frontend_on(url, config, MonotonicClock::shared())
+}
+
+/// A frontend whose subscriber reads time from `clock`.
+fn frontend_on(url: &str, config: SubscriberConfig, clock: SharedClock) -> Frontend {
     let monitor = Arc::new(Monitor::new());
-    let subscriber = Subscriber::new(monitor.clone(), config, MonotonicClock::shared()).unwrap();
+    let subscriber = Subscriber::new(monitor.clone(), config, clock).unwrap();
     let transport = NatsTransport::connect(url).unwrap();
     let attached = subscriber
         .attach(&transport, &Subjects::new(NS).unwrap())
@@ -126,14 +141,13 @@ fn child_frontend(url: &str) {
     }
 }
 
-/// Waits until every frontend shows `expected` busy workers (and all four
-/// workers); returns how long it took.
+/// Waits (at most [`WAIT`]) until every frontend shows `expected` busy
+/// workers (and all four workers); returns how long it took.
 fn converge(
     in_process: &[&Frontend],
     child: &mpsc::Receiver<String>,
     child_state: &mut String,
     expected: &[u64],
-    limit: Duration,
 ) -> Duration {
     let start = Instant::now();
     let want_child = format!("busy 4 {expected:?}");
@@ -148,8 +162,8 @@ fn converge(
             return start.elapsed();
         }
         assert!(
-            start.elapsed() < limit,
-            "no convergence on {expected:?} within {limit:?}: child says {child_state:?}, in-process {:?}",
+            start.elapsed() < WAIT,
+            "no convergence on {expected:?} within {WAIT:?}: child says {child_state:?}, in-process {:?}",
             in_process.iter().map(|f| f.monitor.busy_workers("llama")).collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_micros(200));
@@ -189,7 +203,7 @@ fn three_frontends_converge_and_survive_a_server_restart() {
     });
     let ws = workers(&url, Duration::from_secs(1));
     // Wait for the announcements, then set the same thresholds everywhere.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + WAIT;
     while a.monitor.workers("llama").len() < 4 || b.monitor.workers("llama").len() < 4 {
         assert!(Instant::now() < deadline, "workers never announced");
         std::thread::sleep(Duration::from_millis(5));
@@ -201,24 +215,12 @@ fn three_frontends_converge_and_survive_a_server_restart() {
         .set_thresholds("llama", &decode_threshold(0.5))
         .unwrap();
     let mut child_state = String::new();
-    converge(
-        &[&a, &b],
-        &rx,
-        &mut child_state,
-        &[],
-        Duration::from_secs(10),
-    );
+    converge(&[&a, &b], &rx, &mut child_state, &[]);
 
     let mut worst = Duration::ZERO;
     for busy in [vec![1, 3], vec![1, 2, 3, 4], vec![2], vec![]] {
         set_loads(&ws, &busy);
-        worst = worst.max(converge(
-            &[&a, &b],
-            &rx,
-            &mut child_state,
-            &busy,
-            Duration::from_millis(200),
-        ));
+        worst = worst.max(converge(&[&a, &b], &rx, &mut child_state, &busy));
     }
     eprintln!("worst convergence across three frontends: {worst:?}");
 
@@ -242,27 +244,18 @@ fn three_frontends_converge_and_survive_a_server_restart() {
     // Restart the server: connections come back and the busy sets converge again.
     let port = server.port();
     server.stop();
+    // Down for a moment, so the clients see their connections drop; nothing
+    // below depends on how long.
     std::thread::sleep(Duration::from_millis(300));
     let _server = NatsServer::start_on(port);
     set_loads(&ws, &[2, 4]);
     // Reconnection takes up to a second of backoff; the next heartbeat or
     // change after it lands brings every frontend back in line.
-    let after_restart = converge(
-        &[&a, &b],
-        &rx,
-        &mut child_state,
-        &[2, 4],
-        Duration::from_secs(10),
-    );
+    let after_restart = converge(&[&a, &b], &rx, &mut child_state, &[2, 4]);
     eprintln!("converged {after_restart:?} after the restart");
     set_loads(&ws, &[3]);
-    converge(
-        &[&a, &b],
-        &rx,
-        &mut child_state,
-        &[3],
-        Duration::from_millis(200),
-    );
+    let reconnected = converge(&[&a, &b], &rx, &mut child_state, &[3]);
+    eprintln!("converged {reconnected:?} on the next change after the restart");
 
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success(), "the child frontend failed");
@@ -276,7 +269,10 @@ fn bad_and_stale_messages_are_counted_and_silent_workers_expire() {
         expire_after: Duration::from_millis(600),
         ..Default::default()
     };
-    let f = frontend(&server.url(), config);
+    // Expiry runs on a manual clock, so "silent" and "heard in time" depend on
+    // the messages that arrived, not on how fast this machine delivers them.
+    let clock = ManualClock::new();
+    let f = frontend_on(&server.url(), config, clock.clone());
     let raw = NatsTransport::connect(&server.url()).unwrap();
     let subjects = Subjects::new(NS).unwrap();
     let msg = |seq: u64, used: u64| LoadMessage {
@@ -304,7 +300,7 @@ fn bad_and_stale_messages_are_counted_and_silent_workers_expire() {
         .unwrap();
     raw.publish(&subjects.load(9), msg(5, 9).to_json()).unwrap();
     raw.flush().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + WAIT;
     while f.subscriber.stats().out_of_order < 2 || f.subscriber.stats().malformed < 2 {
         assert!(
             Instant::now() < deadline,
@@ -326,20 +322,45 @@ fn bad_and_stale_messages_are_counted_and_silent_workers_expire() {
     assert_eq!(f.monitor.select("solo", Policy::RoundRobin), Ok(9));
 
     // A publisher with a fast heartbeat keeps its worker alive; the silent
-    // worker 9 is removed after 600 ms and its model becomes unavailable.
+    // worker 9 is removed once 600 ms pass without a message from it and its
+    // model becomes unavailable.
     let transport: Arc<dyn Transport> = Arc::new(NatsTransport::connect(&server.url()).unwrap());
     let config = PublisherConfig {
         heartbeat: Duration::from_millis(100),
         ..PublisherConfig::new(10, "duo")
     };
     let alive = Publisher::spawn(config, transport, &subjects).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + WAIT;
+    while f.monitor.select("duo", Policy::RoundRobin) != Ok(10) {
+        assert!(
+            Instant::now() < deadline,
+            "the live worker was never announced"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // 400 ms on: a heartbeat applied after this point is heard at 400 ms
+    // (the sweep, the frontend's own or the one called here, stamps it).
+    // Two more applied messages, so at least one was handled wholly after
+    // the clock moved.
+    clock.advance(Duration::from_millis(400));
+    let applied = f.subscriber.stats().applied;
+    let deadline = Instant::now() + WAIT;
+    while f.subscriber.stats().applied < applied + 2 {
+        assert!(Instant::now() < deadline, "no heartbeat arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    f.subscriber.expire();
+    assert_eq!(f.monitor.select("solo", Policy::RoundRobin), Ok(9));
+    // 800 ms on: worker 9, silent since 0, is past expire_after; worker 10,
+    // heard at 400 ms or later, is not.
+    clock.advance(Duration::from_millis(400));
+    f.subscriber.expire();
+    let deadline = Instant::now() + WAIT;
     while f.monitor.select("solo", Policy::RoundRobin) != Err(RouteError::Unavailable) {
         assert!(Instant::now() < deadline, "silent worker never expired");
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(f.subscriber.stats().expired >= 1);
-    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(f.subscriber.stats().expired, 1);
     assert_eq!(
         f.monitor.select("duo", Policy::RoundRobin),
         Ok(10),
