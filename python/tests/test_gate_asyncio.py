@@ -254,7 +254,8 @@ def test_set_limit_releases_waiters() -> None:
         tasks = [asyncio.ensure_future(g.admit()) for _ in range(3)]
         await settle()
         g.set_limit(3)
-        done, pending = await asyncio.wait(tasks, timeout=1, return_when=asyncio.FIRST_COMPLETED)
+        # The timeout is a limit for a hang only (run() allows 20 s in all).
+        done, pending = await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
         await settle()
         assert sum(t.done() for t in tasks) == 2 and g.running == 3 and g.queued == 1
         g.set_limit(1)
