@@ -228,7 +228,8 @@ impl Thresholds {
         Ok(next)
     }
 
-    /// The busy rule for one rank (SPEC §2), before staleness.
+    /// The busy rule for one rank (docs/behaviour.md#busy-rule), before
+    /// staleness.
     ///
     /// * decode: busy when `kv_used_blocks` **or** `active_decode_blocks` is
     ///   strictly above `t * kv_total_blocks`; a `kv_total_blocks` of 0 never

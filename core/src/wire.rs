@@ -1,4 +1,4 @@
-//! The load-report wire format (SPEC §7).
+//! The load-report wire format (docs/behaviour.md#across-machines).
 //!
 //! A [`LoadMessage`] is a msgpack **named map** (field names on the wire, so
 //! fields can be added without breaking old readers) carrying a schema

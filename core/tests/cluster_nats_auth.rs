@@ -1,4 +1,5 @@
-//! NATS authentication and TLS against a real `nats-server` (SPEC §7):
+//! NATS authentication and TLS against a real `nats-server`
+//! (docs/behaviour.md#across-machines, docs/nats.md):
 //! per-user subject permissions bind a worker to its own reports, a
 //! frontend user may only subscribe, tokens, TLS with a CA made here,
 //! mutual TLS, and credentials files in operator (JWT) mode. Bad option

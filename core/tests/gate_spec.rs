@@ -1,5 +1,8 @@
-//! The worker admission gate against SPEC §4 (one test per bullet), §6
-//! (metric names) and §8 (bad input), single-threaded and with a manual clock.
+//! The worker admission gate against docs/behaviour.md#worker-admission (one
+//! test per rule, with its queue deadline and environment variables), the
+//! gate's metric names (docs/behaviour.md#metrics) and bad input
+//! (docs/behaviour.md#bad-input-and-limits), single-threaded and with a manual
+//! clock.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -70,7 +73,7 @@ fn queued(g: &Arc<AdmissionGate>) -> loadgate::AdmitOwned {
     f
 }
 
-// ----- §4 bullet 1: N slots, queue of exactly Q, N + Q in flight ----------
+// ----- worker-admission: N slots, queue of exactly Q, N + Q in flight -----
 
 #[test]
 fn at_most_n_run_and_q_wait_the_rest_is_rejected() {
@@ -143,7 +146,7 @@ fn queue_of_one_holds_exactly_one_waiter() {
     drop(p);
 }
 
-// ----- §4 bullet 2: direct only when free and nobody queued; FIFO ---------
+// ----- worker-admission: direct only when free and nobody queued; FIFO ---
 
 #[test]
 fn no_barging_past_waiters_and_fifo_order() {
@@ -167,7 +170,7 @@ fn no_barging_past_waiters_and_fifo_order() {
     assert_eq!(g.stats().admitted_direct, 1);
 }
 
-// ----- §4 bullet 3: permits until release; handoff; any thread ------------
+// ----- worker-admission: permits until release; handoff; any thread ------
 
 #[test]
 fn permit_is_held_until_dropped_and_release_hands_off() {
@@ -205,7 +208,7 @@ fn permits_move_to_and_release_from_other_threads() {
     assert_eq!(g.stats().running, 0);
 }
 
-// ----- §4 bullet 4: cancel frees the place; cancel racing handoff ---------
+// ----- worker-admission: cancel frees the place; cancel racing handoff ---
 
 #[test]
 fn cancel_frees_the_queue_place_and_is_not_a_rejection() {
@@ -244,7 +247,7 @@ fn cancel_after_handoff_passes_the_slot_on() {
     assert!(g.try_admit().is_ok());
 }
 
-// ----- §4 bullet 5: queue deadline, exact boundary, adaptive LIFO ---------
+// ----- queue-deadline: exact boundary, adaptive LIFO ---------------------
 
 #[test]
 fn deadline_expires_exactly_at_the_boundary() {
@@ -345,7 +348,7 @@ fn adaptive_lifo_serves_the_newest_once_after_an_expiry() {
     drop(granted(&mut w[0]));
 }
 
-// ----- §4 bullet 6: set_limit; close -----------------------------------------
+// ----- worker-admission: set_limit; close --------------------------------
 
 #[test]
 fn raising_the_limit_grants_waiters_at_once() {
@@ -420,7 +423,7 @@ fn close_rejects_every_waiter_and_every_later_admit() {
     g.close();
 }
 
-// ----- §4 bullet 7: the callback form -------------------------------------
+// ----- worker-admission: the callback form -------------------------------
 
 type Log = Arc<Mutex<Vec<Result<OwnedPermit, AdmitError>>>>;
 
@@ -512,7 +515,7 @@ fn a_pending_callback_keeps_the_gate_until_it_fires() {
     );
 }
 
-// ----- §4 bullet 8 and §8: configuration ----------------------------------
+// ----- environment-variables and bad-input-and-limits: configuration ------
 
 fn lookup(q: Option<&str>, t: Option<&str>) -> Result<GateConfig, ConfigError> {
     GateConfig::from_lookup(4, |name| match name {
@@ -632,7 +635,7 @@ fn bad_configurations_are_refused_with_clear_errors() {
     assert!(AdmissionGate::new(GateConfig::new(MAX_LIMIT).with_queue(0)).is_ok());
 }
 
-// ----- stats and §6 metrics ---------------------------------------------------
+// ----- stats and metrics ---------------------------------------------------
 
 #[test]
 fn stats_count_every_outcome() {

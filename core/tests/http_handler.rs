@@ -1,4 +1,5 @@
-//! The `/busy_threshold` handler: every status code SPEC §5 lists, the
+//! The `/busy_threshold` handler: every status code
+//! docs/behaviour.md#threshold-endpoint lists, the
 //! optional bearer token guarding it, plus the overload status read from the
 //! environment once.
 

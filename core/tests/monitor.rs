@@ -1,4 +1,5 @@
-//! One test per rule of the frontend monitor (SPEC §1–§3, §6, §8).
+//! One test per rule of the frontend monitor: docs/behaviour.md#load-model,
+//! #busy-rule, #busy-set-and-routing, #metrics and #bad-input-and-limits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! The `/busy_threshold` handler (SPEC §5) on arbitrary method, content type
-//! and body, a few requests in a row against one monitor.
+//! The `/busy_threshold` handler (docs/behaviour.md#threshold-endpoint) on
+//! arbitrary method, content type and body, a few requests in a row against
+//! one monitor.
 //!
 //! Every answer: a documented status (200, 400, 404, 405, 413, 415, 422), a
 //! JSON body (`{"error": "..."}` for errors, the echo for a POST that

@@ -1,4 +1,5 @@
-//! The load-report wire decoder (msgpack and JSON, SPEC §7).
+//! The load-report wire decoder (msgpack and JSON,
+//! docs/behaviour.md#across-machines).
 //!
 //! Two checks per input:
 //! * the raw bytes: `decode` never panics; whatever it accepts re-encodes
