@@ -7,6 +7,7 @@
 //! every allocation sized by input and the bound that covers it.
 
 use crate::error::WorkerError;
+use crate::load::{check_model, check_ranks};
 
 /// Default [`Limits::max_models`].
 pub const DEFAULT_MAX_MODELS: usize = 256;
@@ -89,18 +90,14 @@ impl Limits {
         dp_start: u32,
         dp_size: u32,
     ) -> Result<(), WorkerError> {
-        if model.is_empty() {
-            return Err(WorkerError::EmptyModel);
-        }
+        check_model(model)?;
         if model.len() > self.max_name_len {
             return Err(WorkerError::NameTooLong {
                 len: model.len(),
                 limit: self.max_name_len,
             });
         }
-        if dp_start.checked_add(dp_size).is_none() {
-            return Err(WorkerError::InvalidRanks { dp_start, dp_size });
-        }
+        check_ranks(dp_start, dp_size)?;
         if dp_size > self.max_ranks_per_worker {
             return Err(WorkerError::TooManyRanks {
                 dp_size,

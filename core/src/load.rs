@@ -2,16 +2,59 @@
 //! ([`WorkerSpec`]) and one rank's load report ([`LoadReport`]).
 //!
 //! A leaf module: the wire format, the cluster publisher and subscriber, and
-//! the monitor all import it, and it imports only the error types. A
-//! declaration's sizes are checked by [`Limits::check_declaration`]; a
-//! report's values by [`LoadReport::check`], once for every component.
+//! the monitor all import it, and it imports only the error types. The
+//! rules on this data are written here once for every component: a
+//! declaration's shape ([`check_model`], [`check_ranks`], which
+//! [`Limits::check_declaration`] and the wire decoder both apply), a rank's
+//! place among the declared ones ([`rank_index`], for the monitor, the
+//! publisher and the wire decoder), and a report's values
+//! ([`LoadReport::check`]).
 //!
 //! [`Limits::check_declaration`]: crate::Limits::check_declaration
 
-use crate::error::ReportError;
+use crate::error::{ReportError, WorkerError};
 
 /// Marks `active_prefill_tokens` as never reported, so no report may carry it.
 pub(crate) const UNREPORTED: u64 = u64::MAX;
+
+/// Refuses an empty model name.
+#[inline]
+pub(crate) fn check_model(model: &str) -> Result<(), WorkerError> {
+    if model.is_empty() {
+        return Err(WorkerError::EmptyModel);
+    }
+    Ok(())
+}
+
+/// The end of ranks `dp_start..dp_start + dp_size`, refused when it
+/// overflows `u32`.
+#[inline]
+pub(crate) fn check_ranks(dp_start: u32, dp_size: u32) -> Result<u32, WorkerError> {
+    dp_start
+        .checked_add(dp_size)
+        .ok_or(WorkerError::InvalidRanks { dp_start, dp_size })
+}
+
+/// The index of `dp_rank` among worker `worker_id`'s ranks
+/// `dp_start..dp_start + dp_size`, or [`ReportError::UndeclaredRank`] when
+/// it is not one of them.
+#[inline]
+pub(crate) fn rank_index(
+    worker_id: u64,
+    dp_start: u32,
+    dp_size: u32,
+    dp_rank: u32,
+) -> Result<u32, ReportError> {
+    dp_rank
+        .checked_sub(dp_start)
+        .filter(|i| *i < dp_size)
+        .ok_or(ReportError::UndeclaredRank {
+            worker_id,
+            dp_rank,
+            dp_start,
+            dp_size,
+        })
+}
 
 /// How a worker is declared: its ranks and known capacities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,5 +133,39 @@ mod tests {
                 value: u64::MAX
             })
         );
+    }
+
+    #[test]
+    fn a_declaration_needs_a_model_and_ranks_that_fit() {
+        assert_eq!(check_model("m"), Ok(()));
+        assert_eq!(check_model(""), Err(WorkerError::EmptyModel));
+        assert_eq!(check_ranks(2, 3), Ok(5));
+        assert_eq!(check_ranks(u32::MAX, 0), Ok(u32::MAX));
+        assert_eq!(
+            check_ranks(u32::MAX, 1),
+            Err(WorkerError::InvalidRanks {
+                dp_start: u32::MAX,
+                dp_size: 1
+            })
+        );
+    }
+
+    #[test]
+    fn only_declared_ranks_have_an_index() {
+        assert_eq!(rank_index(7, 2, 3, 2), Ok(0));
+        assert_eq!(rank_index(7, 2, 3, 4), Ok(2));
+        for dp_rank in [0, 1, 5, u32::MAX] {
+            assert_eq!(
+                rank_index(7, 2, 3, dp_rank),
+                Err(ReportError::UndeclaredRank {
+                    worker_id: 7,
+                    dp_rank,
+                    dp_start: 2,
+                    dp_size: 3
+                })
+            );
+        }
+        assert!(rank_index(7, 0, 0, 0).is_err(), "no ranks, no index");
+        assert_eq!(rank_index(7, u32::MAX - 1, 1, u32::MAX - 1), Ok(0));
     }
 }

@@ -19,7 +19,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ReportError;
-use crate::load::LoadReport;
+use crate::load::{check_model, check_ranks, rank_index, LoadReport};
 
 mod dynamo;
 
@@ -439,23 +439,24 @@ fn take_uint(rd: &mut &[u8]) -> Option<u64> {
     }
 }
 
+/// The declaration and report rules of [`crate::load`] (the monitor's and
+/// the publisher's), worded as wire errors.
 fn validate(msg: &LoadRef<'_>) -> Result<(), WireError> {
-    if msg.model.is_empty() {
+    if check_model(&msg.model).is_err() {
         return Err(WireError::Invalid("model is empty".into()));
     }
-    let end = msg.dp_start.checked_add(msg.dp_size).ok_or_else(|| {
+    let end = check_ranks(msg.dp_start, msg.dp_size).map_err(|_| {
         WireError::Invalid(format!(
             "dp_start {} + dp_size {} overflows",
             msg.dp_start, msg.dp_size
         ))
     })?;
-    if !(msg.dp_start..end).contains(&msg.dp_rank) {
+    if rank_index(msg.worker_id, msg.dp_start, msg.dp_size, msg.dp_rank).is_err() {
         return Err(WireError::Invalid(format!(
             "dp_rank {} outside declared ranks {}..{end}",
             msg.dp_rank, msg.dp_start
         )));
     }
-    // The same value check as the monitor's, worded as a wire error.
     if let Err(ReportError::InvalidValue { field, .. }) = msg.report.check() {
         return Err(WireError::Invalid(format!("{field} out of range")));
     }

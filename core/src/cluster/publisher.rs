@@ -10,7 +10,7 @@ use super::{dynamo_kv_metrics_subject, lock, ClusterError, Subjects, Transport};
 use crate::clock::{nanos, MonotonicClock, SharedClock};
 use crate::error::ReportError;
 use crate::limits::Limits;
-use crate::load::LoadReport;
+use crate::load::{rank_index, LoadReport};
 use crate::wire::{ActiveLoad, Envelope, LoadMessage, SCHEMA_VERSION};
 
 /// Default heartbeat period of a publisher.
@@ -222,15 +222,7 @@ impl Publisher {
     /// at once; the change is sent on the next flush.
     pub fn report(&self, dp_rank: u32, report: &LoadReport) -> Result<(), ReportError> {
         let c = &self.inner.config;
-        let index = dp_rank
-            .checked_sub(c.dp_start)
-            .filter(|i| *i < c.dp_size)
-            .ok_or(ReportError::UndeclaredRank {
-                worker_id: c.worker_id,
-                dp_rank,
-                dp_start: c.dp_start,
-                dp_size: c.dp_size,
-            })?;
+        let index = rank_index(c.worker_id, c.dp_start, c.dp_size, dp_rank)?;
         report.check()?;
         let mut state = lock(&self.inner.state);
         let rank = &mut state.ranks[index as usize];

@@ -26,7 +26,7 @@ use super::combine::Combiner;
 use super::config::Staleness;
 use super::model::Model;
 use crate::error::ReportError;
-use crate::load::{LoadReport, WorkerSpec, UNREPORTED};
+use crate::load::{rank_index, LoadReport, WorkerSpec, UNREPORTED};
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use crate::thresholds::{RankLoad, DEFAULT_MAX_NUM_BATCHED_TOKENS};
 
@@ -120,15 +120,8 @@ pub(super) struct Worker {
 impl Worker {
     #[inline]
     pub(super) fn rank(&self, dp_rank: u32) -> Result<&Rank, ReportError> {
-        dp_rank
-            .checked_sub(self.dp_start)
-            .and_then(|i| self.ranks.get(i as usize))
-            .ok_or(ReportError::UndeclaredRank {
-                worker_id: self.id,
-                dp_rank,
-                dp_start: self.dp_start,
-                dp_size: self.ranks.len() as u32,
-            })
+        let i = rank_index(self.id, self.dp_start, self.ranks.len() as u32, dp_rank)?;
+        Ok(&self.ranks[i as usize])
     }
 
     /// Recomputes the busy bit from the latest inputs; runs only inside the
