@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::alloc::thread_allocations;
+use loadgate_testkit::alloc::thread_allocations;
 
 /// How long one sample should last.
 pub const SAMPLE_TARGET: Duration = Duration::from_micros(10);

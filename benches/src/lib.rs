@@ -9,15 +9,14 @@
 //!   AND-NOT and trailing-zeros pick), to show how close loadgate gets.
 //! * [`fixture`]: the same workers and busy set in loadgate, the reference and
 //!   the floor.
-//! * [`harness`] and [`alloc`]: the interleaved measuring loop of the
-//!   `compare` binary, with hdrhistogram latencies and a per-thread counting
-//!   allocator.
+//! * [`harness`]: the interleaved measuring loop of the `compare` binary,
+//!   with hdrhistogram latencies and allocation counts (the per-thread
+//!   counting allocator of `loadgate-testkit`).
 //!
 //! `cargo bench -p loadgate-benches` runs the criterion benches;
 //! `cargo run --release -p loadgate-benches --bin compare` prints the
 //! comparison table (add `--quick` for the short CI mode).
 
-pub mod alloc;
 pub mod baseline;
 pub mod fixture;
 pub mod floor;

@@ -1,11 +1,9 @@
 //! Proves that the gate's hot paths allocate nothing: direct admit and
 //! release, rejection, queueing and handoff (future and blocking forms),
-//! cancellation, and expiry. A counting global allocator counts allocations
-//! made by the current thread while it is inside a measured region; each test
-//! warms up first (thread-locals, the waker) and measures only the region.
+//! cancellation, and expiry. A counting global allocator (`loadgate-testkit`)
+//! counts the allocations each thread makes; each test warms up first
+//! (thread-locals, the waker) and measures only the region it names.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,58 +12,10 @@ use std::thread;
 use std::time::Duration;
 
 use loadgate::{AdmissionGate, AdmitError, GateConfig, ManualClock};
-
-struct Counting;
-
-thread_local! {
-    static MEASURING: Cell<bool> = const { Cell::new(false) };
-    static COUNT: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note() {
-    // try_with: allocations during thread teardown are simply not counted.
-    let _ = MEASURING.try_with(|m| {
-        if m.get() {
-            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-        }
-    });
-}
-
-// SAFETY: every method forwards to the system allocator unchanged; the only
-// addition is a thread-local counter update, which does not allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use loadgate_testkit::alloc::{allocations, CountingAlloc};
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
-
-/// Allocations made by this thread while running `f`.
-fn allocations<R>(f: impl FnOnce() -> R) -> (usize, R) {
-    COUNT.with(|c| c.set(0));
-    MEASURING.with(|m| m.set(true));
-    let r = f();
-    MEASURING.with(|m| m.set(false));
-    (COUNT.with(Cell::get), r)
-}
+static ALLOC: CountingAlloc = CountingAlloc;
 
 struct Noop;
 impl Wake for Noop {
@@ -209,7 +159,7 @@ fn blocking_handoff_between_threads_allocates_nothing() {
     let g = Arc::new(AdmissionGate::new(GateConfig::new(1).with_queue(1)).unwrap());
     let rounds = 200;
     let (to_waiter, waiter_rx) = std::sync::mpsc::sync_channel::<()>(0);
-    let (to_main, main_rx) = std::sync::mpsc::sync_channel::<usize>(0);
+    let (to_main, main_rx) = std::sync::mpsc::sync_channel::<u64>(0);
     let g2 = g.clone();
     let waiter = thread::spawn(move || {
         let mut total = 0;

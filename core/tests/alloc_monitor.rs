@@ -1,46 +1,14 @@
 //! Proves the monitor's hot paths allocate nothing: a counting global
-//! allocator in its own test binary, counting only the measuring thread.
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+//! allocator (`loadgate-testkit`) in its own test binary, counting only the
+//! measuring thread.
 
 use loadgate::{
     LoadReport, ManualClock, Monitor, MonitorConfig, Policy, ThresholdUpdate, WorkerSpec,
 };
-
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: delegates to the system allocator; the counter is a thread-local
-// Cell with a const initializer, which never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use loadgate_testkit::alloc::{allocations, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations_in(f: impl FnOnce()) -> u64 {
-    let before = ALLOCATIONS.with(Cell::get);
-    f();
-    ALLOCATIONS.with(Cell::get) - before
-}
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 #[test]
 fn hot_paths_allocate_nothing() {
@@ -93,7 +61,7 @@ fn hot_paths_allocate_nothing() {
     let route = m.route("m").unwrap();
     let busy_route = busy_only.route("b").unwrap();
     let costs: Vec<(u64, f64)> = (0..64).map(|i| (i * 3, i as f64)).collect();
-    let n = allocations_in(|| {
+    let (n, ()) = allocations(|| {
         for round in 0..1000u64 {
             let id = 100 + round % 100;
             m.report(id, 0, &low).unwrap(); // no busy change

@@ -1,25 +1,21 @@
 //! Randomized differential test: random operation sequences applied to the
 //! monitor and to a deliberately simple reference (HashMap + HashSet, busy
-//! rule written out again in `support/reference_monitor.rs`) must give the
-//! same busy sets, leases, versions and errors after every step.
+//! rule written out again in `loadgate-testkit`'s reference monitor, shared
+//! with the `monitor_ops` fuzz target) must give the same busy sets, leases,
+//! versions and errors after every step.
 
 use std::time::Duration;
 
 use loadgate::{
-    LoadReport, ManualClock, Monitor, MonitorConfig, Policy, ReportError, RouteError,
-    ThresholdError, ThresholdField, ThresholdUpdate, WorkerError, WorkerSpec,
+    LoadReport, ManualClock, Monitor, MonitorConfig, Policy, ThresholdField, ThresholdUpdate,
+    WorkerSpec,
 };
+use loadgate_testkit::reference_monitor::{RefUpdate, Reference};
 use proptest::prelude::*;
-
-// The reference lives in its own file so the fuzz target can share it; an
-// inline `support` module picks up only that file, not the NATS helpers.
-mod support {
-    pub mod reference_monitor;
-}
-use support::reference_monitor::{RefRank, RefUpdate, RefWorker, Reference};
 
 const MODELS: [&str; 3] = ["a", "b", "c"];
 const LEASE_MS: u64 = 1000;
+const CAPACITY: usize = 6;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -117,14 +113,14 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let config = MonitorConfig {
         lease: Duration::from_millis(LEASE_MS),
         limits: loadgate::Limits {
-            max_workers_per_model: 6,
+            max_workers_per_model: CAPACITY,
             ..loadgate::Limits::default()
         },
         ..Default::default()
     };
     let m = Monitor::with_config(config, clock.clone()).unwrap();
-    let mut r = Reference::default();
-    let mut bookings: Vec<(loadgate::Booking, u64, u32, u64, u64)> = Vec::new();
+    let mut r = Reference::new(&MODELS, CAPACITY, LEASE_MS);
+    let mut bookings = Vec::new();
 
     for op in ops {
         match op.clone() {
@@ -141,44 +137,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     kv_total_blocks: total,
                     max_num_batched_tokens: None,
                 };
-                let got = m.add_worker(MODELS[model], id, spec);
-                let full = r.workers.values().filter(|w| w.model == model).count() >= 6;
-                let want = if r.workers.contains_key(&id) {
-                    Err(WorkerError::Duplicate(id))
-                } else if full {
-                    Err(WorkerError::ModelFull {
-                        model: MODELS[model].into(),
-                        capacity: 6,
-                    })
-                } else {
-                    r.generations += 1;
-                    let rank = RefRank {
-                        total: total.unwrap_or(0),
-                        mnbt: 10_000_000,
-                        ..Default::default()
-                    };
-                    r.workers.insert(
-                        id,
-                        RefWorker {
-                            model,
-                            dp_start,
-                            ranks: vec![rank; dp_size as usize],
-                            lease_until: None,
-                            generation: r.generations,
-                        },
-                    );
-                    r.known_models.insert(model);
-                    Ok(())
-                };
-                prop_assert_eq!(got, want);
+                prop_assert_eq!(
+                    m.add_worker(MODELS[model], id, spec),
+                    r.add_worker(model, id, spec)
+                );
             }
             Op::Remove { id } => {
-                let want = r
-                    .workers
-                    .remove(&id)
-                    .map(|_| ())
-                    .ok_or(WorkerError::Unknown(id));
-                prop_assert_eq!(m.remove_worker(id), want);
+                prop_assert_eq!(m.remove_worker(id), r.remove_worker(id));
             }
             Op::Report {
                 id,
@@ -196,41 +161,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     active_prefill_tokens: prefill,
                     max_num_batched_tokens: mnbt,
                 };
-                let got = m.report(id, rank, &report);
-                match r.workers.get_mut(&id) {
-                    None => prop_assert_eq!(got, Err(ReportError::UnknownWorker(id))),
-                    Some(w) => match rank
-                        .checked_sub(w.dp_start)
-                        .and_then(|i| w.ranks.get_mut(i as usize))
-                    {
-                        None => prop_assert!(
-                            matches!(got, Err(ReportError::UndeclaredRank { .. })),
-                            "{:?}",
-                            got
-                        ),
-                        Some(rr) => {
-                            prop_assert_eq!(got, Ok(()));
-                            if let Some(v) = decode {
-                                rr.decode = v
-                            }
-                            if let Some(v) = used {
-                                rr.used = v
-                            }
-                            if let Some(v) = total {
-                                rr.total = v
-                            }
-                            if let Some(v) = prefill {
-                                rr.prefill = Some(v)
-                            }
-                            if let Some(v) = mnbt {
-                                rr.mnbt = v
-                            }
-                            if !r.busy(id) {
-                                r.workers.get_mut(&id).unwrap().lease_until = None;
-                            }
-                        }
-                    },
-                }
+                prop_assert_eq!(m.report(id, rank, &report), r.report(id, rank, &report));
             }
             Op::Set {
                 model,
@@ -247,27 +178,25 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     active_decode_blocks_threshold: decode,
                     active_prefill_tokens_threshold: abs,
                     active_prefill_tokens_threshold_frac: frac,
-                    clear: clear_fields.clone(),
+                    clear: clear_fields.iter().copied().collect(),
                 };
                 let got = m.set_thresholds(MODELS[model], &update);
-                if !r.known_models.contains(&model) {
-                    prop_assert_eq!(got, Err(ThresholdError::UnknownModel(MODELS[model].into())));
-                    continue;
-                }
-                let cur = r.thresholds.get(&model).copied().unwrap_or_default();
-                let next = match cur.apply(decode, abs, frac, &clear_fields) {
-                    RefUpdate::Refused => {
+                let next = match r.set_thresholds(model, decode, abs, frac, &clear_fields) {
+                    Err(e) => {
+                        prop_assert_eq!(got, Err(e));
+                        continue;
+                    }
+                    Ok((_, RefUpdate::Next(next))) => next,
+                    Ok((cur, RefUpdate::Refused)) => {
                         prop_assert!(got.is_err(), "{:?} accepted", update);
                         prop_assert_eq!(m.thresholds(MODELS[model]).unwrap().version, cur.version);
                         continue;
                     }
-                    RefUpdate::Unchanged => {
+                    Ok((cur, RefUpdate::Unchanged)) => {
                         prop_assert_eq!(got.unwrap().version, cur.version);
                         continue;
                     }
-                    RefUpdate::Next(next) => next,
                 };
-                r.thresholds.insert(model, next);
                 let got = got.unwrap();
                 prop_assert_eq!(got.version, next.version);
                 prop_assert_eq!(got.thresholds.active_decode_blocks_threshold, next.decode);
@@ -285,7 +214,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let policy = [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo][policy];
                 let got = if via_route {
                     // A route makes its model known (thresholds can be set).
-                    r.known_models.insert(model);
+                    r.route(model);
                     m.route(MODELS[model]).unwrap().select(policy)
                 } else {
                     m.select(MODELS[model], policy)
@@ -294,59 +223,24 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     prop_assert!(false, "{}", why);
                 }
             }
-            Op::Check { id } => {
-                let got = m.check(id);
-                let want = if !r.workers.contains_key(&id) {
-                    Err(RouteError::UnknownWorker(id))
-                } else if r.busy(id) || r.leased(id) {
-                    Err(RouteError::WorkerOverloaded)
-                } else {
-                    Ok(())
-                };
-                prop_assert_eq!(got, want);
-            }
-            Op::Mark { id } => {
-                let got = m.mark_overloaded(id);
-                match r.workers.get_mut(&id) {
-                    None => prop_assert_eq!(got, Err(RouteError::UnknownWorker(id))),
-                    Some(w) => {
-                        prop_assert_eq!(got, Ok(()));
-                        w.lease_until = Some(r.now_ms + LEASE_MS);
-                    }
-                }
-            }
+            Op::Check { id } => prop_assert_eq!(m.check(id), r.check(id)),
+            Op::Mark { id } => prop_assert_eq!(m.mark_overloaded(id), r.mark_overloaded(id)),
             Op::Advance { ms } => {
                 clock.advance(Duration::from_millis(ms));
-                r.now_ms += ms;
+                r.advance(ms);
             }
             Op::Book { id, rank, blocks } => {
                 let got = m.book(id, rank, blocks);
-                match r.workers.get_mut(&id) {
+                match r.book(id, rank, blocks) {
                     None => prop_assert!(got.is_err()),
-                    Some(w) => match rank
-                        .checked_sub(w.dp_start)
-                        .and_then(|i| w.ranks.get_mut(i as usize))
-                    {
-                        None => prop_assert!(got.is_err()),
-                        Some(rr) => {
-                            rr.decode = rr.decode.saturating_add(blocks);
-                            bookings.push((got.unwrap(), id, rank, blocks, w.generation));
-                        }
-                    },
+                    Some(want) => bookings.push((got.unwrap(), want)),
                 }
             }
             Op::Unbook { index } => {
                 if index < bookings.len() {
-                    let (booking, id, rank, blocks, generation) = bookings.swap_remove(index);
+                    let (booking, want) = bookings.swap_remove(index);
                     drop(booking);
-                    if let Some(w) = r
-                        .workers
-                        .get_mut(&id)
-                        .filter(|w| w.generation == generation)
-                    {
-                        let i = (rank - w.dp_start) as usize;
-                        w.ranks[i].decode = w.ranks[i].decode.saturating_sub(blocks);
-                    }
+                    r.release(want);
                 }
             }
         }

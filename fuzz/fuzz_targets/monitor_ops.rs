@@ -1,6 +1,7 @@
 //! Monitor operation sequences (add, remove, report, thresholds, select,
 //! check, lease, bookings, time) checked step by step against the reference
-//! monitor that `core/tests/monitor_differential.rs` also uses. Load values
+//! monitor (`loadgate-testkit`, shared with
+//! `core/tests/monitor_differential.rs`). Load values
 //! range over all of `u64` and thresholds over all of `f64`, so rounding,
 //! overflow and the refused-value paths are reached, which the proptest
 //! version (small values) does not.
@@ -16,19 +17,15 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use loadgate::{
     Booking, LoadReport, ManualClock, Monitor, MonitorConfig, Policy, ReportError, RouteError,
-    ThresholdError, ThresholdField, ThresholdUpdate, WorkerError, WorkerSpec,
+    ThresholdField, ThresholdUpdate, WorkerSpec,
 };
-
-#[path = "../../core/tests/support/reference_monitor.rs"]
-mod reference_monitor;
-use reference_monitor::{RefRank, RefUpdate, RefWorker, Reference};
+use loadgate_testkit::reference_monitor::{RefBooking, RefUpdate, Reference};
 
 /// Models by index; the last one is empty, which `add_worker` refuses.
 const MODELS: [&str; 4] = ["a", "b", "c", ""];
 const IDS: u64 = 10;
 const CAPACITY: usize = 6;
 const LEASE_MS: u64 = 1000;
-const DEFAULT_MNBT: u64 = 10_000_000;
 
 /// A `u64` drawn mostly small, sometimes anywhere, sometimes at the edges
 /// where `as f64` rounds and saturating arithmetic kicks in.
@@ -138,21 +135,7 @@ enum Op {
 }
 
 /// A live booking and what the reference needs to undo it.
-struct Held {
-    booking: Booking,
-    id: u64,
-    rank_index: usize,
-    /// Blocks the reference added (the booking's own count saturates the
-    /// same way).
-    blocks: u64,
-    generation: u64,
-}
-
-fn rank_of(r: &mut Reference, id: u64, rank: u32) -> Option<&mut RefRank> {
-    let w = r.workers.get_mut(&id)?;
-    let i = rank.checked_sub(w.dp_start)?;
-    w.ranks.get_mut(i as usize)
-}
+type Held = (Booking, RefBooking);
 
 fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held>, op: &Op) {
     match *op {
@@ -172,55 +155,18 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
             } else {
                 u32::from(dp_start % 4)
             };
-            let dp_size = u32::from(dp_size % 4);
             let spec = WorkerSpec {
                 dp_start,
-                dp_size,
+                dp_size: u32::from(dp_size % 4),
                 kv_total_blocks: total.map(|n| n.0),
                 max_num_batched_tokens: mnbt.map(|n| n.0),
             };
             let got = m.add_worker(MODELS[model], id, spec);
-            let want = if MODELS[model].is_empty() {
-                Err(WorkerError::EmptyModel)
-            } else if dp_start.checked_add(dp_size).is_none() {
-                Err(WorkerError::InvalidRanks { dp_start, dp_size })
-            } else if r.workers.contains_key(&id) {
-                Err(WorkerError::Duplicate(id))
-            } else if r.workers.values().filter(|w| w.model == model).count() >= CAPACITY {
-                Err(WorkerError::ModelFull {
-                    model: MODELS[model].into(),
-                    capacity: CAPACITY,
-                })
-            } else {
-                r.generations += 1;
-                let rank = RefRank {
-                    total: spec.kv_total_blocks.unwrap_or(0),
-                    mnbt: spec.max_num_batched_tokens.unwrap_or(DEFAULT_MNBT),
-                    ..Default::default()
-                };
-                r.workers.insert(
-                    id,
-                    RefWorker {
-                        model,
-                        dp_start,
-                        ranks: vec![rank; dp_size as usize],
-                        lease_until: None,
-                        generation: r.generations,
-                    },
-                );
-                r.known_models.insert(model);
-                Ok(())
-            };
-            assert_eq!(got, want, "add_worker");
+            assert_eq!(got, r.add_worker(model, id, spec), "add_worker");
         }
         Op::Remove { id } => {
             let id = u64::from(id) % IDS;
-            let want = r
-                .workers
-                .remove(&id)
-                .map(|_| ())
-                .ok_or(WorkerError::Unknown(id));
-            assert_eq!(m.remove_worker(id), want, "remove_worker");
+            assert_eq!(m.remove_worker(id), r.remove_worker(id), "remove_worker");
         }
         Op::Report {
             id,
@@ -241,19 +187,15 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                 max_num_batched_tokens: mnbt.map(|n| n.0),
             };
             let got = m.report(id, rank, &report);
-            if !r.workers.contains_key(&id) {
-                assert_eq!(got, Err(ReportError::UnknownWorker(id)), "report");
-                return;
-            }
-            let Some(rr) = rank_of(r, id, rank) else {
+            let want = r.report(id, rank, &report);
+            if let Err(ReportError::UndeclaredRank { .. }) = want {
                 assert!(
                     matches!(got, Err(ReportError::UndeclaredRank { worker_id, dp_rank, .. })
                         if worker_id == id && dp_rank == rank),
                     "report to an undeclared rank: {got:?}"
                 );
-                return;
-            };
-            if report.active_prefill_tokens == Some(u64::MAX) {
+            }
+            if let Err(ReportError::InvalidValue { .. }) = want {
                 // u64::MAX marks "never reported" inside the monitor.
                 assert!(
                     matches!(
@@ -265,27 +207,8 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                     ),
                     "report of the reserved prefill value: {got:?}"
                 );
-                return;
             }
-            assert_eq!(got, Ok(()), "report");
-            if let Some(v) = report.active_decode_blocks {
-                rr.decode = v;
-            }
-            if let Some(v) = report.kv_used_blocks {
-                rr.used = v;
-            }
-            if let Some(v) = report.kv_total_blocks {
-                rr.total = v;
-            }
-            if let Some(v) = report.active_prefill_tokens {
-                rr.prefill = Some(v);
-            }
-            if let Some(v) = report.max_num_batched_tokens {
-                rr.mnbt = v;
-            }
-            if !r.busy(id) {
-                r.workers.get_mut(&id).unwrap().lease_until = None;
-            }
+            assert_eq!(got, want, "report");
         }
         Op::Set {
             model,
@@ -308,26 +231,21 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                 active_decode_blocks_threshold: decode,
                 active_prefill_tokens_threshold: abs,
                 active_prefill_tokens_threshold_frac: frac,
-                clear: clear_fields.clone(),
+                clear: clear_fields.iter().copied().collect(),
             };
             let got = m.set_thresholds(name, &update);
-            if !r.known_models.contains(&model) {
-                assert_eq!(got, Err(ThresholdError::UnknownModel(name.into())));
-                return;
-            }
-            let cur = r.thresholds.get(&model).copied().unwrap_or_default();
-            match cur.apply(decode, abs, frac, &clear_fields) {
-                RefUpdate::Refused => {
+            match r.set_thresholds(model, decode, abs, frac, &clear_fields) {
+                Err(e) => assert_eq!(got, Err(e)),
+                Ok((cur, RefUpdate::Refused)) => {
                     assert!(got.is_err(), "{update:?} accepted");
                     assert_eq!(m.thresholds(name).unwrap().version, cur.version);
                 }
-                RefUpdate::Unchanged => {
+                Ok((cur, RefUpdate::Unchanged)) => {
                     let got = got.expect("a valid update is accepted");
                     assert_eq!(got.version, cur.version, "an empty update is a read");
                 }
-                RefUpdate::Next(next) => {
+                Ok((_, RefUpdate::Next(next))) => {
                     let got = got.expect("a valid update is accepted");
-                    r.thresholds.insert(model, next);
                     assert_eq!(got.version, next.version);
                 }
             }
@@ -338,7 +256,7 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                 [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwo][usize::from(policy) % 3];
             let got = if policy & 0x80 != 0 {
                 // Through a `Route` handle, which makes its model known.
-                r.known_models.insert(model);
+                r.route(model);
                 m.route(MODELS[model]).unwrap().select(kind)
             } else {
                 m.select(MODELS[model], kind)
@@ -355,68 +273,33 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                 .map(|&(id, c)| (u64::from(id) % (IDS + 2), c.0))
                 .collect();
             let got = m.select_min_cost(MODELS[model], costs.iter().copied());
-            let want = if !r.has_workers(model) {
-                Err(RouteError::Unavailable)
-            } else {
-                let eligible = r.eligible(model);
-                let mut best: Option<(u64, f64)> = None;
-                for &(id, cost) in &costs {
-                    let cost = if cost.is_nan() { f64::INFINITY } else { cost };
-                    if eligible.contains(&id) && best.is_none_or(|(_, b)| cost < b) {
-                        best = Some((id, cost));
-                    }
-                }
-                best.map(|(id, _)| id).ok_or(RouteError::Overloaded)
-            };
+            let want = r.select_min_cost(model, &costs);
             assert_eq!(got, want, "select_min_cost over {costs:?}");
         }
         Op::Check { id } => {
             let id = u64::from(id) % IDS;
-            let want = if !r.workers.contains_key(&id) {
-                Err(RouteError::UnknownWorker(id))
-            } else if r.busy(id) || r.leased(id) {
-                Err(RouteError::WorkerOverloaded)
-            } else {
-                Ok(())
-            };
-            assert_eq!(m.check(id), want, "check");
+            assert_eq!(m.check(id), r.check(id), "check");
         }
         Op::Mark { id } => {
             let id = u64::from(id) % IDS;
-            let got = m.mark_overloaded(id);
-            match r.workers.get_mut(&id) {
-                None => assert_eq!(got, Err(RouteError::UnknownWorker(id))),
-                Some(w) => {
-                    assert_eq!(got, Ok(()));
-                    w.lease_until = Some(r.now_ms + LEASE_MS);
-                }
-            }
+            assert_eq!(m.mark_overloaded(id), r.mark_overloaded(id));
         }
         Op::Advance { ms } => {
             let ms = u64::from(ms % 2000);
             clock.advance(Duration::from_millis(ms));
-            r.now_ms += ms;
+            r.advance(ms);
         }
         Op::Book { id, rank, blocks } => {
             let id = u64::from(id) % IDS;
             let rank = u32::from(rank % 4);
             let got = m.book(id, rank, blocks.0);
-            let generation = r.workers.get(&id).map(|w| w.generation);
-            let dp_start = r.workers.get(&id).map(|w| w.dp_start);
-            match rank_of(r, id, rank) {
+            match r.book(id, rank, blocks.0) {
                 None => assert!(got.is_err(), "booking on a missing rank: {got:?}"),
-                Some(rr) => {
+                Some(want) => {
                     let booking = got.expect("booking on a declared rank");
-                    rr.decode = rr.decode.saturating_add(blocks.0);
                     assert_eq!(booking.blocks(), blocks.0);
                     assert_eq!(booking.worker_id(), id);
-                    held.push(Held {
-                        booking,
-                        id,
-                        rank_index: (rank - dp_start.unwrap()) as usize,
-                        blocks: blocks.0,
-                        generation: generation.unwrap(),
-                    });
+                    held.push((booking, want));
                 }
             }
         }
@@ -425,43 +308,25 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                 return;
             }
             let i = usize::from(index) % held.len();
-            let h = &mut held[i];
-            let n = blocks.0.min(u64::MAX - h.blocks);
-            h.booking.add_output_blocks(blocks.0);
-            h.blocks += n;
-            assert_eq!(h.booking.blocks(), h.blocks, "booking count");
-            if let Some(w) = r.workers.get_mut(&h.id) {
-                if w.generation == h.generation {
-                    let rr = &mut w.ranks[h.rank_index];
-                    rr.decode = rr.decode.saturating_add(n);
-                }
-            }
+            let (booking, want) = &mut held[i];
+            booking.add_output_blocks(blocks.0);
+            r.add_output_blocks(want, blocks.0);
+            assert_eq!(booking.blocks(), want.blocks, "booking count");
         }
         Op::Unbook { index } => {
             if held.is_empty() {
                 return;
             }
-            let h = held.swap_remove(usize::from(index) % held.len());
-            h.booking.release();
-            if let Some(w) = r.workers.get_mut(&h.id) {
-                if w.generation == h.generation {
-                    let rr = &mut w.ranks[h.rank_index];
-                    rr.decode = rr.decode.saturating_sub(h.blocks);
-                }
-            }
+            let (booking, want) = held.swap_remove(usize::from(index) % held.len());
+            booking.release();
+            r.release(want);
         }
     }
 }
 
 /// Everything observable must agree with the reference.
 fn compare(m: &Monitor, r: &Reference, op: &Op) {
-    let mut models: Vec<String> = r
-        .known_models
-        .iter()
-        .map(|&i| MODELS[i].to_owned())
-        .collect();
-    models.sort_unstable();
-    assert_eq!(m.models(), models, "models after {op:?}");
+    assert_eq!(m.models(), r.model_names(), "models after {op:?}");
     for (i, name) in MODELS.iter().enumerate().take(3) {
         assert_eq!(
             m.busy_workers(name),
@@ -470,14 +335,7 @@ fn compare(m: &Monitor, r: &Reference, op: &Op) {
         );
         let mut ids = m.workers(name);
         ids.sort_unstable();
-        let mut want: Vec<u64> = r
-            .workers
-            .iter()
-            .filter(|(_, w)| w.model == i)
-            .map(|(id, _)| *id)
-            .collect();
-        want.sort_unstable();
-        assert_eq!(ids, want, "workers of {name:?} after {op:?}");
+        assert_eq!(ids, r.workers_of(i), "workers of {name:?} after {op:?}");
         let t = m.thresholds(name);
         if r.known_models.contains(&i) {
             let want = r.thresholds.get(&i).copied().unwrap_or_default();
@@ -548,7 +406,7 @@ fuzz_target!(|ops: Vec<Op>| {
         ..Default::default()
     };
     let m = Monitor::with_config(config, clock.clone()).expect("valid config");
-    let mut r = Reference::default();
+    let mut r = Reference::new(&MODELS, CAPACITY, LEASE_MS);
     let mut held: Vec<Held> = Vec::new();
     for op in ops.iter().take(256) {
         step(&m, &clock, &mut r, &mut held, op);

@@ -24,12 +24,12 @@ use loadgate::{
     AdmissionGate, AdmitError, BusySet, GateConfig, LoadReport, OwnedPermit, Policy,
     ThresholdUpdate,
 };
-use loadgate_benches::alloc::{thread_allocations, CountingAlloc};
 use loadgate_benches::baseline::admission::{
     ChannelAdmission, ChannelGate, MutexAdmission, MutexGate,
 };
 use loadgate_benches::baseline::monitor::{RefLoad, RefThresholds};
 use loadgate_benches::fixture::{free_kv, noop_waker, poll_once, MonitorFixture, BUSY_KV, MODEL};
+use loadgate_testkit::alloc::{thread_allocations, CountingAlloc};
 use loadgate_benches::harness::{
     contend, interleave, record_one, under_writes, Budget, Series, SharedSide, Side, UnderWrites,
 };

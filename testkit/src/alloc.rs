@@ -1,9 +1,18 @@
-//! A counting allocator: counts the allocations each thread makes, so a
-//! bench can prove that a hot path allocated nothing while it was measured.
+//! A counting allocator: the system allocator, counting the allocations each
+//! thread makes, so a test or a bench can prove that a hot path allocated
+//! nothing while it ran.
 //!
-//! Register it in a binary with
-//! `#[global_allocator] static A: CountingAlloc = CountingAlloc;` and read
-//! [`thread_allocations`] before and after the code under test.
+//! Register it in its own binary (a test file, the bench binary, a fuzz
+//! target), since a binary has one global allocator:
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static ALLOC: loadgate_testkit::alloc::CountingAlloc = loadgate_testkit::alloc::CountingAlloc;
+//! ```
+//!
+//! then read [`thread_allocations`] before and after the code under test, or
+//! wrap it in [`allocations`]. Counts are per thread, so other threads'
+//! allocations (a test harness, a background task) never show up.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -12,13 +21,15 @@ thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// The system allocator, counting allocations per thread.
+/// The system allocator, counting allocations (and reallocations) per
+/// thread.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CountingAlloc;
 
 #[inline]
 fn count() {
-    // `try_with`: the slot may be gone while the thread is being torn down.
+    // `try_with`: the slot may be gone while the thread is being torn down;
+    // such allocations are simply not counted.
     let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
 }
 
@@ -54,4 +65,11 @@ unsafe impl GlobalAlloc for CountingAlloc {
 /// 0 unless [`CountingAlloc`] is the global allocator.
 pub fn thread_allocations() -> u64 {
     ALLOCATIONS.try_with(Cell::get).unwrap_or(0)
+}
+
+/// Allocations made by this thread while running `f`, and what `f` returned.
+pub fn allocations<R>(f: impl FnOnce() -> R) -> (u64, R) {
+    let before = thread_allocations();
+    let r = f();
+    (thread_allocations() - before, r)
 }

@@ -1,22 +1,32 @@
 //! The reference gate: a `VecDeque` and counters, no atomics, no
-//! cleverness. `gate_model.rs` and the `gate_ops` fuzz target (which includes
-//! this file by path) check the real gate against it after every operation.
-#![allow(dead_code)] // each including binary uses a different subset
+//! cleverness. [`crate::gate_pair::GatePair`] drives it beside the real gate
+//! for the differential drivers (`core/tests/gate_model.rs`, the `gate_ops`
+//! fuzz target), which compare the two after every operation.
+//!
+//! Times are nanoseconds of the manual clock; waiters are numbered by the
+//! driver.
 
 use std::collections::{HashMap, VecDeque};
 
 use loadgate::{AdmitError, GateStats, TryAdmitError};
 
+/// How a request waits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Kind {
+    /// `admit_owned`, polled.
     Future,
+    /// `admit_with_callback`.
     Callback,
 }
 
+/// Where a waiter stands.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum WState {
+    /// In the queue.
     Queued,
+    /// Granted a slot, not yet polled.
     Granted,
+    /// Refused, not yet polled.
     Rejected(AdmitError),
     /// A callback that has been called.
     Fired,
@@ -25,32 +35,59 @@ pub enum WState {
 /// What an operation returned, in a form both gates can produce.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Out {
+    /// Nothing to compare.
     Unit,
+    /// Admitted at once.
     Admitted,
+    /// Queued.
     Pending,
+    /// Refused at once.
     Rejected(AdmitError),
+    /// `try_admit`'s answer.
     Try(Result<(), TryAdmitError>),
+    /// Whether a cancel withdrew a queued request.
     Cancelled(bool),
+    /// Waiters an `expire` timed out.
     Expired(usize),
+    /// The future waiters a poll found resolved, in pending order.
     Polled(Vec<(usize, Result<(), AdmitError>)>),
 }
 
+/// The reference gate.
+#[derive(Debug)]
 pub struct Reference {
+    /// Slots.
     pub limit: u32,
+    /// Queue places.
     pub queue_limit: u32,
+    /// Queue timeout in nanoseconds.
     pub timeout: Option<u64>,
+    /// Adaptive LIFO configured.
     pub lifo: bool,
+    /// The next grant goes to the newest waiter (after an expiry).
     pub lifo_next: bool,
+    /// Closed.
     pub closed: bool,
+    /// Slots taken.
     pub running: u32,
+    /// Permits the driver holds (including callbacks').
     pub held: usize,
+    /// Queued waiters and their enqueue times.
     pub queue: VecDeque<(usize, u64)>,
+    /// Every waiter that queued and has not been polled or cancelled.
     pub waiters: HashMap<usize, (Kind, WState)>,
+    /// Callbacks fired, in order, with their outcomes.
     pub fired: Vec<(usize, Result<(), AdmitError>)>,
+    /// Waiters the driver still holds (futures and tickets), in admission
+    /// order.
+    pub pending: Vec<usize>,
+    /// Counters (running, queued, limit and closed are filled in by
+    /// [`Reference::stats`]).
     pub stats: GateStats,
 }
 
 impl Reference {
+    /// A gate of `limit` slots and `queue_limit` queue places.
     pub fn new(limit: u32, queue_limit: u32, timeout: Option<u64>, lifo: bool) -> Self {
         Self {
             limit,
@@ -64,6 +101,7 @@ impl Reference {
             queue: VecDeque::new(),
             waiters: HashMap::new(),
             fired: Vec::new(),
+            pending: Vec::new(),
             stats: GateStats {
                 limit,
                 queue_limit,
@@ -72,6 +110,7 @@ impl Reference {
         }
     }
 
+    /// What `AdmissionGate::stats` must say.
     pub fn stats(&self) -> GateStats {
         GateStats {
             running: self.running,
@@ -82,6 +121,7 @@ impl Reference {
         }
     }
 
+    /// When the oldest waiter times out.
     pub fn next_deadline(&self) -> Option<u64> {
         let t = self.timeout?;
         self.queue.front().map(|&(_, at)| at + t)
@@ -107,6 +147,7 @@ impl Reference {
         }
     }
 
+    /// Times out every waiter whose deadline has come.
     pub fn expire_due(&mut self, now: u64) -> usize {
         let Some(t) = self.timeout else { return 0 };
         if self.closed {
@@ -128,6 +169,8 @@ impl Reference {
         n
     }
 
+    /// Hands a slot to the next waiter (the newest after an expiry under
+    /// adaptive LIFO, else the oldest).
     pub fn grant_one(&mut self) {
         let (id, _) = if self.lifo_next {
             self.lifo_next = false;
@@ -139,8 +182,12 @@ impl Reference {
         self.resolve(id, Ok(()));
     }
 
+    /// An admission; a queued waiter joins [`Reference::pending`].
     pub fn admit(&mut self, id: usize, kind: Kind, now: u64) -> Out {
         let out = self.admit_inner(id, kind, now);
+        if out == Out::Pending {
+            self.pending.push(id);
+        }
         if kind == Kind::Callback {
             match out {
                 Out::Admitted => {
@@ -156,7 +203,7 @@ impl Reference {
         out
     }
 
-    pub fn admit_inner(&mut self, id: usize, kind: Kind, now: u64) -> Out {
+    fn admit_inner(&mut self, id: usize, kind: Kind, now: u64) -> Out {
         if self.closed {
             self.stats.rejected_closed += 1;
             return Out::Rejected(AdmitError::Closed);
@@ -178,6 +225,7 @@ impl Reference {
         Out::Pending
     }
 
+    /// `try_admit`.
     pub fn try_admit(&mut self) -> Out {
         if self.closed {
             return Out::Try(Err(TryAdmitError::Closed));
@@ -203,11 +251,20 @@ impl Reference {
         self.running -= 1;
     }
 
+    /// The driver drops a permit.
     pub fn release(&mut self, now: u64) {
         self.held -= 1;
         self.release_slot(now);
     }
 
+    /// The driver cancels the `i`th pending waiter (drops its future,
+    /// cancels its ticket): its id and the outcome.
+    pub fn cancel_at(&mut self, i: usize, now: u64) -> (usize, Out) {
+        let id = self.pending.remove(i);
+        (id, self.cancel(id, now))
+    }
+
+    /// Cancels a waiter.
     pub fn cancel(&mut self, id: usize, now: u64) -> Out {
         let (kind, state) = self.waiters.remove(&id).unwrap();
         match state {
@@ -241,6 +298,28 @@ impl Reference {
         Some(out)
     }
 
+    /// Polls every pending waiter: futures that resolved leave the pending
+    /// list with their outcome, callbacks that fired leave it silently.
+    pub fn poll_all(&mut self) -> Out {
+        let mut polled = Vec::new();
+        let mut keep = Vec::new();
+        for id in std::mem::take(&mut self.pending) {
+            match self.waiters[&id] {
+                (Kind::Future, _) => match self.poll(id) {
+                    Some(r) => polled.push((id, r)),
+                    None => keep.push(id),
+                },
+                (Kind::Callback, WState::Queued) => keep.push(id),
+                (Kind::Callback, _) => {
+                    self.waiters.remove(&id);
+                }
+            }
+        }
+        self.pending = keep;
+        Out::Polled(polled)
+    }
+
+    /// `set_limit` (a valid one).
     pub fn set_limit(&mut self, n: u32, now: u64) {
         if !self.closed && !self.queue.is_empty() && self.running < n {
             self.expire_due(now);
@@ -253,6 +332,7 @@ impl Reference {
         self.limit = n;
     }
 
+    /// `close`: every waiter is refused.
     pub fn close(&mut self) {
         self.closed = true;
         while let Some((id, _)) = self.queue.pop_front() {

@@ -1,0 +1,262 @@
+//! The real admission gate and the reference gate driven side by side: one
+//! method per operation, applying it to both and returning both outcomes
+//! (real, expected), and [`GatePair::check`] comparing everything else that
+//! is observable. The differential drivers (`core/tests/gate_model.rs`, the
+//! `gate_ops` fuzz target) only choose operations and compare outcomes.
+//!
+//! Futures are polled with a no-op waker: the driver polls them itself.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use loadgate::{
+    AdmissionGate, AdmitError, AdmitOwned, CallbackTicket, Clock, GateConfig, ManualClock,
+    OwnedPermit,
+};
+
+use crate::reference_gate::{Kind, Out, Reference};
+
+/// A waiter the driver holds on the real gate.
+enum Pending {
+    Future(AdmitOwned),
+    Callback(CallbackTicket),
+}
+
+/// Callbacks fired on the real gate, in order.
+type Fired = Arc<Mutex<Vec<(usize, Result<(), AdmitError>)>>>;
+
+/// The real gate (on a manual clock) and the reference gate, and what the
+/// driver holds on each.
+pub struct GatePair {
+    /// The gate under test.
+    pub gate: Arc<AdmissionGate>,
+    /// Its clock.
+    pub clock: Arc<ManualClock>,
+    /// The reference gate.
+    pub model: Reference,
+    fired: Fired,
+    cb_permits: Arc<Mutex<Vec<OwnedPermit>>>,
+    held: Vec<OwnedPermit>,
+    pending: Vec<(usize, Pending)>,
+    next_id: usize,
+}
+
+impl GatePair {
+    /// Both gates with `limit` slots, `queue` places, a queue timeout in
+    /// milliseconds and adaptive LIFO or not. Panics on a configuration the
+    /// gate refuses.
+    pub fn new(limit: u32, queue: u32, timeout_ms: Option<u64>, lifo: bool) -> Self {
+        let clock = ManualClock::new();
+        let config = GateConfig::new(limit)
+            .with_queue(queue)
+            .with_queue_timeout(timeout_ms.map(Duration::from_millis))
+            .with_adaptive_lifo(lifo);
+        let gate = AdmissionGate::with_clock(config, clock.clone()).expect("valid config");
+        GatePair {
+            gate: Arc::new(gate),
+            clock,
+            model: Reference::new(limit, queue, timeout_ms.map(|ms| ms * 1_000_000), lifo),
+            fired: Arc::default(),
+            cb_permits: Arc::default(),
+            held: Vec::new(),
+            pending: Vec::new(),
+            next_id: 0,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_nanos()
+    }
+
+    /// `admit_owned` (polled once) or `admit_with_callback`.
+    pub fn admit(&mut self, kind: Kind) -> (Out, Out) {
+        let now = self.now();
+        let id = self.next_id;
+        self.next_id += 1;
+        let real = match kind {
+            Kind::Future => {
+                let mut f = self.gate.admit_owned();
+                match Pin::new(&mut f).poll(&mut Context::from_waker(Waker::noop())) {
+                    Poll::Ready(Ok(p)) => {
+                        self.held.push(p);
+                        Out::Admitted
+                    }
+                    Poll::Ready(Err(e)) => Out::Rejected(e),
+                    Poll::Pending => {
+                        self.pending.push((id, Pending::Future(f)));
+                        Out::Pending
+                    }
+                }
+            }
+            Kind::Callback => {
+                let log = self.fired.clone();
+                let permits = self.cb_permits.clone();
+                let ticket = self.gate.admit_with_callback(Box::new(move |r| {
+                    log.lock()
+                        .unwrap()
+                        .push((id, r.as_ref().map(|_| ()).map_err(|e| *e)));
+                    if let Ok(p) = r {
+                        permits.lock().unwrap().push(p);
+                    }
+                }));
+                if ticket.is_queued() {
+                    self.pending.push((id, Pending::Callback(ticket)));
+                    Out::Pending
+                } else {
+                    match self.fired.lock().unwrap().last() {
+                        Some(&(fid, Ok(()))) if fid == id => Out::Admitted,
+                        Some(&(fid, Err(e))) if fid == id => Out::Rejected(e),
+                        other => panic!("callback {id} neither queued nor fired: {other:?}"),
+                    }
+                }
+            }
+        };
+        (real, self.model.admit(id, kind, now))
+    }
+
+    /// `try_admit_owned`.
+    pub fn try_admit(&mut self) -> (Out, Out) {
+        let real = match self.gate.try_admit_owned() {
+            Ok(p) => {
+                self.held.push(p);
+                Out::Try(Ok(()))
+            }
+            Err(e) => Out::Try(Err(e)),
+        };
+        (real, self.model.try_admit())
+    }
+
+    /// Drops the `k`th held permit (modulo their number); `None` when none
+    /// is held.
+    pub fn release(&mut self, k: usize) -> Option<(Out, Out)> {
+        if self.held.is_empty() {
+            return None;
+        }
+        let now = self.now();
+        drop(self.held.swap_remove(k % self.held.len()));
+        self.model.release(now);
+        Some((Out::Unit, Out::Unit))
+    }
+
+    /// Cancels the `k`th pending waiter (modulo their number): drops its
+    /// future or cancels its ticket. `None` when nothing is pending.
+    pub fn cancel(&mut self, k: usize) -> Option<(Out, Out)> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let now = self.now();
+        let i = k % self.pending.len();
+        let (id, p) = self.pending.remove(i);
+        let real = match p {
+            Pending::Future(f) => {
+                let before = self.gate.stats().cancelled;
+                drop(f);
+                Out::Cancelled(self.gate.stats().cancelled > before)
+            }
+            Pending::Callback(t) => Out::Cancelled(t.cancel()),
+        };
+        let (model_id, expected) = self.model.cancel_at(i, now);
+        assert_eq!(model_id, id, "both gates cancel the same waiter");
+        Some((real, expected))
+    }
+
+    /// Polls every pending future; callbacks that fired leave the pending
+    /// list.
+    pub fn poll_all(&mut self) -> (Out, Out) {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut real = Vec::new();
+        let mut keep = Vec::new();
+        for (id, p) in self.pending.drain(..) {
+            match p {
+                Pending::Future(mut f) => match Pin::new(&mut f).poll(&mut cx) {
+                    Poll::Ready(r) => {
+                        real.push((id, r.as_ref().map(|_| ()).map_err(|e| *e)));
+                        if let Ok(p) = r {
+                            self.held.push(p);
+                        }
+                    }
+                    Poll::Pending => keep.push((id, Pending::Future(f))),
+                },
+                Pending::Callback(t) => {
+                    if t.is_queued() {
+                        keep.push((id, Pending::Callback(t)));
+                    }
+                }
+            }
+        }
+        self.pending = keep;
+        (Out::Polled(real), self.model.poll_all())
+    }
+
+    /// The clock moves on.
+    pub fn advance(&mut self, ms: u64) -> (Out, Out) {
+        self.clock.advance(Duration::from_millis(ms));
+        (Out::Unit, Out::Unit)
+    }
+
+    /// `expire`.
+    pub fn expire(&mut self) -> (Out, Out) {
+        let now = self.now();
+        (
+            Out::Expired(self.gate.expire()),
+            Out::Expired(self.model.expire_due(now)),
+        )
+    }
+
+    /// `set_limit` with a limit the gate accepts.
+    pub fn set_limit(&mut self, n: u32) -> (Out, Out) {
+        let now = self.now();
+        self.gate.set_limit(n).expect("a limit in range");
+        self.model.set_limit(n, now);
+        (Out::Unit, Out::Unit)
+    }
+
+    /// `close`.
+    pub fn close(&mut self) -> (Out, Out) {
+        self.gate.close();
+        self.model.close();
+        (Out::Unit, Out::Unit)
+    }
+
+    /// Everything observable besides the outcome must agree: stats, the
+    /// callbacks fired and their order, the next deadline, the permits held
+    /// and the waiters pending. `ctx` names the step in a failure.
+    pub fn check(&mut self, ctx: &dyn Fn() -> String) {
+        self.held.append(&mut self.cb_permits.lock().unwrap());
+        assert_eq!(self.gate.stats(), self.model.stats(), "stats, {}", ctx());
+        assert_eq!(
+            *self.fired.lock().unwrap(),
+            self.model.fired,
+            "callbacks, {}",
+            ctx()
+        );
+        assert_eq!(
+            self.gate.next_deadline(),
+            self.model.next_deadline(),
+            "deadline, {}",
+            ctx()
+        );
+        assert_eq!(self.held.len(), self.model.held, "held permits, {}", ctx());
+        assert_eq!(
+            self.pending.len(),
+            self.model.pending.len(),
+            "pending, {}",
+            ctx()
+        );
+    }
+
+    /// Winds down: closes the gate, drops every waiter and permit, and
+    /// checks that every slot came back.
+    pub fn finish(mut self) {
+        self.gate.close();
+        drop(std::mem::take(&mut self.pending));
+        self.held.append(&mut self.cb_permits.lock().unwrap());
+        drop(std::mem::take(&mut self.held));
+        drop(std::mem::take(&mut *self.cb_permits.lock().unwrap()));
+        let s = self.gate.stats();
+        assert_eq!((s.running, s.queued), (0, 0), "final state {s:?}");
+    }
+}
