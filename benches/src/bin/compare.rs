@@ -6,10 +6,16 @@
 //! Exits non-zero if a loadgate hot path allocated while it was measured
 //! (counting global allocator). Timings never fail the run.
 //!
+//! Each case is one call of `Run::measure`: its name, its designs (the case
+//! table below: names and targets), and a closure that sets the case up and
+//! returns the measured series. `--write FILE` puts the table into the block
+//! between the `compare` markers of a Markdown file and keeps the rest.
+//!
 //! ```text
 //! cargo run --release -p loadgate-benches --bin compare            # full run
 //! cargo run --release -p loadgate-benches --bin compare -- --quick # CI
 //! cargo run --release -p loadgate-benches --bin compare -- --filter select
+//! cargo run --release -p loadgate-benches --bin compare -- --write docs/performance.md
 //! ```
 
 use std::cell::Cell;
@@ -17,7 +23,7 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
-use std::task::Poll;
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use loadgate::{
@@ -25,14 +31,14 @@ use loadgate::{
     ThresholdUpdate,
 };
 use loadgate_benches::baseline::admission::{
-    ChannelAdmission, ChannelGate, MutexAdmission, MutexGate,
+    ChannelAdmission, ChannelGate, MutexAdmission, MutexGate, MutexPermit,
 };
 use loadgate_benches::baseline::monitor::{RefLoad, RefThresholds};
 use loadgate_benches::fixture::{free_kv, noop_waker, poll_once, MonitorFixture, BUSY_KV, MODEL};
-use loadgate_testkit::alloc::{thread_allocations, CountingAlloc};
 use loadgate_benches::harness::{
     contend, interleave, record_one, under_writes, Budget, Series, SharedSide, Side, UnderWrites,
 };
+use loadgate_testkit::alloc::{thread_allocations, CountingAlloc};
 use tokio::sync::Semaphore;
 
 #[global_allocator]
@@ -61,11 +67,7 @@ struct Compared {
 }
 
 struct Row {
-    case: String,
-    /// Whether the loadgate side is a hot path that must not allocate.
-    hot: bool,
-    /// Whether the case compares throughput (several threads).
-    throughput: bool,
+    case: Case,
     loadgate: Series,
     others: Vec<Compared>,
 }
@@ -147,6 +149,9 @@ struct Opts {
     filter: Option<String>,
     rounds: Option<usize>,
     round_ms: Option<u64>,
+    /// A Markdown file whose generated block (between [`BEGIN`] and
+    /// [`END`]) gets the run's table.
+    write: Option<String>,
 }
 
 /// Mean cost of one `Instant::now()`: the gate reads the clock twice per
@@ -166,6 +171,7 @@ fn parse_args() -> Opts {
         filter: None,
         rounds: None,
         round_ms: None,
+        write: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -174,12 +180,16 @@ fn parse_args() -> Opts {
             "--filter" => opts.filter = args.next(),
             "--rounds" => opts.rounds = args.next().and_then(|v| v.parse().ok()),
             "--round-ms" => opts.round_ms = args.next().and_then(|v| v.parse().ok()),
+            "--write" => opts.write = args.next(),
             "-h" | "--help" => {
                 println!(
                     "usage: compare [--quick] [--filter SUBSTRING] [--rounds N] [--round-ms MS]\n\
+                     \x20              [--write FILE.md]\n\
                      Runs loadgate's hot paths and the reference designs interleaved and\n\
                      prints p50/p99 per op, allocations per op and ratios. --quick is the\n\
-                     short CI mode. Exits 1 if a loadgate hot path allocated."
+                     short CI mode. --write replaces the block between the compare markers\n\
+                     of a Markdown file (docs/performance.md) with this run's table.\n\
+                     Exits 1 if a loadgate hot path allocated (and then writes nothing)."
                 );
                 std::process::exit(0);
             }
@@ -207,10 +217,135 @@ impl Run {
             .is_none_or(|f| prefix.contains(f) || f.contains(prefix))
     }
 
-    fn push(&mut self, row: Row) {
-        eprintln!("  measured {}", row.case);
-        self.rows.push(row);
+    /// Measures one case unless the filter leaves it out. `measure` sets the
+    /// case up and returns loadgate's series followed by one per design, in
+    /// the order of `case.designs`.
+    fn measure(&mut self, case: Case, measure: impl FnOnce(&Budget) -> Vec<Series>) {
+        if !self.wants(&case.name) {
+            return;
+        }
+        let mut series = measure(&self.budget).into_iter();
+        let loadgate = series.next().expect("loadgate's series");
+        let others: Vec<Compared> = case
+            .designs
+            .iter()
+            .map(|&(design, target)| Compared {
+                design,
+                target,
+                series: series.next().expect("one series per design"),
+            })
+            .collect();
+        assert!(series.next().is_none(), "{}: a series too many", case.name);
+        eprintln!("  measured {}", case.name);
+        self.rows.push(Row {
+            case,
+            loadgate,
+            others,
+        });
     }
+}
+
+// ---------------------------------------------------------------------------
+// The case table: the designs each case compares loadgate with, in the order
+// its measurement returns them (after loadgate's own series), with the
+// targets of the benchmarks issue. Names stay fixed so that runs compare.
+
+/// A design loadgate is compared with, and the target for the comparison.
+type Design = (&'static str, Target);
+
+const SELECT: &[Design] = &[
+    ("reference routing", Target::Faster(2.0)),
+    ("bitset floor", Target::WithinOf(2.0)),
+    ("loadgate by model name (Monitor::select)", Target::None),
+];
+const MIN_COST: &[Design] = &[("reference KV path", Target::Faster(10.0))];
+const CHECK: &[Design] = &[
+    ("reference busy-set lookup", Target::None),
+    ("bare AtomicU64 bit test", Target::None),
+];
+const REPORT: &[Design] = &[("reference monitor", Target::Faster(4.0))];
+/// The busy flip's target grows with the snapshot the reference rebuilds.
+const FLIP: [&[Design]; 2] = [
+    &[("reference monitor + snapshot rebuild", Target::Faster(4.0))],
+    &[("reference monitor + snapshot rebuild", Target::Faster(20.0))],
+];
+const BOOK: &[Design] = &[("reference monitor, 2 events", Target::None)];
+const BUSY_CONTAINS: &[Design] = &[("bare AtomicU64 bit test", Target::None)];
+const BUSY_INSERT_REMOVE: &[Design] = &[("bare fetch_or + fetch_and", Target::None)];
+const BUSY_SNAPSHOT: &[Design] = &[("bare copy of 64 atomic words", Target::None)];
+const THRESHOLD: &[Design] = &[(
+    "reference: store + next event's full re-evaluation",
+    Target::None,
+)];
+const UNDER_WRITES: &[Design] = &[("reference routing under monitor writes", Target::None)];
+const DIRECT: &[Design] = &[
+    ("tokio Semaphore try_acquire", Target::Faster(2.0)),
+    ("Mutex gate (newest reference)", Target::Faster(2.0)),
+    ("Semaphore + channel (first reference)", Target::None),
+];
+const REJECT: &[Design] = &[
+    ("tokio Semaphore try_acquire (no queue)", Target::None),
+    ("Mutex gate (newest reference)", Target::None),
+    ("Semaphore + channel (first reference)", Target::None),
+];
+const HANDOFF_FUTURE: &[Design] = &[
+    ("Mutex gate + oneshot", Target::Faster(3.0)),
+    ("Semaphore + channel + dispatcher task", Target::None),
+];
+const HANDOFF_CALLBACK: &[Design] = &[("Mutex gate + oneshot", Target::Faster(3.0))];
+const HANDOFF_BLOCKING: &[Design] = &[("Mutex gate + oneshot blocking_recv", Target::Faster(3.0))];
+const CONTENDED: &[Design] = &[
+    ("tokio Semaphore try_acquire", Target::Throughput(2.0)),
+    ("Mutex gate (newest reference)", Target::None),
+];
+
+/// One row of the table: the case's name, its designs, and how loadgate's
+/// side is judged.
+struct Case {
+    name: String,
+    designs: &'static [Design],
+    /// Whether loadgate's side is a hot path that must not allocate.
+    hot: bool,
+    /// Whether the case compares throughput (several threads).
+    throughput: bool,
+}
+
+impl Case {
+    /// A hot path, timed per operation.
+    fn hot(name: impl Into<String>, designs: &'static [Design]) -> Self {
+        Case {
+            name: name.into(),
+            designs,
+            hot: true,
+            throughput: false,
+        }
+    }
+
+    /// Not a hot path: allocations are shown, never fail the run.
+    fn cold(name: impl Into<String>, designs: &'static [Design]) -> Self {
+        Case {
+            hot: false,
+            ..Case::hot(name, designs)
+        }
+    }
+
+    /// Compared by throughput over several threads.
+    fn contended(name: impl Into<String>, designs: &'static [Design]) -> Self {
+        Case {
+            throughput: true,
+            ..Case::hot(name, designs)
+        }
+    }
+}
+
+/// A design measured on this thread whose every operation is one call of
+/// `op`, its result kept from the optimizer (`black_box`) and then dropped.
+fn each<'a, R>(mut op: impl FnMut() -> R + 'a) -> Side<'a> {
+    Side::new(move |ops| {
+        for _ in 0..ops {
+            black_box(op());
+        }
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -232,80 +367,33 @@ fn routing_cases(run: &mut Run) {
                 (Policy::Random, "random"),
                 (Policy::PowerOfTwo, "power-of-two"),
             ] {
-                let case = format!("select {pname}, {n} workers, {label} busy");
-                if !run.wants(&case) {
-                    continue;
-                }
+                let name = format!("select {pname}, {n} workers, {label} busy");
                 let (m, r, f) = (&fx.monitor, &fx.router, &fx.floor);
-                // A frontend routes through a `Route` handle; selecting by
-                // model name (one registry guard and hash lookup more) is
-                // shown beside it.
-                let route = m.route(MODEL).unwrap();
-                assert!(route.select(policy).is_ok() && m.select(MODEL, policy).is_ok());
-                let mut sides = [
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            black_box(route.select(policy).ok());
-                        }
-                    }),
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            black_box(match policy {
-                                Policy::RoundRobin => r.select_round_robin(),
-                                Policy::Random => r.select_random(),
-                                Policy::PowerOfTwo => r.select_power_of_two(),
-                            })
-                            .ok();
-                        }
-                    }),
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            black_box(match policy {
-                                Policy::RoundRobin => f.pick_round_robin(),
-                                Policy::Random => f.pick_random(),
-                                Policy::PowerOfTwo => f.pick_power_of_two(),
-                            });
-                        }
-                    }),
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            black_box(m.select(MODEL, policy).ok());
-                        }
-                    }),
-                ];
-                let mut s = interleave(&run.budget, &mut sides).into_iter();
-                let (lg, reference, floor, by_name) = (
-                    s.next().unwrap(),
-                    s.next().unwrap(),
-                    s.next().unwrap(),
-                    s.next().unwrap(),
-                );
-                run.push(Row {
-                    case,
-                    hot: true,
-                    throughput: false,
-                    loadgate: lg,
-                    others: vec![
-                        Compared {
-                            design: "reference routing",
-                            series: reference,
-                            target: Target::Faster(2.0),
-                        },
-                        Compared {
-                            design: "bitset floor",
-                            series: floor,
-                            target: Target::WithinOf(2.0),
-                        },
-                        Compared {
-                            design: "loadgate by model name (Monitor::select)",
-                            series: by_name,
-                            target: Target::None,
-                        },
-                    ],
+                run.measure(Case::hot(name, SELECT), |budget| {
+                    // A frontend routes through a `Route` handle; selecting
+                    // by model name (one registry guard and hash lookup more)
+                    // is shown beside it.
+                    let route = m.route(MODEL).unwrap();
+                    assert!(route.select(policy).is_ok() && m.select(MODEL, policy).is_ok());
+                    let mut sides = [
+                        each(|| route.select(policy).ok()),
+                        each(|| match policy {
+                            Policy::RoundRobin => r.select_round_robin().ok(),
+                            Policy::Random => r.select_random().ok(),
+                            Policy::PowerOfTwo => r.select_power_of_two().ok(),
+                        }),
+                        each(|| match policy {
+                            Policy::RoundRobin => f.pick_round_robin(),
+                            Policy::Random => f.pick_random(),
+                            Policy::PowerOfTwo => f.pick_power_of_two(),
+                        }),
+                        each(|| m.select(MODEL, policy).ok()),
+                    ];
+                    interleave(budget, &mut sides)
                 });
             }
-            let case = format!("select min-cost of 64, {n} workers, {label} busy");
-            if run.wants(&case) {
+            let name = format!("select min-cost of 64, {n} workers, {label} busy");
+            run.measure(Case::hot(name, MIN_COST), |budget| {
                 let cands = fx.candidates(64, 7 + k as u64);
                 let (m, r) = (&fx.monitor, &fx.router);
                 assert_eq!(
@@ -314,76 +402,25 @@ fn routing_cases(run: &mut Run) {
                     "loadgate and the reference pick the same worker"
                 );
                 let mut sides = [
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            black_box(m.select_min_cost(MODEL, cands.iter().copied()).ok());
-                        }
-                    }),
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            black_box(r.select_min_cost(&cands).ok());
-                        }
-                    }),
+                    each(|| m.select_min_cost(MODEL, cands.iter().copied()).ok()),
+                    each(|| r.select_min_cost(&cands).ok()),
                 ];
-                let mut s = interleave(&run.budget, &mut sides).into_iter();
-                let (lg, reference) = (s.next().unwrap(), s.next().unwrap());
-                run.push(Row {
-                    case,
-                    hot: true,
-                    throughput: false,
-                    loadgate: lg,
-                    others: vec![Compared {
-                        design: "reference KV path",
-                        series: reference,
-                        target: Target::Faster(10.0),
-                    }],
-                });
-            }
+                interleave(budget, &mut sides)
+            });
         }
-        let case = format!("check pinned worker, {n} workers");
-        if run.wants(&case) {
+        let name = format!("check pinned worker, {n} workers");
+        run.measure(Case::hot(name, CHECK), |budget| {
             fx.set_busy_fraction(0.5, 99);
             let i = fx.a_free_worker();
             let id = fx.ids[i];
             let (m, r, f) = (&fx.monitor, &fx.router, &fx.floor);
             let mut sides = [
-                Side::new(|ops| {
-                    for _ in 0..ops {
-                        black_box(m.check(id).is_ok());
-                    }
-                }),
-                Side::new(|ops| {
-                    for _ in 0..ops {
-                        black_box(r.is_overloaded(id));
-                    }
-                }),
-                Side::new(|ops| {
-                    for _ in 0..ops {
-                        black_box(f.is_busy(i));
-                    }
-                }),
+                each(|| m.check(id).is_ok()),
+                each(|| r.is_overloaded(id)),
+                each(|| f.is_busy(i)),
             ];
-            let mut s = interleave(&run.budget, &mut sides).into_iter();
-            let (lg, reference, floor) = (s.next().unwrap(), s.next().unwrap(), s.next().unwrap());
-            run.push(Row {
-                case,
-                hot: true,
-                throughput: false,
-                loadgate: lg,
-                others: vec![
-                    Compared {
-                        design: "reference busy-set lookup",
-                        series: reference,
-                        target: Target::None,
-                    },
-                    Compared {
-                        design: "bare AtomicU64 bit test",
-                        series: floor,
-                        target: Target::None,
-                    },
-                ],
-            });
-        }
+            interleave(budget, &mut sides)
+        });
     }
 }
 
@@ -412,126 +449,73 @@ fn monitor_cases(run: &mut Run) {
             let free: Vec<usize> = (0..n).filter(|&i| !fx.is_busy(i)).take(16).collect();
             let targets: Vec<(u64, u64)> = free.iter().map(|&i| (fx.ids[i], free_kv(i))).collect();
 
-            let case = format!("report, no busy change, {n} workers");
-            if run.wants(&case) {
+            let name = format!("report, no busy change, {n} workers");
+            run.measure(Case::hot(name, REPORT), |budget| {
                 let MonitorFixture { monitor, task, .. } = &mut fx;
                 let (mut a, mut b) = (0usize, 0usize);
                 let mut sides = [
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            let (id, kv) = targets[a % targets.len()];
-                            a += 1;
-                            black_box(monitor.report(id, 0, &report(kv + (a & 1) as u64)).is_ok());
-                        }
+                    each(|| {
+                        let (id, kv) = targets[a % targets.len()];
+                        a += 1;
+                        black_box(monitor.report(id, 0, &report(kv + (a & 1) as u64)).is_ok());
                     }),
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            let (id, kv) = targets[b % targets.len()];
-                            b += 1;
-                            black_box(task.on_event(id, 0, &ref_load(kv + (b & 1) as u64)).is_ok());
-                        }
+                    each(|| {
+                        let (id, kv) = targets[b % targets.len()];
+                        b += 1;
+                        black_box(task.on_event(id, 0, &ref_load(kv + (b & 1) as u64)).is_ok());
                     }),
                 ];
-                let mut s = interleave(&run.budget, &mut sides).into_iter();
-                let (lg, reference) = (s.next().unwrap(), s.next().unwrap());
-                run.push(Row {
-                    case,
-                    hot: true,
-                    throughput: false,
-                    loadgate: lg,
-                    others: vec![Compared {
-                        design: "reference monitor",
-                        series: reference,
-                        target: Target::Faster(4.0),
-                    }],
-                });
-            }
+                interleave(budget, &mut sides)
+            });
 
-            let case = format!("report, busy flip (publish), {n} workers, 50% busy");
-            if run.wants(&case) {
+            let name = format!("report, busy flip (publish), {n} workers, 50% busy");
+            run.measure(Case::hot(name, FLIP[usize::from(n >= 1024)]), |budget| {
                 let (id, kv) = targets[0];
                 let MonitorFixture { monitor, task, .. } = &mut fx;
                 let (mut a, mut b) = (false, false);
-                let mut sides = [
-                    Side::new(|ops| {
-                        for _ in 0..ops {
+                let series = interleave(
+                    budget,
+                    &mut [
+                        each(|| {
                             a = !a;
-                            black_box(
-                                monitor
-                                    .report(id, 0, &report(if a { BUSY_KV } else { kv }))
-                                    .is_ok(),
-                            );
-                        }
-                    }),
-                    Side::new(|ops| {
-                        for _ in 0..ops {
+                            let kv = if a { BUSY_KV } else { kv };
+                            black_box(monitor.report(id, 0, &report(kv)).is_ok());
+                        }),
+                        each(|| {
                             b = !b;
-                            black_box(
-                                task.on_event(id, 0, &ref_load(if b { BUSY_KV } else { kv }))
-                                    .is_ok(),
-                            );
-                        }
-                    }),
-                ];
-                let mut s = interleave(&run.budget, &mut sides).into_iter();
-                let (lg, reference) = (s.next().unwrap(), s.next().unwrap());
-                drop(sides);
+                            let kv = if b { BUSY_KV } else { kv };
+                            black_box(task.on_event(id, 0, &ref_load(kv)).is_ok());
+                        }),
+                    ],
+                );
                 fx.report_all(free[0], kv);
-                run.push(Row {
-                    case,
-                    hot: true,
-                    throughput: false,
-                    loadgate: lg,
-                    others: vec![Compared {
-                        design: "reference monitor + snapshot rebuild",
-                        series: reference,
-                        target: Target::Faster(if n >= 1024 { 20.0 } else { 4.0 }),
-                    }],
-                });
-            }
+                series
+            });
 
-            let case = format!("book + release blocks, {n} workers");
-            if run.wants(&case) {
+            let name = format!("book + release blocks, {n} workers");
+            run.measure(Case::hot(name, BOOK), |budget| {
                 let (id, _) = targets[1];
                 let MonitorFixture { monitor, task, .. } = &mut fx;
+                let book = |blocks| RefLoad {
+                    active_decode_blocks: Some(blocks),
+                    ..Default::default()
+                };
                 let mut sides = [
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            black_box(monitor.book(id, 0, 4).expect("book").blocks());
-                        }
-                    }),
-                    Side::new(|ops| {
-                        for _ in 0..ops {
-                            let book = |blocks| RefLoad {
-                                active_decode_blocks: Some(blocks),
-                                ..Default::default()
-                            };
-                            black_box(task.on_event(id, 0, &book(4)).is_ok());
-                            black_box(task.on_event(id, 0, &book(0)).is_ok());
-                        }
+                    each(|| monitor.book(id, 0, 4).expect("book").blocks()),
+                    each(|| {
+                        black_box(task.on_event(id, 0, &book(4)).is_ok());
+                        black_box(task.on_event(id, 0, &book(0)).is_ok());
                     }),
                 ];
-                let mut s = interleave(&run.budget, &mut sides).into_iter();
-                let (lg, reference) = (s.next().unwrap(), s.next().unwrap());
-                run.push(Row {
-                    case,
-                    hot: true,
-                    throughput: false,
-                    loadgate: lg,
-                    others: vec![Compared {
-                        design: "reference monitor, 2 events",
-                        series: reference,
-                        target: Target::None,
-                    }],
-                });
-            }
+                interleave(budget, &mut sides)
+            });
         }
     }
 
     busy_set_cases(run);
 
-    let case = "threshold update, 4096 workers × 8 ranks".to_string();
-    if run.wants(&case) {
+    let name = "threshold update, 4096 workers × 8 ranks";
+    run.measure(Case::cold(name, THRESHOLD), |budget| {
         let mut fx = MonitorFixture::new(4096, 8);
         // Half the workers sit between the two thresholds: each update flips them.
         for i in (0..fx.n).step_by(2) {
@@ -541,48 +525,29 @@ fn monitor_cases(run: &mut Run) {
         let MonitorFixture { monitor, task, .. } = &mut fx;
         let (mut a, mut b) = (false, false);
         let mut sides = [
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    a = !a;
-                    let t = if a { 0.8 } else { 0.9 };
-                    let update = ThresholdUpdate {
-                        active_decode_blocks_threshold: Some(t),
-                        ..Default::default()
-                    };
-                    black_box(monitor.set_thresholds(MODEL, &update).is_ok());
-                }
+            each(|| {
+                a = !a;
+                let update = ThresholdUpdate {
+                    active_decode_blocks_threshold: Some(if a { 0.8 } else { 0.9 }),
+                    ..Default::default()
+                };
+                black_box(monitor.set_thresholds(MODEL, &update).is_ok());
             }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    b = !b;
-                    let t = if b { 0.8 } else { 0.9 };
-                    task.shared().update_thresholds(&RefThresholds {
-                        active_decode_blocks_threshold: Some(t),
-                        ..Default::default()
-                    });
-                    // The reference re-evaluates on the next event.
-                    black_box(task.on_event(probe, 0, &ref_load(free_kv(1))).is_ok());
-                }
+            each(|| {
+                b = !b;
+                task.shared().update_thresholds(&RefThresholds {
+                    active_decode_blocks_threshold: Some(if b { 0.8 } else { 0.9 }),
+                    ..Default::default()
+                });
+                // The reference re-evaluates on the next event.
+                black_box(task.on_event(probe, 0, &ref_load(free_kv(1))).is_ok());
             }),
         ];
-        let mut s = interleave(&run.budget, &mut sides).into_iter();
-        let (lg, reference) = (s.next().unwrap(), s.next().unwrap());
-        run.push(Row {
-            case,
-            hot: false,
-            throughput: false,
-            loadgate: lg,
-            others: vec![Compared {
-                design: "reference: store + next event's full re-evaluation",
-                series: reference,
-                target: Target::None,
-            }],
-        });
-    }
+        interleave(budget, &mut sides)
+    });
 
-    let case = "select round-robin while 1 writer reports, 1024 workers (allocs: reader + writer)"
-        .to_string();
-    if run.wants(&case) {
+    let name = "select round-robin while 1 writer reports, 1024 workers (allocs: reader + writer)";
+    run.measure(Case::hot(name, UNDER_WRITES), |budget| {
         let mut fx = MonitorFixture::new(1024, 1);
         fx.set_busy_fraction(0.5, 11);
         let flippers: Vec<(u64, u64)> = (0..fx.n)
@@ -599,8 +564,13 @@ fn monitor_cases(run: &mut Run) {
         let monitor = &*monitor;
         let route = monitor.route(MODEL).unwrap();
         let router = router.clone();
+        // Each writer flips the next flipper, busy then free.
+        let flip = |k: usize| {
+            let (id, kv) = flippers[k % flippers.len()];
+            let busy = (k / flippers.len()) % 2 == 0;
+            (id, if busy { BUSY_KV } else { kv })
+        };
         let (mut a, mut b) = (0usize, 0usize);
-        let flippers = &flippers;
         let mut sides = [
             UnderWrites {
                 read: Box::new(|ops| {
@@ -608,11 +578,10 @@ fn monitor_cases(run: &mut Run) {
                         black_box(route.select(Policy::RoundRobin).ok());
                     }
                 }),
-                write: Box::new(move || {
-                    let (id, kv) = flippers[a % flippers.len()];
-                    let busy = (a / flippers.len()) % 2 == 0;
+                write: Box::new(|| {
+                    let (id, kv) = flip(a);
                     a += 1;
-                    let _ = monitor.report(id, 0, &report(if busy { BUSY_KV } else { kv }));
+                    let _ = monitor.report(id, 0, &report(kv));
                 }),
             },
             UnderWrites {
@@ -621,31 +590,20 @@ fn monitor_cases(run: &mut Run) {
                         black_box(router.select_round_robin().ok());
                     }
                 }),
-                write: Box::new(move || {
-                    let (id, kv) = flippers[b % flippers.len()];
-                    let busy = (b / flippers.len()) % 2 == 0;
+                write: Box::new(|| {
+                    let (id, kv) = flip(b);
                     b += 1;
-                    let _ = task.on_event(id, 0, &ref_load(if busy { BUSY_KV } else { kv }));
+                    let _ = task.on_event(id, 0, &ref_load(kv));
                 }),
             },
         ];
-        let mut s = under_writes(&run.budget, &mut sides).into_iter();
-        let ((lg, lg_writes), (reference, ref_writes)) = (s.next().unwrap(), s.next().unwrap());
+        let measured = under_writes(budget, &mut sides);
         eprintln!(
-            "  writer ops during the reader's rounds: loadgate {lg_writes}, reference {ref_writes}"
+            "  writer ops during the reader's rounds: loadgate {}, reference {}",
+            measured[0].1, measured[1].1
         );
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: false,
-            loadgate: lg,
-            others: vec![Compared {
-                design: "reference routing under monitor writes",
-                series: reference,
-                target: Target::None,
-            }],
-        });
-    }
+        measured.into_iter().map(|(series, _)| series).collect()
+    });
 }
 
 /// `BusySet` on its own, against bare atomics doing the same bit work.
@@ -656,98 +614,58 @@ fn busy_set_cases(run: &mut Run) {
         set.insert(s);
         bare[s / 64].fetch_or(1 << (s % 64), Ordering::Relaxed);
     }
-    let case = "busy set: contains, 4096 slots".to_string();
-    if run.wants(&case) {
-        let mut sides = [
-            Side::new(|ops| {
+    run.measure(
+        Case::hot("busy set: contains, 4096 slots", BUSY_CONTAINS),
+        |budget| {
+            let lg = Side::new(|ops| {
                 for i in 0..ops {
                     black_box(set.contains(black_box((i as usize * 61) & 4095)));
                 }
-            }),
-            Side::new(|ops| {
+            });
+            let floor = Side::new(|ops| {
                 for i in 0..ops {
                     let s = black_box((i as usize * 61) & 4095);
                     black_box(bare[s / 64].load(Ordering::Acquire) >> (s % 64) & 1 == 1);
                 }
-            }),
-        ];
-        let mut s = interleave(&run.budget, &mut sides).into_iter();
-        let (lg, floor) = (s.next().unwrap(), s.next().unwrap());
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: false,
-            loadgate: lg,
-            others: vec![Compared {
-                design: "bare AtomicU64 bit test",
-                series: floor,
-                target: Target::None,
-            }],
-        });
-    }
-    let case = "busy set: insert + remove (epoch bumped twice)".to_string();
-    if run.wants(&case) {
-        let mut sides = [
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    black_box(set.insert(1000));
-                    black_box(set.remove(1000));
+            });
+            let mut sides = [lg, floor];
+            interleave(budget, &mut sides)
+        },
+    );
+    run.measure(
+        Case::hot(
+            "busy set: insert + remove (epoch bumped twice)",
+            BUSY_INSERT_REMOVE,
+        ),
+        |budget| {
+            let lg = each(|| {
+                black_box(set.insert(1000));
+                black_box(set.remove(1000));
+            });
+            let floor = each(|| {
+                black_box(bare[15].fetch_or(1 << 40, Ordering::AcqRel));
+                black_box(bare[15].fetch_and(!(1 << 40), Ordering::AcqRel));
+            });
+            let mut sides = [lg, floor];
+            interleave(budget, &mut sides)
+        },
+    );
+    run.measure(
+        Case::hot("busy set: snapshot, 4096 slots", BUSY_SNAPSHOT),
+        |budget| {
+            let mut words = vec![0u64; set.words()];
+            let mut copy = vec![0u64; bare.len()];
+            let lg = each(|| set.snapshot(&mut words));
+            let floor = each(|| {
+                for (c, w) in copy.iter_mut().zip(&bare) {
+                    *c = w.load(Ordering::Acquire);
                 }
-            }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    black_box(bare[15].fetch_or(1 << 40, Ordering::AcqRel));
-                    black_box(bare[15].fetch_and(!(1 << 40), Ordering::AcqRel));
-                }
-            }),
-        ];
-        let mut s = interleave(&run.budget, &mut sides).into_iter();
-        let (lg, floor) = (s.next().unwrap(), s.next().unwrap());
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: false,
-            loadgate: lg,
-            others: vec![Compared {
-                design: "bare fetch_or + fetch_and",
-                series: floor,
-                target: Target::None,
-            }],
-        });
-    }
-    let case = "busy set: snapshot, 4096 slots".to_string();
-    if run.wants(&case) {
-        let mut words = vec![0u64; set.words()];
-        let mut copy = vec![0u64; bare.len()];
-        let mut sides = [
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    black_box(set.snapshot(&mut words));
-                }
-            }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    for (c, w) in copy.iter_mut().zip(&bare) {
-                        *c = w.load(Ordering::Acquire);
-                    }
-                    black_box(&copy);
-                }
-            }),
-        ];
-        let mut s = interleave(&run.budget, &mut sides).into_iter();
-        let (lg, floor) = (s.next().unwrap(), s.next().unwrap());
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: false,
-            loadgate: lg,
-            others: vec![Compared {
-                design: "bare copy of 64 atomic words",
-                series: floor,
-                target: Target::None,
-            }],
-        });
-    }
+                black_box(&copy);
+            });
+            let mut sides = [lg, floor];
+            interleave(budget, &mut sides)
+        },
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -774,140 +692,65 @@ fn on_admitted(r: Result<OwnedPermit, AdmitError>) {
 fn admission_cases(run: &mut Run) {
     let waker = noop_waker();
 
-    let case = "admit + release, direct".to_string();
-    if run.wants(&case) {
+    run.measure(Case::hot("admit + release, direct", DIRECT), |budget| {
         let g = gate(4, 16);
         let sem = Semaphore::new(4);
         let mg = MutexGate::new(4, 16);
         let rt = current_thread_runtime();
         let cg = ChannelGate::new(rt.handle(), 4, 16);
         let mut sides = [
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    drop(black_box(g.try_admit().expect("slot free")));
-                }
-            }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    drop(black_box(sem.try_acquire().expect("slot free")));
-                }
-            }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    drop(black_box(mg.try_admit().expect("slot free")));
-                }
-            }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    drop(black_box(cg.admit()));
-                }
-            }),
+            each(|| g.try_admit().expect("slot free")),
+            each(|| sem.try_acquire().expect("slot free")),
+            each(|| mg.try_admit().expect("slot free")),
+            each(|| cg.admit()),
         ];
-        let mut s = interleave(&run.budget, &mut sides).into_iter();
-        let lg = s.next().unwrap();
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: false,
-            loadgate: lg,
-            others: vec![
-                Compared {
-                    design: "tokio Semaphore try_acquire",
-                    series: s.next().unwrap(),
-                    target: Target::Faster(2.0),
-                },
-                Compared {
-                    design: "Mutex gate (newest reference)",
-                    series: s.next().unwrap(),
-                    target: Target::Faster(2.0),
-                },
-                Compared {
-                    design: "Semaphore + channel (first reference)",
-                    series: s.next().unwrap(),
-                    target: Target::None,
-                },
-            ],
-        });
-    }
+        interleave(budget, &mut sides)
+    });
 
-    let case = "reject when full (N=1, Q=2 full)".to_string();
-    if run.wants(&case) {
-        let g = gate(1, 2);
-        let _held = g.try_admit().expect("first slot");
-        let mut q1 = g.admit();
-        let mut q2 = g.admit();
-        assert!(poll_once(&mut q1, &waker).is_pending() && poll_once(&mut q2, &waker).is_pending());
-        let sem = Semaphore::new(1);
-        let _sem_held = sem.try_acquire().expect("first slot");
-        let mg = MutexGate::new(1, 2);
-        let MutexAdmission::Admitted(_mg_held) = mg.admit() else {
-            panic!("first slot")
-        };
-        let (_m1, _m2) = (mg.admit(), mg.admit());
-        let rt = current_thread_runtime();
-        let cg = ChannelGate::new(rt.handle(), 1, 2);
-        let ChannelAdmission::Admitted(_cg_held) = cg.admit() else {
-            panic!("first slot")
-        };
-        let _c1 = cg.admit();
-        rt.block_on(tokio::task::yield_now()); // the dispatcher takes one
-        let _c2 = cg.admit();
-        assert!(matches!(cg.admit(), ChannelAdmission::Rejected));
-        assert!(matches!(mg.admit(), MutexAdmission::Rejected));
-        let mut sides = [
-            Side::new(|ops| {
-                for _ in 0..ops {
+    run.measure(
+        Case::hot("reject when full (N=1, Q=2 full)", REJECT),
+        |budget| {
+            let g = gate(1, 2);
+            let _held = g.try_admit().expect("first slot");
+            let mut q1 = g.admit();
+            let mut q2 = g.admit();
+            assert!(
+                poll_once(&mut q1, &waker).is_pending() && poll_once(&mut q2, &waker).is_pending()
+            );
+            let sem = Semaphore::new(1);
+            let _sem_held = sem.try_acquire().expect("first slot");
+            let mg = MutexGate::new(1, 2);
+            let MutexAdmission::Admitted(_mg_held) = mg.admit() else {
+                panic!("first slot")
+            };
+            let (_m1, _m2) = (mg.admit(), mg.admit());
+            let rt = current_thread_runtime();
+            let cg = ChannelGate::new(rt.handle(), 1, 2);
+            let ChannelAdmission::Admitted(_cg_held) = cg.admit() else {
+                panic!("first slot")
+            };
+            let _c1 = cg.admit();
+            rt.block_on(tokio::task::yield_now()); // the dispatcher takes one
+            let _c2 = cg.admit();
+            assert!(matches!(cg.admit(), ChannelAdmission::Rejected));
+            assert!(matches!(mg.admit(), MutexAdmission::Rejected));
+            let mut sides = [
+                each(|| {
                     let mut f = g.admit();
                     let r = poll_once(&mut f, &waker);
                     debug_assert!(matches!(r, Poll::Ready(Err(AdmitError::AtCapacity))));
-                    black_box(r.is_ready());
-                }
-            }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    black_box(sem.try_acquire().is_err());
-                }
-            }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    black_box(matches!(mg.admit(), MutexAdmission::Rejected));
-                }
-            }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    black_box(matches!(cg.admit(), ChannelAdmission::Rejected));
-                }
-            }),
-        ];
-        let mut s = interleave(&run.budget, &mut sides).into_iter();
-        let lg = s.next().unwrap();
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: false,
-            loadgate: lg,
-            others: vec![
-                Compared {
-                    design: "tokio Semaphore try_acquire (no queue)",
-                    series: s.next().unwrap(),
-                    target: Target::None,
-                },
-                Compared {
-                    design: "Mutex gate (newest reference)",
-                    series: s.next().unwrap(),
-                    target: Target::None,
-                },
-                Compared {
-                    design: "Semaphore + channel (first reference)",
-                    series: s.next().unwrap(),
-                    target: Target::None,
-                },
-            ],
-        });
-    }
+                    r.is_ready()
+                }),
+                each(|| sem.try_acquire().is_err()),
+                each(|| matches!(mg.admit(), MutexAdmission::Rejected)),
+                each(|| matches!(cg.admit(), ChannelAdmission::Rejected)),
+            ];
+            interleave(budget, &mut sides)
+        },
+    );
 
-    let case = "queued admit + handoff, future".to_string();
-    if run.wants(&case) {
+    let name = "queued admit + handoff, future";
+    run.measure(Case::hot(name, HANDOFF_FUTURE), |budget| {
         let g = gate(1, 16);
         let mg = MutexGate::new(1, 16);
         let rt = current_thread_runtime();
@@ -919,30 +762,16 @@ fn admission_cases(run: &mut Run) {
         };
         let mut cg_holder = Some(p);
         let mut sides = [
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    let mut f = g.admit();
-                    assert!(poll_once(&mut f, &waker).is_pending());
-                    drop(lg_holder.take());
-                    match poll_once(&mut f, &waker) {
-                        Poll::Ready(Ok(p)) => lg_holder = Some(p),
-                        _ => panic!("handoff"),
-                    }
+            each(|| {
+                let mut f = g.admit();
+                assert!(poll_once(&mut f, &waker).is_pending());
+                drop(lg_holder.take());
+                match poll_once(&mut f, &waker) {
+                    Poll::Ready(Ok(p)) => lg_holder = Some(p),
+                    _ => panic!("handoff"),
                 }
             }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    let MutexAdmission::Queued(mut w) = mg.admit() else {
-                        panic!("queues")
-                    };
-                    assert!(poll_once(&mut w, &waker).is_pending());
-                    drop(mg_holder.take());
-                    match poll_once(&mut w, &waker) {
-                        Poll::Ready(Some(p)) => mg_holder = Some(p),
-                        _ => panic!("handoff"),
-                    }
-                }
-            }),
+            each(|| mutex_handoff(&mg, &mut mg_holder, &waker)),
             Side::new(|ops| {
                 rt.block_on(async {
                     for _ in 0..ops {
@@ -955,37 +784,19 @@ fn admission_cases(run: &mut Run) {
                 });
             }),
         ];
-        let mut s = interleave(&run.budget, &mut sides).into_iter();
-        let lg = s.next().unwrap();
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: false,
-            loadgate: lg,
-            others: vec![
-                Compared {
-                    design: "Mutex gate + oneshot",
-                    series: s.next().unwrap(),
-                    target: Target::Faster(3.0),
-                },
-                Compared {
-                    design: "Semaphore + channel + dispatcher task",
-                    series: s.next().unwrap(),
-                    target: Target::None,
-                },
-            ],
-        });
-    }
+        interleave(budget, &mut sides)
+    });
 
-    let case = "queued admit + handoff, callback".to_string();
-    if run.wants(&case) {
+    let name = "queued admit + handoff, callback";
+    run.measure(Case::hot(name, HANDOFF_CALLBACK), |budget| {
         let g = Arc::new(gate(1, 16));
         CALLBACK_SLOT.set(Some(g.try_admit_owned().expect("first slot")));
         let mg = MutexGate::new(1, 16);
         let mut mg_holder = Some(mg.try_admit().expect("first slot"));
-        let mut sides = [
-            Side::new(|ops| {
-                for _ in 0..ops {
+        let series = interleave(
+            budget,
+            &mut [
+                each(|| {
                     drop(g.admit_with_callback(Box::new(on_admitted)));
                     let holder = CALLBACK_SLOT.take().expect("holder");
                     drop(holder); // hands the slot to the callback
@@ -995,56 +806,32 @@ fn admission_cases(run: &mut Run) {
                         s.set(p);
                         ok
                     }));
-                }
-            }),
-            Side::new(|ops| {
-                for _ in 0..ops {
-                    let MutexAdmission::Queued(mut w) = mg.admit() else {
-                        panic!("queues")
-                    };
-                    assert!(poll_once(&mut w, &waker).is_pending());
-                    drop(mg_holder.take());
-                    match poll_once(&mut w, &waker) {
-                        Poll::Ready(Some(p)) => mg_holder = Some(p),
-                        _ => panic!("handoff"),
-                    }
-                }
-            }),
-        ];
-        let mut s = interleave(&run.budget, &mut sides).into_iter();
-        let lg = s.next().unwrap();
+                }),
+                each(|| mutex_handoff(&mg, &mut mg_holder, &waker)),
+            ],
+        );
         drop(CALLBACK_SLOT.take());
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: false,
-            loadgate: lg,
-            others: vec![Compared {
-                design: "Mutex gate + oneshot",
-                series: s.next().unwrap(),
-                target: Target::Faster(3.0),
-            }],
-        });
-    }
+        series
+    });
 
-    let case = "queued admit + handoff, blocking, 2 threads".to_string();
-    if run.wants(&case) {
+    let name = "queued admit + handoff, blocking, 2 threads";
+    run.measure(Case::hot(name, HANDOFF_BLOCKING), |budget| {
         let g = gate(1, 1);
         let mg = MutexGate::new(1, 1);
         let mut lg = Series::default();
         let mut mgs = Series::default();
-        for round in 0..run.budget.rounds {
+        for round in 0..budget.rounds {
             for k in 0..2 {
                 if (round + k) % 2 == 0 {
                     lg.merge(&pingpong(
-                        run.budget.per_round,
+                        budget.per_round,
                         &|| g.try_admit().ok(),
                         &|| g.admit_blocking(None).expect("admitted"),
                         &|| g.queued() > 0,
                     ));
                 } else {
                     mgs.merge(&pingpong(
-                        run.budget.per_round,
+                        budget.per_round,
                         &|| mg.try_admit(),
                         &|| match mg.admit() {
                             MutexAdmission::Admitted(p) => p,
@@ -1056,21 +843,11 @@ fn admission_cases(run: &mut Run) {
                 }
             }
         }
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: false,
-            loadgate: lg,
-            others: vec![Compared {
-                design: "Mutex gate + oneshot blocking_recv",
-                series: mgs,
-                target: Target::Faster(3.0),
-            }],
-        });
-    }
+        vec![lg, mgs]
+    });
 
-    let case = "admit + release, 2 threads contending".to_string();
-    if run.wants(&case) {
+    let name = "admit + release, 2 threads contending";
+    run.measure(Case::contended(name, CONTENDED), |budget| {
         let g = gate(1024, 16);
         let sem = Semaphore::new(1024);
         let mg = MutexGate::new(1024, 16);
@@ -1094,26 +871,22 @@ fn admission_cases(run: &mut Run) {
             SharedSide::new(&sem_op),
             SharedSide::new(&mg_op),
         ];
-        let mut s = contend(&run.budget, 2, &sides).into_iter();
-        let lg = s.next().unwrap();
-        run.push(Row {
-            case,
-            hot: true,
-            throughput: true,
-            loadgate: lg,
-            others: vec![
-                Compared {
-                    design: "tokio Semaphore try_acquire",
-                    series: s.next().unwrap(),
-                    target: Target::Throughput(2.0),
-                },
-                Compared {
-                    design: "Mutex gate (newest reference)",
-                    series: s.next().unwrap(),
-                    target: Target::None,
-                },
-            ],
-        });
+        contend(budget, 2, &sides)
+    });
+}
+
+/// One queued admission on the Mutex gate and its handoff: queue behind the
+/// holder, release the holder, take the slot.
+#[inline]
+fn mutex_handoff<'g>(mg: &'g MutexGate, holder: &mut Option<MutexPermit<'g>>, waker: &Waker) {
+    let MutexAdmission::Queued(mut w) = mg.admit() else {
+        panic!("queues")
+    };
+    assert!(poll_once(&mut w, waker).is_pending());
+    drop(holder.take());
+    match poll_once(&mut w, waker) {
+        Poll::Ready(Some(p)) => *holder = Some(p),
+        _ => panic!("handoff"),
     }
 }
 
@@ -1203,7 +976,9 @@ fn machine() -> String {
     format!("{model}, {cpus} CPUs, load average {load} at start")
 }
 
-fn print_table(rows: &[Row]) -> (usize, usize, Vec<String>) {
+/// The Markdown table, with the targets met, the targets set and the hot
+/// paths that allocated.
+fn table(rows: &[Row]) -> (String, usize, usize, Vec<String>) {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -1213,22 +988,23 @@ fn print_table(rows: &[Row]) -> (usize, usize, Vec<String>) {
     let (mut met, mut total) = (0, 0);
     let mut alloc_failures = Vec::new();
     for row in rows {
-        let (p50, p99) = latency_cells(&row.loadgate, row.throughput);
+        let throughput = row.case.throughput;
+        let (p50, p99) = latency_cells(&row.loadgate, throughput);
         let _ = writeln!(
             out,
             "| {} | **loadgate** | **{p50}** | **{p99}** | {} | | | |",
-            row.case,
+            row.case.name,
             allocs(&row.loadgate)
         );
-        if row.hot && row.loadgate.allocs > 0 {
+        if row.case.hot && row.loadgate.allocs > 0 {
             alloc_failures.push(format!(
                 "{}: {} allocations in {} ops",
-                row.case, row.loadgate.allocs, row.loadgate.ops
+                row.case.name, row.loadgate.allocs, row.loadgate.ops
             ));
         }
         for o in &row.others {
-            let (p50, p99) = latency_cells(&o.series, row.throughput);
-            let (ratio, ok) = o.ratio(&row.loadgate, row.throughput);
+            let (p50, p99) = latency_cells(&o.series, throughput);
+            let (ratio, ok) = o.ratio(&row.loadgate, throughput);
             let mark = match ok {
                 Some(true) => {
                     met += 1;
@@ -1250,12 +1026,44 @@ fn print_table(rows: &[Row]) -> (usize, usize, Vec<String>) {
             );
         }
     }
-    print!("{out}");
-    (met, total, alloc_failures)
+    (out, met, total, alloc_failures)
+}
+
+/// The markers around the generated block of a Markdown file; everything
+/// outside them is kept as written.
+const BEGIN: &str = "<!-- compare: begin -->";
+const END: &str = "<!-- compare: end -->";
+
+/// The file at `path` and where its generated block's contents start and
+/// end.
+fn read_block(path: &str) -> Result<(String, usize, usize), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
+    match (text.find(BEGIN), text.find(END)) {
+        (Some(begin), Some(end)) if begin < end => Ok((text, begin + BEGIN.len(), end)),
+        _ => Err(format!(
+            "{path} has no `{BEGIN}` ... `{END}` block for the table"
+        )),
+    }
+}
+
+/// Replaces the generated block of `path` with `block`.
+fn write_block(path: &str, block: &str) -> Result<(), String> {
+    let (text, start, end) = read_block(path)?;
+    let updated = format!("{}\n{block}{}", &text[..start], &text[end..]);
+    std::fs::write(path, updated).map_err(|e| format!("writing {path}: {e}"))
 }
 
 fn main() {
     let opts = parse_args();
+    if opts.write.is_some() && opts.filter.is_some() {
+        eprintln!("compare: --write records the whole table; leave out --filter");
+        std::process::exit(2);
+    }
+    // Fail before measuring, not after.
+    if let Some(Err(e)) = opts.write.as_deref().map(read_block) {
+        eprintln!("compare: {e}");
+        std::process::exit(2);
+    }
     let mut budget = if opts.quick {
         Budget {
             rounds: 3,
@@ -1274,11 +1082,10 @@ fn main() {
     let started = Instant::now();
     let header = machine();
     let clock_read = clock_read_nanos();
+    let mode = if opts.quick { "quick" } else { "full" };
     eprintln!(
-        "compare: {} mode, {} rounds × {:?} per design per case",
-        if opts.quick { "quick" } else { "full" },
-        budget.rounds,
-        budget.per_round
+        "compare: {mode} mode, {} rounds × {:?} per design per case",
+        budget.rounds, budget.per_round
     );
     let mut run = Run {
         budget,
@@ -1289,28 +1096,43 @@ fn main() {
     monitor_cases(&mut run);
     admission_cases(&mut run);
 
-    println!(
-        "loadgate compare ({} mode) on {header}; os {}; one clock read (Instant::now) {clock_read:.1} ns",
-        if opts.quick { "quick" } else { "full" },
+    let intro = format!(
+        "loadgate compare ({mode} mode, {} rounds × {:?}) on {header}; os {}; one clock read \
+         (Instant::now) {clock_read:.1} ns",
+        run.budget.rounds,
+        run.budget.per_round,
         std::env::consts::OS
     );
+    println!("{intro}");
     println!(
         "p50/p99: per-op latency (batch means for sub-10 µs ops); ratios are p50 over p50, \
          or throughput over throughput for the contended case.\n"
     );
-    let (met, total, alloc_failures) = print_table(&run.rows);
+    let (table, met, total, alloc_failures) = table(&run.rows);
+    print!("{table}");
     println!(
         "\ntargets met: {met} of {total}; {} cases in {:.1} s",
         run.rows.len(),
         started.elapsed().as_secs_f64()
     );
-    if alloc_failures.is_empty() {
-        println!("loadgate hot paths allocated nothing while measured");
-    } else {
+    if !alloc_failures.is_empty() {
         println!("loadgate hot paths ALLOCATED:");
         for f in &alloc_failures {
             println!("  {f}");
         }
         std::process::exit(1);
+    }
+    println!("loadgate hot paths allocated nothing while measured");
+    if let Some(path) = opts.write {
+        let block = format!(
+            "<!-- Written by `compare --write`; edit the text outside the markers only. -->\n\
+             {intro}. Targets met: {met} of {total}; loadgate hot paths allocated nothing \
+             while measured.\n\n{table}"
+        );
+        if let Err(e) = write_block(&path, &block) {
+            eprintln!("compare: {e}");
+            std::process::exit(2);
+        }
+        eprintln!("compare: wrote the table to {path}");
     }
 }
