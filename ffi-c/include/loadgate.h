@@ -1013,6 +1013,34 @@ enum lg_status lg_nats_options_new(struct lg_nats_options **out_options);
 void lg_nats_options_free(struct lg_nats_options *options);
 
 /**
+ * Follows (subscriptions) or publishes as (reporters) the reference
+ * system's worker endpoint `component`/`endpoint` in the namespace the
+ * call names: a subscription also reads the reference's load events on
+ * `namespace.{ns}.component.{component}.endpoint.{endpoint}.kv_metrics`
+ * ("*" for any component or endpoint; those workers must be declared with
+ * lg_monitor_add_worker(), and reports for others are refused and
+ * counted), and a reporter publishes the reference's envelope there
+ * instead of loadgate's messages, so a reference frontend reads it. NULL
+ * and 0 for both: clears it.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a non-zero
+ * length or not UTF-8, only one of the two given). A failed call changes
+ * nothing. Empty or over-long names and a reporter with a wildcard are
+ * refused by the connecting calls.
+ * Ownership: the strings are copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `component` and `endpoint`
+ * are NULL or valid for their lengths.
+ */
+enum lg_status lg_nats_options_set_dynamo_endpoint(struct lg_nats_options *options,
+                                                   const char *component,
+                                                   size_t component_len,
+                                                   const char *endpoint,
+                                                   size_t endpoint_len);
+
+/**
  * Authenticates with `user` and `password` (NULL and 0 for both: clears
  * them). A password without a user, or a user with a token or a
  * credentials file too, is refused by the connecting calls.

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use loadgate_core::cluster::nats::{NatsOptions, NatsTransport};
 use loadgate_core::cluster::{
-    Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
+    dynamo_kv_metrics_subject, Attached, ClusterError, Publisher, PublisherConfig, Subjects,
+    Subscriber, SubscriberConfig, WireFormat,
 };
 use loadgate_core::MonotonicClock;
 
@@ -60,6 +61,9 @@ pub struct lg_subscription {
 /// The connecting calls only read it, from any number of threads at once.
 pub struct lg_nats_options {
     options: NatsOptions,
+    /// The reference worker endpoint `(component, endpoint)` set by
+    /// lg_nats_options_set_dynamo_endpoint().
+    dynamo: Option<(String, String)>,
 }
 
 /// Counters of a reporter.
@@ -198,6 +202,13 @@ pub unsafe extern "C" fn lg_reporter_new_with(
         let out = Out::new(out_reporter, "out_reporter")?;
         let subjects = subjects(namespace)?;
         let mut config = PublisherConfig::new(worker_id, model);
+        if let Some((component, endpoint)) = options.and_then(|o| o.dynamo.clone()) {
+            config.format = WireFormat::Dynamo {
+                namespace: namespace.to_owned(),
+                component,
+                endpoint,
+            };
+        }
         if let Some(s) = spec {
             let s = s.core_spec();
             config.dp_start = s.dp_start;
@@ -401,11 +412,12 @@ pub unsafe extern "C" fn lg_monitor_subscribe_nats_with(
         let options = unsafe { optional(options, "options") }?;
         let out = Out::new(out_subscription, "out_subscription")?;
         let subjects = subjects(namespace)?;
-        let subscriber = Subscriber::new(
-            m.monitor.clone(),
-            SubscriberConfig::default(),
-            MonotonicClock::shared(),
-        )?;
+        let mut config = SubscriberConfig::default();
+        if let Some((component, endpoint)) = options.and_then(|o| o.dynamo.as_ref()) {
+            config.active_load_subject =
+                Some(dynamo_kv_metrics_subject(namespace, component, endpoint)?);
+        }
+        let subscriber = Subscriber::new(m.monitor.clone(), config, MonotonicClock::shared())?;
         let transport = connect(url, options)?;
         let attached = subscriber.attach(&transport, &subjects)?;
         let handle = Box::into_raw(Box::new(lg_subscription {
@@ -521,6 +533,7 @@ pub unsafe extern "C" fn lg_nats_options_new(out_options: *mut *mut lg_nats_opti
         let out = Out::new(out_options, "out_options")?;
         let handle = Box::into_raw(Box::new(lg_nats_options {
             options: NatsOptions::default(),
+            dynamo: None,
         }));
         // SAFETY: writable by the contract.
         unsafe { out.write(handle) };
@@ -548,12 +561,12 @@ pub unsafe extern "C" fn lg_nats_options_free(options: *mut lg_nats_options) {
     })
 }
 
-/// Borrows settings to change.
+/// Borrows the settings object to change.
 ///
 /// # Safety
 /// `p` is NULL or a live lg_nats_options that no other thread uses for
 /// `'a`.
-unsafe fn options_mut<'a>(p: *mut lg_nats_options) -> Result<&'a mut NatsOptions, Error> {
+unsafe fn handle_mut<'a>(p: *mut lg_nats_options) -> Result<&'a mut lg_nats_options, Error> {
     if p.is_null() {
         return Err(Error::invalid("options must not be NULL"));
     }
@@ -562,7 +575,64 @@ unsafe fn options_mut<'a>(p: *mut lg_nats_options) -> Result<&'a mut NatsOptions
     }
     // SAFETY: non-NULL and aligned (checked), live and used by this thread
     // alone (contract), so a unique reference is sound.
-    Ok(unsafe { &mut (*p).options })
+    Ok(unsafe { &mut *p })
+}
+
+/// Borrows the connection settings to change.
+///
+/// # Safety
+/// As `handle_mut`.
+unsafe fn options_mut<'a>(p: *mut lg_nats_options) -> Result<&'a mut NatsOptions, Error> {
+    // SAFETY: forwarded contract.
+    Ok(&mut unsafe { handle_mut(p) }?.options)
+}
+
+/// Follows (subscriptions) or publishes as (reporters) the reference
+/// system's worker endpoint `component`/`endpoint` in the namespace the
+/// call names: a subscription also reads the reference's load events on
+/// `namespace.{ns}.component.{component}.endpoint.{endpoint}.kv_metrics`
+/// ("*" for any component or endpoint; those workers must be declared with
+/// lg_monitor_add_worker(), and reports for others are refused and
+/// counted), and a reporter publishes the reference's envelope there
+/// instead of loadgate's messages, so a reference frontend reads it. NULL
+/// and 0 for both: clears it.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a non-zero
+/// length or not UTF-8, only one of the two given). A failed call changes
+/// nothing. Empty or over-long names and a reporter with a wildcard are
+/// refused by the connecting calls.
+/// Ownership: the strings are copied.
+/// Thread safety: no other thread may be using `options`. Blocking: never.
+///
+/// # Safety
+/// `options` is NULL or a live lg_nats_options; `component` and `endpoint`
+/// are NULL or valid for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_set_dynamo_endpoint(
+    options: *mut lg_nats_options,
+    component: *const c_char,
+    component_len: usize,
+    endpoint: *const c_char,
+    endpoint_len: usize,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: each string is NULL or valid for its length (contract).
+        let component = unsafe { setting(component, component_len, "component") }?;
+        // SAFETY: as above.
+        let endpoint = unsafe { setting(endpoint, endpoint_len, "endpoint") }?;
+        let dynamo = match (component, endpoint) {
+            (Some(c), Some(e)) => Some((c, e)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::invalid(
+                    "component and endpoint are given together (or both NULL to clear)",
+                ))
+            }
+        };
+        // SAFETY: NULL or live, used by no other thread (contract).
+        unsafe { handle_mut(options) }?.dynamo = dynamo;
+        Ok(())
+    })
 }
 
 /// A setting's string: NULL with length 0 is absent (clears the setting).

@@ -1134,6 +1134,16 @@ static void test_nats_options_errors(void) {
     OK(lg_nats_options_new(&o));
     CHECK(o != NULL);
 
+    /* The reference's endpoint: both names or neither; a reporter cannot
+     * publish on a wildcard. */
+    INVALID(lg_nats_options_set_dynamo_endpoint(NULL, S("c"), S("e")));
+    INVALID(lg_nats_options_set_dynamo_endpoint(o, S("c"), NULL, 0));
+    CHECK(last_error_contains("together"));
+    OK(lg_nats_options_set_dynamo_endpoint(o, S("*"), S("generate")));
+    INVALID(lg_reporter_new_with(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, o, &rep));
+    CHECK(last_error_contains("wildcard"));
+    OK(lg_nats_options_set_dynamo_endpoint(o, NULL, 0, NULL, 0));
+
     /* NULL handles and bad strings. */
     INVALID(lg_nats_options_set_user_password(NULL, S("u"), S("p")));
     CHECK(last_error_contains("options must not be NULL"));
@@ -1347,6 +1357,62 @@ static void test_cluster_live(const char *url) {
     printf("c11 api: NATS round trip against %s took %.0f ms\n", url, now_ms() - t0);
 }
 
+/* The reference's event plane: a reporter speaking its envelope on a
+ * component/endpoint subject, read by a subscription that follows every
+ * endpoint of the namespace; its workers are declared by hand. */
+static void test_cluster_dynamo_live(const char *url) {
+    const size_t url_len = strlen(url);
+    lg_monitor *front = NULL;
+    OK(lg_monitor_new(NULL, &front));
+    lg_worker_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.dp_size = 1;
+    spec.has_kv_total_blocks = true;
+    spec.kv_total_blocks = 100;
+    OK(lg_monitor_add_worker(front, S("m"), 77, &spec));
+    lg_threshold_update u;
+    memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.5;
+    OK(lg_monitor_set_thresholds(front, S("m"), &u, NULL));
+
+    lg_nats_options *follow = NULL, *speak = NULL;
+    OK(lg_nats_options_new(&follow));
+    OK(lg_nats_options_set_dynamo_endpoint(follow, S("*"), S("*")));
+    OK(lg_nats_options_new(&speak));
+    OK(lg_nats_options_set_dynamo_endpoint(speak, S("vllm worker"), S("generate")));
+    lg_subscription *sub = NULL;
+    OK(lg_monitor_subscribe_nats_with(front, url, url_len, S("capi-dyn"), follow, &sub));
+    lg_reporter *w = NULL, *stranger = NULL;
+    OK(lg_reporter_new_with(url, url_len, S("capi-dyn"), 77, S("m"), &spec, speak, &w));
+    OK(lg_reporter_new_with(url, url_len, S("capi-dyn"), 78, S("m"), &spec, speak, &stranger));
+    lg_nats_options_free(follow);
+    lg_nats_options_free(speak);
+
+    lg_load_report full = kv_report(90, 100);
+    OK(lg_reporter_report(w, 0, &full));
+    OK(lg_reporter_report(stranger, 0, &full));
+    CHECK(await_busy(front, 77, true));
+    /* Worker 78 was never declared: refused and counted, never added. */
+    char text[8192];
+    size_t needed = 0;
+    bool counted = false;
+    for (int i = 0; i < 3000 && !counted; i++) {
+        OK(lg_subscription_metrics(sub, text, sizeof text, &needed));
+        counted = strstr(text, "refused_total{reason=\"unknown_worker\"} 0") == NULL;
+        if (!counted) sleep_ms(10);
+    }
+    CHECK(counted);
+    bool busy = false;
+    EXPECT(lg_monitor_is_busy(front, 78, &busy), LG_NOT_FOUND);
+
+    lg_reporter_free(w);
+    lg_reporter_free(stranger);
+    lg_subscription_free(sub);
+    lg_monitor_free(front);
+    printf("c11 api: the reference's envelope crossed %s both ways\n", url);
+}
+
 /* A nats-server that wants user "loadgate" with password "s3cret"
  * (ffi-c/tests/run.sh starts it): refused credentials are a transport
  * error saying so; the right ones carry a report to a frontend. */
@@ -1400,6 +1466,7 @@ int main(void) {
     const char *nats_url = getenv("LG_NATS_URL");
     if (nats_url != NULL && nats_url[0] != '\0') {
         test_cluster_live(nats_url);
+        test_cluster_dynamo_live(nats_url);
     } else {
         printf("c11 api: LG_NATS_URL is not set; the NATS round trip is skipped\n");
     }
