@@ -11,7 +11,9 @@
 
 use libfuzzer_sys::arbitrary::{self, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use loadgate::wire::{decode, ActiveLoad, Decoded, Envelope, LoadMessage, WireError, SCHEMA_VERSION};
+use loadgate::wire::{
+    decode, ActiveLoad, Decoded, Envelope, LoadMessage, WireError, SCHEMA_VERSION,
+};
 
 /// Field values biased towards the boundaries `decode` validates.
 fn u32_field(u: &mut Unstructured<'_>) -> arbitrary::Result<u32> {
