@@ -229,15 +229,17 @@ def test_queue_deadline_from_the_event_loop() -> None:
 
 def test_adaptive_lifo_after_an_expiry() -> None:
     async def main() -> None:
-        g = AdmissionGate(1, 3, queue_timeout=0.5, adaptive_lifo=True)
+        # Wide margins: the handoff below must come before the middle
+        # waiter's deadline, a second after the oldest one's.
+        g = AdmissionGate(1, 3, queue_timeout=2.0, adaptive_lifo=True)
         held = await g.admit()
         old = asyncio.ensure_future(g.admit())
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.0)
         middle = asyncio.ensure_future(g.admit())
         newest = asyncio.ensure_future(g.admit())
         await settle()
         with pytest.raises(QueueTimeout):
-            await old  # expires at 0.5 s, the others at 0.8 s
+            await old  # expires at 2 s, the others at 3 s
         held.release()  # one handoff to the newest waiter
         p = await newest
         assert not middle.done()

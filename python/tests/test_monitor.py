@@ -263,7 +263,8 @@ def test_select_min_cost(monitor: Monitor) -> None:
 
 
 def test_check_and_overload_lease() -> None:
-    m = Monitor(lease_seconds=0.5)
+    # A lease far longer than the test, so nothing here races its end.
+    m = Monitor(lease_seconds=600)
     m.add_worker("m", 1)
     m.add_worker("m", 2)
     m.check(1)
@@ -276,9 +277,16 @@ def test_check_and_overload_lease() -> None:
     assert {m.select("m") for _ in range(4)} == {2}
     m.report(1, kv_used_blocks=0)  # a report showing it not busy ends the lease
     assert not m.is_leased(1)
-    m.mark_overloaded(1)
-    time.sleep(0.55)
-    assert not m.is_leased(1)  # a lease never outlives its time
+    # A lease never outlives its time: on a short lease, wait for the end
+    # (the limit only turns a hang into a failure).
+    short = Monitor(lease_seconds=0.05)
+    short.add_worker("m", 1)
+    short.mark_overloaded(1)
+    started = time.monotonic()
+    while short.is_leased(1):
+        assert time.monotonic() - started < 30, "the lease never ended"
+        time.sleep(0.01)
+    assert time.monotonic() - started >= 0.04  # not before its time
     for call in (m.check, m.mark_overloaded, m.is_leased, m.is_busy):
         with pytest.raises(KeyError, match="unknown worker 5"):
             call(5)
