@@ -1,8 +1,10 @@
 //! Proves that the gate's hot paths allocate nothing: direct admit and
 //! release, rejection, queueing and handoff (future and blocking forms),
-//! cancellation, and expiry. A counting global allocator (`loadgate-testkit`)
-//! counts the allocations each thread makes; each test warms up first
-//! (thread-locals, the waker) and measures only the region it names.
+//! cancellation, expiry, and the wait limit's paths (first response, release
+//! of a permit still waiting, admission under the lock). A counting global
+//! allocator (`loadgate-testkit`) counts the allocations each thread makes;
+//! each test warms up first (thread-locals, the waker) and measures only the
+//! region it names.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -200,4 +202,53 @@ fn blocking_handoff_between_threads_allocates_nothing() {
         rounds as u64 + 1,
         "every round was a handoff"
     );
+}
+
+#[test]
+fn wait_limit_paths_allocate_nothing() {
+    // N = 2, W = 1: admission under the lock, first response with and
+    // without a handoff, release of a permit still waiting (with handoff),
+    // cancel of a waiter held back by W, and the locked try_admit.
+    let config = GateConfig::new(2).with_wait_limit(Some(1)).with_queue(2);
+    let g = Arc::new(AdmissionGate::new(config).unwrap());
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    let round = |cx: &mut Context<'_>| {
+        let p = g.try_admit().unwrap();
+        assert!(g.try_admit().is_err(), "no wait slot");
+        let mut a = g.admit();
+        let mut b = g.admit_owned();
+        assert!(Pin::new(&mut a).poll(cx).is_pending());
+        assert!(Pin::new(&mut b).poll(cx).is_pending());
+        p.first_response(); // hands both free slots to a
+        p.first_response();
+        let pa = match Pin::new(&mut a).poll(cx) {
+            Poll::Ready(Ok(p)) => p,
+            other => panic!("{other:?}"),
+        };
+        drop(p); // frees a request slot; no wait slot for b
+        drop(pa); // never responded: both slots go to b
+        let pb = match Pin::new(&mut b).poll(cx) {
+            Poll::Ready(Ok(p)) => p,
+            other => panic!("{other:?}"),
+        };
+        let mut c = g.admit();
+        assert!(Pin::new(&mut c).poll(cx).is_pending());
+        drop(c); // cancel while held back by W
+        pb.first_response(); // nobody to hand to
+        drop(pb); // lock-free release: responded, nobody queued
+        let d = g.admit_blocking(None).unwrap();
+        drop(d);
+        assert_eq!((g.running(), g.waiting(), g.queued()), (0, 0, 0));
+    };
+    round(&mut cx);
+    let (n, ()) = allocations(|| {
+        for _ in 0..ROUNDS {
+            round(&mut cx);
+        }
+    });
+    assert_eq!(n, 0);
+    let s = g.stats();
+    assert_eq!(s.admitted_queued, 2 * (ROUNDS as u64 + 1));
+    assert_eq!(s.cancelled, ROUNDS as u64 + 1);
 }

@@ -1,7 +1,8 @@
 //! Differential test: random operation sequences run against the gate and
 //! against a deliberately simple reference gate (a `VecDeque` and counters,
-//! no atomics, no cleverness). Outcomes, callback firings, deadlines and
-//! stats must be identical after every operation.
+//! no atomics, no cleverness), with and without a wait limit. Outcomes,
+//! callback firings, deadlines, stats and which held permits still wait for
+//! their first response must be identical after every operation.
 
 use loadgate_testkit::gate_pair::GatePair;
 use loadgate_testkit::reference_gate::Kind;
@@ -15,6 +16,7 @@ enum Op {
     AdmitCallback,
     TryAdmit,
     Release(usize),
+    FirstResponse(usize),
     Cancel(usize),
     PollAll,
     Advance(u64),
@@ -29,6 +31,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => Just(Op::AdmitCallback),
         2 => Just(Op::TryAdmit),
         6 => any::<usize>().prop_map(Op::Release),
+        4 => any::<usize>().prop_map(Op::FirstResponse),
         3 => any::<usize>().prop_map(Op::Cancel),
         4 => Just(Op::PollAll),
         3 => prop_oneof![Just(5u64), Just(10), Just(20), 0u64..80].prop_map(Op::Advance),
@@ -38,14 +41,15 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run(limit: u32, queue: u32, timeout_ms: Option<u64>, lifo: bool, ops: &[Op]) {
-    let mut pair = GatePair::new(limit, queue, timeout_ms, lifo);
+fn run(limit: u32, queue: u32, wait: Option<u32>, timeout_ms: Option<u64>, lifo: bool, ops: &[Op]) {
+    let mut pair = GatePair::with_wait_limit(limit, queue, wait, timeout_ms, lifo);
     for (step, op) in ops.iter().enumerate() {
         let outcomes = match *op {
             Op::AdmitFuture => Some(pair.admit(Kind::Future)),
             Op::AdmitCallback => Some(pair.admit(Kind::Callback)),
             Op::TryAdmit => Some(pair.try_admit()),
             Op::Release(k) => pair.release(k),
+            Op::FirstResponse(k) => pair.first_response(k),
             Op::Cancel(k) => pair.cancel(k),
             Op::PollAll => Some(pair.poll_all()),
             Op::Advance(ms) => Some(pair.advance(ms)),
@@ -57,8 +61,11 @@ fn run(limit: u32, queue: u32, timeout_ms: Option<u64>, lifo: bool, ops: &[Op]) 
         let Some((real, expected)) = outcomes else {
             continue;
         };
-        let ctx =
-            || format!("step {step} {op:?} (N={limit} Q={queue} T={timeout_ms:?} lifo={lifo})");
+        let ctx = || {
+            format!(
+                "step {step} {op:?} (N={limit} Q={queue} W={wait:?} T={timeout_ms:?} lifo={lifo})"
+            )
+        };
         assert_eq!(real, expected, "outcome, {}", ctx());
         pair.check(&ctx);
     }
@@ -75,9 +82,10 @@ proptest! {
         queue in 0u32..5,
         timeout in prop_oneof![Just(None), Just(Some(10)), Just(Some(20)), Just(Some(50)), (1u64..120).prop_map(Some)],
         lifo in any::<bool>(),
+        wait in prop_oneof![Just(None), (1u32..4).prop_map(Some)],
         ops in proptest::collection::vec(op(), 1..120),
     ) {
-        run(limit, queue, timeout, lifo, &ops);
+        run(limit, queue, wait, timeout, lifo, &ops);
     }
 }
 
@@ -95,6 +103,7 @@ fn reference_scenario_with_every_operation() {
         SetLimit(3),
         PollAll,
         Cancel(0),
+        FirstResponse(0),
         Release(0),
         TryAdmit,
         AdmitFuture,
@@ -108,7 +117,9 @@ fn reference_scenario_with_every_operation() {
         PollAll,
     ];
     for lifo in [false, true] {
-        run(1, 2, Some(100), lifo, &ops);
-        run(2, 0, None, lifo, &ops);
+        run(1, 2, None, Some(100), lifo, &ops);
+        run(2, 0, None, None, lifo, &ops);
+        run(2, 2, Some(1), Some(100), lifo, &ops);
+        run(3, 1, Some(2), None, lifo, &ops);
     }
 }

@@ -1,6 +1,7 @@
 //! Loom models of the admission gate: every interleaving (up to the
 //! preemption bound) of admit, release, cancel, handoff, set_limit and close
-//! among 2–3 threads, with N and Q of 1–2. Each model checks: at most N
+//! among 2–3 threads, with N and Q of 1–2 (and a wait limit W of 1, with
+//! first responses, in the last three). Each model checks: at most N
 //! running and N + Q in flight at every step (read from the state word and
 //! from an independent counter), FIFO among waiters, no slot lost or
 //! duplicated (a fresh admit finds every slot at the end), and every waiter
@@ -290,6 +291,100 @@ fn a_callback_fires_once_or_is_cancelled() {
         releaser.join().unwrap();
         assert_eq!(fired.load(Ordering::SeqCst) + usize::from(cancelled), 1);
         drop(ticket);
+        check_drained(&g, 1);
+    });
+}
+
+fn wait_gate(limit: u32, wait: u32, queue: u32) -> Arc<AdmissionGate> {
+    let config = GateConfig::new(limit)
+        .with_wait_limit(Some(wait))
+        .with_queue(queue);
+    Arc::new(AdmissionGate::new(config).unwrap())
+}
+
+/// At most W without a first response, at most N running.
+fn check_wait_caps(g: &AdmissionGate) {
+    let s = g.stats();
+    assert!(s.waiting <= s.wait_limit.unwrap(), "{s:?}");
+    assert!(s.running <= s.limit, "{s:?}");
+    assert!(s.in_flight() <= s.limit + s.queue_limit, "{s:?}");
+}
+
+#[test]
+fn first_response_hands_off_while_a_newcomer_tries_to_barge() {
+    loom::model(|| {
+        // N = 2, W = 1: the waiter is held back only by the wait slot.
+        let g = wait_gate(2, 1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let w = queued(&g);
+        let g1 = g.clone();
+        let waiter = thread::spawn(move || {
+            let p = block_on(w).expect("a queued waiter is served");
+            check_wait_caps(&g1);
+            p.first_response();
+            drop(p);
+        });
+        let responder = thread::spawn(move || {
+            p.first_response();
+            p.first_response(); // idempotent
+            drop(p);
+        });
+        // A newcomer: admitted only once the queue drained and a wait slot
+        // is free.
+        if let Ok(p) = g.try_admit_owned() {
+            check_wait_caps(&g);
+            drop(p);
+        }
+        waiter.join().unwrap();
+        responder.join().unwrap();
+        let s = g.stats();
+        assert_eq!(s.admitted_queued, 1, "{s:?}");
+        assert_eq!(s.waiting, 0, "{s:?}");
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn first_response_races_a_cancel_without_losing_a_wait_slot() {
+    loom::model(|| {
+        let g = wait_gate(2, 1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let w = queued(&g);
+        let canceller = thread::spawn(move || drop(w));
+        let responder = thread::spawn(move || {
+            p.first_response();
+            p
+        });
+        canceller.join().unwrap();
+        let p = responder.join().unwrap();
+        let s = g.stats();
+        // Either it left the queue first, or it was granted both slots and
+        // gave them back; never both, never neither.
+        assert_eq!(s.cancelled + s.admitted_queued, 1, "{s:?}");
+        assert_eq!((s.running, s.waiting, s.queued), (1, 0, 0), "{s:?}");
+        drop(p);
+        let all: Vec<_> = (0..2).map(|_| g.try_admit_owned()).collect();
+        assert!(all[0].is_ok() && all[1].is_err(), "W = 1 admits one");
+        drop(all);
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn a_release_still_waiting_races_a_blocking_waiter() {
+    loom::model(|| {
+        let g = wait_gate(1, 1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let g1 = g.clone();
+        let waiter = thread::spawn(move || {
+            // Direct if the release came first, else queued and handed both.
+            let p = g1.admit_blocking_owned(None).unwrap();
+            check_wait_caps(&g1);
+            assert!(p.is_waiting());
+        });
+        drop(p); // never responded: frees both slots
+        waiter.join().unwrap();
+        assert_eq!(g.stats().waiting, 0);
         check_drained(&g, 1);
     });
 }

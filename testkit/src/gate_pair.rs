@@ -49,8 +49,20 @@ impl GatePair {
     /// milliseconds and adaptive LIFO or not. Panics on a configuration the
     /// gate refuses.
     pub fn new(limit: u32, queue: u32, timeout_ms: Option<u64>, lifo: bool) -> Self {
+        Self::with_wait_limit(limit, queue, None, timeout_ms, lifo)
+    }
+
+    /// As [`GatePair::new`], with a wait limit.
+    pub fn with_wait_limit(
+        limit: u32,
+        queue: u32,
+        wait_limit: Option<u32>,
+        timeout_ms: Option<u64>,
+        lifo: bool,
+    ) -> Self {
         let clock = ManualClock::new();
         let config = GateConfig::new(limit)
+            .with_wait_limit(wait_limit)
             .with_queue(queue)
             .with_queue_timeout(timeout_ms.map(Duration::from_millis))
             .with_adaptive_lifo(lifo);
@@ -58,7 +70,13 @@ impl GatePair {
         GatePair {
             gate: Arc::new(gate),
             clock,
-            model: Reference::new(limit, queue, timeout_ms.map(|ms| ms * 1_000_000), lifo),
+            model: Reference::with_wait_limit(
+                limit,
+                queue,
+                wait_limit,
+                timeout_ms.map(|ms| ms * 1_000_000),
+                lifo,
+            ),
             fired: Arc::default(),
             cb_permits: Arc::default(),
             held: Vec::new(),
@@ -136,8 +154,30 @@ impl GatePair {
             return None;
         }
         let now = self.now();
-        drop(self.held.swap_remove(k % self.held.len()));
-        self.model.release(now);
+        let permit = self.held.swap_remove(k % self.held.len());
+        // Which permit it is (still waiting or not) is the driver's choice;
+        // that the gate's flags agree with the model's count is checked by
+        // `check`.
+        let waiting = permit.is_waiting();
+        drop(permit);
+        self.model.release(now, waiting);
+        Some((Out::Unit, Out::Unit))
+    }
+
+    /// The first response of the `k`th held permit (modulo their number),
+    /// a no-op on both sides for a permit that already responded (or on a
+    /// gate without a wait limit); `None` when none is held.
+    pub fn first_response(&mut self, k: usize) -> Option<(Out, Out)> {
+        if self.held.is_empty() {
+            return None;
+        }
+        let now = self.now();
+        let i = k % self.held.len();
+        let waiting = self.held[i].is_waiting();
+        self.held[i].first_response();
+        if waiting {
+            self.model.first_response(now);
+        }
         Some((Out::Unit, Out::Unit))
     }
 
@@ -240,6 +280,12 @@ impl GatePair {
             ctx()
         );
         assert_eq!(self.held.len(), self.model.held, "held permits, {}", ctx());
+        assert_eq!(
+            self.held.iter().filter(|p| p.is_waiting()).count(),
+            self.model.held_waiting,
+            "held permits still waiting, {}",
+            ctx()
+        );
         assert_eq!(
             self.pending.len(),
             self.model.pending.len(),

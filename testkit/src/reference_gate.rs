@@ -4,7 +4,8 @@
 //! fuzz target), which compare the two after every operation.
 //!
 //! Times are nanoseconds of the manual clock; waiters are numbered by the
-//! driver.
+//! driver. With a wait limit `W`, every admission also takes a wait slot,
+//! which a permit's first response (or its release) gives back.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -60,6 +61,12 @@ pub struct Reference {
     pub limit: u32,
     /// Queue places.
     pub queue_limit: u32,
+    /// Wait slots `W`, if limited.
+    pub wait_limit: Option<u32>,
+    /// Wait slots taken: admitted requests without a first response.
+    pub waiting: u32,
+    /// Permits the driver holds that still hold a wait slot.
+    pub held_waiting: usize,
     /// Queue timeout in nanoseconds.
     pub timeout: Option<u64>,
     /// Adaptive LIFO configured.
@@ -89,9 +96,24 @@ pub struct Reference {
 impl Reference {
     /// A gate of `limit` slots and `queue_limit` queue places.
     pub fn new(limit: u32, queue_limit: u32, timeout: Option<u64>, lifo: bool) -> Self {
+        Self::with_wait_limit(limit, queue_limit, None, timeout, lifo)
+    }
+
+    /// A gate of `limit` slots, `queue_limit` queue places and `wait_limit`
+    /// wait slots.
+    pub fn with_wait_limit(
+        limit: u32,
+        queue_limit: u32,
+        wait_limit: Option<u32>,
+        timeout: Option<u64>,
+        lifo: bool,
+    ) -> Self {
         Self {
             limit,
             queue_limit,
+            wait_limit,
+            waiting: 0,
+            held_waiting: 0,
             timeout,
             lifo,
             lifo_next: false,
@@ -105,6 +127,7 @@ impl Reference {
             stats: GateStats {
                 limit,
                 queue_limit,
+                wait_limit,
                 ..GateStats::default()
             },
         }
@@ -115,9 +138,31 @@ impl Reference {
         GateStats {
             running: self.running,
             queued: self.queue.len() as u32,
+            waiting: self.waiting,
             limit: self.limit,
             closed: self.closed,
             ..self.stats
+        }
+    }
+
+    /// Whether a wait slot is free (always without a wait limit).
+    pub fn wait_free(&self) -> bool {
+        self.wait_limit.is_none_or(|w| self.waiting < w)
+    }
+
+    /// A new admission takes a wait slot (with a wait limit); the driver's
+    /// new permit holds it.
+    fn take_wait(&mut self) {
+        if self.wait_limit.is_some() {
+            self.waiting += 1;
+        }
+    }
+
+    /// The driver takes a permit.
+    fn hold(&mut self) {
+        self.held += 1;
+        if self.wait_limit.is_some() {
+            self.held_waiting += 1;
         }
     }
 
@@ -141,7 +186,7 @@ impl Reference {
                 entry.1 = WState::Fired;
                 self.fired.push((id, outcome));
                 if outcome.is_ok() {
-                    self.held += 1;
+                    self.hold();
                 }
             }
         }
@@ -179,11 +224,13 @@ impl Reference {
             self.queue.pop_front().unwrap()
         };
         self.stats.admitted_queued += 1;
+        self.take_wait();
         self.resolve(id, Ok(()));
     }
 
     /// An admission; a queued waiter joins [`Reference::pending`].
     pub fn admit(&mut self, id: usize, kind: Kind, now: u64) -> Out {
+        self.stats.received += 1;
         let out = self.admit_inner(id, kind, now);
         if out == Out::Pending {
             self.pending.push(id);
@@ -192,13 +239,13 @@ impl Reference {
             match out {
                 Out::Admitted => {
                     self.fired.push((id, Ok(())));
-                    self.held += 1;
+                    self.hold();
                 }
                 Out::Rejected(e) => self.fired.push((id, Err(e))),
                 _ => {}
             }
         } else if out == Out::Admitted {
-            self.held += 1;
+            self.hold();
         }
         out
     }
@@ -208,8 +255,9 @@ impl Reference {
             self.stats.rejected_closed += 1;
             return Out::Rejected(AdmitError::Closed);
         }
-        if self.queue.is_empty() && self.running < self.limit {
+        if self.queue.is_empty() && self.running < self.limit && self.wait_free() {
             self.running += 1;
+            self.take_wait();
             self.stats.admitted_direct += 1;
             return Out::Admitted;
         }
@@ -230,18 +278,26 @@ impl Reference {
         if self.closed {
             return Out::Try(Err(TryAdmitError::Closed));
         }
-        if self.queue.is_empty() && self.running < self.limit {
+        if self.queue.is_empty() && self.running < self.limit && self.wait_free() {
             self.running += 1;
-            self.held += 1;
+            self.take_wait();
+            self.hold();
             self.stats.admitted_direct += 1;
+            self.stats.received += 1;
             return Out::Try(Ok(()));
         }
         Out::Try(Err(TryAdmitError::WouldWait))
     }
 
-    /// A slot comes back (permit dropped, or a granted waiter cancelled).
-    pub fn release_slot(&mut self, now: u64) {
-        if !self.queue.is_empty() && !self.closed && self.running <= self.limit {
+    /// A slot comes back (permit dropped, or a granted waiter cancelled),
+    /// with its wait slot if `wait`. The oldest waiter gets it if it can
+    /// have a wait slot too.
+    pub fn release_slot(&mut self, now: u64, wait: bool) {
+        if wait {
+            self.waiting -= 1;
+        }
+        if !self.queue.is_empty() && !self.closed && self.running <= self.limit && self.wait_free()
+        {
             self.expire_due(now);
             if !self.queue.is_empty() {
                 self.grant_one();
@@ -251,10 +307,29 @@ impl Reference {
         self.running -= 1;
     }
 
-    /// The driver drops a permit.
-    pub fn release(&mut self, now: u64) {
+    /// The driver drops a permit, which still holds a wait slot if
+    /// `waiting`.
+    pub fn release(&mut self, now: u64, waiting: bool) {
         self.held -= 1;
-        self.release_slot(now);
+        if waiting {
+            self.held_waiting -= 1;
+        }
+        self.release_slot(now, waiting);
+    }
+
+    /// The first response of a permit the driver holds that still holds a
+    /// wait slot: the wait slot goes to the oldest waiter if a request slot
+    /// is free too.
+    pub fn first_response(&mut self, now: u64) {
+        self.held_waiting -= 1;
+        self.waiting -= 1;
+        if !self.queue.is_empty() && !self.closed && self.running < self.limit {
+            self.expire_due(now);
+            if !self.queue.is_empty() {
+                self.grant_one();
+                self.running += 1;
+            }
+        }
     }
 
     /// The driver cancels the `i`th pending waiter (drops its future,
@@ -275,7 +350,7 @@ impl Reference {
             }
             WState::Granted => {
                 assert_eq!(kind, Kind::Future);
-                self.release_slot(now);
+                self.release_slot(now, self.wait_limit.is_some());
                 Out::Cancelled(false)
             }
             WState::Rejected(_) | WState::Fired => Out::Cancelled(false),
@@ -288,7 +363,7 @@ impl Reference {
         let out = match state {
             WState::Queued => return None,
             WState::Granted => {
-                self.held += 1;
+                self.hold();
                 Ok(())
             }
             WState::Rejected(e) => Err(e),
@@ -323,7 +398,10 @@ impl Reference {
     pub fn set_limit(&mut self, n: u32, now: u64) {
         if !self.closed && !self.queue.is_empty() && self.running < n {
             self.expire_due(now);
-            let want = (self.queue.len() as u32).min(n - self.running);
+            let free_waits = self.wait_limit.map_or(u32::MAX, |w| w - self.waiting);
+            let want = (self.queue.len() as u32)
+                .min(n - self.running)
+                .min(free_waits);
             for _ in 0..want {
                 self.grant_one();
                 self.running += 1;

@@ -24,6 +24,10 @@ use super::stats::GateStats;
 ///   queued; otherwise it queues (FIFO) if the queue has room.
 /// * A [`Permit`] holds a slot until dropped; its release hands the slot to
 ///   the oldest waiter.
+/// * With a wait limit `W` ([`GateConfig::wait_limit`]), at most `W`
+///   admitted requests are without their first response: admission needs a
+///   wait slot too, and [`Permit::first_response`] frees it (handing it to
+///   the oldest waiter if a request slot is free).
 /// * Waiting works as a future ([`admit`](Self::admit),
 ///   [`admit_owned`](Self::admit_owned)), as a blocking call with a timeout
 ///   ([`admit_blocking`](Self::admit_blocking)), or with a callback
@@ -36,7 +40,10 @@ use super::stats::GateStats;
 ///
 /// **Locking:** direct admission, release while nobody is queued, and
 /// rejection while the queue is full are one atomic operation on the state
-/// word: no lock. Queueing, handing a released slot to a waiter, cancelling
+/// word: no lock. With a wait limit, admission and `first_response` take
+/// the mutex too (the wait count lives under it); rejection while no slot is
+/// free and the queue is full, and releasing a permit that already
+/// responded while nobody is queued, stay lock-free. Queueing, handing a released slot to a waiter, cancelling
 /// a waiter, every poll of a queued future, blocking waits, callback tickets,
 /// expiry, [`set_limit`](Self::set_limit), [`close`](Self::close) and
 /// [`metrics_text`](Self::metrics_text) take the gate's mutex, briefly.
@@ -61,6 +68,7 @@ impl AdmissionGate {
             raw: RawGate::new(
                 config.limit,
                 config.queue,
+                config.wait_limit,
                 config.queue_timeout.map(|d| nanos(d).max(1)),
                 config.adaptive_lifo,
                 clock,
@@ -81,6 +89,16 @@ impl AdmissionGate {
                 Ok(Permit::new(self))
             }
             Err(w) if w.closed() => Err(TryAdmitError::Closed),
+            // Only a gate with a wait limit refuses a `direct` word: it
+            // admits under the mutex, where the wait count lives.
+            Err(w) if w.direct() => match self.raw.try_direct_locked() {
+                Ok(()) => {
+                    self.raw.counters.admitted_direct.add(1);
+                    Ok(Permit::new(self))
+                }
+                Err(w) if w.closed() => Err(TryAdmitError::Closed),
+                Err(_) => Err(TryAdmitError::WouldWait),
+            },
             Err(_) => Err(TryAdmitError::WouldWait),
         }
     }
@@ -198,6 +216,17 @@ impl AdmissionGate {
         self.raw.queue_limit
     }
 
+    /// The wait limit `W`, if set.
+    pub fn wait_limit(&self) -> Option<u32> {
+        self.raw.wait_limit
+    }
+
+    /// Admitted requests without their first response now (0 without a
+    /// wait limit).
+    pub fn waiting(&self) -> u32 {
+        self.raw.waiting()
+    }
+
     /// The queue deadline, if set.
     pub fn queue_timeout(&self) -> Option<Duration> {
         self.raw.timeout.map(Duration::from_nanos)
@@ -227,7 +256,16 @@ impl AdmissionGate {
     /// `{prefix}_request_cancelled_total`,
     /// `{prefix}_request_queue_expired_total` and the histogram
     /// `{prefix}_request_queue_wait_seconds` of how long admitted waiters
-    /// waited.
+    /// waited; and the reference's newest family: the gauges
+    /// `{prefix}_backend_admission_engine_request_count` (running),
+    /// `{prefix}_backend_admission_engine_wait_count` (admitted without a
+    /// first response; 0 without a wait limit) and
+    /// `{prefix}_backend_admission_request_queue_count` (queued), and the
+    /// counters `{prefix}_backend_admission_request_receive_total` (every
+    /// admission attempt, see [`GateStats::received`]),
+    /// `{prefix}_backend_admission_request_admit_total{source="direct"|"queue"}`,
+    /// `{prefix}_backend_admission_rejection_total` and
+    /// `{prefix}_backend_admission_cancellation_total`.
     pub fn metrics_text(&self) -> String {
         metrics::render(self)
     }
@@ -241,6 +279,8 @@ impl fmt::Debug for AdmissionGate {
             .field("queued", &s.queued)
             .field("limit", &s.limit)
             .field("queue_limit", &s.queue_limit)
+            .field("waiting", &s.waiting)
+            .field("wait_limit", &s.wait_limit)
             .field("closed", &s.closed)
             .field("queue_timeout", &self.queue_timeout())
             .finish_non_exhaustive()

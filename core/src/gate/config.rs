@@ -21,6 +21,9 @@ pub const QUEUE_LIMIT_ENV: &str = "DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT";
 /// The older name of [`QUEUE_LIMIT_ENV`].
 pub const QUEUE_LIMIT_ALIAS: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
 
+/// Environment variable holding the wait limit `W` (unset: no wait limit).
+pub const WAIT_LIMIT_ENV: &str = "DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT";
+
 /// Environment variable holding the queue deadline in milliseconds (unset: off).
 pub const QUEUE_TIMEOUT_ENV: &str = "DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS";
 
@@ -42,6 +45,12 @@ pub const MAX_QUEUE: u32 = (1 << 21) - 1;
 pub struct GateConfig {
     /// Engine slots `N`: how many requests may run at once. At least 1.
     pub limit: u32,
+    /// Wait limit `W`: how many admitted requests may be without their
+    /// first response at once (1 to [`MAX_LIMIT`]). A request is admitted
+    /// only when a request slot and a wait slot are both free;
+    /// [`Permit::first_response`](super::Permit::first_response) frees the
+    /// wait slot. `None` (the default): no wait limit.
+    pub wait_limit: Option<u32>,
     /// Overflow queue size `Q`: how many requests may wait for a slot. 0 means
     /// no queue: a request that finds no free slot is rejected at once.
     pub queue: u32,
@@ -62,11 +71,19 @@ impl GateConfig {
     pub fn new(limit: u32) -> Self {
         Self {
             limit,
+            wait_limit: None,
             queue: DEFAULT_QUEUE_LIMIT,
             queue_timeout: None,
             adaptive_lifo: false,
             metrics_prefix: DEFAULT_PREFIX.to_owned(),
         }
+    }
+
+    /// Sets (or with `None` turns off) the wait limit `W`.
+    #[must_use]
+    pub fn with_wait_limit(mut self, wait_limit: Option<u32>) -> Self {
+        self.wait_limit = wait_limit;
+        self
     }
 
     /// Sets the queue size `Q`.
@@ -99,7 +116,9 @@ impl GateConfig {
 
     /// The configuration for an engine limit of `limit`, with the queue size
     /// and deadline read from [`QUEUE_LIMIT_ENV`] (or its older name
-    /// [`QUEUE_LIMIT_ALIAS`]) and [`QUEUE_TIMEOUT_ENV`].
+    /// [`QUEUE_LIMIT_ALIAS`]) and [`QUEUE_TIMEOUT_ENV`], and the wait limit
+    /// from [`WAIT_LIMIT_ENV`] (an integer from 1 to [`MAX_LIMIT`]; unset:
+    /// no wait limit).
     ///
     /// Call it only when an engine limit is configured (the reference reads
     /// the queue variable only then). Values are trimmed; the queue size is
@@ -153,6 +172,16 @@ impl GateConfig {
         )? {
             config.queue = queue as u32;
         }
+        if let Some(raw) = lookup(WAIT_LIMIT_ENV) {
+            let w = parse_env(&raw, 1, u64::from(MAX_LIMIT)).ok_or_else(|| {
+                ConfigError::InvalidEnv {
+                    var: WAIT_LIMIT_ENV,
+                    value: raw.clone(),
+                    expected: "an integer from 1 to 2097151",
+                }
+            })?;
+            config.wait_limit = Some(w as u32);
+        }
         if let Some(raw) = lookup(QUEUE_TIMEOUT_ENV) {
             let ms = parse_env(&raw, 1, u64::MAX).ok_or_else(|| ConfigError::InvalidEnv {
                 var: QUEUE_TIMEOUT_ENV,
@@ -174,6 +203,17 @@ impl GateConfig {
                 value: u64::from(self.queue),
                 max: u64::from(MAX_QUEUE),
             });
+        }
+        match self.wait_limit {
+            Some(0) => return Err(ConfigError::ZeroWaitLimit),
+            Some(w) if w > MAX_LIMIT => {
+                return Err(ConfigError::OutOfRange {
+                    field: "wait_limit",
+                    value: u64::from(w),
+                    max: u64::from(MAX_LIMIT),
+                })
+            }
+            _ => {}
         }
         if self.queue_timeout == Some(Duration::ZERO) {
             return Err(ConfigError::ZeroTimeout);
@@ -246,7 +286,7 @@ pub enum ConfigError {
     ZeroLimit,
     /// A field is larger than the packed state word can hold.
     OutOfRange {
-        /// The field name (`limit` or `queue`).
+        /// The field name (`limit`, `queue` or `wait_limit`).
         field: &'static str,
         /// The value given.
         value: u64,
@@ -271,6 +311,8 @@ pub enum ConfigError {
     },
     /// The queue deadline is zero (use `None` to turn it off).
     ZeroTimeout,
+    /// The wait limit `W` is 0 (use `None` for no wait limit).
+    ZeroWaitLimit,
     /// The metric prefix is not a valid Prometheus metric name.
     InvalidPrefix(String),
 }
@@ -300,6 +342,9 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::ZeroTimeout => f.write_str(
                 "queue_timeout = 0 is invalid: must be positive (use None to turn it off)",
+            ),
+            ConfigError::ZeroWaitLimit => f.write_str(
+                "wait_limit = 0 is invalid: must be at least 1 (use None for no wait limit)",
             ),
             ConfigError::InvalidPrefix(p) => write!(
                 f,

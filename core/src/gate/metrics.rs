@@ -1,10 +1,14 @@
-//! The gate's metrics in Prometheus text format.
+//! The gate's metrics in Prometheus text format: the reference's first
+//! family (`rejection_request_total`, `engine_request`, `request_queue`),
+//! loadgate's own detail, and the reference's newest `backend_admission_*`
+//! family.
 
 use std::fmt::Write as _;
 
 use crate::error::Reason;
 use crate::metrics;
 
+use super::stats::GateStats;
 use super::AdmissionGate;
 
 /// Upper bounds, in seconds, of the queue-wait histogram's buckets.
@@ -108,7 +112,53 @@ pub(super) fn render(gate: &AdmissionGate) -> String {
     );
     metrics::sample(&mut out, p, name, &[], s.expired);
     render_wait_histogram(gate, &mut out);
+    render_backend_admission(&s, p, &mut out);
     out
+}
+
+/// The reference's newest family, `{prefix}_backend_admission_*`. Every
+/// counter is a sum of monotonic counters, never derived from a gauge.
+fn render_backend_admission(s: &GateStats, p: &str, out: &mut String) {
+    let gauges: [(&str, &str, u32); 3] = [
+        (
+            "backend_admission_engine_request_count",
+            "Admitted requests holding an engine slot.",
+            s.running,
+        ),
+        (
+            "backend_admission_engine_wait_count",
+            "Admitted requests without their first response (0 without a wait limit).",
+            s.waiting,
+        ),
+        (
+            "backend_admission_request_queue_count",
+            "Requests waiting in the admission queue.",
+            s.queued,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        metrics::header(out, p, name, "gauge", help);
+        metrics::sample(out, p, name, &[], value);
+    }
+    let name = "backend_admission_request_receive_total";
+    metrics::header(out, p, name, "counter", "Admission attempts received.");
+    metrics::sample(out, p, name, &[], s.received);
+    let name = "backend_admission_request_admit_total";
+    metrics::header(out, p, name, "counter", "Requests admitted, by source.");
+    metrics::sample(out, p, name, &[("source", &"direct")], s.admitted_direct);
+    metrics::sample(out, p, name, &[("source", &"queue")], s.admitted_queued);
+    let name = "backend_admission_rejection_total";
+    metrics::header(out, p, name, "counter", "Requests rejected (every reason).");
+    metrics::sample(out, p, name, &[], s.rejected_total());
+    let name = "backend_admission_cancellation_total";
+    metrics::header(
+        out,
+        p,
+        name,
+        "counter",
+        "Requests that left the queue unserved.",
+    );
+    metrics::sample(out, p, name, &[], s.cancelled);
 }
 
 fn render_wait_histogram(gate: &AdmissionGate, out: &mut String) {

@@ -45,6 +45,34 @@
 //! So the gate is lock-free only while nobody waits: under overload, when
 //! requests queue, admissions and releases go through the mutex.
 //!
+//! # With a wait limit `W`
+//!
+//! A gate built with [`GateConfig::wait_limit`] also counts admitted
+//! requests that have not produced their first response, in an atomic
+//! changed only under the mutex (the state word has no room for it; see
+//! `wait.rs`). A gate without a wait limit is exactly the gate above: the
+//! only cost it pays is one never-taken branch in the direct-admit CAS
+//! loop and a flag in each permit. With a wait limit:
+//!
+//! * Lock-free, on the state word alone: rejection when no request slot is
+//!   free (or someone is queued) and the queue is full, rejection by a
+//!   closed gate, release of a permit that already called
+//!   [`Permit::first_response`] while nobody is queued, and the gauges
+//!   (the wait count is read with one more atomic load).
+//! * Under the mutex: every admission, direct ones included (`try_admit`
+//!   and the `admit*` calls admit only under the mutex, where the wait
+//!   count is checked), every `first_response` (it gives the wait slot back
+//!   and, when a request slot is free, hands both to the oldest waiter),
+//!   and the release of a permit that still holds its wait slot; plus
+//!   everything listed above as taking the mutex.
+//!
+//! A waiter is granted only when a request slot and a wait slot are both
+//! free, always the oldest (FIFO, no barging). Invariant 4 of the state
+//! word becomes: `queued > 0` implies `running >= limit`, or every wait slot
+//! taken, or `closed`. So a release hands its slot on only if a wait slot is
+//! free (its own, if it never responded), and a first response hands its
+//! wait slot on only if a request slot is free.
+//!
 //! Waiters are told (waker woken, condition variable notified, callback
 //! called) only after the mutex is released; a fixed-size list on the stack
 //! carries them out of the critical section (`wake.rs`).
@@ -72,6 +100,8 @@
 //! * `raw.rs`: the raw gate, the algorithm above and its memory orderings;
 //!   `state.rs` (the state word), `table.rs` (the waiter table) and
 //!   `blocking.rs` (the blocking wait) belong to it;
+//! * `wait.rs`: the wait limit's locked paths (first response, release of
+//!   a permit still waiting, `try_admit`);
 //! * `permit.rs`: [`Permit`] and [`OwnedPermit`];
 //! * `future.rs`: the futures [`Admit`] and [`AdmitOwned`];
 //! * `callback.rs`: [`AdmitCallback`], [`CallbackTicket`] and the callback
@@ -93,6 +123,7 @@ mod raw;
 mod state;
 mod stats;
 mod table;
+mod wait;
 #[allow(unsafe_code)] // the uninitialized wake buffer
 mod wake;
 
@@ -101,7 +132,7 @@ pub use callback::{AdmitCallback, CallbackTicket};
 pub use config::{
     ConfigError, GateConfig, DEFAULT_QUEUE_LIMIT, ENGINE_REQUEST_LIMIT_ALIAS,
     ENGINE_REQUEST_LIMIT_ENV, MAX_LIMIT, MAX_QUEUE, QUEUE_LIMIT_ALIAS, QUEUE_LIMIT_ENV,
-    QUEUE_TIMEOUT_ENV,
+    QUEUE_TIMEOUT_ENV, WAIT_LIMIT_ENV,
 };
 pub use error::{AdmitError, TryAdmitError};
 pub use future::{Admit, AdmitOwned};

@@ -2,11 +2,33 @@
 //! its gate ([`OwnedPermit`]). Dropping either gives the slot back: one CAS
 //! on the state word while nobody is queued, otherwise a handoff to the
 //! oldest waiter under the gate's mutex.
+//!
+//! On a gate with a wait limit a permit also holds a wait slot until its
+//! [`first_response`](Permit::first_response); a flag in the permit says
+//! whether it still does, so the call is idempotent and a release gives
+//! back exactly what the permit holds.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::AdmissionGate;
+
+/// Whether a new permit of `gate` holds a wait slot: every admission on a
+/// gate with a wait limit takes one.
+#[inline]
+fn holds_wait(gate: &AdmissionGate) -> AtomicBool {
+    AtomicBool::new(gate.raw.wait_limit.is_some())
+}
+
+/// Takes the wait slot out of `waiting` once: true for exactly one caller.
+#[inline]
+fn take_wait_flag(waiting: &AtomicBool) -> bool {
+    // Relaxed: the flag only decides which caller gives the wait slot back;
+    // the gate's mutex orders the giving back itself. The load skips the
+    // read-modify-write for a permit that holds none.
+    waiting.load(Ordering::Relaxed) && waiting.swap(false, Ordering::Relaxed)
+}
 
 /// A held engine slot, borrowed from its gate. The slot is released when the
 /// permit is dropped or [`released`](Permit::release), from any thread; a
@@ -14,16 +36,39 @@ use super::AdmissionGate;
 #[must_use = "dropping a permit releases its slot at once"]
 pub struct Permit<'a> {
     gate: &'a AdmissionGate,
+    /// Still holds a wait slot (gates with a wait limit only).
+    waiting: AtomicBool,
 }
 
 impl<'a> Permit<'a> {
     pub(super) fn new(gate: &'a AdmissionGate) -> Self {
-        Self { gate }
+        Self {
+            gate,
+            waiting: holds_wait(gate),
+        }
     }
 
     /// Releases the slot now (the same as dropping the permit).
     pub fn release(self) {
         drop(self);
+    }
+
+    /// Marks the request's first response: on a gate with a wait limit,
+    /// gives back the permit's wait slot (to the oldest waiter, if a request
+    /// slot is free too). The request slot stays held until the permit is
+    /// released. Idempotent, callable from any thread; a no-op on a gate
+    /// without a wait limit.
+    pub fn first_response(&self) {
+        if take_wait_flag(&self.waiting) {
+            self.gate.raw.first_response();
+        }
+    }
+
+    /// Whether the permit still holds a wait slot (a gate with a wait limit,
+    /// and no [`first_response`](Self::first_response) yet).
+    pub fn is_waiting(&self) -> bool {
+        // Relaxed: a status read; it orders nothing.
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// The gate this permit belongs to.
@@ -36,21 +81,23 @@ impl<'a> Permit<'a> {
     ///
     /// # Panics
     /// If `gate` is another gate.
-    pub fn into_owned(self, gate: &Arc<AdmissionGate>) -> OwnedPermit {
+    pub fn into_owned(mut self, gate: &Arc<AdmissionGate>) -> OwnedPermit {
         assert!(
             std::ptr::eq(self.gate, Arc::as_ptr(gate)),
             "Permit::into_owned called with another gate"
         );
+        let waiting = AtomicBool::new(*self.waiting.get_mut());
         std::mem::forget(self);
         OwnedPermit {
             gate: Arc::clone(gate),
+            waiting,
         }
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        self.gate.raw.release_slot();
+        self.gate.raw.release_held(*self.waiting.get_mut());
     }
 }
 
@@ -66,16 +113,32 @@ impl fmt::Debug for Permit<'_> {
 #[must_use = "dropping a permit releases its slot at once"]
 pub struct OwnedPermit {
     gate: Arc<AdmissionGate>,
+    /// Still holds a wait slot (gates with a wait limit only).
+    waiting: AtomicBool,
 }
 
 impl OwnedPermit {
     pub(super) fn new(gate: Arc<AdmissionGate>) -> Self {
-        Self { gate }
+        let waiting = holds_wait(&gate);
+        Self { gate, waiting }
     }
 
     /// Releases the slot now (the same as dropping the permit).
     pub fn release(self) {
         drop(self);
+    }
+
+    /// As [`Permit::first_response`]: gives back the wait slot, once.
+    pub fn first_response(&self) {
+        if take_wait_flag(&self.waiting) {
+            self.gate.raw.first_response();
+        }
+    }
+
+    /// As [`Permit::is_waiting`].
+    pub fn is_waiting(&self) -> bool {
+        // Relaxed: a status read; it orders nothing.
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// The gate this permit belongs to.
@@ -85,14 +148,16 @@ impl OwnedPermit {
 
     /// Turns the permit into a raw pointer for a foreign-function boundary,
     /// keeping its slot held and allocating nothing. The pointer is the
-    /// gate's address, so permits of one gate compare equal; take each one
-    /// back exactly once with [`from_raw`](Self::from_raw).
+    /// gate's address, with the lowest bit set while the permit still holds
+    /// a wait slot, so permits of one gate in the same state compare equal;
+    /// take each one back exactly once with [`from_raw`](Self::from_raw).
     pub fn into_raw(self) -> *const AdmissionGate {
-        let this = std::mem::ManuallyDrop::new(self);
+        let mut this = std::mem::ManuallyDrop::new(self);
+        let tag = usize::from(*this.waiting.get_mut());
         // SAFETY: `this` is never dropped, so moving its `Arc` out leaves no
         // second owner behind; the slot stays held by the returned pointer.
         let gate = unsafe { std::ptr::read(&this.gate) };
-        Arc::into_raw(gate)
+        Arc::into_raw(gate).map_addr(|a| a | tag)
     }
 
     /// Takes back a permit turned into a pointer by
@@ -101,17 +166,23 @@ impl OwnedPermit {
     /// # Safety
     /// `raw` came from `into_raw` and is taken back only once.
     pub unsafe fn from_raw(raw: *const AdmissionGate) -> Self {
-        // SAFETY: `raw` is an `Arc` pointer from `into_raw`, reclaimed once
-        // (caller's contract), so ownership of the gate handle and of the
-        // slot returns here.
-        let gate = unsafe { Arc::from_raw(raw) };
-        Self { gate }
+        let waiting = AtomicBool::new(raw.addr() & WAIT_TAG != 0);
+        // SAFETY: without its tag bit, `raw` is an `Arc` pointer from
+        // `into_raw`, reclaimed once (caller's contract), so ownership of the
+        // gate handle and of the slot returns here.
+        let gate = unsafe { Arc::from_raw(raw.map_addr(|a| a & !WAIT_TAG)) };
+        Self { gate, waiting }
     }
 }
 
+/// The bit of a raw permit that says it still holds a wait slot: free in
+/// the gate's address, which is aligned to far more than 2 bytes.
+const WAIT_TAG: usize = 1;
+const _: () = assert!(std::mem::align_of::<AdmissionGate>() > WAIT_TAG);
+
 impl Drop for OwnedPermit {
     fn drop(&mut self) {
-        self.gate.raw.release_slot();
+        self.gate.raw.release_held(*self.waiting.get_mut());
     }
 }
 

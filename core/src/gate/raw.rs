@@ -26,6 +26,7 @@
 //!   delays an expiry to the next event, because whatever the hint leads to
 //!   (an expiry) is decided again under the mutex.
 
+use std::sync::atomic::AtomicU32 as WaitCount;
 use std::sync::atomic::AtomicU64 as HintWord;
 use std::task::{Poll, Waker};
 
@@ -82,6 +83,13 @@ pub(super) struct RawGate {
     pub(super) table: Mutex<Table>,
     pub(super) condvars: Box<[Condvar]>,
     pub(super) queue_limit: u32,
+    /// The wait limit `W`, if set (then every admission takes the mutex;
+    /// see `wait.rs`).
+    pub(super) wait_limit: Option<u32>,
+    /// Admitted requests holding a wait slot (0 without a wait limit).
+    /// Changed and read for decisions only under the mutex, so a plain
+    /// `std` atomic: the mutex orders it; lock-free reads are gauges.
+    pub(super) waiting: WaitCount,
     /// Queue deadline in clock nanoseconds (at least 1), if set.
     pub(super) timeout: Option<u64>,
     adaptive_lifo: bool,
@@ -94,6 +102,7 @@ impl RawGate {
     pub(super) fn new(
         limit: u32,
         queue: u32,
+        wait_limit: Option<u32>,
         timeout: Option<u64>,
         adaptive_lifo: bool,
         clock: SharedClock,
@@ -109,6 +118,8 @@ impl RawGate {
             table: Mutex::new(Table::new(capacity)),
             condvars,
             queue_limit: queue,
+            wait_limit,
+            waiting: WaitCount::new(0),
             timeout,
             adaptive_lifo,
             clock,
@@ -128,19 +139,24 @@ impl RawGate {
         // last writer did before is visible. The counters read after it are
         // Relaxed and may still be a moment apart from the gauges.
         let w = Word(self.state.load(Ordering::Acquire));
-        self.counters.snapshot(w, self.queue_limit)
+        // Relaxed: a gauge (see the field).
+        let waiting = self.waiting.load(Ordering::Relaxed);
+        self.counters
+            .snapshot(w, self.queue_limit, waiting, self.wait_limit)
     }
 
     // ----- lock-free paths -------------------------------------------------
 
     /// CAS `running + 1` while admission is direct; the word seen otherwise.
+    /// A gate with a wait limit never admits here (a word that is `direct`
+    /// comes back as `Err`): its wait count lives under the mutex.
     #[inline]
     pub(super) fn try_direct(&self) -> Result<(), Word> {
         // Relaxed: only a guess for the CAS, or a reason to refuse.
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             let w = Word(cur);
-            if !w.direct() {
+            if !w.direct() || self.wait_limit.is_some() {
                 return Err(w);
             }
             // Acquire on success, pairing with the Release (fast) or AcqRel
@@ -168,9 +184,11 @@ impl RawGate {
             }
             Err(w) if w.closed() => {
                 bump(&self.counters.rejected_closed, 1);
+                bump(&self.counters.closed_on_arrival, 1);
                 Fast::Rejected(AdmitError::Closed)
             }
-            Err(w) if w.queued() >= self.queue_limit && !self.head_due_hint() => {
+            // `!direct`: no slot could be taken whatever the wait count.
+            Err(w) if w.queued() >= self.queue_limit && !w.direct() && !self.head_due_hint() => {
                 self.counters.rejected_capacity.add(1);
                 Fast::Rejected(AdmitError::AtCapacity)
             }
@@ -254,9 +272,10 @@ impl RawGate {
             let w = Word(cur);
             if w.closed() {
                 bump(&self.counters.rejected_closed, 1);
+                bump(&self.counters.closed_on_arrival, 1);
                 return Enqueued::Rejected(AdmitError::Closed, waiter);
             }
-            if w.direct() {
+            if w.direct() && self.wait_free() {
                 // AcqRel on success: Acquire as for a direct admit; Release
                 // is the rule for every RMW under the mutex. Acquire on
                 // failure: the next guess pairs like the load above.
@@ -267,6 +286,7 @@ impl RawGate {
                     Ordering::Acquire,
                 ) {
                     Ok(_) => {
+                        self.take_wait();
                         self.counters.admitted_direct.add(1);
                         return Enqueued::Direct(waiter);
                     }
@@ -312,6 +332,7 @@ impl RawGate {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
+                    bump(&self.counters.enqueued, 1);
                     let now = self.clock.now_nanos();
                     let (idx, gen) = t.push_back(now, waiter);
                     if t.head == idx {
@@ -327,10 +348,16 @@ impl RawGate {
     /// Release when waiters may be queued.
     #[cold]
     fn release_slow(&self) {
+        self.release_with(false);
+    }
+
+    /// Gives back one slot under the mutex, and with `wait` the wait slot
+    /// it still holds too.
+    pub(super) fn release_with(&self, wait: bool) {
         loop {
             let mut wakes = WakeList::new();
             let mut t = lock(&self.table);
-            let done = self.release_locked(&mut t, &mut wakes);
+            let done = self.release_locked(&mut t, &mut wakes, wait);
             drop(t);
             wakes.run(self);
             if done {
@@ -339,14 +366,17 @@ impl RawGate {
         }
     }
 
-    /// Hands the slot to the next live waiter, or gives it back. False when
-    /// the wake list filled with expired waiters first (call again).
-    fn release_locked(&self, t: &mut Table, wakes: &mut WakeList) -> bool {
+    /// Hands the slot (and with `wait` the wait slot it still holds) to the
+    /// next live waiter, or gives it back. A waiter needs a wait slot too:
+    /// without a free one the slot is given back and the waiter stays. False
+    /// when the wake list filled with expired waiters first (call again;
+    /// nothing was given back yet).
+    fn release_locked(&self, t: &mut Table, wakes: &mut WakeList, wait: bool) -> bool {
         // Acquire: the rule for loads under the mutex (pairs with the fast
         // paths' Release; `queued > 0` here means nobody else writes).
         let w = Word(self.state.load(Ordering::Acquire));
         debug_assert!(w.running() > 0, "release without a held slot");
-        if w.queued() > 0 && !w.closed() && w.running() <= w.limit() {
+        if w.queued() > 0 && !w.closed() && w.running() <= w.limit() && (wait || self.wait_free()) {
             let now = self.clock.now_nanos();
             if self.timeout.is_some() {
                 self.expire_locked(t, now, wakes);
@@ -364,9 +394,17 @@ impl RawGate {
                 // AcqRel: the rule for RMWs under the mutex; the waiter
                 // itself learns of the slot through the mutex.
                 self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+                // The waiter takes a wait slot: the one this release gives
+                // up (count unchanged), or a free one.
+                if !wait {
+                    self.take_wait();
+                }
                 self.sync_head(t);
                 return true;
             }
+        }
+        if wait {
+            self.put_wait();
         }
         // AcqRel: the Release half publishes the slot to lock-free admitters
         // (pairing with their Acquire CAS).
@@ -522,7 +560,9 @@ impl RawGate {
         drop(t);
         drop(stale);
         if status == Status::Granted {
-            self.release_slot();
+            // A granted waiter holds a wait slot too when the gate has a
+            // wait limit.
+            self.release_held(self.wait_limit.is_some());
         }
     }
 
@@ -588,10 +628,11 @@ impl RawGate {
                 } else {
                     // Acquire: the rule for loads under the mutex.
                     let w = Word(self.state.load(Ordering::Acquire));
-                    let want = w.queued().min(limit - w.running());
+                    let want = w.queued().min(limit - w.running()).min(self.free_waits());
                     granted = want.min(wakes.room() as u32);
                     for _ in 0..granted {
                         self.grant_one(&mut t, now, &mut wakes);
+                        self.take_wait();
                     }
                     done = granted == want;
                 }

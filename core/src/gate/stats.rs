@@ -11,8 +11,8 @@ use super::state::Word;
 /// A snapshot of a gate's state and counters.
 ///
 /// The gauges (`running`, `queued`, `limit`, `closed`) come from one atomic
-/// read of the state word, so they are mutually consistent; the counters are
-/// read one by one and may be a moment apart from the gauges.
+/// read of the state word, so they are mutually consistent; `waiting` and
+/// the counters are read one by one and may be a moment apart from them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GateStats {
     /// Slots held, including slots granted to waiters that have not picked
@@ -24,8 +24,19 @@ pub struct GateStats {
     pub limit: u32,
     /// Queue size `Q`.
     pub queue_limit: u32,
+    /// Admitted requests that have not produced their first response yet
+    /// (each holds a wait slot); always 0 without a wait limit.
+    pub waiting: u32,
+    /// The wait limit `W`, if set.
+    pub wait_limit: Option<u32>,
     /// Whether the gate is closed.
     pub closed: bool,
+    /// Admission attempts: every `admit*` call and every successful
+    /// `try_admit*` (a `try_admit` that would wait neither queues nor is
+    /// rejected, so it is not counted). Each attempt is admitted directly,
+    /// rejected at once, or queued, so at rest `received` equals admitted +
+    /// rejected + cancelled + queued.
+    pub received: u64,
     /// Requests admitted without waiting.
     pub admitted_direct: u64,
     /// Requests admitted after waiting in the queue.
@@ -76,23 +87,47 @@ pub(super) struct Counters {
     pub(super) rejected_closed: StatCounter,
     pub(super) expired: StatCounter,
     pub(super) cancelled: StatCounter,
+    /// Requests that joined the queue.
+    pub(super) enqueued: StatCounter,
+    /// Requests rejected on arrival because the gate was closed (a part of
+    /// `rejected_closed`, which also counts queued requests `close` refused).
+    pub(super) closed_on_arrival: StatCounter,
 }
 
 impl Counters {
-    /// A snapshot: the gauges from the state word `w`, then the counters one
-    /// by one.
-    pub(super) fn snapshot(&self, w: Word, queue_limit: u32) -> GateStats {
+    /// A snapshot: the gauges from the state word `w` (and the wait count
+    /// `waiting` of a gate with wait limit `wait_limit`), then the counters
+    /// one by one.
+    pub(super) fn snapshot(
+        &self,
+        w: Word,
+        queue_limit: u32,
+        waiting: u32,
+        wait_limit: Option<u32>,
+    ) -> GateStats {
         // Relaxed: statistics, read for display; they order nothing.
         let get = |x: &StatCounter| x.load(Ordering::Relaxed);
+        let admitted_direct = self.admitted_direct.get();
+        let rejected_at_capacity = self.rejected_capacity.get();
+        // Every arrival is admitted directly, rejected at once (at capacity
+        // or closed) or queued: a sum of monotonic counters, so it never
+        // goes down between two snapshots.
+        let received = admitted_direct
+            + rejected_at_capacity
+            + get(&self.closed_on_arrival)
+            + get(&self.enqueued);
         GateStats {
             running: w.running(),
             queued: w.queued(),
             limit: w.limit(),
             queue_limit,
+            waiting,
+            wait_limit,
             closed: w.closed(),
-            admitted_direct: self.admitted_direct.get(),
+            received,
+            admitted_direct,
             admitted_queued: get(&self.admitted_queued),
-            rejected_at_capacity: self.rejected_capacity.get(),
+            rejected_at_capacity,
             rejected_closed: get(&self.rejected_closed),
             expired: get(&self.expired),
             cancelled: get(&self.cancelled),
