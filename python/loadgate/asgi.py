@@ -6,8 +6,10 @@
   ``openai`` or ``anthropic`` style, ``Retry-After`` and the machine-readable
   reason header.
 * :class:`AdmissionMiddleware` puts a worker's :class:`~loadgate.AdmissionGate`
-  in front of an app: each request waits for a slot (``await gate.admit()``)
-  and keeps it until its response body has been sent, streamed or not.
+  in front of an app: each request waits for a slot (``await gate.admit()``),
+  marks its first response at the first body chunk (freeing its wait slot
+  on a gate with a wait limit) and keeps the slot until its response body
+  has been sent, streamed or not.
 * :func:`hold_permit` and :func:`release_on_end` keep a permit until a
   streamed body ends, for apps that admit requests themselves.
 * :class:`ControlApp` serves ``GET``/``POST /busy_threshold`` (optionally
@@ -162,11 +164,18 @@ class LoadgateMiddleware:
 
 
 def release_on_end(permit: Permit, send: Send) -> Send:
-    """A `send` that releases `permit` once the last body message (one
-    without ``more_body``) has been sent. Release the permit in a
+    """A `send` that marks the permit's first response at the first body
+    message (``permit.first_response()``, which frees its wait slot on a
+    gate with a wait limit) and releases `permit` once the last body message
+    (one without ``more_body``) has been sent. Release the permit in a
     ``finally`` too, for responses that end with an error."""
+    responded = False
 
     async def send_then_release(message: Message) -> None:
+        nonlocal responded
+        if not responded and message["type"] == "http.response.body":
+            responded = True
+            permit.first_response()
         try:
             await send(message)
         finally:
@@ -195,8 +204,10 @@ async def hold_permit(
 
 class AdmissionMiddleware:
     """Guards `app` with a worker's admission gate: every HTTP request (or
-    only those whose path starts with one of `paths`) waits for a slot and
-    keeps it until its response body has been sent. A rejected request is
+    only those whose path starts with one of `paths`) waits for a slot,
+    marks its first response at the first body chunk (see
+    :func:`release_on_end`) and keeps the slot until its response body has
+    been sent. A rejected request is
     answered with the loadgate error (529 ``worker_at_capacity`` or
     ``queue_timeout``, 503 ``closed``)."""
 

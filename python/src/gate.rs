@@ -73,12 +73,13 @@ fn bool_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<bool> {
 impl AdmissionGate {
     #[new]
     #[pyo3(
-        signature = (limit, queue = None, *, queue_timeout = None, adaptive_lifo = None, metrics_prefix = None),
-        text_signature = "(limit, queue=16, *, queue_timeout=None, adaptive_lifo=False, metrics_prefix='dynamo')"
+        signature = (limit, queue = None, *, wait_limit = None, queue_timeout = None, adaptive_lifo = None, metrics_prefix = None),
+        text_signature = "(limit, queue=16, *, wait_limit=None, queue_timeout=None, adaptive_lifo=False, metrics_prefix='dynamo')"
     )]
     fn new(
         limit: &Bound<'_, PyAny>,
         queue: Option<&Bound<'_, PyAny>>,
+        wait_limit: Option<&Bound<'_, PyAny>>,
         queue_timeout: Option<&Bound<'_, PyAny>>,
         adaptive_lifo: Option<&Bound<'_, PyAny>>,
         metrics_prefix: Option<&Bound<'_, PyAny>>,
@@ -86,6 +87,9 @@ impl AdmissionGate {
         let mut config = GateConfig::new(u32_arg(limit, "limit")?);
         if let Some(q) = queue {
             config.queue = u32_arg(q, "queue")?;
+        }
+        if let Some(w) = wait_limit.filter(|w| !w.is_none()) {
+            config.wait_limit = Some(u32_arg(w, "wait_limit")?);
         }
         if let Some(t) = queue_timeout.filter(|t| !t.is_none()) {
             config.queue_timeout = Some(seconds_arg(t, "queue_timeout")?);
@@ -104,7 +108,8 @@ impl AdmissionGate {
     /// `DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT` (older name
     /// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`; default 16, 0 = no queue) and the
     /// queue deadline from `DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS` (off when
-    /// unset). The newer name wins; an invalid value of either raises
+    /// unset) and the wait limit from `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT`
+    /// (none when unset). The newer name wins; an invalid value of either raises
     /// `ValueError` naming the variable, and so does a missing limit.
     #[classmethod]
     #[pyo3(signature = (limit = None))]
@@ -190,6 +195,20 @@ impl AdmissionGate {
         self.inner.queue_limit()
     }
 
+    /// Wait limit `W` (admitted requests without their first response), or
+    /// `None`.
+    #[getter]
+    fn wait_limit(&self) -> Option<u32> {
+        self.inner.wait_limit()
+    }
+
+    /// Admitted requests without their first response now (0 without a
+    /// wait limit).
+    #[getter]
+    fn waiting(&self) -> u32 {
+        self.inner.waiting()
+    }
+
     /// Slots held now.
     #[getter]
     fn running(&self) -> u32 {
@@ -222,7 +241,10 @@ impl AdmissionGate {
         d.set_item("queued", s.queued)?;
         d.set_item("limit", s.limit)?;
         d.set_item("queue_limit", s.queue_limit)?;
+        d.set_item("waiting", s.waiting)?;
+        d.set_item("wait_limit", s.wait_limit)?;
         d.set_item("closed", s.closed)?;
+        d.set_item("received", s.received)?;
         d.set_item("admitted_direct", s.admitted_direct)?;
         d.set_item("admitted_queued", s.admitted_queued)?;
         d.set_item("rejected_at_capacity", s.rejected_at_capacity)?;
@@ -275,6 +297,17 @@ impl Permit {
     /// does nothing.
     fn release(&self) {
         drop(self.take());
+    }
+
+    /// Marks the request's first response: on a gate with a wait limit,
+    /// gives back the wait slot (to the oldest waiter, if a request slot is
+    /// free too); the request slot stays held until `release()`.
+    /// Idempotent, from any thread; a no-op after `release()` or on a gate
+    /// without a wait limit.
+    fn first_response(&self) {
+        if let Some(p) = lock(&self.inner).as_ref() {
+            p.first_response();
+        }
     }
 
     /// Whether the slot was given back.

@@ -4,7 +4,7 @@ read once per process)."""
 from __future__ import annotations
 
 import json
-from typing import Dict
+from typing import Dict, Optional
 
 import pytest
 
@@ -99,6 +99,36 @@ def test_gate_env(env: Dict[str, str], expected: Dict[str, object]) -> None:
 def test_gate_env_invalid(var: str, value: str) -> None:
     error = probe(GATE_PROBE, {var: value})["error"]
     assert isinstance(error, str) and var in error  # a clear error naming the variable
+
+
+WAIT_PROBE = """
+import json, loadgate
+try:
+    g = loadgate.AdmissionGate.from_env(4)
+    print(json.dumps({"wait_limit": g.wait_limit}))
+except ValueError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+WAIT_LIMIT = "DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT"
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (None, {"wait_limit": None}),
+        (" 3 ", {"wait_limit": 3}),
+        ("0", None),
+        ("", None),
+        ("2097152", None),
+        ("many", None),
+    ],
+)
+def test_gate_wait_limit_env(value: Optional[str], expected: Optional[Dict[str, object]]) -> None:
+    out = probe(WAIT_PROBE, {} if value is None else {WAIT_LIMIT: value})
+    if expected is None:
+        assert WAIT_LIMIT in out["error"]  # a clear error naming the variable
+    else:
+        assert out == expected
 
 
 GATE_ALL_PROBE = """

@@ -41,6 +41,9 @@ def test_properties_and_repr() -> None:
         ((1,), {"adaptive_lifo": 1}, TypeError, "adaptive_lifo"),
         ((1,), {"metrics_prefix": "a-b"}, ValueError, "metrics_prefix"),
         ((1,), {"metrics_prefix": 5}, TypeError, "metrics_prefix"),
+        ((1,), {"wait_limit": 0}, ValueError, "wait_limit"),
+        ((1,), {"wait_limit": 2**21}, ValueError, "wait_limit"),
+        ((1,), {"wait_limit": "1"}, TypeError, "wait_limit"),
     ],
 )
 def test_constructor_bad_input(args: tuple[Any, ...], kwargs: dict[str, Any], exc: type[Exception], match: str) -> None:
@@ -210,6 +213,7 @@ def test_stats_and_metrics() -> None:
     s = g.stats()
     assert s == {
         "running": 1, "queued": 0, "limit": 1, "queue_limit": 0, "closed": False,
+        "waiting": 0, "wait_limit": None, "received": 2,
         "admitted_direct": 1, "admitted_queued": 0, "rejected_at_capacity": 1,
         "rejected_closed": 0, "expired": 0, "cancelled": 0,
     }
@@ -223,6 +227,45 @@ def test_stats_and_metrics() -> None:
     ):
         assert line in text
     assert p is not None
+    p.release()
+
+
+def test_wait_limit_first_response_hands_off_to_a_blocked_thread() -> None:
+    g = AdmissionGate(2, 1, wait_limit=1)
+    assert (g.wait_limit, g.waiting) == (1, 0)
+    assert AdmissionGate(2).wait_limit is None
+    p = g.try_admit()
+    assert p is not None and g.waiting == 1
+    assert g.try_admit() is None  # a request slot is free, a wait slot is not
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(g.admit_blocking()))
+    t.start()
+    deadline = time.monotonic() + 30  # a limit for a hang only
+    while g.queued == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert g.queued == 1
+    with pytest.raises(AtCapacity):
+        g.admit_blocking()  # the queue is full
+    p.first_response()
+    t.join(30)
+    assert len(got) == 1 and (g.running, g.waiting, g.queued) == (2, 1, 0)
+    p.first_response()  # idempotent
+    assert g.waiting == 1
+    got[0].release()  # never responded: frees both
+    p.release()
+    p.first_response()  # after release: a no-op
+    s = g.stats()
+    assert (s["running"], s["waiting"], s["wait_limit"], s["admitted_queued"]) == (0, 0, 1, 1)
+    assert "dynamo_backend_admission_engine_wait_count 0" in g.metrics_text()
+    assert "dynamo_backend_admission_request_receive_total 3" in g.metrics_text()
+
+
+def test_first_response_is_a_no_op_without_a_wait_limit() -> None:
+    g = AdmissionGate(1, 0)
+    p = g.try_admit()
+    assert p is not None
+    p.first_response()
+    assert (g.running, g.waiting) == (1, 0)
     p.release()
 
 

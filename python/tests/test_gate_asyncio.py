@@ -189,6 +189,30 @@ def test_grant_from_another_thread() -> None:
     run(main)
 
 
+def test_first_response_admits_an_awaiting_task() -> None:
+    async def main() -> None:
+        g = AdmissionGate(2, 2, wait_limit=1)
+        p = await g.admit()
+        waiter = asyncio.ensure_future(g.admit())
+        await settle()
+        assert not waiter.done() and g.queued == 1  # held back by the wait limit
+        p.first_response()
+        q = await waiter
+        assert (g.running, g.waiting, g.queued) == (2, 1, 0)
+        # A task cancelled while held back leaves the queue at once.
+        late = asyncio.ensure_future(g.admit())
+        await settle()
+        assert g.queued == 1
+        late.cancel()
+        await settle()
+        assert g.queued == 0 and g.stats()["cancelled"] == 1
+        q.release()  # never responded: frees both slots
+        p.release()
+        assert (g.running, g.waiting) == (0, 0)
+
+    run(main)
+
+
 def test_wait_for_timeout_leaves_the_queue() -> None:
     async def main() -> None:
         g = AdmissionGate(1, 4)

@@ -247,6 +247,23 @@ def test_streamed_response_holds_its_permit_to_the_end(path: str) -> None:
         assert client.get(path).status_code == 200
 
 
+def test_middleware_marks_the_first_response_at_the_first_body_chunk() -> None:
+    gate = AdmissionGate(2, 0, wait_limit=1)
+    proceed = threading.Event()
+    with serve(streaming_app(gate, proceed)) as url, httpx.Client(base_url=url, timeout=10) as client:
+        with client.stream("GET", "/stream") as r:
+            chunks = r.iter_bytes()
+            assert next(chunks).startswith(b"chunk 0")
+            # The body has started: the wait slot is free, the slot held.
+            assert (gate.running, gate.waiting) == (1, 0)
+            proceed.set()
+            assert b"".join(chunks).count(b"chunk") == 2
+        deadline = time.monotonic() + 30  # a limit for a hang only
+        while gate.running and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert (gate.running, gate.waiting) == (0, 0)
+
+
 def test_client_leaving_mid_stream_releases_the_permit() -> None:
     gate = AdmissionGate(1, 0)
     proceed = threading.Event()
