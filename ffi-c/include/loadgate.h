@@ -218,8 +218,9 @@ typedef struct lg_nats_options lg_nats_options;
  * response: when the stream ends). A permit keeps its gate's state alive.
  *
  * The slots of a gate are interchangeable, and so are its permits: the
- * pointer value identifies the gate, not the request, and two permits of
- * one gate may compare equal. Keep one per request; do not use it as a
+ * pointer value identifies the gate (and, on a gate with a wait limit,
+ * whether the permit still holds a wait slot), not the request, and two
+ * permits of one gate may compare equal. Keep one per request; do not use it as a
  * lookup key. Handing out a permit allocates nothing.
  */
 typedef struct lg_permit lg_permit;
@@ -408,6 +409,13 @@ typedef struct lg_gate_config {
    * Length of metrics_prefix in bytes.
    */
   size_t metrics_prefix_len;
+  /**
+   * Wait limit W: at most W admitted requests without their first
+   * response (lg_permit_first_response()); admission needs a request
+   * slot and a wait slot. 1 to 2097151; 0 means no wait limit (the
+   * default).
+   */
+  uint32_t wait_limit;
 } lg_gate_config;
 
 /**
@@ -471,6 +479,15 @@ typedef struct lg_gate_stats {
    * timed out); not rejections.
    */
   uint64_t cancelled;
+  /**
+   * Admitted requests without their first response yet (always 0 without
+   * a wait limit).
+   */
+  uint32_t waiting;
+  /**
+   * Wait limit W, or 0 for none.
+   */
+  uint32_t wait_limit;
 } lg_gate_stats;
 
 /**
@@ -1136,8 +1153,8 @@ enum lg_status lg_nats_options_set_client_cert(struct lg_nats_options *options,
 
 /**
  * Fills `out` with the default settings for `limit` engine slots: queue 16,
- * no deadline, FIFO, prefix "dynamo". The limit is checked by
- * lg_gate_new().
+ * no deadline, FIFO, prefix "dynamo", no wait limit. The limit is checked
+ * by lg_gate_new().
  *
  * Errors: LG_INVALID_ARGUMENT (NULL out).
  * Ownership: borrows its arguments for the call only; keeps none of them.
@@ -1153,7 +1170,7 @@ enum lg_status lg_gate_config_default(uint32_t limit,
  * Creates a gate.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL config or out_gate, limit 0 or above
- * 2097151, queue above 2097151, metrics prefix not matching
+ * 2097151, queue or wait_limit above 2097151, metrics prefix not matching
  * [a-zA-Z_:][a-zA-Z0-9_:]*).
  * Ownership: on LG_OK *out_gate owns a new gate; free it with
  * lg_gate_free(). The config is copied.
@@ -1170,10 +1187,11 @@ enum lg_status lg_gate_new(const struct lg_gate_config *config,
 
 /**
  * Creates a gate with `limit` engine slots (the --engine-request-limit
- * equivalent) and the queue size and deadline read from
- * DYN_DYNAMO_REQUEST_QUEUE_LIMIT (default 16) and
- * DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS (unset: off). Call it only when an
- * engine limit is configured.
+ * equivalent) and the queue size, deadline and wait limit read from
+ * DYN_DYNAMO_REQUEST_QUEUE_LIMIT (default 16),
+ * DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS (unset: off) and
+ * DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT (unset: none). Call it only when
+ * an engine limit is configured.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL out_gate, bad limit, a variable that is
  * set but empty or malformed; the message names it). Never a silent
@@ -1365,7 +1383,8 @@ enum lg_status lg_gate_get_stats(const struct lg_gate *gate,
 /**
  * Writes the worker metrics (Prometheus text format:
  * dynamo_rejection_request_total, dynamo_engine_request,
- * dynamo_request_queue, ... and the queue-wait histogram) into `buf` with
+ * dynamo_request_queue, ..., the queue-wait histogram and the
+ * dynamo_backend_admission_* family) into `buf` with
  * snprintf semantics, as lg_monitor_metrics() does.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate or out_needed, NULL buf with
@@ -1890,6 +1909,27 @@ enum lg_status lg_monitor_metrics(const struct lg_monitor *monitor,
  * `permit` is NULL or a permit from this library not released yet.
  */
 void lg_permit_release(struct lg_permit *permit);
+
+/**
+ * Marks the first response of the request holding `*permit`: on a gate
+ * with a wait limit, gives back the permit's wait slot (to the oldest
+ * waiter, if a request slot is free too) and updates `*permit` to the
+ * handle of the same permit without its wait slot; use the updated handle
+ * from then on. Calling it again (with the updated handle) does nothing,
+ * and so does calling it on a gate without a wait limit. The request slot
+ * stays held until lg_permit_release(). NULL (or *permit NULL) is a no-op.
+ *
+ * Ownership: borrows the permit; `*permit` is still owned by the caller.
+ * Thread safety: any thread, but not at the same time as another call on
+ * the same permit. Blocking: with a wait limit, takes the gate's lock
+ * briefly (and runs the callback of an asynchronous request it hands the
+ * slot to on this thread); never allocates.
+ *
+ * # Safety
+ * `permit` is NULL or valid for reads and writes, and `*permit` is NULL or
+ * a permit from this library not released yet.
+ */
+void lg_permit_first_response(struct lg_permit **permit);
 
 /**
  * A short description of a status, as a static NUL-terminated string; for

@@ -46,6 +46,11 @@ pub struct lg_gate_config {
     pub metrics_prefix: *const c_char,
     /// Length of metrics_prefix in bytes.
     pub metrics_prefix_len: usize,
+    /// Wait limit W: at most W admitted requests without their first
+    /// response (lg_permit_first_response()); admission needs a request
+    /// slot and a wait slot. 1 to 2097151; 0 means no wait limit (the
+    /// default).
+    pub wait_limit: u32,
 }
 
 /// A snapshot of a gate's gauges and counters. The gauges (running,
@@ -77,6 +82,11 @@ pub struct lg_gate_stats {
     /// Requests that left the queue before getting a slot (cancelled or
     /// timed out); not rejections.
     pub cancelled: u64,
+    /// Admitted requests without their first response yet (always 0 without
+    /// a wait limit).
+    pub waiting: u32,
+    /// Wait limit W, or 0 for none.
+    pub wait_limit: u32,
 }
 
 impl lg_gate {
@@ -89,8 +99,8 @@ impl lg_gate {
 }
 
 /// Fills `out` with the default settings for `limit` engine slots: queue 16,
-/// no deadline, FIFO, prefix "dynamo". The limit is checked by
-/// lg_gate_new().
+/// no deadline, FIFO, prefix "dynamo", no wait limit. The limit is checked
+/// by lg_gate_new().
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL out).
 /// Ownership: borrows its arguments for the call only; keeps none of them.
@@ -109,6 +119,7 @@ pub unsafe extern "C" fn lg_gate_config_default(limit: u32, out: *mut lg_gate_co
             adaptive_lifo: false,
             metrics_prefix: std::ptr::null(),
             metrics_prefix_len: 0,
+            wait_limit: 0,
         };
         // SAFETY: `out` is writable (contract).
         unsafe { out.write(config) };
@@ -119,7 +130,7 @@ pub unsafe extern "C" fn lg_gate_config_default(limit: u32, out: *mut lg_gate_co
 /// Creates a gate.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL config or out_gate, limit 0 or above
-/// 2097151, queue above 2097151, metrics prefix not matching
+/// 2097151, queue or wait_limit above 2097151, metrics prefix not matching
 /// [a-zA-Z_:][a-zA-Z0-9_:]*).
 /// Ownership: on LG_OK *out_gate owns a new gate; free it with
 /// lg_gate_free(). The config is copied.
@@ -144,7 +155,8 @@ pub unsafe extern "C" fn lg_gate_new(
             .with_queue_timeout(
                 (c.queue_timeout_ms != 0).then(|| Duration::from_millis(c.queue_timeout_ms)),
             )
-            .with_adaptive_lifo(c.adaptive_lifo);
+            .with_adaptive_lifo(c.adaptive_lifo)
+            .with_wait_limit((c.wait_limit != 0).then_some(c.wait_limit));
         // SAFETY: NULL or valid for metrics_prefix_len bytes (contract).
         let prefix =
             unsafe { optional_string(c.metrics_prefix, c.metrics_prefix_len, "metrics_prefix") }?;
@@ -159,10 +171,11 @@ pub unsafe extern "C" fn lg_gate_new(
 }
 
 /// Creates a gate with `limit` engine slots (the --engine-request-limit
-/// equivalent) and the queue size and deadline read from
-/// DYN_DYNAMO_REQUEST_QUEUE_LIMIT (default 16) and
-/// DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS (unset: off). Call it only when an
-/// engine limit is configured.
+/// equivalent) and the queue size, deadline and wait limit read from
+/// DYN_DYNAMO_REQUEST_QUEUE_LIMIT (default 16),
+/// DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS (unset: off) and
+/// DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT (unset: none). Call it only when
+/// an engine limit is configured.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL out_gate, bad limit, a variable that is
 /// set but empty or malformed; the message names it). Never a silent
@@ -464,6 +477,8 @@ pub unsafe extern "C" fn lg_gate_get_stats(
             rejected_closed: s.rejected_closed,
             expired: s.expired,
             cancelled: s.cancelled,
+            waiting: s.waiting,
+            wait_limit: s.wait_limit.unwrap_or(0),
         };
         // SAFETY: `out_stats` is writable (contract).
         unsafe { out.write(stats) };
@@ -473,7 +488,8 @@ pub unsafe extern "C" fn lg_gate_get_stats(
 
 /// Writes the worker metrics (Prometheus text format:
 /// dynamo_rejection_request_total, dynamo_engine_request,
-/// dynamo_request_queue, ... and the queue-wait histogram) into `buf` with
+/// dynamo_request_queue, ..., the queue-wait histogram and the
+/// dynamo_backend_admission_* family) into `buf` with
 /// snprintf semantics, as lg_monitor_metrics() does.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate or out_needed, NULL buf with

@@ -12,8 +12,9 @@ use crate::status::{admit_status, lg_status};
 /// response: when the stream ends). A permit keeps its gate's state alive.
 ///
 /// The slots of a gate are interchangeable, and so are its permits: the
-/// pointer value identifies the gate, not the request, and two permits of
-/// one gate may compare equal. Keep one per request; do not use it as a
+/// pointer value identifies the gate (and, on a gate with a wait limit,
+/// whether the permit still holds a wait slot), not the request, and two
+/// permits of one gate may compare equal. Keep one per request; do not use it as a
 /// lookup key. Handing out a permit allocates nothing.
 pub struct lg_permit {
     _opaque: [u8; 0],
@@ -60,6 +61,45 @@ pub unsafe extern "C" fn lg_permit_release(permit: *mut lg_permit) {
             // up by the caller (contract); dropping it releases the slot.
             drop(unsafe { lg_permit::from_raw(permit) });
         }
+    })
+}
+
+/// Marks the first response of the request holding `*permit`: on a gate
+/// with a wait limit, gives back the permit's wait slot (to the oldest
+/// waiter, if a request slot is free too) and updates `*permit` to the
+/// handle of the same permit without its wait slot; use the updated handle
+/// from then on. Calling it again (with the updated handle) does nothing,
+/// and so does calling it on a gate without a wait limit. The request slot
+/// stays held until lg_permit_release(). NULL (or *permit NULL) is a no-op.
+///
+/// Ownership: borrows the permit; `*permit` is still owned by the caller.
+/// Thread safety: any thread, but not at the same time as another call on
+/// the same permit. Blocking: with a wait limit, takes the gate's lock
+/// briefly (and runs the callback of an asynchronous request it hands the
+/// slot to on this thread); never allocates.
+///
+/// # Safety
+/// `permit` is NULL or valid for reads and writes, and `*permit` is NULL or
+/// a permit from this library not released yet.
+#[no_mangle]
+pub unsafe extern "C" fn lg_permit_first_response(permit: *mut *mut lg_permit) {
+    boundary((), || {
+        if permit.is_null() {
+            return;
+        }
+        // SAFETY: `permit` is readable (contract).
+        let raw = unsafe { permit.read() };
+        if raw.is_null() {
+            return;
+        }
+        // SAFETY: a permit from this library not released yet (contract);
+        // handed back to the caller below, so it is taken back only once.
+        // Not dropped even if the call below panicked: the caller keeps it.
+        let owned = std::mem::ManuallyDrop::new(unsafe { lg_permit::from_raw(raw) });
+        owned.first_response();
+        let updated = lg_permit::into_raw(std::mem::ManuallyDrop::into_inner(owned));
+        // SAFETY: `permit` is writable (contract).
+        unsafe { permit.write(updated) };
     })
 }
 
@@ -132,5 +172,29 @@ mod tests {
         assert_eq!(Arc::strong_count(&gate), 1);
         // SAFETY: NULL is a no-op.
         unsafe { lg_permit_release(std::ptr::null_mut()) };
+    }
+
+    #[test]
+    fn first_response_updates_the_handle_and_is_idempotent() {
+        let config = GateConfig::new(2).with_wait_limit(Some(1));
+        let gate = Arc::new(AdmissionGate::new(config).unwrap());
+        let mut p = lg_permit::into_raw(gate.try_admit_owned().unwrap());
+        assert_eq!(gate.stats().waiting, 1);
+        // SAFETY: `p` is a live permit handle, updated in place.
+        unsafe { lg_permit_first_response(&mut p) };
+        assert_eq!(gate.stats().waiting, 0);
+        // SAFETY: as above; a second call is a no-op.
+        unsafe { lg_permit_first_response(&mut p) };
+        assert_eq!((gate.stats().waiting, gate.running()), (0, 1));
+        // SAFETY: NULL handles are no-ops.
+        unsafe {
+            lg_permit_first_response(std::ptr::null_mut());
+            let mut none: *mut lg_permit = std::ptr::null_mut();
+            lg_permit_first_response(&mut none);
+        }
+        // SAFETY: the updated handle, released once.
+        unsafe { lg_permit_release(p) };
+        assert_eq!(gate.running(), 0);
+        assert_eq!(Arc::strong_count(&gate), 1);
     }
 }

@@ -826,7 +826,7 @@ static void test_gate_config(void) {
     INVALID(lg_gate_config_default(2, NULL));
     OK(lg_gate_config_default(2, &c));
     CHECK(c.limit == 2 && c.queue == 16 && c.queue_timeout_ms == 0 && !c.adaptive_lifo);
-    CHECK(c.metrics_prefix == NULL && c.metrics_prefix_len == 0);
+    CHECK(c.metrics_prefix == NULL && c.metrics_prefix_len == 0 && c.wait_limit == 0);
 
     c.limit = 0;
     INVALID(lg_gate_new(&c, &g));
@@ -837,6 +837,10 @@ static void test_gate_config(void) {
     c.queue = 1u << 21;
     INVALID(lg_gate_new(&c, &g));
     c.queue = 1;
+    c.wait_limit = 1u << 21;
+    INVALID(lg_gate_new(&c, &g));
+    CHECK(last_error_contains("wait_limit"));
+    c.wait_limit = 0;
     c.metrics_prefix = "a-b";
     c.metrics_prefix_len = 3;
     INVALID(lg_gate_new(&c, &g));
@@ -857,21 +861,26 @@ static void test_gate_config(void) {
     INVALID(lg_gate_from_env(4, &g));
     CHECK(last_error_contains("DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS"));
     setenv("DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS", "250", 1);
+    setenv("DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT", "0", 1);
+    INVALID(lg_gate_from_env(4, &g));
+    CHECK(last_error_contains("DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT"));
+    setenv("DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT", "2", 1);
     INVALID(lg_gate_from_env(0, &g));
     INVALID(lg_gate_from_env(4, NULL));
     OK(lg_gate_from_env(4, &g));
     lg_gate_stats s;
     OK(lg_gate_get_stats(g, &s));
-    CHECK(s.limit == 4 && s.queue_limit == 3);
+    CHECK(s.limit == 4 && s.queue_limit == 3 && s.wait_limit == 2 && s.waiting == 0);
     uint64_t wait_ns = 0;
     OK(lg_gate_next_deadline(g, &wait_ns));
     CHECK(wait_ns == LG_TIMEOUT_INFINITE); /* nobody queued */
     lg_gate_free(g);
     unsetenv("DYN_DYNAMO_REQUEST_QUEUE_LIMIT");
     unsetenv("DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS");
+    unsetenv("DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT");
     OK(lg_gate_from_env(1, &g));
     OK(lg_gate_get_stats(g, &s));
-    CHECK(s.queue_limit == 16);
+    CHECK(s.queue_limit == 16 && s.wait_limit == 0);
     lg_gate_free(g);
     lg_gate_free(NULL);
 }
@@ -1008,6 +1017,54 @@ static void test_gate(void) {
     lg_gate_free(g);
     lg_permit_release(p2);
     lg_permit_release(NULL);
+}
+
+/* The wait limit W: admission needs a request slot and a wait slot; the
+ * first response frees the wait slot and hands it to the oldest waiter. */
+static void test_gate_wait_limit(void) {
+    lg_gate_config c;
+    lg_gate *g = NULL;
+    OK(lg_gate_config_default(2, &c));
+    c.queue = 1;
+    c.wait_limit = 1;
+    OK(lg_gate_new(&c, &g));
+
+    lg_permit *p1 = NULL, *p2 = NULL;
+    OK(lg_gate_try_admit(g, &p1));
+    EXPECT(lg_gate_try_admit(g, &p2), LG_WOULD_WAIT); /* a slot, but no wait slot */
+    outcome a = {0, LG_PANIC, NULL}, x = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async(g, record, &a, NULL));
+    OK(lg_gate_admit_async(g, record, &x, NULL));
+    CHECK(a.calls == 0 && x.calls == 1 && x.status == LG_AT_CAPACITY);
+    lg_gate_stats s;
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.running == 1 && s.waiting == 1 && s.wait_limit == 1 && s.queued == 1);
+
+    /* The first response hands the wait slot to the waiter, on this thread. */
+    lg_permit_first_response(&p1);
+    CHECK(a.calls == 1 && a.status == LG_OK && a.permit != NULL);
+    lg_permit_first_response(&p1); /* idempotent with the updated handle */
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.running == 2 && s.waiting == 1 && s.queued == 0);
+    lg_permit_first_response(NULL);
+    lg_permit *none = NULL;
+    lg_permit_first_response(&none);
+
+    size_t needed = 0;
+    EXPECT(lg_gate_metrics(g, NULL, 0, &needed), LG_BUFFER_TOO_SMALL);
+    char *text = malloc(needed + 1);
+    CHECK(text != NULL);
+    OK(lg_gate_metrics(g, text, needed + 1, &needed));
+    CHECK(contains(text, "dynamo_backend_admission_engine_wait_count 1\n"));
+    CHECK(contains(text, "dynamo_backend_admission_request_receive_total 3\n"));
+    free(text);
+
+    /* Releasing a permit that never responded frees both of its slots. */
+    lg_permit_release(a.permit);
+    lg_permit_release(p1);
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.running == 0 && s.waiting == 0);
+    lg_gate_free(g);
 }
 
 static void test_gate_deadline(void) {
@@ -1460,6 +1517,7 @@ int main(void) {
     test_busy_threshold_auth();
     test_gate_config();
     test_gate();
+    test_gate_wait_limit();
     test_gate_deadline();
     test_cluster_errors();
     test_nats_options_errors();
