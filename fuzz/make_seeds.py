@@ -107,6 +107,12 @@ def http():
             ("POST", ct + "; charset=utf-8",
              {"model": "mistral", "clear": ["active_prefill_tokens_threshold_frac"]}),
         ],
+        "waiting": [
+            ("POST", ct, {"model": "llama", "waiting_requests_threshold": 8}),
+            ("POST", ct, {"model": "llama", "waiting_requests_threshold": -1}),
+            ("POST", ct, {"model": "llama", "waiting_requests_threshold": 1.5}),
+            ("POST", ct, {"model": "llama", "clear": ["waiting_requests_threshold"]}),
+        ],
         "errors": [
             ("POST", ct, {"model": "nope", "active_decode_blocks_threshold": 0.5}),
             ("POST", ct, {"model": "llama", "active_decode_blocks_threshold": 1.5}),

@@ -37,6 +37,7 @@ fn message(i: u64) -> Vec<u8> {
         active_decode_blocks: Some(i % 4096),
         kv_used_blocks: Some((i * 7) % 4096),
         active_prefill_tokens: Some(i % 9000),
+        waiting_requests: None,
     }
     .to_msgpack()
 }

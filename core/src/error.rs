@@ -256,7 +256,8 @@ impl fmt::Display for ThresholdError {
             ThresholdError::UnknownField(name) => write!(
                 f,
                 "unknown threshold field {name:?} (expected one of active_decode_blocks_threshold, \
-                 active_prefill_tokens_threshold, active_prefill_tokens_threshold_frac)"
+                 active_prefill_tokens_threshold, active_prefill_tokens_threshold_frac, \
+                 waiting_requests_threshold)"
             ),
             ThresholdError::SetAndClear(field) => {
                 write!(f, "{field} is both set and cleared in one update")

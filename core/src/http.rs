@@ -147,9 +147,10 @@ pub fn error_response_with_status(
 /// * `GET` → 200 `{"thresholds": [{model, fields…, version}, …]}` for every model.
 /// * `POST` with `{model, active_decode_blocks_threshold?,
 ///   active_prefill_tokens_threshold?, active_prefill_tokens_threshold_frac?,
-///   clear?: [names]}`: all thresholds null/absent and no `clear` → a read
-///   (200; all-null and version 0 for an unknown model); otherwise an update
-///   (200 echoing model, all three fields and `version`).
+///   waiting_requests_threshold?, clear?: [names]}`: all thresholds
+///   null/absent and no `clear` → a read (200; all-null and version 0 for an
+///   unknown model); otherwise an update (200 echoing model, all four fields
+///   and `version`).
 /// * Errors, as `{"error": "..."}`: 404 set on an unknown model, 400 invalid
 ///   value or malformed JSON, 422 wrong types or missing model, 415 non-JSON
 ///   content type, 413 body over 64 KiB, 405 any other method.
@@ -285,6 +286,7 @@ fn threshold_json(model: &str, state: &ThresholdState) -> Value {
         "active_decode_blocks_threshold": t.active_decode_blocks_threshold,
         "active_prefill_tokens_threshold": t.active_prefill_tokens_threshold,
         "active_prefill_tokens_threshold_frac": t.active_prefill_tokens_threshold_frac,
+        "waiting_requests_threshold": t.waiting_requests_threshold,
         "version": state.version,
     })
 }
@@ -349,24 +351,24 @@ fn parse_update(obj: &Map<String, Value>) -> Result<ThresholdUpdate, HttpError> 
             .map(|v| v.as_f64().ok_or_else(|| wrong(f, "a number")))
             .transpose()
     };
+    let integer = |f: ThresholdField| -> Result<Option<u64>, HttpError> {
+        field(f)
+            .map(|v| match v {
+                Value::Number(n) if n.is_u64() => Ok(n.as_u64().expect("checked u64")),
+                Value::Number(n) if n.is_i64() => {
+                    Err((400, format!("{} = {n} is invalid: must be >= 0", f.name())))
+                }
+                _ => Err(wrong(f, "a non-negative integer")),
+            })
+            .transpose()
+    };
     let mut update = ThresholdUpdate {
         active_decode_blocks_threshold: number(ThresholdField::ActiveDecodeBlocks)?,
+        active_prefill_tokens_threshold: integer(ThresholdField::ActivePrefillTokens)?,
         active_prefill_tokens_threshold_frac: number(ThresholdField::ActivePrefillTokensFrac)?,
+        waiting_requests_threshold: integer(ThresholdField::WaitingRequests)?,
         ..Default::default()
     };
-    let abs = ThresholdField::ActivePrefillTokens;
-    if let Some(v) = field(abs) {
-        update.active_prefill_tokens_threshold = Some(match v {
-            Value::Number(n) if n.is_u64() => n.as_u64().expect("checked u64"),
-            Value::Number(n) if n.is_i64() => {
-                return Err((
-                    400,
-                    format!("{} = {n} is invalid: must be >= 0", abs.name()),
-                ))
-            }
-            _ => return Err(wrong(abs, "a non-negative integer")),
-        });
-    }
     match obj.get("clear") {
         None | Some(Value::Null) => {}
         Some(Value::Array(names)) => {

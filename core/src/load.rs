@@ -14,7 +14,8 @@
 
 use crate::error::{ReportError, WorkerError};
 
-/// Marks `active_prefill_tokens` as never reported, so no report may carry it.
+/// Marks `active_prefill_tokens` and `waiting_requests` as never reported,
+/// so no report may carry it.
 pub(crate) const UNREPORTED: u64 = u64::MAX;
 
 /// Refuses an empty model name.
@@ -93,16 +94,25 @@ pub struct LoadReport {
     pub active_prefill_tokens: Option<u64>,
     /// Prefill batch capacity.
     pub max_num_batched_tokens: Option<u64>,
+    /// Requests waiting in the engine's queue (not yet scheduled).
+    pub waiting_requests: Option<u64>,
 }
 
 impl LoadReport {
-    /// Refuses values no rank can hold: `active_prefill_tokens` of
-    /// `u64::MAX` (the marker of a field never reported).
+    /// Refuses values no rank can hold: `active_prefill_tokens` or
+    /// `waiting_requests` of `u64::MAX` (the marker of a field never
+    /// reported).
     #[inline]
     pub(crate) fn check(&self) -> Result<(), ReportError> {
         if self.active_prefill_tokens == Some(UNREPORTED) {
             return Err(ReportError::InvalidValue {
                 field: "active_prefill_tokens",
+                value: UNREPORTED,
+            });
+        }
+        if self.waiting_requests == Some(UNREPORTED) {
+            return Err(ReportError::InvalidValue {
+                field: "waiting_requests",
                 value: UNREPORTED,
             });
         }
@@ -130,6 +140,18 @@ mod tests {
             marker.check(),
             Err(ReportError::InvalidValue {
                 field: "active_prefill_tokens",
+                value: u64::MAX
+            })
+        );
+        let waiting = |w| LoadReport {
+            waiting_requests: Some(w),
+            ..Default::default()
+        };
+        assert_eq!(waiting(u64::MAX - 1).check(), Ok(()));
+        assert_eq!(
+            waiting(u64::MAX).check(),
+            Err(ReportError::InvalidValue {
+                field: "waiting_requests",
                 value: u64::MAX
             })
         );

@@ -1,6 +1,6 @@
 //! Busy thresholds and the busy rule.
 //!
-//! Three thresholds per model, each off (`None`) by default; setting one
+//! Four thresholds per model, each off (`None`) by default; setting one
 //! enables only that check. This module holds the validated threshold values,
 //! the merge/clear update, and the rule itself as pure functions over one
 //! rank's load, so that it is written once and tested directly.
@@ -10,7 +10,7 @@ use crate::error::ThresholdError;
 /// `max_num_batched_tokens` assumed when a worker never reported it.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: u64 = 10_000_000;
 
-/// The three busy thresholds of one model.
+/// The four busy thresholds of one model.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Thresholds {
     /// Decode: a rank is busy when `kv_used_blocks` or `active_decode_blocks`
@@ -21,6 +21,9 @@ pub struct Thresholds {
     /// Fractional prefill: busy when
     /// `active_prefill_tokens > floor(f * max_num_batched_tokens)`. Finite, `>= 0`.
     pub active_prefill_tokens_threshold_frac: Option<f64>,
+    /// Waiting requests: busy when `waiting_requests > n`, for ranks that
+    /// reported waiting requests.
+    pub waiting_requests_threshold: Option<u64>,
 }
 
 /// Names one threshold field (for `clear` and errors).
@@ -32,14 +35,17 @@ pub enum ThresholdField {
     ActivePrefillTokens,
     /// `active_prefill_tokens_threshold_frac`
     ActivePrefillTokensFrac,
+    /// `waiting_requests_threshold`
+    WaitingRequests,
 }
 
 impl ThresholdField {
     /// All fields, in wire order.
-    pub const ALL: [ThresholdField; 3] = [
+    pub const ALL: [ThresholdField; 4] = [
         ThresholdField::ActiveDecodeBlocks,
         ThresholdField::ActivePrefillTokens,
         ThresholdField::ActivePrefillTokensFrac,
+        ThresholdField::WaitingRequests,
     ];
 
     /// The wire name, e.g. `active_decode_blocks_threshold`.
@@ -48,6 +54,7 @@ impl ThresholdField {
             ThresholdField::ActiveDecodeBlocks => "active_decode_blocks_threshold",
             ThresholdField::ActivePrefillTokens => "active_prefill_tokens_threshold",
             ThresholdField::ActivePrefillTokensFrac => "active_prefill_tokens_threshold_frac",
+            ThresholdField::WaitingRequests => "waiting_requests_threshold",
         }
     }
 
@@ -149,6 +156,8 @@ pub struct ThresholdUpdate {
     pub active_prefill_tokens_threshold: Option<u64>,
     /// New fractional prefill threshold, if given.
     pub active_prefill_tokens_threshold_frac: Option<f64>,
+    /// New waiting-requests threshold, if given.
+    pub waiting_requests_threshold: Option<u64>,
     /// Fields to unset.
     pub clear: ThresholdFields,
 }
@@ -159,6 +168,7 @@ impl ThresholdUpdate {
         self.active_decode_blocks_threshold.is_none()
             && self.active_prefill_tokens_threshold.is_none()
             && self.active_prefill_tokens_threshold_frac.is_none()
+            && self.waiting_requests_threshold.is_none()
             && self.clear.is_empty()
     }
 }
@@ -169,6 +179,7 @@ impl Thresholds {
         self.active_decode_blocks_threshold.is_some()
             || self.active_prefill_tokens_threshold.is_some()
             || self.active_prefill_tokens_threshold_frac.is_some()
+            || self.waiting_requests_threshold.is_some()
     }
 
     /// Validates `update` and returns the merged thresholds; `self` is never
@@ -204,6 +215,7 @@ impl Thresholds {
                 ThresholdField::ActivePrefillTokensFrac => {
                     update.active_prefill_tokens_threshold_frac.is_some()
                 }
+                ThresholdField::WaitingRequests => update.waiting_requests_threshold.is_some(),
             };
             if given {
                 return Err(ThresholdError::SetAndClear(field.name()));
@@ -214,6 +226,7 @@ impl Thresholds {
                 ThresholdField::ActivePrefillTokensFrac => {
                     next.active_prefill_tokens_threshold_frac = None
                 }
+                ThresholdField::WaitingRequests => next.waiting_requests_threshold = None,
             }
         }
         if let Some(t) = update.active_decode_blocks_threshold {
@@ -224,6 +237,9 @@ impl Thresholds {
         }
         if let Some(f) = update.active_prefill_tokens_threshold_frac {
             next.active_prefill_tokens_threshold_frac = Some(f);
+        }
+        if let Some(n) = update.waiting_requests_threshold {
+            next.waiting_requests_threshold = Some(n);
         }
         Ok(next)
     }
@@ -236,6 +252,8 @@ impl Thresholds {
     ///   trips. Because both latest values are kept, a rank flagged by one
     ///   signal clears only when both are at or below the line (the latch).
     /// * prefill checks apply only when the rank reported prefill tokens.
+    /// * waiting requests: busy when `waiting_requests > n`, only when the
+    ///   rank reported waiting requests.
     pub fn rank_busy(&self, load: &RankLoad) -> bool {
         if let Some(t) = self.active_decode_blocks_threshold {
             if load.kv_total_blocks > 0 {
@@ -258,6 +276,11 @@ impl Thresholds {
                 }
             }
         }
+        if let (Some(n), Some(waiting)) = (self.waiting_requests_threshold, load.waiting_requests) {
+            if waiting > n {
+                return true;
+            }
+        }
         false
     }
 }
@@ -275,6 +298,9 @@ pub struct RankLoad {
     pub active_prefill_tokens: Option<u64>,
     /// Prefill batch capacity.
     pub max_num_batched_tokens: u64,
+    /// Requests waiting in the engine's queue; `None` until the rank reports
+    /// them.
+    pub waiting_requests: Option<u64>,
 }
 
 impl Default for RankLoad {
@@ -285,6 +311,7 @@ impl Default for RankLoad {
             kv_total_blocks: 0,
             active_prefill_tokens: None,
             max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            waiting_requests: None,
         }
     }
 }
@@ -367,6 +394,37 @@ mod tests {
         };
         assert!(!t.rank_busy(&l(0)));
         assert!(t.rank_busy(&l(1)));
+    }
+
+    #[test]
+    fn waiting_requests_checks_only_ranks_that_reported_them() {
+        let t = Thresholds {
+            waiting_requests_threshold: Some(4),
+            ..Default::default()
+        };
+        assert!(t.any());
+        assert!(!t.rank_busy(&RankLoad::default()), "never reported: free");
+        let l = |w| RankLoad {
+            waiting_requests: Some(w),
+            ..Default::default()
+        };
+        assert!(!t.rank_busy(&l(4)), "at the line is not busy");
+        assert!(t.rank_busy(&l(5)));
+        let zero = Thresholds {
+            waiting_requests_threshold: Some(0),
+            ..Default::default()
+        };
+        assert!(!zero.rank_busy(&l(0)));
+        assert!(zero.rank_busy(&l(1)));
+        let max = Thresholds {
+            waiting_requests_threshold: Some(u64::MAX),
+            ..Default::default()
+        };
+        assert!(!max.rank_busy(&l(u64::MAX)), "u64::MAX never trips");
+        assert!(
+            !Thresholds::default().rank_busy(&l(u64::MAX)),
+            "no threshold, no check"
+        );
     }
 
     #[test]
@@ -502,21 +560,47 @@ mod tests {
             ThresholdField::from_name("active_prefill_tokens_threshold_frac").unwrap(),
             ThresholdField::ActivePrefillTokensFrac
         );
+        let t = t
+            .merged(&ThresholdUpdate {
+                waiting_requests_threshold: Some(u64::MAX),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(t.waiting_requests_threshold, Some(u64::MAX));
+        assert_eq!(t.active_prefill_tokens_threshold, Some(1000));
+        let mut clear = ThresholdFields::NONE;
+        clear.insert_name("waiting_requests_threshold").unwrap();
+        let t = t
+            .merged(&ThresholdUpdate {
+                clear,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(t.waiting_requests_threshold, None);
+        assert_eq!(t.active_prefill_tokens_threshold, Some(1000));
+        assert_eq!(
+            t.merged(&ThresholdUpdate {
+                waiting_requests_threshold: Some(1),
+                clear,
+                ..Default::default()
+            }),
+            Err(ThresholdError::SetAndClear("waiting_requests_threshold"))
+        );
     }
 
     #[test]
     fn field_sets_are_the_c_clear_flags() {
         assert_eq!(
             ThresholdField::ALL.map(|f| ThresholdFields::from(f).bits()),
-            [1, 2, 4]
+            [1, 2, 4, 8]
         );
         let all: ThresholdFields = ThresholdField::ALL.into_iter().collect();
-        assert_eq!(all.bits(), 7);
-        assert_eq!(ThresholdFields::from_bits(7), Ok(all));
+        assert_eq!(all.bits(), 15);
+        assert_eq!(ThresholdFields::from_bits(15), Ok(all));
         assert_eq!(ThresholdFields::from_bits(0), Ok(ThresholdFields::NONE));
         assert!(ThresholdFields::NONE.is_empty());
-        assert_eq!(ThresholdFields::from_bits(8 | 2), Err(8));
-        assert_eq!(ThresholdFields::from_bits(u32::MAX), Err(!7));
+        assert_eq!(ThresholdFields::from_bits(16 | 2), Err(16));
+        assert_eq!(ThresholdFields::from_bits(u32::MAX), Err(!15));
         let two = ThresholdFields::from_bits(5).unwrap();
         assert_eq!(
             two.iter().collect::<Vec<_>>(),

@@ -63,6 +63,10 @@ pub struct LoadMessage {
     /// Prefill tokens in flight.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_prefill_tokens: Option<u64>,
+    /// Requests waiting in the engine's queue. Skipped when absent, so
+    /// readers that predate the field see the same bytes as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_requests: Option<u64>,
 }
 
 impl LoadMessage {
@@ -74,6 +78,7 @@ impl LoadMessage {
             kv_total_blocks: self.kv_total_blocks,
             active_prefill_tokens: self.active_prefill_tokens,
             max_num_batched_tokens: self.max_num_batched_tokens,
+            waiting_requests: self.waiting_requests,
         }
     }
 
@@ -187,6 +192,7 @@ struct AnyPayload<'a> {
     active_decode_blocks: Option<u64>,
     kv_used_blocks: Option<u64>,
     active_prefill_tokens: Option<u64>,
+    waiting_requests: Option<u64>,
     // The reference event-plane envelope (`topic` and `published_at` are
     // not needed, so not read).
     publisher_id: Option<u64>,
@@ -241,6 +247,7 @@ impl LoadRef<'_> {
             active_decode_blocks: self.report.active_decode_blocks,
             kv_used_blocks: self.report.kv_used_blocks,
             active_prefill_tokens: self.report.active_prefill_tokens,
+            waiting_requests: self.report.waiting_requests,
         }
     }
 }
@@ -311,6 +318,7 @@ pub(crate) fn decode_ref(bytes: &[u8]) -> Result<DecodedRef<'_>, WireError> {
             kv_total_blocks: any.kv_total_blocks,
             active_prefill_tokens: any.active_prefill_tokens,
             max_num_batched_tokens: any.max_num_batched_tokens,
+            waiting_requests: any.waiting_requests,
         },
     };
     validate(&msg)?;
@@ -322,7 +330,7 @@ pub(crate) fn decode_ref(bytes: &[u8]) -> Result<DecodedRef<'_>, WireError> {
 /// serde. Anything else returns `None` and the serde path decides, with its
 /// precise error.
 fn decode_msgpack_fast(bytes: &[u8]) -> Option<AnyPayload<'_>> {
-    const KEYS: [&[u8]; 13] = [
+    const KEYS: [&[u8]; 14] = [
         b"v",
         b"instance",
         b"seq",
@@ -336,6 +344,7 @@ fn decode_msgpack_fast(bytes: &[u8]) -> Option<AnyPayload<'_>> {
         b"active_decode_blocks",
         b"kv_used_blocks",
         b"active_prefill_tokens",
+        b"waiting_requests",
     ];
     let mut rd = bytes;
     let entries = take_map_len(&mut rd)?;
@@ -371,7 +380,8 @@ fn decode_msgpack_fast(bytes: &[u8]) -> Option<AnyPayload<'_>> {
             9 => any.max_num_batched_tokens = value,
             10 => any.active_decode_blocks = value,
             11 => any.kv_used_blocks = value,
-            _ => any.active_prefill_tokens = value,
+            12 => any.active_prefill_tokens = value,
+            _ => any.waiting_requests = value,
         }
     }
     rd.is_empty().then_some(any)
@@ -482,6 +492,7 @@ mod tests {
             active_decode_blocks: None,
             kv_used_blocks: Some(10),
             active_prefill_tokens: Some(0),
+            waiting_requests: None,
         }
     }
 
@@ -507,6 +518,27 @@ mod tests {
         assert!(decode_msgpack_fast(&m.to_msgpack()).is_some());
     }
 
+    #[test]
+    fn waiting_requests_travel_only_when_given() {
+        let mut m = message();
+        let without = m.to_msgpack();
+        assert!(
+            !without.windows(16).any(|w| w == b"waiting_requests"),
+            "absent, so a reader that predates the field sees the old bytes"
+        );
+        m.waiting_requests = Some(17);
+        let bytes = m.to_msgpack();
+        assert!(decode_msgpack_fast(&bytes).is_some());
+        assert_eq!(decode(&bytes), Ok(Decoded::Load(m.clone())));
+        assert_eq!(decode(&m.to_json()), Ok(Decoded::Load(m.clone())));
+        assert_eq!(m.report().waiting_requests, Some(17));
+        m.waiting_requests = Some(u64::MAX);
+        assert!(matches!(
+            decode(&m.to_msgpack()),
+            Err(WireError::Invalid(why)) if why.contains("waiting_requests")
+        ));
+    }
+
     /// Whenever the fast path accepts a payload, serde reads the same from it.
     fn fast_path_agrees_with_serde(bytes: &[u8]) {
         if let Some(fast) = decode_msgpack_fast(bytes) {
@@ -528,7 +560,7 @@ mod tests {
         for round in 0..20_000 {
             let r = next();
             // Values of every msgpack width, fields present or absent.
-            let v: [Option<u64>; 5] = std::array::from_fn(|b| {
+            let v: [Option<u64>; 6] = std::array::from_fn(|b| {
                 (r >> (20 + b) & 1 == 1).then(|| {
                     let x = next();
                     x >> (next() % 64)
@@ -548,6 +580,7 @@ mod tests {
                 active_decode_blocks: v[2],
                 kv_used_blocks: v[3],
                 active_prefill_tokens: v[4],
+                waiting_requests: v[5],
             };
             let bytes = m.to_msgpack();
             assert!(decode_msgpack_fast(&bytes).is_some(), "{m:?}");

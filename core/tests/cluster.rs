@@ -65,6 +65,7 @@ fn message(seq: u64) -> LoadMessage {
         active_decode_blocks: None,
         kv_used_blocks: Some(seq),
         active_prefill_tokens: None,
+        waiting_requests: None,
     }
 }
 
@@ -132,6 +133,7 @@ fn a_late_frontend_learns_everything_from_the_heartbeat() {
         1,
         &LoadReport {
             active_prefill_tokens: Some(7),
+            waiting_requests: Some(3),
             ..used(40)
         },
     )
@@ -151,9 +153,15 @@ fn a_late_frontend_learns_everything_from_the_heartbeat() {
         (
             load.kv_used_blocks,
             load.active_prefill_tokens,
-            load.kv_total_blocks
+            load.kv_total_blocks,
+            load.waiting_requests
         ),
-        (40, Some(7), 100)
+        (40, Some(7), 100, Some(3))
+    );
+    assert_eq!(
+        late.monitor.rank_load(9, 0).unwrap().waiting_requests,
+        None,
+        "a rank that never reported waiting requests"
     );
 }
 

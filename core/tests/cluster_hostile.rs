@@ -57,6 +57,7 @@ fn message(worker_id: u64, model: &str, seq: u64) -> LoadMessage {
         active_decode_blocks: None,
         kv_used_blocks: Some(99),
         active_prefill_tokens: None,
+        waiting_requests: None,
     }
 }
 

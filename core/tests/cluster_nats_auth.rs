@@ -164,6 +164,7 @@ fn message(worker_id: u64) -> LoadMessage {
         active_decode_blocks: None,
         kv_used_blocks: Some(10),
         active_prefill_tokens: None,
+        waiting_requests: None,
     }
 }
 

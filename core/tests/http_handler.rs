@@ -54,6 +54,7 @@ fn post_sets_merges_and_echoes_every_field_with_the_version() {
             "active_decode_blocks_threshold": 0.5,
             "active_prefill_tokens_threshold": null,
             "active_prefill_tokens_threshold_frac": null,
+            "waiting_requests_threshold": null,
             "version": 1
         })
     );
@@ -108,9 +109,59 @@ fn post_without_thresholds_is_a_read() {
             "active_decode_blocks_threshold": null,
             "active_prefill_tokens_threshold": null,
             "active_prefill_tokens_threshold_frac": null,
+            "waiting_requests_threshold": null,
             "version": 0
         })
     );
+}
+
+#[test]
+fn the_waiting_requests_threshold_is_set_echoed_listed_and_cleared() {
+    let m = monitor();
+    m.report(
+        1,
+        0,
+        &LoadReport {
+            waiting_requests: Some(9),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (status, body) = post(
+        &m,
+        json!({"model": "llama", "waiting_requests_threshold": 8}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        json!({
+            "model": "llama",
+            "active_decode_blocks_threshold": null,
+            "active_prefill_tokens_threshold": null,
+            "active_prefill_tokens_threshold_frac": null,
+            "waiting_requests_threshold": 8,
+            "version": 1
+        })
+    );
+    assert!(m.is_busy(1).unwrap(), "9 waiting > 8, at once");
+    let (_, body) = post(
+        &m,
+        json!({"model": "llama", "waiting_requests_threshold": u64::MAX}),
+    );
+    assert_eq!(body["waiting_requests_threshold"], u64::MAX, "any u64");
+    assert!(!m.is_busy(1).unwrap());
+    let (_, body) = call(&m, "GET", None, b"");
+    assert_eq!(
+        body["thresholds"][0]["waiting_requests_threshold"],
+        u64::MAX
+    );
+    let (status, body) = post(
+        &m,
+        json!({"model": "llama", "clear": ["waiting_requests_threshold"]}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(body["waiting_requests_threshold"], Value::Null);
+    assert_eq!(body["version"], 3);
 }
 
 #[test]
@@ -141,6 +192,14 @@ fn every_error_status() {
         (400, "POST", JSON, br#"{"model": "llama", "active_prefill_tokens_threshold": -5}"#.to_vec()),
         (400, "POST", JSON, br#"{"model": "llama", "active_prefill_tokens_threshold_frac": -1}"#.to_vec()),
         (400, "POST", JSON, br#"{"model": "llama", "clear": ["bogus"]}"#.to_vec()),
+        (400, "POST", JSON, br#"{"model": "llama", "waiting_requests_threshold": -1}"#.to_vec()),
+        (
+            400,
+            "POST",
+            JSON,
+            br#"{"model": "llama", "waiting_requests_threshold": 3, "clear": ["waiting_requests_threshold"]}"#
+                .to_vec(),
+        ),
         (
             400,
             "POST",
@@ -154,6 +213,9 @@ fn every_error_status() {
         (422, "POST", JSON, br#"{"active_decode_blocks_threshold": 0.5}"#.to_vec()),
         (422, "POST", JSON, br#"{"model": "llama", "active_decode_blocks_threshold": "0.5"}"#.to_vec()),
         (422, "POST", JSON, br#"{"model": "llama", "active_prefill_tokens_threshold": 1.5}"#.to_vec()),
+        (422, "POST", JSON, br#"{"model": "llama", "waiting_requests_threshold": 1.5}"#.to_vec()),
+        (422, "POST", JSON, br#"{"model": "llama", "waiting_requests_threshold": "8"}"#.to_vec()),
+        (422, "POST", JSON, br#"{"model": "llama", "waiting_requests_threshold": 18446744073709551616}"#.to_vec()),
         (422, "POST", JSON, br#"{"model": "llama", "clear": "active_decode_blocks_threshold"}"#.to_vec()),
         (422, "POST", JSON, br#"{"model": "llama", "clear": [1]}"#.to_vec()),
         (422, "POST", JSON, br#"[1, 2]"#.to_vec()),

@@ -188,6 +188,7 @@ fn message(worker_id: u64, model: &str, dp_size: u32) -> LoadMessage {
         active_decode_blocks: None,
         kv_used_blocks: Some(1),
         active_prefill_tokens: None,
+        waiting_requests: None,
     }
 }
 

@@ -274,6 +274,131 @@ fn prefill_checks_apply_only_to_ranks_that_reported_prefill() {
     assert!(m.is_busy(1).unwrap());
 }
 
+fn waiting(n: u64) -> LoadReport {
+    LoadReport {
+        waiting_requests: Some(n),
+        ..Default::default()
+    }
+}
+
+fn waiting_threshold(n: u64) -> ThresholdUpdate {
+    ThresholdUpdate {
+        waiting_requests_threshold: Some(n),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn waiting_requests_check_applies_only_to_ranks_that_reported_them() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(2, 100)).unwrap();
+    m.set_thresholds(M, &waiting_threshold(4)).unwrap();
+    m.report(1, 0, &waiting(9)).unwrap();
+    assert!(
+        !m.is_busy(1).unwrap(),
+        "rank 1 never reported waiting requests, so it is free"
+    );
+    m.report(1, 1, &waiting(4)).unwrap();
+    assert!(!m.is_busy(1).unwrap(), "4 is not above 4");
+    m.report(1, 1, &waiting(5)).unwrap();
+    assert!(m.is_busy(1).unwrap());
+    // Independent of the other checks: other fields never clear it ...
+    m.report(1, 1, &used(0)).unwrap();
+    m.report(1, 1, &prefill(0)).unwrap();
+    assert!(m.is_busy(1).unwrap());
+    // ... and an absent field keeps the value, a present 0 overwrites.
+    m.report(1, 1, &LoadReport::default()).unwrap();
+    assert_eq!(m.rank_load(1, 1).unwrap().waiting_requests, Some(5));
+    m.report(1, 1, &waiting(0)).unwrap();
+    assert!(!m.is_busy(1).unwrap());
+    assert_eq!(m.rank_load(1, 0).unwrap().waiting_requests, Some(9));
+}
+
+#[test]
+fn waiting_requests_threshold_is_versioned_clearable_and_effective_at_once() {
+    let (m, _) = monitor();
+    for id in 0..4 {
+        m.add_worker(M, id, spec(1, 100)).unwrap();
+        m.report(id, 0, &waiting(id * 10)).unwrap();
+    }
+    assert!(m.busy_workers(M).is_empty(), "no threshold, nothing busy");
+    let state = m.set_thresholds(M, &waiting_threshold(15)).unwrap();
+    assert_eq!(state.version, 1);
+    assert_eq!(state.thresholds.waiting_requests_threshold, Some(15));
+    assert_eq!(
+        m.busy_workers(M),
+        vec![2, 3],
+        "re-evaluated before returning"
+    );
+    // Merged: setting another field keeps it.
+    m.set_thresholds(M, &decode(0.9)).unwrap();
+    let t = m.thresholds(M).unwrap();
+    assert_eq!(t.version, 2);
+    assert_eq!(t.thresholds.waiting_requests_threshold, Some(15));
+    assert_eq!(m.busy_workers(M), vec![2, 3]);
+    // u64::MAX is a legal threshold that never trips.
+    m.set_thresholds(M, &waiting_threshold(u64::MAX)).unwrap();
+    assert!(m.busy_workers(M).is_empty());
+    assert_eq!(
+        m.thresholds(M)
+            .unwrap()
+            .thresholds
+            .waiting_requests_threshold,
+        Some(u64::MAX)
+    );
+    m.set_thresholds(M, &waiting_threshold(0)).unwrap();
+    assert_eq!(m.busy_workers(M), vec![1, 2, 3]);
+    let cleared = m
+        .set_thresholds(
+            M,
+            &ThresholdUpdate {
+                clear: ThresholdField::WaitingRequests.into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(cleared.thresholds.waiting_requests_threshold, None);
+    assert_eq!(cleared.thresholds.active_decode_blocks_threshold, Some(0.9));
+    assert_eq!(cleared.version, 5);
+    assert!(m.busy_workers(M).is_empty());
+    // Setting and clearing it at once is refused and changes nothing.
+    let both = ThresholdUpdate {
+        waiting_requests_threshold: Some(1),
+        clear: ThresholdField::WaitingRequests.into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        m.set_thresholds(M, &both),
+        Err(ThresholdError::SetAndClear("waiting_requests_threshold"))
+    );
+    assert_eq!(m.thresholds(M).unwrap().version, 5);
+}
+
+#[test]
+fn waiting_requests_have_a_gauge_and_refuse_the_reserved_value() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(2, 100)).unwrap();
+    m.report(1, 1, &waiting(7)).unwrap();
+    let text = m.metrics_text();
+    assert!(text.contains("# TYPE dynamo_frontend_worker_waiting_requests gauge"));
+    assert!(
+        text.contains("dynamo_frontend_worker_waiting_requests{worker_id=\"1\",dp_rank=\"1\"} 7"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("waiting_requests{worker_id=\"1\",dp_rank=\"0\"}"),
+        "unreported waiting requests have no series"
+    );
+    assert_eq!(
+        m.report(1, 1, &waiting(u64::MAX)),
+        Err(ReportError::InvalidValue {
+            field: "waiting_requests",
+            value: u64::MAX
+        })
+    );
+    assert_eq!(m.rank_load(1, 1).unwrap().waiting_requests, Some(7));
+}
+
 #[test]
 fn fractional_prefill_defaults_max_batched_tokens_to_ten_million() {
     let (m, _) = monitor();

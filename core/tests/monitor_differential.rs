@@ -37,12 +37,14 @@ enum Op {
         total: Option<u64>,
         prefill: Option<u64>,
         mnbt: Option<u64>,
+        waiting: Option<u64>,
     },
     Set {
         model: usize,
         decode: Option<f64>,
         abs: Option<u64>,
         frac: Option<f64>,
+        waiting: Option<u64>,
         clear: Vec<usize>,
     },
     Select {
@@ -77,16 +79,17 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0usize..3, id.clone(), 0u32..3, 0u32..3, proptest::option::of(0u64..12))
             .prop_map(|(model, id, dp_start, dp_size, total)| Op::Add { model, id, dp_start, dp_size, total }),
         1 => id.clone().prop_map(|id| Op::Remove { id }),
-        8 => (id.clone(), 0u32..5, small(), small(), small(), small(), small())
-            .prop_map(|(id, rank, decode, used, total, prefill, mnbt)| Op::Report { id, rank, decode, used, total, prefill, mnbt }),
+        8 => (id.clone(), 0u32..5, small(), small(), small(), small(), small(), small())
+            .prop_map(|(id, rank, decode, used, total, prefill, mnbt, waiting)| Op::Report { id, rank, decode, used, total, prefill, mnbt, waiting }),
         2 => (
             0usize..3,
             proptest::option::of(prop_oneof![(0u32..=10).prop_map(|v| v as f64 / 10.0), Just(f64::NAN), Just(-0.5), Just(1.5), Just(f64::INFINITY)]),
             proptest::option::of(0u64..10),
             proptest::option::of(prop_oneof![(0u32..30).prop_map(|v| v as f64 / 10.0), Just(f64::NAN), Just(-1.0)]),
-            proptest::collection::vec(0usize..4, 0..2),
+            proptest::option::of(0u64..10),
+            proptest::collection::vec(0usize..5, 0..2),
         )
-            .prop_map(|(model, decode, abs, frac, clear)| Op::Set { model, decode, abs, frac, clear }),
+            .prop_map(|(model, decode, abs, frac, waiting, clear)| Op::Set { model, decode, abs, frac, waiting, clear }),
         4 => (0usize..3, 0usize..3, any::<bool>()).prop_map(|(model, policy, via_route)| {
             Op::Select {
                 model,
@@ -153,6 +156,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 total,
                 prefill,
                 mnbt,
+                waiting,
             } => {
                 let report = LoadReport {
                     active_decode_blocks: decode,
@@ -160,6 +164,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     kv_total_blocks: total,
                     active_prefill_tokens: prefill,
                     max_num_batched_tokens: mnbt,
+                    waiting_requests: waiting,
                 };
                 prop_assert_eq!(m.report(id, rank, &report), r.report(id, rank, &report));
             }
@@ -168,6 +173,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 decode,
                 abs,
                 frac,
+                waiting,
                 clear,
             } => {
                 let names: Vec<String> = clear.iter().map(|&i| field_name(i)).collect();
@@ -178,10 +184,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     active_decode_blocks_threshold: decode,
                     active_prefill_tokens_threshold: abs,
                     active_prefill_tokens_threshold_frac: frac,
+                    waiting_requests_threshold: waiting,
                     clear: clear_fields.iter().copied().collect(),
                 };
                 let got = m.set_thresholds(MODELS[model], &update);
-                let next = match r.set_thresholds(model, decode, abs, frac, &clear_fields) {
+                let next = match r.set_thresholds(model, decode, abs, frac, waiting, &clear_fields)
+                {
                     Err(e) => {
                         prop_assert_eq!(got, Err(e));
                         continue;
@@ -205,6 +213,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     got.thresholds.active_prefill_tokens_threshold_frac,
                     next.frac
                 );
+                prop_assert_eq!(got.thresholds.waiting_requests_threshold, next.waiting);
             }
             Op::Select {
                 model,

@@ -69,6 +69,11 @@
 #define LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC 4
 
 /**
+ * Clear flag of lg_threshold_update: unset waiting_requests_threshold.
+ */
+#define LG_CLEAR_WAITING_REQUESTS_THRESHOLD 8
+
+/**
  * The result of every fallible loadgate call.
  *
  * LG_OK is 0; every other value is far from errno values. Rejections (the
@@ -331,6 +336,14 @@ typedef struct lg_load_report {
    * Prefill batch capacity.
    */
   uint64_t max_num_batched_tokens;
+  /**
+   * Whether waiting_requests is present.
+   */
+  bool has_waiting_requests;
+  /**
+   * Requests waiting in the engine's queue (UINT64_MAX is refused).
+   */
+  uint64_t waiting_requests;
 } lg_load_report;
 
 /**
@@ -592,6 +605,15 @@ typedef struct lg_threshold_update {
    * both set and cleared.
    */
   uint32_t clear;
+  /**
+   * Whether waiting_requests_threshold is given.
+   */
+  bool has_waiting_requests_threshold;
+  /**
+   * Waiting-requests threshold: a rank that reported waiting requests is
+   * busy when they exceed it.
+   */
+  uint64_t waiting_requests_threshold;
 } lg_threshold_update;
 
 /**
@@ -627,6 +649,14 @@ typedef struct lg_thresholds {
    * Bumped by every update; 0 before the first.
    */
   uint64_t version;
+  /**
+   * Whether the waiting-requests check is on.
+   */
+  bool has_waiting_requests_threshold;
+  /**
+   * Waiting-requests threshold.
+   */
+  uint64_t waiting_requests_threshold;
 } lg_thresholds;
 
 /**
@@ -1448,12 +1478,12 @@ enum lg_status lg_error_response(int status,
  * and `body`. *out_http_status receives the status and `buf` the JSON body
  * (snprintf semantics, as lg_monitor_metrics() describes):
  *
- * - GET: 200 {"thresholds": [{model, the three fields, version}, ...]}.
+ * - GET: 200 {"thresholds": [{model, the four fields, version}, ...]}.
  * - POST {model, active_decode_blocks_threshold?,
  *   active_prefill_tokens_threshold?, active_prefill_tokens_threshold_frac?,
- *   clear?: [names]}: with nothing set or cleared a read (200, all-null for
- *   an unknown model); otherwise an update (200 echoing the model, the
- *   three fields and version). Errors as {"error": "..."}: 404 set on an
+ *   waiting_requests_threshold?, clear?: [names]}: with nothing set or
+ *   cleared a read (200, all-null for an unknown model); otherwise an update
+ *   (200 echoing the model, the four fields and version). Errors as {"error": "..."}: 404 set on an
  *   unknown model, 400 invalid value or malformed JSON, 422 wrong types,
  *   415 non-JSON content type, 413 body over 64 KiB, 405 other methods.
  *

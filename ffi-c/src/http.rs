@@ -98,12 +98,12 @@ pub unsafe extern "C" fn lg_error_response(
 /// and `body`. *out_http_status receives the status and `buf` the JSON body
 /// (snprintf semantics, as lg_monitor_metrics() describes):
 ///
-/// - GET: 200 {"thresholds": [{model, the three fields, version}, ...]}.
+/// - GET: 200 {"thresholds": [{model, the four fields, version}, ...]}.
 /// - POST {model, active_decode_blocks_threshold?,
 ///   active_prefill_tokens_threshold?, active_prefill_tokens_threshold_frac?,
-///   clear?: [names]}: with nothing set or cleared a read (200, all-null for
-///   an unknown model); otherwise an update (200 echoing the model, the
-///   three fields and version). Errors as {"error": "..."}: 404 set on an
+///   waiting_requests_threshold?, clear?: [names]}: with nothing set or
+///   cleared a read (200, all-null for an unknown model); otherwise an update
+///   (200 echoing the model, the four fields and version). Errors as {"error": "..."}: 404 set on an
 ///   unknown model, 400 invalid value or malformed JSON, 422 wrong types,
 ///   415 non-JSON content type, 413 body over 64 KiB, 405 other methods.
 ///

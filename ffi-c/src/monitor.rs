@@ -50,6 +50,8 @@ pub const LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD: u32 = 2;
 /// Clear flag of lg_threshold_update: unset
 /// active_prefill_tokens_threshold_frac.
 pub const LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC: u32 = 4;
+/// Clear flag of lg_threshold_update: unset waiting_requests_threshold.
+pub const LG_CLEAR_WAITING_REQUESTS_THRESHOLD: u32 = 8;
 
 // The flags are the bits of core's field set, which parses them.
 const _: () = {
@@ -70,6 +72,10 @@ const _: () = {
     assert!(names(
         LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC,
         ThresholdField::ActivePrefillTokensFrac
+    ));
+    assert!(names(
+        LG_CLEAR_WAITING_REQUESTS_THRESHOLD,
+        ThresholdField::WaitingRequests
     ));
 };
 
@@ -153,6 +159,10 @@ pub struct lg_load_report {
     pub has_max_num_batched_tokens: bool,
     /// Prefill batch capacity.
     pub max_num_batched_tokens: u64,
+    /// Whether waiting_requests is present.
+    pub has_waiting_requests: bool,
+    /// Requests waiting in the engine's queue (UINT64_MAX is refused).
+    pub waiting_requests: u64,
 }
 
 impl lg_load_report {
@@ -171,6 +181,7 @@ impl lg_load_report {
                 self.has_max_num_batched_tokens,
                 self.max_num_batched_tokens,
             ),
+            waiting_requests: some_if(self.has_waiting_requests, self.waiting_requests),
         }
     }
 }
@@ -211,6 +222,11 @@ pub struct lg_threshold_update {
     /// Fields to unset: a bitwise OR of LG_CLEAR_* flags. A field may not be
     /// both set and cleared.
     pub clear: u32,
+    /// Whether waiting_requests_threshold is given.
+    pub has_waiting_requests_threshold: bool,
+    /// Waiting-requests threshold: a rank that reported waiting requests is
+    /// busy when they exceed it.
+    pub waiting_requests_threshold: u64,
 }
 
 /// A model's thresholds and the version of the last update. A field whose
@@ -232,6 +248,10 @@ pub struct lg_thresholds {
     pub active_prefill_tokens_threshold_frac: f64,
     /// Bumped by every update; 0 before the first.
     pub version: u64,
+    /// Whether the waiting-requests check is on.
+    pub has_waiting_requests_threshold: bool,
+    /// Waiting-requests threshold.
+    pub waiting_requests_threshold: u64,
 }
 
 fn policy(p: lg_policy) -> Result<Policy, Error> {
@@ -272,6 +292,8 @@ fn thresholds_out(state: loadgate_core::monitor::ThresholdState) -> lg_threshold
         has_active_prefill_tokens_threshold_frac: t.active_prefill_tokens_threshold_frac.is_some(),
         active_prefill_tokens_threshold_frac: t.active_prefill_tokens_threshold_frac.unwrap_or(0.0),
         version: state.version,
+        has_waiting_requests_threshold: t.waiting_requests_threshold.is_some(),
+        waiting_requests_threshold: t.waiting_requests_threshold.unwrap_or(0),
     }
 }
 
@@ -525,6 +547,10 @@ pub unsafe extern "C" fn lg_monitor_set_thresholds(
             active_prefill_tokens_threshold_frac: some_if(
                 u.has_active_prefill_tokens_threshold_frac,
                 u.active_prefill_tokens_threshold_frac,
+            ),
+            waiting_requests_threshold: some_if(
+                u.has_waiting_requests_threshold,
+                u.waiting_requests_threshold,
             ),
             clear,
         };

@@ -79,6 +79,7 @@ fuzz_target!(|data: &[u8]| {
                 "active_decode_blocks_threshold": null,
                 "active_prefill_tokens_threshold": null,
                 "active_prefill_tokens_threshold_frac": null,
+                "waiting_requests_threshold": null,
                 "version": 0,
             });
             assert_eq!(text, want.to_string());
@@ -94,6 +95,7 @@ fuzz_target!(|data: &[u8]| {
             "active_decode_blocks_threshold": t.active_decode_blocks_threshold,
             "active_prefill_tokens_threshold": t.active_prefill_tokens_threshold,
             "active_prefill_tokens_threshold_frac": t.active_prefill_tokens_threshold_frac,
+            "waiting_requests_threshold": t.waiting_requests_threshold,
             "version": state.version,
         });
         assert_eq!(

@@ -93,12 +93,14 @@ enum Op {
         total: Option<Num>,
         prefill: Option<Num>,
         mnbt: Option<Num>,
+        waiting: Option<Num>,
     },
     Set {
         model: u8,
         decode: Option<Real>,
         abs: Option<Num>,
         frac: Option<Real>,
+        waiting: Option<Num>,
         clear: Vec<u8>,
     },
     Select {
@@ -176,6 +178,7 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
             total,
             prefill,
             mnbt,
+            waiting,
         } => {
             let id = u64::from(id) % IDS;
             let rank = u32::from(rank);
@@ -185,6 +188,7 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                 kv_total_blocks: total.map(|n| n.0),
                 active_prefill_tokens: prefill.map(|n| n.0),
                 max_num_batched_tokens: mnbt.map(|n| n.0),
+                waiting_requests: waiting.map(|n| n.0),
             };
             let got = m.report(id, rank, &report);
             let want = r.report(id, rank, &report);
@@ -201,11 +205,11 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                     matches!(
                         got,
                         Err(ReportError::InvalidValue {
-                            field: "active_prefill_tokens",
+                            field: "active_prefill_tokens" | "waiting_requests",
                             value: u64::MAX
                         })
                     ),
-                    "report of the reserved prefill value: {got:?}"
+                    "report of the reserved value: {got:?}"
                 );
             }
             assert_eq!(got, want, "report");
@@ -215,26 +219,29 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
             decode,
             abs,
             frac,
+            waiting,
             ref clear,
         } => {
             let model = usize::from(model) % 3;
             let name = MODELS[model];
             let mut clear_fields: Vec<ThresholdField> = Vec::new();
-            for &i in clear.iter().take(3) {
+            for &i in clear.iter().take(ThresholdField::ALL.len()) {
                 let f = ThresholdField::ALL[usize::from(i) % ThresholdField::ALL.len()];
                 if !clear_fields.contains(&f) {
                     clear_fields.push(f);
                 }
             }
             let (decode, abs, frac) = (decode.map(|x| x.0), abs.map(|n| n.0), frac.map(|x| x.0));
+            let waiting = waiting.map(|n| n.0);
             let update = ThresholdUpdate {
                 active_decode_blocks_threshold: decode,
                 active_prefill_tokens_threshold: abs,
                 active_prefill_tokens_threshold_frac: frac,
+                waiting_requests_threshold: waiting,
                 clear: clear_fields.iter().copied().collect(),
             };
             let got = m.set_thresholds(name, &update);
-            match r.set_thresholds(model, decode, abs, frac, &clear_fields) {
+            match r.set_thresholds(model, decode, abs, frac, waiting, &clear_fields) {
                 Err(e) => assert_eq!(got, Err(e)),
                 Ok((cur, RefUpdate::Refused)) => {
                     assert!(got.is_err(), "{update:?} accepted");
@@ -357,6 +364,7 @@ fn compare(m: &Monitor, r: &Reference, op: &Op) {
                 want.frac.map(f64::to_bits),
                 "frac threshold of {name:?} after {op:?}"
             );
+            assert_eq!(got_t.waiting_requests_threshold, want.waiting);
         } else {
             assert_eq!(t, None, "thresholds of unknown {name:?}");
         }
@@ -386,9 +394,10 @@ fn compare(m: &Monitor, r: &Reference, op: &Op) {
                     l.kv_used_blocks,
                     l.kv_total_blocks,
                     l.active_prefill_tokens,
-                    l.max_num_batched_tokens
+                    l.max_num_batched_tokens,
+                    l.waiting_requests
                 ),
-                (rr.decode, rr.used, rr.total, rr.prefill, rr.mnbt),
+                (rr.decode, rr.used, rr.total, rr.prefill, rr.mnbt, rr.waiting),
                 "load of {id}/{rank} after {op:?}"
             );
         }

@@ -70,6 +70,7 @@ impl<'a> Arbitrary<'a> for Message {
             active_decode_blocks: u.arbitrary()?,
             kv_used_blocks: u.arbitrary()?,
             active_prefill_tokens: u.arbitrary()?,
+            waiting_requests: u.arbitrary()?,
         }))
     }
 }

@@ -63,6 +63,7 @@ fn message(u: &mut Unstructured<'_>) -> arbitrary::Result<LoadMessage> {
         active_decode_blocks: u64_field(u)?,
         kv_used_blocks: u64_field(u)?,
         active_prefill_tokens: u64_field(u)?,
+        waiting_requests: u64_field(u)?,
     })
 }
 

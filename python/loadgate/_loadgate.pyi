@@ -80,6 +80,7 @@ class Monitor:
         active_prefill_tokens: Optional[int] = None,
         kv_total_blocks: Optional[int] = None,
         max_num_batched_tokens: Optional[int] = None,
+        waiting_requests: Optional[int] = None,
     ) -> None: ...
     def set_thresholds(
         self,
@@ -88,6 +89,7 @@ class Monitor:
         active_decode_blocks_threshold: Optional[float] = None,
         active_prefill_tokens_threshold: Optional[int] = None,
         active_prefill_tokens_threshold_frac: Optional[float] = None,
+        waiting_requests_threshold: Optional[int] = None,
         clear: Sequence[str] = (),
     ) -> Dict[str, Any]: ...
     def thresholds(self, model: str) -> Dict[str, Any]: ...
@@ -202,6 +204,7 @@ class Reporter:
         active_prefill_tokens: Optional[int] = None,
         kv_total_blocks: Optional[int] = None,
         max_num_batched_tokens: Optional[int] = None,
+        waiting_requests: Optional[int] = None,
     ) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> Reporter: ...

@@ -374,9 +374,10 @@ impl Reporter {
     /// a present 0 overwrites) and returns at once; the change is sent by
     /// the reporter's thread.
     #[pyo3(
-        signature = (dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None),
-        text_signature = "($self, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None)"
+        signature = (dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None, waiting_requests = None),
+        text_signature = "($self, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None, waiting_requests=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn report(
         &self,
         dp_rank: Option<&Bound<'_, PyAny>>,
@@ -385,6 +386,7 @@ impl Reporter {
         active_prefill_tokens: Option<&Bound<'_, PyAny>>,
         kv_total_blocks: Option<&Bound<'_, PyAny>>,
         max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
+        waiting_requests: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let rank = dp_rank.map_or(Ok(0), |r| u32_arg(r, "dp_rank"))?;
         let report = LoadReport {
@@ -393,6 +395,7 @@ impl Reporter {
             kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
             active_prefill_tokens: opt_u64_arg(active_prefill_tokens, "active_prefill_tokens")?,
             max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
+            waiting_requests: opt_u64_arg(waiting_requests, "waiting_requests")?,
         };
         match lock(&self.publisher).as_ref() {
             Some(p) => p.report(rank, &report).map_err(report_error),

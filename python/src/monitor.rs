@@ -51,7 +51,7 @@ fn staleness_arg(name: &str) -> PyResult<Staleness> {
     })
 }
 
-/// `{model, three thresholds, version}`, as `/busy_threshold` echoes it.
+/// `{model, four thresholds, version}`, as `/busy_threshold` echoes it.
 fn threshold_dict<'py>(
     py: Python<'py>,
     model: &str,
@@ -72,6 +72,7 @@ fn threshold_dict<'py>(
         "active_prefill_tokens_threshold_frac",
         t.active_prefill_tokens_threshold_frac,
     )?;
+    d.set_item("waiting_requests_threshold", t.waiting_requests_threshold)?;
     d.set_item("version", state.version)?;
     Ok(d)
 }
@@ -181,8 +182,8 @@ impl Monitor {
     /// Applies one load report to one rank; absent (`None`) fields keep
     /// their value, a present 0 overwrites.
     #[pyo3(
-        signature = (worker_id, dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None),
-        text_signature = "($self, worker_id, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None)"
+        signature = (worker_id, dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None, waiting_requests = None),
+        text_signature = "($self, worker_id, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None, waiting_requests=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn report(
@@ -194,6 +195,7 @@ impl Monitor {
         active_prefill_tokens: Option<&Bound<'_, PyAny>>,
         kv_total_blocks: Option<&Bound<'_, PyAny>>,
         max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
+        waiting_requests: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = u64_arg(worker_id, "worker_id")?;
         let rank = dp_rank.map_or(Ok(0), |r| u32_arg(r, "dp_rank"))?;
@@ -203,6 +205,7 @@ impl Monitor {
             kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
             active_prefill_tokens: opt_u64_arg(active_prefill_tokens, "active_prefill_tokens")?,
             max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
+            waiting_requests: opt_u64_arg(waiting_requests, "waiting_requests")?,
         };
         self.inner.report(id, rank, &report).map_err(report_error)
     }
@@ -211,9 +214,10 @@ impl Monitor {
     /// set, fields named in `clear` are unset), re-evaluates its workers, and
     /// returns the thresholds now in force with their version.
     #[pyo3(
-        signature = (model, *, active_decode_blocks_threshold = None, active_prefill_tokens_threshold = None, active_prefill_tokens_threshold_frac = None, clear = None),
-        text_signature = "($self, model, *, active_decode_blocks_threshold=None, active_prefill_tokens_threshold=None, active_prefill_tokens_threshold_frac=None, clear=())"
+        signature = (model, *, active_decode_blocks_threshold = None, active_prefill_tokens_threshold = None, active_prefill_tokens_threshold_frac = None, waiting_requests_threshold = None, clear = None),
+        text_signature = "($self, model, *, active_decode_blocks_threshold=None, active_prefill_tokens_threshold=None, active_prefill_tokens_threshold_frac=None, waiting_requests_threshold=None, clear=())"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn set_thresholds<'py>(
         &self,
         py: Python<'py>,
@@ -221,6 +225,7 @@ impl Monitor {
         active_decode_blocks_threshold: Option<&Bound<'py, PyAny>>,
         active_prefill_tokens_threshold: Option<&Bound<'py, PyAny>>,
         active_prefill_tokens_threshold_frac: Option<&Bound<'py, PyAny>>,
+        waiting_requests_threshold: Option<&Bound<'py, PyAny>>,
         clear: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let model = str_arg(model, "model")?;
@@ -236,6 +241,10 @@ impl Monitor {
             active_prefill_tokens_threshold_frac: opt_f64_arg(
                 active_prefill_tokens_threshold_frac,
                 "active_prefill_tokens_threshold_frac",
+            )?,
+            waiting_requests_threshold: opt_u64_arg(
+                waiting_requests_threshold,
+                "waiting_requests_threshold",
             )?,
             clear: ThresholdFields::NONE,
         };

@@ -30,6 +30,7 @@ NULLS = {
     "active_decode_blocks_threshold": None,
     "active_prefill_tokens_threshold": None,
     "active_prefill_tokens_threshold_frac": None,
+    "waiting_requests_threshold": None,
 }
 
 
@@ -134,7 +135,7 @@ def test_busy_threshold_status_table(frontend: Any) -> None:
     # POST without thresholds: a read (unknown model: all null, version 0).
     r = post(json.dumps({"model": "nope"}), **as_json)
     assert (r.status_code, r.json()) == (200, {"model": "nope", **NULLS, "version": 0})
-    # POST set: 200 echoing all three fields and the version.
+    # POST set: 200 echoing all four fields and the version.
     r = post(json.dumps({"model": "llama", "active_decode_blocks_threshold": 0.85}), **as_json)
     assert (r.status_code, r.json()) == (200, {"model": "llama", **NULLS, "active_decode_blocks_threshold": 0.85, "version": 1})
     assert monitor.thresholds("llama")["active_decode_blocks_threshold"] == 0.85
@@ -167,6 +168,25 @@ def test_busy_threshold_status_table(frontend: Any) -> None:
     assert monitor.thresholds("llama")["version"] == 3  # refused updates changed nothing
     r = client.head("/busy_threshold")
     assert r.status_code == 200 and r.content == b""
+
+
+def test_busy_threshold_sets_the_waiting_requests_threshold(frontend: Any) -> None:
+    monitor, _, client = frontend
+    for worker in (1, 2):
+        monitor.report(worker, waiting_requests=5)
+    r = client.post("/busy_threshold", json={"model": "llama", "waiting_requests_threshold": 4})
+    assert (r.status_code, r.json()) == (200, {"model": "llama", **NULLS, "waiting_requests_threshold": 4, "version": 1})
+    r = client.post("/v1/completions", json={"model": "llama"})
+    assert r.status_code == 529  # every rank over the line: all workers busy
+    assert client.get("/busy_threshold").json()["thresholds"][0]["waiting_requests_threshold"] == 4
+    for body, status in (
+        ({"model": "llama", "waiting_requests_threshold": -1}, 400),
+        ({"model": "llama", "waiting_requests_threshold": 1.5}, 422),
+    ):
+        assert client.post("/busy_threshold", json=body).status_code == status
+    r = client.post("/busy_threshold", json={"model": "llama", "clear": ["waiting_requests_threshold"]})
+    assert (r.status_code, r.json()["waiting_requests_threshold"], r.json()["version"]) == (200, None, 2)
+    assert client.post("/v1/completions", json={"model": "llama"}).status_code == 200
 
 
 def test_metrics_scrape(frontend: Any) -> None:

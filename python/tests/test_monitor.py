@@ -17,6 +17,7 @@ NULLS = {
     "active_decode_blocks_threshold": None,
     "active_prefill_tokens_threshold": None,
     "active_prefill_tokens_threshold_frac": None,
+    "waiting_requests_threshold": None,
 }
 
 
@@ -136,6 +137,33 @@ def test_prefill_thresholds(monitor: Monitor) -> None:
     assert monitor.is_busy(1)  # 101 > floor(0.5 * 200)
 
 
+def test_waiting_requests_threshold(monitor: Monitor) -> None:
+    monitor.report(1, 0, waiting_requests=9)
+    s = monitor.set_thresholds("m", waiting_requests_threshold=8)
+    assert s == {"model": "m", **NULLS, "waiting_requests_threshold": 8, "version": 1}
+    assert not monitor.is_busy(1)  # rank 1 never reported waiting requests: free
+    monitor.report(1, 1, waiting_requests=8)
+    assert not monitor.is_busy(1)  # strict: 8 is not above 8
+    monitor.report(1, 1, waiting_requests=9)
+    assert monitor.is_busy(1) and monitor.busy_workers("m") == [1]
+    monitor.report(1, 1, kv_used_blocks=0)  # another field keeps it
+    assert monitor.is_busy(1)
+    s = monitor.set_thresholds("m", waiting_requests_threshold=2**64 - 1)  # any u64
+    assert s["waiting_requests_threshold"] == 2**64 - 1 and not monitor.is_busy(1)
+    monitor.set_thresholds("m", waiting_requests_threshold=0)
+    assert monitor.is_busy(1)  # effective before the call returned
+    s = monitor.set_thresholds("m", clear=["waiting_requests_threshold"])
+    assert s["waiting_requests_threshold"] is None and s["version"] == 4
+    assert not monitor.is_busy(1)
+    assert 'dynamo_frontend_worker_waiting_requests{worker_id="1",dp_rank="1"} 9' in monitor.metrics_text()
+    with pytest.raises(ValueError, match="waiting_requests"):
+        monitor.report(1, waiting_requests=2**64 - 1)  # reserved for "never reported"
+    with pytest.raises(ValueError, match="waiting_requests"):
+        monitor.report(1, waiting_requests=-1)
+    with pytest.raises(TypeError, match="waiting_requests"):
+        monitor.report(1, waiting_requests=1.5)
+
+
 def test_report_bad_input(monitor: Monitor) -> None:
     with pytest.raises(KeyError, match="unknown worker 77"):
         monitor.report(77, kv_used_blocks=1)
@@ -180,6 +208,10 @@ def test_thresholds_merge_clear_and_version(monitor: Monitor) -> None:
         ({"active_prefill_tokens_threshold": 1.5}, TypeError, "active_prefill_tokens_threshold"),
         ({"active_prefill_tokens_threshold_frac": float("inf")}, ValueError, "active_prefill_tokens_threshold_frac"),
         ({"active_prefill_tokens_threshold_frac": -2}, ValueError, "active_prefill_tokens_threshold_frac"),
+        ({"waiting_requests_threshold": -1}, ValueError, "waiting_requests_threshold"),
+        ({"waiting_requests_threshold": 2**64}, ValueError, "waiting_requests_threshold"),
+        ({"waiting_requests_threshold": 0.5}, TypeError, "waiting_requests_threshold"),
+        ({"waiting_requests_threshold": 1, "clear": ["waiting_requests_threshold"]}, ValueError, "both set and cleared"),
         ({"clear": ["nope"]}, ValueError, "nope"),
         ({"clear": "active_decode_blocks_threshold"}, TypeError, "clear"),
         ({"clear": [1]}, TypeError, "clear"),

@@ -199,6 +199,22 @@ def test_default_namespace(nats_url: str) -> None:
         assert sub.stats()["malformed"] == 0
 
 
+def test_waiting_requests_travel_to_the_frontend(nats_url: str) -> None:
+    m = Monitor()
+    with m.subscribe_nats(nats_url, namespace="waiting") as sub, \
+            Reporter(nats_url, 4, "w", namespace="waiting", dp_size=2) as r:
+        wait_for(lambda: m.workers("w"), lambda w: w == [4])
+        m.set_thresholds("w", waiting_requests_threshold=2)
+        r.report(0, waiting_requests=3)
+        r.report(1, waiting_requests=3)
+        wait_for(lambda: m.busy_workers("w"), lambda busy: busy == [4])
+        r.report(1, waiting_requests=2)
+        wait_for(lambda: m.busy_workers("w"), lambda busy: busy == [])
+        with pytest.raises(ValueError, match="waiting_requests"):
+            r.report(waiting_requests=-1)
+        assert sub.stats()["malformed"] == 0
+
+
 def test_unreachable_server_raises_connection_error_naming_the_url() -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     with pytest.raises(ConnectionError, match=url):

@@ -29,6 +29,8 @@ pub struct RefRank {
     pub prefill: Option<u64>,
     /// `max_num_batched_tokens`.
     pub mnbt: u64,
+    /// `waiting_requests`, `None` until reported.
+    pub waiting: Option<u64>,
 }
 
 /// A registered worker.
@@ -56,6 +58,8 @@ pub struct RefThresholds {
     pub abs: Option<u64>,
     /// `active_prefill_tokens_threshold_frac`.
     pub frac: Option<f64>,
+    /// `waiting_requests_threshold`.
+    pub waiting: Option<u64>,
     /// Bumped by every update that changes something.
     pub version: u64,
 }
@@ -79,6 +83,7 @@ impl RefThresholds {
         decode: Option<f64>,
         abs: Option<u64>,
         frac: Option<f64>,
+        waiting: Option<u64>,
         clear: &[ThresholdField],
     ) -> RefUpdate {
         let bad_decode = decode.is_some_and(|t| !(t.is_finite() && (0.0..=1.0).contains(&t)));
@@ -87,11 +92,17 @@ impl RefThresholds {
             ThresholdField::ActiveDecodeBlocks => decode.is_some(),
             ThresholdField::ActivePrefillTokens => abs.is_some(),
             ThresholdField::ActivePrefillTokensFrac => frac.is_some(),
+            ThresholdField::WaitingRequests => waiting.is_some(),
         });
         if bad_decode || bad_frac || conflict {
             return RefUpdate::Refused;
         }
-        if decode.is_none() && abs.is_none() && frac.is_none() && clear.is_empty() {
+        if decode.is_none()
+            && abs.is_none()
+            && frac.is_none()
+            && waiting.is_none()
+            && clear.is_empty()
+        {
             return RefUpdate::Unchanged;
         }
         let mut next = self;
@@ -100,11 +111,13 @@ impl RefThresholds {
                 ThresholdField::ActiveDecodeBlocks => next.decode = None,
                 ThresholdField::ActivePrefillTokens => next.abs = None,
                 ThresholdField::ActivePrefillTokensFrac => next.frac = None,
+                ThresholdField::WaitingRequests => next.waiting = None,
             }
         }
         next.decode = decode.or(next.decode);
         next.abs = abs.or(next.abs);
         next.frac = frac.or(next.frac);
+        next.waiting = waiting.or(next.waiting);
         next.version += 1;
         RefUpdate::Next(next)
     }
@@ -171,7 +184,8 @@ impl Reference {
         });
         let abs = matches!((t.abs, r.prefill), (Some(n), Some(p)) if p > n);
         let frac = matches!((t.frac, r.prefill), (Some(f), Some(p)) if p as f64 > (f * r.mnbt as f64).floor());
-        decode || abs || frac
+        let waiting = matches!((t.waiting, r.waiting), (Some(n), Some(w)) if w > n);
+        decode || abs || frac || waiting
     }
 
     /// A worker is busy when it has ranks and every one is busy.
@@ -316,12 +330,17 @@ impl Reference {
                 dp_size,
             });
         };
-        if report.active_prefill_tokens == Some(u64::MAX) {
-            // u64::MAX marks "never reported" inside the monitor.
-            return Err(ReportError::InvalidValue {
-                field: "active_prefill_tokens",
-                value: u64::MAX,
-            });
+        // u64::MAX marks "never reported" inside the monitor.
+        for (field, value) in [
+            ("active_prefill_tokens", report.active_prefill_tokens),
+            ("waiting_requests", report.waiting_requests),
+        ] {
+            if value == Some(u64::MAX) {
+                return Err(ReportError::InvalidValue {
+                    field,
+                    value: u64::MAX,
+                });
+            }
         }
         if let Some(v) = report.active_decode_blocks {
             rr.decode = v;
@@ -338,6 +357,9 @@ impl Reference {
         if let Some(v) = report.max_num_batched_tokens {
             rr.mnbt = v;
         }
+        if let Some(v) = report.waiting_requests {
+            rr.waiting = Some(v);
+        }
         if !self.busy(id) {
             self.workers.get_mut(&id).unwrap().lease_until = None;
         }
@@ -353,13 +375,14 @@ impl Reference {
         decode: Option<f64>,
         abs: Option<u64>,
         frac: Option<f64>,
+        waiting: Option<u64>,
         clear: &[ThresholdField],
     ) -> Result<(RefThresholds, RefUpdate), ThresholdError> {
         if !self.known_models.contains(&model) {
             return Err(ThresholdError::UnknownModel(self.models[model].clone()));
         }
         let cur = self.thresholds.get(&model).copied().unwrap_or_default();
-        let update = cur.apply(decode, abs, frac, clear);
+        let update = cur.apply(decode, abs, frac, waiting, clear);
         if let RefUpdate::Next(next) = update {
             self.thresholds.insert(model, next);
         }

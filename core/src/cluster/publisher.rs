@@ -271,6 +271,7 @@ fn merge(into: &mut LoadReport, new: &LoadReport) {
     set(&mut into.kv_total_blocks, new.kv_total_blocks);
     set(&mut into.active_prefill_tokens, new.active_prefill_tokens);
     set(&mut into.max_num_batched_tokens, new.max_num_batched_tokens);
+    set(&mut into.waiting_requests, new.waiting_requests);
 }
 
 /// Wall-clock time in unix milliseconds, for the reference envelope's
@@ -332,6 +333,7 @@ impl PublisherInner {
                     active_decode_blocks: load.active_decode_blocks,
                     kv_used_blocks: load.kv_used_blocks,
                     active_prefill_tokens: load.active_prefill_tokens,
+                    waiting_requests: load.waiting_requests,
                 });
             }
             out

@@ -108,15 +108,20 @@ impl Monitor {
                 "Latest active prefill tokens per worker rank.",
                 1,
             ),
+            (
+                "frontend_worker_waiting_requests",
+                "Latest waiting requests per worker rank.",
+                2,
+            ),
         ] {
             metrics::header(&mut out, p, name, "gauge", help);
             for w in &workers {
                 for (i, rank) in w.ranks.iter().enumerate() {
                     let l = rank.load();
-                    let value = if field == 0 {
-                        Some(l.active_decode_blocks)
-                    } else {
-                        l.active_prefill_tokens
+                    let value = match field {
+                        0 => Some(l.active_decode_blocks),
+                        1 => l.active_prefill_tokens,
+                        _ => l.waiting_requests,
                     };
                     if let Some(v) = value {
                         let dp_rank = w.dp_start + i as u32;

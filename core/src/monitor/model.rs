@@ -43,8 +43,9 @@ use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::thresholds::Thresholds;
 
 /// Thresholds as the hot path reads them: one atomic per field. A `None`
-/// decode or fraction is stored as NaN bits; a `None` absolute threshold as
-/// `u64::MAX`, which never trips (`tokens > u64::MAX` is impossible).
+/// decode or fraction is stored as NaN bits; a `None` absolute or
+/// waiting-requests threshold as `u64::MAX`, which never trips
+/// (`tokens > u64::MAX` is impossible).
 /// Readers may see a mix of old and new fields while an update lands; the
 /// update re-evaluates every worker afterwards, so no mix survives it. That
 /// re-evaluation's combiner registration releases the stores, so every
@@ -54,6 +55,7 @@ pub(super) struct HotThresholds {
     decode: AtomicU64,
     prefill: AtomicU64,
     prefill_frac: AtomicU64,
+    waiting: AtomicU64,
 }
 
 impl HotThresholds {
@@ -63,6 +65,7 @@ impl HotThresholds {
             decode: AtomicU64::new(none),
             prefill: AtomicU64::new(u64::MAX),
             prefill_frac: AtomicU64::new(none),
+            waiting: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -78,6 +81,10 @@ impl HotThresholds {
             bits(t.active_prefill_tokens_threshold_frac),
             Ordering::Relaxed,
         );
+        self.waiting.store(
+            t.waiting_requests_threshold.unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     #[inline]
@@ -85,10 +92,12 @@ impl HotThresholds {
         let float =
             |a: &AtomicU64| Some(f64::from_bits(a.load(Ordering::Relaxed))).filter(|v| !v.is_nan());
         let prefill = self.prefill.load(Ordering::Relaxed);
+        let waiting = self.waiting.load(Ordering::Relaxed);
         Thresholds {
             active_decode_blocks_threshold: float(&self.decode),
             active_prefill_tokens_threshold: (prefill != u64::MAX).then_some(prefill),
             active_prefill_tokens_threshold_frac: float(&self.prefill_frac),
+            waiting_requests_threshold: (waiting != u64::MAX).then_some(waiting),
         }
     }
 }

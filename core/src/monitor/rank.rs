@@ -38,6 +38,8 @@ pub(super) struct Rank {
     kv_total_blocks: AtomicU64,
     active_prefill_tokens: AtomicU64,
     max_num_batched_tokens: AtomicU64,
+    /// `UNREPORTED` until the first report that carries it.
+    waiting_requests: AtomicU64,
     /// Set by every report; cleared by the staleness sweep.
     pub(super) seen: AtomicBool,
     /// Whether the sweep found this rank silent for `stale_after`.
@@ -57,6 +59,7 @@ impl Rank {
                 spec.max_num_batched_tokens
                     .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
             ),
+            waiting_requests: AtomicU64::new(UNREPORTED),
             seen: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             last_seen: AtomicU64::new(now),
@@ -69,12 +72,14 @@ impl Rank {
     #[inline]
     pub(super) fn load(&self) -> RankLoad {
         let prefill = self.active_prefill_tokens.load(Ordering::Relaxed);
+        let waiting = self.waiting_requests.load(Ordering::Relaxed);
         RankLoad {
             active_decode_blocks: self.active_decode_blocks.load(Ordering::Relaxed),
             kv_used_blocks: self.kv_used_blocks.load(Ordering::Relaxed),
             kv_total_blocks: self.kv_total_blocks.load(Ordering::Relaxed),
             active_prefill_tokens: (prefill != UNREPORTED).then_some(prefill),
             max_num_batched_tokens: self.max_num_batched_tokens.load(Ordering::Relaxed),
+            waiting_requests: (waiting != UNREPORTED).then_some(waiting),
         }
     }
 
@@ -92,6 +97,7 @@ impl Rank {
         store(&self.kv_total_blocks, r.kv_total_blocks);
         store(&self.active_prefill_tokens, r.active_prefill_tokens);
         store(&self.max_num_batched_tokens, r.max_num_batched_tokens);
+        store(&self.waiting_requests, r.waiting_requests);
         // Relaxed: `seen` is a flag for the next sweep, which orders nothing
         // by it; a report racing the sweep is seen by the one after.
         self.seen.store(true, Ordering::Relaxed);

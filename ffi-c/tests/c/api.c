@@ -360,7 +360,7 @@ static void test_monitor(void) {
         CHECK(last_error_contains("active_prefill_tokens_threshold_frac"));
     }
     memset(&u, 0, sizeof u);
-    u.clear = 8;
+    u.clear = 16;
     INVALID(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
     CHECK(last_error_contains("unknown bits"));
     u.clear = LG_CLEAR_ACTIVE_PREFILL_TOKENS_THRESHOLD;
@@ -685,6 +685,87 @@ static void test_monitor(void) {
     OK(lg_booking_blocks(b, &blocks));
     CHECK(blocks == 5);
     lg_booking_free(b);
+}
+
+/* ----- the waiting-requests threshold -------------------------------------- */
+
+static void test_monitor_waiting_requests(void) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_worker_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.dp_size = 2;
+    OK(lg_monitor_add_worker(m, S("llama"), 7, &spec));
+
+    lg_load_report r;
+    memset(&r, 0, sizeof r);
+    r.has_waiting_requests = true;
+    r.waiting_requests = 9;
+    OK(lg_monitor_report(m, 7, 0, &r));
+    OK(lg_monitor_report(m, 7, 1, &r));
+
+    lg_threshold_update u;
+    lg_thresholds t;
+    memset(&u, 0, sizeof u);
+    u.has_waiting_requests_threshold = true;
+    u.waiting_requests_threshold = 8;
+    OK(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+    CHECK(t.version == 1 && t.has_waiting_requests_threshold &&
+          t.waiting_requests_threshold == 8 && !t.has_active_decode_blocks_threshold);
+    bool busy = false;
+    OK(lg_monitor_is_busy(m, 7, &busy));
+    CHECK(busy); /* 9 > 8 on both ranks, effective before the call returned */
+
+    /* Another field merges; the waiting-requests threshold stays. */
+    memset(&u, 0, sizeof u);
+    u.has_active_prefill_tokens_threshold = true;
+    u.active_prefill_tokens_threshold = 100;
+    OK(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+    CHECK(t.version == 2 && t.has_waiting_requests_threshold &&
+          t.waiting_requests_threshold == 8);
+
+    r.waiting_requests = 8;
+    OK(lg_monitor_report(m, 7, 1, &r));
+    OK(lg_monitor_is_busy(m, 7, &busy));
+    CHECK(!busy); /* strict: 8 is not above 8 */
+
+    lg_load_report reserved;
+    memset(&reserved, 0, sizeof reserved);
+    reserved.has_waiting_requests = true;
+    reserved.waiting_requests = UINT64_MAX;
+    INVALID(lg_monitor_report(m, 7, 0, &reserved));
+    CHECK(last_error_contains("waiting_requests"));
+
+    char text[8192];
+    size_t needed = 0;
+    OK(lg_monitor_metrics(m, text, sizeof text, &needed));
+    CHECK(contains(text, "dynamo_frontend_worker_waiting_requests{worker_id=\"7\",dp_rank=\"1\"} 8"));
+
+    /* Set and clear of one field at once is refused; the flag clears. */
+    memset(&u, 0, sizeof u);
+    u.has_waiting_requests_threshold = true;
+    u.clear = LG_CLEAR_WAITING_REQUESTS_THRESHOLD;
+    INVALID(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+    CHECK(last_error_contains("waiting_requests_threshold"));
+    u.has_waiting_requests_threshold = false;
+    OK(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+    CHECK(t.version == 3 && !t.has_waiting_requests_threshold &&
+          t.has_active_prefill_tokens_threshold);
+    u.clear = 16; /* no such flag */
+    INVALID(lg_monitor_set_thresholds(m, S("llama"), &u, &t));
+
+    /* The HTTP handler speaks the field too. */
+    const char body[] = "{\"model\": \"llama\", \"waiting_requests_threshold\": 3}";
+    char resp[512];
+    uint16_t status = 0;
+    OK(lg_monitor_handle_busy_threshold(m, S("POST"), S("application/json"),
+                                        (const uint8_t *)body, sizeof body - 1, &status, resp,
+                                        sizeof resp, &needed));
+    CHECK(status == 200);
+    CHECK(contains(resp, "\"waiting_requests_threshold\":3"));
+    OK(lg_monitor_is_busy(m, 7, &busy));
+    CHECK(busy);
+    lg_monitor_free(m);
 }
 
 /* ----- /busy_threshold with a bearer token -------------------------------- */
@@ -1514,6 +1595,7 @@ int main(void) {
     test_error_response();
     test_monitor_config();
     test_monitor();
+    test_monitor_waiting_requests();
     test_busy_threshold_auth();
     test_gate_config();
     test_gate();

@@ -104,6 +104,7 @@ pub struct Report {
     pub total: Option<Small>,
     pub prefill: Option<Small>,
     pub mnbt: Option<Small>,
+    pub waiting: Option<Small>,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -111,6 +112,7 @@ pub struct Update {
     pub decode: Option<f64>,
     pub abs: Option<Small>,
     pub frac: Option<f64>,
+    pub waiting: Option<Small>,
     pub clear: u8,
 }
 
@@ -159,5 +161,7 @@ pub fn worker_report(r: &Report) -> lg_load_report {
         active_prefill_tokens: r.prefill.map_or(0, |v| v.0),
         has_max_num_batched_tokens: r.mnbt.is_some(),
         max_num_batched_tokens: r.mnbt.map_or(0, |v| v.0),
+        has_waiting_requests: r.waiting.is_some(),
+        waiting_requests: r.waiting.map_or(0, |v| v.0),
     }
 }

@@ -221,7 +221,9 @@ impl Call {
                     active_prefill_tokens_threshold: u.abs.map_or(0, |v| v.0),
                     has_active_prefill_tokens_threshold_frac: u.frac.is_some(),
                     active_prefill_tokens_threshold_frac: u.frac.unwrap_or(0.0),
-                    clear: u32::from(u.clear % 16),
+                    clear: u32::from(u.clear % 32),
+                    has_waiting_requests_threshold: u.waiting.is_some(),
+                    waiting_requests_threshold: u.waiting.map_or(0, |v| v.0),
                 });
                 let mut out = sentinel_thresholds();
                 // SAFETY: `m` is NULL or a live monitor from `State::monitors`; `(p, len)` comes

@@ -215,6 +215,8 @@ pub fn sentinel_thresholds() -> lg_thresholds {
         has_active_prefill_tokens_threshold_frac: false,
         active_prefill_tokens_threshold_frac: 0.0,
         version: SENTINEL,
+        has_waiting_requests_threshold: false,
+        waiting_requests_threshold: 0,
     }
 }
 
