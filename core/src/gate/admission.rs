@@ -81,7 +81,9 @@ impl AdmissionGate {
 
     /// Takes a slot only if one is free and nobody is waiting; never queues.
     /// Failures are not counted as rejections.
-    #[inline]
+    // Always inlined: with the wait limit's out-of-line branch the compiler
+    // stopped inlining it, which tripled the cost of a direct admit.
+    #[inline(always)]
     pub fn try_admit(&self) -> Result<Permit<'_>, TryAdmitError> {
         match self.raw.try_direct() {
             Ok(()) => {
@@ -89,16 +91,28 @@ impl AdmissionGate {
                 Ok(Permit::new(self))
             }
             Err(w) if w.closed() => Err(TryAdmitError::Closed),
-            // Only a gate with a wait limit refuses a `direct` word: it
-            // admits under the mutex, where the wait count lives.
-            Err(w) if w.direct() => match self.raw.try_direct_locked() {
-                Ok(()) => {
-                    self.raw.counters.admitted_direct.add(1);
-                    Ok(Permit::new(self))
-                }
-                Err(w) if w.closed() => Err(TryAdmitError::Closed),
-                Err(_) => Err(TryAdmitError::WouldWait),
-            },
+            Err(_) if self.raw.wait_limit.is_none() => Err(TryAdmitError::WouldWait),
+            // A gate with a wait limit admits under the mutex, where the
+            // wait count lives.
+            Err(w) => self.try_admit_locked(w),
+        }
+    }
+
+    /// [`try_admit`](Self::try_admit) on a gate with a wait limit. Out of
+    /// line and cold, so that the lock-free `try_admit` stays small enough
+    /// to inline into its callers.
+    #[cold]
+    #[inline(never)]
+    fn try_admit_locked(&self, seen: super::state::Word) -> Result<Permit<'_>, TryAdmitError> {
+        if !seen.direct() {
+            return Err(TryAdmitError::WouldWait);
+        }
+        match self.raw.try_direct_locked() {
+            Ok(()) => {
+                self.raw.counters.admitted_direct.add(1);
+                Ok(Permit::new(self))
+            }
+            Err(w) if w.closed() => Err(TryAdmitError::Closed),
             Err(_) => Err(TryAdmitError::WouldWait),
         }
     }

@@ -41,6 +41,7 @@ pub struct Permit<'a> {
 }
 
 impl<'a> Permit<'a> {
+    #[inline]
     pub(super) fn new(gate: &'a AdmissionGate) -> Self {
         Self {
             gate,
@@ -96,6 +97,7 @@ impl<'a> Permit<'a> {
 }
 
 impl Drop for Permit<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.gate.raw.release_held(*self.waiting.get_mut());
     }
@@ -118,6 +120,7 @@ pub struct OwnedPermit {
 }
 
 impl OwnedPermit {
+    #[inline]
     pub(super) fn new(gate: Arc<AdmissionGate>) -> Self {
         let waiting = holds_wait(&gate);
         Self { gate, waiting }
@@ -181,6 +184,7 @@ const WAIT_TAG: usize = 1;
 const _: () = assert!(std::mem::align_of::<AdmissionGate>() > WAIT_TAG);
 
 impl Drop for OwnedPermit {
+    #[inline]
     fn drop(&mut self) {
         self.gate.raw.release_held(*self.waiting.get_mut());
     }

@@ -150,7 +150,7 @@ impl RawGate {
     /// CAS `running + 1` while admission is direct; the word seen otherwise.
     /// A gate with a wait limit never admits here (a word that is `direct`
     /// comes back as `Err`): its wait count lives under the mutex.
-    #[inline]
+    #[inline(always)] // the direct-admit hot path; see `try_admit`
     pub(super) fn try_direct(&self) -> Result<(), Word> {
         // Relaxed: only a guess for the CAS, or a reason to refuse.
         let mut cur = self.state.load(Ordering::Relaxed);
@@ -353,6 +353,8 @@ impl RawGate {
 
     /// Gives back one slot under the mutex, and with `wait` the wait slot
     /// it still holds too.
+    #[cold]
+    #[inline(never)]
     pub(super) fn release_with(&self, wait: bool) {
         loop {
             let mut wakes = WakeList::new();
