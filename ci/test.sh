@@ -23,18 +23,18 @@ step "format"
 cargo fmt --all -- --check
 
 step "lint"
-cargo clippy --workspace --all-targets --features loadgate/nats -- -D warnings
+cargo clippy --workspace --all-targets --features loadgate/nats,loadgate/scrape -- -D warnings
 
 # No broken or private links in the crate's docs. The README's Rust code runs
 # as doctests in the next step (core/src/lib.rs includes it under cfg(doctest)).
 step "API docs"
-RUSTDOCFLAGS="-D warnings" cargo doc -p loadgate --no-deps --features nats
+RUSTDOCFLAGS="-D warnings" cargo doc -p loadgate --no-deps --features nats,scrape
 
 # Includes the C ABI suite (ffi-c/tests/run.sh via tests/c_suite.rs): header
 # drift check, then the C11 and C++17 programs built through pkg-config and
 # CMake, run plain, under valgrind memcheck and with ASan+UBSan.
 step "unit, integration, differential, stress, nats-server and C ABI tests"
-LOADGATE_NO_SKIP=1 cargo test --workspace --features loadgate/nats
+LOADGATE_NO_SKIP=1 cargo test --workspace --features loadgate/nats,loadgate/scrape
 
 step "loom models (release, LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:=2})"
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS \

@@ -41,6 +41,10 @@ pub mod limits;
 mod load;
 pub mod metrics;
 pub mod monitor;
+#[cfg(any(feature = "nats", feature = "scrape"))]
+mod runtime;
+#[cfg(feature = "scrape")]
+pub mod scrape;
 mod status;
 mod sync;
 pub mod thresholds;

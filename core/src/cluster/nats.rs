@@ -3,46 +3,14 @@
 //! (a custom CA, client certificates) as [`NatsOptions`].
 
 use std::fmt;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
 use super::{ClusterError, Handler, Subscription, Transport};
-
-/// The process's NATS runtime: one worker thread, started on first use
-/// (so processes that fork workers before connecting stay single-threaded).
-fn runtime() -> &'static Runtime {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("loadgate-nats")
-            .enable_all()
-            .build()
-            .expect("cannot start the loadgate NATS runtime")
-    })
-}
-
-/// Runs `f` to completion on the NATS runtime, from any thread
-/// (including threads that are themselves inside a tokio runtime).
-fn block_on<F>(f: F) -> F::Output
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    if tokio::runtime::Handle::try_current().is_ok() {
-        std::thread::spawn(move || runtime().block_on(f))
-            .join()
-            .expect("NATS call panicked")
-    } else {
-        runtime().block_on(f)
-    }
-}
+use crate::runtime::{block_on, runtime};
 
 /// A connection to a NATS server. Publishing is non-blocking and keeps
 /// order; the connection reconnects by itself after the server restarts

@@ -1,0 +1,371 @@
+//! Engine scraping (feature `scrape`, docs/scrape.md): a frontend polls a
+//! stock vLLM or SGLang worker's Prometheus `/metrics` and turns its KV
+//! cache usage, capacity and waiting requests into load reports, with no
+//! change to the engine.
+//!
+//! [`Scrape::start`] spawns one task per worker on the process's shared I/O
+//! runtime (the one the NATS transport uses). Each tick (every
+//! [`ScrapeConfig::interval`]) the task sends `GET` over the worker's one
+//! HTTP/1.1 connection, kept open and reused (reopened only after it fails),
+//! reads at most [`ScrapeConfig::max_body_bytes`], all under
+//! [`ScrapeConfig::timeout`], maps the engine's metrics
+//! ([`engines`](self::Engine)) and reports each rank into the [`Monitor`].
+//! Reports are the monitor's ordinary lock-free `report` calls, made on the
+//! runtime thread: routing never waits for a scrape.
+//!
+//! * The worker is registered on its first successful scrape (model from
+//!   the caller or else the engine's `model_name` label; ranks from the
+//!   engine's rank labels) and removed when the scrape is closed or dropped.
+//!   If the engine's ranks or model change, the worker is registered anew.
+//! * A scrape that fails (connection refused, timeout, a status other than
+//!   200, a body over the limit, a missing or malformed metric, a refusal by
+//!   the monitor) is counted in [`ScrapeStats`] and changes nothing: the
+//!   worker keeps its last values and turns stale under its model's
+//!   staleness policy ([`Monitor::set_staleness`]).
+//! * What a hostile endpoint can make a frontend hold is bounded: the body
+//!   by `max_body_bytes` (4 MiB by default), the ranks by the monitor's
+//!   `Limits::max_ranks_per_worker`.
+
+mod engines;
+mod http;
+mod text;
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub use engines::Engine;
+
+use self::engines::MapError;
+use self::http::{Connection, FetchError, Target};
+use crate::load::{LoadReport, WorkerSpec};
+use crate::monitor::Monitor;
+use crate::runtime::runtime;
+
+/// How one worker is scraped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrapeConfig {
+    /// Which engine's metrics to read.
+    pub engine: Engine,
+    /// Time between the starts of two scrapes (default 0.5 s; at least
+    /// 1 ms). A scrape that overruns delays the next one; none overlap.
+    pub interval: Duration,
+    /// Longest one scrape may take, connecting included (default 2 s; more
+    /// than zero). A stalled endpoint fails the scrape and its connection is
+    /// closed.
+    pub timeout: Duration,
+    /// Largest body read (default 4 MiB; at least 1 KiB). A larger one
+    /// fails the scrape.
+    pub max_body_bytes: usize,
+}
+
+impl ScrapeConfig {
+    /// The defaults for `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self {
+            engine,
+            interval: Duration::from_millis(500),
+            timeout: Duration::from_secs(2),
+            max_body_bytes: 4 << 20,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ScrapeError> {
+        if self.interval < Duration::from_millis(1) {
+            return Err(ScrapeError::Config("interval must be at least 1 ms"));
+        }
+        if self.timeout.is_zero() {
+            return Err(ScrapeError::Config("timeout must be longer than zero"));
+        }
+        if self.max_body_bytes < 1024 {
+            return Err(ScrapeError::Config("max_body_bytes must be at least 1024"));
+        }
+        Ok(())
+    }
+}
+
+/// Why a scrape could not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScrapeError {
+    /// The URL is not `http://host[:port][/path]`.
+    Url(String),
+    /// A setting is out of range.
+    Config(&'static str),
+}
+
+impl fmt::Display for ScrapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScrapeError::Url(why) => write!(f, "invalid scrape URL: {why}"),
+            ScrapeError::Config(why) => write!(f, "invalid scrape setting: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ScrapeError {}
+
+/// Failed scrapes by cause, in [`ScrapeStats::errors_by_kind`] order.
+pub const ERROR_KINDS: [&str; 8] = [
+    "connect",
+    "timeout",
+    "http",
+    "too_large",
+    "malformed",
+    "missing",
+    "too_many_ranks",
+    "refused",
+];
+
+/// What one worker's scrape has done so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScrapeStats {
+    /// Successful scrapes (applied to the monitor).
+    pub scrapes: u64,
+    /// Failed scrapes, every cause.
+    pub errors: u64,
+    /// Failed scrapes by cause, in [`ERROR_KINDS`] order.
+    pub errors_by_kind: [u64; ERROR_KINDS.len()],
+    /// HTTP connections opened (1 while the first one lasts).
+    pub connections: u64,
+    /// Whether the worker is registered in the monitor now.
+    pub registered: bool,
+    /// Duration of the last scrape, successful or not.
+    pub last_latency: Duration,
+    /// Total duration of all scrapes (divide by `scrapes + errors`).
+    pub total_latency: Duration,
+    /// Why the last failed scrape failed.
+    pub last_error: Option<String>,
+}
+
+/// Why one scrape failed.
+#[derive(Debug)]
+enum Failure {
+    Fetch(FetchError),
+    Timeout,
+    Map(MapError),
+    Refused(String),
+}
+
+impl Failure {
+    fn kind(&self) -> &'static str {
+        match self {
+            Failure::Fetch(e) => e.kind(),
+            Failure::Timeout => "timeout",
+            Failure::Map(e) => e.kind(),
+            Failure::Refused(_) => "refused",
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Fetch(e) => write!(f, "{e}"),
+            Failure::Timeout => f.write_str("no complete answer within the timeout"),
+            Failure::Map(e) => write!(f, "{e}"),
+            Failure::Refused(why) => write!(f, "refused by the monitor: {why}"),
+        }
+    }
+}
+
+/// The registration a scrape made: its model and ranks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Registration {
+    model: String,
+    dp_start: u32,
+    dp_size: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    closed: bool,
+    registered: Option<Registration>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    monitor: Arc<Monitor>,
+    worker_id: u64,
+    model: Option<String>,
+    engine: Engine,
+    stats: Mutex<ScrapeStats>,
+    state: Mutex<State>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// Applies one scraped body; registers the worker first if needed.
+    fn apply(&self, body: &[u8]) -> Result<(), Failure> {
+        let text = std::str::from_utf8(body)
+            .map_err(|_| Failure::Map(MapError::Malformed("the body is not UTF-8".into())))?;
+        let max_ranks = self.monitor.config().limits.max_ranks_per_worker;
+        let load = engines::map(self.engine, text, max_ranks).map_err(Failure::Map)?;
+        let model = self.model.clone().or(load.model).ok_or_else(|| {
+            Failure::Map(MapError::Missing(
+                "the model_name label (and no model was given)".into(),
+            ))
+        })?;
+        let (Some(first), Some(last)) = (load.ranks.keys().next(), load.ranks.keys().last()) else {
+            return Err(Failure::Map(MapError::Missing("every rank".into())));
+        };
+        let want = Registration {
+            model,
+            dp_start: *first,
+            // At most u32::MAX - first + 1 ranks; add_worker bounds the span
+            // by Limits::max_ranks_per_worker.
+            dp_size: last - first + 1,
+        };
+        // Held while reporting, so `close` removes the worker either before
+        // this registers it or after its last report.
+        let mut state = lock(&self.state);
+        if state.closed {
+            return Ok(());
+        }
+        if state.registered.as_ref() != Some(&want) {
+            if state.registered.take().is_some() {
+                let _ = self.monitor.remove_worker(self.worker_id);
+            }
+            let spec = WorkerSpec {
+                dp_start: want.dp_start,
+                dp_size: want.dp_size,
+                ..Default::default()
+            };
+            self.monitor
+                .add_worker(&want.model, self.worker_id, spec)
+                .map_err(|e| Failure::Refused(e.to_string()))?;
+            state.registered = Some(want);
+        }
+        for (rank, r) in &load.ranks {
+            let report = LoadReport {
+                kv_used_blocks: r.kv_used_blocks,
+                kv_total_blocks: r.kv_total_blocks,
+                waiting_requests: Some(r.waiting_requests),
+                ..Default::default()
+            };
+            if let Err(e) = self.monitor.report(self.worker_id, *rank, &report) {
+                // Removed by someone else: register again next time.
+                state.registered = None;
+                return Err(Failure::Refused(e.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&self, latency: Duration, outcome: Result<(), Failure>) {
+        let mut s = lock(&self.stats);
+        s.last_latency = latency;
+        s.total_latency = s.total_latency.saturating_add(latency);
+        match outcome {
+            Ok(()) => s.scrapes += 1,
+            Err(e) => {
+                s.errors += 1;
+                if let Some(i) = ERROR_KINDS.iter().position(|k| *k == e.kind()) {
+                    s.errors_by_kind[i] += 1;
+                }
+                s.last_error = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// One worker's running scrape. Dropping it stops the scrape and removes
+/// the worker, as [`close`](Self::close) does.
+#[derive(Debug)]
+pub struct Scrape {
+    shared: Arc<Shared>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Scrape {
+    /// Starts scraping `url` (`http://host[:port][/path]`; the path
+    /// defaults to `/metrics`) as worker `worker_id` of `monitor`. `model`
+    /// names the worker's model; `None` takes the engine's `model_name`
+    /// label. Returns at once; the worker is registered on the first
+    /// successful scrape.
+    pub fn start(
+        monitor: Arc<Monitor>,
+        model: Option<&str>,
+        worker_id: u64,
+        url: &str,
+        config: ScrapeConfig,
+    ) -> Result<Scrape, ScrapeError> {
+        config.validate()?;
+        if model == Some("") {
+            return Err(ScrapeError::Config("model must not be empty"));
+        }
+        let target = Target::parse(url)?;
+        let shared = Arc::new(Shared {
+            monitor,
+            worker_id,
+            model: model.map(str::to_owned),
+            engine: config.engine,
+            stats: Mutex::new(ScrapeStats::default()),
+            state: Mutex::new(State::default()),
+        });
+        let task = runtime().spawn(run(shared.clone(), target, config));
+        Ok(Scrape {
+            shared,
+            task: Some(task),
+        })
+    }
+
+    /// The worker this scrape reports as.
+    pub fn worker_id(&self) -> u64 {
+        self.shared.worker_id
+    }
+
+    /// What the scrape has done so far.
+    pub fn stats(&self) -> ScrapeStats {
+        let mut s = lock(&self.shared.stats).clone();
+        s.registered = lock(&self.shared.state).registered.is_some();
+        s
+    }
+
+    /// Stops scraping and removes the worker from the monitor (if this
+    /// scrape registered it). No report of this scrape lands after it
+    /// returns. Calling it again does nothing.
+    pub fn close(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        let mut state = lock(&self.shared.state);
+        state.closed = true;
+        if state.registered.take().is_some() {
+            let _ = self.shared.monitor.remove_worker(self.shared.worker_id);
+        }
+    }
+}
+
+impl Drop for Scrape {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+async fn run(shared: Arc<Shared>, target: Target, config: ScrapeConfig) {
+    let mut conn = Connection::default();
+    let mut tick = tokio::time::interval(config.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let start = Instant::now();
+        let fetched =
+            tokio::time::timeout(config.timeout, conn.get(&target, config.max_body_bytes)).await;
+        let outcome = match fetched {
+            Err(_) => {
+                conn.close();
+                Err(Failure::Timeout)
+            }
+            Ok(Err(e)) => {
+                conn.close();
+                Err(Failure::Fetch(e))
+            }
+            Ok(Ok(body)) => shared.apply(&body),
+        };
+        lock(&shared.stats).connections = conn.opened();
+        shared.record(start.elapsed(), outcome);
+    }
+}
