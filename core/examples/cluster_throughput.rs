@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loadgate::cluster::nats::NatsTransport;
+use loadgate::cluster::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::cluster::{Subjects, Subscriber, SubscriberConfig, Transport};
-use loadgate::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::{Monitor, MonotonicClock};
 
 const WORKERS: u64 = 256;
@@ -63,7 +63,7 @@ fn decode_only(n: usize) -> f64 {
     let payloads = messages(n.min(CHUNK as usize));
     let start = Instant::now();
     for p in &payloads {
-        std::hint::black_box(loadgate::wire::decode(p).unwrap());
+        std::hint::black_box(loadgate::cluster::wire::decode(p).unwrap());
     }
     payloads.len() as f64 / start.elapsed().as_secs_f64()
 }

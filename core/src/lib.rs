@@ -48,7 +48,6 @@ pub mod scrape;
 mod status;
 mod sync;
 pub mod thresholds;
-pub mod wire;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, SharedClock};
 pub use error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};

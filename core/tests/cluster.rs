@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use loadgate::cluster::wire::{ActiveLoad, LoadMessage, WireError, SCHEMA_VERSION};
 use loadgate::cluster::{
     Applied, HandleError, InProcessBus, Publisher, PublisherConfig, Subjects, Subscriber,
     SubscriberConfig, Transport,
 };
-use loadgate::wire::{ActiveLoad, LoadMessage, WireError, SCHEMA_VERSION};
 use loadgate::{
     LoadReport, ManualClock, Monitor, MonitorConfig, Policy, RouteError, ThresholdUpdate,
 };

@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use loadgate::cluster::nats::NatsTransport;
+use loadgate::cluster::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::cluster::{
     Handler, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig, Transport,
 };
-use loadgate::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::{LoadReport, ManualClock, Monitor, Policy};
 use support::nats_server::NatsServer;
 

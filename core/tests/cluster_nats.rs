@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use loadgate::cluster::nats::NatsTransport;
+use loadgate::cluster::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::cluster::{
     ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig, Transport,
 };
-use loadgate::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::{
     LoadReport, ManualClock, Monitor, MonotonicClock, Policy, RouteError, SharedClock,
     ThresholdUpdate,

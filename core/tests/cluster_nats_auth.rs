@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use loadgate::cluster::nats::{NatsOptions, NatsTransport};
+use loadgate::cluster::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::cluster::{
     Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
     Transport,
 };
-use loadgate::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::{LoadReport, Monitor, MonotonicClock};
 use support::nats_server::{NatsServer, ScratchDir};
 

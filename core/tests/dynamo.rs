@@ -10,8 +10,8 @@ mod support;
 
 use std::sync::Arc;
 
+use loadgate::cluster::wire::{decode, ActiveLoad, Decoded, Envelope, WireError};
 use loadgate::cluster::{Applied, HandleError, Subscriber, SubscriberConfig};
-use loadgate::wire::{decode, ActiveLoad, Decoded, Envelope, WireError};
 use loadgate::{ManualClock, Monitor, ReportError, WorkerSpec};
 use serde::{Serialize, Serializer};
 

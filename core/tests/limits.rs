@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use loadgate::cluster::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::cluster::{Applied, HandleError, Subscriber, SubscriberConfig};
-use loadgate::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::{
     Limits, ManualClock, Monitor, MonitorConfig, Policy, ThresholdUpdate, WorkerError, WorkerSpec,
 };

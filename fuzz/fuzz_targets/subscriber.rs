@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use loadgate::cluster::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::cluster::{Applied, Subscriber, SubscriberConfig};
-use loadgate::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::{Limits, ManualClock, Monitor, MonitorConfig};
 
 const LIMITS: Limits = Limits {

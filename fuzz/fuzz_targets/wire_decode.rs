@@ -11,7 +11,7 @@
 
 use libfuzzer_sys::arbitrary::{self, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use loadgate::wire::{
+use loadgate::cluster::wire::{
     decode, ActiveLoad, Decoded, Envelope, LoadMessage, WireError, SCHEMA_VERSION,
 };
 

@@ -19,10 +19,11 @@
 //! pub/sub). Subjects are `{prefix}.{namespace}.load.{worker_id}`.
 //!
 //! Files: `transport.rs` (subjects, the [`Transport`] trait, the in-process
-//! bus), `publisher.rs` (worker side), `subscriber.rs` (frontend side) and
-//! `nats.rs` (the NATS transport).
+//! bus), `publisher.rs` (worker side), `subscriber.rs` (frontend side),
+//! `wire.rs` (the message format; `wire/dynamo.rs` the reference's
+//! event-plane envelope) and `nats.rs` (the NATS transport).
 //!
-//! [`LoadMessage`]: crate::wire::LoadMessage
+//! [`LoadMessage`]: wire::LoadMessage
 //! [`Monitor`]: crate::Monitor
 
 use std::fmt;
@@ -31,6 +32,7 @@ use std::sync::{Mutex, MutexGuard};
 mod publisher;
 mod subscriber;
 mod transport;
+pub mod wire;
 
 #[cfg(feature = "nats")]
 pub mod nats;

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use super::{dynamo_kv_metrics_subject, lock, ClusterError, Subjects, Transport};
 use crate::clock::{nanos, MonotonicClock, SharedClock};
+use crate::cluster::wire::{ActiveLoad, Envelope, LoadMessage, SCHEMA_VERSION};
 use crate::error::ReportError;
 use crate::limits::Limits;
 use crate::load::{rank_index, LoadReport};
-use crate::wire::{ActiveLoad, Envelope, LoadMessage, SCHEMA_VERSION};
 
 /// Default heartbeat period of a publisher.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);

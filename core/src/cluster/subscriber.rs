@@ -33,11 +33,11 @@ use foldhash::fast::RandomState;
 
 use super::{lock, ClusterError, Subjects, Subscription, Transport, DEFAULT_HEARTBEAT};
 use crate::clock::{nanos, SharedClock};
+use crate::cluster::wire::{decode_ref, DecodedRef, Envelope, LoadMessage, LoadRef, WireError};
 use crate::error::{ReportError, WorkerError};
 use crate::load::WorkerSpec;
 use crate::metrics;
 use crate::monitor::Monitor;
-use crate::wire::{decode_ref, DecodedRef, Envelope, LoadMessage, LoadRef, WireError};
 
 /// Default [`SubscriberConfig::max_payload`].
 pub const DEFAULT_MAX_PAYLOAD: usize = 16 * 1024;

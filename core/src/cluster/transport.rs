@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::{lock, ClusterError};
-use crate::wire::KV_METRICS_TOPIC;
+use crate::cluster::wire::KV_METRICS_TOPIC;
 
 /// Default subject prefix.
 pub const DEFAULT_PREFIX: &str = "loadgate";

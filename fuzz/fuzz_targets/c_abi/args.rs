@@ -131,6 +131,7 @@ pub struct GateConfig {
     pub queue: u8,
     pub timeout_ms: u8,
     pub lifo: bool,
+    pub wait_limit: u8,
     pub prefix: Option<Str>,
 }
 

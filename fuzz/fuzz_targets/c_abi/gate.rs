@@ -111,6 +111,12 @@ impl Call {
                         adaptive_lifo: c.lifo,
                         metrics_prefix: prefix.cast(),
                         metrics_prefix_len: prefix_len,
+                        // 0 is no wait limit; 255 is over the largest.
+                        wait_limit: if c.wait_limit == 255 {
+                            2_097_152
+                        } else {
+                            u32::from(c.wait_limit % 4)
+                        },
                     }
                 });
                 let mut out: *mut lg_gate = dangling();

@@ -1,5 +1,5 @@
 //! Permits and tickets: what admissions hand out (`lg_permit_release`,
-//! `lg_ticket_*`).
+//! `lg_permit_first_response`, `lg_ticket_*`).
 
 use std::ptr::null_mut;
 
@@ -13,8 +13,19 @@ use crate::state::{checked, pick, refuses_null, take, State};
 #[derive(Debug, Arbitrary)]
 pub enum Call {
     PermitRelease(Handle),
-    TicketCancel { t: Handle, out_null: bool },
-    TicketIsQueued { t: Handle, out_null: bool },
+    /// First response, on a pooled permit (updated in place) or on NULL.
+    PermitFirstResponse {
+        p: Handle,
+        null_slot: bool,
+    },
+    TicketCancel {
+        t: Handle,
+        out_null: bool,
+    },
+    TicketIsQueued {
+        t: Handle,
+        out_null: bool,
+    },
     TicketFree(Handle),
 }
 
@@ -26,6 +37,26 @@ impl Call {
             // SAFETY: `take` removes the permit from `State::permits` (or gives NULL), so it is
             // released once and never used again.
             Call::PermitRelease(p) => unsafe { lg_permit_release(take(&mut state.permits, *p)) },
+            Call::PermitFirstResponse { p, null_slot } => {
+                let i = usize::from(p.0);
+                match state.permits.len() {
+                    // SAFETY: NULL is a no-op by the contract.
+                    _ if *null_slot => unsafe { lg_permit_first_response(null_mut()) },
+                    0 => {
+                        let mut none: *mut lg_permit = null_mut();
+                        // SAFETY: a valid slot holding NULL, a no-op by the contract.
+                        unsafe { lg_permit_first_response(&mut none) };
+                        assert!(none.is_null());
+                    }
+                    n => {
+                        // SAFETY: the slot holds a live permit from `State::permits`, not
+                        // released; the call updates it in place, and the pool keeps the
+                        // updated handle for later calls.
+                        unsafe { lg_permit_first_response(&mut state.permits[i % n]) };
+                        state.drain_callbacks();
+                    }
+                }
+            }
             Call::TicketCancel { t, out_null } => {
                 let t = pick(&state.tickets, *t);
                 let mut out = false;
