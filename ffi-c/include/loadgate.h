@@ -242,6 +242,14 @@ typedef struct lg_permit lg_permit;
 typedef struct lg_reporter lg_reporter;
 
 /**
+ * One worker's engine scrape. Opaque; create with lg_monitor_scrape(),
+ * free (which stops it and removes the worker) with lg_scrape_free().
+ *
+ * lg_scrape_get_stats() may be called from any number of threads at once.
+ */
+typedef struct lg_scrape lg_scrape;
+
+/**
  * A monitor's subscription to the load reports of a NATS namespace.
  * Opaque; create with lg_monitor_subscribe_nats(), free (which detaches)
  * with lg_subscription_free().
@@ -665,6 +673,73 @@ typedef struct lg_thresholds {
 typedef uint32_t lg_policy;
 
 /**
+ * Which engine's metrics a scrape reads.
+ */
+typedef uint32_t lg_engine;
+
+/**
+ * What a scrape has done so far.
+ */
+typedef struct lg_scrape_stats {
+  /**
+   * Successful scrapes (applied to the monitor).
+   */
+  uint64_t scrapes;
+  /**
+   * Failed scrapes, every cause (the errors_* fields below).
+   */
+  uint64_t errors;
+  /**
+   * HTTP connections opened (1 while the first one lasts).
+   */
+  uint64_t connections;
+  /**
+   * Whether the worker is registered in the monitor now.
+   */
+  bool registered;
+  /**
+   * Duration of the last scrape, in microseconds.
+   */
+  uint64_t last_latency_us;
+  /**
+   * Total duration of all scrapes, in microseconds.
+   */
+  uint64_t total_latency_us;
+  /**
+   * Connection refused, reset or closed.
+   */
+  uint64_t errors_connect;
+  /**
+   * No complete answer within the timeout.
+   */
+  uint64_t errors_timeout;
+  /**
+   * A status other than 200.
+   */
+  uint64_t errors_http;
+  /**
+   * A body over the limit (4 MiB).
+   */
+  uint64_t errors_too_large;
+  /**
+   * A metric the mapping reads was malformed or out of range.
+   */
+  uint64_t errors_malformed;
+  /**
+   * A metric the mapping needs was absent.
+   */
+  uint64_t errors_missing;
+  /**
+   * More ranks than a worker may declare.
+   */
+  uint64_t errors_too_many_ranks;
+  /**
+   * The monitor refused the registration or a report.
+   */
+  uint64_t errors_refused;
+} lg_scrape_stats;
+
+/**
  * {"message", "type", "code"} (the reference's flat shape).
  */
 #define LG_ERROR_STYLE_DYNAMO 0
@@ -708,6 +783,16 @@ typedef uint32_t lg_policy;
  * Count it as busy once silent for stale_after.
  */
 #define LG_STALENESS_BUSY 2
+
+/**
+ * vLLM (vllm:* metrics, data-parallel engines by the label engine).
+ */
+#define LG_ENGINE_VLLM 0
+
+/**
+ * SGLang (sglang:* metrics, data-parallel ranks by the label dp_rank).
+ */
+#define LG_ENGINE_SGLANG 1
 
 #ifdef __cplusplus
 extern "C" {
@@ -1960,6 +2045,67 @@ void lg_permit_release(struct lg_permit *permit);
  * a permit from this library not released yet.
  */
 void lg_permit_first_response(struct lg_permit **permit);
+
+/**
+ * Starts polling the engine at `url` ("http://host[:port][/path]"; the
+ * path defaults to /metrics) every `interval_ms` milliseconds (0: 500) as
+ * worker `worker_id` of `model` (NULL with length 0: the engine's
+ * model_name label), reporting each data-parallel rank's KV cache usage,
+ * capacity and waiting requests into `monitor`. A scrape taking longer
+ * than `timeout_ms` (0: 2000) fails. The worker is registered on the first
+ * successful scrape; failed scrapes are counted (lg_scrape_get_stats())
+ * and leave its last values in place.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_scrape, bad string,
+ * empty model, a url that is not http://host..., an unknown engine).
+ * Ownership: on LG_OK *out_scrape owns a new scrape; free it with
+ * lg_scrape_free(). It shares the monitor's state: freeing the monitor
+ * first is allowed. The strings are copied.
+ * Thread safety: any thread. Blocking: never; starts, on the first use in
+ * the process, the library's I/O runtime thread, which runs the scrapes.
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; `model` and `url` are NULL or
+ * valid for their lengths; `out_scrape` is NULL or valid for writes.
+ */
+enum lg_status lg_monitor_scrape(const struct lg_monitor *monitor,
+                                 const char *model,
+                                 size_t model_len,
+                                 uint64_t worker_id,
+                                 const char *url,
+                                 size_t url_len,
+                                 lg_engine engine_kind,
+                                 uint64_t interval_ms,
+                                 uint64_t timeout_ms,
+                                 struct lg_scrape **out_scrape);
+
+/**
+ * Reads a scrape's counters.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL scrape or out_stats).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `scrape` is NULL or a live scrape; `out_stats` is NULL or valid for
+ * writes.
+ */
+enum lg_status lg_scrape_get_stats(const struct lg_scrape *scrape,
+                                   struct lg_scrape_stats *out_stats);
+
+/**
+ * Frees a scrape: stops it and removes the worker it registered from the
+ * monitor; no report of it lands after the call returns. NULL is a no-op.
+ *
+ * Ownership: takes `scrape`.
+ * Thread safety: no other thread may be using the scrape.
+ * Blocking: never.
+ *
+ * # Safety
+ * `scrape` is NULL or was returned by lg_monitor_scrape() and not freed
+ * yet.
+ */
+void lg_scrape_free(struct lg_scrape *scrape);
 
 /**
  * A short description of a status, as a static NUL-terminated string; for

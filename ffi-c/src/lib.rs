@@ -25,6 +25,7 @@ mod gate;
 mod http;
 mod monitor;
 mod permit;
+mod scrape;
 mod status;
 mod ticket;
 
@@ -36,6 +37,7 @@ pub use gate::*;
 pub use http::*;
 pub use monitor::*;
 pub use permit::*;
+pub use scrape::*;
 pub use status::*;
 pub use ticket::*;
 

@@ -21,6 +21,7 @@ __all__ = [
     "Booking",
     "Subscription",
     "Reporter",
+    "Scrape",
     "AdmissionGate",
     "Permit",
     "Admission",
@@ -128,6 +129,31 @@ class Monitor:
         tls_cert: Optional[Union[str, PathLike[str]]] = None,
         tls_key: Optional[Union[str, PathLike[str]]] = None,
     ) -> Subscription: ...
+    def scrape(
+        self,
+        model: Optional[str],
+        worker_id: int,
+        url: str,
+        *,
+        engine: str = "vllm",
+        interval: float = 0.5,
+        timeout: float = 2.0,
+    ) -> Scrape: ...
+
+@final
+class Scrape:
+    def close(self) -> None: ...
+    def stats(self) -> Dict[str, Any]: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Scrape: ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+        /,
+    ) -> bool: ...
 
 @final
 class ControlAuth:

@@ -28,6 +28,7 @@ mod control;
 mod errors;
 mod gate;
 mod monitor;
+mod scrape;
 
 use errors::{bad_value, str_arg};
 
@@ -142,6 +143,7 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<monitor::Booking>()?;
     m.add_class::<cluster::Subscription>()?;
     m.add_class::<cluster::Reporter>()?;
+    m.add_class::<scrape::Scrape>()?;
     m.add_class::<gate::AdmissionGate>()?;
     m.add_class::<gate::Permit>()?;
     m.add_class::<gate::Admission>()?;

@@ -507,6 +507,38 @@ impl Monitor {
         crate::cluster::subscribe_nats(py, &self.inner, url, namespace, expire_after, dynamo, &auth)
     }
 
+    /// Polls a stock engine's Prometheus `/metrics` at `url` every
+    /// `interval` seconds as worker `worker_id` of `model` (`None`: the
+    /// engine's `model_name` label) and reports its KV cache usage,
+    /// capacity and waiting requests per data-parallel rank. The worker is
+    /// registered on the first successful scrape; the returned `Scrape`'s
+    /// `close()` stops it and removes the worker. `engine` is `"vllm"` or
+    /// `"sglang"`; a scrape taking longer than `timeout` seconds fails.
+    #[pyo3(
+        signature = (model, worker_id, url, *, engine = None, interval = None, timeout = None),
+        text_signature = "($self, model, worker_id, url, *, engine='vllm', interval=0.5, timeout=2.0)"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn scrape(
+        &self,
+        model: Option<&Bound<'_, PyAny>>,
+        worker_id: &Bound<'_, PyAny>,
+        url: &Bound<'_, PyAny>,
+        engine: Option<&Bound<'_, PyAny>>,
+        interval: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<crate::scrape::Scrape> {
+        crate::scrape::start(
+            &self.inner,
+            model,
+            worker_id,
+            url,
+            engine,
+            interval,
+            timeout,
+        )
+    }
+
     /// The frontend metrics in Prometheus text format.
     fn metrics_text(&self) -> String {
         self.inner.metrics_text()

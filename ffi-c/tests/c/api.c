@@ -24,6 +24,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 static int checks;
 
 #define CHECK(cond)                                                                        \
@@ -766,6 +771,133 @@ static void test_monitor_waiting_requests(void) {
     OK(lg_monitor_is_busy(m, 7, &busy));
     CHECK(busy);
     lg_monitor_free(m);
+}
+
+/* ----- engine scraping ---------------------------------------------------- */
+
+/* A fake vLLM engine: one connection at a time, every request answered with
+ * the same /metrics text (keep-alive HTTP/1.1). */
+static const char VLLM_METRICS[] =
+    "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+    "# TYPE vllm:num_requests_waiting gauge\n"
+    "vllm:num_requests_waiting{model_name=\"llama\",engine=\"0\"} 9.0\n"
+    "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+    "# TYPE vllm:kv_cache_usage_perc gauge\n"
+    "vllm:kv_cache_usage_perc{model_name=\"llama\",engine=\"0\"} 0.5\n"
+    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+    "# TYPE vllm:cache_config_info gauge\n"
+    "vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"100\"} 1.0\n";
+
+struct fake_engine {
+    int listen_fd;
+    int conn_fd;
+    pthread_t thread;
+};
+
+static void *fake_engine_run(void *arg) {
+    struct fake_engine *e = arg;
+    for (;;) {
+        int fd = accept(e->listen_fd, NULL, NULL);
+        if (fd < 0) {
+            return NULL;
+        }
+        e->conn_fd = fd;
+        char buf[4096];
+        size_t have = 0;
+        for (;;) {
+            ssize_t n = read(fd, buf + have, sizeof buf - 1 - have);
+            if (n <= 0) {
+                break;
+            }
+            have += (size_t)n;
+            buf[have] = '\0';
+            char *end = strstr(buf, "\r\n\r\n");
+            if (end == NULL) {
+                continue;
+            }
+            char head[128];
+            int len = snprintf(head, sizeof head,
+                               "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %zu\r\n\r\n",
+                               sizeof VLLM_METRICS - 1);
+            if (write(fd, head, (size_t)len) != len ||
+                write(fd, VLLM_METRICS, sizeof VLLM_METRICS - 1) != (ssize_t)(sizeof VLLM_METRICS - 1)) {
+                break;
+            }
+            size_t used = (size_t)(end + 4 - buf);
+            memmove(buf, buf + used, have - used);
+            have -= used;
+        }
+        close(fd);
+    }
+}
+
+static void test_scrape(void) {
+    struct fake_engine e;
+    e.conn_fd = -1;
+    e.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(e.listen_fd >= 0);
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(e.listen_fd, (struct sockaddr *)&addr, sizeof addr) == 0);
+    socklen_t addr_len = sizeof addr;
+    CHECK(getsockname(e.listen_fd, (struct sockaddr *)&addr, &addr_len) == 0);
+    CHECK(listen(e.listen_fd, 4) == 0);
+    CHECK(pthread_create(&e.thread, NULL, fake_engine_run, &e) == 0);
+    char url[64];
+    int url_len = snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", ntohs(addr.sin_port));
+
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_scrape *s = NULL;
+    OK(lg_monitor_scrape(m, NULL, 0, 5, url, (size_t)url_len, LG_ENGINE_VLLM, 10, 0, &s));
+    CHECK(s != NULL);
+    /* Registered on the first successful scrape (a limit for hangs only). */
+    bool busy = true;
+    for (int i = 0; i < 6000 && lg_monitor_is_busy(m, 5, &busy) != LG_OK; i++) {
+        sleep_ms(5);
+    }
+    OK(lg_monitor_is_busy(m, 5, &busy));
+    CHECK(!busy);
+    lg_threshold_update u;
+    lg_thresholds t;
+    memset(&u, 0, sizeof u);
+    u.has_waiting_requests_threshold = true;
+    u.waiting_requests_threshold = 8;
+    OK(lg_monitor_set_thresholds(m, S("llama"), &u, &t)); /* the model_name label */
+    OK(lg_monitor_is_busy(m, 5, &busy));
+    CHECK(busy); /* 9 waiting > 8 */
+    lg_scrape_stats st;
+    memset(&st, 0, sizeof st);
+    for (int i = 0; i < 6000; i++) {
+        OK(lg_scrape_get_stats(s, &st));
+        if (st.scrapes >= 3) {
+            break;
+        }
+        sleep_ms(5);
+    }
+    CHECK(st.scrapes >= 3 && st.errors == 0 && st.connections == 1 && st.registered);
+
+    lg_scrape *bad = NULL;
+    INVALID(lg_monitor_scrape(m, NULL, 0, 6, url, (size_t)url_len, 7, 0, 0, &bad));
+    CHECK(last_error_contains("LG_ENGINE_VLLM"));
+    INVALID(lg_monitor_scrape(m, NULL, 0, 6, S("https://x/metrics"), LG_ENGINE_SGLANG, 0, 0, &bad));
+    CHECK(last_error_contains("scheme"));
+    INVALID(lg_monitor_scrape(NULL, NULL, 0, 6, url, (size_t)url_len, LG_ENGINE_VLLM, 0, 0, &bad));
+    INVALID(lg_monitor_scrape(m, NULL, 0, 6, url, (size_t)url_len, LG_ENGINE_VLLM, 0, 0, NULL));
+    INVALID(lg_monitor_scrape(m, NULL, 3, 6, url, (size_t)url_len, LG_ENGINE_VLLM, 0, 0, &bad));
+    CHECK(bad == NULL);
+    INVALID(lg_scrape_get_stats(NULL, &st));
+    INVALID(lg_scrape_get_stats(s, NULL));
+
+    lg_scrape_free(s);
+    EXPECT(lg_monitor_is_busy(m, 5, &busy), LG_NOT_FOUND); /* removed with its scrape */
+    lg_scrape_free(NULL);
+    lg_monitor_free(m);
+    shutdown(e.listen_fd, SHUT_RDWR);
+    close(e.listen_fd);
+    pthread_join(e.thread, NULL);
 }
 
 /* ----- /busy_threshold with a bearer token -------------------------------- */
@@ -1596,6 +1728,7 @@ int main(void) {
     test_monitor_config();
     test_monitor();
     test_monitor_waiting_requests();
+    test_scrape();
     test_busy_threshold_auth();
     test_gate_config();
     test_gate();
