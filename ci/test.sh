@@ -72,3 +72,7 @@ step "ThreadSanitizer: threaded stress tests"
 step "main job"
 cargo run --release --example overload >/dev/null
 echo "example ran"
+# A frontend shedding in front of simulated engines that only expose
+# /metrics; exits 1 if one of its checks fails.
+cargo run --release -p loadgate --features scrape --example scrape_demo -- --quick >/dev/null
+echo "scrape demo ran"
