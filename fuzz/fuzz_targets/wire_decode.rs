@@ -90,7 +90,10 @@ fn expected(m: &LoadMessage) -> Result<(), &'static str> {
         .dp_start
         .checked_add(m.dp_size)
         .is_some_and(|end| (m.dp_start..end).contains(&m.dp_rank));
-    if m.model.is_empty() || !ranks_ok || m.active_prefill_tokens == Some(u64::MAX) {
+    // u64::MAX marks a field never reported, so no message may carry it.
+    let reserved =
+        m.active_prefill_tokens == Some(u64::MAX) || m.waiting_requests == Some(u64::MAX);
+    if m.model.is_empty() || !ranks_ok || reserved {
         return Err("invalid");
     }
     Ok(())
