@@ -37,13 +37,15 @@ libs="$target/$profile"
 
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)"
 major="${version%%.*}"
+# The ABI series: the major version, or major.minor while the major is 0.
+if [ "$major" = 0 ]; then series="${version%.*}"; else series="$major"; fi
 
 mkdir -p "$prefix/include" "$prefix/lib/pkgconfig" "$prefix/lib/cmake/loadgate"
 prefix="$(cd "$prefix" && pwd)"
 install -m 644 "$here/include/loadgate.h" "$prefix/include/loadgate.h"
 install -m 755 "$libs/libloadgate.so" "$prefix/lib/libloadgate.so"
 install -m 644 "$libs/libloadgate.a" "$prefix/lib/libloadgate.a"
-subst() { sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" -e "s|@VERSION_MAJOR@|$major|g" "$1" > "$2"; }
+subst() { sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" -e "s|@VERSION_MAJOR@|$major|g" -e "s|@VERSION_SERIES@|$series|g" "$1" > "$2"; }
 subst "$here/pkgconfig/loadgate.pc.in" "$prefix/lib/pkgconfig/loadgate.pc"
 subst "$here/cmake/loadgateConfig.cmake.in" "$prefix/lib/cmake/loadgate/loadgateConfig.cmake"
 subst "$here/cmake/loadgateConfigVersion.cmake.in" "$prefix/lib/cmake/loadgate/loadgateConfigVersion.cmake"

@@ -32,14 +32,15 @@
 
 /**
  * Major version of the library this header belongs to (ABI-breaking
- * changes bump it).
+ * changes bump it; while it is 0, the minor version does).
  */
 #define LOADGATE_VERSION_MAJOR 0
 
 /**
- * Minor version (additions).
+ * Minor version (additions; while the major version is 0, ABI-breaking
+ * changes too, such as fields appended to a struct passed by pointer).
  */
-#define LOADGATE_VERSION_MINOR 1
+#define LOADGATE_VERSION_MINOR 2
 
 /**
  * Patch version (fixes).

@@ -42,10 +42,11 @@ pub use status::*;
 pub use ticket::*;
 
 /// Major version of the library this header belongs to (ABI-breaking
-/// changes bump it).
+/// changes bump it; while it is 0, the minor version does).
 pub const LOADGATE_VERSION_MAJOR: u32 = 0;
-/// Minor version (additions).
-pub const LOADGATE_VERSION_MINOR: u32 = 1;
+/// Minor version (additions; while the major version is 0, ABI-breaking
+/// changes too, such as fields appended to a struct passed by pointer).
+pub const LOADGATE_VERSION_MINOR: u32 = 2;
 /// Patch version (fixes).
 pub const LOADGATE_VERSION_PATCH: u32 = 0;
 

@@ -819,8 +819,11 @@ static void *fake_engine_run(void *arg) {
             int len = snprintf(head, sizeof head,
                                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %zu\r\n\r\n",
                                sizeof VLLM_METRICS - 1);
-            if (write(fd, head, (size_t)len) != len ||
-                write(fd, VLLM_METRICS, sizeof VLLM_METRICS - 1) != (ssize_t)(sizeof VLLM_METRICS - 1)) {
+            /* MSG_NOSIGNAL: a scraper that gave up (its timeout, under
+             * valgrind's slow clock) must not kill this process with SIGPIPE. */
+            if (send(fd, head, (size_t)len, MSG_NOSIGNAL) != len ||
+                send(fd, VLLM_METRICS, sizeof VLLM_METRICS - 1, MSG_NOSIGNAL) !=
+                    (ssize_t)(sizeof VLLM_METRICS - 1)) {
                 break;
             }
             size_t used = (size_t)(end + 4 - buf);
