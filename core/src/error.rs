@@ -185,7 +185,10 @@ pub enum ReportError {
 }
 
 impl ReportError {
-    /// Stable name of the refusal, used as a metrics label.
+    /// Every [`kind`](Self::kind), in metrics order.
+    pub const KINDS: [&'static str; 3] = ["unknown_worker", "undeclared_rank", "invalid_value"];
+
+    /// Stable name, used as a metrics label.
     pub const fn kind(&self) -> &'static str {
         match self {
             ReportError::UnknownWorker(_) => "unknown_worker",

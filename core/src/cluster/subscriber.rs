@@ -151,29 +151,21 @@ impl fmt::Display for HandleError {
 
 impl std::error::Error for HandleError {}
 
+/// How many refusal reasons a subscriber counts.
+const REFUSAL_COUNT: usize =
+    3 + WireError::KINDS.len() + ReportError::KINDS.len() + WorkerError::ADD_KINDS.len();
+
 /// Every refusal reason, in metrics order: [`HandleError::kind`] of each
-/// variant, with the wire, report and worker kinds spelled out.
-pub const REFUSAL_REASONS: [&str; 19] = [
-    "oversized",
-    "malformed",
-    "unsupported_version",
-    "invalid",
-    "spoofed",
-    "unknown_worker",
-    "undeclared_rank",
-    "invalid_value",
-    "duplicate",
-    "invalid_ranks",
-    "model_full",
-    "empty_model",
-    "name_too_long",
-    "too_many_ranks",
-    "too_many_models",
-    "too_many_workers",
-    "rank_budget",
-    "backlog",
-    "other",
-];
+/// variant, with the wire, report and registration kinds taken from their
+/// error types.
+fn refusal_reasons() -> impl Iterator<Item = &'static str> {
+    std::iter::once("oversized")
+        .chain(WireError::KINDS)
+        .chain(["spoofed"])
+        .chain(ReportError::KINDS)
+        .chain(WorkerError::ADD_KINDS)
+        .chain(["backlog"])
+}
 
 #[derive(Debug)]
 struct Track {
@@ -248,7 +240,7 @@ pub struct Subscriber {
     /// path of known workers, so the two slow paths never interleave.
     registering: Mutex<()>,
     counters: [AtomicU64; 6],
-    refusals: [AtomicU64; REFUSAL_REASONS.len()],
+    refusals: [AtomicU64; REFUSAL_COUNT],
 }
 
 impl fmt::Debug for Subscriber {
@@ -382,11 +374,11 @@ impl Subscriber {
             Ok(Applied::Queued) => return,
             Err(e) => {
                 let kind = e.kind();
-                let r = REFUSAL_REASONS
-                    .iter()
-                    .position(|k| *k == kind)
-                    .unwrap_or(REFUSAL_REASONS.len() - 1);
-                self.refusals[r].fetch_add(1, Ordering::Relaxed);
+                // Every kind a message can be refused with is a reason
+                // (add_worker never answers `unknown_worker`).
+                if let Some(r) = refusal_reasons().position(|k| k == kind) {
+                    self.refusals[r].fetch_add(1, Ordering::Relaxed);
+                }
                 match e {
                     HandleError::Oversized { .. } | HandleError::Wire(_) => MALFORMED,
                     _ => REFUSED,
@@ -539,8 +531,11 @@ impl Subscriber {
 
     /// Refusals so far, by reason (every reason a message can be refused
     /// for, zeros included).
-    pub fn refusals(&self) -> [(&'static str, u64); REFUSAL_REASONS.len()] {
-        std::array::from_fn(|i| (REFUSAL_REASONS[i], self.refusals[i].load(Ordering::Relaxed)))
+    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
+        refusal_reasons()
+            .zip(&self.refusals)
+            .map(|(reason, n)| (reason, n.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// The counters in Prometheus text format, under the monitor's prefix:
@@ -683,6 +678,37 @@ impl Drop for Attached {
         let _ = self.queue.send(Job::Stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_refusal_reason_is_counted_under_its_own_name() {
+        let reasons: Vec<&str> = refusal_reasons().collect();
+        assert_eq!(reasons.len(), REFUSAL_COUNT);
+        let mut unique = reasons.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), reasons.len(), "{reasons:?}");
+        for e in [
+            HandleError::Oversized { len: 2, limit: 1 },
+            HandleError::Spoofed {
+                subject: "s".into(),
+                worker_id: 1,
+            },
+            HandleError::Backlog,
+            HandleError::Wire(WireError::Invalid(String::new())),
+            HandleError::Report(ReportError::UnknownWorker(1)),
+            HandleError::Worker(WorkerError::RankBudget {
+                dp_size: 1,
+                limit: 1,
+            }),
+        ] {
+            assert!(reasons.contains(&e.kind()), "{e}");
         }
     }
 }

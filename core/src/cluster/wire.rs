@@ -147,6 +147,9 @@ pub enum WireError {
 }
 
 impl WireError {
+    /// Every [`kind`](Self::kind), in metrics order.
+    pub const KINDS: [&'static str; 3] = ["malformed", "unsupported_version", "invalid"];
+
     /// Stable name, used as a metrics label.
     pub const fn kind(&self) -> &'static str {
         match self {

@@ -9,18 +9,20 @@ use std::sync::Arc;
 use super::model::{EndpointCounter, Model, REJECTED_REASONS};
 use super::rank::Worker;
 use super::Monitor;
-use crate::error::{Reason, WorkerError};
+use crate::error::{Reason, ReportError, WorkerError};
 use crate::metrics;
 use crate::sync::{lock, Ordering};
-
-/// Refused-report reasons, in metrics order.
-pub(super) const REFUSED_KINDS: [&str; 3] = ["unknown_worker", "undeclared_rank", "invalid_value"];
 
 impl Monitor {
     /// Load reports refused so far, by reason (`unknown_worker`,
     /// `undeclared_rank`, `invalid_value`).
     pub fn refused_reports(&self) -> [(&'static str, u64); 3] {
-        std::array::from_fn(|i| (REFUSED_KINDS[i], self.refused[i].load(Ordering::Relaxed)))
+        std::array::from_fn(|i| {
+            (
+                ReportError::KINDS[i],
+                self.refused[i].load(Ordering::Relaxed),
+            )
+        })
     }
 
     /// Registrations [`add_worker`](Self::add_worker) refused so far, by

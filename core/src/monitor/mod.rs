@@ -76,7 +76,6 @@ pub use config::{
 pub use route::Route;
 
 use busy_set::BitIter;
-use metrics::REFUSED_KINDS;
 use model::Model;
 use rank::{Rank, Worker};
 use registry::Registry;
@@ -183,7 +182,7 @@ impl Monitor {
             Ok(())
         });
         if let Err(e) = &result {
-            let i = REFUSED_KINDS
+            let i = ReportError::KINDS
                 .iter()
                 .position(|k| *k == e.kind())
                 .unwrap_or(0);
