@@ -20,7 +20,7 @@ use loadgate::cluster::{
     Attached, ClusterError, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
     Transport,
 };
-use loadgate::{LoadReport, Monitor, MonotonicClock};
+use loadgate::{LoadReport, ManualClock, Monitor, MonotonicClock};
 use support::nats_server::{NatsServer, ScratchDir};
 
 const NS: &str = "auth";
@@ -87,10 +87,13 @@ struct Frontend {
 
 fn frontend(url: &str, options: &NatsOptions) -> Frontend {
     let monitor = Arc::new(Monitor::new());
+    // A clock that stands still: these tests publish by hand, without
+    // heartbeats, so on a slow machine a real clock could expire a worker
+    // between two of their steps.
     let subscriber = Subscriber::new(
         monitor.clone(),
         SubscriberConfig::default(),
-        MonotonicClock::shared(),
+        ManualClock::new(),
     )
     .unwrap();
     let transport = connect(url, options).unwrap();
