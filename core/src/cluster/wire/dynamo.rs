@@ -39,24 +39,25 @@ impl Envelope {
     /// msgpack `bin` of the named `ActiveLoad` with absent fields as nil,
     /// stamped `published_at` (unix milliseconds) and `topic` `kv_metrics`.
     pub fn to_msgpack(&self, published_at: u64) -> Vec<u8> {
-        let payload = rmp_serde::to_vec_named(&ActiveLoadOut::from(&self.load))
-            .expect("an ActiveLoad always serializes");
-        rmp_serde::to_vec_named(&EnvelopeOut {
-            publisher_id: self.publisher_id,
-            sequence: self.sequence,
-            published_at,
-            topic: KV_METRICS_TOPIC,
-            payload: Bin(&payload),
-        })
-        .expect("an envelope always serializes")
+        self.with_fields(published_at, |out| rmp_serde::to_vec_named(out).ok())
     }
 
     /// Encodes as JSON, as serde writes the reference's envelope: `payload`
     /// as an array of the msgpack bytes.
     pub fn to_json(&self, published_at: u64) -> Vec<u8> {
+        self.with_fields(published_at, |out| serde_json::to_vec(out).ok())
+    }
+
+    /// Builds the envelope's fields (the payload encoded as the reference
+    /// encodes its `ActiveLoad`) and hands them to `encode`.
+    fn with_fields(
+        &self,
+        published_at: u64,
+        encode: impl FnOnce(&EnvelopeOut<'_>) -> Option<Vec<u8>>,
+    ) -> Vec<u8> {
         let payload = rmp_serde::to_vec_named(&ActiveLoadOut::from(&self.load))
             .expect("an ActiveLoad always serializes");
-        serde_json::to_vec(&EnvelopeOut {
+        encode(&EnvelopeOut {
             publisher_id: self.publisher_id,
             sequence: self.sequence,
             published_at,
