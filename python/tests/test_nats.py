@@ -5,6 +5,7 @@ and a worker that goes silent is removed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -43,15 +44,14 @@ def nats_server_binary() -> str:
     pytest.fail("nats-server is not installed (python/tests/run.sh installs it)")
 
 
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A `nats-server` of its own on a free loopback port, stopped after the
-    module's tests."""
-    log = tmp_path_factory.mktemp("nats") / "nats-server.log"
+@contextlib.contextmanager
+def running_nats_server(args: List[str], log: Path) -> Iterator[int]:
+    """A `nats-server` with `args` on a free loopback port: yields the port
+    once the server greets, and stops the server on exit."""
     port = free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port)],
+            [nats_server_binary(), *args, "-a", "127.0.0.1", "-p", str(port)],
             stdout=out, stderr=subprocess.STDOUT,
         )
     try:
@@ -66,7 +66,7 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("nats-server did not start:\n" + Path(log).read_text(errors="replace"))
             time.sleep(0.02)
-        yield f"nats://127.0.0.1:{port}"
+        yield port
     finally:
         proc.terminate()
         try:
@@ -74,6 +74,15 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `nats-server` of its own on a free loopback port, stopped after the
+    module's tests."""
+    log = tmp_path_factory.mktemp("nats") / "nats-server.log"
+    with running_nats_server([], log) as port:
+        yield f"nats://127.0.0.1:{port}"
 
 
 def wait_for(read: Callable[[], T], want: Callable[[T], bool], timeout: float = WAIT) -> T:

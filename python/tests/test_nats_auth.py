@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import socket
-import subprocess
-import time
 from pathlib import Path
 from typing import Dict, Iterator, Tuple
 
@@ -19,7 +16,7 @@ import pytest
 
 from loadgate import Monitor, Reporter
 
-from test_nats import free_port, nats_server_binary, wait_for
+from test_nats import running_nats_server, wait_for
 
 NS = "pyauth"
 # Nothing listens on port 1 of the loopback interface.
@@ -123,33 +120,8 @@ authorization {{
 }}
 """
     )
-    log = directory / "nats-server.log"
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [nats_server_binary(), "-c", str(config), "-a", "127.0.0.1", "-p", str(port)],
-            stdout=out, stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    if s.recv(4).startswith(b"INFO"):
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("nats-server did not start:\n" + log.read_text(errors="replace"))
-            time.sleep(0.02)
+    with running_nats_server(["-c", str(config)], directory / "nats-server.log") as port:
         yield Server(port, ca)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_user_password_over_tls_round_trip(server: Server) -> None:
