@@ -57,9 +57,10 @@
 //! * Lock-free, on the state word alone: rejection when no request slot is
 //!   free (or someone is queued) and the queue is full, rejection by a
 //!   closed gate, release of a permit that already called
-//!   [`Permit::first_response`] while nobody is queued, and the gauges
-//!   (the wait count is read with one more atomic load).
-//! * Under the mutex: every admission, direct ones included (`try_admit`
+//!   [`Permit::first_response`] while nobody is queued, and the single
+//!   gauges ([`AdmissionGate::running`], [`AdmissionGate::waiting`]).
+//! * Under the mutex: [`AdmissionGate::stats`] (so that `waiting` and
+//!   `running` are one consistent pair), every admission, direct ones included (`try_admit`
 //!   and the `admit*` calls admit only under the mutex, where the wait
 //!   count is checked), every `first_response` (it gives the wait slot back
 //!   and, when a request slot is free, hands both to the oldest waiter),

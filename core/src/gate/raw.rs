@@ -138,8 +138,15 @@ impl RawGate {
         // Acquire, pairing with the word's Release/AcqRel writes: what the
         // last writer did before is visible. The counters read after it are
         // Relaxed and may still be a moment apart from the gauges.
+        //
+        // With a wait limit, the word and the wait count are read under the
+        // mutex, where the count changes: a consistent pair (`waiting <=
+        // running`), because a permit holding a wait slot is released only
+        // under the mutex too. (Lock-free reads of the two could interleave
+        // with an admission or a release and show more waiting than running.)
+        let _t = self.wait_limit.map(|_| lock(&self.table));
         let w = Word(self.state.load(Ordering::Acquire));
-        // Relaxed: a gauge (see the field).
+        // Relaxed: under the mutex that orders it, or 0 without a wait limit.
         let waiting = self.waiting.load(Ordering::Relaxed);
         self.counters
             .snapshot(w, self.queue_limit, waiting, self.wait_limit)
