@@ -24,17 +24,21 @@ pub enum Reason {
     QueueTimeout,
     /// The worker's admission gate is closed.
     Closed,
+    /// A queued request gave its place to a more important one that arrived
+    /// while the worker's queue was full.
+    Displaced,
 }
 
 impl Reason {
     /// Every reason, in a stable order (for metrics).
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::AllWorkersBusy,
         Reason::NoWorkers,
         Reason::WorkerOverloaded,
         Reason::WorkerAtCapacity,
         Reason::QueueTimeout,
         Reason::Closed,
+        Reason::Displaced,
     ];
 
     /// Parses a machine-readable name.
@@ -105,6 +109,8 @@ reason_texts! {
     QueueTimeout => "queue_timeout",
         "Server overloaded: request rejected after exceeding the backend admission queue delay";
     Closed => "closed", "Service is shutting down: admission gate closed";
+    Displaced => "displaced",
+        "Server overloaded: request displaced from the queue by a more important request";
 }
 
 /// A NUL-terminated literal as a C string; evaluated at compile time by its

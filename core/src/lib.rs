@@ -52,8 +52,8 @@ pub mod thresholds;
 pub use clock::{Clock, ManualClock, MonotonicClock, SharedClock};
 pub use error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
 pub use gate::{
-    AdmissionGate, Admit, AdmitCallback, AdmitError, AdmitOwned, CallbackTicket, ConfigError,
-    GateConfig, GateStats, OwnedPermit, Permit, TryAdmitError,
+    AdmissionGate, Admit, AdmitCallback, AdmitError, AdmitOwned, CallbackTicket, ClassConfig,
+    ClassStats, ConfigError, GateConfig, GateStats, OwnedPermit, Permit, TryAdmitError,
 };
 pub use limits::Limits;
 pub use load::{LoadReport, WorkerSpec};

@@ -1,9 +1,14 @@
 //! Differential test: random operation sequences run against the gate and
-//! against a deliberately simple reference gate (a `VecDeque` and counters,
-//! no atomics, no cleverness), with and without a wait limit. Outcomes,
-//! callback firings, deadlines, stats and which held permits still wait for
-//! their first response must be identical after every operation.
+//! against a deliberately simple reference gate (a `VecDeque` per priority
+//! class and counters, no atomics, no cleverness), with and without a wait
+//! limit, with one class or several (own queue limits, deadlines and
+//! reserved slots). Outcomes, callback firings, deadlines, stats and which
+//! held permits still wait for their first response must be identical after
+//! every operation.
 
+use std::time::Duration;
+
+use loadgate::{ClassConfig, GateConfig};
 use loadgate_testkit::gate_pair::GatePair;
 use loadgate_testkit::reference_gate::Kind;
 use proptest::prelude::*;
@@ -12,9 +17,9 @@ use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    AdmitFuture,
-    AdmitCallback,
-    TryAdmit,
+    AdmitFuture(u8),
+    AdmitCallback(u8),
+    TryAdmit(u8),
     Release(usize),
     FirstResponse(usize),
     Cancel(usize),
@@ -25,11 +30,16 @@ enum Op {
     Close,
 }
 
+/// A priority: mostly within the gate's classes, sometimes past them.
+fn priority() -> impl Strategy<Value = u8> {
+    prop_oneof![8 => 0u8..4, 1 => any::<u8>()]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => Just(Op::AdmitFuture),
-        4 => Just(Op::AdmitCallback),
-        2 => Just(Op::TryAdmit),
+        6 => priority().prop_map(Op::AdmitFuture),
+        4 => priority().prop_map(Op::AdmitCallback),
+        2 => priority().prop_map(Op::TryAdmit),
         6 => any::<usize>().prop_map(Op::Release),
         4 => any::<usize>().prop_map(Op::FirstResponse),
         3 => any::<usize>().prop_map(Op::Cancel),
@@ -41,13 +51,14 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run(limit: u32, queue: u32, wait: Option<u32>, timeout_ms: Option<u64>, lifo: bool, ops: &[Op]) {
-    let mut pair = GatePair::with_wait_limit(limit, queue, wait, timeout_ms, lifo);
+fn run(config: GateConfig, ops: &[Op]) {
+    let shape = format!("{config:?}");
+    let mut pair = GatePair::with_config(config);
     for (step, op) in ops.iter().enumerate() {
         let outcomes = match *op {
-            Op::AdmitFuture => Some(pair.admit(Kind::Future)),
-            Op::AdmitCallback => Some(pair.admit(Kind::Callback)),
-            Op::TryAdmit => Some(pair.try_admit()),
+            Op::AdmitFuture(p) => Some(pair.admit(Kind::Future, p)),
+            Op::AdmitCallback(p) => Some(pair.admit(Kind::Callback, p)),
+            Op::TryAdmit(p) => Some(pair.try_admit(p)),
             Op::Release(k) => pair.release(k),
             Op::FirstResponse(k) => pair.first_response(k),
             Op::Cancel(k) => pair.cancel(k),
@@ -61,16 +72,42 @@ fn run(limit: u32, queue: u32, wait: Option<u32>, timeout_ms: Option<u64>, lifo:
         let Some((real, expected)) = outcomes else {
             continue;
         };
-        let ctx = || {
-            format!(
-                "step {step} {op:?} (N={limit} Q={queue} W={wait:?} T={timeout_ms:?} lifo={lifo})"
-            )
-        };
+        let ctx = || format!("step {step} {op:?} ({shape})");
         assert_eq!(real, expected, "outcome, {}", ctx());
         pair.check(&ctx);
     }
     // Wind down: every waiter resolves, every slot comes back.
     pair.finish();
+}
+
+fn gate(
+    limit: u32,
+    queue: u32,
+    wait: Option<u32>,
+    timeout_ms: Option<u64>,
+    lifo: bool,
+) -> GateConfig {
+    GateConfig::new(limit)
+        .with_queue(queue)
+        .with_wait_limit(wait)
+        .with_queue_timeout(timeout_ms.map(Duration::from_millis))
+        .with_adaptive_lifo(lifo)
+}
+
+/// Up to four classes, each with a queue limit within `queue`, its own
+/// deadline or none, and a reservation within `limit`.
+fn classes(limit: u32, queue: u32) -> impl Strategy<Value = Vec<ClassConfig>> {
+    let class = (
+        0..=queue,
+        prop_oneof![Just(None), Just(Some(10u64)), (1u64..120).prop_map(Some)],
+        0..=limit,
+    )
+        .prop_map(|(queue, timeout, reserved)| ClassConfig {
+            queue,
+            queue_timeout: timeout.map(Duration::from_millis),
+            reserved,
+        });
+    proptest::collection::vec(class, 1..=4)
 }
 
 proptest! {
@@ -85,7 +122,19 @@ proptest! {
         wait in prop_oneof![Just(None), (1u32..4).prop_map(Some)],
         ops in proptest::collection::vec(op(), 1..120),
     ) {
-        run(limit, queue, wait, timeout, lifo, &ops);
+        run(gate(limit, queue, wait, timeout, lifo), &ops);
+    }
+
+    #[test]
+    fn gate_with_classes_matches_the_reference(
+        (limit, queue, classes) in (1u32..5, 0u32..6).prop_flat_map(|(n, q)| (Just(n), Just(q), classes(n, q))),
+        lifo in any::<bool>(),
+        wait in prop_oneof![3 => Just(None), 1 => (1u32..4).prop_map(Some)],
+        ops in proptest::collection::vec(op(), 1..150),
+    ) {
+        let mut config = gate(limit, queue, wait, None, lifo);
+        config.classes = classes;
+        run(config, &ops);
     }
 }
 
@@ -93,11 +142,11 @@ proptest! {
 fn reference_scenario_with_every_operation() {
     use Op::*;
     let ops = [
-        AdmitFuture,
-        AdmitCallback,
-        AdmitFuture,
+        AdmitFuture(0),
+        AdmitCallback(0),
+        AdmitFuture(0),
         Advance(60),
-        AdmitCallback,
+        AdmitCallback(0),
         Advance(50),
         Expire,
         SetLimit(3),
@@ -105,21 +154,76 @@ fn reference_scenario_with_every_operation() {
         Cancel(0),
         FirstResponse(0),
         Release(0),
-        TryAdmit,
-        AdmitFuture,
-        AdmitFuture,
+        TryAdmit(0),
+        AdmitFuture(0),
+        AdmitFuture(0),
         SetLimit(1),
         Release(1),
         Release(0),
         PollAll,
         Close,
-        AdmitFuture,
+        AdmitFuture(0),
         PollAll,
     ];
     for lifo in [false, true] {
-        run(1, 2, None, Some(100), lifo, &ops);
-        run(2, 0, None, None, lifo, &ops);
-        run(2, 2, Some(1), Some(100), lifo, &ops);
-        run(3, 1, Some(2), None, lifo, &ops);
+        run(gate(1, 2, None, Some(100), lifo), &ops);
+        run(gate(2, 0, None, None, lifo), &ops);
+        run(gate(2, 2, Some(1), Some(100), lifo), &ops);
+        run(gate(3, 1, Some(2), None, lifo), &ops);
     }
+}
+
+#[test]
+fn reference_scenario_with_classes() {
+    use Op::*;
+    // Three classes over N = 2, Q = 3: class 0 may use the reserved slot,
+    // class 2 never queues.
+    let config = GateConfig::new(2)
+        .with_queue(3)
+        .with_classes(3)
+        .with_class(
+            0,
+            ClassConfig {
+                queue: 3,
+                queue_timeout: None,
+                reserved: 1,
+            },
+        )
+        .with_class(
+            1,
+            ClassConfig {
+                queue: 3,
+                queue_timeout: Some(Duration::from_millis(30)),
+                reserved: 0,
+            },
+        )
+        .with_class(
+            2,
+            ClassConfig {
+                queue: 0,
+                queue_timeout: None,
+                reserved: 0,
+            },
+        );
+    let ops = [
+        AdmitFuture(1),   // direct: 1 of the 1 slot class 1 may use
+        AdmitFuture(2),   // rejected: class 2's share is full and it never queues
+        AdmitFuture(1),   // queued
+        AdmitCallback(1), // queued
+        AdmitFuture(0),   // direct: the reserved slot
+        AdmitFuture(1),   // queued: the queue is now full
+        AdmitFuture(0),   // displaces the newest class-1 waiter
+        TryAdmit(0),      // would wait
+        Release(0),       // hands the slot to the class-0 waiter
+        PollAll,
+        Advance(40),
+        Expire, // the class-1 waiters time out
+        PollAll,
+        Release(0),
+        Release(0),
+        AdmitFuture(7), // past the last class: class 2, direct
+        Close,
+        PollAll,
+    ];
+    run(config, &ops);
 }

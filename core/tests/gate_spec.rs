@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use loadgate::gate::{MAX_LIMIT, MAX_QUEUE, QUEUE_LIMIT_ENV, QUEUE_TIMEOUT_ENV};
+use loadgate::gate::{MAX_CLASSES, MAX_LIMIT, MAX_QUEUE, QUEUE_LIMIT_ENV, QUEUE_TIMEOUT_ENV};
 use loadgate::{
-    AdmissionGate, AdmitError, ConfigError, GateConfig, GateStats, ManualClock, OwnedPermit,
-    Reason, TryAdmitError,
+    AdmissionGate, AdmitError, ClassStats, ConfigError, GateConfig, GateStats, ManualClock,
+    OwnedPermit, Reason, TryAdmitError,
 };
 
 struct Noop;
@@ -674,6 +674,20 @@ fn stats_count_every_outcome() {
             rejected_closed: 1,
             expired: 1,
             cancelled: 1,
+            displaced: 0,
+            class_count: 1,
+            classes: {
+                let mut classes = [ClassStats::default(); MAX_CLASSES];
+                classes[0] = ClassStats {
+                    queued: 0,
+                    queue_limit: 2,
+                    rejected_at_capacity: 1,
+                    expired: 1,
+                    rejected_closed: 1,
+                    displaced: 0,
+                };
+                classes
+            },
         }
     );
     assert_eq!(g.stats().rejected_total(), 3);

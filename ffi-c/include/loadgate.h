@@ -126,6 +126,12 @@ typedef enum lg_status {
    */
   LG_TIMED_OUT = 7008,
   /**
+   * The request waited in the gate's full queue and gave its place to a
+   * more important request (a higher priority class). Answer the overload
+   * status (529).
+   */
+  LG_DISPLACED = 7009,
+  /**
    * An argument was NULL, out of range, of a bad length or not UTF-8, or
    * a value was refused (for instance a NaN threshold).
    */
@@ -2122,7 +2128,8 @@ const char *lg_status_str(int status);
 /**
  * The HTTP status a frontend should answer with for `status`: 200 for
  * LG_OK; the overload status for LG_OVERLOADED, LG_WORKER_OVERLOADED,
- * LG_AT_CAPACITY, LG_QUEUE_TIMEOUT, LG_WOULD_WAIT and LG_TIMED_OUT (529
+ * LG_AT_CAPACITY, LG_QUEUE_TIMEOUT, LG_DISPLACED, LG_WOULD_WAIT and
+ * LG_TIMED_OUT (529
  * unless DYN_HTTP_OVERLOAD_STATUS_CODE names another valid code, read once
  * per process); 503 for LG_UNAVAILABLE and LG_CLOSED; 400 for
  * LG_INVALID_ARGUMENT; 404 for LG_NOT_FOUND; 409 for LG_ALREADY_EXISTS and
@@ -2137,7 +2144,7 @@ uint16_t lg_status_http(int status);
 /**
  * The machine-readable rejection reason of `status` (all_workers_busy,
  * no_workers, worker_overloaded, worker_at_capacity, queue_timeout,
- * closed), as sent in the x-loadgate-reason header; NULL when `status` is
+ * closed, displaced), as sent in the x-loadgate-reason header; NULL when `status` is
  * not a rejection.
  *
  * Ownership: the string is static; do not free it.

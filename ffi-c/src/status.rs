@@ -44,6 +44,10 @@ pub enum lg_status {
     /// left the queue as a cancellation. Answer the overload status if the
     /// request is refused.
     LG_TIMED_OUT = 7008,
+    /// The request waited in the gate's full queue and gave its place to a
+    /// more important request (a higher priority class). Answer the overload
+    /// status (529).
+    LG_DISPLACED = 7009,
     /// An argument was NULL, out of range, of a bad length or not UTF-8, or
     /// a value was refused (for instance a NaN threshold).
     LG_INVALID_ARGUMENT = 7101,
@@ -66,7 +70,7 @@ pub enum lg_status {
 use lg_status::*;
 
 impl lg_status {
-    const ALL: [lg_status; 16] = [
+    const ALL: [lg_status; 17] = [
         LG_OK,
         LG_OVERLOADED,
         LG_UNAVAILABLE,
@@ -76,6 +80,7 @@ impl lg_status {
         LG_CLOSED,
         LG_WOULD_WAIT,
         LG_TIMED_OUT,
+        LG_DISPLACED,
         LG_INVALID_ARGUMENT,
         LG_NOT_FOUND,
         LG_BUFFER_TOO_SMALL,
@@ -99,6 +104,7 @@ impl lg_status {
             LG_AT_CAPACITY | LG_WOULD_WAIT => Some(Reason::WorkerAtCapacity),
             LG_QUEUE_TIMEOUT | LG_TIMED_OUT => Some(Reason::QueueTimeout),
             LG_CLOSED => Some(Reason::Closed),
+            LG_DISPLACED => Some(Reason::Displaced),
             _ => None,
         }
     }
@@ -109,7 +115,7 @@ impl lg_status {
         match self {
             LG_OK => c"ok",
             LG_OVERLOADED | LG_UNAVAILABLE | LG_WORKER_OVERLOADED | LG_AT_CAPACITY
-            | LG_QUEUE_TIMEOUT | LG_CLOSED => match self.reason() {
+            | LG_QUEUE_TIMEOUT | LG_CLOSED | LG_DISPLACED => match self.reason() {
                 Some(reason) => reason.c_message(),
                 None => c"",
             },
@@ -241,6 +247,7 @@ pub(crate) const fn admit_status(e: AdmitError) -> lg_status {
         AdmitError::QueueTimeout => LG_QUEUE_TIMEOUT,
         AdmitError::Closed => LG_CLOSED,
         AdmitError::TimedOut => LG_TIMED_OUT,
+        AdmitError::Displaced => LG_DISPLACED,
     }
 }
 
@@ -262,7 +269,8 @@ pub extern "C" fn lg_status_str(status: c_int) -> *const c_char {
 
 /// The HTTP status a frontend should answer with for `status`: 200 for
 /// LG_OK; the overload status for LG_OVERLOADED, LG_WORKER_OVERLOADED,
-/// LG_AT_CAPACITY, LG_QUEUE_TIMEOUT, LG_WOULD_WAIT and LG_TIMED_OUT (529
+/// LG_AT_CAPACITY, LG_QUEUE_TIMEOUT, LG_DISPLACED, LG_WOULD_WAIT and
+/// LG_TIMED_OUT (529
 /// unless DYN_HTTP_OVERLOAD_STATUS_CODE names another valid code, read once
 /// per process); 503 for LG_UNAVAILABLE and LG_CLOSED; 400 for
 /// LG_INVALID_ARGUMENT; 404 for LG_NOT_FOUND; 409 for LG_ALREADY_EXISTS and
@@ -280,7 +288,7 @@ pub extern "C" fn lg_status_http(status: c_int) -> u16 {
 
 /// The machine-readable rejection reason of `status` (all_workers_busy,
 /// no_workers, worker_overloaded, worker_at_capacity, queue_timeout,
-/// closed), as sent in the x-loadgate-reason header; NULL when `status` is
+/// closed, displaced), as sent in the x-loadgate-reason header; NULL when `status` is
 /// not a rejection.
 ///
 /// Ownership: the string is static; do not free it.
@@ -342,6 +350,7 @@ mod tests {
             (LG_AT_CAPACITY, Reason::WorkerAtCapacity),
             (LG_QUEUE_TIMEOUT, Reason::QueueTimeout),
             (LG_CLOSED, Reason::Closed),
+            (LG_DISPLACED, Reason::Displaced),
         ] {
             assert_eq!(s.message(), r.message());
             assert_eq!(s.reason(), Some(r));

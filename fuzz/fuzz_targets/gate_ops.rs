@@ -6,7 +6,9 @@
 //! Beyond the proptest version: limits and queues large enough that one
 //! `close`, `expire` or `set_limit` resolves more waiters than the gate's
 //! fixed wake batch (32) holds, bursts of admissions to get there, and
-//! refused limits (0, above the maximum) that must change nothing.
+//! refused limits (0, above the maximum) that must change nothing, and up
+//! to eight priority classes with their own queue limits, deadlines and
+//! reserved slots (a reservation past a lowered limit included).
 //!
 //! After every step: the outcome, the stats, the callbacks fired (and their
 //! order), the next deadline, and the permits held must match the reference.
@@ -14,8 +16,10 @@
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use loadgate::gate::MAX_LIMIT;
-use loadgate::ConfigError;
+use std::time::Duration;
+
+use loadgate::gate::{MAX_CLASSES, MAX_LIMIT};
+use loadgate::{ClassConfig, ConfigError, GateConfig};
 use loadgate_testkit::gate_pair::GatePair;
 use loadgate_testkit::reference_gate::{Kind, Out};
 
@@ -25,6 +29,8 @@ struct Setup {
     queue: u32,
     timeout_ms: Option<u64>,
     lifo: bool,
+    /// Priority classes (empty: none): queue limit, deadline, reservation.
+    classes: Vec<ClassConfig>,
 }
 
 impl<'a> Arbitrary<'a> for Setup {
@@ -48,20 +54,37 @@ impl<'a> Arbitrary<'a> for Setup {
                 None
             },
             lifo: u.arbitrary()?,
+            classes: {
+                let n = u.int_in_range(0..=MAX_CLASSES)?;
+                let mut classes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    classes.push(ClassConfig {
+                        queue: u.int_in_range(0..=queue)?,
+                        queue_timeout: if u.arbitrary()? {
+                            Some(Duration::from_millis(u.int_in_range(1..=120)?))
+                        } else {
+                            None
+                        },
+                        reserved: u.int_in_range(0..=2)?,
+                    });
+                }
+                classes
+            },
         })
     }
 }
 
 #[derive(Debug, Arbitrary)]
 enum Op {
-    AdmitFuture,
-    AdmitCallback,
+    AdmitFuture(u8),
+    AdmitCallback(u8),
     /// Several admissions in a row, each checked on its own.
     Burst {
         n: u8,
         callbacks: bool,
+        priority: u8,
     },
-    TryAdmit,
+    TryAdmit(u8),
     Release(u8),
     Cancel(u8),
     PollAll,
@@ -77,22 +100,26 @@ enum Op {
 /// nothing (no permit to release, no waiter to cancel).
 fn step(pair: &mut GatePair, op: &Op) -> Option<(Out, Out)> {
     Some(match *op {
-        Op::AdmitFuture => pair.admit(Kind::Future),
-        Op::AdmitCallback => pair.admit(Kind::Callback),
-        Op::Burst { n, callbacks } => {
+        Op::AdmitFuture(p) => pair.admit(Kind::Future, p),
+        Op::AdmitCallback(p) => pair.admit(Kind::Callback, p),
+        Op::Burst {
+            n,
+            callbacks,
+            priority,
+        } => {
             let kind = if callbacks {
                 Kind::Callback
             } else {
                 Kind::Future
             };
             for _ in 0..n % 40 {
-                let (real, expected) = pair.admit(kind);
+                let (real, expected) = pair.admit(kind, priority);
                 assert_eq!(real, expected, "outcome within a burst");
                 pair.check(&|| format!("{op:?}"));
             }
             (Out::Unit, Out::Unit)
         }
-        Op::TryAdmit => pair.try_admit(),
+        Op::TryAdmit(p) => pair.try_admit(p),
         Op::Release(k) => return pair.release(usize::from(k)),
         Op::Cancel(k) => return pair.cancel(usize::from(k)),
         Op::PollAll => pair.poll_all(),
@@ -115,7 +142,15 @@ fn step(pair: &mut GatePair, op: &Op) -> Option<(Out, Out)> {
 
 fuzz_target!(|input: (Setup, Vec<Op>)| {
     let (setup, ops) = input;
-    let mut pair = GatePair::new(setup.limit, setup.queue, setup.timeout_ms, setup.lifo);
+    let mut config = GateConfig::new(setup.limit)
+        .with_queue(setup.queue)
+        .with_queue_timeout(setup.timeout_ms.map(Duration::from_millis))
+        .with_adaptive_lifo(setup.lifo);
+    config.classes = setup.classes.clone();
+    for c in &mut config.classes {
+        c.reserved = c.reserved.min(setup.limit);
+    }
+    let mut pair = GatePair::with_config(config);
     for op in ops.iter().take(512) {
         if let Some((real, expected)) = step(&mut pair, op) {
             assert_eq!(real, expected, "outcome of {op:?} ({setup:?})");

@@ -21,6 +21,7 @@ collector), and ``python -m loadgate.demo``.
 from ._errors import (
     AtCapacity,
     Closed,
+    Displaced,
     LoadgateError,
     Overloaded,
     QueueTimeout,
@@ -51,6 +52,7 @@ __all__ = [
     "WorkerOverloaded",
     "AtCapacity",
     "QueueTimeout",
+    "Displaced",
     "Unavailable",
     "Closed",
     "Monitor",

@@ -20,6 +20,7 @@ __all__ = [
     "WorkerOverloaded",
     "AtCapacity",
     "QueueTimeout",
+    "Displaced",
     "Unavailable",
     "Closed",
 ]
@@ -123,6 +124,13 @@ class QueueTimeout(Overloaded):
     caller's own ``admit_blocking`` timeout)."""
 
     default_reason = "queue_timeout"
+
+
+class Displaced(Overloaded):
+    """The request waited in the worker's full queue and gave its place to a
+    more important request (a higher priority class)."""
+
+    default_reason = "displaced"
 
 
 class Unavailable(LoadgateError):

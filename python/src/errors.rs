@@ -25,6 +25,7 @@ fn class(py: Python<'_>, reason: Reason) -> PyResult<&Bound<'_, PyType>> {
     static AT_CAPACITY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     static QUEUE_TIMEOUT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     static CLOSED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    static DISPLACED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     let (cell, name) = match reason {
         Reason::AllWorkersBusy => (&OVERLOADED, "Overloaded"),
         Reason::NoWorkers => (&UNAVAILABLE, "Unavailable"),
@@ -32,6 +33,7 @@ fn class(py: Python<'_>, reason: Reason) -> PyResult<&Bound<'_, PyType>> {
         Reason::WorkerAtCapacity => (&AT_CAPACITY, "AtCapacity"),
         Reason::QueueTimeout => (&QUEUE_TIMEOUT, "QueueTimeout"),
         Reason::Closed => (&CLOSED, "Closed"),
+        Reason::Displaced => (&DISPLACED, "Displaced"),
     };
     cell.import(py, "loadgate._errors", name)
 }

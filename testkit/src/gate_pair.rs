@@ -60,23 +60,25 @@ impl GatePair {
         timeout_ms: Option<u64>,
         lifo: bool,
     ) -> Self {
+        Self::with_config(
+            GateConfig::new(limit)
+                .with_wait_limit(wait_limit)
+                .with_queue(queue)
+                .with_queue_timeout(timeout_ms.map(Duration::from_millis))
+                .with_adaptive_lifo(lifo),
+        )
+    }
+
+    /// Both gates as `config` describes them (priority classes included).
+    /// Panics on a configuration the gate refuses.
+    pub fn with_config(config: GateConfig) -> Self {
         let clock = ManualClock::new();
-        let config = GateConfig::new(limit)
-            .with_wait_limit(wait_limit)
-            .with_queue(queue)
-            .with_queue_timeout(timeout_ms.map(Duration::from_millis))
-            .with_adaptive_lifo(lifo);
+        let model = Reference::from_config(&config);
         let gate = AdmissionGate::with_clock(config, clock.clone()).expect("valid config");
         GatePair {
             gate: Arc::new(gate),
             clock,
-            model: Reference::with_wait_limit(
-                limit,
-                queue,
-                wait_limit,
-                timeout_ms.map(|ms| ms * 1_000_000),
-                lifo,
-            ),
+            model,
             fired: Arc::default(),
             cb_permits: Arc::default(),
             held: Vec::new(),
@@ -89,14 +91,15 @@ impl GatePair {
         self.clock.now_nanos()
     }
 
-    /// `admit_owned` (polled once) or `admit_with_callback`.
-    pub fn admit(&mut self, kind: Kind) -> (Out, Out) {
+    /// `admit_owned_at` (polled once) or `admit_with_callback_at`, at
+    /// priority `priority`.
+    pub fn admit(&mut self, kind: Kind, priority: u8) -> (Out, Out) {
         let now = self.now();
         let id = self.next_id;
         self.next_id += 1;
         let real = match kind {
             Kind::Future => {
-                let mut f = self.gate.admit_owned();
+                let mut f = self.gate.admit_owned_at(priority);
                 match Pin::new(&mut f).poll(&mut Context::from_waker(Waker::noop())) {
                     Poll::Ready(Ok(p)) => {
                         self.held.push(p);
@@ -112,14 +115,17 @@ impl GatePair {
             Kind::Callback => {
                 let log = self.fired.clone();
                 let permits = self.cb_permits.clone();
-                let ticket = self.gate.admit_with_callback(Box::new(move |r| {
-                    log.lock()
-                        .unwrap()
-                        .push((id, r.as_ref().map(|_| ()).map_err(|e| *e)));
-                    if let Ok(p) = r {
-                        permits.lock().unwrap().push(p);
-                    }
-                }));
+                let ticket = self.gate.admit_with_callback_at(
+                    priority,
+                    Box::new(move |r| {
+                        log.lock()
+                            .unwrap()
+                            .push((id, r.as_ref().map(|_| ()).map_err(|e| *e)));
+                        if let Ok(p) = r {
+                            permits.lock().unwrap().push(p);
+                        }
+                    }),
+                );
                 if ticket.is_queued() {
                     self.pending.push((id, Pending::Callback(ticket)));
                     Out::Pending
@@ -132,19 +138,19 @@ impl GatePair {
                 }
             }
         };
-        (real, self.model.admit(id, kind, now))
+        (real, self.model.admit(id, kind, priority, now))
     }
 
-    /// `try_admit_owned`.
-    pub fn try_admit(&mut self) -> (Out, Out) {
-        let real = match self.gate.try_admit_owned() {
+    /// `try_admit_owned_at`.
+    pub fn try_admit(&mut self, priority: u8) -> (Out, Out) {
+        let real = match self.gate.try_admit_owned_at(priority) {
             Ok(p) => {
                 self.held.push(p);
                 Out::Try(Ok(()))
             }
             Err(e) => Out::Try(Err(e)),
         };
-        (real, self.model.try_admit())
+        (real, self.model.try_admit(priority))
     }
 
     /// Drops the `k`th held permit (modulo their number); `None` when none

@@ -5,11 +5,14 @@
 //!
 //! Times are nanoseconds of the manual clock; waiters are numbered by the
 //! driver. With a wait limit `W`, every admission also takes a wait slot,
-//! which a permit's first response (or its release) gives back.
+//! which a permit's first response (or its release) gives back. Priority
+//! classes are one `VecDeque` each; class `k` may take a slot while
+//! `running + above[k] < limit`, `above[k]` being the largest reservation
+//! of a more important class.
 
 use std::collections::{HashMap, VecDeque};
 
-use loadgate::{AdmitError, GateStats, TryAdmitError};
+use loadgate::{AdmitError, ClassStats, GateConfig, GateStats, TryAdmitError};
 
 /// How a request waits.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,8 +70,12 @@ pub struct Reference {
     pub waiting: u32,
     /// Permits the driver holds that still hold a wait slot.
     pub held_waiting: usize,
-    /// Queue timeout in nanoseconds.
-    pub timeout: Option<u64>,
+    /// Each class's queue limit.
+    pub class_queue: Vec<u32>,
+    /// Each class's queue timeout in nanoseconds.
+    pub timeout: Vec<Option<u64>>,
+    /// Each class's largest reservation of a more important class.
+    pub above: Vec<u32>,
     /// Adaptive LIFO configured.
     pub lifo: bool,
     /// The next grant goes to the newest waiter (after an expiry).
@@ -79,8 +86,10 @@ pub struct Reference {
     pub running: u32,
     /// Permits the driver holds (including callbacks').
     pub held: usize,
-    /// Queued waiters and their enqueue times.
-    pub queue: VecDeque<(usize, u64)>,
+    /// Each class's queued waiters and their enqueue times.
+    pub queue: Vec<VecDeque<(usize, u64)>>,
+    /// Each waiter's class.
+    pub class_of: HashMap<usize, usize>,
     /// Every waiter that queued and has not been polled or cancelled.
     pub waiters: HashMap<usize, (Kind, WState)>,
     /// Callbacks fired, in order, with their outcomes.
@@ -89,8 +98,13 @@ pub struct Reference {
     /// order.
     pub pending: Vec<usize>,
     /// Counters (running, queued, limit and closed are filled in by
-    /// [`Reference::stats`]).
+    /// [`Reference::stats`]; the classes' counters are summed there).
     pub stats: GateStats,
+}
+
+/// Nanoseconds of a configured duration, as the gate counts them.
+fn nanos(d: std::time::Duration) -> u64 {
+    (d.as_nanos() as u64).max(1)
 }
 
 impl Reference {
@@ -108,40 +122,98 @@ impl Reference {
         timeout: Option<u64>,
         lifo: bool,
     ) -> Self {
+        let config = GateConfig::new(limit)
+            .with_queue(queue_limit)
+            .with_wait_limit(wait_limit)
+            .with_queue_timeout(timeout.map(std::time::Duration::from_nanos))
+            .with_adaptive_lifo(lifo);
+        Self::from_config(&config)
+    }
+
+    /// The gate `config` describes (the clock and metrics prefix aside).
+    pub fn from_config(config: &GateConfig) -> Self {
+        let classes = if config.classes.is_empty() {
+            config.clone().with_classes(1).classes
+        } else {
+            config.classes.clone()
+        };
+        let mut above = Vec::new();
+        let mut most = 0;
+        for c in &classes {
+            above.push(most);
+            most = most.max(c.reserved);
+        }
+        let mut stats = GateStats {
+            limit: config.limit,
+            queue_limit: config.queue,
+            wait_limit: config.wait_limit,
+            class_count: classes.len(),
+            ..GateStats::default()
+        };
+        for (k, c) in classes.iter().enumerate() {
+            stats.classes[k].queue_limit = c.queue;
+        }
         Self {
-            limit,
-            queue_limit,
-            wait_limit,
+            limit: config.limit,
+            queue_limit: config.queue,
+            wait_limit: config.wait_limit,
             waiting: 0,
             held_waiting: 0,
-            timeout,
-            lifo,
+            class_queue: classes.iter().map(|c| c.queue).collect(),
+            timeout: classes.iter().map(|c| c.queue_timeout.map(nanos)).collect(),
+            above,
+            lifo: config.adaptive_lifo,
             lifo_next: false,
             closed: false,
             running: 0,
             held: 0,
-            queue: VecDeque::new(),
+            queue: vec![VecDeque::new(); classes.len()],
+            class_of: HashMap::new(),
             waiters: HashMap::new(),
             fired: Vec::new(),
             pending: Vec::new(),
-            stats: GateStats {
-                limit,
-                queue_limit,
-                wait_limit,
-                ..GateStats::default()
-            },
+            stats,
         }
+    }
+
+    /// The class a priority names (past the last class, the last).
+    pub fn class(&self, priority: u8) -> usize {
+        (priority as usize).min(self.queue.len() - 1)
+    }
+
+    /// Waiters queued, all classes.
+    fn queued(&self) -> usize {
+        self.queue.iter().map(VecDeque::len).sum()
+    }
+
+    /// Whether class `k` may take a slot while `running` are held.
+    fn room(&self, k: usize, running: u32) -> bool {
+        running + self.above[k] < self.limit
+    }
+
+    /// The most important class with a waiter.
+    fn first_class(&self) -> Option<usize> {
+        self.queue.iter().position(|q| !q.is_empty())
     }
 
     /// What `AdmissionGate::stats` must say.
     pub fn stats(&self) -> GateStats {
+        let mut s = self.stats;
+        for (k, q) in self.queue.iter().enumerate() {
+            s.classes[k].queued = q.len() as u32;
+        }
+        let sum = |f: fn(&ClassStats) -> u64| s.classes.iter().map(f).sum::<u64>();
         GateStats {
             running: self.running,
-            queued: self.queue.len() as u32,
+            queued: self.queued() as u32,
             waiting: self.waiting,
             limit: self.limit,
             closed: self.closed,
-            ..self.stats
+            rejected_at_capacity: sum(|c| c.rejected_at_capacity),
+            expired: sum(|c| c.expired),
+            rejected_closed: sum(|c| c.rejected_closed),
+            displaced: sum(|c| c.displaced),
+            ..s
         }
     }
 
@@ -166,14 +238,16 @@ impl Reference {
         }
     }
 
-    /// When the oldest waiter times out.
+    /// When the first head waiter times out.
     pub fn next_deadline(&self) -> Option<u64> {
-        let t = self.timeout?;
-        self.queue.front().map(|&(_, at)| at + t)
+        (0..self.queue.len())
+            .filter_map(|k| Some(self.queue[k].front()?.1 + self.timeout[k]?))
+            .min()
     }
 
     /// Tells a resolved waiter: a callback fires now (and holds its permit).
     pub fn resolve(&mut self, id: usize, outcome: Result<(), AdmitError>) {
+        self.class_of.remove(&id);
         let entry = self.waiters.get_mut(&id).unwrap();
         match entry.0 {
             Kind::Future => {
@@ -192,21 +266,23 @@ impl Reference {
         }
     }
 
-    /// Times out every waiter whose deadline has come.
+    /// Times out every waiter whose deadline has come, class by class.
     pub fn expire_due(&mut self, now: u64) -> usize {
-        let Some(t) = self.timeout else { return 0 };
         if self.closed {
             return 0;
         }
         let mut n = 0;
-        while let Some(&(id, at)) = self.queue.front() {
-            if at + t > now {
-                break;
+        for k in 0..self.queue.len() {
+            let Some(t) = self.timeout[k] else { continue };
+            while let Some(&(id, at)) = self.queue[k].front() {
+                if at + t > now {
+                    break;
+                }
+                self.queue[k].pop_front();
+                self.stats.classes[k].expired += 1;
+                self.resolve(id, Err(AdmitError::QueueTimeout));
+                n += 1;
             }
-            self.queue.pop_front();
-            self.stats.expired += 1;
-            self.resolve(id, Err(AdmitError::QueueTimeout));
-            n += 1;
         }
         if n > 0 && self.lifo {
             self.lifo_next = true;
@@ -214,24 +290,25 @@ impl Reference {
         n
     }
 
-    /// Hands a slot to the next waiter (the newest after an expiry under
-    /// adaptive LIFO, else the oldest).
-    pub fn grant_one(&mut self) {
+    /// Hands a slot to the next waiter of class `k` (the newest after an
+    /// expiry under adaptive LIFO, else the oldest).
+    pub fn grant_one(&mut self, k: usize) {
         let (id, _) = if self.lifo_next {
             self.lifo_next = false;
-            self.queue.pop_back().unwrap()
+            self.queue[k].pop_back().unwrap()
         } else {
-            self.queue.pop_front().unwrap()
+            self.queue[k].pop_front().unwrap()
         };
         self.stats.admitted_queued += 1;
         self.take_wait();
         self.resolve(id, Ok(()));
     }
 
-    /// An admission; a queued waiter joins [`Reference::pending`].
-    pub fn admit(&mut self, id: usize, kind: Kind, now: u64) -> Out {
+    /// An admission of priority `priority`; a queued waiter joins
+    /// [`Reference::pending`].
+    pub fn admit(&mut self, id: usize, kind: Kind, priority: u8, now: u64) -> Out {
         self.stats.received += 1;
-        let out = self.admit_inner(id, kind, now);
+        let out = self.admit_inner(id, kind, self.class(priority), now);
         if out == Out::Pending {
             self.pending.push(id);
         }
@@ -250,35 +327,60 @@ impl Reference {
         out
     }
 
-    fn admit_inner(&mut self, id: usize, kind: Kind, now: u64) -> Out {
-        if self.closed {
-            self.stats.rejected_closed += 1;
-            return Out::Rejected(AdmitError::Closed);
-        }
-        if self.queue.is_empty() && self.running < self.limit && self.wait_free() {
-            self.running += 1;
-            self.take_wait();
-            self.stats.admitted_direct += 1;
-            return Out::Admitted;
-        }
-        if self.queue.len() as u32 >= self.queue_limit {
-            self.expire_due(now);
-            if self.queue.len() as u32 >= self.queue_limit {
-                self.stats.rejected_at_capacity += 1;
-                return Out::Rejected(AdmitError::AtCapacity);
-            }
-        }
-        self.queue.push_back((id, now));
-        self.waiters.insert(id, (kind, WState::Queued));
-        Out::Pending
+    /// Whether a request of class `k` is admitted at once: nobody of its
+    /// class or a more important one waits, a slot is free within its share
+    /// and a wait slot is free.
+    fn direct(&self, k: usize) -> bool {
+        self.queue[..=k].iter().all(VecDeque::is_empty)
+            && self.room(k, self.running)
+            && self.wait_free()
     }
 
-    /// `try_admit`.
-    pub fn try_admit(&mut self) -> Out {
+    fn admit_inner(&mut self, id: usize, kind: Kind, k: usize, now: u64) -> Out {
+        if self.closed {
+            self.stats.classes[k].rejected_closed += 1;
+            return Out::Rejected(AdmitError::Closed);
+        }
+        let mut expired = false;
+        loop {
+            if self.direct(k) {
+                self.running += 1;
+                self.take_wait();
+                self.stats.admitted_direct += 1;
+                return Out::Admitted;
+            }
+            let class_full = self.queue[k].len() as u32 >= self.class_queue[k];
+            let whole_full = self.queued() as u32 >= self.queue_limit;
+            let victim = (k + 1..self.queue.len())
+                .rev()
+                .find(|&j| !self.queue[j].is_empty())
+                .filter(|_| whole_full);
+            if class_full || (whole_full && victim.is_none()) {
+                if !expired && self.class_queue[k] > 0 && self.expire_due(now) > 0 {
+                    expired = true;
+                    continue;
+                }
+                self.stats.classes[k].rejected_at_capacity += 1;
+                return Out::Rejected(AdmitError::AtCapacity);
+            }
+            if let Some(j) = victim {
+                let (vid, _) = self.queue[j].pop_back().unwrap();
+                self.stats.classes[j].displaced += 1;
+                self.resolve(vid, Err(AdmitError::Displaced));
+            }
+            self.queue[k].push_back((id, now));
+            self.class_of.insert(id, k);
+            self.waiters.insert(id, (kind, WState::Queued));
+            return Out::Pending;
+        }
+    }
+
+    /// `try_admit` of priority `priority`.
+    pub fn try_admit(&mut self, priority: u8) -> Out {
         if self.closed {
             return Out::Try(Err(TryAdmitError::Closed));
         }
-        if self.queue.is_empty() && self.running < self.limit && self.wait_free() {
+        if self.direct(self.class(priority)) {
             self.running += 1;
             self.take_wait();
             self.hold();
@@ -296,11 +398,11 @@ impl Reference {
         if wait {
             self.waiting -= 1;
         }
-        if !self.queue.is_empty() && !self.closed && self.running <= self.limit && self.wait_free()
-        {
+        if self.queued() > 0 && !self.closed && self.wait_free() {
             self.expire_due(now);
-            if !self.queue.is_empty() {
-                self.grant_one();
+            let freed = self.running - 1;
+            if let Some(k) = self.first_class().filter(|&k| self.room(k, freed)) {
+                self.grant_one(k);
                 return;
             }
         }
@@ -323,10 +425,10 @@ impl Reference {
     pub fn first_response(&mut self, now: u64) {
         self.held_waiting -= 1;
         self.waiting -= 1;
-        if !self.queue.is_empty() && !self.closed && self.running < self.limit {
+        if self.queued() > 0 && !self.closed {
             self.expire_due(now);
-            if !self.queue.is_empty() {
-                self.grant_one();
+            if let Some(k) = self.first_class().filter(|&k| self.room(k, self.running)) {
+                self.grant_one(k);
                 self.running += 1;
             }
         }
@@ -344,7 +446,8 @@ impl Reference {
         let (kind, state) = self.waiters.remove(&id).unwrap();
         match state {
             WState::Queued => {
-                self.queue.retain(|&(q, _)| q != id);
+                let k = self.class_of.remove(&id).unwrap();
+                self.queue[k].retain(|&(q, _)| q != id);
                 self.stats.cancelled += 1;
                 Out::Cancelled(true)
             }
@@ -396,26 +499,28 @@ impl Reference {
 
     /// `set_limit` (a valid one).
     pub fn set_limit(&mut self, n: u32, now: u64) {
-        if !self.closed && !self.queue.is_empty() && self.running < n {
-            self.expire_due(now);
-            let free_waits = self.wait_limit.map_or(u32::MAX, |w| w - self.waiting);
-            let want = (self.queue.len() as u32)
-                .min(n - self.running)
-                .min(free_waits);
-            for _ in 0..want {
-                self.grant_one();
-                self.running += 1;
-            }
-        }
         self.limit = n;
+        if self.closed {
+            return;
+        }
+        self.expire_due(now);
+        while self.wait_free() {
+            let Some(k) = self.first_class().filter(|&k| self.room(k, self.running)) else {
+                break;
+            };
+            self.grant_one(k);
+            self.running += 1;
+        }
     }
 
     /// `close`: every waiter is refused.
     pub fn close(&mut self) {
         self.closed = true;
-        while let Some((id, _)) = self.queue.pop_front() {
-            self.stats.rejected_closed += 1;
-            self.resolve(id, Err(AdmitError::Closed));
+        for k in 0..self.queue.len() {
+            while let Some((id, _)) = self.queue[k].pop_front() {
+                self.stats.classes[k].rejected_closed += 1;
+                self.resolve(id, Err(AdmitError::Closed));
+            }
         }
     }
 }

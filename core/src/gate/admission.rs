@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{nanos, MonotonicClock, SharedClock};
+use crate::clock::{MonotonicClock, SharedClock};
 
 use super::callback::{self, AdmitCallback, CallbackTicket};
 use super::config::{self, ConfigError, GateConfig};
@@ -65,36 +65,47 @@ impl AdmissionGate {
     pub fn with_clock(config: GateConfig, clock: SharedClock) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {
-            raw: RawGate::new(
-                config.limit,
-                config.queue,
-                config.wait_limit,
-                config.queue_timeout.map(|d| nanos(d).max(1)),
-                config.adaptive_lifo,
-                clock,
-            ),
+            raw: RawGate::new(&config, clock),
             prefix: config.metrics_prefix,
         })
     }
 
     // ----- admission -------------------------------------------------------
 
-    /// Takes a slot only if one is free and nobody is waiting; never queues.
-    /// Failures are not counted as rejections.
+    /// Takes a slot only if one is free and nobody is waiting (of a more
+    /// important class or the same); never queues. Failures are not counted
+    /// as rejections. A request of class 0, the
+    /// most important (see [`try_admit_at`](Self::try_admit_at)).
+    #[inline(always)]
+    pub fn try_admit(&self) -> Result<Permit<'_>, TryAdmitError> {
+        self.try_admit_at(0)
+    }
+
+    /// [`try_admit`](Self::try_admit) for a request of priority class
+    /// `priority` (0 the most important; past the gate's last class counts
+    /// as the last): takes a slot if one is free within the class's share
+    /// and nobody of this class or a more important one is waiting.
     // Always inlined: with the wait limit's out-of-line branch the compiler
     // stopped inlining it, which tripled the cost of a direct admit.
     #[inline(always)]
-    pub fn try_admit(&self) -> Result<Permit<'_>, TryAdmitError> {
-        match self.raw.try_direct() {
+    pub fn try_admit_at(&self, priority: u8) -> Result<Permit<'_>, TryAdmitError> {
+        let class = self.raw.class_of(priority);
+        match self.raw.try_direct(class) {
             Ok(()) => {
                 self.raw.counters.admitted_direct.add(1);
                 Ok(Permit::new(self))
             }
             Err(w) if w.closed() => Err(TryAdmitError::Closed),
-            Err(_) if self.raw.wait_limit.is_none() => Err(TryAdmitError::WouldWait),
+            Err(w)
+                if self.raw.wait_limit.is_none()
+                    && (w.queued() == 0 || self.raw.classes.count == 1) =>
+            {
+                Err(TryAdmitError::WouldWait)
+            }
             // A gate with a wait limit admits under the mutex, where the
-            // wait count lives.
-            Err(w) => self.try_admit_locked(w),
+            // wait count lives; so does a request that may use a reserved
+            // slot while only less important classes wait.
+            Err(w) => self.try_admit_locked(class, w),
         }
     }
 
@@ -103,11 +114,15 @@ impl AdmissionGate {
     /// to inline into its callers.
     #[cold]
     #[inline(never)]
-    fn try_admit_locked(&self, seen: super::state::Word) -> Result<Permit<'_>, TryAdmitError> {
-        if !seen.direct() {
+    fn try_admit_locked(
+        &self,
+        class: usize,
+        seen: super::state::Word,
+    ) -> Result<Permit<'_>, TryAdmitError> {
+        if seen.closed() || !self.raw.classes.room(class, seen) {
             return Err(TryAdmitError::WouldWait);
         }
-        match self.raw.try_direct_locked() {
+        match self.raw.try_direct_locked(class) {
             Ok(()) => {
                 self.raw.counters.admitted_direct.add(1);
                 Ok(Permit::new(self))
@@ -120,25 +135,57 @@ impl AdmissionGate {
     /// [`try_admit`](Self::try_admit) returning an [`OwnedPermit`].
     #[inline]
     pub fn try_admit_owned(self: &Arc<Self>) -> Result<OwnedPermit, TryAdmitError> {
-        self.try_admit().map(|p| p.into_owned(self))
+        self.try_admit_owned_at(0)
     }
 
-    /// Waits for a slot as a future (see [`Admit`]).
+    /// [`try_admit_at`](Self::try_admit_at) returning an [`OwnedPermit`].
+    #[inline]
+    pub fn try_admit_owned_at(
+        self: &Arc<Self>,
+        priority: u8,
+    ) -> Result<OwnedPermit, TryAdmitError> {
+        self.try_admit_at(priority).map(|p| p.into_owned(self))
+    }
+
+    /// Waits for a slot as a future (see [`Admit`]); class 0.
     pub fn admit(&self) -> Admit<'_> {
-        Admit::new(self)
+        self.admit_at(0)
     }
 
-    /// Waits for a slot as a `'static` future (see [`AdmitOwned`]).
+    /// [`admit`](Self::admit) for a request of priority class `priority` (0
+    /// the most important; past the gate's last class counts as the last).
+    pub fn admit_at(&self, priority: u8) -> Admit<'_> {
+        Admit::new(self, self.raw.class_of(priority))
+    }
+
+    /// Waits for a slot as a `'static` future (see [`AdmitOwned`]); class 0.
     pub fn admit_owned(self: &Arc<Self>) -> AdmitOwned {
-        AdmitOwned::new(Arc::clone(self))
+        self.admit_owned_at(0)
+    }
+
+    /// [`admit_owned`](Self::admit_owned) for priority class `priority`.
+    pub fn admit_owned_at(self: &Arc<Self>, priority: u8) -> AdmitOwned {
+        AdmitOwned::new(Arc::clone(self), self.raw.class_of(priority))
     }
 
     /// Waits for a slot, blocking the thread, for at most `timeout` (`None`:
     /// as long as it takes). When the timeout runs out the request leaves the
     /// queue and [`AdmitError::TimedOut`] is returned. A queue deadline, if
-    /// configured, is enforced by the waiting thread itself.
+    /// configured, is enforced by the waiting thread itself. Class 0.
     pub fn admit_blocking(&self, timeout: Option<Duration>) -> Result<Permit<'_>, AdmitError> {
-        self.raw.wait_blocking(timeout).map(|()| Permit::new(self))
+        self.admit_blocking_at(0, timeout)
+    }
+
+    /// [`admit_blocking`](Self::admit_blocking) for priority class
+    /// `priority`.
+    pub fn admit_blocking_at(
+        &self,
+        priority: u8,
+        timeout: Option<Duration>,
+    ) -> Result<Permit<'_>, AdmitError> {
+        self.raw
+            .wait_blocking(self.raw.class_of(priority), timeout)
+            .map(|()| Permit::new(self))
     }
 
     /// [`admit_blocking`](Self::admit_blocking) returning an [`OwnedPermit`].
@@ -146,8 +193,18 @@ impl AdmissionGate {
         self: &Arc<Self>,
         timeout: Option<Duration>,
     ) -> Result<OwnedPermit, AdmitError> {
+        self.admit_blocking_owned_at(0, timeout)
+    }
+
+    /// [`admit_blocking_at`](Self::admit_blocking_at) returning an
+    /// [`OwnedPermit`].
+    pub fn admit_blocking_owned_at(
+        self: &Arc<Self>,
+        priority: u8,
+        timeout: Option<Duration>,
+    ) -> Result<OwnedPermit, AdmitError> {
         self.raw
-            .wait_blocking(timeout)
+            .wait_blocking(self.raw.class_of(priority), timeout)
             .map(|()| OwnedPermit::new(Arc::clone(self)))
     }
 
@@ -155,13 +212,28 @@ impl AdmissionGate {
     /// at once on this thread if the request is admitted or rejected
     /// straight away, otherwise later from the thread that hands it a slot,
     /// expires it or closes the gate. For engine loops and event loops that
-    /// cannot poll a future (C++, Python asyncio).
+    /// cannot poll a future (C++, Python asyncio). Class 0.
     ///
     /// The callback must be quick and must not panic; it may drop its permit
     /// or ask for another. While queued, the request holds a handle to the
     /// gate. The returned ticket can cancel the request while it waits.
     pub fn admit_with_callback(self: &Arc<Self>, callback: AdmitCallback) -> CallbackTicket {
-        callback::admit(self, callback)
+        self.admit_with_callback_at(0, callback)
+    }
+
+    /// [`admit_with_callback`](Self::admit_with_callback) for priority class
+    /// `priority`.
+    pub fn admit_with_callback_at(
+        self: &Arc<Self>,
+        priority: u8,
+        callback: AdmitCallback,
+    ) -> CallbackTicket {
+        callback::admit(self, self.raw.class_of(priority), callback)
+    }
+
+    /// How many priority classes the gate has (1 without classes).
+    pub fn classes(&self) -> usize {
+        self.raw.classes.count
     }
 
     // ----- control ---------------------------------------------------------
@@ -191,10 +263,13 @@ impl AdmissionGate {
         self.raw.expire()
     }
 
-    /// Clock time (nanoseconds, the gate's clock) at which the oldest waiter
-    /// expires, or `None` without a deadline or without waiters.
+    /// Clock time (nanoseconds, the gate's clock) at which the first waiter
+    /// expires (the earliest of the classes' oldest waiters), or `None`
+    /// without a deadline or without waiters.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.raw.timeout?;
+        if !self.raw.deadlines {
+            return None;
+        }
         self.raw.next_deadline()
     }
 
@@ -241,7 +316,8 @@ impl AdmissionGate {
         self.raw.waiting()
     }
 
-    /// The queue deadline, if set.
+    /// The gate's queue deadline, if set (a gate with classes may set its
+    /// own per class, see [`GateConfig::classes`]).
     pub fn queue_timeout(&self) -> Option<Duration> {
         self.raw.timeout.map(Duration::from_nanos)
     }

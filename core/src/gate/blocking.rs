@@ -14,16 +14,21 @@ use super::table::{Status, Waiter};
 use super::wake::WakeList;
 
 impl RawGate {
-    /// The blocking wait: `Ok` once the thread holds a slot.
-    pub(super) fn wait_blocking(&self, timeout: Option<Duration>) -> Result<(), AdmitError> {
-        match self.admit_fast() {
+    /// The blocking wait of a request of `class`: `Ok` once the thread holds
+    /// a slot.
+    pub(super) fn wait_blocking(
+        &self,
+        class: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), AdmitError> {
+        match self.admit_fast(class) {
             Fast::Admitted => return Ok(()),
             Fast::Rejected(e) => return Err(e),
             Fast::Slow => {}
         }
         let give_up = timeout.and_then(|d| Instant::now().checked_add(d));
         let mut wakes = WakeList::new();
-        let step = self.enqueue(Waiter::Thread, &mut wakes);
+        let step = self.enqueue(class, Waiter::Thread, &mut wakes);
         wakes.run(self);
         let idx = match step {
             Enqueued::Direct(_) => return Ok(()),
@@ -49,13 +54,13 @@ impl RawGate {
             // Acquire: the rule for loads under the mutex (`closed` itself
             // only changes under it).
             let closed = Word(self.state.load(Ordering::Acquire)).closed();
-            if let Some(deadline) = self.timeout.filter(|_| !closed) {
+            if let Some(deadline) = self.classes.timeout[class].filter(|_| !closed) {
                 // (Once closed, close() rejects us and notifies.)
                 let now = self.clock.now_nanos();
                 let due = t.cells[idx as usize].enqueued_at.saturating_add(deadline);
                 if now >= due {
-                    // Everyone ahead of us is older, so due too: expire from
-                    // the head until our own cell is reached.
+                    // Everyone ahead of us in our class is older, so due too:
+                    // expire from the heads until our own cell is reached.
                     let mut wakes = WakeList::new();
                     self.expire_locked(&mut t, now, &mut wakes);
                     drop(t);

@@ -64,14 +64,18 @@ impl fmt::Debug for CallbackTicket {
 
 /// [`AdmissionGate::admit_with_callback`]: admits, rejects or queues, and
 /// calls `callback` at once unless the request was queued.
-pub(super) fn admit(gate: &Arc<AdmissionGate>, callback: AdmitCallback) -> CallbackTicket {
-    let outcome = match gate.raw.admit_fast() {
+pub(super) fn admit(
+    gate: &Arc<AdmissionGate>,
+    class: usize,
+    callback: AdmitCallback,
+) -> CallbackTicket {
+    let outcome = match gate.raw.admit_fast(class) {
         Fast::Admitted => Ok(()),
         Fast::Rejected(e) => Err(e),
         Fast::Slow => {
             let waiter = Waiter::Callback(callback, Arc::clone(gate));
             let mut wakes = WakeList::new();
-            let step = gate.raw.enqueue(waiter, &mut wakes);
+            let step = gate.raw.enqueue(class, waiter, &mut wakes);
             wakes.run(&gate.raw);
             let (outcome, back) = match step {
                 Enqueued::Queued(idx, gen) => {

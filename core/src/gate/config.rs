@@ -36,6 +36,28 @@ pub const MAX_LIMIT: u32 = (1 << 21) - 1;
 /// Largest queue size `Q` (the queued field is 21 bits wide).
 pub const MAX_QUEUE: u32 = (1 << 21) - 1;
 
+/// Most priority classes a gate has.
+pub const MAX_CLASSES: usize = 8;
+
+/// One priority class of a gate (see [`GateConfig::classes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassConfig {
+    /// How many requests of this class may wait, at most the gate's queue
+    /// size `Q`. 0: the class never waits (sheddable traffic), it is
+    /// admitted only when a slot is free for it and rejected otherwise.
+    pub queue: u32,
+    /// Queue deadline of this class's waiters (`None`: they wait as long as
+    /// it takes). Must not be zero.
+    pub queue_timeout: Option<Duration>,
+    /// Reserved slots: the last `reserved` of the `N` slots go only to this
+    /// class and more important ones. So class `k` may run while fewer than
+    /// `N - r` requests run, `r` being the largest reservation of a class
+    /// more important than `k`. At most `N` (checked when the gate is built;
+    /// a later [`set_limit`](super::AdmissionGate::set_limit) below it leaves
+    /// the less important classes no slot until the limit rises again).
+    pub reserved: u32,
+}
+
 /// How an [`AdmissionGate`](super::AdmissionGate) is shaped.
 ///
 /// Build one with [`GateConfig::new`] and the `with_*` methods, or with
@@ -64,6 +86,18 @@ pub struct GateConfig {
     pub adaptive_lifo: bool,
     /// Prefix of every metric name (default `dynamo`).
     pub metrics_prefix: String,
+    /// Priority classes, class 0 the most important: 1 to [`MAX_CLASSES`].
+    /// Empty (the default) means one class that may fill the whole queue
+    /// with the gate's queue deadline: the gate without classes.
+    ///
+    /// `Q` ([`queue`](Self::queue)) bounds the whole queue; each class has
+    /// its own limit within it. A freed slot goes to the oldest waiter of
+    /// the most important class that has one (and may use the slot, see
+    /// [`ClassConfig::reserved`]). An arrival that finds the whole queue full,
+    /// its own class not full, displaces the newest waiter of the least
+    /// important class that is less important than its own; that waiter is
+    /// rejected with [`AdmitError::Displaced`](super::AdmitError).
+    pub classes: Vec<ClassConfig>,
 }
 
 impl GateConfig {
@@ -76,6 +110,52 @@ impl GateConfig {
             queue_timeout: None,
             adaptive_lifo: false,
             metrics_prefix: DEFAULT_PREFIX.to_owned(),
+            classes: Vec::new(),
+        }
+    }
+
+    /// `n` priority classes, each allowed to fill the whole queue, with the
+    /// gate's queue deadline and no reserved slots; shape them with
+    /// [`with_class`](Self::with_class). Set the queue size and deadline
+    /// first: the classes copy them.
+    #[must_use]
+    pub fn with_classes(mut self, n: usize) -> Self {
+        let class = ClassConfig {
+            queue: self.queue,
+            queue_timeout: self.queue_timeout,
+            reserved: 0,
+        };
+        self.classes = vec![class; n];
+        self
+    }
+
+    /// Sets class `index`, first adding classes as
+    /// [`with_classes`](Self::with_classes) does up to it if there are fewer
+    /// (more than [`MAX_CLASSES`] is reported when the gate is built).
+    #[must_use]
+    pub fn with_class(mut self, index: usize, class: ClassConfig) -> Self {
+        if index >= self.classes.len() {
+            let n = index.saturating_add(1).min(MAX_CLASSES + 1);
+            let default = self.clone().with_classes(1).classes[0];
+            self.classes.resize(n, default);
+        }
+        if let Some(slot) = self.classes.get_mut(index) {
+            *slot = class;
+        }
+        self
+    }
+
+    /// The classes as the gate runs them: [`classes`](Self::classes), or the
+    /// single class of a gate without classes.
+    pub(crate) fn effective_classes(&self) -> Vec<ClassConfig> {
+        if self.classes.is_empty() {
+            vec![ClassConfig {
+                queue: self.queue,
+                queue_timeout: self.queue_timeout,
+                reserved: 0,
+            }]
+        } else {
+            self.classes.clone()
         }
     }
 
@@ -218,6 +298,32 @@ impl GateConfig {
         if self.queue_timeout == Some(Duration::ZERO) {
             return Err(ConfigError::ZeroTimeout);
         }
+        if self.classes.len() > MAX_CLASSES {
+            return Err(ConfigError::OutOfRange {
+                field: "classes",
+                value: self.classes.len() as u64,
+                max: MAX_CLASSES as u64,
+            });
+        }
+        for (index, class) in self.classes.iter().enumerate() {
+            let bad = |field, value: u32, max: u32| {
+                Err(ConfigError::InvalidClass {
+                    index,
+                    field,
+                    value: u64::from(value),
+                    max: u64::from(max),
+                })
+            };
+            if class.queue > self.queue {
+                return bad("queue", class.queue, self.queue);
+            }
+            if class.reserved > self.limit {
+                return bad("reserved", class.reserved, self.limit);
+            }
+            if class.queue_timeout == Some(Duration::ZERO) {
+                return Err(ConfigError::ZeroTimeout);
+            }
+        }
         if !valid_prefix(&self.metrics_prefix) {
             return Err(ConfigError::InvalidPrefix(self.metrics_prefix.clone()));
         }
@@ -315,6 +421,19 @@ pub enum ConfigError {
     ZeroWaitLimit,
     /// The metric prefix is not a valid Prometheus metric name.
     InvalidPrefix(String),
+    /// A priority class's setting is larger than the gate allows: its
+    /// queue larger than the whole queue `Q`, or its reservation larger than
+    /// the engine limit `N`.
+    InvalidClass {
+        /// The class (0 the most important).
+        index: usize,
+        /// The field name (`queue` or `reserved`).
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest allowed value.
+        max: u64,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -336,6 +455,15 @@ impl fmt::Display for ConfigError {
             } => {
                 write!(f, "{var} = {value:?} is invalid: expected {expected}")
             }
+            ConfigError::InvalidClass {
+                index,
+                field,
+                value,
+                max,
+            } => write!(
+                f,
+                "class {index}: {field} = {value} is out of range: must be at most {max}"
+            ),
             ConfigError::MissingEnv { var, alias } => write!(
                 f,
                 "no engine request limit: set {var} (or {alias}) to an integer from 1 to 2097151"

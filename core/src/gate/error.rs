@@ -15,6 +15,9 @@ pub enum AdmitError {
     QueueTimeout,
     /// The gate is closed. A rejection.
     Closed,
+    /// A more important request took this one's place in the full queue
+    /// (see [`GateConfig::classes`](super::GateConfig::classes)). A rejection.
+    Displaced,
     /// The caller's own timeout (of a blocking wait) ran out first; the request
     /// left the queue as a cancellation, not a rejection.
     TimedOut,
@@ -27,6 +30,7 @@ impl AdmitError {
             AdmitError::AtCapacity => Reason::WorkerAtCapacity,
             AdmitError::QueueTimeout | AdmitError::TimedOut => Reason::QueueTimeout,
             AdmitError::Closed => Reason::Closed,
+            AdmitError::Displaced => Reason::Displaced,
         }
     }
 }

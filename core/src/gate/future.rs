@@ -18,8 +18,8 @@ use super::AdmissionGate;
 /// Where a future stands.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum WaitState {
-    /// Not polled yet.
-    Start,
+    /// Not polled yet; the request's class.
+    Start(usize),
     /// Queued in this cell.
     Queued(u32),
     /// Returned its output.
@@ -33,14 +33,14 @@ fn poll_admit(
     waker: &Waker,
 ) -> Poll<Result<(), AdmitError>> {
     let outcome = match *state {
-        WaitState::Start => match gate.raw.admit_fast() {
+        WaitState::Start(class) => match gate.raw.admit_fast(class) {
             Fast::Admitted => Ok(()),
             Fast::Rejected(e) => Err(e),
             Fast::Slow => {
                 let mut wakes = WakeList::new();
                 let step = gate
                     .raw
-                    .enqueue(Waiter::Task(Some(waker.clone())), &mut wakes);
+                    .enqueue(class, Waiter::Task(Some(waker.clone())), &mut wakes);
                 wakes.run(&gate.raw);
                 match step {
                     Enqueued::Direct(_) => Ok(()),
@@ -76,10 +76,10 @@ pub struct Admit<'a> {
 }
 
 impl<'a> Admit<'a> {
-    pub(super) fn new(gate: &'a AdmissionGate) -> Self {
+    pub(super) fn new(gate: &'a AdmissionGate, class: usize) -> Self {
         Self {
             gate,
-            state: WaitState::Start,
+            state: WaitState::Start(class),
         }
     }
 
@@ -123,10 +123,10 @@ pub struct AdmitOwned {
 }
 
 impl AdmitOwned {
-    pub(super) fn new(gate: Arc<AdmissionGate>) -> Self {
+    pub(super) fn new(gate: Arc<AdmissionGate>, class: usize) -> Self {
         Self {
             gate,
-            state: WaitState::Start,
+            state: WaitState::Start(class),
         }
     }
 

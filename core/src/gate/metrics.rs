@@ -17,6 +17,14 @@ const BUCKETS: [f64; 16] = [
     60.0,
 ];
 
+/// The reasons a gate rejects for.
+const GATE_REASONS: [Reason; 4] = [
+    Reason::WorkerAtCapacity,
+    Reason::QueueTimeout,
+    Reason::Closed,
+    Reason::Displaced,
+];
+
 /// [`AdmissionGate::metrics_text`].
 pub(super) fn render(gate: &AdmissionGate) -> String {
     let s = gate.stats();
@@ -80,11 +88,7 @@ pub(super) fn render(gate: &AdmissionGate) -> String {
         "counter",
         "Requests rejected, by reason.",
     );
-    for reason in [
-        Reason::WorkerAtCapacity,
-        Reason::QueueTimeout,
-        Reason::Closed,
-    ] {
+    for reason in GATE_REASONS {
         metrics::sample(
             &mut out,
             p,
@@ -112,8 +116,63 @@ pub(super) fn render(gate: &AdmissionGate) -> String {
     );
     metrics::sample(&mut out, p, name, &[], s.expired);
     render_wait_histogram(gate, &mut out);
+    render_classes(&s, p, &mut out);
     render_backend_admission(&s, p, &mut out);
     out
+}
+
+/// Per priority class (label `class`, 0 the most important): queued
+/// requests, queue limit and rejections by reason. A gate without classes
+/// shows its one class 0.
+fn render_classes(s: &GateStats, p: &str, out: &mut String) {
+    let mut class = String::new();
+    let label = |class: &mut String, k: usize| {
+        class.clear();
+        let _ = write!(class, "{k}");
+    };
+    let name = "request_queue_by_class";
+    metrics::header(
+        out,
+        p,
+        name,
+        "gauge",
+        "Requests waiting, by priority class.",
+    );
+    for (k, c) in s.classes().iter().enumerate() {
+        label(&mut class, k);
+        metrics::sample(out, p, name, &[("class", &class)], c.queued);
+    }
+    let name = "request_queue_limit_by_class";
+    metrics::header(out, p, name, "gauge", "Queue size, by priority class.");
+    for (k, c) in s.classes().iter().enumerate() {
+        label(&mut class, k);
+        metrics::sample(out, p, name, &[("class", &class)], c.queue_limit);
+    }
+    let name = "request_rejection_by_class_total";
+    metrics::header(
+        out,
+        p,
+        name,
+        "counter",
+        "Requests rejected, by priority class and reason.",
+    );
+    for (k, c) in s.classes().iter().enumerate() {
+        label(&mut class, k);
+        for (reason, n) in GATE_REASONS.into_iter().zip([
+            c.rejected_at_capacity,
+            c.expired,
+            c.rejected_closed,
+            c.displaced,
+        ]) {
+            metrics::sample(
+                out,
+                p,
+                name,
+                &[("class", &class), ("reason", &reason.as_str())],
+                n,
+            );
+        }
+    }
 }
 
 /// The reference's newest family, `{prefix}_backend_admission_*`. Every

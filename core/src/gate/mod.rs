@@ -131,11 +131,11 @@ mod wake;
 pub use admission::AdmissionGate;
 pub use callback::{AdmitCallback, CallbackTicket};
 pub use config::{
-    ConfigError, GateConfig, DEFAULT_QUEUE_LIMIT, ENGINE_REQUEST_LIMIT_ALIAS,
-    ENGINE_REQUEST_LIMIT_ENV, MAX_LIMIT, MAX_QUEUE, QUEUE_LIMIT_ALIAS, QUEUE_LIMIT_ENV,
-    QUEUE_TIMEOUT_ENV, WAIT_LIMIT_ENV,
+    ClassConfig, ConfigError, GateConfig, DEFAULT_QUEUE_LIMIT, ENGINE_REQUEST_LIMIT_ALIAS,
+    ENGINE_REQUEST_LIMIT_ENV, MAX_CLASSES, MAX_LIMIT, MAX_QUEUE, QUEUE_LIMIT_ALIAS,
+    QUEUE_LIMIT_ENV, QUEUE_TIMEOUT_ENV, WAIT_LIMIT_ENV,
 };
 pub use error::{AdmitError, TryAdmitError};
 pub use future::{Admit, AdmitOwned};
 pub use permit::{OwnedPermit, Permit};
-pub use stats::GateStats;
+pub use stats::{ClassStats, GateStats};

@@ -35,9 +35,10 @@ use crossbeam_utils::CachePadded;
 use crate::clock::SharedClock;
 use crate::sync::{lock, AtomicU64, Condvar, Mutex, Ordering};
 
+use super::config::{GateConfig, MAX_CLASSES};
 use super::error::AdmitError;
 use super::state::{Word, CLOSED, ONE_QUEUED, ONE_RUNNING};
-use super::stats::{bump, Counters, GateStats};
+use super::stats::{bump, Counters, GateStats, Gauges};
 use super::table::{Status, Table, Waiter, NIL};
 use super::wake::{Wake, WakeList};
 
@@ -71,6 +72,45 @@ pub(super) enum Enqueued {
     Queued(u32, u32),
 }
 
+/// The priority classes' settings, in the arrays' first `count` entries.
+pub(super) struct Classes {
+    pub(super) count: usize,
+    /// Each class's queue limit.
+    pub(super) queue: [u32; MAX_CLASSES],
+    /// Each class's queue deadline in clock nanoseconds (at least 1).
+    pub(super) timeout: [Option<u64>; MAX_CLASSES],
+    /// For each class, the largest reservation of a more important class:
+    /// the class may take a slot while `running + above < limit`.
+    pub(super) above: [u32; MAX_CLASSES],
+}
+
+impl Classes {
+    fn new(config: &GateConfig) -> Self {
+        let classes = config.effective_classes();
+        let mut c = Classes {
+            count: classes.len(),
+            queue: [0; MAX_CLASSES],
+            timeout: [None; MAX_CLASSES],
+            above: [0; MAX_CLASSES],
+        };
+        let mut above = 0;
+        for (k, class) in classes.iter().enumerate() {
+            c.queue[k] = class.queue;
+            c.timeout[k] = class.queue_timeout.map(|d| crate::clock::nanos(d).max(1));
+            c.above[k] = above;
+            above = above.max(class.reserved);
+        }
+        c
+    }
+
+    /// Whether class `k` may take a slot in word `w`: a slot is free within
+    /// its share of the limit.
+    #[inline(always)]
+    pub(super) fn room(&self, k: usize, w: Word) -> bool {
+        u64::from(w.running()) + u64::from(self.above[k]) < u64::from(w.limit())
+    }
+}
+
 /// The state word, the waiter table and the settings the algorithm reads.
 pub(super) struct RawGate {
     /// The packed state word (see `state.rs`), alone on its cache line.
@@ -83,6 +123,9 @@ pub(super) struct RawGate {
     pub(super) table: Mutex<Table>,
     pub(super) condvars: Box<[Condvar]>,
     pub(super) queue_limit: u32,
+    pub(super) classes: Classes,
+    /// Whether any class has a queue deadline.
+    pub(super) deadlines: bool,
     /// The wait limit `W`, if set (then every admission takes the mutex;
     /// see `wait.rs`).
     pub(super) wait_limit: Option<u32>,
@@ -90,38 +133,35 @@ pub(super) struct RawGate {
     /// Changed and read for decisions only under the mutex, so a plain
     /// `std` atomic: the mutex orders it; lock-free reads are gauges.
     pub(super) waiting: WaitCount,
-    /// Queue deadline in clock nanoseconds (at least 1), if set.
+    /// The gate's queue deadline in clock nanoseconds (at least 1), if set
+    /// (what the classes copy by default).
     pub(super) timeout: Option<u64>,
     adaptive_lifo: bool,
     pub(super) clock: SharedClock,
 }
 
 impl RawGate {
-    /// A gate of `limit` slots and `queue` waiters; the settings are checked
-    /// by the caller.
-    pub(super) fn new(
-        limit: u32,
-        queue: u32,
-        wait_limit: Option<u32>,
-        timeout: Option<u64>,
-        adaptive_lifo: bool,
-        clock: SharedClock,
-    ) -> Self {
+    /// The gate `config` describes; the caller has checked it.
+    pub(super) fn new(config: &GateConfig, clock: SharedClock) -> Self {
+        let (limit, queue) = (config.limit, config.queue);
+        let classes = Classes::new(config);
         let capacity = queue as usize + limit as usize;
         let condvars = (0..capacity.clamp(1, MAX_CONDVARS))
             .map(|_| Condvar::new())
             .collect();
         Self {
             state: CachePadded::new(AtomicU64::new(Word::new(0, 0, limit, false).0)),
-            counters: CachePadded::new(Counters::default()),
+            counters: CachePadded::new(Counters::new(classes.count)),
             head_deadline: HintWord::new(NO_DEADLINE),
             table: Mutex::new(Table::new(capacity)),
             condvars,
             queue_limit: queue,
-            wait_limit,
+            deadlines: classes.timeout.iter().any(Option::is_some),
+            classes,
+            wait_limit: config.wait_limit,
             waiting: WaitCount::new(0),
-            timeout,
-            adaptive_lifo,
+            timeout: config.queue_timeout.map(|d| crate::clock::nanos(d).max(1)),
+            adaptive_lifo: config.adaptive_lifo,
             clock,
         }
     }
@@ -144,26 +184,52 @@ impl RawGate {
         // running`), because a permit holding a wait slot is released only
         // under the mutex too. (Lock-free reads of the two could interleave
         // with an admission or a release and show more waiting than running.)
-        let _t = self.wait_limit.map(|_| lock(&self.table));
-        let w = Word(self.state.load(Ordering::Acquire));
-        // Relaxed: under the mutex that orders it, or 0 without a wait limit.
-        let waiting = self.waiting.load(Ordering::Relaxed);
-        self.counters
-            .snapshot(w, self.queue_limit, waiting, self.wait_limit)
+        // The classes' queue lengths live in the table, so a gate with
+        // classes reads them under the mutex too.
+        let t = (self.wait_limit.is_some() || self.classes.count > 1).then(|| lock(&self.table));
+        let word = Word(self.state.load(Ordering::Acquire));
+        let mut class_queued = [0; MAX_CLASSES];
+        match &t {
+            Some(t) => class_queued = t.len,
+            None => class_queued[0] = word.queued(),
+        }
+        self.counters.snapshot(Gauges {
+            word,
+            queue_limit: self.queue_limit,
+            // Relaxed: under the mutex that orders it, or 0 without a wait
+            // limit.
+            waiting: self.waiting.load(Ordering::Relaxed),
+            wait_limit: self.wait_limit,
+            class_queued,
+            class_queue: self.classes.queue,
+        })
     }
 
     // ----- lock-free paths -------------------------------------------------
 
-    /// CAS `running + 1` while admission is direct; the word seen otherwise.
-    /// A gate with a wait limit never admits here (a word that is `direct`
-    /// comes back as `Err`): its wait count lives under the mutex.
+    /// Whether a request of `class` may be admitted at once in word `w`:
+    /// open, nobody queued, a slot free within the class's share.
+    #[inline(always)]
+    pub(super) fn direct(&self, class: usize, w: Word) -> bool {
+        !w.closed() && w.queued() == 0 && self.classes.room(class, w)
+    }
+
+    /// The class a priority names: past the last class, the last.
+    #[inline(always)]
+    pub(super) fn class_of(&self, priority: u8) -> usize {
+        (priority as usize).min(self.classes.count - 1)
+    }
+
+    /// CAS `running + 1` while admission of `class` is direct; the word seen
+    /// otherwise. A gate with a wait limit never admits here (a word that is
+    /// `direct` comes back as `Err`): its wait count lives under the mutex.
     #[inline(always)] // the direct-admit hot path; see `try_admit`
-    pub(super) fn try_direct(&self) -> Result<(), Word> {
+    pub(super) fn try_direct(&self, class: usize) -> Result<(), Word> {
         // Relaxed: only a guess for the CAS, or a reason to refuse.
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             let w = Word(cur);
-            if !w.direct() || self.wait_limit.is_some() {
+            if !self.direct(class, w) || self.wait_limit.is_some() {
                 return Err(w);
             }
             // Acquire on success, pairing with the Release (fast) or AcqRel
@@ -182,21 +248,32 @@ impl RawGate {
     }
 
     /// Direct admit or lock-free reject; `Slow` when it must queue.
+    ///
+    /// Rejected without the lock when no slot is free for the class and it
+    /// could not queue: its class never queues, or the whole queue is full
+    /// and the class is the least important (it can displace nobody).
     #[inline]
-    pub(super) fn admit_fast(&self) -> Fast {
-        match self.try_direct() {
+    pub(super) fn admit_fast(&self, class: usize) -> Fast {
+        match self.try_direct(class) {
             Ok(()) => {
                 self.counters.admitted_direct.add(1);
                 Fast::Admitted
             }
             Err(w) if w.closed() => {
-                bump(&self.counters.rejected_closed, 1);
+                self.counters.closed(class, 1);
                 bump(&self.counters.closed_on_arrival, 1);
                 Fast::Rejected(AdmitError::Closed)
             }
-            // `!direct`: no slot could be taken whatever the wait count.
-            Err(w) if w.queued() >= self.queue_limit && !w.direct() && !self.head_due_hint() => {
-                self.counters.rejected_capacity.add(1);
+            // No slot in the class's share: none could be taken whatever
+            // the wait count or the other classes' waiters.
+            Err(w)
+                if !self.classes.room(class, w)
+                    && (self.classes.queue[class] == 0
+                        || (w.queued() >= self.queue_limit
+                            && class + 1 == self.classes.count
+                            && !self.head_due_hint())) =>
+            {
+                self.counters.class[class].rejected_capacity.add(1);
                 Fast::Rejected(AdmitError::AtCapacity)
             }
             Err(_) => Fast::Slow,
@@ -207,7 +284,7 @@ impl RawGate {
     /// before deciding to reject).
     #[inline]
     fn head_due_hint(&self) -> bool {
-        self.timeout.is_some() && {
+        self.deadlines && {
             // Acquire, pairing with the Release in `sync_head`; the slow path
             // re-checks under the mutex, so a stale value costs only a delay.
             let d = self.head_deadline.load(Ordering::Acquire);
@@ -269,8 +346,8 @@ impl RawGate {
         }
     }
 
-    /// The locked part of an admission.
-    pub(super) fn enqueue(&self, waiter: Waiter, wakes: &mut WakeList) -> Enqueued {
+    /// The locked part of an admission of `class`.
+    pub(super) fn enqueue(&self, class: usize, waiter: Waiter, wakes: &mut WakeList) -> Enqueued {
         let mut t = lock(&self.table);
         // Acquire: pairs with the fast release's Release (a slot freed
         // lock-free is seen, and its holder's work happens-before ours).
@@ -278,11 +355,14 @@ impl RawGate {
         loop {
             let w = Word(cur);
             if w.closed() {
-                bump(&self.counters.rejected_closed, 1);
+                self.counters.closed(class, 1);
                 bump(&self.counters.closed_on_arrival, 1);
                 return Enqueued::Rejected(AdmitError::Closed, waiter);
             }
-            if w.direct() && self.wait_free() {
+            // Nobody of this class or a more important one waits (a slot
+            // `set_limit` has not handed out yet is theirs, not ours).
+            let first = t.head[..=class].iter().all(|&h| h == NIL);
+            if first && self.classes.room(class, w) && self.wait_free() {
                 // AcqRel on success: Acquire as for a direct admit; Release
                 // is the rule for every RMW under the mutex. Acquire on
                 // failure: the next guess pairs like the load above.
@@ -303,30 +383,62 @@ impl RawGate {
                     }
                 }
             }
-            if w.queued() >= self.queue_limit {
-                if self.timeout.is_some() {
-                    let now = self.clock.now_nanos();
-                    if self.head_is_due(&t, now) {
-                        // Make room by expiring every due waiter, one wake
-                        // batch at a time: waiters are told outside the lock.
-                        loop {
-                            if wakes.is_full() {
-                                drop(t);
-                                wakes.run(self);
-                                t = lock(&self.table);
-                            }
-                            self.expire_locked(&mut t, now, wakes);
-                            if !self.head_is_due(&t, now) {
-                                break;
-                            }
+            let class_full = t.len[class] >= self.classes.queue[class];
+            let victim = if w.queued() >= self.queue_limit {
+                // The whole queue is full: the newest waiter of the least
+                // important class below this one gives up its place.
+                (class + 1..self.classes.count)
+                    .rev()
+                    .find(|&k| t.tail[k] != NIL)
+            } else {
+                None
+            };
+            if class_full || (w.queued() >= self.queue_limit && victim.is_none()) {
+                let now = self.clock.now_nanos();
+                // (A class that never queues gains nothing from expiry; it
+                // is rejected as on the lock-free path.)
+                if self.deadlines && self.classes.queue[class] > 0 && self.head_is_due(&t, now) {
+                    // Make room by expiring every due waiter, one wake
+                    // batch at a time: waiters are told outside the lock.
+                    loop {
+                        if wakes.is_full() {
+                            drop(t);
+                            wakes.run(self);
+                            t = lock(&self.table);
                         }
-                        // Acquire: as the first load of this loop.
-                        cur = self.state.load(Ordering::Acquire);
-                        continue;
+                        self.expire_locked(&mut t, now, wakes);
+                        if !self.head_is_due(&t, now) {
+                            break;
+                        }
                     }
+                    // Acquire: as the first load of this loop.
+                    cur = self.state.load(Ordering::Acquire);
+                    continue;
                 }
-                self.counters.rejected_capacity.add(1);
+                self.counters.class[class].rejected_capacity.add(1);
                 return Enqueued::Rejected(AdmitError::AtCapacity, waiter);
+            }
+            if let Some(k) = victim {
+                if wakes.is_full() {
+                    drop(t);
+                    wakes.run(self);
+                    t = lock(&self.table);
+                    // Acquire: as the first load of this loop.
+                    cur = self.state.load(Ordering::Acquire);
+                    continue;
+                }
+                // The place passes from the victim to us: `queued` is
+                // unchanged, and with `queued > 0` nobody else writes the
+                // word (invariant 3).
+                let idx = t.tail[k];
+                t.unlink(idx);
+                let now = self.clock.now_nanos();
+                self.resolve(&mut t, idx, Err(AdmitError::Displaced), now, wakes);
+                bump(&self.counters.class[k].displaced, 1);
+                bump(&self.counters.enqueued, 1);
+                let (idx, gen) = t.push_back(class, now, waiter);
+                self.sync_head(&t);
+                return Enqueued::Queued(idx, gen);
             }
             // CAS, not fetch_add: `running` may move lock-free while queued
             // is 0, and we queue only if no slot is free. AcqRel / Acquire:
@@ -341,8 +453,8 @@ impl RawGate {
                 Ok(_) => {
                     bump(&self.counters.enqueued, 1);
                     let now = self.clock.now_nanos();
-                    let (idx, gen) = t.push_back(now, waiter);
-                    if t.head == idx {
+                    let (idx, gen) = t.push_back(class, now, waiter);
+                    if t.head[class] == idx {
                         self.sync_head(&t);
                     }
                     return Enqueued::Queued(idx, gen);
@@ -385,19 +497,22 @@ impl RawGate {
         // paths' Release; `queued > 0` here means nobody else writes).
         let w = Word(self.state.load(Ordering::Acquire));
         debug_assert!(w.running() > 0, "release without a held slot");
-        if w.queued() > 0 && !w.closed() && w.running() <= w.limit() && (wait || self.wait_free()) {
+        if w.queued() > 0 && !w.closed() && (wait || self.wait_free()) {
             let now = self.clock.now_nanos();
-            if self.timeout.is_some() {
+            if self.deadlines {
                 self.expire_locked(t, now, wakes);
                 if self.head_is_due(t, now) {
                     return false;
                 }
             }
-            if t.head != NIL {
+            // The most important class with a waiter, if the slot freed
+            // (`running - 1`) is within its share.
+            let freed = Word(w.0 - ONE_RUNNING);
+            if let Some(class) = t.first_class().filter(|&k| self.classes.room(k, freed)) {
                 if wakes.is_full() {
                     return false;
                 }
-                self.grant_one(t, now, wakes);
+                self.grant_one(t, class, now, wakes);
                 // The slot moves to the waiter: running unchanged. With
                 // queued > 0 nobody else writes the word (invariant 3).
                 // AcqRel: the rule for RMWs under the mutex; the waiter
@@ -421,14 +536,15 @@ impl RawGate {
         true
     }
 
-    /// Unlinks the next waiter (oldest, or newest once after an expiry with
-    /// adaptive LIFO) and grants it a slot. The caller fixes the word.
-    pub(super) fn grant_one(&self, t: &mut Table, now: u64, wakes: &mut WakeList) {
+    /// Unlinks the next waiter of `class` (oldest, or newest once after an
+    /// expiry with adaptive LIFO) and grants it a slot. The caller fixes the
+    /// word.
+    pub(super) fn grant_one(&self, t: &mut Table, class: usize, now: u64, wakes: &mut WakeList) {
         let idx = if t.lifo_next {
             t.lifo_next = false;
-            t.tail
+            t.tail[class]
         } else {
-            t.head
+            t.head[class]
         };
         debug_assert_ne!(idx, NIL);
         t.unlink(idx);
@@ -471,32 +587,37 @@ impl RawGate {
         }
     }
 
-    /// Rejects due waiters from the head, as many as the wake list holds.
+    /// Rejects due waiters from each class's head, as many as the wake list
+    /// holds.
     pub(super) fn expire_locked(&self, t: &mut Table, now: u64, wakes: &mut WakeList) -> u32 {
-        let Some(timeout) = self.timeout else {
-            return 0;
-        };
         // Acquire: the rule for loads under the mutex (`closed` itself only
         // changes under it).
-        if Word(self.state.load(Ordering::Acquire)).closed() {
+        if !self.deadlines || Word(self.state.load(Ordering::Acquire)).closed() {
             return 0;
         }
         let mut n = 0u32;
-        while t.head != NIL && !wakes.is_full() {
-            let idx = t.head;
-            if !is_due(t.cells[idx as usize].enqueued_at, timeout, now) {
-                break;
+        for class in 0..self.classes.count {
+            let Some(timeout) = self.classes.timeout[class] else {
+                continue;
+            };
+            let mut expired = 0u32;
+            while t.head[class] != NIL && !wakes.is_full() {
+                let idx = t.head[class];
+                if !is_due(t.cells[idx as usize].enqueued_at, timeout, now) {
+                    break;
+                }
+                t.unlink(idx);
+                self.resolve(t, idx, Err(AdmitError::QueueTimeout), now, wakes);
+                expired += 1;
             }
-            t.unlink(idx);
-            self.resolve(t, idx, Err(AdmitError::QueueTimeout), now, wakes);
-            n += 1;
+            bump(&self.counters.class[class].expired, u64::from(expired));
+            n += expired;
         }
         if n > 0 {
             // queued > 0 until this RMW: nobody else writes the word.
             // AcqRel: the rule for RMWs under the mutex.
             self.state
                 .fetch_sub(u64::from(n) * ONE_QUEUED, Ordering::AcqRel);
-            bump(&self.counters.expired, u64::from(n));
             if self.adaptive_lifo {
                 t.lifo_next = true;
             }
@@ -505,26 +626,31 @@ impl RawGate {
         n
     }
 
-    /// Whether the head waiter is past its deadline (and the gate is open).
-    pub(super) fn head_is_due(&self, t: &Table, now: u64) -> bool {
-        match self.timeout {
-            Some(timeout) if t.head != NIL => {
-                is_due(t.cells[t.head as usize].enqueued_at, timeout, now)
-                    // Acquire: the rule for loads under the mutex.
-                    && !Word(self.state.load(Ordering::Acquire)).closed()
-            }
-            _ => false,
-        }
+    /// The clock time at which the head waiter of `class` is due, if it has
+    /// one and a deadline.
+    fn head_deadline_of(&self, t: &Table, class: usize) -> Option<u64> {
+        let timeout = self.classes.timeout[class]?;
+        let head = t.head[class];
+        (head != NIL).then(|| t.cells[head as usize].enqueued_at.saturating_add(timeout))
     }
 
-    /// Publishes the head waiter's deadline for the lock-free reject path.
+    /// Whether a class's head waiter is past its deadline (and the gate is
+    /// open).
+    pub(super) fn head_is_due(&self, t: &Table, now: u64) -> bool {
+        self.deadlines
+            && (0..self.classes.count).any(|k| self.head_deadline_of(t, k).is_some_and(|d| d <= now))
+            // Acquire: the rule for loads under the mutex.
+            && !Word(self.state.load(Ordering::Acquire)).closed()
+    }
+
+    /// Publishes the earliest deadline of the classes' head waiters for the
+    /// lock-free reject path.
     pub(super) fn sync_head(&self, t: &Table) {
-        if let Some(timeout) = self.timeout {
-            let d = if t.head == NIL {
-                NO_DEADLINE
-            } else {
-                t.cells[t.head as usize].enqueued_at.saturating_add(timeout)
-            };
+        if self.deadlines {
+            let d = (0..self.classes.count)
+                .filter_map(|k| self.head_deadline_of(t, k))
+                .min()
+                .unwrap_or(NO_DEADLINE);
             // Release, pairing with the Acquire in `head_due_hint` and
             // `next_deadline`.
             self.head_deadline.store(d, Ordering::Release);
@@ -613,50 +739,45 @@ impl RawGate {
 
     // ----- control ---------------------------------------------------------
 
-    /// Sets the engine limit (already checked), granting new slots to
-    /// waiters one wake batch at a time.
+    /// Sets the engine limit (already checked), granting the slots it frees
+    /// to waiters, most important class first, one wake batch at a time.
+    /// Between batches, waiters still owed a slot keep it from arrivals:
+    /// a direct admission under the mutex checks that nobody of its class or
+    /// a more important one waits.
     pub(super) fn set_limit(&self, limit: u32) {
-        loop {
-            let mut wakes = WakeList::new();
+        {
             let mut t = lock(&self.table);
             if t.cells.capacity() < self.queue_limit as usize + limit as usize {
                 // Cold path: room for every waiter that may be granted at once.
                 t.reserve_total(self.queue_limit as usize + limit as usize);
             }
+            self.update(|w| Word::new(w.running(), w.queued(), limit, w.closed()));
+        }
+        loop {
+            let mut wakes = WakeList::new();
+            let mut t = lock(&self.table);
             let now = self.clock.now_nanos();
-            // Acquire: the rule for loads under the mutex.
-            let w = Word(self.state.load(Ordering::Acquire));
-            let mut done = true;
-            let mut granted = 0u32;
-            if !w.closed() && w.queued() > 0 && w.running() < limit {
-                if self.timeout.is_some() {
-                    self.expire_locked(&mut t, now, &mut wakes);
-                }
-                if self.head_is_due(&t, now) {
-                    done = false; // the wake list filled up; next batch
-                } else {
-                    // Acquire: the rule for loads under the mutex.
-                    let w = Word(self.state.load(Ordering::Acquire));
-                    let want = w.queued().min(limit - w.running()).min(self.free_waits());
-                    granted = want.min(wakes.room() as u32);
-                    for _ in 0..granted {
-                        self.grant_one(&mut t, now, &mut wakes);
-                        self.take_wait();
-                    }
-                    done = granted == want;
-                }
+            if self.deadlines {
+                self.expire_locked(&mut t, now, &mut wakes);
             }
-            // While more waiters remain to be granted, the limit is raised
-            // only as far as the grants made (keeping invariant 4).
-            self.update(|w| {
-                let target = if done { limit } else { w.running() + granted };
-                Word::new(
-                    w.running() + granted,
-                    w.queued() - granted,
-                    target,
-                    w.closed(),
-                )
-            });
+            let mut done = !self.head_is_due(&t, now);
+            while done {
+                // Acquire: the rule for loads under the mutex.
+                let w = Word(self.state.load(Ordering::Acquire));
+                if w.closed() || !self.wait_free() {
+                    break;
+                }
+                let Some(class) = t.first_class().filter(|&k| self.classes.room(k, w)) else {
+                    break;
+                };
+                if wakes.is_full() {
+                    done = false;
+                    break;
+                }
+                self.grant_one(&mut t, class, now, &mut wakes);
+                self.take_wait();
+                self.update(|w| Word::new(w.running() + 1, w.queued() - 1, w.limit(), w.closed()));
+            }
             self.sync_head(&t);
             drop(t);
             wakes.run(self);
@@ -675,19 +796,19 @@ impl RawGate {
             // AcqRel: the rule for RMWs under the mutex.
             self.state.fetch_or(CLOSED, Ordering::AcqRel);
             let mut n = 0u32;
-            while t.head != NIL && !wakes.is_full() {
-                let idx = t.head;
+            while let Some(class) = t.first_class().filter(|_| !wakes.is_full()) {
+                let idx = t.head[class];
                 t.unlink(idx);
                 self.resolve(&mut t, idx, Err(AdmitError::Closed), 0, &mut wakes);
+                self.counters.closed(class, 1);
                 n += 1;
             }
             if n > 0 {
                 // AcqRel: the rule for RMWs under the mutex.
                 self.state
                     .fetch_sub(u64::from(n) * ONE_QUEUED, Ordering::AcqRel);
-                bump(&self.counters.rejected_closed, u64::from(n));
             }
-            let done = t.head == NIL;
+            let done = t.first_class().is_none();
             self.sync_head(&t);
             drop(t);
             wakes.run(self);
@@ -699,7 +820,7 @@ impl RawGate {
 
     /// Rejects every due waiter, one wake batch at a time; how many.
     pub(super) fn expire(&self) -> usize {
-        if self.timeout.is_none() {
+        if !self.deadlines {
             return 0;
         }
         let mut total = 0;

@@ -71,9 +71,4 @@ impl Word {
     pub(super) fn closed(self) -> bool {
         self.0 & CLOSED != 0
     }
-    /// Open, nobody queued, a slot free.
-    #[inline]
-    pub(super) fn direct(self) -> bool {
-        !self.closed() && self.queued() == 0 && self.running() < self.limit()
-    }
 }

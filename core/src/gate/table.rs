@@ -1,5 +1,5 @@
-//! The waiter table: preallocated cells, an intrusive FIFO list and a free
-//! list, all linked by `u32` indices. Everything here is touched only under
+//! The waiter table: preallocated cells, one intrusive FIFO list per
+//! priority class and a free list, all linked by `u32` indices. Everything here is touched only under
 //! the gate's mutex, so it is plain safe code.
 
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::task::Waker;
 use hdrhistogram::Histogram;
 
 use super::callback::AdmitCallback;
+use super::config::MAX_CLASSES;
 use super::error::AdmitError;
 use super::AdmissionGate;
 
@@ -47,6 +48,8 @@ pub(super) struct Cell {
     /// that the cell it names now belongs to someone else.
     pub(super) gen: u32,
     pub(super) status: Status,
+    /// The waiter's priority class.
+    pub(super) class: u8,
     /// Clock time when the waiter was queued.
     pub(super) enqueued_at: u64,
     pub(super) waiter: Waiter,
@@ -56,10 +59,12 @@ pub(super) struct Cell {
 pub(super) struct Table {
     /// Cells; capacity reserved at creation (`Q + N`), filled on first use.
     pub(super) cells: Vec<Cell>,
-    /// Oldest queued waiter.
-    pub(super) head: u32,
-    /// Newest queued waiter.
-    pub(super) tail: u32,
+    /// Oldest queued waiter of each class.
+    pub(super) head: [u32; MAX_CLASSES],
+    /// Newest queued waiter of each class.
+    pub(super) tail: [u32; MAX_CLASSES],
+    /// Queued waiters of each class.
+    pub(super) len: [u32; MAX_CLASSES],
     /// First free cell (singly linked through `next`).
     pub(super) free: u32,
     /// Adaptive LIFO: the next handoff takes the newest waiter.
@@ -82,8 +87,9 @@ impl Table {
         wait_hist.auto(false);
         Self {
             cells: Vec::with_capacity(capacity),
-            head: NIL,
-            tail: NIL,
+            head: [NIL; MAX_CLASSES],
+            tail: [NIL; MAX_CLASSES],
+            len: [0; MAX_CLASSES],
             free: NIL,
             lifo_next: false,
             wait_hist,
@@ -99,10 +105,20 @@ impl Table {
         }
     }
 
-    /// Takes a free cell and links it at the tail of the queue as `Queued`.
-    /// Allocates only when every reserved cell is taken, which needs more
-    /// than `Q + N` waiters that were resolved but have not looked yet.
-    pub(super) fn push_back(&mut self, enqueued_at: u64, waiter: Waiter) -> (u32, u32) {
+    /// The most important class with a queued waiter.
+    pub(super) fn first_class(&self) -> Option<usize> {
+        self.head.iter().position(|&h| h != NIL)
+    }
+
+    /// Takes a free cell and links it at the tail of `class`'s queue as
+    /// `Queued`. Allocates only when every reserved cell is taken, which needs
+    /// more than `Q + N` waiters that were resolved but have not looked yet.
+    pub(super) fn push_back(
+        &mut self,
+        class: usize,
+        enqueued_at: u64,
+        waiter: Waiter,
+    ) -> (u32, u32) {
         let idx = if self.free != NIL {
             let idx = self.free;
             self.free = self.cells[idx as usize].next;
@@ -114,43 +130,47 @@ impl Table {
                 next: NIL,
                 gen: 0,
                 status: Status::Free,
+                class: 0,
                 enqueued_at: 0,
                 waiter: Waiter::None,
             });
             idx
         };
-        let tail = self.tail;
+        let tail = self.tail[class];
         let cell = &mut self.cells[idx as usize];
         debug_assert_eq!(cell.status, Status::Free);
         cell.prev = tail;
         cell.next = NIL;
         cell.status = Status::Queued;
+        cell.class = class as u8;
         cell.enqueued_at = enqueued_at;
         cell.waiter = waiter;
         let gen = cell.gen;
         if tail == NIL {
-            self.head = idx;
+            self.head[class] = idx;
         } else {
             self.cells[tail as usize].next = idx;
         }
-        self.tail = idx;
+        self.tail[class] = idx;
+        self.len[class] += 1;
         (idx, gen)
     }
 
     /// Unlinks a queued cell from the queue (it stays owned by its waiter).
     pub(super) fn unlink(&mut self, idx: u32) {
-        let (prev, next) = {
+        let (prev, next, class) = {
             let cell = &self.cells[idx as usize];
             debug_assert_eq!(cell.status, Status::Queued);
-            (cell.prev, cell.next)
+            (cell.prev, cell.next, cell.class as usize)
         };
+        self.len[class] -= 1;
         if prev == NIL {
-            self.head = next;
+            self.head[class] = next;
         } else {
             self.cells[prev as usize].next = next;
         }
         if next == NIL {
-            self.tail = prev;
+            self.tail[class] = prev;
         } else {
             self.cells[next as usize].prev = prev;
         }

@@ -81,17 +81,20 @@ impl RawGate {
         }
     }
 
-    /// `try_admit` on a gate with a wait limit: admits under the mutex if a
-    /// request slot and a wait slot are free and nobody is queued; the word
-    /// seen otherwise.
-    pub(super) fn try_direct_locked(&self) -> Result<(), Word> {
-        let _t = lock(&self.table);
+    /// `try_admit` of `class` under the mutex (a gate with a wait limit, or
+    /// with classes while someone waits): admits if a request slot within
+    /// the class's share and a wait slot are free and nobody of the class or
+    /// a more important one is queued; the word seen otherwise.
+    pub(super) fn try_direct_locked(&self, class: usize) -> Result<(), Word> {
+        let t = lock(&self.table);
+        // Nobody of this class or a more important one waits.
+        let first = t.head[..=class].iter().all(|&h| h == NIL);
         // Acquire: the rule for loads under the mutex (pairs with the fast
         // release's Release).
         let mut cur = self.state.load(Ordering::Acquire);
         loop {
             let w = Word(cur);
-            if !w.direct() || !self.wait_free() {
+            if w.closed() || !first || !self.classes.room(class, w) || !self.wait_free() {
                 return Err(w);
             }
             // AcqRel / Acquire: the rule for RMWs under the mutex; a lost
@@ -131,19 +134,21 @@ impl RawGate {
     fn first_response_locked(&self, t: &mut Table, wakes: &mut WakeList) -> bool {
         // Acquire: the rule for loads under the mutex.
         let w = Word(self.state.load(Ordering::Acquire));
-        if w.queued() > 0 && !w.closed() && w.running() < w.limit() {
+        if w.queued() > 0 && !w.closed() {
             let now = self.clock.now_nanos();
-            if self.timeout.is_some() {
+            if self.deadlines {
                 self.expire_locked(t, now, wakes);
                 if self.head_is_due(t, now) {
                     return false;
                 }
             }
-            if t.head != NIL {
+            // The most important class with a waiter, if a request slot is
+            // free within its share.
+            if let Some(class) = t.first_class().filter(|&k| self.classes.room(k, w)) {
                 if wakes.is_full() {
                     return false;
                 }
-                self.grant_one(t, now, wakes);
+                self.grant_one(t, class, now, wakes);
                 // The waiter takes a free request slot and the wait slot we
                 // give up (count unchanged). `queued > 0` until this change,
                 // so nobody writes the word lock-free (invariant 3).

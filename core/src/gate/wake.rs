@@ -57,6 +57,7 @@ impl WakeList {
         self.len == WAKE_BATCH
     }
 
+    #[cfg(test)]
     pub(super) fn room(&self) -> usize {
         WAKE_BATCH - self.len
     }
