@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
-use loadgate::{AdmissionGate, AdmitError, GateConfig, ManualClock};
+use loadgate::{AdmissionGate, AdmitError, ClassConfig, GateConfig, ManualClock};
 use loadgate_testkit::alloc::{allocations, CountingAlloc};
 
 #[global_allocator]
@@ -124,6 +124,63 @@ fn queued_handoff_and_cancel_allocate_nothing() {
     let s = g.stats();
     assert_eq!((s.running, s.queued), (0, 0));
     assert_eq!(s.admitted_queued, 2 * (ROUNDS as u64 + 1));
+}
+
+#[test]
+fn priority_classes_displacement_and_reserved_slots_allocate_nothing() {
+    let config = GateConfig::new(2).with_queue(2).with_classes(3).with_class(
+        0,
+        ClassConfig {
+            queue: 2,
+            queue_timeout: None,
+            reserved: 1,
+        },
+    );
+    let g = AdmissionGate::new(config).unwrap();
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    let round = |cx: &mut Context<'_>| {
+        let low = g.try_admit_at(2).unwrap();
+        let mut low_a = g.admit_at(2);
+        let mut low_b = g.admit_at(2);
+        assert!(Pin::new(&mut low_a).poll(cx).is_pending());
+        assert!(Pin::new(&mut low_b).poll(cx).is_pending());
+        // The reserved slot, while class 2 waits.
+        let top = g.try_admit_at(0).unwrap();
+        // Two class-1 arrivals displace both class-2 waiters, newest first.
+        let mut mid_a = g.admit_at(1);
+        let mut mid_b = g.admit_at(1);
+        assert!(Pin::new(&mut mid_a).poll(cx).is_pending());
+        assert!(Pin::new(&mut mid_b).poll(cx).is_pending());
+        for f in [&mut low_b, &mut low_a] {
+            assert!(matches!(
+                Pin::new(f).poll(cx),
+                Poll::Ready(Err(AdmitError::Displaced))
+            ));
+        }
+        // A class-2 arrival now displaces nobody and is rejected.
+        assert!(matches!(
+            Pin::new(&mut g.admit_at(2)).poll(cx),
+            Poll::Ready(Err(AdmitError::AtCapacity))
+        ));
+        drop(top); // the reserved slot is not class 1's: it stays free
+        drop(low); // class 1's slot: handed to mid_a
+        let pa = match Pin::new(&mut mid_a).poll(cx) {
+            Poll::Ready(Ok(p)) => p,
+            other => panic!("{other:?}"),
+        };
+        drop(mid_b); // cancelled while queued
+        drop(pa);
+        assert_eq!((g.running(), g.queued()), (0, 0));
+    };
+    round(&mut cx);
+    let (n, ()) = allocations(|| {
+        for _ in 0..ROUNDS {
+            round(&mut cx);
+        }
+    });
+    assert_eq!(n, 0);
+    assert_eq!(g.stats().displaced, 2 * (ROUNDS as u64 + 1));
 }
 
 #[test]
