@@ -1,7 +1,8 @@
 //! Loom models of the admission gate: every interleaving (up to the
 //! preemption bound) of admit, release, cancel, handoff, set_limit and close
-//! among 2–3 threads, with N and Q of 1–2 (and a wait limit W of 1, with
-//! first responses, in the last three). Each model checks: at most N
+//! among 2–3 threads, with N and Q of 1–2 (a wait limit W of 1, with
+//! first responses, in three models; two priority classes, with
+//! displacement and a reserved slot, in the last two). Each model checks: at most N
 //! running and N + Q in flight at every step (read from the state word and
 //! from an independent counter), FIFO among waiters, no slot lost or
 //! duplicated (a fresh admit finds every slot at the end), and every waiter
@@ -386,5 +387,103 @@ fn a_release_still_waiting_races_a_blocking_waiter() {
         waiter.join().unwrap();
         assert_eq!(g.stats().waiting, 0);
         check_drained(&g, 1);
+    });
+}
+
+// ----- priority classes ----------------------------------------------------
+
+fn queued_at(g: &Arc<AdmissionGate>, priority: u8) -> AdmitOwned {
+    let mut f = g.admit_owned_at(priority);
+    let waker = Waker::from(Arc::new(Noop));
+    assert!(Pin::new(&mut f)
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    f
+}
+
+/// The outcome of a queued future, polled once (it must be resolved).
+fn resolved(mut f: AdmitOwned) -> Result<OwnedPermit, AdmitError> {
+    let waker = Waker::from(Arc::new(Noop));
+    match Pin::new(&mut f).poll(&mut Context::from_waker(&waker)) {
+        Poll::Ready(r) => r,
+        Poll::Pending => panic!("still queued"),
+    }
+}
+
+#[test]
+fn displacement_races_a_release() {
+    loom::model(|| {
+        // N = 1, Q = 1, two classes: a class-1 waiter is either handed the
+        // released slot or displaced by a class-0 arrival, never both or
+        // neither, and the arrival ends up with the slot either way.
+        let g =
+            Arc::new(AdmissionGate::new(GateConfig::new(1).with_queue(1).with_classes(2)).unwrap());
+        let p = g.try_admit_owned_at(0).unwrap();
+        let low = queued_at(&g, 1);
+        let releaser = thread::spawn(move || drop(p));
+        let g1 = g.clone();
+        let arrival = thread::spawn(move || {
+            let p = block_on(g1.admit_owned_at(0)).expect("class 0 is served");
+            check_caps(&g1);
+            drop(p);
+        });
+        // The low waiter: granted (then released) or displaced.
+        let low = block_on(low);
+        let granted = low.is_ok();
+        if let Err(e) = &low {
+            assert_eq!(*e, AdmitError::Displaced);
+        }
+        drop(low);
+        releaser.join().unwrap();
+        arrival.join().unwrap();
+        let s = g.stats();
+        assert_eq!(s.displaced + u64::from(granted), 1, "{s:?}");
+        assert_eq!(
+            s.admitted_queued + s.admitted_direct,
+            2 + u64::from(granted),
+            "{s:?}"
+        );
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn a_reserved_slot_races_a_handoff_to_a_less_important_class() {
+    loom::model(|| {
+        // N = 2, the last slot reserved for class 0: class 1 never runs
+        // more than one, whatever the interleaving of a class-1 handoff and
+        // a class-0 admission.
+        let config = GateConfig::new(2).with_queue(1).with_classes(2).with_class(
+            0,
+            loadgate::ClassConfig {
+                queue: 1,
+                queue_timeout: None,
+                reserved: 1,
+            },
+        );
+        let g = Arc::new(AdmissionGate::new(config).unwrap());
+        let class1 = Probe::new(1);
+        let p = g.try_admit_owned_at(1).unwrap();
+        class1.running.fetch_add(1, Ordering::SeqCst);
+        let low = queued_at(&g, 1);
+        let pr = class1.clone();
+        let releaser = thread::spawn(move || {
+            pr.running.fetch_sub(1, Ordering::SeqCst);
+            drop(p);
+        });
+        let g1 = g.clone();
+        let top = thread::spawn(move || {
+            // The reserved slot is free whatever class 1 does.
+            let p = g1.try_admit_owned_at(0).expect("the reserved slot");
+            check_caps(&g1);
+            drop(p);
+        });
+        let p = block_on(low).expect("class 1 gets its slot back");
+        class1.hold(&g, p);
+        releaser.join().unwrap();
+        top.join().unwrap();
+        check_drained(&g, 2);
+        let s = g.stats();
+        assert_eq!((s.running, s.queued), (0, 0), "{s:?}");
     });
 }
