@@ -200,6 +200,38 @@ pub fn noop_waker() -> Waker {
     Waker::from(Arc::new(NoopWake))
 }
 
+/// Wakes the thread that created it.
+struct ThreadWake(std::thread::Thread);
+
+impl Wake for ThreadWake {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+thread_local! {
+    static THREAD_WAKER: Waker = Waker::from(Arc::new(ThreadWake(std::thread::current())));
+}
+
+/// Runs `fut` to completion on this thread, parking it while the future is
+/// pending (a waker that unparks the thread, built once per thread): the
+/// least an executor can do to wait for one future.
+pub fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    THREAD_WAKER.with(|waker| {
+        let mut cx = Context::from_waker(waker);
+        loop {
+            if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+                return out;
+            }
+            std::thread::park();
+        }
+    })
+}
+
 /// Polls `fut` once with `waker`.
 #[inline]
 pub fn poll_once<F: Future + Unpin>(fut: &mut F, waker: &Waker) -> Poll<F::Output> {

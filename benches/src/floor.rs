@@ -6,6 +6,9 @@
 //!   slot) to the first eligible bit. No registry lookup, no model name, no
 //!   leases, no epoch: just the bitset. The random pick is the first eligible
 //!   slot at or after a random slot (cheaper than uniform, hence a floor).
+//! * [`GateFloor`]: the least an exact admission gate can do, one
+//!   `compare_exchange` on an `AtomicU64` count to take a slot and one
+//!   `fetch_sub` to give it back. No queue, no classes, no counters.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -127,9 +130,73 @@ impl BitFloor {
     }
 }
 
+/// A bare counting gate of `limit` slots: the floor of an exact gate's
+/// direct admit and release.
+#[derive(Debug)]
+pub struct GateFloor {
+    running: AtomicU64,
+    limit: u64,
+}
+
+/// A slot of a [`GateFloor`], given back on drop.
+#[derive(Debug)]
+pub struct FloorSlot<'a> {
+    running: &'a AtomicU64,
+}
+
+impl Drop for FloorSlot<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.running.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl GateFloor {
+    /// `limit` slots, all free.
+    pub fn new(limit: u64) -> Self {
+        Self {
+            running: AtomicU64::new(0),
+            limit,
+        }
+    }
+
+    /// Takes a slot if one is free: one load and one `compare_exchange`
+    /// when uncontended (a lost race retries).
+    #[inline]
+    pub fn try_admit(&self) -> Option<FloorSlot<'_>> {
+        let mut cur = self.running.load(Ordering::Relaxed);
+        loop {
+            if cur >= self.limit {
+                return None;
+            }
+            match self
+                .running
+                .compare_exchange(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return Some(FloorSlot {
+                        running: &self.running,
+                    })
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gate_floor_is_exact() {
+        let g = GateFloor::new(2);
+        let a = g.try_admit().expect("first slot");
+        let _b = g.try_admit().expect("second slot");
+        assert!(g.try_admit().is_none());
+        drop(a);
+        assert!(g.try_admit().is_some());
+    }
 
     #[test]
     fn picks_only_free_members() {

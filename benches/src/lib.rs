@@ -3,10 +3,11 @@
 //!
 //! * [`baseline`]: the reference designs, implemented here from their
 //!   descriptions so they can be measured on the same machine in the same
-//!   run: the reference routing snapshot, the reference monitor, and the two
-//!   reference admission gates.
+//!   run: the reference routing snapshot, the reference monitor, the two
+//!   reference admission gates, and the newer one with priority classes.
 //! * [`floor`]: the least work any busy-aware router can do (a bit test; an
-//!   AND-NOT and trailing-zeros pick), to show how close loadgate gets.
+//!   AND-NOT and trailing-zeros pick) and the least an exact gate can do (a
+//!   compare-exchange and a fetch-sub), to show how close loadgate gets.
 //! * [`fixture`]: the same workers and busy set in loadgate, the reference and
 //!   the floor.
 //! * [`harness`]: the interleaved measuring loop of the `compare` binary,

@@ -10,6 +10,10 @@
 //!   active count and a `VecDeque` of waiters, each with a `oneshot` sender.
 //!   Admission, queueing and release each take the mutex; release pops the
 //!   oldest live waiter and sends it the slot.
+//! * [`ClassMutexGate`], the same design with [`CLASSES`] priority classes,
+//!   as one would extend it: one `VecDeque` of waiters per class under the
+//!   same mutex, release popping the first non-empty one (class 0 the most
+//!   important).
 //!
 //! The third reference point, tokio's `Semaphore::try_acquire` + drop (what
 //! tower's `ConcurrencyLimit` uses), needs no wrapper: the benches call
@@ -209,9 +213,158 @@ impl MutexGate {
     }
 }
 
+/// Priority classes of a [`ClassMutexGate`].
+pub const CLASSES: usize = 4;
+
+#[derive(Debug)]
+struct ClassState {
+    active: usize,
+    queued: usize,
+    waiters: [VecDeque<oneshot::Sender<()>>; CLASSES],
+}
+
+/// The newest reference design with priority classes. See the module docs.
+#[derive(Debug)]
+pub struct ClassMutexGate {
+    state: Mutex<ClassState>,
+    limit: usize,
+    queue: usize,
+}
+
+/// A slot of a [`ClassMutexGate`], released on drop.
+#[derive(Debug)]
+pub struct ClassPermit<'a> {
+    gate: &'a ClassMutexGate,
+}
+
+impl Drop for ClassPermit<'_> {
+    fn drop(&mut self) {
+        self.gate.release();
+    }
+}
+
+/// A queued request of a [`ClassMutexGate`]: a future.
+#[derive(Debug)]
+pub struct ClassWait<'a> {
+    gate: &'a ClassMutexGate,
+    rx: oneshot::Receiver<()>,
+}
+
+impl<'a> Future for ClassWait<'a> {
+    type Output = Option<ClassPermit<'a>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let gate = self.gate;
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.ok().map(|()| ClassPermit { gate }))
+    }
+}
+
+/// Outcome of [`ClassMutexGate::admit`].
+#[derive(Debug)]
+pub enum ClassAdmission<'a> {
+    /// A slot was free and nobody of this class or a more important one
+    /// waited.
+    Admitted(ClassPermit<'a>),
+    /// Queued in its class.
+    Queued(ClassWait<'a>),
+    /// Slots and queue full.
+    Rejected,
+}
+
+impl ClassMutexGate {
+    /// `limit` slots and a queue of `queue` shared by the classes.
+    pub fn new(limit: usize, queue: usize) -> Self {
+        Self {
+            state: Mutex::new(ClassState {
+                active: 0,
+                queued: 0,
+                waiters: std::array::from_fn(|_| VecDeque::with_capacity(queue)),
+            }),
+            limit,
+            queue,
+        }
+    }
+
+    /// Admits, queues or rejects one request of class `class` (0 the most
+    /// important; past the last counts as the last).
+    #[inline]
+    pub fn admit(&self, class: usize) -> ClassAdmission<'_> {
+        let class = class.min(CLASSES - 1);
+        let mut s = self.state.lock();
+        if s.active < self.limit && s.waiters[..=class].iter().all(VecDeque::is_empty) {
+            s.active += 1;
+            return ClassAdmission::Admitted(ClassPermit { gate: self });
+        }
+        if s.queued < self.queue {
+            let (tx, rx) = oneshot::channel();
+            s.waiters[class].push_back(tx);
+            s.queued += 1;
+            return ClassAdmission::Queued(ClassWait { gate: self, rx });
+        }
+        ClassAdmission::Rejected
+    }
+
+    /// Hands the slot to the oldest live waiter of the most important class
+    /// that has one, or frees it.
+    fn release(&self) {
+        let mut s = self.state.lock();
+        let s = &mut *s;
+        for q in &mut s.waiters {
+            while let Some(tx) = q.pop_front() {
+                s.queued -= 1;
+                if tx.send(()).is_ok() {
+                    return;
+                }
+            }
+        }
+        s.active -= 1;
+    }
+
+    /// Requests queued now.
+    pub fn queued(&self) -> usize {
+        self.state.lock().queued
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::fixture::{noop_waker, poll_once};
+
+    #[test]
+    fn class_mutex_gate_serves_the_most_important_class_first() {
+        let gate = ClassMutexGate::new(1, 8);
+        let ClassAdmission::Admitted(p) = gate.admit(0) else {
+            panic!("first admit")
+        };
+        let mut waits: Vec<ClassWait<'_>> = (0..CLASSES)
+            .rev()
+            .map(|c| match gate.admit(c) {
+                ClassAdmission::Queued(w) => w,
+                _ => panic!("queues"),
+            })
+            .collect();
+        assert_eq!(gate.queued(), CLASSES);
+        let waker = noop_waker();
+        let mut held = p;
+        // Queued least important first; served most important first.
+        while let Some(mut w) = waits.pop() {
+            drop(held);
+            held = match poll_once(&mut w, &waker) {
+                Poll::Ready(Some(p)) => p,
+                _ => panic!("the most important waiter was not handed the slot"),
+            };
+            assert_eq!(gate.queued(), waits.len());
+        }
+        drop(held);
+        assert!(matches!(
+            gate.admit(CLASSES - 1),
+            ClassAdmission::Admitted(_)
+        ));
+    }
 
     #[test]
     fn mutex_gate_is_exact_and_fifo() {

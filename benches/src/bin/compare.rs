@@ -20,21 +20,27 @@
 
 use std::cell::Cell;
 use std::fmt::Write as _;
+use std::future::{poll_fn, Future};
 use std::hint::black_box;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use loadgate::{
-    AdmissionGate, AdmitError, BusySet, GateConfig, LoadReport, OwnedPermit, Policy,
-    ThresholdUpdate,
+    AdmissionGate, Admit, AdmitError, BusySet, GateConfig, LoadReport, MonotonicClock, OwnedPermit,
+    Policy, SharedClock, ThresholdUpdate,
 };
 use loadgate_benches::baseline::admission::{
-    ChannelAdmission, ChannelGate, MutexAdmission, MutexGate, MutexPermit,
+    ChannelAdmission, ChannelGate, ClassAdmission, ClassMutexGate, ClassWait, MutexAdmission,
+    MutexGate, MutexPermit, CLASSES,
 };
 use loadgate_benches::baseline::monitor::{RefLoad, RefThresholds};
-use loadgate_benches::fixture::{free_kv, noop_waker, poll_once, MonitorFixture, BUSY_KV, MODEL};
+use loadgate_benches::fixture::{
+    block_on, free_kv, noop_waker, poll_once, MonitorFixture, BUSY_KV, MODEL,
+};
+use loadgate_benches::floor::GateFloor;
 use loadgate_benches::harness::{
     contend, interleave, record_one, under_writes, Budget, Series, SharedSide, Side, UnderWrites,
 };
@@ -56,6 +62,13 @@ enum Target {
     Faster(f64),
     /// loadgate's p50 at most this many times the floor's.
     WithinOf(f64),
+    /// loadgate's p50 at least this many times lower than the design's, or
+    /// close enough to the case's floor (its [`Target::Floor`] design).
+    FasterOrFloor(f64),
+    /// The case's floor: loadgate's p50 at most this many times the
+    /// floor's meets every `FasterOrFloor` target of the case. Judged
+    /// through those rows, not on its own.
+    Floor(f64),
     /// loadgate's throughput at least this many times the design's.
     Throughput(f64),
 }
@@ -72,15 +85,40 @@ struct Row {
     others: Vec<Compared>,
 }
 
+/// loadgate's p50 over the floor's.
+fn floor_ratio(lg: &Series, floor: &Series) -> f64 {
+    lg.p50() / floor.p50().max(1e-3)
+}
+
 impl Compared {
-    /// The ratio shown, and whether the target was met.
-    fn ratio(&self, lg: &Series, throughput: bool) -> (String, Option<bool>) {
+    /// The ratio shown, and whether the target was met. `floor` is the
+    /// case's [`Target::Floor`] design and its bound, if it has one.
+    fn ratio(
+        &self,
+        lg: &Series,
+        throughput: bool,
+        floor: Option<(&Series, f64)>,
+    ) -> (String, Option<bool>) {
         let faster = self.series.p50() / lg.p50().max(1e-3);
         match self.target {
             Target::WithinOf(x) => {
-                let r = lg.p50() / self.series.p50().max(1e-3);
+                let r = floor_ratio(lg, &self.series);
                 (format!("{r:.2}× floor"), Some(r <= x))
             }
+            Target::Floor(_) => {
+                let r = floor_ratio(lg, &self.series);
+                (format!("{r:.2}× floor"), None)
+            }
+            Target::FasterOrFloor(x) => match floor {
+                Some((f, bound)) => {
+                    let r = floor_ratio(lg, f);
+                    (
+                        format!("{faster:.2}× faster, {r:.2}× floor"),
+                        Some(faster >= x || r <= bound),
+                    )
+                }
+                None => (format!("{faster:.2}× faster"), Some(faster >= x)),
+            },
             Target::Throughput(x) => {
                 let r = lg.throughput() / self.series.throughput().max(1e-9);
                 (format!("{r:.2}× throughput"), Some(r >= x))
@@ -94,11 +132,16 @@ impl Compared {
         }
     }
 
-    fn target_text(&self) -> String {
+    fn target_text(&self, floor: Option<(&Series, f64)>) -> String {
         match self.target {
             Target::None => "—".into(),
             Target::Faster(x) => format!("≥ {x}× faster"),
+            Target::FasterOrFloor(x) => match floor {
+                Some((_, bound)) => format!("≥ {x}× faster or ≤ {bound}× floor"),
+                None => format!("≥ {x}× faster"),
+            },
             Target::WithinOf(x) => format!("≤ {x}× floor"),
+            Target::Floor(x) => format!("≤ {x}× floor meets the rows above"),
             Target::Throughput(x) => format!("≥ {x}× throughput"),
         }
     }
@@ -132,10 +175,13 @@ fn latency_cells(s: &Series, throughput: bool) -> (String, String) {
         let on_cpu = s
             .threads_on_cpu()
             .map_or(String::new(), |t| format!(", {t:.1} threads on CPU"));
-        (
-            format!("{} ({:.1} M/s{on_cpu})", ns(s.p50()), s.throughput() / 1e6),
-            ns(s.p99()),
-        )
+        let rate = s.throughput();
+        let rate = if rate >= 1e6 {
+            format!("{:.1} M/s", rate / 1e6)
+        } else {
+            format!("{:.0} k/s", rate / 1e3)
+        };
+        (format!("{} ({rate}{on_cpu})", ns(s.p50())), ns(s.p99()))
     } else {
         (ns(s.p50()), ns(s.p99()))
     }
@@ -278,25 +324,36 @@ const THRESHOLD: &[Design] = &[(
     Target::None,
 )];
 const UNDER_WRITES: &[Design] = &[("reference routing under monitor writes", Target::None)];
+const CLOCK: &[Design] = &[("std Instant::now", Target::None)];
+/// 2× faster than both references, or within 1.15× of the floor.
 const DIRECT: &[Design] = &[
-    ("tokio Semaphore try_acquire", Target::Faster(2.0)),
-    ("Mutex gate (newest reference)", Target::Faster(2.0)),
+    ("tokio Semaphore try_acquire", Target::FasterOrFloor(2.0)),
+    ("Mutex gate (newest reference)", Target::FasterOrFloor(2.0)),
     ("Semaphore + channel (first reference)", Target::None),
+    ("floor: CAS + fetch_sub on one atomic", Target::Floor(1.15)),
 ];
 const REJECT: &[Design] = &[
     ("tokio Semaphore try_acquire (no queue)", Target::None),
-    ("Mutex gate (newest reference)", Target::None),
+    ("Mutex gate (newest reference)", Target::Faster(1.0)),
     ("Semaphore + channel (first reference)", Target::None),
 ];
 const HANDOFF_FUTURE: &[Design] = &[
-    ("Mutex gate + oneshot", Target::Faster(3.0)),
+    ("Mutex gate + oneshot", Target::Faster(2.0)),
     ("Semaphore + channel + dispatcher task", Target::None),
 ];
-const HANDOFF_CALLBACK: &[Design] = &[("Mutex gate + oneshot", Target::Faster(3.0))];
+const HANDOFF_CALLBACK: &[Design] = &[("Mutex gate + oneshot", Target::Faster(2.0))];
 const HANDOFF_BLOCKING: &[Design] = &[("Mutex gate + oneshot blocking_recv", Target::Faster(3.0))];
+const HANDOFF_THROUGHPUT: &[Design] = &[
+    (
+        "Mutex gate + oneshot blocking_recv",
+        Target::Throughput(2.0),
+    ),
+    ("tokio Semaphore acquire, thread parked", Target::None),
+];
+const CLASS_HANDOFF: &[Design] = &[("Mutex + four VecDeques", Target::Faster(2.0))];
 const CONTENDED: &[Design] = &[
     ("tokio Semaphore try_acquire", Target::Throughput(2.0)),
-    ("Mutex gate (newest reference)", Target::None),
+    ("Mutex gate (newest reference)", Target::Throughput(1.5)),
 ];
 
 /// One row of the table: the case's name, its designs, and how loadgate's
@@ -689,6 +746,16 @@ fn on_admitted(r: Result<OwnedPermit, AdmitError>) {
     CALLBACK_SLOT.set(Some(r.expect("queued request granted")));
 }
 
+/// The gate's clock (read through `dyn Clock`, as the gate reads it)
+/// against `Instant::now`.
+fn clock_cases(run: &mut Run) {
+    run.measure(Case::hot("clock read", CLOCK), |budget| {
+        let clock: SharedClock = black_box(MonotonicClock::shared());
+        let mut sides = [each(|| clock.now_nanos()), each(Instant::now)];
+        interleave(budget, &mut sides)
+    });
+}
+
 fn admission_cases(run: &mut Run) {
     let waker = noop_waker();
 
@@ -698,11 +765,13 @@ fn admission_cases(run: &mut Run) {
         let mg = MutexGate::new(4, 16);
         let rt = current_thread_runtime();
         let cg = ChannelGate::new(rt.handle(), 4, 16);
+        let floor = GateFloor::new(4);
         let mut sides = [
             each(|| g.try_admit().expect("slot free")),
             each(|| sem.try_acquire().expect("slot free")),
             each(|| mg.try_admit().expect("slot free")),
             each(|| cg.admit()),
+            each(|| floor.try_admit().expect("slot free")),
         ];
         interleave(budget, &mut sides)
     });
@@ -823,27 +892,116 @@ fn admission_cases(run: &mut Run) {
         for round in 0..budget.rounds {
             for k in 0..2 {
                 if (round + k) % 2 == 0 {
-                    lg.merge(&pingpong(
-                        budget.per_round,
-                        &|| g.try_admit().ok(),
-                        &|| g.admit_blocking(None).expect("admitted"),
-                        &|| g.queued() > 0,
-                    ));
+                    lg.merge(&lg_pingpong(&g, budget.per_round).0);
                 } else {
-                    mgs.merge(&pingpong(
-                        budget.per_round,
-                        &|| mg.try_admit(),
-                        &|| match mg.admit() {
-                            MutexAdmission::Admitted(p) => p,
-                            MutexAdmission::Queued(w) => w.wait().expect("handoff"),
-                            MutexAdmission::Rejected => panic!("queue of 1 was full"),
-                        },
-                        &|| mg.queued() > 0,
-                    ));
+                    mgs.merge(&mutex_pingpong(&mg, budget.per_round).0);
                 }
             }
         }
         vec![lg, mgs]
+    });
+
+    let name = "handoff throughput, 2 threads (one holds, one waits)";
+    run.measure(Case::contended(name, HANDOFF_THROUGHPUT), |budget| {
+        let g = gate(1, 1);
+        let mg = MutexGate::new(1, 1);
+        let sem = Semaphore::new(1);
+        // tokio's Semaphore does not count its waiters: each waiter counts
+        // itself once its acquire is queued (first poll pending).
+        let sem_waiting = AtomicU64::new(0);
+        let mut out = vec![Series::default(), Series::default(), Series::default()];
+        for round in 0..budget.rounds {
+            for k in 0..out.len() {
+                let i = (round + k) % out.len();
+                let (series, wall) = match i {
+                    0 => lg_pingpong(&g, budget.per_round),
+                    1 => mutex_pingpong(&mg, budget.per_round),
+                    _ => pingpong(
+                        budget.per_round,
+                        &|| sem.try_acquire().ok(),
+                        &|| {
+                            let mut acquire = pin!(sem.acquire());
+                            let mut counted = false;
+                            let permit = block_on(poll_fn(|cx| {
+                                let r = acquire.as_mut().poll(cx);
+                                if r.is_pending() && !counted {
+                                    counted = true;
+                                    sem_waiting.fetch_add(1, Ordering::AcqRel);
+                                }
+                                r
+                            }))
+                            .expect("semaphore open");
+                            if counted {
+                                sem_waiting.fetch_sub(1, Ordering::AcqRel);
+                            }
+                            permit
+                        },
+                        &|| sem_waiting.load(Ordering::Acquire) > 0,
+                    ),
+                };
+                out[i].merge(&series);
+                out[i].elapsed += wall;
+            }
+        }
+        out
+    });
+
+    let name = "4-class handoff";
+    run.measure(Case::hot(name, CLASS_HANDOFF), |budget| {
+        // Each op is one handoff. Every fourth op first queues one waiter
+        // per class, least important first; the four releases that follow
+        // must hand the slot to classes 0, 1, 2, 3 in that order.
+        let g = AdmissionGate::new(GateConfig::new(1).with_queue(16).with_classes(CLASSES))
+            .expect("gate config");
+        let cg = ClassMutexGate::new(1, 16);
+        let mut lg_holder = Some(g.try_admit().expect("first slot"));
+        let mut lg_waiters: [Option<Admit<'_>>; CLASSES] = Default::default();
+        let mut lg_ops = 0usize;
+        let ClassAdmission::Admitted(p) = cg.admit(0) else {
+            panic!("first slot")
+        };
+        let mut cg_holder = Some(p);
+        let mut cg_waiters: [Option<ClassWait<'_>>; CLASSES] = Default::default();
+        let mut cg_ops = 0usize;
+        let mut sides = [
+            each(|| {
+                let served = lg_ops % CLASSES;
+                lg_ops += 1;
+                if served == 0 {
+                    for (c, w) in lg_waiters.iter_mut().enumerate().rev() {
+                        let mut f = g.admit_at(c as u8);
+                        assert!(poll_once(&mut f, &waker).is_pending());
+                        *w = Some(f);
+                    }
+                }
+                drop(lg_holder.take());
+                let mut f = lg_waiters[served].take().expect("queued");
+                match poll_once(&mut f, &waker) {
+                    Poll::Ready(Ok(p)) => lg_holder = Some(p),
+                    _ => panic!("the most important waiter gets the slot"),
+                }
+            }),
+            each(|| {
+                let served = cg_ops % CLASSES;
+                cg_ops += 1;
+                if served == 0 {
+                    for (c, w) in cg_waiters.iter_mut().enumerate().rev() {
+                        let ClassAdmission::Queued(mut f) = cg.admit(c) else {
+                            panic!("queues")
+                        };
+                        assert!(poll_once(&mut f, &waker).is_pending());
+                        *w = Some(f);
+                    }
+                }
+                drop(cg_holder.take());
+                let mut f = cg_waiters[served].take().expect("queued");
+                match poll_once(&mut f, &waker) {
+                    Poll::Ready(Some(p)) => cg_holder = Some(p),
+                    _ => panic!("the most important waiter gets the slot"),
+                }
+            }),
+        ];
+        interleave(budget, &mut sides)
     });
 
     let name = "admit + release, 2 threads contending";
@@ -890,21 +1048,47 @@ fn mutex_handoff<'g>(mg: &'g MutexGate, holder: &mut Option<MutexPermit<'g>>, wa
     }
 }
 
+/// [`pingpong`] on a loadgate gate of one slot, waiting blocked.
+fn lg_pingpong(g: &AdmissionGate, duration: Duration) -> (Series, Duration) {
+    pingpong(
+        duration,
+        &|| g.try_admit().ok(),
+        &|| g.admit_blocking(None).expect("admitted"),
+        &|| g.queued() > 0,
+    )
+}
+
+/// [`pingpong`] on the Mutex gate of one slot, waiting in `blocking_recv`.
+fn mutex_pingpong(mg: &MutexGate, duration: Duration) -> (Series, Duration) {
+    pingpong(
+        duration,
+        &|| mg.try_admit(),
+        &|| match mg.admit() {
+            MutexAdmission::Admitted(p) => p,
+            MutexAdmission::Queued(w) => w.wait().expect("handoff"),
+            MutexAdmission::Rejected => panic!("queue of 1 was full"),
+        },
+        &|| mg.queued() > 0,
+    )
+}
+
 /// Two threads hand one slot back and forth through the queue for
 /// `duration`: the holder waits until the other thread is queued, stamps the
 /// time and releases; the waiter records the time from that stamp to its
-/// admission. Returns the handoff latencies and both threads' allocations.
+/// admission. Returns the handoff latencies and both threads' allocations,
+/// and the wall time from the threads' start to their end (the handoffs'
+/// throughput is the operation count over it).
 fn pingpong<P>(
     duration: Duration,
     try_admit: &(dyn Fn() -> Option<P> + Sync),
     admit_blocking: &(dyn Fn() -> P + Sync),
     queued: &(dyn Fn() -> bool + Sync),
-) -> Series {
+) -> (Series, Duration) {
     let base = Instant::now();
     let deadline = base + duration;
     let released = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
-    let start = Barrier::new(2);
+    let start = Barrier::new(3);
     let stamp = || base.elapsed().as_nanos() as u64;
     let body = |first: bool| {
         let mut s = Series::default();
@@ -945,14 +1129,17 @@ fn pingpong<P>(
         s.allocs = thread_allocations() - before;
         s
     };
-    let (a, b) = std::thread::scope(|sc| {
+    let (a, b, wall) = std::thread::scope(|sc| {
         let a = sc.spawn(|| body(true));
         let b = sc.spawn(|| body(false));
-        (a.join().expect("thread"), b.join().expect("thread"))
+        start.wait();
+        let started = Instant::now();
+        let (a, b) = (a.join().expect("thread"), b.join().expect("thread"));
+        (a, b, started.elapsed())
     });
     let mut all = a;
     all.merge(&b);
-    all
+    (all, wall)
 }
 
 // ---------------------------------------------------------------------------
@@ -1002,9 +1189,13 @@ fn table(rows: &[Row]) -> (String, usize, usize, Vec<String>) {
                 row.case.name, row.loadgate.allocs, row.loadgate.ops
             ));
         }
+        let floor = row.others.iter().find_map(|o| match o.target {
+            Target::Floor(bound) => Some((&o.series, bound)),
+            _ => None,
+        });
         for o in &row.others {
             let (p50, p99) = latency_cells(&o.series, throughput);
-            let (ratio, ok) = o.ratio(&row.loadgate, throughput);
+            let (ratio, ok) = o.ratio(&row.loadgate, throughput, floor);
             let mark = match ok {
                 Some(true) => {
                     met += 1;
@@ -1022,7 +1213,7 @@ fn table(rows: &[Row]) -> (String, usize, usize, Vec<String>) {
                 "| | {} | {p50} | {p99} | {} | {ratio} | {} | {mark} |",
                 o.design,
                 allocs(&o.series),
-                o.target_text()
+                o.target_text(floor)
             );
         }
     }
@@ -1094,6 +1285,7 @@ fn main() {
     };
     routing_cases(&mut run);
     monitor_cases(&mut run);
+    clock_cases(&mut run);
     admission_cases(&mut run);
 
     let intro = format!(
@@ -1106,7 +1298,7 @@ fn main() {
     println!("{intro}");
     println!(
         "p50/p99: per-op latency (batch means for sub-10 µs ops); ratios are p50 over p50, \
-         or throughput over throughput for the contended case.\n"
+         or throughput over throughput for the cases run on two threads.\n"
     );
     let (table, met, total, alloc_failures) = table(&run.rows);
     print!("{table}");
