@@ -7,7 +7,10 @@
 * :class:`AdmissionGate` (workers) caps a worker's own concurrency at exactly
   ``limit`` running plus ``queue`` waiting and raises :class:`AtCapacity`
   for the rest; wait for a slot with ``await gate.admit()`` (asyncio) or
-  ``gate.admit_blocking()`` (threads).
+  ``gate.admit_blocking()`` (threads). With priority classes
+  (``classes=``, :class:`PriorityClass`), a request passes
+  ``priority=`` and a more important one may displace a queued less
+  important one (:class:`Displaced`).
 
 Across machines, workers publish their load over NATS with :class:`Reporter`
 and each frontend feeds its monitor with :meth:`Monitor.subscribe_nats`
@@ -36,6 +39,7 @@ from ._loadgate import (
     ControlAuth,
     Monitor,
     Permit,
+    PriorityClass,
     Reporter,
     Scrape,
     Subscription,
@@ -62,6 +66,7 @@ __all__ = [
     "Scrape",
     "Reporter",
     "AdmissionGate",
+    "PriorityClass",
     "Admission",
     "Permit",
 ]

@@ -3,7 +3,21 @@ built module by ``tests/test_stub.py`` with mypy's stubtest)."""
 
 from os import PathLike
 from types import TracebackType
-from typing import Any, ClassVar, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, Type, Union, final
+from typing import (
+    Any,
+    ClassVar,
+    Dict,
+    Generator,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+    final,
+)
 
 __all__ = [
     "__version__",
@@ -23,6 +37,7 @@ __all__ = [
     "Reporter",
     "Scrape",
     "AdmissionGate",
+    "PriorityClass",
     "Permit",
     "Admission",
 ]
@@ -243,6 +258,26 @@ class Reporter:
     ) -> bool: ...
 
 @final
+class PriorityClass:
+    def __new__(
+        cls,
+        *,
+        queue: Optional[int] = None,
+        queue_timeout: Optional[float] = None,
+        reserved: int = 0,
+    ) -> PriorityClass: ...
+    @property
+    def queue(self) -> Optional[int]: ...
+    @property
+    def queue_timeout(self) -> Optional[float]: ...
+    @property
+    def reserved(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+_Classes = Union[int, Iterable[PriorityClass], None]
+
+@final
 class AdmissionGate:
     def __new__(
         cls,
@@ -253,12 +288,13 @@ class AdmissionGate:
         queue_timeout: Optional[float] = None,
         adaptive_lifo: bool = False,
         metrics_prefix: str = "dynamo",
+        classes: _Classes = None,
     ) -> AdmissionGate: ...
     @classmethod
-    def from_env(cls, limit: Optional[int] = None) -> AdmissionGate: ...
-    def try_admit(self) -> Optional[Permit]: ...
-    def admit(self) -> Admission: ...
-    def admit_blocking(self, timeout: Optional[float] = None) -> Permit: ...
+    def from_env(cls, limit: Optional[int] = None, *, classes: _Classes = None) -> AdmissionGate: ...
+    def try_admit(self, *, priority: int = 0) -> Optional[Permit]: ...
+    def admit(self, *, priority: int = 0) -> Admission: ...
+    def admit_blocking(self, timeout: Optional[float] = None, *, priority: int = 0) -> Permit: ...
     def set_limit(self, limit: int) -> None: ...
     def close(self) -> None: ...
     def expire(self) -> int: ...
@@ -278,7 +314,9 @@ class AdmissionGate:
     def closed(self) -> bool: ...
     @property
     def queue_timeout(self) -> Optional[float]: ...
-    def stats(self) -> Dict[str, Union[int, bool, None]]: ...
+    @property
+    def classes(self) -> int: ...
+    def stats(self) -> Dict[str, Any]: ...
     def metrics_text(self) -> str: ...
 
 @final

@@ -6,10 +6,11 @@
   ``openai`` or ``anthropic`` style, ``Retry-After`` and the machine-readable
   reason header.
 * :class:`AdmissionMiddleware` puts a worker's :class:`~loadgate.AdmissionGate`
-  in front of an app: each request waits for a slot (``await gate.admit()``),
-  marks its first response at the first body chunk (freeing its wait slot
-  on a gate with a wait limit) and keeps the slot until its response body
-  has been sent, streamed or not.
+  in front of an app: each request waits for a slot (``await gate.admit()``,
+  in the priority class its ``x-loadgate-priority`` header names), marks its
+  first response at the first body chunk (freeing its wait slot on a gate
+  with a wait limit) and keeps the slot until its response body has been
+  sent, streamed or not.
 * :func:`hold_permit` and :func:`release_on_end` keep a permit until a
   streamed body ends, for apps that admit requests themselves.
 * :class:`ControlApp` serves ``GET``/``POST /busy_threshold`` (optionally
@@ -32,8 +33,10 @@ from typing import (
     AsyncIterable,
     Awaitable,
     Callable,
+    Dict,
     Iterable,
     List,
+    Mapping,
     MutableMapping,
     Optional,
     Sequence,
@@ -49,6 +52,7 @@ from ._loadgate import AdmissionGate, ControlAuth, Monitor, Permit
 __all__ = [
     "LoadgateMiddleware",
     "AdmissionMiddleware",
+    "PRIORITY_HEADER",
     "ControlApp",
     "hold_permit",
     "release_on_end",
@@ -68,6 +72,13 @@ Headers = List[Tuple[bytes, bytes]]
 T = TypeVar("T")
 
 _STYLES = _loadgate.ERROR_STYLES
+
+#: The request header :class:`AdmissionMiddleware` reads the priority class
+#: from by default.
+PRIORITY_HEADER = "x-loadgate-priority"
+
+#: The largest ``priority`` an admission takes.
+_MAX_PRIORITY = 255
 
 
 def _check_style(style: Style) -> None:
@@ -202,14 +213,42 @@ async def hold_permit(
         permit.release()
 
 
+def _class_number(value: object, name: str) -> int:
+    """A priority class number given to :class:`AdmissionMiddleware`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 0 <= value <= _MAX_PRIORITY:
+        raise ValueError(f"{name} = {value} is invalid: must be an integer from 0 to {_MAX_PRIORITY}")
+    return value
+
+
 class AdmissionMiddleware:
     """Guards `app` with a worker's admission gate: every HTTP request (or
     only those whose path starts with one of `paths`) waits for a slot,
     marks its first response at the first body chunk (see
     :func:`release_on_end`) and keeps the slot until its response body has
-    been sent. A rejected request is
-    answered with the loadgate error (529 ``worker_at_capacity`` or
-    ``queue_timeout``, 503 ``closed``)."""
+    been sent. A rejected request is answered with the loadgate error (529
+    ``worker_at_capacity``, ``queue_timeout`` or ``displaced``, 503
+    ``closed``, with ``Retry-After`` and the ``x-loadgate-reason`` header).
+
+    On a gate with priority classes (``AdmissionGate(..., classes=...)``),
+    each request is admitted in the class its `priority_header`
+    (``x-loadgate-priority`` by default) names:
+
+    * header absent: `default_priority` (default 0, the most important);
+    * a key of `priorities`, a map of names to classes such as
+      ``{"interactive": 0, "batch": 2}`` (compared exactly, surrounding
+      spaces ignored): that class;
+    * otherwise a decimal integer: that class (one past the gate's last
+      class counts as the last);
+    * anything else (an unknown name, a negative or malformed number):
+      `unknown_priority`, by default the gate's least important class.
+
+    With ``priority_header=None`` no header is read: every request is in
+    `default_priority`. A queued request that gives its place to a more
+    important arrival is answered 529 with ``x-loadgate-reason:
+    displaced``. Clients choose the header: where they must not choose
+    their class, set or strip it at a proxy you trust."""
 
     def __init__(
         self,
@@ -218,26 +257,67 @@ class AdmissionMiddleware:
         *,
         paths: Optional[Sequence[str]] = None,
         style: Style = "dynamo",
+        priority_header: Optional[str] = PRIORITY_HEADER,
+        priorities: Optional[Mapping[str, int]] = None,
+        default_priority: int = 0,
+        unknown_priority: Optional[int] = None,
     ) -> None:
         _check_style(style)
         if isinstance(paths, str):
             raise TypeError("paths must be a sequence of path prefixes, not a str")
+        header: Optional[bytes] = None
+        if priority_header is not None:
+            if not isinstance(priority_header, str):
+                raise TypeError("priority_header must be a str or None")
+            if not priority_header.strip():
+                raise ValueError("priority_header must not be empty (use None to read no header)")
+            header = priority_header.strip().lower().encode("latin-1")
+        names: Dict[str, int] = {}
+        for name, number in (priorities or {}).items():
+            if not isinstance(name, str):
+                raise TypeError(f"priorities keys must be str, not {type(name).__name__}")
+            names[name.strip()] = _class_number(number, f"priorities[{name!r}]")
         self.app = app
         self.gate = gate
         self.paths = None if paths is None else tuple(paths)
         self.style = style
+        self.priority_header = None if header is None else header.decode("latin-1")
+        self.priorities = names
+        self.default_priority = _class_number(default_priority, "default_priority")
+        self.unknown_priority = (
+            gate.classes - 1 if unknown_priority is None else _class_number(unknown_priority, "unknown_priority")
+        )
+        self._header_name = header
 
     def _guarded(self, scope: Scope) -> bool:
         if scope["type"] != "http":
             return False
         return self.paths is None or str(scope.get("path", "")).startswith(self.paths)
 
+    def priority(self, scope: Scope) -> int:
+        """The priority class of the request `scope` describes."""
+        if self._header_name is None:
+            return self.default_priority
+        raw = _header(scope, self._header_name)
+        if raw is None:
+            return self.default_priority
+        value = raw.strip(" \t")
+        named = self.priorities.get(value)
+        if named is not None:
+            return named
+        if value.isascii() and value.isdigit():
+            digits = value.lstrip("0") or "0"
+            # Anything past 255 is past the last class too: no need to
+            # parse a long number.
+            return _MAX_PRIORITY if len(digits) > 3 else min(int(digits), _MAX_PRIORITY)
+        return self.unknown_priority
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._guarded(scope):
             await self.app(scope, receive, send)
             return
         try:
-            permit = await self.gate.admit()
+            permit = await self.gate.admit(priority=self.priority(scope))
         except LoadgateError as exc:
             await send_error(send, exc, _style_for(self.style, scope))
             return

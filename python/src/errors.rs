@@ -89,10 +89,12 @@ pub fn route_error(py: Python<'_>, e: RouteError) -> PyErr {
 }
 
 /// A refused report or booking: `KeyError` for an unknown worker,
-/// `ValueError` otherwise.
+/// `ConnectionError` for a reporter used across a fork, `ValueError`
+/// otherwise.
 pub fn report_error(e: ReportError) -> PyErr {
     match e {
         ReportError::UnknownWorker(_) => PyKeyError::new_err(e.to_string()),
+        ReportError::OtherProcess => pyo3::exceptions::PyConnectionError::new_err(e.to_string()),
         _ => PyValueError::new_err(e.to_string()),
     }
 }
@@ -142,7 +144,7 @@ pub fn bad_value(name: &str, value: impl Display, want: &str) -> PyErr {
 }
 
 /// Whether `obj` is an integer (an `int` or anything with `__index__`).
-fn is_integer(obj: &Bound<'_, PyAny>) -> bool {
+pub fn is_integer(obj: &Bound<'_, PyAny>) -> bool {
     obj.is_instance_of::<PyInt>()
         || (!obj.is_instance_of::<PyFloat>() && obj.hasattr("__index__").unwrap_or(false))
 }
@@ -159,6 +161,30 @@ pub fn u64_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
 pub fn u32_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
     obj.extract::<u32>()
         .map_err(|_| int_error(obj, name, "an integer from 0 to 2**32 - 1"))
+}
+
+/// An integer argument from `min` to `max`: `ValueError` naming it for an
+/// integer out of range (never `OverflowError`), `TypeError` for anything
+/// else.
+pub fn ranged_arg(obj: &Bound<'_, PyAny>, name: &str, min: u64, max: u64) -> PyResult<u64> {
+    obj.extract::<u64>()
+        .ok()
+        .filter(|v| (min..=max).contains(v))
+        .ok_or_else(|| int_error(obj, name, &format!("an integer from {min} to {max}")))
+}
+
+/// The `priority` argument of an admission: a class number from 0 to 255
+/// (0 the most important; core counts one past the gate's last class as
+/// the last). Absent or `None`: 0.
+#[inline]
+pub fn priority_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<u8> {
+    match obj {
+        None => Ok(0),
+        Some(o) if o.is_none() => Ok(0),
+        Some(o) => o
+            .extract::<u8>()
+            .or_else(|_| ranged_arg(o, "priority", 0, u64::from(u8::MAX)).map(|v| v as u8)),
+    }
 }
 
 /// An optional unsigned integer argument (`None` is absent).

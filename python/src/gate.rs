@@ -20,23 +20,27 @@
 //! cancels the core ticket, which frees the queue place at once. If the
 //! ticket was already granted, the permit is in flight to the future and is
 //! released when it arrives and finds the future cancelled. Queue deadlines
-//! are driven by a `loop.call_later` timer per waiter that calls
-//! [`loadgate::AdmissionGate::expire`]; no thread is started.
+//! are driven by a `loop.call_later` timer per waiter, set to its priority
+//! class's deadline, that calls [`loadgate::AdmissionGate::expire`]; no
+//! thread is started.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
 
-use loadgate::{AdmitError, CallbackTicket, GateConfig, OwnedPermit, Reason, TryAdmitError};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use loadgate::gate::MAX_CLASSES;
+use loadgate::{
+    AdmitError, CallbackTicket, ClassConfig, GateConfig, OwnedPermit, Reason, TryAdmitError,
+};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyDict, PyTuple, PyType};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use crate::errors::{
-    admit_error, admit_value, config_error, opt_str_arg, rejection, seconds_arg, timeout_arg,
-    u32_arg,
+    admit_error, admit_value, config_error, is_integer, opt_str_arg, priority_arg, ranged_arg,
+    rejection, seconds_arg, timeout_arg, u32_arg,
 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -45,18 +49,191 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A worker's admission gate: at most `limit` requests run and at most
 /// `queue` wait; the rest are rejected with `AtCapacity`.
+///
+/// `classes` gives the gate priority classes, class 0 the most important
+/// (1 to 8; without it the gate has one class): an int `n` for `n` classes
+/// that may each fill the whole queue, with the gate's `queue_timeout` and
+/// no reserved slots, or a sequence of `PriorityClass`, one per class. A
+/// freed slot goes to the oldest waiter of the most important class that
+/// has one (and may use the slot); an arrival that finds the whole queue
+/// full displaces the newest waiter of the least important class below its
+/// own, which raises `Displaced`. A request names its class with the
+/// `priority` argument of `admit`, `try_admit` and `admit_blocking` (0 to
+/// 255; a priority past the last class counts as the last).
 #[pyclass(frozen, module = "loadgate")]
 pub struct AdmissionGate {
     inner: Arc<loadgate::AdmissionGate>,
+    /// Each class's queue deadline, for the asyncio waiters' timers (the
+    /// core keeps its own copy and does the expiring).
+    timeouts: Box<[Option<Duration>]>,
 }
 
 impl AdmissionGate {
     fn build(config: GateConfig) -> PyResult<Self> {
+        let timeouts = if config.classes.is_empty() {
+            vec![config.queue_timeout].into_boxed_slice()
+        } else {
+            config.classes.iter().map(|c| c.queue_timeout).collect()
+        };
         let inner = loadgate::AdmissionGate::new(config).map_err(config_error)?;
         Ok(Self {
             inner: Arc::new(inner),
+            timeouts,
         })
     }
+
+    /// The queue deadline of the class `priority` names: as the core reads
+    /// it, one past the last class is the last.
+    fn class_timeout(&self, priority: u8) -> Option<Duration> {
+        let last = self.timeouts.len() - 1;
+        self.timeouts[usize::from(priority).min(last)]
+    }
+}
+
+/// One priority class of an `AdmissionGate` (its `classes` argument), the
+/// core's `ClassConfig` with the gate's settings as defaults:
+///
+/// * `queue`: how many requests of the class may wait, at most the gate's
+///   `queue`; `None` (default): the whole queue; 0: the class never waits
+///   (it is admitted when a slot is free for it and rejected otherwise).
+/// * `queue_timeout`: seconds its requests may wait before `QueueTimeout`;
+///   `None` (default): the gate's `queue_timeout` (no deadline when the gate
+///   has none). To mix classes with and without a deadline, leave the
+///   gate's unset and give each class its own.
+/// * `reserved`: the last `reserved` of the gate's `limit` slots go only to
+///   this class and more important ones (at most `limit`; default 0).
+#[pyclass(frozen, eq, hash, module = "loadgate")]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PriorityClass {
+    queue: Option<u32>,
+    queue_timeout: Option<Duration>,
+    reserved: u32,
+}
+
+impl PriorityClass {
+    /// The core class, `default` (the class `GateConfig::with_classes`
+    /// makes) supplying what is `None`.
+    fn config(&self, default: ClassConfig) -> ClassConfig {
+        ClassConfig {
+            queue: self.queue.unwrap_or(default.queue),
+            queue_timeout: self.queue_timeout.or(default.queue_timeout),
+            reserved: self.reserved,
+        }
+    }
+}
+
+#[pymethods]
+impl PriorityClass {
+    #[new]
+    #[pyo3(
+        signature = (*, queue = None, queue_timeout = None, reserved = None),
+        text_signature = "(*, queue=None, queue_timeout=None, reserved=0)"
+    )]
+    fn new(
+        queue: Option<&Bound<'_, PyAny>>,
+        queue_timeout: Option<&Bound<'_, PyAny>>,
+        reserved: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            queue: queue
+                .filter(|q| !q.is_none())
+                .map(|q| u32_arg(q, "queue"))
+                .transpose()?,
+            queue_timeout: queue_timeout
+                .filter(|t| !t.is_none())
+                .map(|t| seconds_arg(t, "queue_timeout"))
+                .transpose()?,
+            reserved: reserved.map_or(Ok(0), |r| u32_arg(r, "reserved"))?,
+        })
+    }
+
+    /// How many of the class may wait, or `None` for the gate's whole queue.
+    #[getter]
+    fn queue(&self) -> Option<u32> {
+        self.queue
+    }
+
+    /// The class's queue deadline in seconds, or `None` for the gate's.
+    #[getter]
+    fn queue_timeout(&self) -> Option<f64> {
+        self.queue_timeout.map(|d| d.as_secs_f64())
+    }
+
+    /// Slots reserved for this class and more important ones.
+    #[getter]
+    fn reserved(&self) -> u32 {
+        self.reserved
+    }
+
+    fn __repr__(&self) -> String {
+        let show = |v: Option<String>| v.unwrap_or_else(|| "None".to_owned());
+        format!(
+            "PriorityClass(queue={}, queue_timeout={}, reserved={})",
+            show(self.queue.map(|q| q.to_string())),
+            show(self.queue_timeout.map(|d| format!("{:?}", d.as_secs_f64()))),
+            self.reserved
+        )
+    }
+}
+
+/// Applies the `classes` argument to `config` (whose queue size and
+/// deadline are set: the classes copy them by default).
+fn with_classes_arg(
+    config: GateConfig,
+    classes: Option<&Bound<'_, PyAny>>,
+) -> PyResult<GateConfig> {
+    let Some(obj) = classes.filter(|c| !c.is_none()) else {
+        return Ok(config);
+    };
+    let want = "an int or a sequence of loadgate.PriorityClass";
+    let max = MAX_CLASSES as u64;
+    if is_integer(obj) {
+        let n = ranged_arg(obj, "classes", 1, max)?;
+        return Ok(config.with_classes(n as usize));
+    }
+    let not_a_sequence = || {
+        let got = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+        PyTypeError::new_err(format!("classes must be {want}, not {got}"))
+    };
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(not_a_sequence());
+    }
+    let iter = obj.try_iter().map_err(|_| not_a_sequence())?;
+    let mut given = Vec::new();
+    // Reads one past the most a gate may have, never an endless iterator.
+    for item in iter.take(MAX_CLASSES + 1) {
+        let item = item?;
+        let class = item.cast::<PriorityClass>().map_err(|_| {
+            let got = item
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+            PyTypeError::new_err(format!(
+                "classes[{}] must be a loadgate.PriorityClass, not {got}",
+                given.len()
+            ))
+        })?;
+        given.push(*class.get());
+    }
+    if given.is_empty() || given.len() > MAX_CLASSES {
+        let count = if given.is_empty() {
+            "no entries".to_owned()
+        } else {
+            format!("more than {MAX_CLASSES} entries")
+        };
+        return Err(PyValueError::new_err(format!(
+            "classes has {count}: a gate has 1 to {MAX_CLASSES} priority classes"
+        )));
+    }
+    let mut config = config.with_classes(given.len());
+    for (index, class) in given.iter().enumerate() {
+        let default = config.classes[index];
+        config = config.with_class(index, class.config(default));
+    }
+    Ok(config)
 }
 
 fn bool_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<bool> {
@@ -73,8 +250,8 @@ fn bool_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<bool> {
 impl AdmissionGate {
     #[new]
     #[pyo3(
-        signature = (limit, queue = None, *, wait_limit = None, queue_timeout = None, adaptive_lifo = None, metrics_prefix = None),
-        text_signature = "(limit, queue=16, *, wait_limit=None, queue_timeout=None, adaptive_lifo=False, metrics_prefix='dynamo')"
+        signature = (limit, queue = None, *, wait_limit = None, queue_timeout = None, adaptive_lifo = None, metrics_prefix = None, classes = None),
+        text_signature = "(limit, queue=16, *, wait_limit=None, queue_timeout=None, adaptive_lifo=False, metrics_prefix='dynamo', classes=None)"
     )]
     fn new(
         limit: &Bound<'_, PyAny>,
@@ -83,6 +260,7 @@ impl AdmissionGate {
         queue_timeout: Option<&Bound<'_, PyAny>>,
         adaptive_lifo: Option<&Bound<'_, PyAny>>,
         metrics_prefix: Option<&Bound<'_, PyAny>>,
+        classes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = GateConfig::new(u32_arg(limit, "limit")?);
         if let Some(q) = queue {
@@ -98,7 +276,7 @@ impl AdmissionGate {
         if let Some(p) = opt_str_arg(metrics_prefix, "metrics_prefix")? {
             config.metrics_prefix = p.to_string();
         }
-        Self::build(config)
+        Self::build(with_classes_arg(config, classes)?)
     }
 
     /// A gate configured from the environment: the engine request limit
@@ -111,56 +289,80 @@ impl AdmissionGate {
     /// unset) and the wait limit from `DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT`
     /// (none when unset). The newer name wins; an invalid value of either raises
     /// `ValueError` naming the variable, and so does a missing limit.
+    /// `classes` is as for the constructor (the classes copy the queue size
+    /// and deadline read from the environment).
     #[classmethod]
-    #[pyo3(signature = (limit = None))]
-    fn from_env(_cls: &Bound<'_, PyType>, limit: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    #[pyo3(signature = (limit = None, *, classes = None))]
+    fn from_env(
+        _cls: &Bound<'_, PyType>,
+        limit: Option<&Bound<'_, PyAny>>,
+        classes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let config = match limit.filter(|l| !l.is_none()) {
             Some(limit) => GateConfig::from_env(u32_arg(limit, "limit")?),
             None => GateConfig::from_env_all(),
         }
         .map_err(config_error)?;
-        Self::build(config)
+        Self::build(with_classes_arg(config, classes)?)
     }
 
-    /// Takes a slot only if one is free now and nobody is waiting; `None`
-    /// otherwise. Raises `Closed` on a closed gate.
-    fn try_admit(&self, py: Python<'_>) -> PyResult<Option<Permit>> {
-        match self.inner.try_admit_owned() {
+    /// Takes a slot only if one is free now within the share of class
+    /// `priority` and nobody of that class or a more important one is
+    /// waiting; `None` otherwise. Raises `Closed` on a closed gate.
+    #[pyo3(signature = (*, priority = None), text_signature = "(self, *, priority=0)")]
+    fn try_admit(
+        &self,
+        py: Python<'_>,
+        priority: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Permit>> {
+        let priority = priority_arg(priority)?;
+        match self.inner.try_admit_owned_at(priority) {
             Ok(p) => Ok(Some(Permit::new(p))),
             Err(TryAdmitError::WouldWait) => Ok(None),
             Err(TryAdmitError::Closed) => Err(rejection(py, Reason::Closed)),
         }
     }
 
-    /// An awaitable admission: `permit = await gate.admit()` or
-    /// `async with gate.admit() as permit:`. Resolves to a `Permit`, or
-    /// raises `AtCapacity`, `QueueTimeout` or `Closed`.
-    fn admit(&self) -> Admission {
-        Admission {
+    /// An awaitable admission of class `priority`: `permit = await
+    /// gate.admit()` or `async with gate.admit() as permit:`. Resolves to a
+    /// `Permit`, or raises `AtCapacity`, `QueueTimeout`, `Displaced` or
+    /// `Closed`.
+    #[pyo3(signature = (*, priority = None), text_signature = "(self, *, priority=0)")]
+    fn admit(&self, priority: Option<&Bound<'_, PyAny>>) -> PyResult<Admission> {
+        let priority = priority_arg(priority)?;
+        Ok(Admission {
             gate: Arc::clone(&self.inner),
+            priority,
+            timeout: self.class_timeout(priority),
             future: Mutex::new(None),
-        }
+        })
     }
 
-    /// Waits for a slot, blocking this thread (the GIL is released while it
-    /// waits), for at most `timeout` seconds (`None`: as long as it takes).
-    /// Raises `AtCapacity`, `QueueTimeout` (deadline or `timeout` reached) or
+    /// Waits for a slot for a request of class `priority`, blocking this
+    /// thread (the GIL is released while it waits), for at most `timeout`
+    /// seconds (`None`: as long as it takes). Raises `AtCapacity`,
+    /// `QueueTimeout` (deadline or `timeout` reached), `Displaced` or
     /// `Closed`.
-    #[pyo3(signature = (timeout = None))]
+    #[pyo3(
+        signature = (timeout = None, *, priority = None),
+        text_signature = "(self, timeout=None, *, priority=0)"
+    )]
     fn admit_blocking(
         &self,
         py: Python<'_>,
         timeout: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Permit> {
         let timeout = timeout_arg(timeout, "timeout")?;
+        let priority = priority_arg(priority)?;
         // A free slot needs no wait, so no GIL round trip.
-        match self.inner.try_admit_owned() {
+        match self.inner.try_admit_owned_at(priority) {
             Ok(p) => return Ok(Permit::new(p)),
             Err(TryAdmitError::Closed) => return Err(rejection(py, Reason::Closed)),
             Err(TryAdmitError::WouldWait) => {}
         }
         let gate = Arc::clone(&self.inner);
-        py.detach(move || gate.admit_blocking_owned(timeout))
+        py.detach(move || gate.admit_blocking_owned_at(priority, timeout))
             .map(Permit::new)
             .map_err(|e| admit_error(py, e))
     }
@@ -227,13 +429,22 @@ impl AdmissionGate {
         self.inner.is_closed()
     }
 
-    /// The queue deadline in seconds, or `None`.
+    /// The gate's queue deadline in seconds, or `None` (the classes' own
+    /// may differ; this is what they copy by default).
     #[getter]
     fn queue_timeout(&self) -> Option<f64> {
         self.inner.queue_timeout().map(|d| d.as_secs_f64())
     }
 
-    /// A snapshot of the gauges and counters.
+    /// How many priority classes the gate has (1 without classes).
+    #[getter]
+    fn classes(&self) -> usize {
+        self.inner.classes()
+    }
+
+    /// A snapshot of the gauges and counters, with `classes`: one dict per
+    /// priority class (class 0 first) of its `queued`, `queue_limit`,
+    /// `rejected_at_capacity`, `expired`, `rejected_closed` and `displaced`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
         let d = PyDict::new(py);
@@ -251,6 +462,19 @@ impl AdmissionGate {
         d.set_item("rejected_closed", s.rejected_closed)?;
         d.set_item("expired", s.expired)?;
         d.set_item("cancelled", s.cancelled)?;
+        d.set_item("displaced", s.displaced)?;
+        let classes = PyList::empty(py);
+        for c in s.classes() {
+            let cd = PyDict::new(py);
+            cd.set_item("queued", c.queued)?;
+            cd.set_item("queue_limit", c.queue_limit)?;
+            cd.set_item("rejected_at_capacity", c.rejected_at_capacity)?;
+            cd.set_item("expired", c.expired)?;
+            cd.set_item("rejected_closed", c.rejected_closed)?;
+            cd.set_item("displaced", c.displaced)?;
+            classes.append(cd)?;
+        }
+        d.set_item("classes", classes)?;
         Ok(d)
     }
 
@@ -261,8 +485,12 @@ impl AdmissionGate {
 
     fn __repr__(&self) -> String {
         let s = self.inner.stats();
+        let classes = match s.class_count {
+            1 => String::new(),
+            n => format!(" classes={n}"),
+        };
         format!(
-            "<loadgate.AdmissionGate limit={} queue_limit={} running={} queued={}{}>",
+            "<loadgate.AdmissionGate limit={} queue_limit={}{classes} running={} queued={}{}>",
             s.limit,
             s.queue_limit,
             s.running,
@@ -348,6 +576,10 @@ fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 #[pyclass(frozen, module = "loadgate")]
 pub struct Admission {
     gate: Arc<loadgate::AdmissionGate>,
+    /// The request's priority class.
+    priority: u8,
+    /// That class's queue deadline.
+    timeout: Option<Duration>,
     /// The asyncio future, once awaited.
     future: Mutex<Option<Py<PyAny>>>,
 }
@@ -402,9 +634,10 @@ impl Admission {
         )?;
         let shared = Arc::new(Mutex::new(Delivery::Registering(None)));
         let for_callback = Arc::clone(&shared);
-        let ticket = self
-            .gate
-            .admit_with_callback(Box::new(move |outcome| deliver(&for_callback, outcome)));
+        let ticket = self.gate.admit_with_callback_at(
+            self.priority,
+            Box::new(move |outcome| deliver(&for_callback, outcome)),
+        );
 
         // Admitted or rejected at once: settle now, no timer, no callback.
         let immediate = matches!(&*lock(&shared), Delivery::Registering(Some(_)));
@@ -416,7 +649,7 @@ impl Admission {
                 intern!(py, "add_done_callback"),
                 (waiter.getattr(intern!(py, "_on_done"))?,),
             )?;
-            if let Some(timeout) = self.gate.queue_timeout() {
+            if let Some(timeout) = self.timeout {
                 waiter.get().arm_timer(py, &waiter, timeout)?;
             }
         }

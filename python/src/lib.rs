@@ -145,6 +145,7 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cluster::Reporter>()?;
     m.add_class::<scrape::Scrape>()?;
     m.add_class::<gate::AdmissionGate>()?;
+    m.add_class::<gate::PriorityClass>()?;
     m.add_class::<gate::Permit>()?;
     m.add_class::<gate::Admission>()?;
     Ok(())

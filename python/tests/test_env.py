@@ -192,3 +192,27 @@ print(threading.active_count() - before)
     r = run_python(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0"
+
+
+CLASSES_PROBE = """
+import json, loadgate
+from loadgate import AdmissionGate, PriorityClass
+def shape(g):
+    return {"classes": g.classes, "queues": [c["queue_limit"] for c in g.stats()["classes"]]}
+out = {"int": shape(AdmissionGate.from_env(2, classes=3))}
+out["list"] = shape(AdmissionGate.from_env(2, classes=[PriorityClass(), PriorityClass(queue=1)]))
+try:
+    AdmissionGate.from_env(2, classes=[PriorityClass(queue=6)])
+except ValueError as e:
+    out["error"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_from_env_takes_classes_that_copy_the_environment_queue() -> None:
+    out = probe(CLASSES_PROBE, {NEW_QUEUE: "5"})
+    assert out == {
+        "int": {"classes": 3, "queues": [5, 5, 5]},
+        "list": {"classes": 2, "queues": [5, 1]},
+        "error": "class 0: queue = 6 is out of range: must be at most 5",
+    }

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import loadgate
-from loadgate import AdmissionGate, AtCapacity, Closed, QueueTimeout
+from loadgate import AdmissionGate, AtCapacity, Closed, Displaced, PriorityClass, QueueTimeout
 
 
 def test_properties_and_repr() -> None:
@@ -215,7 +215,11 @@ def test_stats_and_metrics() -> None:
         "running": 1, "queued": 0, "limit": 1, "queue_limit": 0, "closed": False,
         "waiting": 0, "wait_limit": None, "received": 2,
         "admitted_direct": 1, "admitted_queued": 0, "rejected_at_capacity": 1,
-        "rejected_closed": 0, "expired": 0, "cancelled": 0,
+        "rejected_closed": 0, "expired": 0, "cancelled": 0, "displaced": 0,
+        "classes": [{
+            "queued": 0, "queue_limit": 0, "rejected_at_capacity": 1, "expired": 0,
+            "rejected_closed": 0, "displaced": 0,
+        }],
     }
     text = g.metrics_text()
     for line in (
@@ -299,3 +303,220 @@ def test_objects_are_shareable_between_threads() -> None:
         t.join()
     assert max(seen) <= 4 and g.running == 0 and g.queued == 0
     assert isinstance(loadgate.Permit, type)
+
+
+# ----- priority classes ------------------------------------------------------
+
+
+def wait_queued(g: AdmissionGate, n: int) -> None:
+    deadline = time.monotonic() + 30  # a limit for a hang only
+    while g.queued < n and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert g.queued == n
+
+
+def class_stat(g: AdmissionGate, field: str) -> list[int]:
+    return [c[field] for c in g.stats()["classes"]]
+
+
+def test_priority_class_object() -> None:
+    c = PriorityClass(queue=3, queue_timeout=0.25, reserved=1)
+    assert (c.queue, c.queue_timeout, c.reserved) == (3, 0.25, 1)
+    assert repr(c) == "PriorityClass(queue=3, queue_timeout=0.25, reserved=1)"
+    d = PriorityClass()
+    assert (d.queue, d.queue_timeout, d.reserved) == (None, None, 0)
+    assert repr(d) == "PriorityClass(queue=None, queue_timeout=None, reserved=0)"
+    assert d == PriorityClass() and d != c and hash(d) == hash(PriorityClass())
+    assert PriorityClass(queue=0).queue == 0  # a class that never waits
+    with pytest.raises(AttributeError):
+        c.queue = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        PriorityClass(3)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"queue": -1}, ValueError, "queue = -1"),
+        ({"queue": "4"}, TypeError, "queue"),
+        ({"queue_timeout": 0}, ValueError, "queue_timeout = 0"),
+        ({"queue_timeout": -0.5}, ValueError, "queue_timeout"),
+        ({"queue_timeout": float("inf")}, ValueError, "queue_timeout"),
+        ({"queue_timeout": "1"}, TypeError, "queue_timeout"),
+        ({"reserved": -1}, ValueError, "reserved = -1"),
+        ({"reserved": 1.0}, TypeError, "reserved"),
+    ],
+)
+def test_priority_class_bad_input(kwargs: dict[str, Any], exc: type[Exception], match: str) -> None:
+    with pytest.raises(exc, match=match):
+        PriorityClass(**kwargs)
+
+
+def test_classes_accepted() -> None:
+    assert AdmissionGate(2).classes == 1
+    assert len(AdmissionGate(2).stats()["classes"]) == 1
+    g = AdmissionGate(2, 5, classes=3)  # each may fill the whole queue
+    assert g.classes == 3 and "classes=3" in repr(g)
+    assert class_stat(g, "queue_limit") == [5, 5, 5]
+    g = AdmissionGate(4, 6, classes=[PriorityClass(reserved=1), PriorityClass(queue=2), PriorityClass(queue=0)])
+    assert g.classes == 3
+    assert class_stat(g, "queue_limit") == [6, 2, 0]  # None: the whole queue
+    g = AdmissionGate(2, 4, classes=(PriorityClass() for _ in range(8)))  # any iterable, up to 8
+    assert g.classes == 8
+    assert AdmissionGate(2, classes=None).classes == 1
+    text = AdmissionGate(1, 2, classes=2).metrics_text()
+    assert "dynamo_request_queue" in text
+
+
+@pytest.mark.parametrize(
+    "args,classes,exc,match",
+    [
+        ((2, 4), 0, ValueError, r"classes = 0 is invalid: must be an integer from 1 to 8"),
+        ((2, 4), 9, ValueError, r"classes = 9 is invalid"),
+        ((2, 4), -1, ValueError, r"classes = -1"),
+        ((2, 4), 2**70, ValueError, r"classes = \d+ is invalid"),
+        ((2, 4), [], ValueError, r"classes has no entries"),
+        ((2, 4), [PriorityClass()] * 9, ValueError, r"classes has more than 8 entries"),
+        ((2, 4), [PriorityClass(), PriorityClass(queue=5)], ValueError, r"class 1: queue = 5 is out of range: must be at most 4"),
+        ((2, 4), [PriorityClass(reserved=3)], ValueError, r"class 0: reserved = 3 is out of range: must be at most 2"),
+        ((2, 0), [PriorityClass(queue=1)], ValueError, r"class 0: queue = 1"),
+        ((2, 4), 2.0, TypeError, r"classes must be an int or a sequence of loadgate.PriorityClass, not float"),
+        ((2, 4), "ab", TypeError, r"classes must be an int or a sequence"),
+        ((2, 4), [PriorityClass(), 1], TypeError, r"classes\[1\] must be a loadgate.PriorityClass, not int"),
+    ],
+)
+def test_classes_refused(args: tuple[int, int], classes: Any, exc: type[Exception], match: str) -> None:
+    with pytest.raises(exc, match=match):
+        AdmissionGate(*args, classes=classes)
+
+
+@pytest.mark.parametrize("priority", [-1, 256, 2**70, -(2**70)])
+def test_priority_out_of_range(priority: int) -> None:
+    g = AdmissionGate(1, 1, classes=2)
+    match = rf"priority = {priority} is invalid: must be an integer from 0 to 255"
+    with pytest.raises(ValueError, match=match):
+        g.try_admit(priority=priority)
+    with pytest.raises(ValueError, match=match):
+        g.admit(priority=priority)
+    with pytest.raises(ValueError, match=match):
+        g.admit_blocking(priority=priority)
+    with pytest.raises(TypeError, match="priority must be an int, not str"):
+        g.admit_blocking(priority="0")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="priority must be an int, not float"):
+        g.try_admit(priority=1.0)  # type: ignore[arg-type]
+    assert (g.running, g.queued, g.stats()["received"]) == (0, 0, 0)  # nothing was admitted
+
+
+def test_priority_past_the_last_class_is_the_last() -> None:
+    g = AdmissionGate(1, 0, classes=3)
+    p = g.try_admit(priority=255)
+    assert p is not None
+    with pytest.raises(AtCapacity):
+        g.admit_blocking(priority=9)
+    assert class_stat(g, "rejected_at_capacity") == [0, 0, 1]
+    p.release()
+
+
+def test_reserved_slots_over_try_admit() -> None:
+    # N = 3; the last slot is for class 0 only.
+    g = AdmissionGate(3, 2, classes=[PriorityClass(reserved=1), PriorityClass()])
+    low = [g.try_admit(priority=1), g.try_admit(priority=1)]
+    assert all(p is not None for p in low)
+    assert g.try_admit(priority=1) is None  # only the reserved slot is left
+    top = g.try_admit(priority=0)
+    assert top is not None and g.running == 3
+    for p in [top, *low]:
+        assert p is not None
+        p.release()
+
+
+def test_more_important_blocked_waiter_goes_first_and_displacement() -> None:
+    g = AdmissionGate(1, 2, classes=3)
+    held = g.admit_blocking()
+    results: dict[str, Any] = {}
+
+    def wait(name: str, priority: int) -> None:
+        try:
+            results[name] = g.admit_blocking(10, priority=priority)
+        except BaseException as e:  # checked below
+            results[name] = e
+
+    threads = {}
+    for name, priority in (("low", 2), ("mid", 1), ("top", 0)):
+        threads[name] = threading.Thread(target=wait, args=(name, priority))
+        threads[name].start()
+        if name != "top":
+            wait_queued(g, len(threads))
+    # The queue was full (low, mid): top displaced the newest waiter of the
+    # least important class below it.
+    threads["low"].join(30)
+    e = results["low"]
+    assert isinstance(e, Displaced) and isinstance(e, loadgate.Overloaded)
+    assert (e.status_code, e.reason, e.retry_after) == (529, "displaced", 1.0)
+    assert e.headers()["x-loadgate-reason"] == "displaced"
+    wait_queued(g, 2)
+    s = g.stats()
+    assert s["displaced"] == 1 and [c["displaced"] for c in s["classes"]] == [0, 0, 1]
+    assert [c["queued"] for c in s["classes"]] == [1, 1, 0]
+    # A class-2 arrival finds nobody below it: rejected at once.
+    with pytest.raises(AtCapacity):
+        g.admit_blocking(10, priority=2)
+    held.release()  # to class 0 first, although class 1 waited longer
+    threads["top"].join(30)
+    assert isinstance(results["top"], loadgate.Permit) and "mid" not in results
+    results["top"].release()
+    threads["mid"].join(30)
+    results["mid"].release()
+    assert (g.running, g.queued) == (0, 0)
+    assert class_stat(g, "rejected_at_capacity") == [0, 0, 1]
+
+
+def test_class_queue_deadlines_for_blocking_waiters() -> None:
+    # Class 0 has its own deadline, class 1 none (the gate has none).
+    g = AdmissionGate(1, 4, classes=[PriorityClass(queue_timeout=0.05), PriorityClass()])
+    held = g.admit_blocking()
+    with pytest.raises(QueueTimeout, match="admission queue delay"):
+        g.admit_blocking(5, priority=0)
+    with pytest.raises(QueueTimeout, match="timed out"):  # the caller's timeout, not a deadline
+        g.admit_blocking(0.1, priority=1)
+    assert class_stat(g, "expired") == [1, 0]
+    # queue_timeout=None copies the gate's deadline.
+    g = AdmissionGate(1, 4, queue_timeout=0.05, classes=[PriorityClass(queue_timeout=30), PriorityClass()])
+    assert g.queue_timeout == 0.05
+    held2 = g.admit_blocking()
+    with pytest.raises(QueueTimeout, match="admission queue delay"):
+        g.admit_blocking(5, priority=1)
+    with pytest.raises(QueueTimeout, match="timed out"):
+        g.admit_blocking(0.1, priority=0)
+    assert class_stat(g, "expired") == [0, 1]
+    held.release()
+    held2.release()
+
+
+def test_a_class_that_never_waits_and_per_class_stats() -> None:
+    g = AdmissionGate(1, 2, classes=[PriorityClass(), PriorityClass(queue=0)])
+    held = g.try_admit(priority=1)
+    assert held is not None
+    with pytest.raises(AtCapacity):
+        g.admit_blocking(priority=1)  # never queued, though the queue has room
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            g.admit_blocking(10)
+        except BaseException as e:  # checked below
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    wait_queued(g, 1)
+    g.close()
+    t.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], Closed)
+    s = g.stats()
+    assert s["rejected_closed"] == 1 and s["rejected_at_capacity"] == 1
+    assert s["classes"] == [
+        {"queued": 0, "queue_limit": 2, "rejected_at_capacity": 0, "expired": 0, "rejected_closed": 1, "displaced": 0},
+        {"queued": 0, "queue_limit": 0, "rejected_at_capacity": 1, "expired": 0, "rejected_closed": 0, "displaced": 0},
+    ]
+    held.release()

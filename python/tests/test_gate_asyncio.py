@@ -11,7 +11,7 @@ from typing import Any, Awaitable, Callable, List
 import pytest
 
 import loadgate
-from loadgate import AdmissionGate, AtCapacity, Closed, Permit, QueueTimeout
+from loadgate import AdmissionGate, AtCapacity, Closed, Displaced, Permit, PriorityClass, QueueTimeout
 
 
 def run(main: Callable[[], Awaitable[Any]]) -> Any:
@@ -374,3 +374,112 @@ def test_no_threads_started() -> None:
     run(main)
     assert threading.active_count() == before
     assert isinstance(loadgate.Admission, type)
+
+
+# ----- priority classes ------------------------------------------------------
+
+
+def test_a_more_important_waiter_is_served_before_an_older_less_important_one() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 8, classes=3)
+        held = await g.admit(priority=2)
+        order: List[str] = []
+
+        async def waiter(name: str, priority: int) -> None:
+            async with g.admit(priority=priority):
+                order.append(name)
+                await asyncio.sleep(0)
+
+        tasks = []
+        for name, priority in (("low-1", 2), ("mid", 1), ("low-2", 2), ("top-1", 0), ("top-2", 0)):
+            tasks.append(asyncio.ensure_future(waiter(name, priority)))
+            await settle()  # queue them in a known order
+        assert g.queued == 5
+        assert [c["queued"] for c in g.stats()["classes"]] == [2, 1, 2]
+        held.release()
+        await asyncio.gather(*tasks)
+        # Most important class first, FIFO within a class.
+        assert order == ["top-1", "top-2", "mid", "low-1", "low-2"]
+        assert (g.running, g.queued) == (0, 0)
+
+    run(main)
+
+
+def test_an_arrival_never_barges_past_a_waiter_of_its_class_or_above() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 4, classes=2)
+        held = await g.admit()
+        low = asyncio.ensure_future(g.admit(priority=1))
+        await settle()
+        assert g.try_admit(priority=0) is None  # no slot free: class 0 waits too
+        high = asyncio.ensure_future(g.admit(priority=0))
+        await settle()
+        held.release()
+        p = await high
+        assert not low.done()
+        p.release()
+        (await low).release()
+
+    run(main)
+
+
+def test_displacement_raises_displaced_in_the_displaced_waiter() -> None:
+    async def main() -> None:
+        g = AdmissionGate(1, 2, classes=2)
+        held = await g.admit(priority=0)
+        old = asyncio.ensure_future(g.admit(priority=1))
+        new = asyncio.ensure_future(g.admit(priority=1))
+        await settle()
+        assert g.queued == 2
+        with pytest.raises(AtCapacity):
+            await g.admit(priority=1)  # full, and nobody below class 1
+        top = asyncio.ensure_future(g.admit(priority=0))
+        await settle()
+        # The newest waiter of the least important class lost its place.
+        with pytest.raises(Displaced) as info:
+            await new
+        e = info.value
+        assert isinstance(e, loadgate.Overloaded)
+        assert (e.status_code, e.reason, e.retry_after) == (529, "displaced", 1.0)
+        assert e.message.startswith("Server overloaded")
+        assert not old.done() and g.queued == 2
+        s = g.stats()
+        assert s["displaced"] == 1
+        assert [(c["displaced"], c["rejected_at_capacity"]) for c in s["classes"]] == [(0, 0), (1, 1)]
+        held.release()
+        (await top).release()
+        (await old).release()
+        assert (g.running, g.queued) == (0, 0)
+
+    run(main)
+
+
+def test_class_deadlines_from_the_event_loop() -> None:
+    async def main() -> None:
+        # Class 0 waits at most 0.05 s; class 1 (and the gate) has no deadline.
+        g = AdmissionGate(1, 4, classes=[PriorityClass(queue_timeout=0.05), PriorityClass()])
+        assert g.queue_timeout is None
+        held = await g.admit()
+        patient = asyncio.ensure_future(g.admit(priority=1))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(QueueTimeout):
+            await g.admit(priority=0)  # expired by its class's timer
+        assert loop.time() - start >= 0.045
+        await asyncio.sleep(0.1)
+        assert not patient.done() and g.queued == 1
+        assert [c["expired"] for c in g.stats()["classes"]] == [1, 0]
+        held.release()
+        (await patient).release()
+        # The gate's deadline is the classes' default.
+        g = AdmissionGate(1, 4, queue_timeout=0.05, classes=[PriorityClass(queue_timeout=30), PriorityClass()])
+        held = await g.admit()
+        patient = asyncio.ensure_future(g.admit(priority=0))
+        with pytest.raises(QueueTimeout):
+            await g.admit(priority=7)  # past the last class: class 1
+        assert not patient.done()
+        assert [c["expired"] for c in g.stats()["classes"]] == [0, 1]
+        held.release()
+        (await patient).release()
+
+    run(main)

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import loadgate
 from loadgate import AdmissionGate, Monitor
 from loadgate.asgi import (
+    PRIORITY_HEADER,
     AdmissionMiddleware,
     ControlApp,
     LoadgateMiddleware,
@@ -466,3 +467,168 @@ def test_control_auth_configuration() -> None:
     assert status == 200  # no auth: as before
     with pytest.raises(TypeError):
         monitor.handle_busy_threshold("GET", None, b"", auth="token")  # type: ignore[arg-type]
+
+
+# ----- priority classes ------------------------------------------------------
+
+
+def held_app(proceed: threading.Event) -> Any:
+    """`/hold` answers once `proceed` is set; anything else at once."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        while scope["path"] == "/hold" and not proceed.is_set():
+            await asyncio.sleep(0.005)
+        await json_response(send, 200, {"path": scope["path"]})
+
+    return app
+
+
+class Requests:
+    """GET requests sent from threads (one client each), answers kept."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.threads: List[threading.Thread] = []
+        self.responses: Dict[int, httpx.Response] = {}
+
+    def start(self, path: str, headers: Dict[str, str]) -> int:
+        i = len(self.threads)
+
+        def get() -> None:
+            with httpx.Client(base_url=self.url, timeout=20) as client:
+                self.responses[i] = client.get(path, headers=headers)
+
+        t = threading.Thread(target=get)
+        self.threads.append(t)
+        t.start()
+        return i
+
+    def wait(self, i: int) -> httpx.Response:
+        self.threads[i].join(30)
+        return self.responses[i]
+
+
+def wait_until(check: Any) -> None:
+    deadline = time.monotonic() + 30  # a limit for a hang only
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert check()
+
+
+H = PRIORITY_HEADER
+
+
+@pytest.mark.parametrize(
+    "options,cases",
+    [
+        (
+            {"priorities": {"interactive": 0, "batch": 2}},
+            [
+                ({}, 0),  # absent: default_priority, 0
+                ({H: "1"}, 1),
+                ({H: "2"}, 2),
+                ({H: "0001"}, 1),
+                ({H: "interactive"}, 0),
+                ({H: "batch"}, 2),
+                ({H: "7"}, 2),  # past the last class: the last
+                ({H: "bogus"}, 2),  # unknown: the least important class
+                ({H: "-1"}, 2),
+                ({H: "1.5"}, 2),
+                ({H: ""}, 2),
+            ],
+        ),
+        (
+            {"priority_header": "X-Tier", "priorities": {"gold": 0}, "default_priority": 1, "unknown_priority": 0},
+            [
+                ({}, 1),
+                ({H: "2"}, 1),  # not the configured header: absent
+                ({"x-tier": "gold"}, 0),
+                ({"x-tier": "2"}, 2),
+                ({"x-tier": "silver"}, 0),
+            ],
+        ),
+        ({"priority_header": None, "default_priority": 2}, [({}, 2), ({H: "0"}, 2)]),
+    ],
+)
+def test_middleware_takes_the_class_from_a_header(options: Dict[str, Any], cases: List[Any]) -> None:
+    gate = AdmissionGate(1, 16, classes=3)
+    proceed = threading.Event()
+    app = AdmissionMiddleware(held_app(proceed), gate, **options)
+    with serve(app) as url:
+        requests = Requests(url)
+        try:
+            holder = requests.start("/hold", {})
+            wait_until(lambda: gate.running == 1)
+            expected = [0, 0, 0]
+            for headers, cls in cases:
+                expected[cls] += 1
+                requests.start("/queued", headers)
+                # Each request waits in the class its header names.
+                wait_until(lambda: [c["queued"] for c in gate.stats()["classes"]] == expected)
+        finally:
+            proceed.set()
+        assert requests.wait(holder).status_code == 200
+        for i in range(1, len(requests.threads)):
+            assert requests.wait(i).status_code == 200
+    assert (gate.running, gate.queued) == (0, 0)
+
+
+def test_middleware_answers_a_displaced_request_529() -> None:
+    gate = AdmissionGate(1, 1, classes=2)
+    proceed = threading.Event()
+    app = LoadgateMiddleware(AdmissionMiddleware(held_app(proceed), gate, priorities={"batch": 1}, style="openai"))
+    with serve(app) as url:
+        requests = Requests(url)
+        try:
+            holder = requests.start("/hold", {H: "0"})
+            wait_until(lambda: gate.running == 1)
+            batch = requests.start("/queued", {H: "batch"})
+            wait_until(lambda: gate.queued == 1)
+            urgent = requests.start("/queued", {H: "0"})  # the queue is full: displaces the batch request
+            r = requests.wait(batch)
+            assert r.status_code == 529
+            assert r.headers["x-loadgate-reason"] == "displaced"
+            assert r.headers["retry-after"] == "1"
+            assert r.headers["content-type"] == "application/json"
+            assert r.json()["error"] == {
+                "message": loadgate.Displaced().message,
+                "type": "overloaded_error",
+                "param": None,
+                "code": "displaced",
+            }
+        finally:
+            proceed.set()
+        assert requests.wait(holder).status_code == 200
+        assert requests.wait(urgent).status_code == 200
+    s = gate.stats()
+    assert s["displaced"] == 1 and [c["displaced"] for c in s["classes"]] == [0, 1]
+
+
+def test_middleware_priority_rules_and_options() -> None:
+    gate = AdmissionGate(1, classes=4)
+    mw = AdmissionMiddleware(held_app(threading.Event()), gate, priorities={" fast ": 1})
+    assert (mw.priority_header, mw.default_priority, mw.unknown_priority) == (PRIORITY_HEADER, 0, 3)
+
+    def scope(*values: bytes) -> Scope:
+        return {"type": "http", "path": "/", "headers": [(b"x-loadgate-priority", v) for v in values]}
+
+    assert mw.priority(scope()) == 0
+    assert mw.priority(scope(b"fast")) == 1  # names are trimmed too
+    assert mw.priority(scope(b"2", b"0")) == 2  # the first header counts
+    assert mw.priority(scope(b" 2\t")) == 2
+    assert mw.priority(scope(b"9" * 5000)) == 255  # past the last class, not parsed
+    assert mw.priority(scope(b"\xb2")) == 3  # a superscript two is not a number
+    assert mw.priority(scope(b"FAST")) == 3  # names compare exactly
+    assert AdmissionMiddleware(mw.app, AdmissionGate(1)).unknown_priority == 0
+    for kwargs, exc, match in [
+        ({"priorities": {"a": 256}}, ValueError, r"priorities\['a'\] = 256 is invalid: must be an integer from 0 to 255"),
+        ({"priorities": {"a": "0"}}, TypeError, r"priorities\['a'\] must be an int, not str"),
+        ({"priorities": {1: 0}}, TypeError, "priorities keys must be str"),
+        ({"default_priority": -1}, ValueError, "default_priority = -1"),
+        ({"default_priority": True}, TypeError, "default_priority must be an int"),
+        ({"unknown_priority": 300}, ValueError, "unknown_priority = 300"),
+        ({"priority_header": " "}, ValueError, "priority_header must not be empty"),
+        ({"priority_header": b"x"}, TypeError, "priority_header must be a str or None"),
+    ]:
+        with pytest.raises(exc, match=match):
+            AdmissionMiddleware(mw.app, gate, **kwargs)
