@@ -54,6 +54,12 @@
 #define LG_TIMEOUT_INFINITE UINT64_MAX
 
 /**
+ * Most priority classes a gate has (lg_gate_config.class_count), and the
+ * length of lg_gate_stats.classes.
+ */
+#define LG_MAX_CLASSES 8
+
+/**
  * Clear flag of lg_threshold_update: unset active_decode_blocks_threshold.
  */
 #define LG_CLEAR_ACTIVE_DECODE_BLOCKS_THRESHOLD 1
@@ -225,9 +231,10 @@ typedef struct lg_nats_options lg_nats_options;
 
 /**
  * A held engine slot of a gate. Opaque; obtained from lg_gate_try_admit(),
- * lg_gate_admit() or an lg_gate_admit_async() callback; released with
- * lg_permit_release() exactly once, from any thread (for a streamed
- * response: when the stream ends). A permit keeps its gate's state alive.
+ * lg_gate_admit() or an lg_gate_admit_async() callback (or their _at
+ * forms); released with lg_permit_release() exactly once, from any thread
+ * (for a streamed response: when the stream ends). A permit keeps its
+ * gate's state alive.
  *
  * The slots of a gate are interchangeable, and so are its permits: the
  * pointer value identifies the gate (and, on a gate with a wait limit,
@@ -267,8 +274,9 @@ typedef struct lg_scrape lg_scrape;
 typedef struct lg_subscription lg_subscription;
 
 /**
- * The handle of a request made with lg_gate_admit_async(). Opaque; free
- * with lg_ticket_free(). Freeing it does not cancel the request.
+ * The handle of a request made with lg_gate_admit_async() or
+ * lg_gate_admit_async_at(). Opaque; free with lg_ticket_free(). Freeing it
+ * does not cancel the request.
  *
  * A ticket may be used from any number of threads at once.
  */
@@ -407,6 +415,33 @@ typedef struct lg_subscription_stats {
 } lg_subscription_stats;
 
 /**
+ * One priority class of a gate (see lg_gate_config.classes). A zeroed
+ * struct is a class that never waits, without deadline or reserved slots.
+ */
+typedef struct lg_gate_class {
+  /**
+   * How many requests of this class may wait: at most the gate's queue
+   * size. 0: the class never waits (sheddable traffic); it is admitted
+   * only when a slot is free for it and rejected otherwise.
+   */
+  uint32_t queue;
+  /**
+   * Queue deadline of this class's waiters in milliseconds (rejected with
+   * LG_QUEUE_TIMEOUT). 0: none, they wait as long as it takes.
+   */
+  uint64_t queue_timeout_ms;
+  /**
+   * Reserved slots: the last `reserved` of the gate's limit slots go only
+   * to this class and more important ones, so class k may run while
+   * fewer than limit - r requests run, r being the largest reservation
+   * of a class more important than k. At most the limit (checked by
+   * lg_gate_new(); a later lg_gate_set_limit() below it leaves the less
+   * important classes no slot until the limit rises again).
+   */
+  uint32_t reserved;
+} lg_gate_class;
+
+/**
  * Gate settings. Fill with lg_gate_config_default(), then change fields.
  */
 typedef struct lg_gate_config {
@@ -444,22 +479,77 @@ typedef struct lg_gate_config {
    * default).
    */
   uint32_t wait_limit;
+  /**
+   * Priority classes, class 0 the most important: class_count entries
+   * (at most LG_MAX_CLASSES), copied by lg_gate_new(). NULL (with
+   * class_count 0, the default) for none: the gate without classes.
+   *
+   * queue bounds the whole queue and each class has its own limit within
+   * it. A freed slot goes to the oldest waiter of the most important
+   * class that has one (and may use the slot, see lg_gate_class.reserved).
+   * An arrival that finds the whole queue full, its own class not full,
+   * displaces the newest waiter of the least important class less
+   * important than its own, which is rejected with LG_DISPLACED. With
+   * classes, each class's queue_timeout_ms applies to its waiters and the
+   * gate's queue_timeout_ms is not used.
+   */
+  const struct lg_gate_class *classes;
+  /**
+   * Number of entries in classes (0 to LG_MAX_CLASSES; 0 = no classes).
+   */
+  size_t class_count;
 } lg_gate_config;
 
 /**
- * The callback of lg_gate_admit_async(): called exactly once with the
- * caller's user_data and either LG_OK and a permit (which the callee then
- * owns) or LG_AT_CAPACITY, LG_QUEUE_TIMEOUT or LG_CLOSED and NULL. It may
- * run on any thread and must not unwind.
+ * The callback of lg_gate_admit_async() and lg_gate_admit_async_at():
+ * called exactly once with the caller's user_data and either LG_OK and a
+ * permit (which the callee then owns) or LG_AT_CAPACITY, LG_QUEUE_TIMEOUT,
+ * LG_DISPLACED (only at a priority past class 0) or LG_CLOSED and NULL. It
+ * may run on any thread and must not unwind.
  */
 typedef void (*lg_admit_callback)(void *user_data,
                                   enum lg_status status,
                                   struct lg_permit *permit);
 
 /**
+ * One priority class's part of an lg_gate_stats.
+ */
+typedef struct lg_gate_class_stats {
+  /**
+   * Requests of this class waiting in the queue.
+   */
+  uint32_t queued;
+  /**
+   * How many of this class may wait.
+   */
+  uint32_t queue_limit;
+  /**
+   * Requests of this class rejected because no slot was free for it and
+   * it could not queue.
+   */
+  uint64_t rejected_at_capacity;
+  /**
+   * Requests of this class rejected because they waited past its queue
+   * deadline.
+   */
+  uint64_t expired;
+  /**
+   * Requests of this class rejected because the gate was closed.
+   */
+  uint64_t rejected_closed;
+  /**
+   * Requests of this class that lost their place in the full queue to a
+   * more important arrival (LG_DISPLACED).
+   */
+  uint64_t displaced;
+} lg_gate_class_stats;
+
+/**
  * A snapshot of a gate's gauges and counters. The gauges (running,
- * queued, limit, closed) are mutually consistent; the counters may be a
- * moment apart from them.
+ * queued, limit, closed, and with a wait limit or classes also waiting and
+ * the classes' queued) are mutually consistent; the counters may be a
+ * moment apart from them. The totals (rejected_at_capacity, expired,
+ * rejected_closed, displaced) are the sums over the classes.
  */
 typedef struct lg_gate_stats {
   /**
@@ -516,6 +606,21 @@ typedef struct lg_gate_stats {
    * Wait limit W, or 0 for none.
    */
   uint32_t wait_limit;
+  /**
+   * Requests rejected because they lost their place in the full queue to
+   * a more important arrival (LG_DISPLACED).
+   */
+  uint64_t displaced;
+  /**
+   * How many priority classes the gate has (1 without classes: the whole
+   * queue is class 0).
+   */
+  size_t class_count;
+  /**
+   * Each class's share, in its first class_count entries (the rest are
+   * zero).
+   */
+  struct lg_gate_class_stats classes[LG_MAX_CLASSES];
 } lg_gate_stats;
 
 /**
@@ -1275,8 +1380,8 @@ enum lg_status lg_nats_options_set_client_cert(struct lg_nats_options *options,
 
 /**
  * Fills `out` with the default settings for `limit` engine slots: queue 16,
- * no deadline, FIFO, prefix "dynamo", no wait limit. The limit is checked
- * by lg_gate_new().
+ * no deadline, FIFO, prefix "dynamo", no wait limit, no priority classes.
+ * The limit is checked by lg_gate_new().
  *
  * Errors: LG_INVALID_ARGUMENT (NULL out).
  * Ownership: borrows its arguments for the call only; keeps none of them.
@@ -1293,16 +1398,19 @@ enum lg_status lg_gate_config_default(uint32_t limit,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL config or out_gate, limit 0 or above
  * 2097151, queue or wait_limit above 2097151, metrics prefix not matching
- * [a-zA-Z_:][a-zA-Z0-9_:]*).
+ * [a-zA-Z_:][a-zA-Z0-9_:]*, NULL classes with class_count > 0, class_count
+ * above LG_MAX_CLASSES, a class's queue above the gate's queue or its
+ * reserved above the limit; the message names the class and field).
  * Ownership: on LG_OK *out_gate owns a new gate; free it with
- * lg_gate_free(). The config is copied.
+ * lg_gate_free(). The config and its classes are copied.
  * Thread safety: any thread. Blocking: never (allocates N + Q waiter
  * cells up front).
  *
  * # Safety
  * `config` is NULL or points to a valid lg_gate_config whose metrics_prefix
- * is NULL or valid for metrics_prefix_len bytes; `out_gate` is NULL or
- * valid for writes.
+ * is NULL or valid for metrics_prefix_len bytes and whose classes is NULL
+ * or valid for class_count lg_gate_class; `out_gate` is NULL or valid for
+ * writes.
  */
 enum lg_status lg_gate_new(const struct lg_gate_config *config,
                            struct lg_gate **out_gate);
@@ -1345,7 +1453,8 @@ void lg_gate_free(struct lg_gate *gate);
 
 /**
  * Takes a slot only if one is free and nobody is queued; never waits and
- * never queues.
+ * never queues. The request is of priority class 0, the most important
+ * (see lg_gate_try_admit_at()).
  *
  * Errors: LG_WOULD_WAIT (no free slot, or others are waiting; not counted
  * as a rejection), LG_CLOSED, LG_INVALID_ARGUMENT (NULL gate or
@@ -1362,10 +1471,34 @@ enum lg_status lg_gate_try_admit(const struct lg_gate *gate,
                                  struct lg_permit **out_permit);
 
 /**
+ * lg_gate_try_admit() for a request of priority class `priority` (0 the
+ * most important; a priority past the gate's last class counts as the
+ * last): takes a slot only if one is free within the class's share (see
+ * lg_gate_class.reserved) and no request of this class or a more
+ * important one is waiting; never waits and never queues.
+ *
+ * Errors: LG_WOULD_WAIT (no slot free for this class, or requests of this
+ * class or a more important one are waiting; not counted as a rejection),
+ * LG_CLOSED, LG_INVALID_ARGUMENT (NULL gate or out_permit).
+ * Ownership: on LG_OK *out_permit owns the slot; release it with
+ * lg_permit_release() exactly once, from any thread.
+ * Thread safety: any thread. Blocking: never (lock-free while nobody
+ * waits; takes the gate's lock briefly when less important classes wait
+ * or the gate has a wait limit).
+ *
+ * # Safety
+ * `gate` is NULL or a live gate; `out_permit` is NULL or valid for writes.
+ */
+enum lg_status lg_gate_try_admit_at(const struct lg_gate *gate,
+                                    uint8_t priority,
+                                    struct lg_permit **out_permit);
+
+/**
  * Asks for a slot and blocks the calling thread until it is granted, the
  * request is rejected, or `timeout_ms` passes (LG_TIMEOUT_INFINITE: no
  * limit). Admits at once when a slot is free and nobody waits; queues
- * (FIFO) when the queue has room; else rejects.
+ * (FIFO) when the queue has room; else rejects. The request is of
+ * priority class 0, the most important (see lg_gate_admit_at()).
  *
  * Errors: LG_AT_CAPACITY (slots and queue full), LG_QUEUE_TIMEOUT (waited
  * past the gate's queue deadline), LG_CLOSED (closed before or while
@@ -1384,6 +1517,35 @@ enum lg_status lg_gate_admit(const struct lg_gate *gate,
                              struct lg_permit **out_permit);
 
 /**
+ * lg_gate_admit() for a request of priority class `priority` (0 the most
+ * important; a priority past the gate's last class counts as the last).
+ * Admits at once when a slot is free within the class's share and no
+ * request of this class or a more important one waits; queues when the
+ * class's queue has room and so has the whole queue, or when the whole
+ * queue is full but holds a waiter of a less important class, which is
+ * displaced (LG_DISPLACED); else rejects. Waiters are served most
+ * important class first, FIFO within a class.
+ *
+ * Errors: LG_AT_CAPACITY (no slot for the class and no place in the
+ * queue), LG_QUEUE_TIMEOUT (waited past the class's queue deadline),
+ * LG_DISPLACED (while waiting, gave its place in the full queue to a more
+ * important arrival; never for class 0), LG_CLOSED (closed before or while
+ * waiting), LG_TIMED_OUT (timeout_ms ran out first; the request left the
+ * queue as a cancellation), LG_INVALID_ARGUMENT (NULL gate or out_permit).
+ * Ownership: on LG_OK *out_permit owns the slot; release it with
+ * lg_permit_release() exactly once, from any thread.
+ * Thread safety: any thread. Blocking: yes, up to timeout_ms (and up to
+ * the class's queue deadline); the handle must stay alive meanwhile.
+ *
+ * # Safety
+ * `gate` is NULL or a live gate; `out_permit` is NULL or valid for writes.
+ */
+enum lg_status lg_gate_admit_at(const struct lg_gate *gate,
+                                uint8_t priority,
+                                uint64_t timeout_ms,
+                                struct lg_permit **out_permit);
+
+/**
  * Asks for a slot without blocking and calls `callback(user_data, status,
  * permit)` exactly once with the outcome: LG_OK with a permit, or
  * LG_AT_CAPACITY, LG_QUEUE_TIMEOUT or LG_CLOSED with a NULL permit. The
@@ -1391,7 +1553,8 @@ enum lg_status lg_gate_admit(const struct lg_gate *gate,
  * rejected straight away; otherwise later, on the thread that releases a
  * permit, calls lg_gate_set_limit(), lg_gate_expire() or lg_gate_close(),
  * or another admit that finds the queue's head past its deadline. The only
- * way it is not called is a successful lg_ticket_cancel().
+ * way it is not called is a successful lg_ticket_cancel(). The request is
+ * of priority class 0, the most important (see lg_gate_admit_async_at()).
  *
  * The callback must be quick, must not throw or unwind, and must not
  * block on the gate; it may release its permit at once or ask for another
@@ -1426,6 +1589,59 @@ enum lg_status lg_gate_admit_async(const struct lg_gate *gate,
                                    struct lg_ticket **out_ticket);
 
 /**
+ * lg_gate_admit_async() for a request of priority class `priority` (0 the
+ * most important; a priority past the gate's last class counts as the
+ * last), admitted, queued or rejected as lg_gate_admit_at() describes.
+ * The callback gets LG_OK with a permit, or LG_AT_CAPACITY,
+ * LG_QUEUE_TIMEOUT, LG_DISPLACED (the request waited in the full queue and
+ * a more important arrival took its place; never for class 0) or
+ * LG_CLOSED with a NULL permit. A displaced request's callback runs on the
+ * thread of the admit call that displaced it; otherwise the callback runs
+ * where lg_gate_admit_async() says, under the same rules.
+ *
+ * `out_ticket` (may be NULL) receives a ticket that can cancel the request
+ * while it waits. The callback may already have run (on this or another
+ * thread) by the time this function returns.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL gate or callback); then the callback
+ * is never called. Rejections are reported through the callback, not the
+ * return value.
+ * Ownership: as lg_gate_admit_async(): the permit passed to the callback
+ * belongs to the callback's owner (release it with lg_permit_release()
+ * exactly once); on LG_OK *out_ticket owns a ticket (free it with
+ * lg_ticket_free()); `user_data` must stay valid until the callback has
+ * run or the request was cancelled.
+ * Thread safety: any thread; `user_data` must be usable from the thread
+ * the callback runs on. Blocking: never (takes the gate's lock briefly to
+ * queue, and runs the callback of a request it displaces on this thread;
+ * allocates).
+ *
+ * # Safety
+ * `gate` is NULL or a live gate; `callback` is NULL or a function that is
+ * safe to call with `user_data` from any thread; `out_ticket` is NULL or
+ * valid for writes.
+ */
+enum lg_status lg_gate_admit_async_at(const struct lg_gate *gate,
+                                      uint8_t priority,
+                                      lg_admit_callback callback,
+                                      void *user_data,
+                                      struct lg_ticket **out_ticket);
+
+/**
+ * How many priority classes the gate has: its lg_gate_config.class_count,
+ * or 1 for a gate without classes (whose whole queue is class 0).
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL gate or out_classes).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: never (lock-free).
+ *
+ * # Safety
+ * `gate` is NULL or a live gate; `out_classes` is NULL or valid for writes.
+ */
+enum lg_status lg_gate_classes(const struct lg_gate *gate,
+                               size_t *out_classes);
+
+/**
  * Changes the engine limit N (1 to 2097151). Raising it hands the new
  * slots to waiters before returning (their callbacks run on this thread);
  * lowering it revokes nothing: running requests finish and the count
@@ -1458,9 +1674,9 @@ enum lg_status lg_gate_set_limit(const struct lg_gate *gate,
 enum lg_status lg_gate_close(const struct lg_gate *gate);
 
 /**
- * Rejects every queued request past the queue deadline with
- * LG_QUEUE_TIMEOUT. A no-op without a deadline. `out_expired` (may be
- * NULL) receives how many were rejected.
+ * Rejects every queued request past the queue deadline (on a gate with
+ * classes, its class's) with LG_QUEUE_TIMEOUT. A no-op without a
+ * deadline. `out_expired` (may be NULL) receives how many were rejected.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate).
  * Ownership: borrows its arguments for the call only; keeps none of them.
@@ -1474,10 +1690,11 @@ enum lg_status lg_gate_expire(const struct lg_gate *gate,
                               size_t *out_expired);
 
 /**
- * How long, in nanoseconds from now, until the oldest queued request
- * passes the queue deadline (0 if it already has): the time at which an
- * event loop should call lg_gate_expire(). LG_TIMEOUT_INFINITE when there
- * is no deadline or nobody is queued.
+ * How long, in nanoseconds from now, until the next queued request passes
+ * the queue deadline (on a gate with classes, its class's; 0 if one
+ * already has): the time at which an event loop should call
+ * lg_gate_expire(). LG_TIMEOUT_INFINITE when there is no deadline or
+ * nobody is queued.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate or out_wait_ns).
  * Ownership: borrows its arguments for the call only; keeps none of them.

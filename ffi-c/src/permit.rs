@@ -7,9 +7,10 @@ use crate::ffi::boundary;
 use crate::status::{admit_status, lg_status};
 
 /// A held engine slot of a gate. Opaque; obtained from lg_gate_try_admit(),
-/// lg_gate_admit() or an lg_gate_admit_async() callback; released with
-/// lg_permit_release() exactly once, from any thread (for a streamed
-/// response: when the stream ends). A permit keeps its gate's state alive.
+/// lg_gate_admit() or an lg_gate_admit_async() callback (or their _at
+/// forms); released with lg_permit_release() exactly once, from any thread
+/// (for a streamed response: when the stream ends). A permit keeps its
+/// gate's state alive.
 ///
 /// The slots of a gate are interchangeable, and so are its permits: the
 /// pointer value identifies the gate (and, on a gate with a wait limit,
@@ -103,10 +104,11 @@ pub unsafe extern "C" fn lg_permit_first_response(permit: *mut *mut lg_permit) {
     })
 }
 
-/// The callback of lg_gate_admit_async(): called exactly once with the
-/// caller's user_data and either LG_OK and a permit (which the callee then
-/// owns) or LG_AT_CAPACITY, LG_QUEUE_TIMEOUT or LG_CLOSED and NULL. It may
-/// run on any thread and must not unwind.
+/// The callback of lg_gate_admit_async() and lg_gate_admit_async_at():
+/// called exactly once with the caller's user_data and either LG_OK and a
+/// permit (which the callee then owns) or LG_AT_CAPACITY, LG_QUEUE_TIMEOUT,
+/// LG_DISPLACED (only at a priority past class 0) or LG_CLOSED and NULL. It
+/// may run on any thread and must not unwind.
 #[allow(non_camel_case_types)]
 pub type lg_admit_callback =
     Option<unsafe extern "C" fn(user_data: *mut c_void, status: lg_status, permit: *mut lg_permit)>;

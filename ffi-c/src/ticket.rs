@@ -5,8 +5,9 @@ use loadgate_core::gate::CallbackTicket;
 use crate::ffi::{boundary, guard, input, Out};
 use crate::status::lg_status;
 
-/// The handle of a request made with lg_gate_admit_async(). Opaque; free
-/// with lg_ticket_free(). Freeing it does not cancel the request.
+/// The handle of a request made with lg_gate_admit_async() or
+/// lg_gate_admit_async_at(). Opaque; free with lg_ticket_free(). Freeing it
+/// does not cancel the request.
 ///
 /// A ticket may be used from any number of threads at once.
 pub struct lg_ticket {

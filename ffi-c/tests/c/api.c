@@ -108,6 +108,7 @@ static void test_version_and_status(void) {
     const lg_status all[] = {LG_OK,          LG_OVERLOADED,       LG_UNAVAILABLE,
                              LG_WORKER_OVERLOADED, LG_AT_CAPACITY, LG_QUEUE_TIMEOUT,
                              LG_CLOSED,      LG_WOULD_WAIT,       LG_TIMED_OUT,
+                             LG_DISPLACED,
                              LG_INVALID_ARGUMENT, LG_NOT_FOUND,   LG_BUFFER_TOO_SMALL,
                              LG_ALREADY_EXISTS, LG_MODEL_FULL,    LG_TRANSPORT_ERROR,
                              LG_PANIC};
@@ -130,6 +131,7 @@ static void test_version_and_status(void) {
     CHECK(lg_status_http(LG_QUEUE_TIMEOUT) == 429);
     CHECK(lg_status_http(LG_WOULD_WAIT) == 429);
     CHECK(lg_status_http(LG_TIMED_OUT) == 429);
+    CHECK(lg_status_http(LG_DISPLACED) == 429);
     CHECK(lg_status_http(LG_UNAVAILABLE) == 503);
     CHECK(lg_status_http(LG_CLOSED) == 503);
     CHECK(lg_status_http(LG_INVALID_ARGUMENT) == 400);
@@ -145,6 +147,7 @@ static void test_version_and_status(void) {
     CHECK(strcmp(lg_status_reason(LG_AT_CAPACITY), "worker_at_capacity") == 0);
     CHECK(strcmp(lg_status_reason(LG_QUEUE_TIMEOUT), "queue_timeout") == 0);
     CHECK(strcmp(lg_status_reason(LG_CLOSED), "closed") == 0);
+    CHECK(strcmp(lg_status_reason(LG_DISPLACED), "displaced") == 0);
     CHECK(lg_status_reason(LG_OK) == NULL);
     CHECK(lg_status_reason(LG_NOT_FOUND) == NULL);
     CHECK(lg_status_reason(LG_TRANSPORT_ERROR) == NULL);
@@ -1043,6 +1046,7 @@ static void test_gate_config(void) {
     OK(lg_gate_config_default(2, &c));
     CHECK(c.limit == 2 && c.queue == 16 && c.queue_timeout_ms == 0 && !c.adaptive_lifo);
     CHECK(c.metrics_prefix == NULL && c.metrics_prefix_len == 0 && c.wait_limit == 0);
+    CHECK(c.classes == NULL && c.class_count == 0);
 
     c.limit = 0;
     INVALID(lg_gate_new(&c, &g));
@@ -1324,6 +1328,244 @@ static void test_gate_deadline(void) {
     lg_permit_release(held);
     OK(lg_gate_admit(g, 1000, &p));
     lg_permit_release(p);
+    lg_gate_free(g);
+}
+
+/* A class that may fill the whole queue, with no deadline and no reserved
+ * slots. */
+static lg_gate_class plain_class(uint32_t queue) {
+    lg_gate_class k;
+    memset(&k, 0, sizeof k);
+    k.queue = queue;
+    return k;
+}
+
+/* A gate of `limit` slots, a queue of `queue` and `count` classes. */
+static lg_gate *class_gate(uint32_t limit, uint32_t queue, const lg_gate_class *classes,
+                           size_t count) {
+    lg_gate_config c;
+    lg_gate *g = NULL;
+    OK(lg_gate_config_default(limit, &c));
+    c.queue = queue;
+    c.classes = classes;
+    c.class_count = count;
+    OK(lg_gate_new(&c, &g));
+    return g;
+}
+
+/* Priority classes: configuration checks, the most important class served
+ * first, displacement from a full queue, reserved slots, sheddable classes,
+ * per-class deadlines and per-class stats. */
+static void test_gate_classes(void) {
+    lg_gate_config c;
+    lg_gate *g = NULL;
+    lg_gate_class k[LG_MAX_CLASSES + 1];
+    for (size_t i = 0; i < LG_MAX_CLASSES + 1; i++) {
+        k[i] = plain_class(4);
+    }
+
+    /* -- configuration: checked by lg_gate_new(), the message says why -- */
+    OK(lg_gate_config_default(2, &c));
+    c.queue = 4;
+    c.classes = k;
+    c.class_count = LG_MAX_CLASSES + 1;
+    INVALID(lg_gate_new(&c, &g));
+    CHECK(last_error_contains("classes = 9") && last_error_contains("at most 8"));
+    c.class_count = 2;
+    k[1].queue = 5; /* above the whole queue Q */
+    INVALID(lg_gate_new(&c, &g));
+    CHECK(last_error_contains("class 1") && last_error_contains("queue = 5"));
+    k[1].queue = 4;
+    k[1].reserved = 3; /* above the limit N */
+    INVALID(lg_gate_new(&c, &g));
+    CHECK(last_error_contains("class 1") && last_error_contains("reserved = 3"));
+    k[1].reserved = 2; /* the whole limit may be reserved */
+    c.classes = NULL; /* NULL with a count */
+    INVALID(lg_gate_new(&c, &g));
+    CHECK(last_error_contains("classes"));
+    CHECK(g == NULL);
+    c.classes = k;
+    OK(lg_gate_new(&c, &g));
+    size_t n = 0;
+    OK(lg_gate_classes(g, &n));
+    CHECK(n == 2);
+    INVALID(lg_gate_classes(NULL, &n));
+    INVALID(lg_gate_classes(g, NULL));
+    lg_gate_free(g);
+    k[1].reserved = 0;
+    c.class_count = LG_MAX_CLASSES;
+    OK(lg_gate_new(&c, &g));
+    OK(lg_gate_classes(g, &n));
+    CHECK(n == LG_MAX_CLASSES);
+    lg_gate_stats s;
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.class_count == LG_MAX_CLASSES && s.classes[LG_MAX_CLASSES - 1].queue_limit == 4);
+    lg_gate_free(g);
+    /* Without classes (count 0; the pointer is then not read): one class,
+     * the whole queue. */
+    c.class_count = 0;
+    OK(lg_gate_new(&c, &g));
+    OK(lg_gate_classes(g, &n));
+    CHECK(n == 1);
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.class_count == 1 && s.classes[0].queue_limit == 4 && s.classes[1].queue_limit == 0);
+    CHECK(s.displaced == 0);
+    lg_gate_free(g);
+
+    /* -- a freed slot goes to class 0 before an older class-1 waiter -- */
+    k[0] = plain_class(4);
+    k[1] = plain_class(4);
+    g = class_gate(1, 4, k, 2);
+    lg_permit *held = NULL, *p = NULL;
+    OK(lg_gate_try_admit_at(g, 1, &held));
+    outcome low = {0, LG_PANIC, NULL}, high = {0, LG_PANIC, NULL}, last = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async_at(g, 1, record, &low, NULL));
+    OK(lg_gate_admit_async_at(g, 0, record, &high, NULL));
+    OK(lg_gate_admit_async_at(g, 200, record, &last, NULL)); /* past the last: class 1 */
+    EXPECT(lg_gate_try_admit_at(g, 0, &p), LG_WOULD_WAIT);
+    EXPECT(lg_gate_admit_at(g, 0, 10, &p), LG_TIMED_OUT);
+    CHECK(p == NULL);
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.class_count == 2 && s.queued == 3);
+    CHECK(s.classes[0].queued == 1 && s.classes[1].queued == 2);
+    CHECK(low.calls == 0 && high.calls == 0 && last.calls == 0);
+    lg_permit_release(held);
+    CHECK(high.calls == 1 && high.status == LG_OK && high.permit != NULL);
+    CHECK(low.calls == 0 && last.calls == 0);
+    lg_permit_release(high.permit);
+    CHECK(low.calls == 1 && low.status == LG_OK && last.calls == 0); /* FIFO within a class */
+    lg_permit_release(low.permit);
+    CHECK(last.calls == 1 && last.status == LG_OK);
+    lg_permit_release(last.permit);
+    INVALID(lg_gate_try_admit_at(NULL, 0, &p));
+    INVALID(lg_gate_try_admit_at(g, 0, NULL));
+    INVALID(lg_gate_admit_at(NULL, 0, 1, &p));
+    INVALID(lg_gate_admit_at(g, 0, 1, NULL));
+    INVALID(lg_gate_admit_async_at(g, 1, NULL, &low, NULL));
+    INVALID(lg_gate_admit_async_at(NULL, 1, record, &low, NULL));
+    /* Blocking admits at a class, a slot free: at once. */
+    OK(lg_gate_admit_at(g, 1, LG_TIMEOUT_INFINITE, &p));
+    lg_permit_release(p);
+    lg_gate_free(g);
+
+    /* -- a full queue: a class-0 arrival displaces the newest class-1 waiter -- */
+    k[0] = plain_class(2);
+    k[1] = plain_class(2);
+    g = class_gate(1, 2, k, 2);
+    OK(lg_gate_try_admit_at(g, 0, &held));
+    outcome old1 = {0, LG_PANIC, NULL}, new1 = {0, LG_PANIC, NULL}, top = {0, LG_PANIC, NULL};
+    outcome more = {0, LG_PANIC, NULL};
+    lg_ticket *t_new1 = NULL;
+    OK(lg_gate_admit_async_at(g, 1, record, &old1, NULL));
+    OK(lg_gate_admit_async_at(g, 1, record, &new1, &t_new1));
+    OK(lg_gate_admit_async_at(g, 0, record, &top, NULL)); /* runs new1's callback here */
+    CHECK(new1.calls == 1 && new1.status == LG_DISPLACED && new1.permit == NULL);
+    CHECK(old1.calls == 0 && top.calls == 0);
+    CHECK(lg_status_http(new1.status) == 429); /* the overload status main() set */
+    CHECK(strcmp(lg_status_reason(new1.status), "displaced") == 0);
+    CHECK(contains(lg_status_str(new1.status), "Server overloaded"));
+    bool cancelled = true;
+    OK(lg_ticket_cancel(t_new1, &cancelled));
+    CHECK(!cancelled); /* already told */
+    lg_ticket_free(t_new1);
+    /* Nobody below class 1: a class-1 arrival is rejected, not queued. */
+    OK(lg_gate_admit_async_at(g, 1, record, &more, NULL));
+    CHECK(more.calls == 1 && more.status == LG_AT_CAPACITY);
+    EXPECT(lg_gate_admit_at(g, 1, LG_TIMEOUT_INFINITE, &p), LG_AT_CAPACITY);
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.running == 1 && s.queued == 2); /* N + Q exact */
+    CHECK(s.displaced == 1 && s.classes[1].displaced == 1 && s.classes[0].displaced == 0);
+    CHECK(s.classes[1].rejected_at_capacity == 2 && s.rejected_at_capacity == 2);
+    CHECK(s.classes[0].queued == 1 && s.classes[1].queued == 1);
+    size_t needed = 0;
+    EXPECT(lg_gate_metrics(g, NULL, 0, &needed), LG_BUFFER_TOO_SMALL);
+    char *text = malloc(needed + 1);
+    CHECK(text != NULL);
+    OK(lg_gate_metrics(g, text, needed + 1, &needed));
+    CHECK(contains(text,
+                   "dynamo_request_rejection_by_class_total{class=\"1\",reason=\"displaced\"} 1\n"));
+    CHECK(contains(text, "dynamo_request_queue_by_class{class=\"0\"} 1\n"));
+    free(text);
+    lg_permit_release(held);
+    CHECK(top.calls == 1 && top.status == LG_OK);
+    lg_permit_release(top.permit);
+    CHECK(old1.calls == 1 && old1.status == LG_OK);
+    lg_permit_release(old1.permit);
+    lg_gate_free(g);
+
+    /* -- reserved slots: the last of N = 2 is for class 0 only -- */
+    k[0].reserved = 1;
+    g = class_gate(2, 2, k, 2);
+    lg_permit *p1 = NULL, *p0 = NULL;
+    OK(lg_gate_try_admit_at(g, 1, &p1));
+    EXPECT(lg_gate_try_admit_at(g, 1, &p), LG_WOULD_WAIT); /* a slot, but reserved */
+    OK(lg_gate_try_admit_at(g, 0, &p0));
+    lg_permit_release(p0);
+    outcome w1 = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async_at(g, 1, record, &w1, NULL));
+    CHECK(w1.calls == 0); /* waits with a slot free: not class 1's */
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.running == 1 && s.classes[1].queued == 1);
+    OK(lg_gate_try_admit_at(g, 0, &p0)); /* class 0 passes the less important waiter */
+    lg_permit_release(p1);
+    CHECK(w1.calls == 0); /* the free slot is still the reserved one */
+    lg_permit_release(p0);
+    CHECK(w1.calls == 1 && w1.status == LG_OK);
+    lg_permit_release(w1.permit);
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.running == 0 && s.classes[1].rejected_at_capacity == 0); /* WOULD_WAIT is no rejection */
+    lg_gate_free(g);
+    k[0].reserved = 0;
+
+    /* -- a class that never waits is shed, with the queue not full -- */
+    k[1] = plain_class(0);
+    g = class_gate(1, 4, k, 2);
+    OK(lg_gate_try_admit_at(g, 0, &held));
+    outcome shed = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async_at(g, 1, record, &shed, NULL));
+    CHECK(shed.calls == 1 && shed.status == LG_AT_CAPACITY);
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.queued == 0 && s.classes[1].queue_limit == 0 && s.classes[1].rejected_at_capacity == 1);
+    lg_permit_release(held);
+    lg_gate_free(g);
+
+    /* -- each class has its own deadline; the gate's is not used -- */
+    k[0] = plain_class(4);
+    k[1] = plain_class(4);
+    k[1].queue_timeout_ms = 20;
+    OK(lg_gate_config_default(1, &c));
+    c.queue = 4;
+    c.queue_timeout_ms = 1; /* replaced by the classes' own */
+    c.classes = k;
+    c.class_count = 2;
+    OK(lg_gate_new(&c, &g));
+    OK(lg_gate_try_admit_at(g, 0, &held));
+    outcome slow = {0, LG_PANIC, NULL}, fast = {0, LG_PANIC, NULL}, shut = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async_at(g, 0, record, &slow, NULL));
+    OK(lg_gate_admit_async_at(g, 1, record, &fast, NULL));
+    sleep_ms(30);
+    size_t expired = 0;
+    OK(lg_gate_expire(g, &expired));
+    CHECK(expired == 1 && fast.calls == 1 && fast.status == LG_QUEUE_TIMEOUT);
+    CHECK(slow.calls == 0);
+    uint64_t wait_ns = 0;
+    OK(lg_gate_next_deadline(g, &wait_ns));
+    CHECK(wait_ns == LG_TIMEOUT_INFINITE); /* class 0 has none */
+    /* -- close: each class's waiters are rejected and counted -- */
+    OK(lg_gate_admit_async_at(g, 1, record, &shut, NULL));
+    OK(lg_gate_close(g));
+    CHECK(slow.calls == 1 && slow.status == LG_CLOSED);
+    CHECK(shut.calls == 1 && shut.status == LG_CLOSED);
+    EXPECT(lg_gate_try_admit_at(g, 1, &p), LG_CLOSED); /* not counted: it never queues */
+    EXPECT(lg_gate_admit_at(g, 0, 10, &p), LG_CLOSED);
+    outcome after = {0, LG_PANIC, NULL};
+    OK(lg_gate_admit_async_at(g, 1, record, &after, NULL));
+    CHECK(after.calls == 1 && after.status == LG_CLOSED);
+    OK(lg_gate_get_stats(g, &s));
+    CHECK(s.classes[0].expired == 0 && s.classes[1].expired == 1 && s.expired == 1);
+    CHECK(s.classes[0].rejected_closed == 2 && s.classes[1].rejected_closed == 2);
+    CHECK(s.rejected_closed == 4 && s.queued == 0);
+    lg_permit_release(held);
     lg_gate_free(g);
 }
 
@@ -1737,6 +1979,7 @@ int main(void) {
     test_gate();
     test_gate_wait_limit();
     test_gate_deadline();
+    test_gate_classes();
     test_cluster_errors();
     test_nats_options_errors();
     const char *nats_url = getenv("LG_NATS_URL");

@@ -1,14 +1,17 @@
 // Many std::threads hammer one gate (try_admit, blocking admit, async admit,
-// release, cancel) and one monitor (report, select, select_min_cost, check,
-// mark_overloaded, threshold updates) at the same time.
+// release, cancel), then one with two priority classes (the same at random
+// priorities, with displacement and a reserved slot), and one monitor
+// (report, select, select_min_cost, check, mark_overloaded, threshold
+// updates) at the same time.
 //
 // Checked with atomic counters of this program's own:
 // - running (permits held, counted after admission and before release)
-//   never exceeds N;
+//   never exceeds N, and the permits of class 1 never exceed its share,
+//   N minus the slot class 0 reserves;
 // - in flight (permits held plus async requests known to be queued) never
 //   exceeds N + Q;
 // - every async admit's callback runs exactly once, unless its ticket
-//   cancelled it, in which case never;
+//   cancelled it, in which case never; only class 1 is ever displaced;
 // - every worker id select returns belongs to the model;
 // and at the end the gate is idle and its counters add up.
 // With LG_NATS_URL set, threads also report through one lg_reporter while
@@ -31,12 +34,17 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
 
 constexpr uint32_t N = 4;
 constexpr uint32_t Q = 6;
+// The classes gate: class 0 reserves the last slot, class 1 may queue this
+// many.
+constexpr uint32_t RESERVED = 1;
+constexpr uint32_t Q1 = 4;
 
 std::atomic<int> failures{0};
 
@@ -60,8 +68,9 @@ int rounds() {
 // counted after the library reports it running or queued, and uncounted
 // before it is released or cancelled. They are signed because a callback
 // on another thread may uncount a request a moment before it was counted.
-std::atomic<int64_t> running{0};  // permits held
-std::atomic<int64_t> waiting{0};  // async requests known to be queued
+std::atomic<int64_t> running{0};      // permits held
+std::atomic<int64_t> running_low{0};  // of which class 1's
+std::atomic<int64_t> waiting{0};      // async requests known to be queued
 std::atomic<int64_t> max_running{0};
 std::atomic<int64_t> max_in_flight{0};
 std::atomic<unsigned> parity{0};
@@ -78,14 +87,27 @@ void observe() {
     bump_max(max_running, r);
     bump_max(max_in_flight, in_flight);
     REQUIRE(r <= N);
+    REQUIRE(running_low.load() <= N - RESERVED);
     REQUIRE(in_flight <= N + Q);
 }
 
+// The class a priority lands in on the classes gate (past the last: the
+// last); always 0 on a gate without classes.
+uint8_t class_of(uint8_t priority) { return priority > 0 ? 1 : 0; }
+
+// Counts a permit of `priority` as running, or uncounts it.
+void count_running(uint8_t priority, int64_t by) {
+    running.fetch_add(by);
+    if (class_of(priority) == 1) {
+        running_low.fetch_add(by);
+    }
+}
+
 // Counted as running from admission until just before release.
-void hold(lg_permit *permit) {
-    running.fetch_add(1);
+void hold(lg_permit *permit, uint8_t priority) {
+    count_running(priority, 1);
     observe();
-    running.fetch_sub(1);
+    count_running(priority, -1);
     lg_permit_release(permit);
 }
 
@@ -93,15 +115,18 @@ void hold(lg_permit *permit) {
 enum : int { ISSUED = 0, COUNTED_WAITING = 1, CANCELLING = 2, RESOLVED = 3 };
 
 struct Request {
+    explicit Request(uint8_t p) : priority(p) {}
+    const uint8_t priority;
     std::atomic<int> calls{0};
     std::atomic<int> state{ISSUED};
     lg_status status = LG_PANIC;
     bool cancelled = false;
 };
 
-// Permits handed over by callbacks, released later by the gate threads.
+// Permits handed over by callbacks (with their priority), released later by
+// the gate threads.
 std::mutex parked_mutex;
-std::deque<lg_permit *> parked;
+std::deque<std::pair<lg_permit *, uint8_t>> parked;
 
 extern "C" void on_admit(void *user_data, lg_status status, lg_permit *permit) {
     auto *req = static_cast<Request *>(user_data);
@@ -113,26 +138,28 @@ extern "C" void on_admit(void *user_data, lg_status status, lg_permit *permit) {
     if (req->state.exchange(RESOLVED) == COUNTED_WAITING) {
         waiting.fetch_sub(1);
     }
-    REQUIRE(status == LG_OK || status == LG_AT_CAPACITY);
+    // Only a less important waiter gives its place to an arrival.
+    REQUIRE(status == LG_OK || status == LG_AT_CAPACITY ||
+            (status == LG_DISPLACED && class_of(req->priority) == 1));
     if (permit == nullptr) {
         return;
     }
-    running.fetch_add(1);
+    count_running(req->priority, 1);
     observe();
     if (parity.fetch_add(1) % 2 == 0) {
         // Release right here, from the releasing thread: the slot goes on
         // to the next waiter (the library runs its callback after ours).
-        running.fetch_sub(1);
+        count_running(req->priority, -1);
         lg_permit_release(permit);
     } else {
         std::lock_guard<std::mutex> lock(parked_mutex);
-        parked.push_back(permit);
+        parked.emplace_back(permit, req->priority);
     }
 }
 
 void release_parked(size_t keep) {
     for (;;) {
-        lg_permit *p = nullptr;
+        std::pair<lg_permit *, uint8_t> p{nullptr, 0};
         {
             std::lock_guard<std::mutex> lock(parked_mutex);
             if (parked.size() <= keep) {
@@ -142,39 +169,49 @@ void release_parked(size_t keep) {
             parked.pop_front();
         }
         observe();
-        running.fetch_sub(1);
-        lg_permit_release(p);
+        count_running(p.second, -1);
+        lg_permit_release(p.first);
     }
 }
 
-void gate_worker(const lg_gate *gate, int seed, std::vector<std::unique_ptr<Request>> &mine) {
+// With `classes`, every admission is made at a random priority 0, 1 or 2
+// (2 is past the last class: class 1) through the _at calls; without, at
+// class 0 through the plain ones.
+void gate_worker(const lg_gate *gate, bool classes, int seed,
+                 std::vector<std::unique_ptr<Request>> &mine) {
     std::mt19937 rng(static_cast<unsigned>(seed));
     const int n = rounds();
     for (int i = 0; i < n; i++) {
+        const uint8_t priority = classes ? static_cast<uint8_t>(rng() % 3) : 0;
         switch (rng() % 4) {
         case 0: {
             lg_permit *p = nullptr;
-            const lg_status s = lg_gate_try_admit(gate, &p);
+            const lg_status s = classes ? lg_gate_try_admit_at(gate, priority, &p)
+                                        : lg_gate_try_admit(gate, &p);
             REQUIRE(s == LG_OK || s == LG_WOULD_WAIT);
             if (s == LG_OK) {
-                hold(p);
+                hold(p, priority);
             }
             break;
         }
         case 1: {
             lg_permit *p = nullptr;
-            const lg_status s = lg_gate_admit(gate, 2, &p);
-            REQUIRE(s == LG_OK || s == LG_AT_CAPACITY || s == LG_TIMED_OUT);
+            const lg_status s = classes ? lg_gate_admit_at(gate, priority, 2, &p)
+                                        : lg_gate_admit(gate, 2, &p);
+            REQUIRE(s == LG_OK || s == LG_AT_CAPACITY || s == LG_TIMED_OUT ||
+                    (s == LG_DISPLACED && class_of(priority) == 1));
             if (s == LG_OK) {
-                hold(p);
+                hold(p, priority);
             }
             break;
         }
         default: {
-            mine.push_back(std::make_unique<Request>());
+            mine.push_back(std::make_unique<Request>(priority));
             Request *req = mine.back().get();
             lg_ticket *ticket = nullptr;
-            const lg_status s = lg_gate_admit_async(gate, on_admit, req, &ticket);
+            const lg_status s =
+                classes ? lg_gate_admit_async_at(gate, priority, on_admit, req, &ticket)
+                        : lg_gate_admit_async(gate, on_admit, req, &ticket);
             REQUIRE(s == LG_OK);
             // Known to be queued unless the callback already ran.
             int expected = ISSUED;
@@ -212,16 +249,39 @@ void gate_stats_sampler(const lg_gate *gate, const std::atomic<bool> &stop) {
         REQUIRE(lg_gate_get_stats(gate, &s) == LG_OK);
         REQUIRE(s.running <= N);
         REQUIRE(s.running + s.queued <= N + Q);
+        // The classes' queues are read with the gauges: they add up.
+        uint32_t queued = 0;
+        for (size_t k = 0; k < s.class_count; k++) {
+            REQUIRE(s.classes[k].queued <= s.classes[k].queue_limit);
+            queued += s.classes[k].queued;
+        }
+        REQUIRE(queued == s.queued);
         std::this_thread::yield();
     }
 }
 
-void test_gate() {
+// Without `classes` the gate has none; with, class 0 (may fill the queue,
+// reserves the last slot) and class 1 (may queue Q1).
+void test_gate(bool classes) {
+    lg_gate_class k[2];
+    std::memset(k, 0, sizeof k);
+    k[0].queue = Q;
+    k[0].reserved = RESERVED;
+    k[1].queue = Q1;
     lg_gate_config config;
     REQUIRE(lg_gate_config_default(N, &config) == LG_OK);
     config.queue = Q;
+    if (classes) {
+        config.classes = k;
+        config.class_count = 2;
+    }
     lg_gate *gate = nullptr;
     REQUIRE(lg_gate_new(&config, &gate) == LG_OK);
+    size_t class_count = 0;
+    REQUIRE(lg_gate_classes(gate, &class_count) == LG_OK);
+    REQUIRE(class_count == (classes ? 2u : 1u));
+    max_running.store(0);
+    max_in_flight.store(0);
 
     const int threads = 4;
     std::vector<std::vector<std::unique_ptr<Request>>> requests(threads);
@@ -229,7 +289,7 @@ void test_gate() {
     std::thread sampler(gate_stats_sampler, gate, std::cref(stop));
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; t++) {
-        pool.emplace_back(gate_worker, gate, 1000 + t, std::ref(requests[t]));
+        pool.emplace_back(gate_worker, gate, classes, 1000 + t, std::ref(requests[t]));
     }
     for (auto &t : pool) {
         t.join();
@@ -251,9 +311,9 @@ void test_gate() {
     lg_gate_stats s;
     REQUIRE(lg_gate_get_stats(gate, &s) == LG_OK);
     REQUIRE(s.running == 0 && s.queued == 0);
-    REQUIRE(running.load() == 0 && waiting.load() == 0);
+    REQUIRE(running.load() == 0 && running_low.load() == 0 && waiting.load() == 0);
 
-    uint64_t async_total = 0, granted = 0, rejected = 0, cancelled = 0;
+    uint64_t async_total = 0, granted = 0, rejected = 0, cancelled = 0, displaced = 0;
     for (auto &per_thread : requests) {
         for (auto &req : per_thread) {
             async_total++;
@@ -266,6 +326,7 @@ void test_gate() {
                     granted++;
                 } else {
                     rejected++;
+                    displaced += req->status == LG_DISPLACED;
                 }
             }
         }
@@ -275,14 +336,29 @@ void test_gate() {
     REQUIRE(s.cancelled >= cancelled);
     REQUIRE(max_running.load() <= N);
     REQUIRE(max_in_flight.load() <= N + Q);
-    std::printf("gate: %llu async requests (%llu granted, %llu rejected, %llu cancelled); "
-                "direct %llu, queued %llu, at capacity %llu; max running %lld, max in flight "
-                "%lld\n",
-                (unsigned long long)async_total, (unsigned long long)granted,
-                (unsigned long long)rejected, (unsigned long long)cancelled,
+    // The totals are the classes' sums; class 0 is never displaced.
+    REQUIRE(s.class_count == class_count);
+    uint64_t at_capacity = 0, class_displaced = 0, expired = 0, closed = 0;
+    for (size_t c = 0; c < s.class_count; c++) {
+        at_capacity += s.classes[c].rejected_at_capacity;
+        class_displaced += s.classes[c].displaced;
+        expired += s.classes[c].expired;
+        closed += s.classes[c].rejected_closed;
+        REQUIRE(s.classes[c].queued == 0);
+    }
+    REQUIRE(at_capacity == s.rejected_at_capacity && class_displaced == s.displaced);
+    REQUIRE(expired == s.expired && closed == s.rejected_closed);
+    REQUIRE(s.classes[0].displaced == 0 && s.displaced >= displaced);
+    REQUIRE(classes ? s.classes[1].queue_limit == Q1 : s.displaced == 0);
+    std::printf("gate%s: %llu async requests (%llu granted, %llu rejected, %llu displaced, "
+                "%llu cancelled); direct %llu, queued %llu, at capacity %llu, displaced %llu; "
+                "max running %lld, max in flight %lld\n",
+                classes ? " (2 classes)" : "", (unsigned long long)async_total,
+                (unsigned long long)granted, (unsigned long long)rejected,
+                (unsigned long long)displaced, (unsigned long long)cancelled,
                 (unsigned long long)s.admitted_direct, (unsigned long long)s.admitted_queued,
-                (unsigned long long)s.rejected_at_capacity, (long long)max_running.load(),
-                (long long)max_in_flight.load());
+                (unsigned long long)s.rejected_at_capacity, (unsigned long long)s.displaced,
+                (long long)max_running.load(), (long long)max_in_flight.load());
     lg_gate_free(gate);
 }
 
@@ -547,7 +623,8 @@ void test_nats(const char *url) {
 }  // namespace
 
 int main() {
-    test_gate();
+    test_gate(false);
+    test_gate(true);
     test_monitor();
     if (const char *url = std::getenv("LG_NATS_URL"); url != nullptr && url[0] != '\0') {
         test_nats(url);

@@ -6,7 +6,7 @@
 use std::ptr::null;
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
-use loadgate_ffi::{lg_load_report, lg_worker_spec};
+use loadgate_ffi::{lg_gate_class, lg_load_report, lg_worker_spec};
 
 /// A handle argument: NULL, or one of the live handles of its kind.
 #[derive(Debug, Clone, Copy, Arbitrary)]
@@ -133,6 +133,35 @@ pub struct GateConfig {
     pub lifo: bool,
     pub wait_limit: u8,
     pub prefix: Option<Str>,
+    pub classes: Option<Classes>,
+}
+
+/// The priority classes of a gate config: an array of any length (more
+/// than LG_MAX_CLASSES is refused), or NULL with a count (refused unless
+/// the count is 0).
+#[derive(Debug, Arbitrary)]
+pub enum Classes {
+    Array(Vec<GateClass>),
+    Null(u8),
+}
+
+/// One class; its queue and reservation sometimes exceed the gate's queue
+/// and limit (refused).
+#[derive(Debug, Clone, Copy, Arbitrary)]
+pub struct GateClass {
+    pub queue: u8,
+    pub timeout_ms: u8,
+    pub reserved: u8,
+}
+
+impl GateClass {
+    pub fn raw(&self) -> lg_gate_class {
+        lg_gate_class {
+            queue: u32::from(self.queue % 42),
+            queue_timeout_ms: [0, 1, 60_000, u64::MAX][usize::from(self.timeout_ms % 4)],
+            reserved: u32::from(self.reserved % 6),
+        }
+    }
 }
 
 pub fn worker_spec(s: &Spec) -> lg_worker_spec {

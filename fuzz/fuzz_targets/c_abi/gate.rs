@@ -1,13 +1,14 @@
-//! The admission gate's calls: config, `lg_gate_new`/`_from_env`/`_free`,
-//! admissions (try, blocking with a zero or safe timeout, async with a
-//! callback), limits, close, expiry, stats and metrics.
+//! The admission gate's calls: config (priority classes included),
+//! `lg_gate_new`/`_from_env`/`_free`, admissions (try, blocking with a zero
+//! or safe timeout, async with a callback; each also at a priority),
+//! limits, close, expiry, classes, stats and metrics.
 
 use std::ptr::{null, null_mut};
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use loadgate_ffi::*;
 
-use crate::args::{Buf, GateConfig, Handle};
+use crate::args::{Buf, Classes, GateConfig, Handle};
 use crate::state::{
     buf_ptr, check_text, checked, dangling, on_admit, pick, refuses_null, stats, take, text_buf,
     CallbackLog, State, SENTINEL,
@@ -29,19 +30,29 @@ pub enum Call {
         out_null: bool,
     },
     GateFree(Handle),
+    /// `lg_gate_try_admit`, or `_at` the priority.
     TryAdmit {
         g: Handle,
+        priority: Option<u8>,
         out_null: bool,
     },
+    /// `lg_gate_admit`, or `_at` the priority.
     Admit {
         g: Handle,
+        priority: Option<u8>,
         wait: bool,
         out_null: bool,
     },
+    /// `lg_gate_admit_async`, or `_at` the priority.
     AdmitAsync {
         g: Handle,
+        priority: Option<u8>,
         callback_null: bool,
         want_ticket: bool,
+    },
+    Classes {
+        g: Handle,
+        out_null: bool,
     },
     SetLimit {
         g: Handle,
@@ -93,6 +104,21 @@ impl Call {
             }
             Call::GateNew { config, out_null } => {
                 let mut keep = Vec::new();
+                // The classes array (any length, within reason) or NULL
+                // with a count.
+                let classes: Vec<lg_gate_class> = match config
+                    .as_ref()
+                    .and_then(|c| c.classes.as_ref())
+                {
+                    Some(Classes::Array(list)) => list.iter().take(12).map(|k| k.raw()).collect(),
+                    _ => Vec::new(),
+                };
+                let (classes_ptr, class_count) =
+                    match config.as_ref().and_then(|c| c.classes.as_ref()) {
+                        Some(Classes::Array(_)) => (classes.as_ptr(), classes.len()),
+                        Some(Classes::Null(n)) => (null(), usize::from(*n % 10)),
+                        None => (null(), 0),
+                    };
                 let cfg = config.as_ref().map(|c| {
                     let (prefix, prefix_len) =
                         c.prefix.as_ref().map_or((null(), 0), |s| s.raw(&mut keep));
@@ -117,6 +143,8 @@ impl Call {
                         } else {
                             u32::from(c.wait_limit % 4)
                         },
+                        classes: classes_ptr,
+                        class_count,
                     }
                 });
                 let mut out: *mut lg_gate = dangling();
@@ -128,7 +156,32 @@ impl Call {
                         if *out_null { null_mut() } else { &mut out },
                     )
                 });
-                refuses_null("lg_gate_new", st, *out_null || cfg.is_none());
+                refuses_null(
+                    "lg_gate_new",
+                    st,
+                    *out_null
+                        || cfg.is_none()
+                        || (classes_ptr.is_null() && class_count > 0)
+                        || class_count > LG_MAX_CLASSES,
+                );
+                if let Some(c) = cfg.filter(|_| st == lg_status::LG_OK) {
+                    // Accepted: every class fits the gate.
+                    assert!(classes.len() <= LG_MAX_CLASSES);
+                    for k in &classes {
+                        assert!(
+                            k.queue <= c.queue && k.reserved <= c.limit,
+                            "{k:?} in {c:?}"
+                        );
+                    }
+                    // SAFETY: `out` is the live gate just created.
+                    let n = unsafe { gate_classes(out) };
+                    assert_eq!(n, classes.len().max(1));
+                    if !classes.is_empty() {
+                        state
+                            .reserved
+                            .insert(out as usize, classes.iter().map(|k| k.reserved).collect());
+                    }
+                }
                 if st == lg_status::LG_OK {
                     state.gates.push(out);
                 } else {
@@ -153,6 +206,7 @@ impl Call {
             }
             Call::GateFree(g) => {
                 let g = take(&mut state.gates, *g);
+                state.reserved.remove(&(g as usize));
                 if !g.is_null() {
                     // Queued callbacks would outlive the input's log: close
                     // first so they run now.
@@ -163,13 +217,21 @@ impl Call {
                 // once and never used again.
                 unsafe { lg_gate_free(g) }
             }
-            Call::TryAdmit { g, out_null } => {
+            Call::TryAdmit {
+                g,
+                priority,
+                out_null,
+            } => {
                 let g = pick(&state.gates, *g);
                 let mut out: *mut lg_permit = dangling();
+                let out_ptr = if *out_null { null_mut() } else { &mut out };
                 // SAFETY: `g` is NULL or a live gate from `State::gates`; each out-pointer is NULL
                 // or points at a local.
                 let st = checked("lg_gate_try_admit", unsafe {
-                    lg_gate_try_admit(g, if *out_null { null_mut() } else { &mut out })
+                    match priority {
+                        Some(p) => lg_gate_try_admit_at(g, *p, out_ptr),
+                        None => lg_gate_try_admit(g, out_ptr),
+                    }
                 });
                 refuses_null("lg_gate_try_admit", st, g.is_null() || *out_null);
                 if st == lg_status::LG_OK {
@@ -178,14 +240,30 @@ impl Call {
                     assert_eq!(out, dangling(), "permit written on failure");
                 }
             }
-            Call::Admit { g, wait, out_null } => {
+            Call::Admit {
+                g,
+                priority,
+                wait,
+                out_null,
+            } => {
                 let g = pick(&state.gates, *g);
-                // Wait without limit only when a slot is free and nobody
-                // queues (this thread is the only caller), else time out at
-                // once: the target never sleeps.
+                // Wait without limit only when a slot is free for the
+                // request's class (within its share, and a wait slot too)
+                // and nobody queues (this thread is the only caller), else
+                // time out at once: the target never sleeps.
                 let free = !g.is_null() && {
                     let s = stats(g);
-                    s.closed || (s.running < s.limit && s.queued == 0)
+                    // The largest reservation of a class more important
+                    // than the request's (a priority past the last class is
+                    // the last class).
+                    let above = state.reserved.get(&(g as usize)).map_or(0, |r| {
+                        let class = usize::from(priority.unwrap_or(0)).min(r.len() - 1);
+                        r[..class].iter().copied().max().unwrap_or(0)
+                    });
+                    s.closed
+                        || (u64::from(s.running) + u64::from(above) < u64::from(s.limit)
+                            && s.queued == 0
+                            && (s.wait_limit == 0 || s.waiting < s.wait_limit))
                 };
                 let timeout = if *wait && free {
                     LG_TIMEOUT_INFINITE
@@ -196,8 +274,12 @@ impl Call {
                 // SAFETY: `g` is NULL or a live gate from `State::gates`; each out-pointer is NULL
                 // or points at a local; the timeout is infinite only when a slot is free, so the
                 // call cannot block.
+                let out_ptr = if *out_null { null_mut() } else { &mut out };
                 let st = checked("lg_gate_admit", unsafe {
-                    lg_gate_admit(g, timeout, if *out_null { null_mut() } else { &mut out })
+                    match priority {
+                        Some(p) => lg_gate_admit_at(g, *p, timeout, out_ptr),
+                        None => lg_gate_admit(g, timeout, out_ptr),
+                    }
                 });
                 refuses_null("lg_gate_admit", st, g.is_null() || *out_null);
                 if st == lg_status::LG_OK {
@@ -208,6 +290,7 @@ impl Call {
             }
             Call::AdmitAsync {
                 g,
+                priority,
                 callback_null,
                 want_ticket,
             } => {
@@ -220,17 +303,17 @@ impl Call {
                 // SAFETY: `g` is NULL or a live gate from `State::gates`; `user_data` is the
                 // input's `CallbackLog`, which outlives every request (gates are closed before it
                 // is dropped) and `on_admit` only reads it; the ticket pointer is NULL or a local.
+                let user_data = (&*state.log as *const CallbackLog).cast_mut().cast();
+                let ticket_ptr = if *want_ticket {
+                    &mut ticket
+                } else {
+                    null_mut()
+                };
                 let st = checked("lg_gate_admit_async", unsafe {
-                    lg_gate_admit_async(
-                        g,
-                        callback,
-                        (&*state.log as *const CallbackLog).cast_mut().cast(),
-                        if *want_ticket {
-                            &mut ticket
-                        } else {
-                            null_mut()
-                        },
-                    )
+                    match priority {
+                        Some(p) => lg_gate_admit_async_at(g, *p, callback, user_data, ticket_ptr),
+                        None => lg_gate_admit_async(g, callback, user_data, ticket_ptr),
+                    }
                 });
                 refuses_null("lg_gate_admit_async", st, g.is_null() || *callback_null);
                 if st == lg_status::LG_OK {
@@ -257,6 +340,21 @@ impl Call {
                     st,
                     g.is_null() || limit == 0 || limit > 2_097_151,
                 );
+            }
+            Call::Classes { g, out_null } => {
+                let g = pick(&state.gates, *g);
+                let mut out = SENTINEL as usize;
+                // SAFETY: `g` is NULL or a live gate from `State::gates`; each out-pointer is NULL
+                // or points at a local.
+                let st = checked("lg_gate_classes", unsafe {
+                    lg_gate_classes(g, if *out_null { null_mut() } else { &mut out })
+                });
+                refuses_null("lg_gate_classes", st, g.is_null() || *out_null);
+                if st == lg_status::LG_OK {
+                    assert!((1..=LG_MAX_CLASSES).contains(&out), "{out} classes");
+                } else {
+                    assert_eq!(out, SENTINEL as usize, "out_classes written on failure");
+                }
             }
             Call::Close(g) => {
                 let g = pick(&state.gates, *g);
@@ -304,6 +402,24 @@ impl Call {
                     // SAFETY: written on LG_OK.
                     let s = unsafe { out.assume_init() };
                     assert!(s.queued <= s.queue_limit, "{s:?}");
+                    // SAFETY: `g` is a live gate (the call succeeded).
+                    assert_eq!(s.class_count, unsafe { gate_classes(g) });
+                    let (used, rest) = s.classes.split_at(s.class_count);
+                    assert!(
+                        rest.iter().all(|k| k.queue_limit == 0 && k.queued == 0),
+                        "{s:?}"
+                    );
+                    // The classes' queues are read with the gauges; the
+                    // totals are their sums.
+                    assert_eq!(used.iter().map(|k| k.queued).sum::<u32>(), s.queued);
+                    assert!(used.iter().all(|k| k.queued <= k.queue_limit), "{s:?}");
+                    assert_eq!(used.iter().map(|k| k.displaced).sum::<u64>(), s.displaced);
+                    assert_eq!(used[0].displaced, 0, "class 0 displaced");
+                    let at_capacity = used.iter().map(|k| k.rejected_at_capacity).sum::<u64>();
+                    assert_eq!(at_capacity, s.rejected_at_capacity);
+                    assert_eq!(used.iter().map(|k| k.expired).sum::<u64>(), s.expired);
+                    let closed = used.iter().map(|k| k.rejected_closed).sum::<u64>();
+                    assert_eq!(closed, s.rejected_closed);
                 }
             }
             Call::GateMetrics {
@@ -331,4 +447,15 @@ impl Call {
             }
         }
     }
+}
+
+/// `lg_gate_classes` of a live gate.
+///
+/// # Safety
+/// `g` is a live gate.
+unsafe fn gate_classes(g: *const lg_gate) -> usize {
+    let mut n = 0;
+    // SAFETY: `g` is live (contract); `n` is a local.
+    assert_eq!(unsafe { lg_gate_classes(g, &mut n) }, lg_status::LG_OK);
+    n
 }

@@ -1,6 +1,7 @@
 //! The state one input runs on: the live handles of each kind, the
 //! callbacks owed and seen, and the checks every call's status goes through.
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr::null_mut;
 use std::sync::Mutex;
@@ -33,6 +34,9 @@ pub struct State {
     pub bookings: Vec<*mut lg_booking>,
     pub permits: Vec<*mut lg_permit>,
     pub tickets: Vec<*mut lg_ticket>,
+    /// Each live gate's class reservations, by handle (absent: no
+    /// classes), to tell when a blocking admit cannot wait.
+    pub reserved: HashMap<usize, Vec<u32>>,
     pub log: Box<CallbackLog>,
     /// Callbacks seen so far (`log` entries already checked).
     pub seen: usize,
@@ -147,6 +151,7 @@ impl State {
             bookings: Vec::new(),
             permits: Vec::new(),
             tickets: Vec::new(),
+            reserved: HashMap::new(),
             log: Box::default(),
             seen: 0,
             owed: 0,
@@ -165,7 +170,10 @@ impl State {
                     assert_ne!(permit, 0, "LG_OK without a permit");
                     self.permits.push(permit as *mut lg_permit);
                 }
-                lg_status::LG_AT_CAPACITY | lg_status::LG_QUEUE_TIMEOUT | lg_status::LG_CLOSED => {
+                lg_status::LG_AT_CAPACITY
+                | lg_status::LG_QUEUE_TIMEOUT
+                | lg_status::LG_CLOSED
+                | lg_status::LG_DISPLACED => {
                     assert_eq!(permit, 0, "{status:?} with a permit")
                 }
                 other => panic!("callback status {other:?}"),
