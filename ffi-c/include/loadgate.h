@@ -40,7 +40,7 @@
  * Minor version (additions; while the major version is 0, ABI-breaking
  * changes too, such as fields appended to a struct passed by pointer).
  */
-#define LOADGATE_VERSION_MINOR 2
+#define LOADGATE_VERSION_MINOR 3
 
 /**
  * Patch version (fixes).
