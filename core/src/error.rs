@@ -188,6 +188,12 @@ pub enum ReportError {
         /// The value given.
         value: u64,
     },
+    /// A publisher's report in a forked child of the process that started
+    /// it: its connection and sending thread stayed in the parent, so the
+    /// report could never be sent. Start a new publisher in this process.
+    /// (Only a publisher refuses this way; it is not in
+    /// [`KINDS`](Self::KINDS).)
+    OtherProcess,
 }
 
 impl ReportError {
@@ -200,6 +206,7 @@ impl ReportError {
             ReportError::UnknownWorker(_) => "unknown_worker",
             ReportError::UndeclaredRank { .. } => "undeclared_rank",
             ReportError::InvalidValue { .. } => "invalid_value",
+            ReportError::OtherProcess => "other_process",
         }
     }
 }
@@ -225,6 +232,10 @@ impl fmt::Display for ReportError {
                     u64::MAX
                 )
             }
+            ReportError::OtherProcess => f.write_str(
+                "this reporter was started before the process forked and cannot send from the \
+                 forked child; start a new one in this process",
+            ),
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod clock;
 pub mod cluster;
 mod counter;
 pub mod error;
+mod fork;
 pub mod gate;
 pub mod http;
 pub mod limits;
@@ -42,6 +43,7 @@ mod load;
 pub mod metrics;
 pub mod monitor;
 #[cfg(any(feature = "nats", feature = "scrape"))]
+#[allow(unsafe_code)] // the leaked runtime entry, read through an AtomicPtr
 mod runtime;
 #[cfg(feature = "scrape")]
 pub mod scrape;

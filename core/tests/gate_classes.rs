@@ -40,7 +40,11 @@ fn direct(g: &Arc<AdmissionGate>, priority: u8) -> OwnedPermit {
 
 fn queued(g: &Arc<AdmissionGate>, priority: u8) -> AdmitOwned {
     let mut f = g.admit_owned_at(priority);
-    assert!(poll(&mut f).is_pending(), "expected to queue: {:?}", g.stats());
+    assert!(
+        poll(&mut f).is_pending(),
+        "expected to queue: {:?}",
+        g.stats()
+    );
     f
 }
 
@@ -111,7 +115,9 @@ fn reserved_slots_go_only_to_the_classes_they_are_reserved_for() {
     let mut low = queued(&g, 2);
     // Class 1 may take the third slot although class 2 waits: it is not
     // class 2's to have.
-    let mid = g.try_admit_owned_at(1).expect("a slot within class 1's share");
+    let mid = g
+        .try_admit_owned_at(1)
+        .expect("a slot within class 1's share");
     let mut mid_waiting = queued(&g, 1);
     let top = direct(&g, 0);
     assert_eq!(g.stats().running, 4);
@@ -286,7 +292,10 @@ fn blocking_waits_and_callbacks_take_a_class_too() {
         // Wait (generously) until the thread has queued ahead of the callback.
         let start = std::time::Instant::now();
         while g.stats().classes()[0].queued == 0 {
-            assert!(start.elapsed() < Duration::from_secs(30), "thread never queued");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "thread never queued"
+            );
             std::thread::yield_now();
         }
         drop(p);
@@ -301,11 +310,21 @@ fn class_settings_are_checked() {
     let bad = |c: GateConfig| AdmissionGate::new(c).err();
     assert!(matches!(
         bad(GateConfig::new(2).with_queue(4).with_class(0, class(5, 0))),
-        Some(ConfigError::InvalidClass { index: 0, field: "queue", value: 5, max: 4 })
+        Some(ConfigError::InvalidClass {
+            index: 0,
+            field: "queue",
+            value: 5,
+            max: 4
+        })
     ));
     assert!(matches!(
         bad(GateConfig::new(2).with_queue(4).with_class(1, class(1, 3))),
-        Some(ConfigError::InvalidClass { index: 1, field: "reserved", value: 3, max: 2 })
+        Some(ConfigError::InvalidClass {
+            index: 1,
+            field: "reserved",
+            value: 3,
+            max: 2
+        })
     ));
     let msg = bad(GateConfig::new(2).with_queue(4).with_class(1, class(1, 3)))
         .unwrap()
@@ -313,11 +332,18 @@ fn class_settings_are_checked() {
     assert!(msg.contains("class 1") && msg.contains("reserved"), "{msg}");
     assert!(matches!(
         bad(GateConfig::new(2).with_classes(9)),
-        Some(ConfigError::OutOfRange { field: "classes", value: 9, max: 8 })
+        Some(ConfigError::OutOfRange {
+            field: "classes",
+            value: 9,
+            max: 8
+        })
     ));
     assert!(matches!(
         bad(GateConfig::new(2).with_class(9, class(1, 0))),
-        Some(ConfigError::OutOfRange { field: "classes", .. })
+        Some(ConfigError::OutOfRange {
+            field: "classes",
+            ..
+        })
     ));
     assert_eq!(AdmissionGate::new(GateConfig::new(1)).unwrap().classes(), 1);
     assert_eq!(
@@ -345,7 +371,10 @@ fn metrics_show_each_class() {
         "dynamo_request_rejection_by_reason_total{reason=\"displaced\"} 1",
         "dynamo_backend_admission_rejection_total 1",
     ] {
-        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
     }
     drop(p);
 }

@@ -163,6 +163,7 @@ impl From<ReportError> for Error {
         let status = match e {
             ReportError::UnknownWorker(_) | ReportError::UndeclaredRank { .. } => LG_NOT_FOUND,
             ReportError::InvalidValue { .. } => LG_INVALID_ARGUMENT,
+            ReportError::OtherProcess => LG_TRANSPORT_ERROR,
         };
         Error::new(status, e)
     }

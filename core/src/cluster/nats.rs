@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::{ClusterError, Handler, Subscription, Transport};
+use crate::fork::ForkGuard;
 use crate::runtime::{block_on, runtime};
 
 /// A connection to a NATS server. Publishing is non-blocking and keeps
@@ -19,6 +20,9 @@ use crate::runtime::{block_on, runtime};
 pub struct NatsTransport {
     client: async_nats::Client,
     outbox: mpsc::UnboundedSender<(String, bytes::Bytes)>,
+    /// The process that connected: a forked child cannot use the parent's
+    /// connection (its tasks ran on the parent's runtime threads).
+    made_in: ForkGuard,
 }
 
 /// How long a connection attempt may take in all (TCP, TLS handshake,
@@ -379,11 +383,30 @@ impl NatsTransport {
                 let _ = publisher.publish(subject, payload).await;
             }
         });
-        Ok(Self { client, outbox })
+        Ok(Self {
+            client,
+            outbox,
+            made_in: ForkGuard::new(),
+        })
+    }
+
+    /// An error if this connection was made by the parent of a forked
+    /// child: its tasks never run here, so using it would wait forever.
+    fn check_process(&self) -> Result<(), ClusterError> {
+        if self.made_in.same_process() {
+            Ok(())
+        } else {
+            Err(ClusterError::Transport(
+                "this NATS connection was made before the process forked; connect again in this \
+                 process"
+                    .into(),
+            ))
+        }
     }
 
     /// Waits until everything published so far reached the server.
     pub fn flush(&self) -> Result<(), ClusterError> {
+        self.check_process()?;
         let client = self.client.clone();
         block_on(async move { client.flush().await })
             .map_err(|e| ClusterError::Transport(format!("flush failed: {e}")))
@@ -392,12 +415,14 @@ impl NatsTransport {
 
 impl Transport for NatsTransport {
     fn publish(&self, subject: &str, payload: Vec<u8>) -> Result<(), ClusterError> {
+        self.check_process()?;
         self.outbox
             .send((subject.to_owned(), payload.into()))
             .map_err(|_| ClusterError::Transport("the NATS runtime has stopped".into()))
     }
 
     fn subscribe(&self, subject: &str, handler: Handler) -> Result<Subscription, ClusterError> {
+        self.check_process()?;
         let client = self.client.clone();
         let subject = subject.to_owned();
         let mut stream = block_on(async move { client.subscribe(subject).await })
@@ -407,6 +432,16 @@ impl Transport for NatsTransport {
                 handler(&msg.subject, &msg.payload);
             }
         });
-        Ok(Subscription::new(move || task.abort()))
+        let made_in = ForkGuard::new();
+        Ok(Subscription::new(move || {
+            if made_in.same_process() {
+                task.abort();
+            } else {
+                // A forked child: the task is on the parent's runtime, whose
+                // scheduler locks the fork may have copied held; it never
+                // runs here, so let it go.
+                std::mem::forget(task);
+            }
+        }))
     }
 }

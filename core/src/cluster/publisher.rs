@@ -10,6 +10,7 @@ use super::{dynamo_kv_metrics_subject, lock, ClusterError, Subjects, Transport};
 use crate::clock::{nanos, MonotonicClock, SharedClock};
 use crate::cluster::wire::{ActiveLoad, Envelope, LoadMessage, SCHEMA_VERSION};
 use crate::error::ReportError;
+use crate::fork::ForkGuard;
 use crate::limits::Limits;
 use crate::load::{rank_index, LoadReport};
 
@@ -155,6 +156,9 @@ struct PublisherInner {
 pub struct Publisher {
     inner: Arc<PublisherInner>,
     thread: Option<JoinHandle<()>>,
+    /// The process that started it: a forked child has neither its sending
+    /// thread nor its transport's connection.
+    made_in: ForkGuard,
 }
 
 impl fmt::Debug for Publisher {
@@ -195,6 +199,7 @@ impl Publisher {
         Ok(Self {
             inner,
             thread: None,
+            made_in: ForkGuard::new(),
         })
     }
 
@@ -220,7 +225,12 @@ impl Publisher {
 
     /// Merges a rank's new load (absent fields keep their value) and returns
     /// at once; the change is sent on the next flush.
+    /// In a forked child of the process that made the publisher it refuses
+    /// with [`ReportError::OtherProcess`]: nothing could send the report.
     pub fn report(&self, dp_rank: u32, report: &LoadReport) -> Result<(), ReportError> {
+        if !self.made_in.same_process() {
+            return Err(ReportError::OtherProcess);
+        }
         let c = &self.inner.config;
         let index = rank_index(c.worker_id, c.dp_start, c.dp_size, dp_rank)?;
         report.check()?;
@@ -234,8 +244,12 @@ impl Publisher {
     }
 
     /// Sends every changed rank, and every rank if a heartbeat is due.
-    /// Returns the number of messages sent.
+    /// Returns the number of messages sent (none in a forked child of the
+    /// process that made the publisher).
     pub fn flush(&self) -> usize {
+        if !self.made_in.same_process() {
+            return 0;
+        }
         self.inner.flush()
     }
 
@@ -252,6 +266,14 @@ impl Publisher {
 
 impl Drop for Publisher {
     fn drop(&mut self) {
+        if !self.made_in.same_process() {
+            // A forked child: the sending thread is not here, and its lock
+            // may have been copied held. Let both go without waiting.
+            if let Some(t) = self.thread.take() {
+                std::mem::forget(t);
+            }
+            return;
+        }
         lock(&self.inner.state).stop = true;
         self.inner.wake.notify_all();
         if let Some(t) = self.thread.take() {

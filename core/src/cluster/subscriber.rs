@@ -35,6 +35,7 @@ use super::{lock, ClusterError, Subjects, Subscription, Transport, DEFAULT_HEART
 use crate::clock::{nanos, SharedClock};
 use crate::cluster::wire::{decode_ref, DecodedRef, Envelope, LoadMessage, LoadRef, WireError};
 use crate::error::{ReportError, WorkerError};
+use crate::fork::ForkGuard;
 use crate::load::WorkerSpec;
 use crate::metrics;
 use crate::monitor::Monitor;
@@ -614,6 +615,7 @@ impl Subscriber {
             subscriptions,
             queue,
             thread: Some(thread),
+            made_in: ForkGuard::new(),
         })
     }
 
@@ -653,12 +655,18 @@ pub struct Attached {
     subscriptions: Vec<Subscription>,
     queue: SyncSender<Job>,
     thread: Option<JoinHandle<()>>,
+    /// The process that attached: a forked child has no registration
+    /// thread to send to or wait for.
+    made_in: ForkGuard,
 }
 
 impl Attached {
     /// Waits until every announcement queued so far has been registered
     /// (or refused). Messages delivered later may still be queued.
     pub fn settle(&self) {
+        if !self.made_in.same_process() {
+            return; // a forked child: nothing registers here
+        }
         let (done, wait) = mpsc::sync_channel(1);
         if self.queue.send(Job::Barrier(done)).is_ok() {
             let _ = wait.recv();
@@ -675,6 +683,14 @@ impl fmt::Debug for Attached {
 impl Drop for Attached {
     fn drop(&mut self) {
         self.subscriptions.clear();
+        if !self.made_in.same_process() {
+            // A forked child: the registration thread is not here; a full
+            // queue would block the send and the join would never return.
+            if let Some(t) = self.thread.take() {
+                std::mem::forget(t);
+            }
+            return;
+        }
         let _ = self.queue.send(Job::Stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -38,6 +38,7 @@ pub use engines::Engine;
 
 use self::engines::MapError;
 use self::http::{Connection, FetchError, Target};
+use crate::fork::ForkGuard;
 use crate::load::{LoadReport, WorkerSpec};
 use crate::monitor::Monitor;
 use crate::runtime::runtime;
@@ -277,6 +278,9 @@ impl Shared {
 pub struct Scrape {
     shared: Arc<Shared>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// The process that started the scrape: in a forked child its task
+    /// never runs (it was on the parent's runtime threads).
+    made_in: ForkGuard,
 }
 
 impl Scrape {
@@ -309,6 +313,7 @@ impl Scrape {
         Ok(Scrape {
             shared,
             task: Some(task),
+            made_in: ForkGuard::new(),
         })
     }
 
@@ -329,7 +334,15 @@ impl Scrape {
     /// returns. Calling it again does nothing.
     pub fn close(&mut self) {
         if let Some(task) = self.task.take() {
-            task.abort();
+            if self.made_in.same_process() {
+                task.abort();
+            } else {
+                // A forked child: the task lives on the parent's runtime,
+                // whose threads are not here; aborting would touch its
+                // scheduler, whose locks the fork may have copied held.
+                // The task never runs here, so it is simply let go.
+                std::mem::forget(task);
+            }
         }
         let mut state = lock(&self.shared.state);
         state.closed = true;

@@ -1,0 +1,91 @@
+"""Fork safety: after ``os.fork()`` the child can use everything afresh —
+``Reporter``, ``Monitor.subscribe_nats``, gates, monitors — whatever the
+parent had started before the fork (what ``gunicorn --preload`` and
+``multiprocessing``'s fork start method do). The parent's own NATS objects
+cannot follow the fork; in the child they raise instead of waiting forever,
+and the parent keeps working."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import traceback
+
+import pytest
+
+import loadgate
+from loadgate import AdmissionGate, Monitor, Reporter
+
+from test_nats import WAIT, nats_url, wait_for  # noqa: F401  (nats_url is a fixture)
+
+
+def child_main(url: str, parents_reporter: Reporter) -> None:
+    """Everything a worker or frontend does, started afresh in the child."""
+    monitor = Monitor()
+    with monitor.subscribe_nats(url, "fork"), \
+            Reporter(url, 2, "m", namespace="fork", kv_total_blocks=100) as reporter:
+        reporter.report(kv_used_blocks=90)
+        # The parent's reporter keeps sending heartbeats from the parent, so
+        # the child's monitor sees both workers.
+        wait_for(lambda: sorted(monitor.workers("m")), lambda w: w == [1, 2])
+        monitor.set_thresholds("m", active_decode_blocks_threshold=0.5)
+        reporter.report(active_decode_blocks=80)
+        wait_for(lambda: monitor.busy_workers("m"), lambda busy: busy == [2])
+        assert monitor.select("m") == 1
+
+    gate = AdmissionGate(1, 1)
+
+    async def queued_handoff() -> None:
+        first = gate.try_admit()
+        waiter = asyncio.ensure_future(gate.admit())
+        await asyncio.sleep(0)
+        assert gate.stats()["queued"] == 1
+        first.release()
+        (await waiter).release()
+
+    asyncio.run(queued_handoff())
+    assert gate.stats()["running"] == 0
+
+    # The parent's connection cannot follow the fork: it says so at once.
+    with pytest.raises(ConnectionError, match="forked"):
+        parents_reporter.report(kv_used_blocks=1)
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_everything_works_in_a_forked_child(nats_url: str) -> None:  # noqa: F811
+    parent = Monitor()
+    with parent.subscribe_nats(nats_url, "fork"), \
+            Reporter(nats_url, 1, "m", namespace="fork", kv_total_blocks=100) as reporter:
+        # The parent has used NATS: its I/O thread is running when it forks.
+        wait_for(lambda: parent.workers("m"), lambda w: w == [1])
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                child_main(nats_url, reporter)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        # A bounded wait: it only turns a hang into a failure.
+        deadline = time.monotonic() + 2 * WAIT
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung")
+            time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child failed (its traceback is above)"
+
+        # The parent is unaffected: its reports still land.
+        parent.set_thresholds("m", active_decode_blocks_threshold=0.5)
+        reporter.report(active_decode_blocks=90)
+        wait_for(lambda: parent.busy_workers("m"), lambda busy: 1 in busy)
+        with pytest.raises(loadgate.LoadgateError):
+            parent.check(1)
