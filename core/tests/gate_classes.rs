@@ -3,21 +3,18 @@
 //! queue limits and deadlines, displacement from a full queue, sheddable
 //! classes, and `N + Q` exact whatever the mix, under threads too.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use loadgate::{
-    AdmissionGate, AdmitError, AdmitOwned, ClassConfig, ConfigError, GateConfig, ManualClock,
-    OwnedPermit, Reason, TryAdmitError,
+    AdmissionGate, AdmitError, ClassConfig, ConfigError, GateConfig, ManualClock, Reason,
+    TryAdmitError,
 };
 
-fn poll<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(Waker::noop()))
-}
+mod support;
+use support::polling::{direct_at, granted, outcome, poll, queued_at};
 
 fn class(queue: u32, reserved: u32) -> ClassConfig {
     ClassConfig {
@@ -31,49 +28,15 @@ fn gate(config: GateConfig) -> Arc<AdmissionGate> {
     Arc::new(AdmissionGate::new(config).unwrap())
 }
 
-fn direct(g: &Arc<AdmissionGate>, priority: u8) -> OwnedPermit {
-    match poll(&mut g.admit_owned_at(priority)) {
-        Poll::Ready(Ok(p)) => p,
-        other => panic!("expected a direct admission, got {other:?}"),
-    }
-}
-
-fn queued(g: &Arc<AdmissionGate>, priority: u8) -> AdmitOwned {
-    let mut f = g.admit_owned_at(priority);
-    assert!(
-        poll(&mut f).is_pending(),
-        "expected to queue: {:?}",
-        g.stats()
-    );
-    f
-}
-
-/// A queued future's permit, if it was granted one (panics otherwise).
-fn granted(f: &mut AdmitOwned) -> OwnedPermit {
-    match poll(f) {
-        Poll::Ready(Ok(p)) => p,
-        other => panic!("expected a permit, got {other:?}"),
-    }
-}
-
-/// A queued future's outcome without its permit: `None` while queued, else
-/// `Ok(())` (the permit is released at once) or the error.
-fn outcome(f: &mut AdmitOwned) -> Option<Result<(), AdmitError>> {
-    match poll(f) {
-        Poll::Ready(r) => Some(r.map(drop)),
-        Poll::Pending => None,
-    }
-}
-
 #[test]
 fn a_freed_slot_goes_to_the_most_important_class_first_then_fifo() {
     let g = gate(GateConfig::new(1).with_queue(8).with_classes(3));
-    let p = direct(&g, 2);
-    let mut low_a = queued(&g, 2);
-    let mut mid = queued(&g, 1);
-    let mut high_a = queued(&g, 0);
-    let mut high_b = queued(&g, 0);
-    let mut low_b = queued(&g, 2);
+    let p = direct_at(&g, 2);
+    let mut low_a = queued_at(&g, 2);
+    let mut mid = queued_at(&g, 1);
+    let mut high_a = queued_at(&g, 0);
+    let mut high_b = queued_at(&g, 0);
+    let mut low_b = queued_at(&g, 2);
     let mut order = [&mut high_a, &mut high_b, &mut mid, &mut low_a, &mut low_b];
     drop(p);
     for i in 0..order.len() {
@@ -90,11 +53,11 @@ fn a_freed_slot_goes_to_the_most_important_class_first_then_fifo() {
 #[test]
 fn an_arrival_of_a_more_important_class_queues_ahead_but_never_barges() {
     let g = gate(GateConfig::new(1).with_queue(4).with_classes(2));
-    let p = direct(&g, 1);
-    let mut low = queued(&g, 1);
+    let p = direct_at(&g, 1);
+    let mut low = queued_at(&g, 1);
     // No slot is free: class 0 waits too, ahead of class 1.
     assert_eq!(g.try_admit_at(0).err(), Some(TryAdmitError::WouldWait));
-    let mut high = queued(&g, 0);
+    let mut high = queued_at(&g, 0);
     drop(p);
     let _p = granted(&mut high);
     assert_eq!(outcome(&mut low), None);
@@ -111,15 +74,15 @@ fn reserved_slots_go_only_to_the_classes_they_are_reserved_for() {
             .with_class(0, class(4, 1))
             .with_class(1, class(4, 2)),
     );
-    let held: Vec<_> = (0..2).map(|_| direct(&g, 2)).collect();
-    let mut low = queued(&g, 2);
+    let held: Vec<_> = (0..2).map(|_| direct_at(&g, 2)).collect();
+    let mut low = queued_at(&g, 2);
     // Class 1 may take the third slot although class 2 waits: it is not
     // class 2's to have.
     let mid = g
         .try_admit_owned_at(1)
         .expect("a slot within class 1's share");
-    let mut mid_waiting = queued(&g, 1);
-    let top = direct(&g, 0);
+    let mut mid_waiting = queued_at(&g, 1);
+    let top = direct_at(&g, 0);
     assert_eq!(g.stats().running, 4);
     // The last slot, freed, stays free for class 0: class 1 already has 3.
     drop(top);
@@ -138,19 +101,19 @@ fn reserved_slots_go_only_to_the_classes_they_are_reserved_for() {
 #[test]
 fn a_full_queue_displaces_the_newest_waiter_of_the_least_important_class_below() {
     let g = gate(GateConfig::new(1).with_queue(3).with_classes(3));
-    let p = direct(&g, 0);
-    let mut mid = queued(&g, 1);
-    let mut low_old = queued(&g, 2);
-    let mut low_new = queued(&g, 2);
+    let p = direct_at(&g, 0);
+    let mut mid = queued_at(&g, 1);
+    let mut low_old = queued_at(&g, 2);
+    let mut low_new = queued_at(&g, 2);
     // Full: a class-0 arrival displaces the newest class-2 waiter.
-    let mut high = queued(&g, 0);
+    let mut high = queued_at(&g, 0);
     assert_eq!(outcome(&mut low_new), Some(Err(AdmitError::Displaced)));
     assert_eq!(outcome(&mut low_old), None);
     // A class-2 arrival displaces nobody (nobody below it) and is rejected.
     let mut low = g.admit_owned_at(2);
     assert_eq!(outcome(&mut low), Some(Err(AdmitError::AtCapacity)));
     // A class-1 arrival displaces the remaining class-2 waiter, not class 1.
-    let mid_new = queued(&g, 1);
+    let mid_new = queued_at(&g, 1);
     assert_eq!(outcome(&mut low_old), Some(Err(AdmitError::Displaced)));
     // Now nobody is below class 1: another class-1 arrival is rejected.
     let mut more = g.admit_owned_at(1);
@@ -187,11 +150,11 @@ fn a_class_with_no_queue_is_shed_when_its_share_is_full() {
             .with_classes(2)
             .with_class(1, class(0, 0)),
     );
-    let a = direct(&g, 1);
-    let b = direct(&g, 1);
+    let a = direct_at(&g, 1);
+    let b = direct_at(&g, 1);
     let mut shed = g.admit_owned_at(1);
     assert_eq!(outcome(&mut shed), Some(Err(AdmitError::AtCapacity)));
-    let _waits = queued(&g, 0);
+    let _waits = queued_at(&g, 0);
     // It displaces nobody and never waits, even with the queue not full.
     assert!(matches!(
         poll(&mut g.admit_owned_at(1)),
@@ -209,13 +172,13 @@ fn each_class_has_its_own_queue_limit_within_the_whole_queue() {
             .with_classes(2)
             .with_class(1, class(1, 0)),
     );
-    let p = direct(&g, 0);
-    let _low = queued(&g, 1);
+    let p = direct_at(&g, 0);
+    let _low = queued_at(&g, 1);
     // Class 1's own queue is full although the whole queue is not.
     let mut low = g.admit_owned_at(1);
     assert_eq!(outcome(&mut low), Some(Err(AdmitError::AtCapacity)));
-    let _a = queued(&g, 0);
-    let _b = queued(&g, 0);
+    let _a = queued_at(&g, 0);
+    let _b = queued_at(&g, 0);
     assert_eq!(g.stats().classes()[0].queued, 2);
     assert_eq!(g.stats().classes()[1].queued, 1);
     drop(p);
@@ -244,9 +207,9 @@ fn each_class_expires_at_its_own_deadline() {
             },
         );
     let g = Arc::new(AdmissionGate::with_clock(config, clock.clone()).unwrap());
-    let p = direct(&g, 0);
-    let mut high = queued(&g, 0);
-    let mut low = queued(&g, 1);
+    let p = direct_at(&g, 0);
+    let mut high = queued_at(&g, 0);
+    let mut low = queued_at(&g, 1);
     assert_eq!(g.time_to_next_deadline(), Some(Duration::from_millis(10)));
     clock.advance(Duration::from_millis(9));
     assert_eq!(g.expire(), 0);
@@ -265,9 +228,9 @@ fn each_class_expires_at_its_own_deadline() {
 #[test]
 fn a_priority_past_the_last_class_is_the_last_class() {
     let g = gate(GateConfig::new(1).with_queue(2).with_classes(2));
-    let p = direct(&g, 255);
-    let mut last = queued(&g, 9);
-    let mut first = queued(&g, 0);
+    let p = direct_at(&g, 255);
+    let mut last = queued_at(&g, 9);
+    let mut first = queued_at(&g, 0);
     drop(p);
     let _first = granted(&mut first);
     assert_eq!(outcome(&mut last), None);
@@ -357,9 +320,9 @@ fn class_settings_are_checked() {
 #[test]
 fn metrics_show_each_class() {
     let g = gate(GateConfig::new(1).with_queue(1).with_classes(2));
-    let p = direct(&g, 0);
-    let mut low = queued(&g, 1);
-    let _high = queued(&g, 0);
+    let p = direct_at(&g, 0);
+    let mut low = queued_at(&g, 1);
+    let _high = queued_at(&g, 0);
     assert_eq!(outcome(&mut low), Some(Err(AdmitError::Displaced)));
     let text = g.metrics_text();
     for line in [

@@ -4,31 +4,18 @@
 //! (docs/behaviour.md#bad-input-and-limits), single-threaded and with a manual
 //! clock.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+
 use std::time::Duration;
 
 use loadgate::gate::{MAX_CLASSES, MAX_LIMIT, MAX_QUEUE, QUEUE_LIMIT_ENV, QUEUE_TIMEOUT_ENV};
+mod support;
+use support::polling::{granted, poll, queued, rejected};
+
 use loadgate::{
     AdmissionGate, AdmitError, ClassStats, ConfigError, GateConfig, GateStats, ManualClock,
     OwnedPermit, Reason, TryAdmitError,
 };
-
-struct Noop;
-impl Wake for Noop {
-    fn wake(self: Arc<Self>) {}
-}
-
-fn noop() -> Waker {
-    Waker::from(Arc::new(Noop))
-}
-
-/// Polls a future once with a no-op waker.
-fn poll<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(&noop()))
-}
 
 fn gate(limit: u32, queue: u32) -> Arc<AdmissionGate> {
     Arc::new(AdmissionGate::new(GateConfig::new(limit).with_queue(queue)).unwrap())
@@ -49,28 +36,6 @@ fn timed_gate(
         Arc::new(AdmissionGate::with_clock(config, clock.clone()).unwrap()),
         clock,
     )
-}
-
-/// Polls a queued future expecting a permit.
-fn granted(f: &mut loadgate::AdmitOwned) -> OwnedPermit {
-    match poll(f) {
-        Poll::Ready(Ok(p)) => p,
-        other => panic!("expected a permit, got {other:?}"),
-    }
-}
-
-fn rejected(f: &mut loadgate::AdmitOwned) -> AdmitError {
-    match poll(f) {
-        Poll::Ready(Err(e)) => e,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-}
-
-fn queued(g: &Arc<AdmissionGate>) -> loadgate::AdmitOwned {
-    let mut f = g.admit_owned();
-    assert!(poll(&mut f).is_pending(), "expected to queue");
-    assert!(f.is_queued());
-    f
 }
 
 // ----- worker-admission: N slots, queue of exactly Q, N + Q in flight -----

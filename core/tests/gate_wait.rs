@@ -4,22 +4,19 @@
 //! metrics (docs/behaviour.md#metrics), single-threaded with a manual clock
 //! except where a rule is about threads.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use loadgate::gate::WAIT_LIMIT_ENV;
-use loadgate::{
-    AdmissionGate, AdmitError, AdmitOwned, ConfigError, GateConfig, GateStats, ManualClock,
-    OwnedPermit, TryAdmitError,
-};
 
-fn poll<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(Waker::noop()))
-}
+mod support;
+use loadgate::{
+    AdmissionGate, AdmitError, ConfigError, GateConfig, GateStats, ManualClock, OwnedPermit,
+    TryAdmitError,
+};
+use support::polling::{direct, granted, poll, queued};
 
 /// `N` slots, `W` wait slots, a queue of `Q`, on a manual clock with an
 /// optional deadline.
@@ -36,30 +33,6 @@ fn gate(
         .with_queue_timeout(deadline_ms.map(Duration::from_millis));
     let g = AdmissionGate::with_clock(config, clock.clone()).unwrap();
     (Arc::new(g), clock)
-}
-
-fn queued(g: &Arc<AdmissionGate>) -> AdmitOwned {
-    let mut f = g.admit_owned();
-    assert!(
-        poll(&mut f).is_pending(),
-        "expected to queue: {:?}",
-        g.stats()
-    );
-    f
-}
-
-fn granted(f: &mut AdmitOwned) -> OwnedPermit {
-    match poll(f) {
-        Poll::Ready(Ok(p)) => p,
-        other => panic!("expected a permit, got {other:?}"),
-    }
-}
-
-fn direct(g: &Arc<AdmissionGate>) -> OwnedPermit {
-    match poll(&mut g.admit_owned()) {
-        Poll::Ready(Ok(p)) => p,
-        other => panic!("expected a direct admission, got {other:?}"),
-    }
 }
 
 /// (running, waiting, queued), after checking the three caps.

@@ -1,2 +1,3 @@
 //! Helpers shared by the integration tests.
 pub mod nats_server;
+pub mod polling;
