@@ -10,7 +10,13 @@
   in the priority class its ``x-loadgate-priority`` header names), marks its
   first response at the first body chunk (freeing its wait slot on a gate
   with a wait limit) and keeps the slot until its response body has been
-  sent, streamed or not.
+  sent, streamed or not. :class:`EnvAdmissionMiddleware` is the same with
+  its gate from the ``DYN_*`` environment variables, for hosts that build
+  middleware from the class alone (vLLM's ``--middleware``).
+* :func:`exception_handler` (and the ready-made
+  :func:`loadgate_exception_handler`) answers a rejection from inside a
+  Starlette or FastAPI app: ``app.add_exception_handler(LoadgateError,
+  ...)``.
 * :func:`hold_permit` and :func:`release_on_end` keep a permit until a
   streamed body ends, for apps that admit requests themselves.
 * :class:`ControlApp` serves ``GET``/``POST /busy_threshold`` (optionally
@@ -22,17 +28,42 @@ Example (a frontend)::
 
     monitor = loadgate.Monitor()
     app = LoadgateMiddleware(ControlApp(monitor, app=my_routes), style="openai")
+
+Starlette and FastAPI answer an exception escaping a route themselves (their
+outermost layer, ``ServerErrorMiddleware``, sends a 500 and then re-raises),
+so a middleware wrapping such an app from outside would see the rejection
+only after a 500 went out. Any of these answers it properly:
+
+* wrapping from outside, ``LoadgateMiddleware(ControlApp(monitor,
+  app=fastapi_app))`` (or ``LoadgateMiddleware(fastapi_app)``): the
+  middleware registers its own :func:`exception_handler` for
+  ``LoadgateError`` on every Starlette or FastAPI app it finds down the
+  ``.app`` chain (through :class:`ControlApp`, :class:`AdmissionMiddleware`
+  and any middleware that keeps the app it wraps as ``.app``), unless the app
+  already has a handler for it or has already started serving. As a
+  fallback (a rejection raised by one of the app's own middlewares, an app
+  mounted inside another, an app already serving, or another framework
+  that answers 500 and re-raises), a complete 500 answer is held back until
+  the app returns: if the app then raises a rejection, the 500 is dropped
+  and the rejection answered instead;
+* ``app.add_middleware(LoadgateMiddleware, style="openai")``: it sits
+  between the framework's error layer and its routes, and sees the
+  rejection first (add it last, so that it wraps the other middlewares);
+* ``app.add_exception_handler(LoadgateError, exception_handler("openai"))``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 from typing import (
     Any,
     AsyncGenerator,
     AsyncIterable,
     Awaitable,
     Callable,
+    ClassVar,
     Dict,
     Iterable,
     List,
@@ -40,6 +71,7 @@ from typing import (
     MutableMapping,
     Optional,
     Sequence,
+    Set,
     Tuple,
     TypeVar,
     Union,
@@ -52,7 +84,11 @@ from ._loadgate import AdmissionGate, ControlAuth, Monitor, Permit
 __all__ = [
     "LoadgateMiddleware",
     "AdmissionMiddleware",
+    "EnvAdmissionMiddleware",
     "PRIORITY_HEADER",
+    "style_by_path",
+    "exception_handler",
+    "loadgate_exception_handler",
     "ControlApp",
     "hold_permit",
     "release_on_end",
@@ -93,6 +129,17 @@ def _style_for(style: Style, scope: Scope) -> str:
     return style if isinstance(style, str) else style(scope)
 
 
+def style_by_path(scope: Scope) -> str:
+    """The error body style for the API a request's path belongs to:
+    ``"anthropic"`` for the Anthropic Messages API (``/v1/messages`` and
+    below), ``"openai"`` for any other path under ``/v1/``, ``"dynamo"``
+    otherwise. Pass it as ``style=`` to answer each API in its own shape."""
+    path = str(scope.get("path", ""))
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    return "openai" if path.startswith("/v1/") else "dynamo"
+
+
 def error_response(
     exc: LoadgateError, style: str = "dynamo", retry_after: Optional[float] = None
 ) -> Tuple[int, Headers, bytes]:
@@ -118,6 +165,55 @@ async def send_error(
     await send({"type": "http.response.body", "body": body})
 
 
+#: A Starlette/FastAPI exception handler: ``(request, exc) -> Response``.
+ExceptionHandler = Callable[[Any, Exception], Awaitable[Any]]
+
+
+def _starlette_response(status: int, headers: Headers, body: bytes) -> Any:
+    responses: Any = importlib.import_module("starlette.responses")
+    return responses.Response(
+        content=body,
+        status_code=status,
+        headers={name.decode("latin-1"): value.decode("latin-1") for name, value in headers},
+    )
+
+
+def exception_handler(style: Style = "dynamo", *, retry_after: Optional[float] = None) -> ExceptionHandler:
+    """A Starlette or FastAPI exception handler answering a
+    :class:`~loadgate.LoadgateError` with its own status code, ``headers()``
+    (``Retry-After`` and ``x-loadgate-reason``) and ``body(style)``::
+
+        app.add_exception_handler(LoadgateError, exception_handler("openai"))
+
+    `style` is a body style or a function of the ASGI scope returning one
+    (such as :func:`style_by_path`); `retry_after` (seconds), when given,
+    overrides the exceptions' own. The handler imports Starlette only when
+    it answers. It answers rejections raised by the app's routes (and
+    dependencies); one raised by a middleware of the app reaches the app's
+    500 handler instead: wrap the app with :class:`LoadgateMiddleware` for
+    those."""
+    _check_style(style)
+
+    async def handle_loadgate_error(request: Any, exc: Exception) -> Any:
+        error = _loadgate_error(exc)
+        if error is None:
+            raise exc
+        status, headers, body = error_response(error, _style_for(style, request.scope), retry_after)
+        return _starlette_response(status, headers, body)
+
+    return handle_loadgate_error
+
+
+_dynamo_handler = exception_handler()
+
+
+async def loadgate_exception_handler(request: Any, exc: Exception) -> Any:
+    """:func:`exception_handler` with the ``dynamo`` body style, ready to
+    register: ``app.add_exception_handler(LoadgateError,
+    loadgate_exception_handler)``."""
+    return await _dynamo_handler(request, exc)
+
+
 def _loadgate_error(exc: BaseException) -> Optional[LoadgateError]:
     """`exc` itself, or the only error of an exception group (anyio task
     groups in some frameworks wrap errors raised by the app)."""
@@ -130,18 +226,68 @@ def _loadgate_error(exc: BaseException) -> Optional[LoadgateError]:
 
 
 class _ResponseTracker:
-    """Wraps `send` and remembers whether the response has started."""
+    """Wraps `send` and remembers whether the response has started. A
+    complete 500 answer (its start and one final body message), the way
+    frameworks answer an exception escaping a route before re-raising it,
+    is held back until :meth:`flush`, so that the answer to a rejection can
+    replace it."""
 
-    __slots__ = ("send", "started")
+    __slots__ = ("send", "started", "held")
 
     def __init__(self, send: Send) -> None:
         self.send = send
         self.started = False
+        self.held: List[Message] = []
 
     async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
+        kind = message["type"]
+        if self.held:
+            if len(self.held) == 1 and kind == "http.response.body" and not message.get("more_body", False):
+                self.held.append(message)
+                return
+            await self.flush()  # not a complete 500 answer: let it through
+        elif not self.started and kind == "http.response.start" and message.get("status") == 500:
+            self.held.append(message)
+            return
+        if kind == "http.response.start":
             self.started = True
         await self.send(message)
+
+    async def flush(self) -> None:
+        """Sends what is held back."""
+        held, self.held = self.held, []
+        if held:
+            self.started = True
+        for message in held:
+            await self.send(message)
+
+
+def _install_handler(app: object, handler: ExceptionHandler) -> List[Any]:
+    """Registers `handler` for :class:`~loadgate.LoadgateError` on each
+    Starlette (or FastAPI) app down the ``.app`` chain from `app` that has
+    no handler for it yet and has not built its middleware stack (it does
+    at its first event); returns those apps."""
+    module = sys.modules.get("starlette.applications")
+    starlette = getattr(module, "Starlette", None)
+    if not isinstance(starlette, type):
+        return []  # Starlette was never imported: no app of it exists
+    installed: List[Any] = []
+    seen: Set[int] = set()
+    node: Any = app
+    while node is not None and id(node) not in seen and len(seen) < 64:
+        seen.add(id(node))
+        target: Any = node
+        if isinstance(target, starlette):
+            handlers = getattr(node, "exception_handlers", None)
+            if (
+                getattr(node, "middleware_stack", None) is None
+                and isinstance(handlers, dict)
+                and LoadgateError not in handlers
+            ):
+                node.add_exception_handler(LoadgateError, handler)
+                installed.append(node)
+        node = getattr(node, "app", None)
+    return installed
 
 
 class LoadgateMiddleware:
@@ -151,14 +297,33 @@ class LoadgateMiddleware:
     change it, and propagates to the server.
 
     `style` is ``"dynamo"`` (default), ``"openai"``, ``"anthropic"``, or a
-    function of the ASGI scope returning one. `retry_after` (seconds), when
-    given, overrides the exceptions' own."""
+    function of the ASGI scope returning one (such as
+    :func:`style_by_path`). `retry_after` (seconds), when given, overrides
+    the exceptions' own.
+
+    Starlette and FastAPI apps answer an exception escaping a route with a
+    500 of their own, before a middleware outside them sees it. So that
+    wrapping them from outside works, the middleware registers its
+    :func:`exception_handler` (same `style` and `retry_after`) for
+    ``LoadgateError`` on each Starlette or FastAPI app down the ``.app``
+    chain from `app` (through :class:`ControlApp`,
+    :class:`AdmissionMiddleware` and other middleware keeping the app it
+    wraps as ``.app``) that has no handler for it and has not started
+    serving yet. And as a fallback for the rest, a complete 500 answer is
+    held back until `app` returns: when `app` then raises a rejection, the
+    500 is dropped and the rejection answered. (A 500 whose body is
+    streamed in several parts is never held.)
+
+    Inside a Starlette or FastAPI app, ``app.add_middleware(
+    LoadgateMiddleware, style=...)`` works as is: add it last, so that it
+    wraps the app's other middleware."""
 
     def __init__(self, app: ASGIApp, *, style: Style = "dynamo", retry_after: Optional[float] = None) -> None:
         _check_style(style)
         self.app = app
         self.style = style
         self.retry_after = retry_after
+        self._handled_apps = _install_handler(app, exception_handler(style, retry_after=retry_after))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -170,8 +335,13 @@ class LoadgateMiddleware:
         except Exception as exc:
             error = _loadgate_error(exc)
             if error is None or tracker.started:
+                await tracker.flush()
                 raise
+            # Anything held back (a framework's 500 for this very error) is
+            # dropped.
             await send_error(send, error, _style_for(self.style, scope), self.retry_after)
+            return
+        await tracker.flush()
 
 
 def release_on_end(permit: Permit, send: Send) -> Send:
@@ -325,6 +495,66 @@ class AdmissionMiddleware:
             await self.app(scope, receive, release_on_end(permit, send))
         finally:
             permit.release()
+
+
+class EnvAdmissionMiddleware(AdmissionMiddleware):
+    """An :class:`AdmissionMiddleware` that builds its own gate from the
+    environment (:meth:`AdmissionGate.from_env`), for hosts that build
+    middleware from the class alone, with ``app.add_middleware(cls)``, such
+    as vLLM::
+
+        DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT=8 \\
+            vllm serve MODEL --middleware loadgate.asgi.EnvAdmissionMiddleware
+
+    The gate reads the engine request limit from
+    ``DYN_BACKEND_ADMISSION_ENGINE_REQUEST_LIMIT`` (older name
+    ``DYN_ENGINE_REQUEST_LIMIT``; required), the queue size from
+    ``DYN_BACKEND_ADMISSION_REQUEST_QUEUE_LIMIT`` (older name
+    ``DYN_DYNAMO_REQUEST_QUEUE_LIMIT``; default 16), the queue deadline from
+    ``DYN_DYNAMO_REQUEST_QUEUE_TIMEOUT_MS`` and the wait limit from
+    ``DYN_BACKEND_ADMISSION_ENGINE_WAIT_LIMIT``. A missing limit or an
+    invalid value raises ``ValueError`` naming the variable, when the
+    middleware is built: Starlette and FastAPI build their middleware at
+    their first event (the lifespan startup, or else the first request).
+
+    Two defaults differ from :class:`AdmissionMiddleware`: only paths
+    under ``/v1/`` are guarded (the OpenAI and Anthropic APIs; health
+    checks, ``/metrics`` and the like are not), and the error body takes
+    the shape of the API the path belongs to (:func:`style_by_path`). The
+    other keywords are :class:`AdmissionMiddleware`'s; to change them where
+    only a class can be named, subclass this one and pass them to
+    ``super().__init__``. Every instance has a gate of its own: the limit
+    holds per server process (one per API server process of vLLM). The gate
+    is the ``gate`` attribute."""
+
+    #: The path prefixes guarded by default.
+    DEFAULT_PATHS: ClassVar[Tuple[str, ...]] = ("/v1/",)
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        paths: Optional[Sequence[str]] = DEFAULT_PATHS,
+        style: Style = style_by_path,
+        priority_header: Optional[str] = PRIORITY_HEADER,
+        priorities: Optional[Mapping[str, int]] = None,
+        default_priority: int = 0,
+        unknown_priority: Optional[int] = None,
+    ) -> None:
+        try:
+            gate = AdmissionGate.from_env()
+        except ValueError as exc:
+            raise ValueError(f"{type(self).__name__}: {exc}") from None
+        super().__init__(
+            app,
+            gate,
+            paths=paths,
+            style=style,
+            priority_header=priority_header,
+            priorities=priorities,
+            default_priority=default_priority,
+            unknown_priority=unknown_priority,
+        )
 
 
 _JSON = (b"content-type", b"application/json")

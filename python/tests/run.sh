@@ -24,7 +24,11 @@ py="$venv/bin/python"
 "$py" -m pip install --quiet --disable-pip-version-check \
     "maturin>=1.5,<2" "pytest>=7.4,<10" "pytest-timeout>=2.1,<3" "httpx>=0.24,<1" \
     "uvicorn>=0.23,<1" "prometheus_client>=0.17,<1" "mypy>=1.8,<3" \
-    "cryptography>=41"  # test_nats_auth.py makes its CA and server certificate
+    "cryptography>=41" \
+    "fastapi>=0.115,<1" "openai>=1.40,<4" "anthropic>=0.50,<3"
+# cryptography: test_nats_auth.py makes its CA and server certificate.
+# fastapi, openai, anthropic: test_frameworks.py serves a FastAPI app to the
+# official clients.
 
 cd "$root"
 start=$SECONDS
