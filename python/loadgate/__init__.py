@@ -37,6 +37,7 @@ from ._loadgate import (
     AdmissionGate,
     Booking,
     ControlAuth,
+    ManualClock,
     Monitor,
     Permit,
     PriorityClass,
@@ -69,4 +70,5 @@ __all__ = [
     "PriorityClass",
     "Admission",
     "Permit",
+    "ManualClock",
 ]

@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import (
     Any,
     ClassVar,
+    Coroutine,
     Dict,
     Generator,
     Iterable,
@@ -17,6 +18,7 @@ from typing import (
     Type,
     Union,
     final,
+    overload,
 )
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "PriorityClass",
     "Permit",
     "Admission",
+    "ManualClock",
 ]
 __version__: str
 REASON_HEADER: str
@@ -72,6 +75,7 @@ class Monitor:
         max_ranks_per_worker: int = 1024,
         max_ranks: int = 65536,
         max_name_len: int = 256,
+        clock: Optional[ManualClock] = None,
     ) -> Monitor: ...
     def add_worker(
         self,
@@ -289,9 +293,12 @@ class AdmissionGate:
         adaptive_lifo: bool = False,
         metrics_prefix: str = "dynamo",
         classes: _Classes = None,
+        clock: Optional[ManualClock] = None,
     ) -> AdmissionGate: ...
     @classmethod
-    def from_env(cls, limit: Optional[int] = None, *, classes: _Classes = None) -> AdmissionGate: ...
+    def from_env(
+        cls, limit: Optional[int] = None, *, classes: _Classes = None, clock: Optional[ManualClock] = None
+    ) -> AdmissionGate: ...
     def try_admit(self, *, priority: int = 0) -> Optional[Permit]: ...
     def admit(self, *, priority: int = 0) -> Admission: ...
     def admit_blocking(self, timeout: Optional[float] = None, *, priority: int = 0) -> Permit: ...
@@ -335,13 +342,34 @@ class Permit:
     ) -> bool: ...
 
 @final
-class Admission:
+class Admission(Coroutine[Any, Any, Permit]):
     def __await__(self) -> Generator[Any, None, Permit]: ...
-    async def __aenter__(self) -> Permit: ...
+    def __next__(self) -> Any: ...
+    def send(self, value: None, /) -> Any: ...
+    @overload
+    def throw(
+        self, typ: Type[BaseException], val: Union[BaseException, object] = None, tb: Optional[TracebackType] = None, /
+    ) -> Any: ...
+    @overload
+    def throw(self, typ: BaseException, val: None = None, tb: Optional[TracebackType] = None, /) -> Any: ...
+    def close(self) -> None: ...
+    @property
+    def cr_await(self) -> Any: ...
+    @property
+    def __name__(self) -> str: ...
+    @property
+    def __qualname__(self) -> str: ...
+    def __aenter__(self) -> Admission: ...
     async def __aexit__(
         self,
         exc_type: Optional[Type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
         /,
-    ) -> bool: ...
+    ) -> None: ...
+
+@final
+class ManualClock:
+    def __new__(cls) -> ManualClock: ...
+    def advance(self, seconds: float) -> None: ...
+    def now(self) -> float: ...

@@ -3,26 +3,43 @@
 //!
 //! # asyncio without polling
 //!
-//! `await gate.admit()` registers a callback with the core
-//! ([`loadgate::AdmissionGate::admit_with_callback`]) and awaits an asyncio
-//! future. The core calls the callback exactly once, from whichever thread
-//! granted, expired or closed the request:
+//! `gate.admit()` returns an [`Admission`]: a native object that speaks the
+//! coroutine protocol (`send`, `throw`, `close`, `__await__`, `__next__`) and
+//! is registered as a `collections.abc.Coroutine`, so `await`,
+//! `asyncio.create_task`, `ensure_future`, `gather`, `wait_for` and
+//! `TaskGroup` all take it, without a Python frame per admission.
 //!
-//! * while the registering call is still running (admitted or rejected at
+//! Its first step takes a free slot at once
+//! ([`loadgate::AdmissionGate::try_admit_owned_at`]) and returns the permit;
+//! otherwise it registers a callback with the core
+//! ([`loadgate::AdmissionGate::admit_with_callback_at`]). Only a request that
+//! queues touches the event loop: the step yields an asyncio future, which
+//! the callback settles. The core calls the callback exactly once, from
+//! whichever thread granted, expired or closed the request:
+//!
+//! * while the registering step is still running (admitted or rejected at
 //!   once, or granted by another thread in the meantime), the callback only
-//!   stores the outcome and the registering call settles the future itself;
+//!   stores the outcome and the step returns or raises it itself;
 //! * on the loop's own thread (a release, `set_limit`, `close` or `expire`
 //!   called from a task), it settles the future directly;
 //! * on any other thread, it hands the outcome to the loop with
 //!   `loop.call_soon_threadsafe`.
 //!
-//! Cancelling the awaiting task cancels the future, whose done-callback
-//! cancels the core ticket, which frees the queue place at once. If the
-//! ticket was already granted, the permit is in flight to the future and is
-//! released when it arrives and finds the future cancelled. Queue deadlines
-//! are driven by a `loop.call_later` timer per waiter, set to its priority
-//! class's deadline, that calls [`loadgate::AdmissionGate::expire`]; no
-//! thread is started.
+//! Cancelling the awaiting task cancels the future and throws
+//! `CancelledError` into the admission, which cancels the core ticket: the
+//! queue place is free at once, and the request counts as cancelled, not
+//! rejected. `throw()` of any other exception, `close()` and garbage
+//! collection of a queued admission do the same. If the ticket was already
+//! granted, the permit is in the future or on its way to it, and is
+//! released (at once, or when it arrives and finds the future cancelled).
+//!
+//! Queue deadlines are driven by one `loop.call_later` timer per gate and
+//! event loop, set by the core's
+//! [`loadgate::AdmissionGate::time_to_next_deadline`] (the earliest deadline
+//! of any priority class); it calls [`loadgate::AdmissionGate::expire`] and
+//! is set again while admissions of that loop are queued. A gate on a
+//! `ManualClock` sets no timer (the loop's timers run in real time): tests
+//! advance the clock and call `expire()`. No thread is started.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
@@ -30,14 +47,20 @@ use std::time::Duration;
 
 use loadgate::gate::MAX_CLASSES;
 use loadgate::{
-    AdmitError, CallbackTicket, ClassConfig, GateConfig, OwnedPermit, Reason, TryAdmitError,
+    AdmitError, CallbackTicket, ClassConfig, GateConfig, OwnedPermit, Reason, SharedClock,
+    TryAdmitError,
 };
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyBaseException, PyRuntimeError, PyStopIteration, PyTypeError, PyValueError,
+};
+use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::PyTraverseError;
 
+use crate::clock::clock_arg;
 use crate::errors::{
     admit_error, admit_value, config_error, is_integer, opt_str_arg, priority_arg, ranged_arg,
     rejection, seconds_arg, timeout_arg, u32_arg,
@@ -60,33 +83,221 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// own, which raises `Displaced`. A request names its class with the
 /// `priority` argument of `admit`, `try_admit` and `admit_blocking` (0 to
 /// 255; a priority past the last class counts as the last).
+///
+/// Queue deadlines and queue-wait times read real time, or the
+/// `ManualClock` given as `clock=`. asyncio waiters' deadlines are driven by
+/// an event-loop timer; on a manual clock there is none: advance the clock
+/// and call `expire()`.
 #[pyclass(frozen, module = "loadgate")]
 pub struct AdmissionGate {
     inner: Arc<loadgate::AdmissionGate>,
-    /// Each class's queue deadline, for the asyncio waiters' timers (the
-    /// core keeps its own copy and does the expiring).
-    timeouts: Box<[Option<Duration>]>,
+    /// What the gate's admissions and deadline timers share.
+    shared: Arc<Shared>,
 }
 
 impl AdmissionGate {
-    fn build(config: GateConfig) -> PyResult<Self> {
-        let timeouts = if config.classes.is_empty() {
-            vec![config.queue_timeout].into_boxed_slice()
-        } else {
-            config.classes.iter().map(|c| c.queue_timeout).collect()
-        };
-        let inner = loadgate::AdmissionGate::new(config).map_err(config_error)?;
+    fn build(config: GateConfig, clock: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let (clock, manual): (SharedClock, bool) = clock_arg(clock)?;
+        let inner =
+            Arc::new(loadgate::AdmissionGate::with_clock(config, clock).map_err(config_error)?);
         Ok(Self {
-            inner: Arc::new(inner),
-            timeouts,
+            shared: Arc::new(Shared {
+                core: Arc::clone(&inner),
+                real_time: !manual,
+                loops: Mutex::new(Vec::new()),
+            }),
+            inner,
         })
     }
+}
 
-    /// The queue deadline of the class `priority` names: as the core reads
-    /// it, one past the last class is the last.
-    fn class_timeout(&self, priority: u8) -> Option<Duration> {
-        let last = self.timeouts.len() - 1;
-        self.timeouts[usize::from(priority).min(last)]
+/// What an `AdmissionGate` shares with its admissions and their event
+/// loops' deadline timers.
+struct Shared {
+    core: Arc<loadgate::AdmissionGate>,
+    /// Whether the gate reads real time, so that event-loop timers can
+    /// drive its queue deadlines.
+    real_time: bool,
+    /// The deadline timer of each event loop with queued admissions.
+    loops: Mutex<Vec<LoopTimer>>,
+}
+
+/// One event loop's deadline timer for one gate.
+struct LoopTimer {
+    event_loop: Py<PyAny>,
+    /// Queued admissions of this loop counted in (by `Shared::join`).
+    waiters: usize,
+    /// The pending `call_later` handle, its serial number and the gate-clock
+    /// time (nanoseconds) it was set for.
+    armed: Option<(Py<PyAny>, u64, u64)>,
+    /// The serial number of the last timer set.
+    serial: u64,
+}
+
+/// The shortest timer set: one that fired a hair before the deadline finds
+/// nothing to expire and is set again, at least this much later.
+const MIN_TIMER: Duration = Duration::from_micros(100);
+
+/// Cancels a `call_later` handle; a failure is reported, not raised.
+fn cancel_handle(py: Python<'_>, handle: &Py<PyAny>) {
+    if let Err(e) = handle.bind(py).call_method0(intern!(py, "cancel")) {
+        e.write_unraisable(py, None);
+    }
+}
+
+impl Shared {
+    fn position(loops: &[LoopTimer], event_loop: *mut pyo3::ffi::PyObject) -> Option<usize> {
+        loops
+            .iter()
+            .position(|l| l.event_loop.as_ptr() == event_loop)
+    }
+
+    /// An admission queued on `event_loop` (on its thread): if a queue
+    /// deadline is pending, counts the admission in and makes sure the
+    /// loop's timer fires by the gate's next deadline. Returns whether it
+    /// was counted in; then it must [`leave`](Self::leave).
+    fn join(self: &Arc<Self>, py: Python<'_>, event_loop: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if !self.real_time {
+            return Ok(false);
+        }
+        let Some(at) = self.core.next_deadline() else {
+            return Ok(false);
+        };
+        let stale = {
+            let mut loops = lock(&self.loops);
+            let i = match Self::position(&loops, event_loop.as_ptr()) {
+                Some(i) => i,
+                None => {
+                    loops.push(LoopTimer {
+                        event_loop: event_loop.clone().unbind(),
+                        waiters: 0,
+                        armed: None,
+                        serial: 0,
+                    });
+                    loops.len() - 1
+                }
+            };
+            let entry = &mut loops[i];
+            entry.waiters += 1;
+            if entry.armed.as_ref().is_some_and(|a| a.2 <= at) {
+                return Ok(true);
+            }
+            entry.armed.take()
+        };
+        // Python is called only with the lock released.
+        if let Some((handle, _, _)) = stale {
+            cancel_handle(py, &handle);
+        }
+        match self.arm(py, event_loop) {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                self.leave(Some(py), event_loop.as_unbound());
+                Err(e)
+            }
+        }
+    }
+
+    /// Sets `event_loop`'s timer by the core's `time_to_next_deadline`, if
+    /// a waiter has a deadline.
+    fn arm(self: &Arc<Self>, py: Python<'_>, event_loop: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (Some(at), Some(wait)) = (self.core.next_deadline(), self.core.time_to_next_deadline())
+        else {
+            return Ok(());
+        };
+        let serial = {
+            let mut loops = lock(&self.loops);
+            let Some(i) = Self::position(&loops, event_loop.as_ptr()) else {
+                return Ok(()); // nobody of this loop waits any more
+            };
+            loops[i].serial += 1;
+            loops[i].serial
+        };
+        let timer = DeadlineTimer {
+            gate: Arc::clone(self),
+            event_loop: event_loop.clone().unbind(),
+            serial,
+        };
+        let handle = event_loop
+            .call_method1(
+                intern!(py, "call_later"),
+                (wait.max(MIN_TIMER).as_secs_f64(), timer),
+            )?
+            .unbind();
+        let unused = {
+            let mut loops = lock(&self.loops);
+            match Self::position(&loops, event_loop.as_ptr()) {
+                Some(i) if loops[i].serial == serial => {
+                    loops[i].armed.replace((handle, serial, at)).map(|a| a.0)
+                }
+                // Everyone left, or another timer was set, meanwhile.
+                _ => Some(handle),
+            }
+        };
+        if let Some(handle) = unused {
+            cancel_handle(py, &handle);
+        }
+        Ok(())
+    }
+
+    /// Timer number `serial` of `event_loop` fired: expires the due
+    /// waiters, and sets the timer again while admissions of the loop wait.
+    fn fire(
+        self: &Arc<Self>,
+        py: Python<'_>,
+        event_loop: &Bound<'_, PyAny>,
+        serial: u64,
+    ) -> PyResult<()> {
+        let (again, fired, gone) = {
+            let mut loops = lock(&self.loops);
+            match Self::position(&loops, event_loop.as_ptr()) {
+                Some(i) => {
+                    let current = loops[i].armed.as_ref().is_some_and(|a| a.1 == serial);
+                    let fired = if current { loops[i].armed.take() } else { None };
+                    let gone = (loops[i].waiters == 0 && loops[i].armed.is_none())
+                        .then(|| loops.swap_remove(i));
+                    (current && gone.is_none(), fired, gone)
+                }
+                None => (false, None, None),
+            }
+        };
+        drop((fired, gone));
+        self.core.expire();
+        if again {
+            self.arm(py, event_loop)?;
+        }
+        Ok(())
+    }
+
+    /// A counted-in admission of `event_loop` is done. When it was the
+    /// last, the loop's entry goes and its timer is cancelled (given `py`;
+    /// without, it is left to fire on nothing).
+    fn leave(&self, py: Option<Python<'_>>, event_loop: &Py<PyAny>) {
+        let gone = {
+            let mut loops = lock(&self.loops);
+            let Some(i) = Self::position(&loops, event_loop.as_ptr()) else {
+                return;
+            };
+            loops[i].waiters = loops[i].waiters.saturating_sub(1);
+            (loops[i].waiters == 0).then(|| loops.swap_remove(i))
+        };
+        if let (Some(py), Some(LoopTimer { armed: Some(a), .. })) = (py, &gone) {
+            cancel_handle(py, &a.0);
+        }
+    }
+}
+
+/// `call_later` target: an event loop's deadline timer for one gate.
+#[pyclass(frozen, module = "loadgate", name = "_DeadlineTimer")]
+pub struct DeadlineTimer {
+    gate: Arc<Shared>,
+    event_loop: Py<PyAny>,
+    serial: u64,
+}
+
+#[pymethods]
+impl DeadlineTimer {
+    fn __call__(&self, py: Python<'_>) -> PyResult<()> {
+        self.gate.fire(py, self.event_loop.bind(py), self.serial)
     }
 }
 
@@ -250,9 +461,10 @@ fn bool_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<bool> {
 impl AdmissionGate {
     #[new]
     #[pyo3(
-        signature = (limit, queue = None, *, wait_limit = None, queue_timeout = None, adaptive_lifo = None, metrics_prefix = None, classes = None),
-        text_signature = "(limit, queue=16, *, wait_limit=None, queue_timeout=None, adaptive_lifo=False, metrics_prefix='dynamo', classes=None)"
+        signature = (limit, queue = None, *, wait_limit = None, queue_timeout = None, adaptive_lifo = None, metrics_prefix = None, classes = None, clock = None),
+        text_signature = "(limit, queue=16, *, wait_limit=None, queue_timeout=None, adaptive_lifo=False, metrics_prefix='dynamo', classes=None, clock=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         limit: &Bound<'_, PyAny>,
         queue: Option<&Bound<'_, PyAny>>,
@@ -261,6 +473,7 @@ impl AdmissionGate {
         adaptive_lifo: Option<&Bound<'_, PyAny>>,
         metrics_prefix: Option<&Bound<'_, PyAny>>,
         classes: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = GateConfig::new(u32_arg(limit, "limit")?);
         if let Some(q) = queue {
@@ -276,7 +489,7 @@ impl AdmissionGate {
         if let Some(p) = opt_str_arg(metrics_prefix, "metrics_prefix")? {
             config.metrics_prefix = p.to_string();
         }
-        Self::build(with_classes_arg(config, classes)?)
+        Self::build(with_classes_arg(config, classes)?, clock)
     }
 
     /// A gate configured from the environment: the engine request limit
@@ -290,20 +503,21 @@ impl AdmissionGate {
     /// (none when unset). The newer name wins; an invalid value of either raises
     /// `ValueError` naming the variable, and so does a missing limit.
     /// `classes` is as for the constructor (the classes copy the queue size
-    /// and deadline read from the environment).
+    /// and deadline read from the environment), and so is `clock`.
     #[classmethod]
-    #[pyo3(signature = (limit = None, *, classes = None))]
+    #[pyo3(signature = (limit = None, *, classes = None, clock = None))]
     fn from_env(
         _cls: &Bound<'_, PyType>,
         limit: Option<&Bound<'_, PyAny>>,
         classes: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let config = match limit.filter(|l| !l.is_none()) {
             Some(limit) => GateConfig::from_env(u32_arg(limit, "limit")?),
             None => GateConfig::from_env_all(),
         }
         .map_err(config_error)?;
-        Self::build(with_classes_arg(config, classes)?)
+        Self::build(with_classes_arg(config, classes)?, clock)
     }
 
     /// Takes a slot only if one is free now within the share of class
@@ -323,18 +537,21 @@ impl AdmissionGate {
         }
     }
 
-    /// An awaitable admission of class `priority`: `permit = await
-    /// gate.admit()` or `async with gate.admit() as permit:`. Resolves to a
-    /// `Permit`, or raises `AtCapacity`, `QueueTimeout`, `Displaced` or
-    /// `Closed`.
+    /// A coroutine admitting a request of class `priority`: `permit = await
+    /// gate.admit()`, `async with gate.admit() as permit:`, or
+    /// `asyncio.create_task(gate.admit())` and the like. Returns a `Permit`,
+    /// or raises `AtCapacity`, `QueueTimeout`, `Displaced` or `Closed`.
     #[pyo3(signature = (*, priority = None), text_signature = "(self, *, priority=0)")]
     fn admit(&self, priority: Option<&Bound<'_, PyAny>>) -> PyResult<Admission> {
         let priority = priority_arg(priority)?;
         Ok(Admission {
-            gate: Arc::clone(&self.inner),
+            gate: Arc::clone(&self.shared),
             priority,
-            timeout: self.class_timeout(priority),
-            future: Mutex::new(None),
+            state: Mutex::new(State {
+                step: Step::New,
+                entered: false,
+                permit: None,
+            }),
         })
     }
 
@@ -571,211 +788,504 @@ fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
         .call0()
 }
 
-/// One pending `await gate.admit()`: `await` it once, or use it with
-/// `async with` (the permit is released when the block ends).
-#[pyclass(frozen, module = "loadgate")]
+/// What a finished admission gives: a permit or the refusal.
+type Outcome = Result<OwnedPermit, AdmitError>;
+
+/// A pending admission, `gate.admit()`: a coroutine (it implements the
+/// coroutine protocol and is a `collections.abc.Coroutine`) that returns a
+/// `Permit`. Await it once, run it as a task, or use it with `async with`
+/// (the permit is released when the block ends).
+#[pyclass(frozen, freelist = 64, module = "loadgate")]
 pub struct Admission {
-    gate: Arc<loadgate::AdmissionGate>,
+    gate: Arc<Shared>,
     /// The request's priority class.
     priority: u8,
-    /// That class's queue deadline.
-    timeout: Option<Duration>,
-    /// The asyncio future, once awaited.
-    future: Mutex<Option<Py<PyAny>>>,
+    state: Mutex<State>,
 }
 
-/// Where the outcome of a callback admission goes.
-enum Delivery {
-    /// `start` is still running: keep the outcome for it.
-    Registering(Option<Result<OwnedPermit, AdmitError>>),
-    /// Queued: settle this waiter's future.
-    Waiting(Py<Waiter>),
-    /// Settled.
+struct State {
+    step: Step,
+    /// Set by `__aenter__`: the permit is kept for `__aexit__`.
+    entered: bool,
+    /// The permit, kept for `__aexit__`.
+    permit: Option<Py<Permit>>,
+}
+
+/// Where the coroutine is.
+enum Step {
+    /// Not started.
+    New,
+    /// Queued: suspended on `Queued::fut`.
+    Queued(Queued),
+    /// Returned, raised or closed.
     Done,
 }
 
-/// The core callback: store, settle, or hand over to the loop.
-fn deliver(shared: &Mutex<Delivery>, outcome: Result<OwnedPermit, AdmitError>) {
-    let mut d = lock(shared);
-    match std::mem::replace(&mut *d, Delivery::Done) {
-        Delivery::Registering(_) => *d = Delivery::Registering(Some(outcome)),
-        Delivery::Waiting(waiter) => {
-            drop(d);
-            Python::attach(|py| waiter.get().deliver(py, outcome));
-        }
-        Delivery::Done => {}
-    }
-}
-
-impl Admission {
-    /// Registers the request and returns the asyncio future it resolves.
-    fn start<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let mut slot = lock(&self.future);
-        if slot.is_some() {
-            return Err(PyRuntimeError::new_err(
-                "this admission was already awaited; call gate.admit() again",
-            ));
-        }
-        let event_loop = running_loop(py)?;
-        let fut = event_loop.call_method0(intern!(py, "create_future"))?;
-        *slot = Some(fut.clone().unbind());
-        drop(slot);
-
-        let waiter = Bound::new(
-            py,
-            Waiter {
-                gate: Arc::clone(&self.gate),
-                fut: fut.clone().unbind(),
-                event_loop: event_loop.clone().unbind(),
-                thread: thread::current().id(),
-                ticket: Mutex::new(None),
-                timer: Mutex::new(None),
-            },
-        )?;
-        let shared = Arc::new(Mutex::new(Delivery::Registering(None)));
-        let for_callback = Arc::clone(&shared);
-        let ticket = self.gate.admit_with_callback_at(
-            self.priority,
-            Box::new(move |outcome| deliver(&for_callback, outcome)),
-        );
-
-        // Admitted or rejected at once: settle now, no timer, no callback.
-        let immediate = matches!(&*lock(&shared), Delivery::Registering(Some(_)));
-        if !immediate {
-            // Queued: wire up cancellation and the queue deadline first
-            // (nothing else can reach the future yet), then publish.
-            *lock(&waiter.get().ticket) = Some(ticket);
-            fut.call_method1(
-                intern!(py, "add_done_callback"),
-                (waiter.getattr(intern!(py, "_on_done"))?,),
-            )?;
-            if let Some(timeout) = self.timeout {
-                waiter.get().arm_timer(py, &waiter, timeout)?;
-            }
-        }
-        let outcome = {
-            let mut d = lock(&shared);
-            match std::mem::replace(&mut *d, Delivery::Done) {
-                Delivery::Registering(Some(outcome)) => Some(outcome),
-                _ => {
-                    *d = Delivery::Waiting(waiter.clone().unbind());
-                    None
-                }
-            }
-        };
-        if let Some(outcome) = outcome {
-            waiter.get().deliver(py, outcome);
-        }
-        Ok(fut)
-    }
-}
-
-#[pymethods]
-impl Admission {
-    fn __await__(&self, py: Python<'_>) -> PyResult<AdmissionAwait> {
-        AdmissionAwait::new(py, self.start(py)?)
-    }
-
-    fn __aenter__(&self, py: Python<'_>) -> PyResult<AdmissionAwait> {
-        AdmissionAwait::new(py, self.start(py)?)
-    }
-
-    #[pyo3(signature = (*_exc))]
-    fn __aexit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<Ready> {
-        let fut = lock(&self.future).as_ref().map(|f| f.clone_ref(py));
-        if let Some(fut) = fut {
-            let fut = fut.bind(py);
-            let done = fut.call_method0(intern!(py, "done"))?.is_truthy()?;
-            if done
-                && !fut.call_method0(intern!(py, "cancelled"))?.is_truthy()?
-                && fut.call_method0(intern!(py, "exception"))?.is_none()
-            {
-                let permit = fut.call_method0(intern!(py, "result"))?;
-                if let Ok(p) = permit.cast::<Permit>() {
-                    p.get().release();
-                }
-            }
-        }
-        Ok(Ready)
-    }
-
-    fn __repr__(&self) -> String {
-        let state = if lock(&self.future).is_some() {
-            "awaited"
-        } else {
-            "not awaited"
-        };
-        format!("<loadgate.Admission {state}>")
-    }
-}
-
-/// The iterator behind `await admission`: the future's own iterator, except
-/// that an exception thrown into it (the awaiting task was cancelled, or
-/// the coroutine closed) while the future already holds a permit releases
-/// that permit, since nobody will receive it.
-#[pyclass(frozen, module = "loadgate", name = "_AdmissionAwait")]
-pub struct AdmissionAwait {
+/// A queued admission's loop-side state.
+struct Queued {
+    /// The asyncio future the core callback settles.
     fut: Py<PyAny>,
-    iter: Py<PyAny>,
+    ticket: CallbackTicket,
+    /// The event loop whose deadline timer counted this admission in.
+    timed: Option<Py<PyAny>>,
 }
 
-impl AdmissionAwait {
-    fn new(py: Python<'_>, fut: Bound<'_, PyAny>) -> PyResult<Self> {
-        let iter = fut.call_method0(intern!(py, "__await__"))?.unbind();
-        Ok(Self {
-            fut: fut.unbind(),
-            iter,
-        })
+/// The core callback's half of a queued admission: where its outcome goes.
+struct Handoff(Mutex<Delivery>);
+
+enum Delivery {
+    /// The registering step is still running: keep the outcome for it.
+    Registering(Option<Outcome>),
+    /// Queued: settle this future, on this loop.
+    Waiting {
+        fut: Py<PyAny>,
+        event_loop: Py<PyAny>,
+        thread: ThreadId,
+    },
+    /// Delivered, or nobody will take it (a late outcome is dropped, which
+    /// releases a permit).
+    Done,
+}
+
+impl Handoff {
+    /// The core callback: store, settle, or hand over to the loop.
+    fn deliver(&self, outcome: Outcome) {
+        let mut d = lock(&self.0);
+        match std::mem::replace(&mut *d, Delivery::Done) {
+            Delivery::Registering(_) => *d = Delivery::Registering(Some(outcome)),
+            Delivery::Waiting {
+                fut,
+                event_loop,
+                thread,
+            } => {
+                drop(d);
+                Python::attach(|py| deliver_to(py, &fut, &event_loop, thread, outcome));
+            }
+            Delivery::Done => {
+                drop(d);
+                drop(outcome);
+            }
+        }
     }
 
-    /// Releases a permit the future holds that will never be delivered.
-    fn release_unclaimed(&self, py: Python<'_>) -> PyResult<()> {
-        let fut = self.fut.bind(py);
-        if fut.call_method0(intern!(py, "done"))?.is_truthy()?
-            && !fut.call_method0(intern!(py, "cancelled"))?.is_truthy()?
-            && fut.call_method0(intern!(py, "exception"))?.is_none()
-        {
-            let value = fut.call_method0(intern!(py, "result"))?;
-            release_value(&value, true);
+    /// The outcome, if it came while the registering step ran.
+    fn take_early(&self) -> Option<Outcome> {
+        match &mut *lock(&self.0) {
+            Delivery::Registering(outcome) => outcome.take(),
+            _ => None,
         }
+    }
+
+    /// Hands the callback the future to settle; the outcome instead, if it
+    /// came first.
+    fn publish(&self, waiting: Delivery) -> Result<(), (Outcome, Delivery)> {
+        let mut d = lock(&self.0);
+        if let Delivery::Registering(outcome) = &mut *d {
+            if let Some(outcome) = outcome.take() {
+                *d = Delivery::Done;
+                return Err((outcome, waiting));
+            }
+        }
+        *d = waiting;
         Ok(())
     }
+
+    /// Nobody will take the outcome: drop it if it came, and any later one.
+    fn close(&self) {
+        let old = std::mem::replace(&mut *lock(&self.0), Delivery::Done);
+        drop(old);
+    }
+}
+
+/// Routes an outcome to its future: directly on the loop's thread, through
+/// `call_soon_threadsafe` from any other.
+fn deliver_to(
+    py: Python<'_>,
+    fut: &Py<PyAny>,
+    event_loop: &Py<PyAny>,
+    thread: ThreadId,
+    outcome: Outcome,
+) {
+    let (value, ok) = match outcome {
+        Ok(p) => match Bound::new(py, Permit::new(p)) {
+            Ok(p) => (p.into_any(), true),
+            Err(e) => return e.write_unraisable(py, None),
+        },
+        Err(e) => match admit_value(py, e) {
+            Ok(v) => (v, false),
+            Err(e) => return e.write_unraisable(py, None),
+        },
+    };
+    if thread::current().id() == thread {
+        settle(py, fut.bind(py), &value, ok);
+        return;
+    }
+    let handed = Bound::new(
+        py,
+        Settle {
+            fut: fut.clone_ref(py),
+        },
+    )
+    .and_then(|settle| {
+        event_loop.bind(py).call_method1(
+            intern!(py, "call_soon_threadsafe"),
+            (settle, value.clone(), ok),
+        )
+    });
+    if handed.is_err() {
+        // The loop is closed: nobody will take the slot.
+        release_value(&value, ok);
+    }
+}
+
+impl Admission {
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    /// Takes the step, leaving `Done` (the caller puts back what goes on).
+    fn take_step(&self) -> Step {
+        std::mem::replace(&mut self.state().step, Step::Done)
+    }
+
+    /// One step of the coroutine: `Ok` is the future to wait on (yielded),
+    /// `Err` the return (`StopIteration(permit)`) or the refusal.
+    fn step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self.take_step() {
+            Step::New => self.start(py),
+            Step::Queued(q) => self.resume(py, q),
+            Step::Done => Err(PyRuntimeError::new_err(
+                "this admission was already awaited; call gate.admit() again",
+            )),
+        }
+    }
+
+    /// The first step: admitted or refused at once, or queued.
+    fn start<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let core = &self.gate.core;
+        // A free slot: no callback, no event loop.
+        if let Ok(p) = core.try_admit_owned_at(self.priority) {
+            return Err(self.finish(py, Ok(p)));
+        }
+        let handoff = Arc::new(Handoff(Mutex::new(Delivery::Registering(None))));
+        let for_core = Arc::clone(&handoff);
+        let ticket = core.admit_with_callback_at(
+            self.priority,
+            Box::new(move |outcome| for_core.deliver(outcome)),
+        );
+        if let Some(outcome) = handoff.take_early() {
+            return Err(self.finish(py, outcome));
+        }
+        // Queued: wait for the outcome on the running loop.
+        let waiting = running_loop(py).and_then(|event_loop| {
+            let fut = event_loop.call_method0(intern!(py, "create_future"))?;
+            fut.setattr(intern!(py, "_asyncio_future_blocking"), true)?;
+            Ok((event_loop, fut))
+        });
+        let (event_loop, fut) = match waiting {
+            Ok(w) => w,
+            Err(e) => {
+                // No loop (or no future): leave the queue; drop an outcome
+                // that came meanwhile.
+                ticket.cancel();
+                handoff.close();
+                return Err(e);
+            }
+        };
+        let published = handoff.publish(Delivery::Waiting {
+            fut: fut.clone().unbind(),
+            event_loop: event_loop.clone().unbind(),
+            thread: thread::current().id(),
+        });
+        if let Err((outcome, waiting)) = published {
+            drop(waiting);
+            return Err(self.finish(py, outcome));
+        }
+        let mut queued = Queued {
+            fut: fut.clone().unbind(),
+            ticket,
+            timed: None,
+        };
+        match self.gate.join(py, &event_loop) {
+            Ok(timed) => queued.timed = timed.then(|| event_loop.unbind()),
+            Err(e) => {
+                self.abandon(py, queued);
+                return Err(e);
+            }
+        }
+        self.state().step = Step::Queued(queued);
+        Ok(fut)
+    }
+
+    /// A later step: the future is done (the awaiting task was woken), so
+    /// return its permit or raise its refusal.
+    fn resume<'py>(&self, py: Python<'py>, q: Queued) -> PyResult<Bound<'py, PyAny>> {
+        let fut = q.fut.bind(py).clone();
+        // `result()` first: `done()` is asked only when it raises.
+        let err = match fut.call_method0(intern!(py, "result")) {
+            Ok(permit) => {
+                if let Some(event_loop) = &q.timed {
+                    self.gate.leave(Some(py), event_loop);
+                }
+                return Err(self.returned(permit));
+            }
+            Err(e) => e,
+        };
+        let done = fut
+            .call_method0(intern!(py, "done"))
+            .and_then(|d| d.is_truthy());
+        if let Ok(false) = done {
+            // Stepped before the outcome came (not by an asyncio task, which
+            // waits for the future): wait on it again.
+            if let Err(e) = fut.setattr(intern!(py, "_asyncio_future_blocking"), true) {
+                self.abandon(py, q);
+                return Err(e);
+            }
+            self.state().step = Step::Queued(q);
+            return Ok(fut);
+        }
+        // A refusal, or the future was cancelled (then the request leaves
+        // the queue).
+        self.abandon(py, q);
+        Err(err)
+    }
+
+    /// The coroutine's end for an outcome: `StopIteration(permit)` or the
+    /// refusal.
+    fn finish(&self, py: Python<'_>, outcome: Outcome) -> PyErr {
+        match outcome {
+            Ok(p) => match Bound::new(py, Permit::new(p)) {
+                Ok(permit) => self.returned(permit.into_any()),
+                Err(e) => e,
+            },
+            Err(e) => admit_error(py, e),
+        }
+    }
+
+    /// `StopIteration(permit)`; the permit is kept for `__aexit__` inside
+    /// `async with`.
+    fn returned(&self, permit: Bound<'_, PyAny>) -> PyErr {
+        let py = permit.py();
+        {
+            let mut st = self.state();
+            if st.entered {
+                st.permit = permit.cast::<Permit>().ok().map(|p| p.clone().unbind());
+            }
+        }
+        // A ready instance: cheaper to raise than a lazily built one.
+        match py.get_type::<PyStopIteration>().call1((permit,)) {
+            Ok(stop) => PyErr::from_value(stop),
+            Err(e) => e,
+        }
+    }
+
+    /// Ends a queued admission that is collected without being finished
+    /// (its task was destroyed, or its loop closed), calling no Python: it
+    /// leaves the queue; a permit already in its future is released with
+    /// the future.
+    fn forget(&self, step: Step) {
+        if let Step::Queued(q) = step {
+            q.ticket.cancel();
+            if let Some(event_loop) = &q.timed {
+                self.gate.leave(None, event_loop);
+            }
+        }
+    }
+
+    /// Ends a queued admission that will not take its outcome: it leaves
+    /// the queue if still there; a permit already granted is released (now
+    /// if it is in the future, on arrival if it is on its way).
+    fn abandon(&self, py: Python<'_>, q: Queued) {
+        if !q.ticket.cancel() {
+            let fut = q.fut.bind(py);
+            let done = fut
+                .call_method0(intern!(py, "done"))
+                .and_then(|d| d.is_truthy())
+                .unwrap_or(false);
+            if done {
+                release_unclaimed(py, fut);
+            } else {
+                // On its way from another thread: `settle` finds the future
+                // done and releases it. (Fails only on a closed loop.)
+                let _ = fut.call_method0(intern!(py, "cancel"));
+            }
+        }
+        if let Some(event_loop) = &q.timed {
+            self.gate.leave(Some(py), event_loop);
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let step = std::mem::replace(&mut state.step, Step::Done);
+        self.forget(step);
+    }
+}
+
+/// The exception `throw(typ, val, tb)` raises, as a generator's `throw`
+/// builds it.
+fn thrown(
+    py: Python<'_>,
+    typ: &Bound<'_, PyAny>,
+    val: Option<&Bound<'_, PyAny>>,
+    tb: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyErr> {
+    let val = val.filter(|v| !v.is_none());
+    let exc = if typ.is_instance_of::<PyBaseException>() {
+        if val.is_some() {
+            return Err(PyTypeError::new_err(
+                "instance exception may not have a separate value",
+            ));
+        }
+        typ.clone()
+    } else {
+        let class = typ
+            .cast::<PyType>()
+            .ok()
+            .filter(|t| t.is_subclass_of::<PyBaseException>().unwrap_or(false));
+        let Some(class) = class else {
+            let got = typ
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+            return Err(PyTypeError::new_err(format!(
+                "exceptions must be classes or instances deriving from BaseException, not {got}"
+            )));
+        };
+        match val {
+            None => class.call0()?,
+            Some(v) if v.is_instance(class)? => v.clone(),
+            Some(v) => match v.cast::<PyTuple>() {
+                Ok(args) => class.call1(args)?,
+                Err(_) => class.call1((v,))?,
+            },
+        }
+    };
+    if let Some(tb) = tb.filter(|t| !t.is_none()) {
+        exc.call_method1(intern!(py, "with_traceback"), (tb,))?;
+    }
+    Ok(PyErr::from_value(exc))
 }
 
 #[pymethods]
-impl AdmissionAwait {
+impl Admission {
     fn __await__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
-    fn __iter__(slf: Py<Self>) -> Py<Self> {
-        slf
+    /// A queued admission is in a cycle (its task holds it, it holds its
+    /// future, whose callback holds the task): the collector must see it,
+    /// so that an abandoned one (its loop closed with the task pending) is
+    /// collected and leaves the queue.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // Never blocks: the state lock is only taken with the GIL held.
+        let Ok(st) = self.state.try_lock() else {
+            return Ok(());
+        };
+        if let Step::Queued(q) = &st.step {
+            visit.call(&q.fut)?;
+            visit.call(&q.timed)?;
+        }
+        visit.call(&st.permit)?;
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        let (step, permit) = {
+            let mut st = self.state();
+            (
+                std::mem::replace(&mut st.step, Step::Done),
+                st.permit.take(),
+            )
+        };
+        self.forget(step);
+        drop(permit);
     }
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.iter.bind(py).call_method0(intern!(py, "__next__"))
+        self.step(py)
     }
 
+    /// Resumes the coroutine; as for any coroutine, only `None` may be sent
+    /// to start it.
+    #[pyo3(signature = (value, /))]
     fn send<'py>(&self, py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        self.iter
-            .bind(py)
-            .call_method1(intern!(py, "send"), (value,))
+        if !value.is_none() && matches!(self.state().step, Step::New) {
+            return Err(PyTypeError::new_err(
+                "can't send non-None value to a just-started coroutine",
+            ));
+        }
+        self.step(py)
     }
 
-    #[pyo3(signature = (*args))]
-    fn throw<'py>(
+    /// Raises the exception in the coroutine, which ends it: a queued
+    /// request leaves the queue (cancelled, not refused), and a permit
+    /// already granted is released.
+    #[pyo3(signature = (typ, val = None, tb = None, /))]
+    fn throw(
         &self,
-        py: Python<'py>,
-        args: &Bound<'py, PyTuple>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        self.release_unclaimed(py)?;
-        self.iter.bind(py).call_method1(intern!(py, "throw"), args)
+        py: Python<'_>,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let err = thrown(py, typ, val, tb)?;
+        if let Step::Queued(q) = self.take_step() {
+            self.abandon(py, q);
+        }
+        Err(err)
     }
 
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        self.release_unclaimed(py)?;
-        self.iter.bind(py).call_method0(intern!(py, "close"))?;
-        Ok(())
+    /// Ends the coroutine: a queued request leaves the queue, and a permit
+    /// already granted is released.
+    fn close(&self, py: Python<'_>) {
+        if let Step::Queued(q) = self.take_step() {
+            self.abandon(py, q);
+        }
+    }
+
+    /// The future the coroutine waits on, while queued.
+    #[getter]
+    fn cr_await(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        match &self.state().step {
+            Step::Queued(q) => Some(q.fut.clone_ref(py)),
+            _ => None,
+        }
+    }
+
+    #[getter(__name__)]
+    fn name(&self) -> &'static str {
+        "admit"
+    }
+
+    #[getter(__qualname__)]
+    fn qualname(&self) -> &'static str {
+        "AdmissionGate.admit"
+    }
+
+    fn __aenter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf.get().state().entered = true;
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __aexit__(&self, _exc: &Bound<'_, PyTuple>) -> Ready {
+        let permit = self.state().permit.take();
+        if let Some(p) = permit {
+            p.get().release();
+        }
+        Ready
+    }
+
+    fn __repr__(&self) -> String {
+        let state = match self.state().step {
+            Step::New => "not awaited",
+            Step::Queued(_) => "queued",
+            Step::Done => "done",
+        };
+        format!("<loadgate.Admission {state}>")
     }
 }
 
@@ -798,71 +1308,6 @@ impl Ready {
     }
 }
 
-/// The loop-side state of one queued admission.
-#[pyclass(frozen, module = "loadgate", name = "_AdmissionWaiter")]
-pub struct Waiter {
-    gate: Arc<loadgate::AdmissionGate>,
-    fut: Py<PyAny>,
-    event_loop: Py<PyAny>,
-    thread: ThreadId,
-    ticket: Mutex<Option<CallbackTicket>>,
-    timer: Mutex<Option<Py<PyAny>>>,
-}
-
-impl Waiter {
-    /// Routes an outcome to the future: directly on the loop's thread,
-    /// through `call_soon_threadsafe` from any other.
-    fn deliver(&self, py: Python<'_>, outcome: Result<OwnedPermit, AdmitError>) {
-        let (value, ok) = match outcome {
-            Ok(p) => match Bound::new(py, Permit::new(p)) {
-                Ok(p) => (p.into_any(), true),
-                Err(e) => return e.write_unraisable(py, None),
-            },
-            Err(e) => match admit_value(py, e) {
-                Ok(v) => (v, false),
-                Err(e) => return e.write_unraisable(py, None),
-            },
-        };
-        if thread::current().id() == self.thread {
-            self.settle_with(py, &value, ok);
-            return;
-        }
-        let handed = Bound::new(
-            py,
-            Settle {
-                fut: self.fut.clone_ref(py),
-            },
-        )
-        .and_then(|settle| {
-            self.event_loop.bind(py).call_method1(
-                intern!(py, "call_soon_threadsafe"),
-                (settle, value.clone(), ok),
-            )
-        });
-        if handed.is_err() {
-            // The loop is closed: nobody will take the slot.
-            release_value(&value, ok);
-        }
-    }
-
-    fn settle_with(&self, py: Python<'_>, value: &Bound<'_, PyAny>, ok: bool) {
-        settle(py, self.fut.bind(py), value, ok);
-    }
-
-    /// Schedules `expire()` at this waiter's queue deadline.
-    fn arm_timer(&self, py: Python<'_>, me: &Bound<'_, Waiter>, delay: Duration) -> PyResult<()> {
-        let handle = self.event_loop.bind(py).call_method1(
-            intern!(py, "call_later"),
-            (
-                delay.as_secs_f64(),
-                me.getattr(intern!(py, "_on_deadline"))?,
-            ),
-        )?;
-        *lock(&self.timer) = Some(handle.unbind());
-        Ok(())
-    }
-}
-
 /// Gives back the slot of a permit nobody will receive.
 fn release_value(value: &Bound<'_, PyAny>, ok: bool) {
     if ok {
@@ -872,64 +1317,33 @@ fn release_value(value: &Bound<'_, PyAny>, ok: bool) {
     }
 }
 
-/// Sets the future's result or exception unless it is already done (then a
-/// permit is released instead).
-fn settle(py: Python<'_>, fut: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, ok: bool) {
-    let done = fut
-        .call_method0(intern!(py, "done"))
-        .and_then(|d| d.is_truthy())
-        .unwrap_or(true);
-    if done {
-        release_value(value, ok);
-        return;
+/// Releases a permit a done future holds that will never be taken.
+fn release_unclaimed(py: Python<'_>, fut: &Bound<'_, PyAny>) {
+    let holds_permit = || -> PyResult<Option<Bound<'_, PyAny>>> {
+        if fut.call_method0(intern!(py, "cancelled"))?.is_truthy()?
+            || !fut.call_method0(intern!(py, "exception"))?.is_none()
+        {
+            return Ok(None);
+        }
+        fut.call_method0(intern!(py, "result")).map(Some)
+    };
+    if let Ok(Some(value)) = holds_permit() {
+        release_value(&value, true);
     }
+}
+
+/// Sets the future's result or exception; if it is already done (or its
+/// loop closed), a permit is released instead.
+fn settle(py: Python<'_>, fut: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, ok: bool) {
     let method = if ok {
         intern!(py, "set_result")
     } else {
         intern!(py, "set_exception")
     };
     if fut.call_method1(method, (value,)).is_err() {
-        // The loop was closed under the future.
+        // The future was cancelled (`InvalidStateError`), or the loop was
+        // closed under it.
         release_value(value, ok);
-    }
-}
-
-#[pymethods]
-impl Waiter {
-    /// Done-callback of the future: a cancelled future leaves the queue.
-    fn _on_done(&self, py: Python<'_>, fut: &Bound<'_, PyAny>) -> PyResult<()> {
-        if let Some(timer) = lock(&self.timer).take() {
-            timer.bind(py).call_method0(intern!(py, "cancel"))?;
-        }
-        let ticket = lock(&self.ticket).take();
-        if let Some(ticket) = ticket {
-            if fut.call_method0(intern!(py, "cancelled"))?.is_truthy()? {
-                // False when the outcome is already on its way; `settle`
-                // then releases the permit.
-                ticket.cancel();
-            }
-        }
-        Ok(())
-    }
-
-    /// Timer at the queue deadline: expire due waiters; re-arm if this one
-    /// is still queued (a timer may fire a hair early).
-    fn _on_deadline(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<()> {
-        let me = slf.get();
-        lock(&me.timer).take();
-        me.gate.expire();
-        let queued = lock(&me.ticket)
-            .as_ref()
-            .is_some_and(CallbackTicket::is_queued);
-        if queued {
-            let wait = me
-                .gate
-                .time_to_next_deadline()
-                .unwrap_or_default()
-                .max(Duration::from_micros(100));
-            me.arm_timer(py, slf, wait)?;
-        }
-        Ok(())
     }
 }
 

@@ -23,6 +23,7 @@ use loadgate::Reason;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
+mod clock;
 mod cluster;
 mod control;
 mod errors;
@@ -148,5 +149,12 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gate::PriorityClass>()?;
     m.add_class::<gate::Permit>()?;
     m.add_class::<gate::Admission>()?;
+    m.add_class::<clock::ManualClock>()?;
+    // `asyncio.iscoroutine` (so `create_task`, `gather`, ...) accepts an
+    // admission: it is a coroutine in all but its type.
+    m.py()
+        .import("collections.abc")?
+        .getattr("Coroutine")?
+        .call_method1("register", (m.getattr("Admission")?,))?;
     Ok(())
 }

@@ -5,14 +5,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use loadgate::http::{serve_busy_threshold, BusyThresholdRequest};
 use loadgate::monitor::ThresholdState;
 use loadgate::{
-    LoadReport, MonitorConfig, MonotonicClock, Policy, Staleness, ThresholdFields, ThresholdUpdate,
-    WorkerSpec,
+    LoadReport, MonitorConfig, Policy, Staleness, ThresholdFields, ThresholdUpdate, WorkerSpec,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
+use crate::clock::clock_arg;
 use crate::cluster::Subscription;
 use crate::control::ControlAuth;
 use crate::errors::{
@@ -25,6 +25,10 @@ use crate::errors::{
 /// Every method may be called from any thread. `report`, `is_busy`, `check`,
 /// `select` and `select_min_cost` are lock-free in the core and keep the GIL
 /// (they never wait).
+///
+/// Overload leases and staleness read real time, or the `ManualClock`
+/// given as `clock=` (for tests: `clock.advance(s)` ends a lease or makes
+/// a worker stale without sleeping).
 #[pyclass(frozen, module = "loadgate")]
 pub struct Monitor {
     // Shared with the subscribers `subscribe_nats` attaches.
@@ -81,8 +85,8 @@ fn threshold_dict<'py>(
 impl Monitor {
     #[new]
     #[pyo3(
-        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None, max_models = None, max_workers = None, max_workers_per_model = None, max_ranks_per_worker = None, max_ranks = None, max_name_len = None),
-        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo', max_models=256, max_workers=16384, max_workers_per_model=4096, max_ranks_per_worker=1024, max_ranks=65536, max_name_len=256)"
+        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None, max_models = None, max_workers = None, max_workers_per_model = None, max_ranks_per_worker = None, max_ranks = None, max_name_len = None, clock = None),
+        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo', max_models=256, max_workers=16384, max_workers_per_model=4096, max_ranks_per_worker=1024, max_ranks=65536, max_name_len=256, clock=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -96,6 +100,7 @@ impl Monitor {
         max_ranks_per_worker: Option<&Bound<'_, PyAny>>,
         max_ranks: Option<&Bound<'_, PyAny>>,
         max_name_len: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = MonitorConfig::default();
         let l = &mut config.limits;
@@ -129,7 +134,8 @@ impl Monitor {
         if let Some(after) = stale_after {
             config.stale_after = seconds_arg(after, "stale_after")?;
         }
-        let inner = loadgate::Monitor::with_config(config, MonotonicClock::shared())
+        let (clock, _) = clock_arg(clock)?;
+        let inner = loadgate::Monitor::with_config(config, clock)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self {
             inner: Arc::new(inner),

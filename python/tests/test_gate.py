@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import loadgate
-from loadgate import AdmissionGate, AtCapacity, Closed, Displaced, PriorityClass, QueueTimeout
+from loadgate import AdmissionGate, AtCapacity, Closed, Displaced, ManualClock, PriorityClass, QueueTimeout
 
 
 def test_properties_and_repr() -> None:
@@ -136,12 +136,39 @@ def test_admit_blocking_rejections_and_timeout() -> None:
             g.admit_blocking(bad)  # type: ignore[arg-type]
 
 
+def blocked(g: AdmissionGate, *args: Any, **kwargs: Any) -> tuple[threading.Thread, list[BaseException]]:
+    """Starts a thread blocked in `g.admit_blocking(*args, **kwargs)`; the
+    list gets what it raised (a permit it got is released)."""
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            g.admit_blocking(*args, **kwargs).release()
+        except BaseException as e:  # checked by the caller
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    return t, errors
+
+
 def test_queue_deadline_for_blocking_waiters() -> None:
-    g = AdmissionGate(1, 2, queue_timeout=0.05)
+    # On a manual clock the deadline is the clock's: the waiter blocks (its
+    # own timeout is real time, far away) until the clock passes it and
+    # expire() runs.
+    clock = ManualClock()
+    g = AdmissionGate(1, 2, queue_timeout=30, clock=clock)
     p = g.admit_blocking()
-    with pytest.raises(QueueTimeout, match="admission queue delay"):
-        g.admit_blocking(timeout=5)
-    assert g.stats()["expired"] == 1
+    t, errors = blocked(g, 60)
+    wait_queued(g, 1)
+    clock.advance(29.5)
+    assert g.expire() == 0 and g.queued == 1
+    clock.advance(0.5)
+    assert g.expire() == 1
+    t.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], QueueTimeout)
+    assert "admission queue delay" in str(errors[0])
+    assert g.stats()["expired"] == 1 and g.queued == 0
     assert g.expire() == 0
     p.release()
 
@@ -472,25 +499,77 @@ def test_more_important_blocked_waiter_goes_first_and_displacement() -> None:
 
 
 def test_class_queue_deadlines_for_blocking_waiters() -> None:
+    clock = ManualClock()
     # Class 0 has its own deadline, class 1 none (the gate has none).
-    g = AdmissionGate(1, 4, classes=[PriorityClass(queue_timeout=0.05), PriorityClass()])
+    g = AdmissionGate(1, 4, classes=[PriorityClass(queue_timeout=30), PriorityClass()], clock=clock)
     held = g.admit_blocking()
-    with pytest.raises(QueueTimeout, match="admission queue delay"):
-        g.admit_blocking(5, priority=0)
-    with pytest.raises(QueueTimeout, match="timed out"):  # the caller's timeout, not a deadline
-        g.admit_blocking(0.1, priority=1)
+    hurried, hurried_errors = blocked(g, 60, priority=0)
+    wait_queued(g, 1)
+    patient, patient_errors = blocked(g, 60, priority=1)
+    wait_queued(g, 2)
+    clock.advance(30)
+    assert g.expire() == 1
+    hurried.join(30)
+    assert len(hurried_errors) == 1 and isinstance(hurried_errors[0], QueueTimeout)
+    assert "admission queue delay" in str(hurried_errors[0])
+    clock.advance(3600)
+    assert g.expire() == 0 and g.queued == 1
+    with pytest.raises(QueueTimeout, match="timed out"):  # the caller's timeout, in real time
+        g.admit_blocking(0.01, priority=1)
     assert class_stat(g, "expired") == [1, 0]
+    held.release()
+    patient.join(30)
+    assert patient_errors == [] and g.running == 0
     # queue_timeout=None copies the gate's deadline.
-    g = AdmissionGate(1, 4, queue_timeout=0.05, classes=[PriorityClass(queue_timeout=30), PriorityClass()])
-    assert g.queue_timeout == 0.05
-    held2 = g.admit_blocking()
-    with pytest.raises(QueueTimeout, match="admission queue delay"):
-        g.admit_blocking(5, priority=1)
-    with pytest.raises(QueueTimeout, match="timed out"):
-        g.admit_blocking(0.1, priority=0)
+    g = AdmissionGate(1, 4, queue_timeout=30, classes=[PriorityClass(queue_timeout=600), PriorityClass()], clock=clock)
+    assert g.queue_timeout == 30
+    held = g.admit_blocking()
+    top, top_errors = blocked(g, 60, priority=0)
+    wait_queued(g, 1)
+    low, low_errors = blocked(g, 60, priority=1)
+    wait_queued(g, 2)
+    clock.advance(30)
+    assert g.expire() == 1
+    low.join(30)
+    assert len(low_errors) == 1 and isinstance(low_errors[0], QueueTimeout)
     assert class_stat(g, "expired") == [0, 1]
     held.release()
-    held2.release()
+    top.join(30)
+    assert top_errors == [] and g.running == 0
+
+
+def test_clock_argument() -> None:
+    clock = ManualClock()
+    assert clock.now() == 0.0 and "ManualClock" in repr(clock)
+    clock.advance(1.5)
+    clock.advance(0)
+    assert clock.now() == 1.5
+    for bad, exc in ((-1, ValueError), (float("nan"), ValueError), (float("inf"), ValueError), ("1", TypeError)):
+        with pytest.raises(exc, match="seconds"):
+            clock.advance(bad)  # type: ignore[arg-type]
+    assert clock.now() == 1.5
+    AdmissionGate(1, clock=None)
+    AdmissionGate.from_env(1, clock=clock)
+    for not_a_clock in (object(), 1.0, time.monotonic):
+        with pytest.raises(TypeError, match="clock must be None or a loadgate.ManualClock"):
+            AdmissionGate(1, clock=not_a_clock)  # type: ignore[arg-type]
+    # One clock may drive several gates; each counts from when it queued.
+    a = AdmissionGate(1, 1, queue_timeout=2, clock=clock)
+    b = AdmissionGate(1, 1, queue_timeout=3, clock=clock)
+    held = [a.admit_blocking(), b.admit_blocking()]
+    ta, ea = blocked(a, 60)
+    tb, eb = blocked(b, 60)
+    wait_queued(a, 1)
+    wait_queued(b, 1)
+    clock.advance(2)
+    assert (a.expire(), b.expire()) == (1, 0)
+    clock.advance(1)
+    assert (a.expire(), b.expire()) == (0, 1)
+    for t in (ta, tb):
+        t.join(30)
+    assert [type(e) for e in ea + eb] == [QueueTimeout, QueueTimeout]
+    for p in held:
+        p.release()
 
 
 def test_a_class_that_never_waits_and_per_class_stats() -> None:

@@ -1,5 +1,7 @@
 """`await gate.admit()`: N + Q exactness, FIFO, cancellation, deadlines,
-set_limit and close, on a real asyncio event loop."""
+set_limit and close, on a real asyncio event loop. Deadline logic runs on a
+manual clock; one test checks the event loop's own deadline timer in real
+time."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any, Awaitable, Callable, List
 import pytest
 
 import loadgate
-from loadgate import AdmissionGate, AtCapacity, Closed, Displaced, Permit, PriorityClass, QueueTimeout
+from loadgate import AdmissionGate, AtCapacity, Closed, Displaced, ManualClock, Permit, PriorityClass, QueueTimeout
 
 
 def run(main: Callable[[], Awaitable[Any]]) -> Any:
@@ -48,10 +50,16 @@ def test_admit_await_and_async_with() -> None:
     run(main)
 
 
-def test_admit_needs_a_running_loop() -> None:
+def test_admit_waits_only_on_a_running_loop() -> None:
     g = AdmissionGate(1)
+    with pytest.raises(StopIteration) as stop:
+        g.admit().send(None)  # a free slot is taken without a loop
+    permit = stop.value.value
+    assert isinstance(permit, Permit) and g.running == 1
     with pytest.raises(RuntimeError):
-        g.admit().__await__()
+        g.admit().send(None)  # waiting needs one
+    assert g.queued == 0
+    permit.release()
     assert g.running == 0
 
 
@@ -225,46 +233,92 @@ def test_wait_for_timeout_leaves_the_queue() -> None:
     run(main)
 
 
-def test_queue_deadline_from_the_event_loop() -> None:
+def test_queue_deadline_on_a_manual_clock() -> None:
     async def main() -> None:
-        g = AdmissionGate(1, 4, queue_timeout=0.05)
+        clock = ManualClock()
+        g = AdmissionGate(1, 4, queue_timeout=2, clock=clock)
         held = await g.admit()
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        results = await asyncio.gather(g.admit(), g.admit(), return_exceptions=True)
-        elapsed = loop.time() - start
-        assert all(isinstance(r, QueueTimeout) for r in results), results
-        assert elapsed >= 0.045  # expired by the loop's timers, not by polling
-        assert g.queued == 0 and g.stats()["expired"] == 2
-        e = results[0]
+        first = asyncio.ensure_future(g.admit())
+        await settle()
+        clock.advance(1)
+        second = asyncio.ensure_future(g.admit())
+        third = asyncio.ensure_future(g.admit())
+        await settle()
+        assert g.expire() == 0  # nobody is due
+        clock.advance(1)  # the first waiter's deadline
+        await settle()
+        assert not first.done()  # no timer on a manual clock: expire() does it
+        assert g.expire() == 1
+        with pytest.raises(QueueTimeout) as info:
+            await first
+        e = info.value
         assert (e.status_code, e.reason) == (529, "queue_timeout")
-        held.release()
+        assert g.queued == 2
+        clock.advance(0.5)
+        assert g.expire() == 0
+        clock.advance(0.5)
+        assert g.expire() == 2
+        results = await asyncio.gather(second, third, return_exceptions=True)
+        assert all(isinstance(r, QueueTimeout) for r in results), results
+        assert g.queued == 0 and g.stats()["expired"] == 3
         # A waiter granted before its deadline is not expired.
-        held = await g.admit()
         t = asyncio.ensure_future(g.admit())
         await settle()
         held.release()
-        (await t).release()
-        await asyncio.sleep(0.08)  # its timer was cancelled; nothing fires
-        assert g.stats()["expired"] == 2
+        held = await t
+        clock.advance(60)
+        assert g.expire() == 0 and g.stats()["expired"] == 3
+        held.release()
+
+    run(main)
+
+
+def test_deadline_timer_on_the_event_loop() -> None:
+    """Real time: the loop timer set by the gate's next deadline expires
+    waiters of every class, and is set again for the next one."""
+
+    async def main() -> None:
+        g = AdmissionGate(1, 4, classes=[PriorityClass(queue_timeout=0.05), PriorityClass(queue_timeout=60)])
+        held = await g.admit()
+        patient = asyncio.ensure_future(g.admit(priority=1))  # the timer is set 60 s ahead
+        await settle()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        first = asyncio.ensure_future(g.admit(priority=0))  # ... and now 0.05 s
+        await asyncio.sleep(0.02)
+        second = asyncio.ensure_future(g.admit(priority=0))  # due 0.02 s after the first
+        with pytest.raises(QueueTimeout):
+            await first
+        first_at = loop.time() - start
+        with pytest.raises(QueueTimeout):
+            await second
+        second_at = loop.time() - start
+        assert first_at >= 0.045 and second_at >= 0.065  # not before their time
+        assert not patient.done() and g.queued == 1
+        assert [c["expired"] for c in g.stats()["classes"]] == [2, 0]
+        held.release()
+        (await patient).release()
+        assert (g.running, g.queued) == (0, 0)
 
     run(main)
 
 
 def test_adaptive_lifo_after_an_expiry() -> None:
     async def main() -> None:
-        # Wide margins: the handoff below must come before the middle
-        # waiter's deadline, a second after the oldest one's.
-        g = AdmissionGate(1, 3, queue_timeout=2.0, adaptive_lifo=True)
+        clock = ManualClock()
+        g = AdmissionGate(1, 3, queue_timeout=2.0, adaptive_lifo=True, clock=clock)
         held = await g.admit()
         old = asyncio.ensure_future(g.admit())
-        await asyncio.sleep(1.0)
+        await settle()
+        clock.advance(1)
         middle = asyncio.ensure_future(g.admit())
         newest = asyncio.ensure_future(g.admit())
         await settle()
+        clock.advance(1)
+        assert g.expire() == 1
         with pytest.raises(QueueTimeout):
-            await old  # expires at 2 s, the others at 3 s
-        held.release()  # one handoff to the newest waiter
+            await old  # expired at 2 s, the others are due at 3 s
+        held.release()  # one handoff, to the newest waiter
         p = await newest
         assert not middle.done()
         p.release()
@@ -454,29 +508,36 @@ def test_displacement_raises_displaced_in_the_displaced_waiter() -> None:
     run(main)
 
 
-def test_class_deadlines_from_the_event_loop() -> None:
+def test_class_deadlines_on_a_manual_clock() -> None:
     async def main() -> None:
-        # Class 0 waits at most 0.05 s; class 1 (and the gate) has no deadline.
-        g = AdmissionGate(1, 4, classes=[PriorityClass(queue_timeout=0.05), PriorityClass()])
+        clock = ManualClock()
+        # Class 0 waits at most 1 s; class 1 (and the gate) has no deadline.
+        g = AdmissionGate(1, 4, classes=[PriorityClass(queue_timeout=1), PriorityClass()], clock=clock)
         assert g.queue_timeout is None
         held = await g.admit()
         patient = asyncio.ensure_future(g.admit(priority=1))
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        hurried = asyncio.ensure_future(g.admit(priority=0))
+        await settle()
+        clock.advance(1)
+        assert g.expire() == 1
         with pytest.raises(QueueTimeout):
-            await g.admit(priority=0)  # expired by its class's timer
-        assert loop.time() - start >= 0.045
-        await asyncio.sleep(0.1)
+            await hurried
+        clock.advance(3600)
+        assert g.expire() == 0
         assert not patient.done() and g.queued == 1
         assert [c["expired"] for c in g.stats()["classes"]] == [1, 0]
         held.release()
         (await patient).release()
         # The gate's deadline is the classes' default.
-        g = AdmissionGate(1, 4, queue_timeout=0.05, classes=[PriorityClass(queue_timeout=30), PriorityClass()])
+        g = AdmissionGate(1, 4, queue_timeout=1, classes=[PriorityClass(queue_timeout=30), PriorityClass()], clock=clock)
         held = await g.admit()
         patient = asyncio.ensure_future(g.admit(priority=0))
+        late = asyncio.ensure_future(g.admit(priority=7))  # past the last class: class 1
+        await settle()
+        clock.advance(1)
+        assert g.expire() == 1
         with pytest.raises(QueueTimeout):
-            await g.admit(priority=7)  # past the last class: class 1
+            await late
         assert not patient.done()
         assert [c["expired"] for c in g.stats()["classes"]] == [0, 1]
         held.release()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import loadgate
-from loadgate import Monitor, Overloaded, Unavailable, WorkerOverloaded
+from loadgate import ManualClock, Monitor, Overloaded, Unavailable, WorkerOverloaded
 
 NULLS = {
     "active_decode_blocks_threshold": None,
@@ -52,6 +52,21 @@ def test_constructor_and_repr() -> None:
 def test_constructor_bad_input(kwargs: dict[str, Any], exc: type[Exception], name: str) -> None:
     with pytest.raises(exc, match=name):
         Monitor(**kwargs)
+
+
+def test_clock_argument() -> None:
+    Monitor(clock=None)
+    for bad in (object(), 1.0, time.monotonic):
+        with pytest.raises(TypeError, match="clock must be None or a loadgate.ManualClock"):
+            Monitor(clock=bad)  # type: ignore[arg-type]
+    # One clock may drive a monitor and a gate.
+    clock = ManualClock()
+    m = Monitor(lease_seconds=1, clock=clock)
+    g = loadgate.AdmissionGate(1, clock=clock)
+    m.add_worker("m", 1)
+    m.mark_overloaded(1)
+    clock.advance(1)
+    assert not m.is_leased(1) and g.running == 0
 
 
 def test_constructor_takes_keywords_only() -> None:
@@ -309,16 +324,27 @@ def test_check_and_overload_lease() -> None:
     assert {m.select("m") for _ in range(4)} == {2}
     m.report(1, kv_used_blocks=0)  # a report showing it not busy ends the lease
     assert not m.is_leased(1)
-    # A lease never outlives its time: on a short lease, wait for the end
-    # (the limit only turns a hang into a failure).
-    short = Monitor(lease_seconds=0.05)
+    # A lease lasts exactly its time, on the monitor's clock.
+    clock = ManualClock()
+    short = Monitor(lease_seconds=2, clock=clock)
     short.add_worker("m", 1)
+    short.add_worker("m", 2)
     short.mark_overloaded(1)
-    started = time.monotonic()
-    while short.is_leased(1):
-        assert time.monotonic() - started < 30, "the lease never ended"
-        time.sleep(0.01)
-    assert time.monotonic() - started >= 0.04  # not before its time
+    clock.advance(1.5)
+    assert short.is_leased(1)
+    with pytest.raises(WorkerOverloaded):
+        short.check(1)
+    assert {short.select("m") for _ in range(4)} == {2}
+    clock.advance(0.5)
+    assert not short.is_leased(1)
+    short.check(1)
+    assert {short.select("m") for _ in range(4)} == {1, 2}
+    # Marking again starts a new lease from now.
+    short.mark_overloaded(1)
+    clock.advance(1.75)
+    assert short.is_leased(1)
+    clock.advance(0.25)
+    assert not short.is_leased(1)
     for call in (m.check, m.mark_overloaded, m.is_leased, m.is_busy):
         with pytest.raises(KeyError, match="unknown worker 5"):
             call(5)
@@ -327,13 +353,20 @@ def test_check_and_overload_lease() -> None:
 
 
 def test_staleness_and_sweep() -> None:
-    m = Monitor(staleness="busy", stale_after=0.05)
+    clock = ManualClock()
+    m = Monitor(staleness="busy", stale_after=2, clock=clock)
     m.add_worker("m", 1)
     m.report(1, kv_used_blocks=0)
     assert m.sweep() == 0  # saw a report: not stale
-    time.sleep(0.08)
+    clock.advance(1.5)
+    assert m.sweep() == 0 and not m.is_busy(1)  # silent for less than stale_after
+    clock.advance(0.5)
     assert m.sweep() == 1
     assert m.is_busy(1)
+    m.report(1, kv_used_blocks=0)  # a report ends it at once
+    assert not m.is_busy(1) and m.sweep() == 0
+    clock.advance(2)
+    assert m.sweep() == 1 and m.is_busy(1)
     m.set_staleness("m", "keep")
     assert not m.is_busy(1)
     with pytest.raises(ValueError, match="staleness"):
