@@ -141,6 +141,7 @@ class Recorder:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.seen: List[Tuple[str, float]] = []
+        self.finished = 0
         self.after: Optional[Callable[[int], None]] = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -149,8 +150,18 @@ class Recorder:
         try:
             await self.app(scope, receive, send)
         finally:
-            if scope["type"] == "http" and self.after is not None:
-                self.after(len(self.seen))
+            if scope["type"] == "http":
+                if self.after is not None:
+                    self.after(len(self.seen))
+                self.finished += 1
+
+    def settle(self) -> None:
+        """Wait until every request seen has run its hook: a client has its
+        answer before the server's ``finally`` runs."""
+        limit = time.monotonic() + 30
+        while self.finished < len(self.seen):
+            assert time.monotonic() < limit, "a request never finished"
+            time.sleep(0.001)
 
     def times(self, path: str) -> List[float]:
         return [t for p, t in self.seen if p == path]
@@ -325,6 +336,7 @@ def test_clients_wait_retry_after_then_get_through() -> None:
             completion = ask_openai(oa)
         assert completion.choices[0].message.content == "hi"
         assert_paced(recorder.times("/v1/chat/completions"), 2)
+        recorder.settle()  # the last answer's hook must not see the next one
 
         held = backend.gate.try_admit()
         assert held is not None
