@@ -13,7 +13,9 @@ Measures, in one run:
   :class:`PyGate`;
 * **Monitor.select("m")**, round-robin over 8 free workers: loadgate
   against :class:`PyRouter`, a pure-Python router that caches its free
-  list per model.
+  list per model;
+* **Route.select()**, the same pick through a handle from
+  ``monitor.route("m")``: against the same :class:`PyRouter` call.
 
 Each case is timed with ``time.perf_counter_ns`` in interleaved rounds (so
 that a busy machine slows every case alike) and reports the median round,
@@ -182,6 +184,7 @@ def sync_cases() -> Dict[str, Callable[[int], int]]:
     for w in range(8):
         monitor.add_worker("m", w)
         router.add_worker("m", w)
+    route = monitor.route("m")
 
     def try_admit_loadgate(n: int) -> None:
         try_admit = gate.try_admit
@@ -203,6 +206,11 @@ def sync_cases() -> Dict[str, Callable[[int], int]]:
         for _ in range(n):
             select("m")
 
+    def route_select_loadgate(n: int) -> None:
+        select = route.select
+        for _ in range(n):
+            select()
+
     def empty_loop(n: int) -> None:
         for _ in range(n):
             pass
@@ -215,6 +223,7 @@ def sync_cases() -> Dict[str, Callable[[int], int]]:
         "try_admit+release/PyGate": case(try_admit_python),
         "select/loadgate": case(select_loadgate),
         "select/PyRouter": case(select_python),
+        "Route.select/loadgate": case(route_select_loadgate),
         "loop": case(empty_loop),
     }
 
@@ -324,6 +333,7 @@ def main() -> None:
         "queued: PyGate / loadgate": ratio("queued/loadgate", "queued/PyGate"),
         "try_admit+release: PyGate / loadgate": ratio("try_admit+release/loadgate", "try_admit+release/PyGate"),
         "select: PyRouter / loadgate": ratio("select/loadgate", "select/PyRouter"),
+        "Route.select: PyRouter / loadgate": ratio("Route.select/loadgate", "select/PyRouter"),
     }
     if args.json:
         print(json.dumps({"unit": unit, "cost": cost, "ratios": ratios}, indent=2))
@@ -340,7 +350,7 @@ def main() -> None:
             offset = raw[name] - cost[name]
             line += f"  {min(samples[name]) - offset:10.1f}  {max(samples[name]) - offset:10.1f}"
         print(line)
-    print("(try_admit and select: the empty loop's cost taken out; queued: per admission,")
+    print("(try_admit, select and Route.select: the empty loop's cost taken out; queued: per admission,")
     print(" each an admit/yield/release cycle with its share of the event loop)")
     print()
     print("ratio: the other design's cost / loadgate's (above 1: loadgate is cheaper)")

@@ -3,7 +3,8 @@
 * :class:`Monitor` (frontends) keeps every worker's per-rank load, decides
   which workers are busy by per-model thresholds, routes around them, and
   raises :class:`Overloaded` (529) or :class:`Unavailable` (503) when it
-  cannot route.
+  cannot route. ``monitor.route(model)`` gives a :class:`Route` handle
+  whose ``select()`` skips the model lookup on every request.
 * :class:`AdmissionGate` (workers) caps a worker's own concurrency at exactly
   ``limit`` running plus ``queue`` waiting and raises :class:`AtCapacity`
   for the rest; wait for a slot with ``await gate.admit()`` (asyncio) or
@@ -42,6 +43,7 @@ from ._loadgate import (
     Permit,
     PriorityClass,
     Reporter,
+    Route,
     Scrape,
     Subscription,
     __version__,
@@ -61,6 +63,7 @@ __all__ = [
     "Unavailable",
     "Closed",
     "Monitor",
+    "Route",
     "ControlAuth",
     "Booking",
     "Subscription",

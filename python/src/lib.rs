@@ -29,6 +29,7 @@ mod control;
 mod errors;
 mod gate;
 mod monitor;
+mod route;
 mod scrape;
 
 use errors::{bad_value, str_arg};
@@ -140,6 +141,7 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_noop, m)?)?;
     m.add_function(wrap_pyfunction!(_noop_arg, m)?)?;
     m.add_class::<monitor::Monitor>()?;
+    m.add_class::<route::Route>()?;
     m.add_class::<control::ControlAuth>()?;
     m.add_class::<monitor::Booking>()?;
     m.add_class::<cluster::Subscription>()?;

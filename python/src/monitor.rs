@@ -17,14 +17,15 @@ use crate::cluster::Subscription;
 use crate::control::ControlAuth;
 use crate::errors::{
     bad_value, f64_arg, opt_f64_arg, opt_str_arg, opt_u64_arg, report_error, route_error,
-    seconds_arg, str_arg, str_ref, threshold_error, u32_arg, u64_arg, worker_error,
+    seconds_arg, str_arg, str_ref, threshold_error, u32_arg, u64_arg, worker_error, StrRef,
 };
+use crate::route::Route;
 
 /// The frontend's view of every worker's load, and its router.
 ///
 /// Every method may be called from any thread. `report`, `is_busy`, `check`,
-/// `select` and `select_min_cost` are lock-free in the core and keep the GIL
-/// (they never wait).
+/// `select`, `select_min_cost` and `Route.select` are lock-free in the core
+/// and keep the GIL (they never wait).
 ///
 /// Overload leases and staleness read real time, or the `ManualClock`
 /// given as `clock=` (for tests: `clock.advance(s)` ends a lease or makes
@@ -33,6 +34,25 @@ use crate::errors::{
 pub struct Monitor {
     // Shared with the subscribers `subscribe_nats` attaches.
     inner: Arc<loadgate::Monitor>,
+}
+
+/// The `policy=` and `endpoint=` arguments of `select`: round-robin when
+/// `policy` is absent or `None` (nothing parsed), and the endpoint borrowed
+/// without a copy.
+#[inline]
+pub(crate) fn select_args<'a>(
+    policy: Option<&Bound<'_, PyAny>>,
+    endpoint: Option<&'a Bound<'_, PyAny>>,
+) -> PyResult<(Policy, Option<StrRef<'a>>)> {
+    let policy = match policy {
+        None => Policy::RoundRobin,
+        Some(p) => policy_arg(&str_ref(p, "policy")?)?,
+    };
+    let endpoint = match endpoint.filter(|e| !e.is_none()) {
+        None => None,
+        Some(e) => Some(str_ref(e, "endpoint")?),
+    };
+    Ok((policy, endpoint))
 }
 
 fn policy_arg(name: &str) -> PyResult<Policy> {
@@ -348,17 +368,31 @@ impl Monitor {
         endpoint: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let model = str_ref(model, "model")?;
-        let policy = match policy {
-            None => Policy::RoundRobin,
-            Some(p) => policy_arg(&str_ref(p, "policy")?)?,
-        };
-        let picked = match endpoint.filter(|e| !e.is_none()) {
+        let (policy, endpoint) = select_args(policy, endpoint)?;
+        let picked = match endpoint {
             None => self.inner.select(&model, policy),
-            Some(e) => self
-                .inner
-                .select_at(&model, policy, &str_ref(e, "endpoint")?),
+            Some(e) => self.inner.select_at(&model, policy, &e),
         };
         picked.map_err(|e| route_error(py, e))
+    }
+
+    /// A routing handle for `model`: `route.select()` is `select(model)`
+    /// without the name on each call. Creates the model (with no workers:
+    /// `select` raises `Unavailable`) if it is new.
+    fn route(&self, model: &Bound<'_, PyAny>) -> PyResult<Route> {
+        let model = str_ref(model, "model")?;
+        // The name rule of a worker declaration (not empty, at most
+        // `max_name_len` bytes): core's `Monitor::route` checks only that
+        // the name is not empty.
+        self.inner
+            .config()
+            .limits
+            .check_declaration(&model, 0, 1)
+            .map_err(worker_error)?;
+        self.inner
+            .route(&model)
+            .map(Route::from)
+            .map_err(worker_error)
     }
 
     /// Picks the eligible worker with the lowest cost in `costs` (worker id
