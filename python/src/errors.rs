@@ -2,9 +2,10 @@
 //! core errors turned into Python exceptions.
 //!
 //! Rejections become the exception classes of `loadgate._errors` (plain
-//! Python classes, because an abi3 build for CPython 3.9 cannot subclass
-//! `Exception` from Rust); unknown workers and models become `KeyError`; bad
-//! arguments become `ValueError` or `TypeError` naming the argument.
+//! Python classes, because an abi3 build for CPython before 3.12 cannot
+//! subclass `Exception` from Rust); unknown workers and models become
+//! `KeyError`; bad arguments become `ValueError` or `TypeError` naming the
+//! argument.
 
 use std::fmt::Display;
 use std::time::Duration;
@@ -270,74 +271,16 @@ pub fn str_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<PyBackedStr> {
     }
 }
 
-#[cfg(not(windows))]
-extern "C" {
-    // Public CPython API since 3.3 and part of the limited API since 3.10;
-    // pyo3 only declares it for 3.10+ under abi3, but CPython 3.9 exports it
-    // too (on Windows an abi3 module links against python3.dll, which does
-    // not export it before 3.10, so Windows takes the copying path). It
-    // borrows the UTF-8 form that CPython caches inside the string, so a
-    // hot-path call copies nothing.
-    fn PyUnicode_AsUTF8AndSize(
-        unicode: *mut pyo3::ffi::PyObject,
-        size: *mut pyo3::ffi::Py_ssize_t,
-    ) -> *const std::os::raw::c_char;
-}
-
-/// A `str` argument as hot paths take it: borrowed without a copy (a copy
-/// on Windows). Dereferences to `str`.
-pub struct StrRef<'a> {
-    #[cfg(not(windows))]
-    text: &'a str,
-    #[cfg(windows)]
-    text: PyBackedStr,
-    #[cfg(windows)]
-    _borrow: std::marker::PhantomData<&'a str>,
-}
-
-impl std::ops::Deref for StrRef<'_> {
-    type Target = str;
-
-    #[inline]
-    // The borrow is needed where `text` is a `PyBackedStr` (Windows).
-    #[allow(clippy::needless_borrow)]
-    fn deref(&self) -> &str {
-        &self.text
-    }
-}
-
-/// A `str` argument for hot paths.
-#[cfg(windows)]
+/// A `str` argument borrowed without a copy, for hot paths: the UTF-8 form
+/// CPython caches inside the string (`PyUnicode_AsUTF8AndSize`, in the
+/// limited API since 3.10).
 #[inline]
-pub fn str_ref<'a>(obj: &'a Bound<'_, PyAny>, name: &str) -> PyResult<StrRef<'a>> {
-    Ok(StrRef {
-        text: str_arg(obj, name)?,
-        _borrow: std::marker::PhantomData,
-    })
-}
-
-/// A `str` argument borrowed without a copy, for hot paths.
-#[cfg(not(windows))]
-#[inline]
-pub fn str_ref<'a>(obj: &'a Bound<'_, PyAny>, name: &str) -> PyResult<StrRef<'a>> {
-    let mut len: pyo3::ffi::Py_ssize_t = 0;
-    // SAFETY: `obj` is a live object and we are attached to the interpreter;
-    // `len` is a valid out-pointer. The function checks the type itself.
-    let data = unsafe { PyUnicode_AsUTF8AndSize(obj.as_ptr(), &mut len) };
-    if data.is_null() {
-        let err = PyErr::fetch(obj.py());
-        if !obj.is_instance_of::<PyString>() {
-            return Err(wrong_type(name, "a str", obj));
-        }
-        // A str with lone surrogates cannot be encoded.
-        return Err(err);
+pub fn str_ref<'a>(obj: &'a Bound<'_, PyAny>, name: &str) -> PyResult<&'a str> {
+    match obj.cast::<PyString>() {
+        // Fails only for a str with lone surrogates (UnicodeEncodeError).
+        Ok(s) => s.to_str(),
+        Err(_) => Err(wrong_type(name, "a str", obj)),
     }
-    // SAFETY: on success CPython returns `len` bytes of valid UTF-8, cached
-    // in the string object, which outlives the borrow `'a` of `obj`.
-    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len as usize) };
-    // SAFETY: the bytes are UTF-8 (CPython's encoder produced them).
-    let text = unsafe { std::str::from_utf8_unchecked(bytes) };
-    Ok(StrRef { text })
 }
 
 /// An optional `str` argument (`None` is absent).

@@ -17,7 +17,7 @@ use crate::cluster::Subscription;
 use crate::control::ControlAuth;
 use crate::errors::{
     bad_value, f64_arg, opt_f64_arg, opt_str_arg, opt_u64_arg, report_error, route_error,
-    seconds_arg, str_arg, str_ref, threshold_error, u32_arg, u64_arg, worker_error, StrRef,
+    seconds_arg, str_arg, str_ref, threshold_error, u32_arg, u64_arg, worker_error,
 };
 use crate::route::Route;
 
@@ -43,10 +43,10 @@ pub struct Monitor {
 pub(crate) fn select_args<'a>(
     policy: Option<&Bound<'_, PyAny>>,
     endpoint: Option<&'a Bound<'_, PyAny>>,
-) -> PyResult<(Policy, Option<StrRef<'a>>)> {
+) -> PyResult<(Policy, Option<&'a str>)> {
     let policy = match policy {
         None => Policy::RoundRobin,
-        Some(p) => policy_arg(&str_ref(p, "policy")?)?,
+        Some(p) => policy_arg(str_ref(p, "policy")?)?,
     };
     let endpoint = match endpoint.filter(|e| !e.is_none()) {
         None => None,
@@ -370,8 +370,8 @@ impl Monitor {
         let model = str_ref(model, "model")?;
         let (policy, endpoint) = select_args(policy, endpoint)?;
         let picked = match endpoint {
-            None => self.inner.select(&model, policy),
-            Some(e) => self.inner.select_at(&model, policy, &e),
+            None => self.inner.select(model, policy),
+            Some(e) => self.inner.select_at(model, policy, e),
         };
         picked.map_err(|e| route_error(py, e))
     }
@@ -387,10 +387,10 @@ impl Monitor {
         self.inner
             .config()
             .limits
-            .check_declaration(&model, 0, 1)
+            .check_declaration(model, 0, 1)
             .map_err(worker_error)?;
         self.inner
-            .route(&model)
+            .route(model)
             .map(Route::from)
             .map_err(worker_error)
     }

@@ -43,7 +43,7 @@ impl Route {
         let (policy, endpoint) = select_args(policy, endpoint)?;
         let picked = match endpoint {
             None => self.inner.select(policy),
-            Some(e) => self.inner.select_at(policy, &e),
+            Some(e) => self.inner.select_at(policy, e),
         };
         picked.map_err(|e| route_error(py, e))
     }
