@@ -19,7 +19,11 @@
 //!   request is rejected without touching the mutex (unless a queue deadline
 //!   is due, in which case the slow path expires the head first). A closed
 //!   gate rejects the same way.
-//! * **Release with nobody queued**: CAS `running - 1`.
+//! * **Release**: `fetch_sub` of `running`, one read-modify-write that
+//!   cannot fail. If the old value showed `queued > 0`, the releaser then
+//!   takes the mutex to hand the freed slot to the oldest waiter (below);
+//!   no arrival can take it meanwhile, since a direct admission needs
+//!   `queued == 0`.
 //! * Reading gauges ([`AdmissionGate::running`], [`AdmissionGate::stats`])
 //!   and the head-deadline hint ([`AdmissionGate::next_deadline`]).
 //!
@@ -29,9 +33,11 @@
 //!   `queued + 1` and link a cell at the tail of the list. Cells come from a
 //!   free list over a `Vec` reserved for `Q + N` cells when the gate is
 //!   built, so queueing allocates nothing.
-//! * **Handoff**: a release that finds `queued > 0` hands the slot straight
-//!   to the oldest waiter: `queued - 1` with `running` unchanged, cell marked
-//!   granted. If a lowered limit left `running > limit`, just `running - 1`.
+//! * **Handoff**: a release whose `fetch_sub` found `queued > 0` grants the
+//!   freed slot to the oldest waiter of the most important class with room:
+//!   `running + 1, queued - 1`, cell marked granted (after expiring due
+//!   waiters). If a lowered limit left `running >= limit`, nobody is
+//!   granted.
 //! * **Cancel**: a waiter still queued is unlinked (`queued - 1`); a waiter
 //!   already granted releases its slot through the release path, which hands
 //!   it on. A cancel racing a handoff sees exactly one of the two states, so
@@ -43,7 +49,7 @@
 //!   [`AdmissionGate::metrics_text`].
 //!
 //! So the gate is lock-free only while nobody waits: under overload, when
-//! requests queue, admissions and releases go through the mutex.
+//! requests queue, admissions and handoffs go through the mutex.
 //!
 //! # With a wait limit `W`
 //!

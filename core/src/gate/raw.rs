@@ -13,7 +13,8 @@
 //!   holder of the slot did before its release happens-before the new holder
 //!   runs. Failure and the first load are `Relaxed`: the value is only a CAS
 //!   guess or a reason to reject, and rejecting publishes nothing.
-//! * Fast release CAS: `Release`, pairing with the admit's `Acquire`.
+//! * Release `fetch_sub`: `Release`, pairing with the admit's `Acquire`.
+//!   When it saw waiters, the mutex orders the handoff that follows.
 //! * Under the mutex, loads are `Acquire` and every read-modify-write is
 //!   `AcqRel`: a slot freed under the lock (release with no waiter left) is
 //!   published to lock-free admitters, and the lock holder sees slots freed
@@ -292,28 +293,25 @@ impl RawGate {
         }
     }
 
-    /// Gives back one slot.
+    /// Gives back one slot: one `fetch_sub`, whatever the queue. If someone
+    /// was queued, the slot is then handed on under the mutex
+    /// ([`grant_waiting`](Self::grant_waiting)).
     #[inline]
     pub(super) fn release_slot(&self) {
-        // Relaxed: only a guess for the CAS; `queued > 0` sends us to the
-        // mutex, which orders the rest.
-        let mut cur = self.state.load(Ordering::Relaxed);
-        while Word(cur).queued() == 0 {
-            debug_assert!(Word(cur).running() > 0, "release without a held slot");
-            // Release, pairing with the next admitter's Acquire (direct CAS
-            // or a load under the mutex): our use of the slot happens-before
-            // its next admit. Relaxed on failure: a new guess only.
-            match self.state.compare_exchange_weak(
-                cur,
-                cur - ONE_RUNNING,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(actual) => cur = actual,
-            }
+        // Release, pairing with the next admitter's Acquire (direct CAS, or a
+        // load under the mutex): our use of the slot happens-before its next
+        // admit. An unconditional subtraction, not a CAS loop: under
+        // contention a CAS would fail and retry, and what the old value says
+        // about the queue is only a reason to take the mutex, which orders
+        // the rest.
+        let old = Word(self.state.fetch_sub(ONE_RUNNING, Ordering::Release));
+        debug_assert!(old.running() > 0, "release without a held slot");
+        if old.queued() > 0 {
+            // The slot is free while someone waits (invariant 4 waits for
+            // us): no direct admission can take it (`queued > 0`), and we
+            // now hand it to the oldest waiter of the first class with room.
+            self.grant_waiting(false);
         }
-        self.release_slow();
     }
 
     /// The head-deadline hint, or `None` when nobody is queued.
@@ -428,8 +426,7 @@ impl RawGate {
                     continue;
                 }
                 // The place passes from the victim to us: `queued` is
-                // unchanged, and with `queued > 0` nobody else writes the
-                // word (invariant 3).
+                // unchanged, so the word is not written.
                 let idx = t.tail[k];
                 t.unlink(idx);
                 let now = self.clock.now_nanos();
@@ -464,21 +461,16 @@ impl RawGate {
         }
     }
 
-    /// Release when waiters may be queued.
-    #[cold]
-    fn release_slow(&self) {
-        self.release_with(false);
-    }
-
-    /// Gives back one slot under the mutex, and with `wait` the wait slot
-    /// it still holds too.
+    /// Gives back a permit's slot and the wait slot it still holds (a gate
+    /// with a wait limit), under the mutex: both go to the next waiter
+    /// together, or back to the gate.
     #[cold]
     #[inline(never)]
-    pub(super) fn release_with(&self, wait: bool) {
+    pub(super) fn release_with_wait(&self) {
         loop {
             let mut wakes = WakeList::new();
             let mut t = lock(&self.table);
-            let done = self.release_locked(&mut t, &mut wakes, wait);
+            let done = self.release_with_wait_locked(&mut t, &mut wakes);
             drop(t);
             wakes.run(self);
             if done {
@@ -487,17 +479,15 @@ impl RawGate {
         }
     }
 
-    /// Hands the slot (and with `wait` the wait slot it still holds) to the
-    /// next live waiter, or gives it back. A waiter needs a wait slot too:
-    /// without a free one the slot is given back and the waiter stays. False
-    /// when the wake list filled with expired waiters first (call again;
-    /// nothing was given back yet).
-    fn release_locked(&self, t: &mut Table, wakes: &mut WakeList, wait: bool) -> bool {
-        // Acquire: the rule for loads under the mutex (pairs with the fast
-        // paths' Release; `queued > 0` here means nobody else writes).
+    /// Hands the slot and the wait slot to the next live waiter, or gives
+    /// them back. False when the wake list filled with expired waiters first
+    /// (call again; nothing was given back yet).
+    fn release_with_wait_locked(&self, t: &mut Table, wakes: &mut WakeList) -> bool {
+        // Acquire: the rule for loads under the mutex (pairs with the
+        // lock-free release's Release).
         let w = Word(self.state.load(Ordering::Acquire));
         debug_assert!(w.running() > 0, "release without a held slot");
-        if w.queued() > 0 && !w.closed() && (wait || self.wait_free()) {
+        if w.queued() > 0 && !w.closed() {
             let now = self.clock.now_nanos();
             if self.deadlines {
                 self.expire_locked(t, now, wakes);
@@ -506,32 +496,27 @@ impl RawGate {
                 }
             }
             // The most important class with a waiter, if the slot freed
-            // (`running - 1`) is within its share.
+            // (`running - 1`) is within its share. (`running` may only fall
+            // meanwhile: a lock-free release; never rise while `queued > 0`.)
             let freed = Word(w.0 - ONE_RUNNING);
             if let Some(class) = t.first_class().filter(|&k| self.classes.room(k, freed)) {
                 if wakes.is_full() {
                     return false;
                 }
                 self.grant_one(t, class, now, wakes);
-                // The slot moves to the waiter: running unchanged. With
-                // queued > 0 nobody else writes the word (invariant 3).
-                // AcqRel: the rule for RMWs under the mutex; the waiter
-                // itself learns of the slot through the mutex.
+                // The slot and the wait slot move to the waiter: `running`
+                // and the wait count unchanged. AcqRel: the rule for RMWs
+                // under the mutex; the waiter itself learns of the slot
+                // through the mutex.
                 self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
-                // The waiter takes a wait slot: the one this release gives
-                // up (count unchanged), or a free one.
-                if !wait {
-                    self.take_wait();
-                }
                 self.sync_head(t);
                 return true;
             }
         }
-        if wait {
-            self.put_wait();
-        }
+        self.put_wait();
         // AcqRel: the Release half publishes the slot to lock-free admitters
-        // (pairing with their Acquire CAS).
+        // (pairing with their Acquire CAS). Waiters that could not take it
+        // (no room in their class's share) stay queued, as they would have.
         self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);
         true
     }
@@ -614,7 +599,7 @@ impl RawGate {
             n += expired;
         }
         if n > 0 {
-            // queued > 0 until this RMW: nobody else writes the word.
+            // An RMW: lock-free releases may lower `running` meanwhile.
             // AcqRel: the rule for RMWs under the mutex.
             self.state
                 .fetch_sub(u64::from(n) * ONE_QUEUED, Ordering::AcqRel);
@@ -704,7 +689,7 @@ impl RawGate {
     /// Unlinks a queued waiter that gives up (a cancellation).
     pub(super) fn unqueue_locked(&self, t: &mut Table, idx: u32) {
         t.unlink(idx);
-        // queued > 0 until this RMW: nobody else writes the word.
+        // An RMW: lock-free releases may lower `running` meanwhile.
         // AcqRel: the rule for RMWs under the mutex.
         self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
         bump(&self.counters.cancelled, 1);
@@ -740,10 +725,7 @@ impl RawGate {
     // ----- control ---------------------------------------------------------
 
     /// Sets the engine limit (already checked), granting the slots it frees
-    /// to waiters, most important class first, one wake batch at a time.
-    /// Between batches, waiters still owed a slot keep it from arrivals:
-    /// a direct admission under the mutex checks that nobody of its class or
-    /// a more important one waits.
+    /// to waiters (see [`grant_waiting`](Self::grant_waiting)).
     pub(super) fn set_limit(&self, limit: u32) {
         {
             let mut t = lock(&self.table);
@@ -753,14 +735,30 @@ impl RawGate {
             }
             self.update(|w| Word::new(w.running(), w.queued(), limit, w.closed()));
         }
+        self.grant_waiting(true);
+    }
+
+    /// Hands free slots to waiters, most important class first, one wake
+    /// batch at a time, after expiring due waiters: what a release that
+    /// found someone queued, and a raised limit, leave to do. A release
+    /// expires only if a wait slot is free (a handoff could follow), a
+    /// new limit always (`always_expire`). Between
+    /// batches, waiters still owed a slot keep it from arrivals: a direct
+    /// admission under the mutex checks that nobody of its class or a more
+    /// important one waits, and a lock-free one that nobody waits at all.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn grant_waiting(&self, always_expire: bool) {
         loop {
             let mut wakes = WakeList::new();
             let mut t = lock(&self.table);
             let now = self.clock.now_nanos();
-            if self.deadlines {
+            let expire = self.deadlines && (always_expire || self.wait_free());
+            if expire {
                 self.expire_locked(&mut t, now, &mut wakes);
             }
-            let mut done = !self.head_is_due(&t, now);
+            // A head still due means the wake list filled: another batch.
+            let mut done = !(expire && self.head_is_due(&t, now));
             while done {
                 // Acquire: the rule for loads under the mutex.
                 let w = Word(self.state.load(Ordering::Acquire));
@@ -776,6 +774,9 @@ impl RawGate {
                 }
                 self.grant_one(&mut t, class, now, &mut wakes);
                 self.take_wait();
+                // A CAS loop: `running` may fall meanwhile (a lock-free
+                // release), never rise (`queued > 0`), so the room seen
+                // above is still there.
                 self.update(|w| Word::new(w.running() + 1, w.queued() - 1, w.limit(), w.closed()));
             }
             self.sync_head(&t);

@@ -22,12 +22,19 @@
 //! 2. `queued`, `limit` and `closed` change only under the mutex, and
 //!    `queued` always equals the length of the linked list when the mutex is
 //!    taken.
-//! 3. `running` changes without the mutex only while `queued == 0` (both fast
-//!    paths require it in the value they CAS). So while `queued > 0`, the
-//!    mutex holder owns the whole word.
+//! 3. `running` rises without the mutex only while `queued == 0` (the
+//!    direct-admit CAS requires it in the value it swaps), so while
+//!    `queued > 0` only the mutex holder raises it. It falls without the
+//!    mutex at any time: a release is one `fetch_sub`.
 //! 4. `queued > 0` implies `running >= limit` or `closed`: a slot is never
-//!    left idle while someone waits. (A `set_limit` that grants more waiters
-//!    than one batch raises `limit` step by step, together with the grants.)
+//!    left idle while someone waits. The one window: a release whose
+//!    `fetch_sub` saw `queued > 0` has freed its slot and is on its way to
+//!    the mutex to hand it to the oldest waiter; until then no arrival can
+//!    take the slot ahead of the waiters (a direct admission needs
+//!    `queued == 0`, and one under the mutex needs nobody of its class or a
+//!    more important one queued). (A `set_limit` that grants more waiters
+//!    than one batch raises `limit` first and grants batch by batch; the
+//!    same rule keeps its slots for the waiters between batches.)
 
 const FIELD_BITS: u32 = 21;
 const FIELD_MASK: u64 = (1 << FIELD_BITS) - 1;

@@ -75,7 +75,7 @@ impl RawGate {
     #[inline]
     pub(super) fn release_held(&self, wait: bool) {
         if wait {
-            self.release_with(true);
+            self.release_with_wait();
         } else {
             self.release_slot();
         }
@@ -150,8 +150,9 @@ impl RawGate {
                 }
                 self.grant_one(t, class, now, wakes);
                 // The waiter takes a free request slot and the wait slot we
-                // give up (count unchanged). `queued > 0` until this change,
-                // so nobody writes the word lock-free (invariant 3).
+                // give up (count unchanged). A CAS loop: `running` may fall
+                // meanwhile (a lock-free release), never rise (`queued > 0`,
+                // invariant 3), so the room seen above is still there.
                 self.update(|w| Word::new(w.running() + 1, w.queued() - 1, w.limit(), w.closed()));
                 self.sync_head(t);
                 return true;
