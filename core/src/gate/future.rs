@@ -26,7 +26,9 @@ pub(super) enum WaitState {
     Done,
 }
 
-/// The shared poll of both futures.
+/// The shared poll of both futures. Inlined, so that a direct admission or
+/// a rejection costs no call; queueing is out of line.
+#[inline(always)]
 fn poll_admit(
     gate: &AdmissionGate,
     state: &mut WaitState,
@@ -36,21 +38,13 @@ fn poll_admit(
         WaitState::Start(class) => match gate.raw.admit_fast(class) {
             Fast::Admitted => Ok(()),
             Fast::Rejected(e) => Err(e),
-            Fast::Slow => {
-                let mut wakes = WakeList::new();
-                let step = gate
-                    .raw
-                    .enqueue(class, Waiter::Task(Some(waker.clone())), &mut wakes);
-                wakes.run(&gate.raw);
-                match step {
-                    Enqueued::Direct(_) => Ok(()),
-                    Enqueued::Rejected(e, _) => Err(e),
-                    Enqueued::Queued(idx, _) => {
-                        *state = WaitState::Queued(idx);
-                        return Poll::Pending;
-                    }
+            Fast::Slow => match enqueue(gate, class, waker) {
+                Ok(idx) => {
+                    *state = WaitState::Queued(idx);
+                    return Poll::Pending;
                 }
-            }
+                Err(outcome) => outcome,
+            },
         },
         WaitState::Queued(idx) => match gate.raw.poll_cell(idx, waker) {
             Poll::Ready(r) => r,
@@ -60,6 +54,26 @@ fn poll_admit(
     };
     *state = WaitState::Done;
     Poll::Ready(outcome)
+}
+
+/// The locked part of a first poll: the cell the request queued in, or its
+/// outcome when it was admitted or rejected after all.
+#[inline(never)]
+fn enqueue(
+    gate: &AdmissionGate,
+    class: usize,
+    waker: &Waker,
+) -> Result<u32, Result<(), AdmitError>> {
+    let mut wakes = WakeList::new();
+    let step = gate
+        .raw
+        .enqueue(class, Waiter::Task(Some(waker.clone())), &mut wakes);
+    wakes.run(&gate.raw);
+    match step {
+        Enqueued::Direct(_) => Err(Ok(())),
+        Enqueued::Rejected(e, _) => Err(Err(e)),
+        Enqueued::Queued(idx, _) => Ok(idx),
+    }
 }
 
 /// Future of [`AdmissionGate::admit`]: resolves to a [`Permit`] or the reason

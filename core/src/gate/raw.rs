@@ -253,7 +253,7 @@ impl RawGate {
     /// Rejected without the lock when no slot is free for the class and it
     /// could not queue: its class never queues, or the whole queue is full
     /// and the class is the least important (it can displace nobody).
-    #[inline]
+    #[inline(always)]
     pub(super) fn admit_fast(&self, class: usize) -> Fast {
         match self.try_direct(class) {
             Ok(()) => {
