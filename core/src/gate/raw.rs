@@ -467,10 +467,17 @@ impl RawGate {
     #[cold]
     #[inline(never)]
     pub(super) fn release_with_wait(&self) {
+        self.in_batches(|t, wakes| self.release_with_wait_locked(t, wakes));
+    }
+
+    /// Runs `batch` with the mutex held until it returns true (done), telling
+    /// the waiters each run resolved after unlocking: one wake batch per
+    /// hold of the lock.
+    pub(super) fn in_batches(&self, mut batch: impl FnMut(&mut Table, &mut WakeList) -> bool) {
         loop {
             let mut wakes = WakeList::new();
             let mut t = lock(&self.table);
-            let done = self.release_with_wait_locked(&mut t, &mut wakes);
+            let done = batch(&mut t, &mut wakes);
             drop(t);
             wakes.run(self);
             if done {
@@ -749,58 +756,50 @@ impl RawGate {
     #[cold]
     #[inline(never)]
     pub(super) fn grant_waiting(&self, always_expire: bool) {
-        loop {
-            let mut wakes = WakeList::new();
-            let mut t = lock(&self.table);
+        self.in_batches(|t, wakes| {
             let now = self.clock.now_nanos();
             let expire = self.deadlines && (always_expire || self.wait_free());
             if expire {
-                self.expire_locked(&mut t, now, &mut wakes);
+                self.expire_locked(t, now, wakes);
+                if self.head_is_due(t, now) {
+                    return false; // the wake list filled: another batch
+                }
             }
-            // A head still due means the wake list filled: another batch.
-            let mut done = !(expire && self.head_is_due(&t, now));
-            while done {
+            let done = loop {
                 // Acquire: the rule for loads under the mutex.
                 let w = Word(self.state.load(Ordering::Acquire));
                 if w.closed() || !self.wait_free() {
-                    break;
+                    break true;
                 }
                 let Some(class) = t.first_class().filter(|&k| self.classes.room(k, w)) else {
-                    break;
+                    break true;
                 };
                 if wakes.is_full() {
-                    done = false;
-                    break;
+                    break false;
                 }
-                self.grant_one(&mut t, class, now, &mut wakes);
+                self.grant_one(t, class, now, wakes);
                 self.take_wait();
                 // A CAS loop: `running` may fall meanwhile (a lock-free
                 // release), never rise (`queued > 0`), so the room seen
                 // above is still there.
                 self.update(|w| Word::new(w.running() + 1, w.queued() - 1, w.limit(), w.closed()));
-            }
-            self.sync_head(&t);
-            drop(t);
-            wakes.run(self);
-            if done {
-                return;
-            }
-        }
+            };
+            self.sync_head(t);
+            done
+        });
     }
 
     /// Sets `closed` and rejects every queued waiter, one wake batch at a
     /// time.
     pub(super) fn close(&self) {
-        loop {
-            let mut wakes = WakeList::new();
-            let mut t = lock(&self.table);
+        self.in_batches(|t, wakes| {
             // AcqRel: the rule for RMWs under the mutex.
             self.state.fetch_or(CLOSED, Ordering::AcqRel);
             let mut n = 0u32;
             while let Some(class) = t.first_class().filter(|_| !wakes.is_full()) {
                 let idx = t.head[class];
                 t.unlink(idx);
-                self.resolve(&mut t, idx, Err(AdmitError::Closed), 0, &mut wakes);
+                self.resolve(t, idx, Err(AdmitError::Closed), 0, wakes);
                 self.counters.closed(class, 1);
                 n += 1;
             }
@@ -809,14 +808,9 @@ impl RawGate {
                 self.state
                     .fetch_sub(u64::from(n) * ONE_QUEUED, Ordering::AcqRel);
             }
-            let done = t.first_class().is_none();
-            self.sync_head(&t);
-            drop(t);
-            wakes.run(self);
-            if done {
-                return;
-            }
-        }
+            self.sync_head(t);
+            t.first_class().is_none()
+        });
     }
 
     /// Rejects every due waiter, one wake batch at a time; how many.
@@ -825,18 +819,12 @@ impl RawGate {
             return 0;
         }
         let mut total = 0;
-        loop {
-            let mut wakes = WakeList::new();
-            let mut t = lock(&self.table);
+        self.in_batches(|t, wakes| {
             let now = self.clock.now_nanos();
-            total += self.expire_locked(&mut t, now, &mut wakes) as usize;
-            let more = self.head_is_due(&t, now);
-            drop(t);
-            wakes.run(self);
-            if !more {
-                return total;
-            }
-        }
+            total += self.expire_locked(t, now, wakes) as usize;
+            !self.head_is_due(t, now)
+        });
+        total
     }
 
     /// Bucket counts (waits up to each bound, in seconds), total count and

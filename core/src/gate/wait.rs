@@ -117,16 +117,7 @@ impl RawGate {
     /// A permit's first response: its wait slot goes to the oldest waiter
     /// if a request slot is free too, else back to the gate.
     pub(super) fn first_response(&self) {
-        loop {
-            let mut wakes = WakeList::new();
-            let mut t = lock(&self.table);
-            let done = self.first_response_locked(&mut t, &mut wakes);
-            drop(t);
-            wakes.run(self);
-            if done {
-                return;
-            }
-        }
+        self.in_batches(|t, wakes| self.first_response_locked(t, wakes));
     }
 
     /// False when the wake list filled with expired waiters first (call
