@@ -81,6 +81,18 @@ impl Limits {
             .map(|(field, _, range)| (field, range))
     }
 
+    /// Checks a model name: non-empty, at most `max_name_len` bytes.
+    pub fn check_model_name(&self, model: &str) -> Result<(), WorkerError> {
+        check_model(model)?;
+        if model.len() > self.max_name_len {
+            return Err(WorkerError::NameTooLong {
+                len: model.len(),
+                limit: self.max_name_len,
+            });
+        }
+        Ok(())
+    }
+
     /// Checks one worker's declaration: a non-empty model name of at most
     /// `max_name_len` bytes, and ranks `dp_start..dp_start + dp_size` that
     /// fit in `u32` and number at most `max_ranks_per_worker`.
@@ -90,13 +102,7 @@ impl Limits {
         dp_start: u32,
         dp_size: u32,
     ) -> Result<(), WorkerError> {
-        check_model(model)?;
-        if model.len() > self.max_name_len {
-            return Err(WorkerError::NameTooLong {
-                len: model.len(),
-                limit: self.max_name_len,
-            });
-        }
+        self.check_model_name(model)?;
         check_ranks(dp_start, dp_size)?;
         if dp_size > self.max_ranks_per_worker {
             return Err(WorkerError::TooManyRanks {

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use loadgate::cluster::wire::{LoadMessage, SCHEMA_VERSION};
 use loadgate::cluster::{Applied, HandleError, Subscriber, SubscriberConfig};
 use loadgate::{
-    Limits, ManualClock, Monitor, MonitorConfig, Policy, ThresholdUpdate, WorkerError, WorkerSpec,
+    Limits, ManualClock, Monitor, MonitorConfig, Policy, RouteError, ThresholdUpdate, WorkerError,
+    WorkerSpec,
 };
 
 fn monitor(limits: Limits) -> Arc<Monitor> {
@@ -137,6 +138,35 @@ fn a_full_model_table_drops_only_models_nothing_depends_on() {
     m.add_worker("new", 2, ranks(0, 1)).unwrap();
     assert_eq!(m.models(), vec!["new"]);
     assert_eq!(m.select("new", Policy::RoundRobin), Ok(2));
+}
+
+#[test]
+fn route_handles_count_against_the_model_limits() {
+    // Handles made from names in requests must not grow the monitor.
+    let m = monitor(Limits {
+        max_models: 2,
+        max_name_len: 8,
+        ..Limits::default()
+    });
+    m.add_worker("served", 1, ranks(0, 1)).unwrap();
+    assert_eq!(
+        m.route("far-too-long").unwrap_err(),
+        WorkerError::NameTooLong { len: 12, limit: 8 }
+    );
+    assert_eq!(m.route("").unwrap_err(), WorkerError::EmptyModel);
+    let a = m.route("a").unwrap();
+    assert_eq!(
+        m.route("b").unwrap_err(),
+        WorkerError::TooManyModels { limit: 2 },
+        "one model has a worker, the other a handle"
+    );
+    assert_eq!(m.models(), vec!["a", "served"]);
+    drop(a); // "a" is idle now: the next new model takes its place
+    let b = m.route("b").unwrap();
+    assert_eq!(m.models(), vec!["b", "served"]);
+    assert_eq!(b.select(Policy::RoundRobin), Err(RouteError::Unavailable));
+    // An existing model needs no room.
+    assert_eq!(m.route("served").unwrap().select(Policy::RoundRobin), Ok(1));
 }
 
 #[test]

@@ -378,17 +378,10 @@ impl Monitor {
 
     /// A routing handle for `model`: `route.select()` is `select(model)`
     /// without the name on each call. Creates the model (with no workers:
-    /// `select` raises `Unavailable`) if it is new.
+    /// `select` raises `Unavailable`) if it is new; a new model counts
+    /// against `max_models` and `max_name_len` (`ValueError`).
     fn route(&self, model: &Bound<'_, PyAny>) -> PyResult<Route> {
         let model = str_ref(model, "model")?;
-        // The name rule of a worker declaration (not empty, at most
-        // `max_name_len` bytes): core's `Monitor::route` checks only that
-        // the name is not empty.
-        self.inner
-            .config()
-            .limits
-            .check_declaration(model, 0, 1)
-            .map_err(worker_error)?;
         self.inner
             .route(model)
             .map(Route::from)

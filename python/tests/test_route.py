@@ -189,13 +189,17 @@ def test_bad_model_is_refused_like_other_monitor_methods() -> None:
     assert m.route("abcde").model == "abcde"
 
 
-@pytest.mark.xfail(reason="core's Monitor::route does not check max_models yet", strict=True)
 def test_a_new_model_counts_against_max_models() -> None:
     m = Monitor(max_models=1)
     m.add_worker("a", 1)
     with pytest.raises(ValueError, match="max_models"):
         m.route("b")
     assert m.models() == ["a"]
+    m.remove_worker(1)  # "a" is idle now: dropped to make room
+    assert m.route("b").model == "b"
+    assert m.models() == ["b"]
+    with pytest.raises(ValueError, match="max_models"):
+        m.route("c")  # "b" has a handle: kept
 
 
 def test_shared_between_threads() -> None:

@@ -176,7 +176,7 @@ impl Monitor {
     /// with the writer lock held, so no worker can join it meanwhile; a
     /// reader that holds a registry snapshot only makes the count higher, so
     /// the check errs on the side of keeping a model.
-    fn evictable_model(&self, reg: &Registry) -> Option<Box<str>> {
+    pub(super) fn evictable_model(&self, reg: &Registry) -> Option<Box<str>> {
         reg.models
             .iter()
             .find(|(_, m)| {

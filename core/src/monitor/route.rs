@@ -53,12 +53,18 @@ impl Monitor {
     /// A routing handle for `model`: [`select`](Self::select) without the
     /// model lookup, for frontends that route to a known model on every
     /// request. Creates the model (with no workers, so `select` answers
-    /// Unavailable) if it is new; models are never removed, so the handle
-    /// stays valid while workers come and go.
+    /// Unavailable) if it is new; a model with a handle is never dropped, so
+    /// the handle stays valid while workers come and go.
+    ///
+    /// A new model counts against [`Limits`](crate::Limits) like one a
+    /// worker brings: its name must fit `max_name_len`, and when
+    /// `max_models` is reached an idle model is dropped to make room (see
+    /// [`add_worker`](Self::add_worker)) or the handle is refused with
+    /// [`WorkerError::TooManyModels`]. So handles made from names in
+    /// requests cannot grow the monitor without bound.
     pub fn route(&self, model: &str) -> Result<Route, WorkerError> {
-        if model.is_empty() {
-            return Err(WorkerError::EmptyModel);
-        }
+        let limits = &self.config.limits;
+        limits.check_model_name(model)?;
         let found = self.registry.load().models.get(model).cloned();
         let model = match found {
             Some(m) => m,
@@ -68,8 +74,20 @@ impl Monitor {
                 match current.models.get(model) {
                     Some(m) => m.clone(),
                     None => {
+                        let evict = if current.models.len() >= limits.max_models {
+                            Some(self.evictable_model(&current).ok_or(
+                                WorkerError::TooManyModels {
+                                    limit: limits.max_models,
+                                },
+                            )?)
+                        } else {
+                            None
+                        };
                         let m = Arc::new(Model::new(model, &self.config));
                         let mut next = (*current).clone();
+                        if let Some(name) = evict {
+                            next.models.remove(&name);
+                        }
                         next.models.insert(m.name.clone(), m.clone());
                         self.registry.store(Arc::new(next));
                         m
