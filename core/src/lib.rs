@@ -12,10 +12,10 @@
 //!   "Server overloaded: worker at capacity".
 //!
 //! Hot paths (reporting load, checking and selecting workers, and the gate's
-//! direct admission, release while nobody is queued, and rejection) are
+//! direct admission, release, rejection and a queued future's poll) are
 //! lock-free and allocation-free. The gate's queue (enqueue, handoff to a
-//! waiter, cancel, every poll of a queued future) takes a short mutex and
-//! allocates nothing. Cold paths (adding workers, changing thresholds,
+//! waiter, cancelling a queued waiter) takes a short mutex and allocates
+//! nothing. Cold paths (adding workers, changing thresholds,
 //! rendering metrics) may lock and allocate.
 //!
 //! # Unsafe code

@@ -309,3 +309,41 @@ fn wait_limit_paths_allocate_nothing() {
     assert_eq!(s.admitted_queued, 2 * (ROUNDS as u64 + 1));
     assert_eq!(s.cancelled, ROUNDS as u64 + 1);
 }
+
+#[test]
+fn after_raising_the_limit_queueing_allocates_nothing() {
+    // Raising the limit may allocate (cells for the new slots' waiters);
+    // using them afterwards may not: here 60 waiters are granted and have
+    // not looked yet while 4 more queue, 64 cells at once where the gate
+    // was built with 5.
+    let g = AdmissionGate::new(GateConfig::new(1).with_queue(4)).unwrap();
+    g.set_limit(60).unwrap();
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    let mut permits = Vec::with_capacity(60);
+    let mut granted = Vec::with_capacity(64);
+    let (n, ()) = allocations(|| {
+        for _ in 0..60 {
+            permits.push(g.try_admit().unwrap());
+        }
+        for _ in 0..16 {
+            for _ in 0..4 {
+                let mut f = g.admit();
+                assert!(Pin::new(&mut f).poll(&mut cx).is_pending());
+                granted.push(f);
+            }
+            if !permits.is_empty() {
+                permits.truncate(permits.len() - 4); // hands 4 slots on
+            }
+        }
+        for mut f in granted.drain(..) {
+            match Pin::new(&mut f).poll(&mut cx) {
+                Poll::Ready(Ok(p)) => drop(p),
+                Poll::Pending => {} // the last 4 still wait: dropping cancels
+                Poll::Ready(Err(e)) => panic!("{e:?}"),
+            }
+        }
+    });
+    assert_eq!(n, 0, "allocations after raising the limit");
+    assert_eq!((g.running(), g.queued()), (0, 0));
+}

@@ -38,15 +38,16 @@ use super::stats::GateStats;
 /// the release handed the slot to. Writes a request made while holding its
 /// slot are therefore visible to the request that gets the slot next.
 ///
-/// **Locking:** direct admission, release while nobody is queued, and
-/// rejection while the queue is full are one atomic operation on the state
-/// word: no lock. With a wait limit, admission and `first_response` take
-/// the mutex too (the wait count lives under it); rejection while no slot is
-/// free and the queue is full, and releasing a permit that already
-/// responded while nobody is queued, stay lock-free. Queueing, handing a released slot to a waiter, cancelling
-/// a waiter, every poll of a queued future, blocking waits, callback tickets,
-/// expiry, [`set_limit`](Self::set_limit), [`close`](Self::close) and
-/// [`metrics_text`](Self::metrics_text) take the gate's mutex, briefly.
+/// **Locking:** direct admission, release and rejection while the queue is
+/// full are one atomic operation on the state word: no lock. A queued
+/// future's poll reads its cell's atomic status (the mutex only to swap in
+/// a new waker), and so does a callback ticket's `is_queued`. With a wait
+/// limit, admission, `first_response` and the release of a permit that has
+/// not responded take the mutex too (the wait count lives under it).
+/// Queueing, handing a released slot to a waiter, cancelling a waiter still
+/// queued, blocking waits, expiry, [`set_limit`](Self::set_limit),
+/// [`close`](Self::close) and [`metrics_text`](Self::metrics_text) take the
+/// gate's mutex, briefly.
 /// Admission, queueing and handoff allocate nothing (the waiter table is
 /// reserved when the gate is built); raising the limit and rendering metrics
 /// may.

@@ -10,7 +10,7 @@ use crate::sync::{lock, Ordering};
 use super::error::AdmitError;
 use super::raw::{Enqueued, Fast, RawGate};
 use super::state::Word;
-use super::table::{Status, Waiter};
+use super::table::Waiter;
 use super::wake::WakeList;
 
 impl RawGate {
@@ -38,17 +38,9 @@ impl RawGate {
         let cv = &self.condvars[idx as usize % self.condvars.len()];
         let mut t = lock(&self.table);
         loop {
-            match t.cells[idx as usize].status {
-                Status::Queued => {}
-                Status::Granted => {
-                    t.release_cell(idx);
-                    return Ok(());
-                }
-                Status::Rejected(e) => {
-                    t.release_cell(idx);
-                    return Err(e);
-                }
-                Status::Free => unreachable!("blocked on a free waiter cell"),
+            if let Some(outcome) = self.cells.load(idx).1.outcome() {
+                self.cells.free(idx);
+                return outcome;
             }
             let mut wait = None;
             // Acquire: the rule for loads under the mutex (`closed` itself
@@ -74,7 +66,8 @@ impl RawGate {
                 let now = Instant::now();
                 if now >= give_up {
                     self.unqueue_locked(&mut t, idx);
-                    t.release_cell(idx);
+                    t.take_waiter(idx); // a thread: nothing to drop
+                    self.cells.free(idx);
                     return Err(AdmitError::TimedOut);
                 }
                 let left = give_up - now;

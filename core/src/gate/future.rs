@@ -1,6 +1,7 @@
 //! The admission futures, [`Admit`] and [`AdmitOwned`]: a request that
 //! cannot be admitted at once queues a cell holding its task's waker, and
-//! each later poll reads the cell under the gate's mutex.
+//! each later poll reads the cell's status without the gate's mutex (it
+//! takes the mutex only to swap in a different waker).
 
 use std::fmt;
 use std::future::Future;
@@ -15,13 +16,26 @@ use super::table::Waiter;
 use super::wake::WakeList;
 use super::AdmissionGate;
 
+/// Which waker a queued cell holds: `Waker::will_wake`'s comparison (data
+/// pointer and vtable), kept as plain numbers. Sound as an identity: while
+/// the cell is queued it holds a clone of that waker, which keeps the data
+/// alive, so no other waker can have the same pointer meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct WakerId(usize, usize);
+
+impl WakerId {
+    pub(super) fn of(waker: &Waker) -> Self {
+        WakerId(waker.data() as usize, waker.vtable() as *const _ as usize)
+    }
+}
+
 /// Where a future stands.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum WaitState {
     /// Not polled yet; the request's class.
     Start(usize),
-    /// Queued in this cell.
-    Queued(u32),
+    /// Queued in this cell, whose waker is this one.
+    Queued(u32, WakerId),
     /// Returned its output.
     Done,
 }
@@ -40,16 +54,18 @@ fn poll_admit(
             Fast::Rejected(e) => Err(e),
             Fast::Slow => match enqueue(gate, class, waker) {
                 Ok(idx) => {
-                    *state = WaitState::Queued(idx);
+                    *state = WaitState::Queued(idx, WakerId::of(waker));
                     return Poll::Pending;
                 }
                 Err(outcome) => outcome,
             },
         },
-        WaitState::Queued(idx) => match gate.raw.poll_cell(idx, waker) {
-            Poll::Ready(r) => r,
-            Poll::Pending => return Poll::Pending,
-        },
+        WaitState::Queued(idx, ref mut registered) => {
+            match gate.raw.poll_cell(idx, registered, waker) {
+                Poll::Ready(r) => r,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
         WaitState::Done => panic!("admission future polled after it completed"),
     };
     *state = WaitState::Done;
@@ -99,7 +115,7 @@ impl<'a> Admit<'a> {
 
     /// True while the future sits in the queue (polled, not yet resolved).
     pub fn is_queued(&self) -> bool {
-        matches!(self.state, WaitState::Queued(_))
+        matches!(self.state, WaitState::Queued(..))
     }
 }
 
@@ -114,7 +130,7 @@ impl<'a> Future for Admit<'a> {
 
 impl Drop for Admit<'_> {
     fn drop(&mut self) {
-        if let WaitState::Queued(idx) = self.state {
+        if let WaitState::Queued(idx, _) = self.state {
             self.gate.raw.cancel_cell(idx);
         }
     }
@@ -146,7 +162,7 @@ impl AdmitOwned {
 
     /// True while the future sits in the queue (polled, not yet resolved).
     pub fn is_queued(&self) -> bool {
-        matches!(self.state, WaitState::Queued(_))
+        matches!(self.state, WaitState::Queued(..))
     }
 }
 
@@ -162,7 +178,7 @@ impl Future for AdmitOwned {
 
 impl Drop for AdmitOwned {
     fn drop(&mut self) {
-        if let WaitState::Queued(idx) = self.state {
+        if let WaitState::Queued(idx, _) = self.state {
             self.gate.raw.cancel_cell(idx);
         }
     }

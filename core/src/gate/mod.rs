@@ -31,22 +31,30 @@
 //!
 //! * **Enqueue**: re-read the word; admit directly, reject, or CAS
 //!   `queued + 1` and link a cell at the tail of the list. Cells come from a
-//!   free list over a `Vec` reserved for `Q + N` cells when the gate is
-//!   built, so queueing allocates nothing.
+//!   free stack over storage reserved for `Q + N` cells when the gate is
+//!   built (`cell.rs`), so queueing allocates nothing.
 //! * **Handoff**: a release whose `fetch_sub` found `queued > 0` grants the
 //!   freed slot to the oldest waiter of the most important class with room:
 //!   `running + 1, queued - 1`, cell marked granted (after expiring due
 //!   waiters). If a lowered limit left `running >= limit`, nobody is
 //!   granted.
-//! * **Cancel**: a waiter still queued is unlinked (`queued - 1`); a waiter
-//!   already granted releases its slot through the release path, which hands
-//!   it on. A cancel racing a handoff sees exactly one of the two states, so
-//!   no slot is lost or duplicated.
-//! * **Every poll of a queued future** (it reads its cell and updates its
-//!   waker), every wake-up of a blocked thread, a callback ticket's `cancel`
-//!   and `is_queued`, expiry, [`AdmissionGate::set_limit`],
+//! * **Cancel** of a waiter still queued: it is unlinked (`queued - 1`). A
+//!   waiter already granted or rejected needs no lock: it frees its cell
+//!   and (if granted) releases its slot through the release path, which
+//!   hands it on. A cancel racing a handoff reads the cell's status under
+//!   the mutex and sees exactly one of the two states, so no slot is lost
+//!   or duplicated.
+//! * Every wake-up of a blocked thread, a callback ticket's `cancel`,
+//!   swapping a queued future's waker, expiry, [`AdmissionGate::set_limit`],
 //!   [`AdmissionGate::close`] and the queue-wait histogram of
 //!   [`AdmissionGate::metrics_text`].
+//!
+//! Without the mutex, on each cell's atomic status word (`cell.rs`): a
+//! queued future's poll (it reads whether it was granted or rejected and
+//! keeps waiting if not; the waker it registered stays in the cell), a
+//! callback ticket's `is_queued`, and an owner freeing its resolved cell.
+//! A resolver marks the cell resolved after the state word already counts
+//! the grant, so an owner that sees it granted may release at once.
 //!
 //! So the gate is lock-free only while nobody waits: under overload, when
 //! requests queue, admissions and handoffs go through the mutex.
@@ -84,8 +92,8 @@
 //! called) only after the mutex is released; a fixed-size list on the stack
 //! carries them out of the critical section (`wake.rs`).
 //!
-//! Cells: the table reserves `Q + N` cells (more after `set_limit` raises
-//! `N`). A cell is owned by its waiter from enqueue until the waiter takes
+//! Cells: the gate reserves `Q + N` cells (more, in a new chunk, when they
+//! are all taken). A cell is owned by its waiter from enqueue until the waiter takes
 //! its outcome (a callback's cell is freed as soon as it is resolved). At
 //! most `Q` cells are queued and at most `N` granted-but-not-taken, so the
 //! table grows only if futures or threads that were *rejected* have not yet
@@ -105,7 +113,8 @@
 //!
 //! * `admission.rs`: [`AdmissionGate`], the public type, a thin layer over
 //! * `raw.rs`: the raw gate, the algorithm above and its memory orderings;
-//!   `state.rs` (the state word), `table.rs` (the waiter table) and
+//!   `state.rs` (the state word), `table.rs` (the waiter table),
+//!   `cell.rs` (each cell's status word and the free cells) and
 //!   `blocking.rs` (the blocking wait) belong to it;
 //! * `wait.rs`: the wait limit's locked paths (first response, release of
 //!   a permit still waiting, `try_admit`);
@@ -120,6 +129,7 @@
 mod admission;
 mod blocking;
 mod callback;
+mod cell;
 mod config;
 mod error;
 mod future;

@@ -36,11 +36,13 @@ use crossbeam_utils::CachePadded;
 use crate::clock::SharedClock;
 use crate::sync::{lock, AtomicU64, Condvar, Mutex, Ordering};
 
+use super::cell::{Cells, Status};
 use super::config::{GateConfig, MAX_CLASSES};
 use super::error::AdmitError;
+use super::future::WakerId;
 use super::state::{Word, CLOSED, ONE_QUEUED, ONE_RUNNING};
 use super::stats::{bump, Counters, GateStats, Gauges};
-use super::table::{Status, Table, Waiter, NIL};
+use super::table::{Table, Waiter, NIL};
 use super::wake::{Wake, WakeList};
 
 /// "No waiter queued" in the head-deadline hint.
@@ -122,6 +124,8 @@ pub(super) struct RawGate {
     /// mutex, so it carries no ordering the model checker must explore.
     head_deadline: HintWord,
     pub(super) table: Mutex<Table>,
+    /// Each waiter cell's status, and the free cells (`cell.rs`).
+    pub(super) cells: Cells,
     pub(super) condvars: Box<[Condvar]>,
     pub(super) queue_limit: u32,
     pub(super) classes: Classes,
@@ -155,6 +159,7 @@ impl RawGate {
             counters: CachePadded::new(Counters::new(classes.count)),
             head_deadline: HintWord::new(NO_DEADLINE),
             table: Mutex::new(Table::new(capacity)),
+            cells: Cells::new(capacity),
             condvars,
             queue_limit: queue,
             deadlines: classes.timeout.iter().any(Option::is_some),
@@ -433,7 +438,7 @@ impl RawGate {
                 self.resolve(&mut t, idx, Err(AdmitError::Displaced), now, wakes);
                 bump(&self.counters.class[k].displaced, 1);
                 bump(&self.counters.enqueued, 1);
-                let (idx, gen) = t.push_back(class, now, waiter);
+                let (idx, gen) = self.link(&mut t, class, now, waiter);
                 self.sync_head(&t);
                 return Enqueued::Queued(idx, gen);
             }
@@ -450,7 +455,7 @@ impl RawGate {
                 Ok(_) => {
                     bump(&self.counters.enqueued, 1);
                     let now = self.clock.now_nanos();
-                    let (idx, gen) = t.push_back(class, now, waiter);
+                    let (idx, gen) = self.link(&mut t, class, now, waiter);
                     if t.head[class] == idx {
                         self.sync_head(&t);
                     }
@@ -510,12 +515,11 @@ impl RawGate {
                 if wakes.is_full() {
                     return false;
                 }
-                self.grant_one(t, class, now, wakes);
                 // The slot and the wait slot move to the waiter: `running`
                 // and the wait count unchanged. AcqRel: the rule for RMWs
-                // under the mutex; the waiter itself learns of the slot
-                // through the mutex.
+                // under the mutex. The word first (see `grant_one`).
                 self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+                self.grant_one(t, class, now, wakes);
                 self.sync_head(t);
                 return true;
             }
@@ -530,7 +534,9 @@ impl RawGate {
 
     /// Unlinks the next waiter of `class` (oldest, or newest once after an
     /// expiry with adaptive LIFO) and grants it a slot. The caller fixes the
-    /// word.
+    /// word *before*: once the cell says granted, its owner may run and
+    /// release the slot without the mutex, and that release must find the
+    /// slot counted in `running`.
     pub(super) fn grant_one(&self, t: &mut Table, class: usize, now: u64, wakes: &mut WakeList) {
         let idx = if t.lifo_next {
             t.lifo_next = false;
@@ -544,8 +550,17 @@ impl RawGate {
         bump(&self.counters.admitted_queued, 1);
     }
 
+    /// Takes a free cell and links it at the tail of `class`'s queue, as
+    /// queued; its index and generation.
+    pub(super) fn link(&self, t: &mut Table, class: usize, now: u64, waiter: Waiter) -> (u32, u32) {
+        let idx = self.cells.take().expect("waiter cells exceed u32 indices");
+        let gen = self.cells.queue(idx);
+        t.push_back(idx, class, now, waiter);
+        (idx, gen)
+    }
+
     /// Marks an unlinked waiter granted or rejected and lists whom to tell.
-    /// A callback's cell is freed at once (its owner never looks again).
+    /// A callback's cell is freed at once (its owner never looks).
     pub(super) fn resolve(
         &self,
         t: &mut Table,
@@ -554,21 +569,19 @@ impl RawGate {
         now: u64,
         wakes: &mut WakeList,
     ) {
-        let cell = &mut t.cells[idx as usize];
         if outcome.is_ok() {
-            let waited = now.saturating_sub(cell.enqueued_at);
+            let waited = now.saturating_sub(t.cells[idx as usize].enqueued_at);
             t.record_wait(waited);
         }
-        let cell = &mut t.cells[idx as usize];
-        cell.status = match outcome {
-            Ok(()) => Status::Granted,
-            Err(e) => Status::Rejected(e),
-        };
-        match std::mem::replace(&mut cell.waiter, Waiter::None) {
+        // Everything we need from the cell first: once it says resolved, its
+        // owner may free it.
+        let waiter = t.take_waiter(idx);
+        self.cells.resolve(idx, outcome);
+        match waiter {
             Waiter::Task(Some(waker)) => wakes.push(Wake::Task(waker)),
             Waiter::Thread => wakes.push(Wake::Thread(idx as usize % self.condvars.len())),
             Waiter::Callback(callback, gate) => {
-                t.release_cell(idx);
+                self.cells.free(idx);
                 wakes.push(Wake::Callback {
                     callback,
                     gate,
@@ -649,43 +662,63 @@ impl RawGate {
         }
     }
 
-    /// A queued future's poll: its outcome, or `Pending` with its waker kept.
-    pub(super) fn poll_cell(&self, idx: u32, waker: &Waker) -> Poll<Result<(), AdmitError>> {
+    /// A queued future's poll, without the mutex unless its waker changed:
+    /// its outcome (the cell is freed), or `Pending`. `registered` names the
+    /// waker the cell holds; a different one is swapped in under the mutex.
+    pub(super) fn poll_cell(
+        &self,
+        idx: u32,
+        registered: &mut WakerId,
+        waker: &Waker,
+    ) -> Poll<Result<(), AdmitError>> {
+        if let Some(outcome) = self.cells.load(idx).1.outcome() {
+            self.cells.free(idx);
+            return Poll::Ready(outcome);
+        }
+        let id = WakerId::of(waker);
+        if *registered == id {
+            // The cell's waker wakes this task: a resolver that has not
+            // stored the outcome yet will wake it after it does.
+            return Poll::Pending;
+        }
         let mut t = lock(&self.table);
-        let cell = &mut t.cells[idx as usize];
-        let outcome = match cell.status {
-            Status::Queued => {
-                let mut stale = None;
-                if let Waiter::Task(slot) = &mut cell.waiter {
-                    if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
-                        stale = slot.replace(waker.clone());
-                    }
-                }
-                drop(t);
-                drop(stale); // a waker's drop may run executor code: unlocked
-                return Poll::Pending;
-            }
-            Status::Granted => Ok(()),
-            Status::Rejected(e) => Err(e),
-            Status::Free => unreachable!("polled a free waiter cell"),
+        // Under the mutex no resolver runs, so the status read now holds
+        // until we unlock.
+        if let Some(outcome) = self.cells.load(idx).1.outcome() {
+            drop(t);
+            self.cells.free(idx);
+            return Poll::Ready(outcome);
+        }
+        let stale = match &mut t.cells[idx as usize].waiter {
+            Waiter::Task(slot) => slot.replace(waker.clone()),
+            _ => None,
         };
-        let stale = t.release_cell(idx);
         drop(t);
-        drop(stale);
-        Poll::Ready(outcome)
+        drop(stale); // a waker's drop may run executor code: unlocked
+        *registered = id;
+        Poll::Pending
     }
 
     /// A future or blocked thread gives up its cell: leaves the queue, or
-    /// passes on a slot it was granted but never took.
+    /// passes on a slot it was granted but never took. Takes the mutex only
+    /// while the cell is queued.
     pub(super) fn cancel_cell(&self, idx: u32) {
-        let mut t = lock(&self.table);
-        let status = t.cells[idx as usize].status;
+        let mut status = self.cells.load(idx).1;
         if status == Status::Queued {
-            self.unqueue_locked(&mut t, idx);
+            let mut t = lock(&self.table);
+            status = self.cells.load(idx).1;
+            let stale = if status == Status::Queued {
+                self.unqueue_locked(&mut t, idx);
+                t.take_waiter(idx)
+            } else {
+                Waiter::None
+            };
+            self.cells.free(idx);
+            drop(t);
+            drop(stale);
+        } else {
+            self.cells.free(idx);
         }
-        let stale = t.release_cell(idx);
-        drop(t);
-        drop(stale);
         if status == Status::Granted {
             // A granted waiter holds a wait slot too when the gate has a
             // wait limit.
@@ -704,24 +737,24 @@ impl RawGate {
     }
 
     /// A callback ticket's cancel: true if the request was still queued.
+    /// The cell is freed before unlocking, so that a second cancel of the
+    /// same ticket finds a new generation.
     pub(super) fn cancel_callback(&self, idx: u32, gen: u32) -> bool {
         let mut t = lock(&self.table);
-        let cell = &t.cells[idx as usize];
-        if cell.gen != gen || cell.status != Status::Queued {
+        if self.cells.load(idx) != (gen, Status::Queued) {
             return false;
         }
         self.unqueue_locked(&mut t, idx);
-        let stale = t.release_cell(idx);
+        let stale = t.take_waiter(idx);
+        self.cells.free(idx);
         drop(t);
         drop(stale); // the callback and its gate handle: dropped unlocked
         true
     }
 
-    /// Whether a callback request is still queued.
+    /// Whether a callback request is still queued (no lock).
     pub(super) fn callback_queued(&self, idx: u32, gen: u32) -> bool {
-        let t = lock(&self.table);
-        let cell = &t.cells[idx as usize];
-        cell.gen == gen && cell.status == Status::Queued
+        self.cells.load(idx) == (gen, Status::Queued)
     }
 
     /// Notifies the condition variable of blocked waiters (after unlocking).
@@ -739,6 +772,8 @@ impl RawGate {
             if t.cells.capacity() < self.queue_limit as usize + limit as usize {
                 // Cold path: room for every waiter that may be granted at once.
                 t.reserve_total(self.queue_limit as usize + limit as usize);
+                self.cells
+                    .reserve(self.queue_limit as usize + limit as usize);
             }
             self.update(|w| Word::new(w.running(), w.queued(), limit, w.closed()));
         }
@@ -777,12 +812,12 @@ impl RawGate {
                 if wakes.is_full() {
                     break false;
                 }
-                self.grant_one(t, class, now, wakes);
-                self.take_wait();
                 // A CAS loop: `running` may fall meanwhile (a lock-free
                 // release), never rise (`queued > 0`), so the room seen
-                // above is still there.
+                // above is still there. The word first (see `grant_one`).
                 self.update(|w| Word::new(w.running() + 1, w.queued() - 1, w.limit(), w.closed()));
+                self.take_wait();
+                self.grant_one(t, class, now, wakes);
             };
             self.sync_head(t);
             done

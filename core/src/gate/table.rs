@@ -1,6 +1,8 @@
-//! The waiter table: preallocated cells, one intrusive FIFO list per
-//! priority class and a free list, all linked by `u32` indices. Everything here is touched only under
-//! the gate's mutex, so it is plain safe code.
+//! The waiter table: the locked half of each waiter cell (its links, class,
+//! queue time and whom to tell) and one intrusive FIFO list per priority
+//! class, linked by `u32` indices. Everything here is touched only under
+//! the gate's mutex, so it is plain safe code. Each cell's status and the
+//! free cells live in `cell.rs`, readable without the mutex.
 
 use std::sync::Arc;
 use std::task::Waker;
@@ -9,24 +11,9 @@ use hdrhistogram::Histogram;
 
 use super::callback::AdmitCallback;
 use super::config::MAX_CLASSES;
-use super::error::AdmitError;
 use super::AdmissionGate;
 
-/// "No cell" in a link.
-pub(super) const NIL: u32 = u32::MAX;
-
-/// Where a waiter stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Status {
-    /// On the free list.
-    Free,
-    /// Linked in the queue, counted in the state word's `queued` field.
-    Queued,
-    /// Handed a slot (counted in `running`) that its owner has not taken yet.
-    Granted,
-    /// Rejected; its owner has not looked yet.
-    Rejected(AdmitError),
-}
+pub(super) use super::cell::NIL;
 
 /// How to tell a waiter that it was resolved.
 pub(super) enum Waiter {
@@ -40,14 +27,10 @@ pub(super) enum Waiter {
     Callback(AdmitCallback, Arc<AdmissionGate>),
 }
 
-/// One waiter's place.
+/// One waiter's place (the locked half).
 pub(super) struct Cell {
     pub(super) prev: u32,
     pub(super) next: u32,
-    /// Bumped each time the cell is freed, so a stale callback ticket can tell
-    /// that the cell it names now belongs to someone else.
-    pub(super) gen: u32,
-    pub(super) status: Status,
     /// The waiter's priority class.
     pub(super) class: u8,
     /// Clock time when the waiter was queued.
@@ -57,7 +40,8 @@ pub(super) struct Cell {
 
 /// The state behind the gate's mutex.
 pub(super) struct Table {
-    /// Cells; capacity reserved at creation (`Q + N`), filled on first use.
+    /// Cells by index (see `cell.rs` for who hands indices out); capacity
+    /// reserved at creation (`Q + N`), filled on first use.
     pub(super) cells: Vec<Cell>,
     /// Oldest queued waiter of each class.
     pub(super) head: [u32; MAX_CLASSES],
@@ -65,8 +49,6 @@ pub(super) struct Table {
     pub(super) tail: [u32; MAX_CLASSES],
     /// Queued waiters of each class.
     pub(super) len: [u32; MAX_CLASSES],
-    /// First free cell (singly linked through `next`).
-    pub(super) free: u32,
     /// Adaptive LIFO: the next handoff takes the newest waiter.
     pub(super) lifo_next: bool,
     /// Queue wait of granted waiters, in nanoseconds.
@@ -90,7 +72,6 @@ impl Table {
             head: [NIL; MAX_CLASSES],
             tail: [NIL; MAX_CLASSES],
             len: [0; MAX_CLASSES],
-            free: NIL,
             lifo_next: false,
             wait_hist,
             wait_sum_nanos: 0,
@@ -110,42 +91,27 @@ impl Table {
         self.head.iter().position(|&h| h != NIL)
     }
 
-    /// Takes a free cell and links it at the tail of `class`'s queue as
-    /// `Queued`. Allocates only when every reserved cell is taken, which needs
-    /// more than `Q + N` waiters that were resolved but have not looked yet.
-    pub(super) fn push_back(
-        &mut self,
-        class: usize,
-        enqueued_at: u64,
-        waiter: Waiter,
-    ) -> (u32, u32) {
-        let idx = if self.free != NIL {
-            let idx = self.free;
-            self.free = self.cells[idx as usize].next;
-            idx
-        } else {
-            let idx = u32::try_from(self.cells.len()).expect("waiter table exceeds u32 cells");
+    /// Links cell `idx` (just taken from the free cells) at the tail of
+    /// `class`'s queue. Allocates only for a cell index never used before
+    /// beyond the reserved `Q + N`, which needs more than that many waiters
+    /// that were resolved but have not looked yet.
+    pub(super) fn push_back(&mut self, idx: u32, class: usize, enqueued_at: u64, waiter: Waiter) {
+        if idx as usize == self.cells.len() {
             self.cells.push(Cell {
                 prev: NIL,
                 next: NIL,
-                gen: 0,
-                status: Status::Free,
                 class: 0,
                 enqueued_at: 0,
                 waiter: Waiter::None,
             });
-            idx
-        };
+        }
         let tail = self.tail[class];
         let cell = &mut self.cells[idx as usize];
-        debug_assert_eq!(cell.status, Status::Free);
         cell.prev = tail;
         cell.next = NIL;
-        cell.status = Status::Queued;
         cell.class = class as u8;
         cell.enqueued_at = enqueued_at;
         cell.waiter = waiter;
-        let gen = cell.gen;
         if tail == NIL {
             self.head[class] = idx;
         } else {
@@ -153,14 +119,12 @@ impl Table {
         }
         self.tail[class] = idx;
         self.len[class] += 1;
-        (idx, gen)
     }
 
     /// Unlinks a queued cell from the queue (it stays owned by its waiter).
     pub(super) fn unlink(&mut self, idx: u32) {
         let (prev, next, class) = {
             let cell = &self.cells[idx as usize];
-            debug_assert_eq!(cell.status, Status::Queued);
             (cell.prev, cell.next, cell.class as usize)
         };
         self.len[class] -= 1;
@@ -179,18 +143,10 @@ impl Table {
         cell.next = NIL;
     }
 
-    /// Returns an unlinked cell to the free list. Hands back whatever waiter
-    /// it still held, for the caller to drop after unlocking.
-    pub(super) fn release_cell(&mut self, idx: u32) -> Waiter {
-        let free = self.free;
-        let cell = &mut self.cells[idx as usize];
-        debug_assert_ne!(cell.status, Status::Free);
-        cell.status = Status::Free;
-        cell.gen = cell.gen.wrapping_add(1);
-        cell.next = free;
-        cell.prev = NIL;
-        self.free = idx;
-        std::mem::replace(&mut cell.waiter, Waiter::None)
+    /// Takes whom a cell would tell, for the caller to drop after
+    /// unlocking (a waker's or callback's drop may run user code).
+    pub(super) fn take_waiter(&mut self, idx: u32) -> Waiter {
+        std::mem::replace(&mut self.cells[idx as usize].waiter, Waiter::None)
     }
 
     /// Records a granted waiter's queue wait.

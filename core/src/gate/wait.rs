@@ -139,12 +139,13 @@ impl RawGate {
                 if wakes.is_full() {
                     return false;
                 }
-                self.grant_one(t, class, now, wakes);
                 // The waiter takes a free request slot and the wait slot we
                 // give up (count unchanged). A CAS loop: `running` may fall
                 // meanwhile (a lock-free release), never rise (`queued > 0`,
-                // invariant 3), so the room seen above is still there.
+                // invariant 3), so the room seen above is still there. The
+                // word first (see `grant_one`).
                 self.update(|w| Word::new(w.running() + 1, w.queued() - 1, w.limit(), w.closed()));
+                self.grant_one(t, class, now, wakes);
                 self.sync_head(t);
                 return true;
             }
