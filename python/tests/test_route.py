@@ -196,10 +196,12 @@ def test_a_new_model_counts_against_max_models() -> None:
         m.route("b")
     assert m.models() == ["a"]
     m.remove_worker(1)  # "a" is idle now: dropped to make room
-    assert m.route("b").model == "b"
+    b = m.route("b")
     assert m.models() == ["b"]
     with pytest.raises(ValueError, match="max_models"):
         m.route("c")  # "b" has a handle: kept
+    del b
+    assert m.route("c").model == "c"
 
 
 def test_shared_between_threads() -> None:
