@@ -4,9 +4,10 @@ Measures, in one run:
 
 * ``_noop()``: a PyO3 function that does nothing and takes nothing;
 * ``_noop_arg("llama")``: the same with one positional ``str`` argument, the
-  call shape of ``select`` (an abi3 build for CPython 3.9 cannot use the
-  vectorcall/FASTCALL convention, so every call with arguments packs them
-  into a tuple; this baseline shows that floor);
+  call shape of ``select`` (the module is an abi3 build for CPython 3.10,
+  whose limited API has the FASTCALL convention: arguments arrive as an
+  array, not packed into a tuple; this baseline shows what one argument
+  costs);
 * ``Monitor.select("llama")``: round-robin over 8 free workers;
 * ``AdmissionGate.try_admit()`` + ``Permit.release()``: one pair per
   iteration on a gate with free slots;
