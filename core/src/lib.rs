@@ -12,10 +12,9 @@
 //!   "Server overloaded: worker at capacity".
 //!
 //! Hot paths (reporting load, checking and selecting workers, and the gate's
-//! direct admission, release, rejection and a queued future's poll) are
-//! lock-free and allocation-free. The gate's queue (enqueue, handoff to a
-//! waiter, cancelling a queued waiter) takes a short mutex and allocates
-//! nothing. Cold paths (adding workers, changing thresholds,
+//! direct admission, release, rejection, and a queued future's poll and
+//! cancel) are lock-free and allocation-free. The gate's queue (enqueue,
+//! handoff to a waiter, expiry) takes a short mutex and allocates nothing. Cold paths (adding workers, changing thresholds,
 //! rendering metrics) may lock and allocate.
 //!
 //! # Unsafe code

@@ -296,6 +296,39 @@ fn a_callback_fires_once_or_is_cancelled() {
     });
 }
 
+#[test]
+fn a_lock_free_cancel_races_close_and_an_arrival() {
+    // The cancel gives the place back without the mutex; close and an
+    // arrival under the mutex must neither count the cancelled waiter nor
+    // lose the place it gave back.
+    loom::model(|| {
+        let g = gate(1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let w = queued(&g);
+        let canceller = thread::spawn(move || drop(w));
+        let g1 = g.clone();
+        let arrival = thread::spawn(move || {
+            let mut f = g1.admit_owned();
+            let waker = Waker::from(Arc::new(Noop));
+            match Pin::new(&mut f).poll(&mut Context::from_waker(&waker)) {
+                // Queued behind the slot's holder (the place was free), or
+                // refused while the cancelled waiter still held it.
+                Poll::Pending => drop(f),
+                Poll::Ready(r) => assert_eq!(r.unwrap_err(), AdmitError::AtCapacity),
+            }
+        });
+        canceller.join().unwrap();
+        arrival.join().unwrap();
+        let s = g.stats();
+        assert_eq!((s.queued, s.classes()[0].queued), (0, 0), "{s:?}");
+        g.close();
+        drop(p);
+        check_drained(&g, 1);
+        let s = g.stats();
+        assert_eq!(s.rejected_closed, 0, "nobody was left to close: {s:?}");
+    });
+}
+
 fn wait_gate(limit: u32, wait: u32, queue: u32) -> Arc<AdmissionGate> {
     let config = GateConfig::new(limit)
         .with_wait_limit(Some(wait))

@@ -2378,7 +2378,9 @@ const char *lg_status_reason(int status);
  *
  * Errors: LG_INVALID_ARGUMENT (NULL ticket or out_cancelled).
  * Ownership: borrows its arguments for the call only; keeps none of them.
- * Thread safety: any thread. Blocking: takes the gate's lock briefly.
+ * Thread safety: any thread. Blocking: takes no lock (the request's place
+ * is given back at once), unless it races the grant or rejection of this
+ * very request: then it waits briefly for the gate's lock.
  *
  * # Safety
  * `ticket` is NULL or a live ticket; `out_cancelled` is NULL or valid for
@@ -2392,7 +2394,7 @@ enum lg_status lg_ticket_cancel(const struct lg_ticket *ticket,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL ticket or out_queued).
  * Ownership: borrows its arguments for the call only; keeps none of them.
- * Thread safety: any thread. Blocking: takes the gate's lock briefly.
+ * Thread safety: any thread. Blocking: never (one atomic load).
  *
  * # Safety
  * `ticket` is NULL or a live ticket; `out_queued` is NULL or valid for

@@ -33,9 +33,11 @@ impl CallbackTicket {
         Self { gate, cell }
     }
 
-    /// Takes the request out of the queue if it is still there. Returns true
-    /// when it was: the callback is then dropped without being called and the
-    /// request counts as cancelled. Returns false when the callback has
+    /// Takes the request out of the queue if it is still there, without the
+    /// gate's mutex (unless it races the grant or rejection of this very
+    /// request). Returns true when it was: its place is free at once, the
+    /// callback is never called (it is dropped by the next operation that
+    /// takes the mutex) and the request counts as cancelled. Returns false when the callback has
     /// already been called or is being called (it got a permit, which it
     /// owns, or a rejection).
     pub fn cancel(&self) -> bool {
@@ -45,7 +47,7 @@ impl CallbackTicket {
         }
     }
 
-    /// True while the request waits in the queue.
+    /// True while the request waits in the queue (one atomic load).
     pub fn is_queued(&self) -> bool {
         match self.cell {
             Some((idx, gen)) => self.gate.raw.callback_queued(idx, gen),

@@ -38,23 +38,34 @@
 //!   `running + 1, queued - 1`, cell marked granted (after expiring due
 //!   waiters). If a lowered limit left `running >= limit`, nobody is
 //!   granted.
-//! * **Cancel** of a waiter still queued: it is unlinked (`queued - 1`). A
-//!   waiter already granted or rejected needs no lock: it frees its cell
-//!   and (if granted) releases its slot through the release path, which
-//!   hands it on. A cancel racing a handoff reads the cell's status under
-//!   the mutex and sees exactly one of the two states, so no slot is lost
-//!   or duplicated.
-//! * Every wake-up of a blocked thread, a callback ticket's `cancel`,
-//!   swapping a queued future's waker, expiry, [`AdmissionGate::set_limit`],
-//!   [`AdmissionGate::close`] and the queue-wait histogram of
+//! * Every wake-up and timeout of a blocked thread, swapping a queued
+//!   future's waker, expiry, displacement, [`AdmissionGate::set_limit`],
+//!   [`AdmissionGate::close`], [`AdmissionGate::next_deadline`] after a
+//!   cancel, and the queue-wait histogram of
 //!   [`AdmissionGate::metrics_text`].
 //!
-//! Without the mutex, on each cell's atomic status word (`cell.rs`): a
-//! queued future's poll (it reads whether it was granted or rejected and
-//! keeps waiting if not; the waker it registered stays in the cell), a
-//! callback ticket's `is_queued`, and an owner freeing its resolved cell.
-//! A resolver marks the cell resolved after the state word already counts
-//! the grant, so an owner that sees it granted may release at once.
+//! Without the mutex, on each cell's atomic status word (`cell.rs`):
+//!
+//! * a queued future's poll (it reads whether it was granted or rejected
+//!   and keeps waiting if not; the waker it registered stays in the cell),
+//!   a callback ticket's `is_queued`, and an owner freeing its resolved
+//!   cell;
+//! * **cancel** (a dropped future, a callback ticket's `cancel`): CAS the
+//!   cell from queued to cancelled, push it on the cancelled stack, then
+//!   `queued - 1` in the word (the linearization point: the place is free).
+//!   The cell stays linked until a mutex holder meets it (every pick skips
+//!   and unlinks cancelled cells at the list's ends) or takes it off the
+//!   stack (enqueue and `stats` do first, so queue lengths count only live
+//!   waiters), unlinks it and frees it, dropping its waker or callback
+//!   after unlocking.
+//!
+//! A resolver first *claims* a queued cell (CAS queued → claimed, which a
+//! racing cancel loses), then fixes the state word, then stores the outcome:
+//! so an owner that sees its grant may release at once, and one that sees
+//! its rejection finds its place already given back. A cancel that finds
+//! its cell claimed takes the mutex once, after which the outcome is there
+//! (granted: the cancel releases the slot, which is handed on; rejected:
+//! nothing to do). So no slot is lost or duplicated.
 //!
 //! So the gate is lock-free only while nobody waits: under overload, when
 //! requests queue, admissions and handoffs go through the mutex.

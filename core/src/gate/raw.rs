@@ -34,7 +34,7 @@ use std::task::{Poll, Waker};
 use crossbeam_utils::CachePadded;
 
 use crate::clock::SharedClock;
-use crate::sync::{lock, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{lock, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 
 use super::cell::{Cells, Status};
 use super::config::{GateConfig, MAX_CLASSES};
@@ -43,7 +43,7 @@ use super::future::WakerId;
 use super::state::{Word, CLOSED, ONE_QUEUED, ONE_RUNNING};
 use super::stats::{bump, Counters, GateStats, Gauges};
 use super::table::{Table, Waiter, NIL};
-use super::wake::{Wake, WakeList};
+use super::wake::{Wake, WakeList, WAKE_BATCH};
 
 /// "No waiter queued" in the head-deadline hint.
 const NO_DEADLINE: u64 = u64::MAX;
@@ -58,6 +58,37 @@ const MAX_CONDVARS: usize = 4096;
 #[inline]
 pub(super) fn is_due(enqueued_at: u64, timeout: u64, now: u64) -> bool {
     enqueued_at.saturating_add(timeout) <= now
+}
+
+/// Cells claimed under the mutex whose outcomes are stored after the state
+/// word is fixed: at most what the wake list has room for.
+struct Claimed {
+    idx: [u32; WAKE_BATCH],
+    len: usize,
+    room: usize,
+}
+
+impl Claimed {
+    fn new(wakes: &WakeList) -> Self {
+        Self {
+            idx: [NIL; WAKE_BATCH],
+            len: 0,
+            room: wakes.room(),
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.len == self.room
+    }
+
+    fn push(&mut self, idx: u32) {
+        self.idx[self.len] = idx;
+        self.len += 1;
+    }
+
+    fn as_slice(&self) -> &[u32] {
+        &self.idx[..self.len]
+    }
 }
 
 /// Outcome of the lock-free part of an admission.
@@ -123,6 +154,9 @@ pub(super) struct RawGate {
     /// plain `std` atomic: a hint whose every use is re-checked under the
     /// mutex, so it carries no ordering the model checker must explore.
     head_deadline: HintWord,
+    /// Set by a lock-free cancel (it cannot recompute the hint): the next
+    /// `next_deadline` recomputes it under the mutex.
+    head_stale: AtomicBool,
     pub(super) table: Mutex<Table>,
     /// Each waiter cell's status, and the free cells (`cell.rs`).
     pub(super) cells: Cells,
@@ -158,6 +192,7 @@ impl RawGate {
             state: CachePadded::new(AtomicU64::new(Word::new(0, 0, limit, false).0)),
             counters: CachePadded::new(Counters::new(classes.count)),
             head_deadline: HintWord::new(NO_DEADLINE),
+            head_stale: AtomicBool::new(false),
             table: Mutex::new(Table::new(capacity)),
             cells: Cells::new(capacity),
             condvars,
@@ -191,15 +226,18 @@ impl RawGate {
         // under the mutex too. (Lock-free reads of the two could interleave
         // with an admission or a release and show more waiting than running.)
         // The classes' queue lengths live in the table, so a gate with
-        // classes reads them under the mutex too.
-        let t = (self.wait_limit.is_some() || self.classes.count > 1).then(|| lock(&self.table));
+        // classes reads them under the mutex too, once cancelled cells are
+        // unlinked.
+        let mut wakes = WakeList::new();
+        let t = (self.wait_limit.is_some() || self.classes.count > 1)
+            .then(|| self.drained(lock(&self.table), &mut wakes));
         let word = Word(self.state.load(Ordering::Acquire));
         let mut class_queued = [0; MAX_CLASSES];
         match &t {
             Some(t) => class_queued = t.len,
             None => class_queued[0] = word.queued(),
         }
-        self.counters.snapshot(Gauges {
+        let stats = self.counters.snapshot(Gauges {
             word,
             queue_limit: self.queue_limit,
             // Relaxed: under the mutex that orders it, or 0 without a wait
@@ -208,7 +246,10 @@ impl RawGate {
             wait_limit: self.wait_limit,
             class_queued,
             class_queue: self.classes.queue,
-        })
+        });
+        drop(t);
+        wakes.run(self);
+        stats
     }
 
     // ----- lock-free paths -------------------------------------------------
@@ -321,6 +362,18 @@ impl RawGate {
 
     /// The head-deadline hint, or `None` when nobody is queued.
     pub(super) fn next_deadline(&self) -> Option<u64> {
+        // Acquire, pairing with the Release in `cancelled`: the cells it
+        // cancelled are seen as such.
+        if self.deadlines && self.head_stale.swap(false, Ordering::Acquire) {
+            let mut wakes = WakeList::new();
+            let mut t = self.drained(lock(&self.table), &mut wakes);
+            for k in 0..self.classes.count {
+                self.purge(&mut t, k, false);
+            }
+            self.sync_head(&t);
+            drop(t);
+            wakes.run(self);
+        }
         // Acquire, pairing with the Release in `sync_head`; the caller acts
         // on it only through `expire`, which re-checks under the mutex.
         let d = self.head_deadline.load(Ordering::Acquire);
@@ -351,7 +404,9 @@ impl RawGate {
 
     /// The locked part of an admission of `class`.
     pub(super) fn enqueue(&self, class: usize, waiter: Waiter, wakes: &mut WakeList) -> Enqueued {
-        let mut t = lock(&self.table);
+        // The queue lengths below count only live waiters once the
+        // cancelled cells are unlinked.
+        let mut t = self.drained(lock(&self.table), wakes);
         // Acquire: pairs with the fast release's Release (a slot freed
         // lock-free is seen, and its holder's work happens-before ours).
         let mut cur = self.state.load(Ordering::Acquire);
@@ -364,7 +419,7 @@ impl RawGate {
             }
             // Nobody of this class or a more important one waits (a slot
             // `set_limit` has not handed out yet is theirs, not ours).
-            let first = t.head[..=class].iter().all(|&h| h == NIL);
+            let first = self.first_in_line(&mut t, class);
             if first && self.classes.room(class, w) && self.wait_free() {
                 // AcqRel on success: Acquire as for a direct admit; Release
                 // is the rule for every RMW under the mutex. Acquire on
@@ -390,9 +445,10 @@ impl RawGate {
             let victim = if w.queued() >= self.queue_limit {
                 // The whole queue is full: the newest waiter of the least
                 // important class below this one gives up its place.
-                (class + 1..self.classes.count)
-                    .rev()
-                    .find(|&k| t.tail[k] != NIL)
+                (class + 1..self.classes.count).rev().find(|&k| {
+                    self.purge(&mut t, k, true);
+                    t.tail[k] != NIL
+                })
             } else {
                 None
             };
@@ -400,7 +456,8 @@ impl RawGate {
                 let now = self.clock.now_nanos();
                 // (A class that never queues gains nothing from expiry; it
                 // is rejected as on the lock-free path.)
-                if self.deadlines && self.classes.queue[class] > 0 && self.head_is_due(&t, now) {
+                if self.deadlines && self.classes.queue[class] > 0 && self.head_is_due(&mut t, now)
+                {
                     // Make room by expiring every due waiter, one wake
                     // batch at a time: waiters are told outside the lock.
                     loop {
@@ -410,7 +467,7 @@ impl RawGate {
                             t = lock(&self.table);
                         }
                         self.expire_locked(&mut t, now, wakes);
-                        if !self.head_is_due(&t, now) {
+                        if !self.head_is_due(&mut t, now) {
                             break;
                         }
                     }
@@ -433,7 +490,14 @@ impl RawGate {
                 // The place passes from the victim to us: `queued` is
                 // unchanged, so the word is not written.
                 let idx = t.tail[k];
+                let claimed = self.cells.claim(idx);
                 t.unlink(idx);
+                if !claimed {
+                    // Its owner cancelled it just now: look again.
+                    // Acquire: as the first load of this loop.
+                    cur = self.state.load(Ordering::Acquire);
+                    continue;
+                }
                 let now = self.clock.now_nanos();
                 self.resolve(&mut t, idx, Err(AdmitError::Displaced), now, wakes);
                 bump(&self.counters.class[k].displaced, 1);
@@ -511,15 +575,18 @@ impl RawGate {
             // (`running - 1`) is within its share. (`running` may only fall
             // meanwhile: a lock-free release; never rise while `queued > 0`.)
             let freed = Word(w.0 - ONE_RUNNING);
-            if let Some(class) = t.first_class().filter(|&k| self.classes.room(k, freed)) {
+            if let Some(class) = self.live_class(t).filter(|&k| self.classes.room(k, freed)) {
                 if wakes.is_full() {
                     return false;
                 }
+                let Some(idx) = self.claim_next(t, class) else {
+                    return false; // cancelled meanwhile: look again
+                };
                 // The slot and the wait slot move to the waiter: `running`
                 // and the wait count unchanged. AcqRel: the rule for RMWs
-                // under the mutex. The word first (see `grant_one`).
+                // under the mutex. The word first (see `grant`).
                 self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
-                self.grant_one(t, class, now, wakes);
+                self.grant(t, idx, now, wakes);
                 self.sync_head(t);
                 return true;
             }
@@ -532,22 +599,105 @@ impl RawGate {
         true
     }
 
-    /// Unlinks the next waiter of `class` (oldest, or newest once after an
-    /// expiry with adaptive LIFO) and grants it a slot. The caller fixes the
-    /// word *before*: once the cell says granted, its owner may run and
-    /// release the slot without the mutex, and that release must find the
-    /// slot counted in `running`.
-    pub(super) fn grant_one(&self, t: &mut Table, class: usize, now: u64, wakes: &mut WakeList) {
-        let idx = if t.lifo_next {
+    /// Claims and unlinks the next live waiter of `class` (oldest, or newest
+    /// once after an expiry with adaptive LIFO), skipping cells whose owners
+    /// cancelled them; `None` if it has none left.
+    pub(super) fn claim_next(&self, t: &mut Table, class: usize) -> Option<u32> {
+        let idx = self.claim_end(t, class, t.lifo_next);
+        if idx.is_some() {
             t.lifo_next = false;
-            t.tail[class]
-        } else {
-            t.head[class]
-        };
-        debug_assert_ne!(idx, NIL);
-        t.unlink(idx);
+        }
+        idx
+    }
+
+    /// Claims and unlinks the live waiter at the head (or tail) of `class`'s
+    /// list, skipping cells whose owners cancelled them.
+    fn claim_end(&self, t: &mut Table, class: usize, from_tail: bool) -> Option<u32> {
+        loop {
+            self.purge(t, class, from_tail);
+            let idx = if from_tail {
+                t.tail[class]
+            } else {
+                t.head[class]
+            };
+            if idx == NIL {
+                return None;
+            }
+            let claimed = self.cells.claim(idx);
+            t.unlink(idx);
+            if claimed {
+                return Some(idx);
+            }
+        }
+    }
+
+    /// Grants a claimed, unlinked waiter its slot. The caller fixes the word
+    /// *before*: once the cell says granted, its owner may run and release
+    /// the slot without the mutex, and that release must find the slot
+    /// counted in `running`.
+    pub(super) fn grant(&self, t: &mut Table, idx: u32, now: u64, wakes: &mut WakeList) {
         self.resolve(t, idx, Ok(()), now, wakes);
         bump(&self.counters.admitted_queued, 1);
+    }
+
+    /// Unlinks the cancelled cells at the head (or tail) of `class`'s list;
+    /// the cancelled stack frees them. So the list's end is a live waiter
+    /// or nothing.
+    pub(super) fn purge(&self, t: &mut Table, class: usize, from_tail: bool) {
+        loop {
+            let idx = if from_tail {
+                t.tail[class]
+            } else {
+                t.head[class]
+            };
+            if idx == NIL || self.cells.load(idx).1 != Status::Cancelled {
+                return;
+            }
+            t.unlink(idx);
+        }
+    }
+
+    /// The most important class with a live waiter.
+    pub(super) fn live_class(&self, t: &mut Table) -> Option<usize> {
+        (0..self.classes.count).find(|&k| {
+            self.purge(t, k, false);
+            t.head[k] != NIL
+        })
+    }
+
+    /// Whether nobody of `class` or a more important one waits (a slot a
+    /// waiter is owed is theirs, not a newcomer's).
+    pub(super) fn first_in_line(&self, t: &mut Table, class: usize) -> bool {
+        (0..=class).all(|k| {
+            self.purge(t, k, false);
+            t.head[k] == NIL
+        })
+    }
+
+    /// The table with every cancelled cell unlinked and freed (so that the
+    /// lists and their lengths hold only live waiters), telling the wake
+    /// list to drop what the cells held, one batch at a time.
+    pub(super) fn drained<'a>(
+        &'a self,
+        mut t: MutexGuard<'a, Table>,
+        wakes: &mut WakeList,
+    ) -> MutexGuard<'a, Table> {
+        while let Some(idx) = self.cells.take_cancelled() {
+            if t.cells[idx as usize].linked {
+                t.unlink(idx);
+            }
+            let waiter = t.take_waiter(idx);
+            self.cells.free(idx);
+            if !matches!(waiter, Waiter::None | Waiter::Task(None)) {
+                if wakes.is_full() {
+                    drop(t);
+                    wakes.run(self);
+                    t = lock(&self.table);
+                }
+                wakes.push(Wake::Discard(waiter));
+            }
+        }
+        t
     }
 
     /// Takes a free cell and links it at the tail of `class`'s queue, as
@@ -559,8 +709,8 @@ impl RawGate {
         (idx, gen)
     }
 
-    /// Marks an unlinked waiter granted or rejected and lists whom to tell.
-    /// A callback's cell is freed at once (its owner never looks).
+    /// Marks a claimed, unlinked waiter granted or rejected and lists whom to
+    /// tell. A callback's cell is freed at once (its owner never looks).
     pub(super) fn resolve(
         &self,
         t: &mut Table,
@@ -600,29 +750,40 @@ impl RawGate {
         if !self.deadlines || Word(self.state.load(Ordering::Acquire)).closed() {
             return 0;
         }
-        let mut n = 0u32;
+        let mut due = Claimed::new(wakes);
         for class in 0..self.classes.count {
             let Some(timeout) = self.classes.timeout[class] else {
                 continue;
             };
-            let mut expired = 0u32;
-            while t.head[class] != NIL && !wakes.is_full() {
+            let before = due.len;
+            while !due.is_full() {
+                self.purge(t, class, false);
                 let idx = t.head[class];
-                if !is_due(t.cells[idx as usize].enqueued_at, timeout, now) {
+                if idx == NIL || !is_due(t.cells[idx as usize].enqueued_at, timeout, now) {
                     break;
                 }
+                let claimed = self.cells.claim(idx);
                 t.unlink(idx);
-                self.resolve(t, idx, Err(AdmitError::QueueTimeout), now, wakes);
-                expired += 1;
+                if claimed {
+                    due.push(idx);
+                }
             }
-            bump(&self.counters.class[class].expired, u64::from(expired));
-            n += expired;
+            bump(
+                &self.counters.class[class].expired,
+                (due.len - before) as u64,
+            );
         }
+        let n = due.len as u32;
         if n > 0 {
-            // An RMW: lock-free releases may lower `running` meanwhile.
-            // AcqRel: the rule for RMWs under the mutex.
+            // The word first, then the outcomes (as for a grant): an owner
+            // that sees its rejection finds its place already given back.
+            // An RMW: lock-free releases and cancels may change the word
+            // meanwhile. AcqRel: the rule for RMWs under the mutex.
             self.state
                 .fetch_sub(u64::from(n) * ONE_QUEUED, Ordering::AcqRel);
+            for &idx in due.as_slice() {
+                self.resolve(t, idx, Err(AdmitError::QueueTimeout), now, wakes);
+            }
             if self.adaptive_lifo {
                 t.lifo_next = true;
             }
@@ -640,10 +801,13 @@ impl RawGate {
     }
 
     /// Whether a class's head waiter is past its deadline (and the gate is
-    /// open).
-    pub(super) fn head_is_due(&self, t: &Table, now: u64) -> bool {
+    /// open). Unlinks cancelled heads first: their deadlines do not count.
+    pub(super) fn head_is_due(&self, t: &mut Table, now: u64) -> bool {
         self.deadlines
-            && (0..self.classes.count).any(|k| self.head_deadline_of(t, k).is_some_and(|d| d <= now))
+            && (0..self.classes.count).any(|k| {
+                self.purge(t, k, false);
+                self.head_deadline_of(t, k).is_some_and(|d| d <= now)
+            })
             // Acquire: the rule for loads under the mutex.
             && !Word(self.state.load(Ordering::Acquire)).closed()
     }
@@ -699,30 +863,51 @@ impl RawGate {
         Poll::Pending
     }
 
-    /// A future or blocked thread gives up its cell: leaves the queue, or
-    /// passes on a slot it was granted but never took. Takes the mutex only
-    /// while the cell is queued.
+    /// A future gives up its cell, without the mutex: leaves the queue (its
+    /// cell is cancelled and its place given back at once; a later mutex
+    /// holder unlinks and frees the cell), or passes on a slot it was
+    /// granted but never took. The one wait: a cell a resolver has claimed
+    /// but not resolved yet, whose outcome the mutex holder is about to
+    /// store; the cancel takes the mutex once to let it finish.
     pub(super) fn cancel_cell(&self, idx: u32) {
-        let mut status = self.cells.load(idx).1;
-        if status == Status::Queued {
-            let mut t = lock(&self.table);
-            status = self.cells.load(idx).1;
-            let stale = if status == Status::Queued {
-                self.unqueue_locked(&mut t, idx);
-                t.take_waiter(idx)
-            } else {
-                Waiter::None
-            };
-            self.cells.free(idx);
-            drop(t);
-            drop(stale);
-        } else {
-            self.cells.free(idx);
+        loop {
+            let (gen, status) = self.cells.load(idx);
+            match status {
+                Status::Queued => {
+                    if self.cells.cancel(idx, gen) {
+                        self.cancelled();
+                        return;
+                    }
+                }
+                Status::Claimed => drop(lock(&self.table)),
+                Status::Granted => {
+                    self.cells.free(idx);
+                    // A granted waiter holds a wait slot too when the gate
+                    // has a wait limit.
+                    self.release_held(self.wait_limit.is_some());
+                    return;
+                }
+                Status::Rejected(_) => {
+                    self.cells.free(idx);
+                    return;
+                }
+                Status::Free | Status::Cancelled => {
+                    unreachable!("cancelled a cell it does not own")
+                }
+            }
         }
-        if status == Status::Granted {
-            // A granted waiter holds a wait slot too when the gate has a
-            // wait limit.
-            self.release_held(self.wait_limit.is_some());
+    }
+
+    /// A waiter that cancelled its cell gives back its place in the queue.
+    fn cancelled(&self) {
+        // Release: nothing to publish but the count; a plain RMW, as any
+        // lock-free change of the word. (The cell itself was handed to the
+        // mutex holders by the cancelled stack's Release push.)
+        self.state.fetch_sub(ONE_QUEUED, Ordering::Release);
+        bump(&self.counters.cancelled, 1);
+        if self.deadlines {
+            // Release, pairing with `next_deadline`'s Acquire.
+            self.head_stale.store(true, Ordering::Release);
         }
     }
 
@@ -736,20 +921,14 @@ impl RawGate {
         self.sync_head(t);
     }
 
-    /// A callback ticket's cancel: true if the request was still queued.
-    /// The cell is freed before unlocking, so that a second cancel of the
-    /// same ticket finds a new generation.
+    /// A callback ticket's cancel, without the mutex: true if the request
+    /// was still queued (its callback will not be called).
     pub(super) fn cancel_callback(&self, idx: u32, gen: u32) -> bool {
-        let mut t = lock(&self.table);
-        if self.cells.load(idx) != (gen, Status::Queued) {
-            return false;
+        let won = self.cells.cancel(idx, gen);
+        if won {
+            self.cancelled();
         }
-        self.unqueue_locked(&mut t, idx);
-        let stale = t.take_waiter(idx);
-        self.cells.free(idx);
-        drop(t);
-        drop(stale); // the callback and its gate handle: dropped unlocked
-        true
+        won
     }
 
     /// Whether a callback request is still queued (no lock).
@@ -806,18 +985,21 @@ impl RawGate {
                 if w.closed() || !self.wait_free() {
                     break true;
                 }
-                let Some(class) = t.first_class().filter(|&k| self.classes.room(k, w)) else {
+                let Some(class) = self.live_class(t).filter(|&k| self.classes.room(k, w)) else {
                     break true;
                 };
                 if wakes.is_full() {
                     break false;
                 }
+                let Some(idx) = self.claim_next(t, class) else {
+                    continue; // cancelled meanwhile: look again
+                };
                 // A CAS loop: `running` may fall meanwhile (a lock-free
                 // release), never rise (`queued > 0`), so the room seen
-                // above is still there. The word first (see `grant_one`).
+                // above is still there. The word first (see `grant`).
                 self.update(|w| Word::new(w.running() + 1, w.queued() - 1, w.limit(), w.closed()));
                 self.take_wait();
-                self.grant_one(t, class, now, wakes);
+                self.grant(t, idx, now, wakes);
             };
             self.sync_head(t);
             done
@@ -830,21 +1012,27 @@ impl RawGate {
         self.in_batches(|t, wakes| {
             // AcqRel: the rule for RMWs under the mutex.
             self.state.fetch_or(CLOSED, Ordering::AcqRel);
-            let mut n = 0u32;
-            while let Some(class) = t.first_class().filter(|_| !wakes.is_full()) {
-                let idx = t.head[class];
-                t.unlink(idx);
-                self.resolve(t, idx, Err(AdmitError::Closed), 0, wakes);
-                self.counters.closed(class, 1);
-                n += 1;
+            let mut refused = Claimed::new(wakes);
+            while !refused.is_full() {
+                let Some(class) = self.live_class(t) else {
+                    break;
+                };
+                if let Some(idx) = self.claim_end(t, class, false) {
+                    self.counters.closed(class, 1);
+                    refused.push(idx);
+                }
             }
-            if n > 0 {
+            if refused.len > 0 {
+                // The word first, then the outcomes (see `expire_locked`).
                 // AcqRel: the rule for RMWs under the mutex.
                 self.state
-                    .fetch_sub(u64::from(n) * ONE_QUEUED, Ordering::AcqRel);
+                    .fetch_sub(refused.len as u64 * ONE_QUEUED, Ordering::AcqRel);
+                for &idx in refused.as_slice() {
+                    self.resolve(t, idx, Err(AdmitError::Closed), 0, wakes);
+                }
             }
             self.sync_head(t);
-            t.first_class().is_none()
+            self.live_class(t).is_none()
         });
     }
 

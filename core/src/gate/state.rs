@@ -19,9 +19,11 @@
 //! At every value the word takes:
 //! 1. `queued <= Q`, and `running <= max(limit ever set)` (never above `N`
 //!    unless the limit was just lowered; lowering revokes nothing).
-//! 2. `queued`, `limit` and `closed` change only under the mutex, and
-//!    `queued` always equals the length of the linked list when the mutex is
-//!    taken.
+//! 2. `limit` and `closed` change only under the mutex; `queued` rises only
+//!    under it, and falls under it or by a lock-free cancel. `queued` counts
+//!    the live waiters: the linked cells but those cancelled (which stay
+//!    linked until a mutex holder unlinks them), give or take a cancel
+//!    between its cell's CAS and its `queued - 1`.
 //! 3. `running` rises without the mutex only while `queued == 0` (the
 //!    direct-admit CAS requires it in the value it swaps), so while
 //!    `queued > 0` only the mutex holder raises it. It falls without the

@@ -31,6 +31,9 @@ pub(super) enum Waiter {
 pub(super) struct Cell {
     pub(super) prev: u32,
     pub(super) next: u32,
+    /// In its class's list (a cancelled cell may be unlinked before the
+    /// mutex holder that frees it takes it off the cancelled stack).
+    pub(super) linked: bool,
     /// The waiter's priority class.
     pub(super) class: u8,
     /// Clock time when the waiter was queued.
@@ -86,11 +89,6 @@ impl Table {
         }
     }
 
-    /// The most important class with a queued waiter.
-    pub(super) fn first_class(&self) -> Option<usize> {
-        self.head.iter().position(|&h| h != NIL)
-    }
-
     /// Links cell `idx` (just taken from the free cells) at the tail of
     /// `class`'s queue. Allocates only for a cell index never used before
     /// beyond the reserved `Q + N`, which needs more than that many waiters
@@ -100,6 +98,7 @@ impl Table {
             self.cells.push(Cell {
                 prev: NIL,
                 next: NIL,
+                linked: false,
                 class: 0,
                 enqueued_at: 0,
                 waiter: Waiter::None,
@@ -109,6 +108,7 @@ impl Table {
         let cell = &mut self.cells[idx as usize];
         cell.prev = tail;
         cell.next = NIL;
+        cell.linked = true;
         cell.class = class as u8;
         cell.enqueued_at = enqueued_at;
         cell.waiter = waiter;
@@ -125,6 +125,7 @@ impl Table {
     pub(super) fn unlink(&mut self, idx: u32) {
         let (prev, next, class) = {
             let cell = &self.cells[idx as usize];
+            debug_assert!(cell.linked, "unlinked a cell twice");
             (cell.prev, cell.next, cell.class as usize)
         };
         self.len[class] -= 1;
@@ -141,6 +142,7 @@ impl Table {
         let cell = &mut self.cells[idx as usize];
         cell.prev = NIL;
         cell.next = NIL;
+        cell.linked = false;
     }
 
     /// Takes whom a cell would tell, for the caller to drop after

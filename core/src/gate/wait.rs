@@ -24,7 +24,7 @@ use crate::sync::{lock, Ordering};
 
 use super::raw::RawGate;
 use super::state::{Word, ONE_RUNNING};
-use super::table::{Table, NIL};
+use super::table::Table;
 use super::wake::WakeList;
 
 impl RawGate {
@@ -86,9 +86,9 @@ impl RawGate {
     /// the class's share and a wait slot are free and nobody of the class or
     /// a more important one is queued; the word seen otherwise.
     pub(super) fn try_direct_locked(&self, class: usize) -> Result<(), Word> {
-        let t = lock(&self.table);
+        let mut t = lock(&self.table);
         // Nobody of this class or a more important one waits.
-        let first = t.head[..=class].iter().all(|&h| h == NIL);
+        let first = self.first_in_line(&mut t, class);
         // Acquire: the rule for loads under the mutex (pairs with the fast
         // release's Release).
         let mut cur = self.state.load(Ordering::Acquire);
@@ -135,17 +135,20 @@ impl RawGate {
             }
             // The most important class with a waiter, if a request slot is
             // free within its share.
-            if let Some(class) = t.first_class().filter(|&k| self.classes.room(k, w)) {
+            if let Some(class) = self.live_class(t).filter(|&k| self.classes.room(k, w)) {
                 if wakes.is_full() {
                     return false;
                 }
+                let Some(idx) = self.claim_next(t, class) else {
+                    return false; // cancelled meanwhile: look again
+                };
                 // The waiter takes a free request slot and the wait slot we
                 // give up (count unchanged). A CAS loop: `running` may fall
                 // meanwhile (a lock-free release), never rise (`queued > 0`,
                 // invariant 3), so the room seen above is still there. The
-                // word first (see `grant_one`).
+                // word first (see `grant`).
                 self.update(|w| Word::new(w.running() + 1, w.queued() - 1, w.limit(), w.closed()));
-                self.grant_one(t, class, now, wakes);
+                self.grant(t, idx, now, wakes);
                 self.sync_head(t);
                 return true;
             }

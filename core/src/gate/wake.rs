@@ -15,6 +15,9 @@ use super::AdmissionGate;
 pub(super) enum Wake {
     /// Wake a task.
     Task(Waker),
+    /// Drop what a cancelled cell held (its waker or callback), outside the
+    /// lock: a drop may run user code.
+    Discard(super::table::Waiter),
     /// Notify the condition variable with this index.
     Thread(usize),
     /// Call a callback.
@@ -30,7 +33,7 @@ pub(super) enum Wake {
 
 /// Most waiters resolved under one hold of the lock; an operation that
 /// resolves more (a close with a long queue) takes the lock again per batch.
-const WAKE_BATCH: usize = 32;
+pub(super) const WAKE_BATCH: usize = 32;
 
 /// Waiters resolved under the lock, told after it is released. Fixed size,
 /// on the stack: resolving waiters allocates nothing, and an empty list costs
@@ -57,7 +60,7 @@ impl WakeList {
         self.len == WAKE_BATCH
     }
 
-    #[cfg(test)]
+    /// How many more waiters fit.
     pub(super) fn room(&self) -> usize {
         WAKE_BATCH - self.len
     }
@@ -83,6 +86,7 @@ impl WakeList {
             let wake = unsafe { self.items[i].assume_init_read() };
             match wake {
                 Wake::Task(waker) => waker.wake(),
+                Wake::Discard(waiter) => drop(waiter),
                 Wake::Thread(cv) => gate.notify_thread(cv),
                 Wake::Callback {
                     callback,
