@@ -28,9 +28,7 @@ impl lg_ticket {
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL ticket or out_cancelled).
 /// Ownership: borrows its arguments for the call only; keeps none of them.
-/// Thread safety: any thread. Blocking: takes no lock (the request's place
-/// is given back at once), unless it races the grant or rejection of this
-/// very request: then it waits briefly for the gate's lock.
+/// Thread safety: any thread. Blocking: takes the gate's lock briefly.
 ///
 /// # Safety
 /// `ticket` is NULL or a live ticket; `out_cancelled` is NULL or valid for

@@ -41,13 +41,14 @@ use super::stats::GateStats;
 /// **Locking:** direct admission, release and rejection while the queue is
 /// full are one atomic operation on the state word: no lock. A queued
 /// future's poll reads its cell's atomic status (the mutex only to swap in
-/// a new waker), and so does a callback ticket's `is_queued`; cancelling a
-/// queued future or callback ticket marks its cell and gives its place back
-/// without the mutex (unless it races the grant or rejection of that very
-/// request, when it waits for the outcome under the mutex). With a wait
+/// a new waker), and so does a callback ticket's `is_queued`; dropping a
+/// queued future marks its cell and gives its place back without the mutex
+/// (unless it races the grant or rejection of that very request, when it
+/// waits for the outcome under the mutex). With a wait
 /// limit, admission, `first_response` and the release of a permit that has
 /// not responded take the mutex too (the wait count lives under it).
-/// Queueing, handing a released slot to a waiter, blocking waits, expiry,
+/// Queueing, handing a released slot to a waiter, a callback ticket's
+/// `cancel`, blocking waits, expiry,
 /// displacement, [`set_limit`](Self::set_limit), [`close`](Self::close) and
 /// [`metrics_text`](Self::metrics_text) take the gate's mutex, briefly.
 /// Admission, queueing and handoff allocate nothing (the waiter table is

@@ -33,11 +33,10 @@ impl CallbackTicket {
         Self { gate, cell }
     }
 
-    /// Takes the request out of the queue if it is still there, without the
-    /// gate's mutex (unless it races the grant or rejection of this very
-    /// request). Returns true when it was: its place is free at once, the
-    /// callback is never called (it is dropped by the next operation that
-    /// takes the mutex) and the request counts as cancelled. Returns false when the callback has
+    /// Takes the request out of the queue if it is still there (under the
+    /// gate's mutex, briefly). Returns true when it was: its place is free
+    /// at once, the callback is dropped without being called and the
+    /// request counts as cancelled. Returns false when the callback has
     /// already been called or is being called (it got a permit, which it
     /// owns, or a rejection).
     pub fn cancel(&self) -> bool {

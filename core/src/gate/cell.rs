@@ -1,10 +1,11 @@
 //! Waiter cells' outcomes, readable without the gate's mutex.
 //!
 //! Each waiter cell (see `table.rs`) has an atomic *state word* here, so
-//! that a queued future's poll, a callback ticket's `is_queued` and the
-//! drop of a waiter that was already resolved read it without the lock,
-//! and a *free stack* of cells, to which an owner gives its cell back
-//! without the lock once it has taken its outcome.
+//! that a queued future's poll and drop, a callback ticket's `is_queued`
+//! and the drop of a waiter that was already resolved need no lock; a
+//! *free stack* of cells, to which an owner gives its cell back without the
+//! lock once it has taken its outcome; and a *cancelled stack*, on which a
+//! dropped future leaves its cell for a mutex holder to unlink.
 //!
 //! # State word
 //!
@@ -30,10 +31,12 @@
 //!   the state word counts it and it took everything it needs from the cell
 //!   (the waker, the queue time). After this store the resolver never
 //!   touches the cell again, so the owner may free it at once.
-//! * `QUEUED(g) → CANCELLED(g)`: the owner, without the mutex (CAS), then
-//!   it pushes the cell on the *cancelled stack* (its own link) and gives
-//!   its place back in the state word. A mutex holder pops it, unlinks it
-//!   if a pick has not already, and frees it.
+//! * `QUEUED(g) → CANCELLED(g)`: a dropped future, without the mutex (CAS),
+//!   then it pushes the cell on the *cancelled stack* (its own link) and
+//!   gives its place back in the state word. A mutex holder pops it, unlinks
+//!   it if a pick has not already, and frees it. A callback ticket's cancel
+//!   makes the same CAS under the mutex and unlinks and frees the cell
+//!   itself.
 //! * `GRANTED | REJECTED → FREE(g + 1)`: the cell's owner, once it has
 //!   taken the outcome, with or without the mutex; then it pushes the cell
 //!   on the free stack. A callback's cell is freed by its resolver (the
@@ -370,22 +373,30 @@ impl Cells {
     /// to unlink and free); false if a resolver claimed or resolved it first,
     /// or the generation is gone.
     pub(super) fn cancel(&self, idx: u32, gen: u32) -> bool {
+        let won = self.mark_cancelled(idx, gen);
+        if won {
+            let slot = self.slot(idx);
+            self.push(&self.cancelled, &slot.next_cancelled, idx);
+        }
+        won
+    }
+
+    /// Marks a queued cell of generation `gen` cancelled, without handing it
+    /// to the cancelled stack: for a canceller that holds the mutex and
+    /// unlinks and frees it itself. True if it was queued.
+    pub(super) fn mark_cancelled(&self, idx: u32, gen: u32) -> bool {
         let slot = self.slot(idx);
         // Acquire on failure: the caller goes on to read the outcome.
-        // Relaxed on success: the cell is handed over by the push's Release.
-        let won = slot
-            .state
+        // Relaxed on success: the cell is handed over by the cancelled
+        // stack's Release push, or by the mutex the caller holds.
+        slot.state
             .compare_exchange(
                 pack(gen, Status::Queued),
                 pack(gen, Status::Cancelled),
                 Ordering::Relaxed,
                 Ordering::Acquire,
             )
-            .is_ok();
-        if won {
-            self.push(&self.cancelled, &slot.next_cancelled, idx);
-        }
-        won
+            .is_ok()
     }
 
     /// Frees a cell its holder is done with (its owner after taking the

@@ -38,7 +38,9 @@
 //!   `running + 1, queued - 1`, cell marked granted (after expiring due
 //!   waiters). If a lowered limit left `running >= limit`, nobody is
 //!   granted.
-//! * Every wake-up and timeout of a blocked thread, swapping a queued
+//! * A callback ticket's `cancel` (the callback holds a handle to the gate,
+//!   a cycle the cancel itself must end, so it unlinks and drops it at
+//!   once), every wake-up and timeout of a blocked thread, swapping a queued
 //!   future's waker, expiry, displacement, [`AdmissionGate::set_limit`],
 //!   [`AdmissionGate::close`], [`AdmissionGate::next_deadline`] after a
 //!   cancel, and the queue-wait histogram of
@@ -50,8 +52,7 @@
 //!   and keeps waiting if not; the waker it registered stays in the cell),
 //!   a callback ticket's `is_queued`, and an owner freeing its resolved
 //!   cell;
-//! * **cancel** (a dropped future, a callback ticket's `cancel`): CAS the
-//!   cell from queued to cancelled, push it on the cancelled stack, then
+//! * **cancel** of a dropped future: CAS the cell from queued to cancelled, push it on the cancelled stack, then
 //!   `queued - 1` in the word (the linearization point: the place is free).
 //!   The cell stays linked until a mutex holder meets it (every pick skips
 //!   and unlinks cancelled cells at the list's ends) or takes it off the

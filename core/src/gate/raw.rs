@@ -921,14 +921,23 @@ impl RawGate {
         self.sync_head(t);
     }
 
-    /// A callback ticket's cancel, without the mutex: true if the request
-    /// was still queued (its callback will not be called).
+    /// A callback ticket's cancel: true if the request was still queued
+    /// (its callback will not be called). Under the mutex, unlike a
+    /// future's: the callback holds a handle to the gate, a cycle that must
+    /// end with the cancel, not with whichever operation next drains the
+    /// cancelled stack (a gate nobody uses again would never be dropped).
     pub(super) fn cancel_callback(&self, idx: u32, gen: u32) -> bool {
-        let won = self.cells.cancel(idx, gen);
-        if won {
-            self.cancelled();
+        let mut t = lock(&self.table);
+        if !self.cells.mark_cancelled(idx, gen) {
+            return false;
         }
-        won
+        t.unlink(idx);
+        let stale = t.take_waiter(idx);
+        self.cells.free(idx);
+        self.cancelled();
+        drop(t);
+        drop(stale); // the callback and its gate handle: dropped unlocked
+        true
     }
 
     /// Whether a callback request is still queued (no lock).
