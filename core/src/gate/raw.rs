@@ -18,9 +18,14 @@
 //! * Under the mutex, loads are `Acquire` and every read-modify-write is
 //!   `AcqRel`: a slot freed under the lock (release with no waiter left) is
 //!   published to lock-free admitters, and the lock holder sees slots freed
-//!   lock-free. A slot handed to a waiter is published by the mutex itself:
-//!   the releaser marks the cell under the lock, the waiter reads it under
-//!   the lock.
+//!   lock-free. A slot handed to a waiter is published by its cell's state
+//!   word: the resolver fixes the state word, then stores the outcome with
+//!   `Release`; the waiter loads it with `Acquire` (`cell.rs`).
+//! * A lock-free cancel's `queued - 1` is `Release`, like any lock-free write
+//!   of the word; its cell reaches the mutex holders through the cancelled
+//!   stack (`cell.rs`), and it marks the head-deadline hint stale
+//!   (`Release`, read by `next_deadline` with `Acquire`, which recomputes
+//!   the hint under the mutex).
 //! * Statistics counters are `Relaxed`: they order nothing.
 //! * The head-deadline hint is written under the mutex (`Release`) and read
 //!   by the reject path and `next_deadline` (`Acquire`); a stale read only
