@@ -916,8 +916,7 @@ impl RawGate {
         }
     }
 
-    /// Unlinks a queued waiter that gives up under the mutex (a callback
-    /// ticket's cancel, a blocking wait's own timeout).
+    /// Unlinks a queued waiter that gives up (a cancellation).
     pub(super) fn unqueue_locked(&self, t: &mut Table, idx: u32) {
         t.unlink(idx);
         // An RMW: lock-free releases may lower `running` meanwhile.
@@ -937,9 +936,10 @@ impl RawGate {
         if !self.cells.mark_cancelled(idx, gen) {
             return false;
         }
-        self.unqueue_locked(&mut t, idx);
+        t.unlink(idx);
         let stale = t.take_waiter(idx);
         self.cells.free(idx);
+        self.cancelled();
         drop(t);
         drop(stale); // the callback and its gate handle: dropped unlocked
         true
