@@ -6,7 +6,17 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# With LOADGATE_PRUNE_TARGETS=1 (CI sets it), a stage's own target directory
+# is deleted once the stage has passed, so the run's peak disk use stays low.
+prune() {
+    if [ "${LOADGATE_PRUNE_TARGETS:-0}" = 1 ]; then
+        rm -rf "$@"
+        echo "  pruned $*; $(df -h --output=avail . | tail -1 | tr -d ' ') free"
+    fi
+}
+
 step "toolchain"
+echo "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free"
 if ! command -v cargo >/dev/null; then
     echo "cargo not found: install Rust from https://rustup.rs first" >&2
     exit 1
@@ -39,6 +49,7 @@ LOADGATE_NO_SKIP=1 cargo test --workspace --features loadgate/nats,loadgate/scra
 step "loom models (release, LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:=2})"
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS \
     cargo test -p loadgate --release --lib --test loom_gate --test loom_monitor
+prune target/loom
 
 
 # ---- benches -----------------------------------------------------------------
@@ -65,8 +76,10 @@ step "Python module: pip install ./python; pytest"
 # docs/verification.md lists every check.
 step "fuzz targets (${FUZZ_SECONDS:=30}s each)"
 ./ci/fuzz.sh "$FUZZ_SECONDS"
+prune fuzz/target
 step "ThreadSanitizer: threaded stress tests"
 ./ci/sanitize.sh
+prune target/tsan
 # ---- end fuzzing and ThreadSanitizer -----------------------------------------
 
 step "main job"
