@@ -916,7 +916,8 @@ impl RawGate {
         }
     }
 
-    /// Unlinks a queued waiter that gives up (a cancellation).
+    /// Unlinks a queued waiter that gives up under the mutex (a callback
+    /// ticket's cancel, a blocking wait's own timeout).
     pub(super) fn unqueue_locked(&self, t: &mut Table, idx: u32) {
         t.unlink(idx);
         // An RMW: lock-free releases may lower `running` meanwhile.
@@ -936,10 +937,9 @@ impl RawGate {
         if !self.cells.mark_cancelled(idx, gen) {
             return false;
         }
-        t.unlink(idx);
+        self.unqueue_locked(&mut t, idx);
         let stale = t.take_waiter(idx);
         self.cells.free(idx);
-        self.cancelled();
         drop(t);
         drop(stale); // the callback and its gate handle: dropped unlocked
         true
