@@ -1100,6 +1100,14 @@ fn staleness_keep_free_and_busy() {
         [m.is_busy(1), m.is_busy(2), m.is_busy(3)],
         [Ok(true), Ok(false), Ok(true)]
     );
+    // Switching between free and busy applies to stale ranks at once,
+    // without waiting for a report or another stale mark.
+    m.set_staleness("free", Staleness::Busy, s).unwrap();
+    m.set_staleness("busy", Staleness::Free, s).unwrap();
+    assert_eq!([m.is_busy(2), m.is_busy(3)], [Ok(true), Ok(false)]);
+    m.set_staleness("free", Staleness::Free, s).unwrap();
+    m.set_staleness("busy", Staleness::Busy, s).unwrap();
+    assert_eq!([m.is_busy(2), m.is_busy(3)], [Ok(false), Ok(true)]);
     // A report makes the rank fresh again at once.
     m.report(2, 0, &used(95)).unwrap();
     m.report(3, 0, &used(5)).unwrap();

@@ -425,7 +425,8 @@ impl Monitor {
             .map(|m| lock(&m.cold).thresholds)
     }
 
-    /// Sets `model`'s staleness policy and re-sweeps.
+    /// Sets `model`'s staleness policy and re-sweeps. A change between
+    /// `free` and `busy` applies at once to ranks that are already stale.
     pub fn set_staleness(
         &self,
         model: &str,
@@ -447,7 +448,18 @@ impl Monitor {
         // Relaxed: settings read by the sweep below on this thread, and by
         // publications, to which its combiner registrations release them.
         m.stale_after.store(nanos(stale_after), Ordering::Relaxed);
-        m.staleness.store(policy.to_u64(), Ordering::Relaxed);
+        let old = Staleness::from_u64(m.staleness.swap(policy.to_u64(), Ordering::Relaxed));
+        // The sweep re-evaluates workers whose stale marks change; a worker
+        // whose ranks stay stale under the other policy must be
+        // re-evaluated here. Relaxed `stale`: an input that
+        // `reevaluate_and_wait` releases.
+        if old != policy {
+            for w in reg.workers.values().filter(|w| {
+                Arc::ptr_eq(&w.model, m) && w.ranks.iter().any(|r| r.stale.load(Ordering::Relaxed))
+            }) {
+                w.reevaluate_and_wait();
+            }
+        }
         drop(reg);
         self.sweep();
         Ok(())
