@@ -426,3 +426,61 @@ fn bad_settings_and_urls_are_refused() {
     assert_eq!(Engine::from_name("sglang"), Some(Engine::Sglang));
     assert_eq!(Engine::from_name("tgi"), None);
 }
+
+/// The value of the sample line that starts with `series` (name and
+/// labels, exactly as rendered), if there is one.
+fn sample_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+#[test]
+fn scrape_outcomes_and_latency_are_in_the_monitors_metrics() {
+    let (m, _clock) = monitor();
+    let good = Engine_::start(vllm("m", &[0.2], &[0]));
+    let bad = Engine_::start(String::new());
+    bad.set(Mode::Status(503));
+    let s1 = Scrape::start(m.clone(), None, 1, &good.url, fast(Engine::Vllm)).unwrap();
+    let s2 = Scrape::start(m.clone(), Some("m"), 2, &bad.url, fast(Engine::Vllm)).unwrap();
+    wait_for("scrapes and errors", || {
+        s1.stats().scrapes >= 2 && kind(&s2.stats(), "http") >= 2
+    });
+    let (st1, st2) = (s1.stats(), s2.stats());
+    let text = m.metrics_text();
+    for family in [
+        "frontend_scrapes_total counter",
+        "frontend_scrape_duration_seconds summary",
+        "frontend_scrape_registered gauge",
+    ] {
+        let typed = format!("# TYPE dynamo_{family}");
+        assert_eq!(text.matches(&typed).count(), 1, "{typed} once in:\n{text}");
+    }
+    let value = |series: &str| {
+        sample_value(&text, &format!("dynamo_{series}"))
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+    };
+    // Read after the stats: at least what they said.
+    assert!(value(r#"frontend_scrapes_total{worker_id="1",outcome="ok"}"#) >= st1.scrapes as f64);
+    assert_eq!(
+        value(r#"frontend_scrapes_total{worker_id="1",outcome="http"}"#),
+        0.0
+    );
+    assert_eq!(
+        value(r#"frontend_scrapes_total{worker_id="2",outcome="ok"}"#),
+        0.0
+    );
+    assert!(value(r#"frontend_scrapes_total{worker_id="2",outcome="http"}"#) >= 2.0);
+    assert!(
+        value(r#"frontend_scrape_duration_seconds_count{worker_id="2"}"#)
+            >= (st2.scrapes + st2.errors) as f64
+    );
+    assert!(value(r#"frontend_scrape_duration_seconds_sum{worker_id="1"}"#) > 0.0);
+    assert_eq!(value(r#"frontend_scrape_registered{worker_id="1"}"#), 1.0);
+    assert_eq!(value(r#"frontend_scrape_registered{worker_id="2"}"#), 0.0);
+    // A closed or dropped scrape leaves the text.
+    drop(s2);
+    let text = m.metrics_text();
+    assert!(!text.contains(r#"worker_id="2""#), "{text}");
+    assert!(text.contains(r#"frontend_scrape_registered{worker_id="1"} 1"#));
+}

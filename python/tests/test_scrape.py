@@ -171,6 +171,31 @@ def test_dying_and_stalling_endpoints_keep_the_last_values() -> None:
             assert m.is_busy(1)  # the last values (9 waiting) still count
 
 
+def test_scrape_outcomes_are_in_the_monitors_metrics() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    m = Monitor()
+    with engine(vllm_text([0.5], [0], model="m")) as e, m.scrape(None, 1, e.url, interval=0.01) as s:
+        wait_for(s.stats, lambda st: st["scrapes"] >= 2)
+        e.mode = "500"
+        stats = wait_for(s.stats, lambda st: st["errors_by_kind"]["http"] >= 1)
+        families = {f.name: f for f in text_string_to_metric_families(m.metrics_text())}
+        samples = {
+            (x.name, x.labels.get("outcome")): x.value
+            for x in families["dynamo_frontend_scrapes"].samples
+            if x.labels["worker_id"] == "1"
+        }
+        assert samples[("dynamo_frontend_scrapes_total", "ok")] >= stats["scrapes"]
+        assert samples[("dynamo_frontend_scrapes_total", "http")] >= 1
+        assert samples[("dynamo_frontend_scrapes_total", "timeout")] == 0
+        duration = families["dynamo_frontend_scrape_duration_seconds"]
+        assert duration.type == "summary"
+        count = [x.value for x in duration.samples if x.name.endswith("_count")]
+        assert count and count[0] >= stats["scrapes"] + stats["errors"]
+        assert families["dynamo_frontend_scrape_registered"].samples[0].value == 1
+    assert "frontend_scrape_registered{" not in m.metrics_text()  # closed: gone
+
+
 def test_many_workers_at_once() -> None:
     m = Monitor()
     with contextlib.ExitStack() as stack:

@@ -192,6 +192,8 @@ impl Monitor {
         for (kind, count) in self.refused_registrations() {
             metrics::sample(&mut out, p, name, &[("reason", &kind)], count);
         }
+        #[cfg(feature = "scrape")]
+        self.scrapes.render(&mut out, p);
         out
     }
 }

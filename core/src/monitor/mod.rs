@@ -108,6 +108,9 @@ pub struct Monitor {
     lease_nanos: u64,
     refused: [AtomicU64; 3],
     refused_workers: [AtomicU64; WorkerError::ADD_KINDS.len()],
+    /// This monitor's engine scrapes, for `metrics_text`.
+    #[cfg(feature = "scrape")]
+    pub(crate) scrapes: crate::scrape::Registered,
 }
 
 impl fmt::Debug for Monitor {
@@ -145,6 +148,8 @@ impl Monitor {
             config,
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             refused_workers: Default::default(),
+            #[cfg(feature = "scrape")]
+            scrapes: Default::default(),
         })
     }
 

@@ -31,7 +31,7 @@ mod http;
 mod text;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 pub use engines::Engine;
@@ -40,6 +40,7 @@ use self::engines::MapError;
 use self::http::{Connection, FetchError, Target};
 use crate::fork::ForkGuard;
 use crate::load::{LoadReport, WorkerSpec};
+use crate::metrics;
 use crate::monitor::Monitor;
 use crate::runtime::runtime;
 
@@ -272,6 +273,122 @@ impl Shared {
     }
 }
 
+/// A monitor's scrapes, held weakly, so that its `metrics_text` renders
+/// theirs: a scrape that is closed or dropped leaves the text. Locked only
+/// when a scrape starts and when metrics are rendered.
+#[derive(Debug, Default)]
+pub(crate) struct Registered(Mutex<Vec<Weak<Shared>>>);
+
+impl Registered {
+    fn add(&self, scrape: &Arc<Shared>) {
+        let mut all = lock(&self.0);
+        all.retain(|s| s.strong_count() > 0);
+        all.push(Arc::downgrade(scrape));
+    }
+
+    /// Appends the running scrapes' families, under `prefix`:
+    /// `frontend_scrapes_total{worker_id,outcome}` (`ok` or the failure's
+    /// [`ERROR_KINDS`] name), `frontend_scrape_duration_seconds{worker_id}`
+    /// (a summary: `_sum` and `_count`) and
+    /// `frontend_scrape_registered{worker_id}`. Two scrapes reporting as one
+    /// worker id are summed into one series.
+    pub(crate) fn render(&self, out: &mut String, prefix: &str) {
+        let mut workers: Vec<(u64, ScrapeStats)> = Vec::new();
+        for shared in lock(&self.0).iter().filter_map(Weak::upgrade) {
+            let registered = {
+                let state = lock(&shared.state);
+                if state.closed {
+                    continue;
+                }
+                state.registered.is_some()
+            };
+            let mut stats = lock(&shared.stats).clone();
+            stats.registered = registered;
+            workers.push((shared.worker_id, stats));
+        }
+        workers.sort_unstable_by_key(|(id, _)| *id);
+        workers.dedup_by(|(id, later), (kept_id, kept)| {
+            let same = id == kept_id;
+            if same {
+                kept.add(later);
+            }
+            same
+        });
+        let name = "frontend_scrapes_total";
+        metrics::header(
+            out,
+            prefix,
+            name,
+            "counter",
+            "Engine metrics scrapes, by outcome: ok or why it failed.",
+        );
+        for (id, s) in &workers {
+            metrics::sample(
+                out,
+                prefix,
+                name,
+                &[("worker_id", id), ("outcome", &"ok")],
+                s.scrapes,
+            );
+            for (kind, n) in ERROR_KINDS.iter().zip(s.errors_by_kind) {
+                metrics::sample(
+                    out,
+                    prefix,
+                    name,
+                    &[("worker_id", id), ("outcome", kind)],
+                    n,
+                );
+            }
+        }
+        let name = "frontend_scrape_duration_seconds";
+        metrics::header(
+            out,
+            prefix,
+            name,
+            "summary",
+            "Time each engine metrics scrape took, successful or not.",
+        );
+        for (id, s) in &workers {
+            let labels: &[(&str, &dyn fmt::Display)] = &[("worker_id", id)];
+            let sum = format!("{name}_sum");
+            metrics::sample(out, prefix, &sum, labels, s.total_latency.as_secs_f64());
+            let count = format!("{name}_count");
+            metrics::sample(out, prefix, &count, labels, s.scrapes + s.errors);
+        }
+        let name = "frontend_scrape_registered";
+        metrics::header(
+            out,
+            prefix,
+            name,
+            "gauge",
+            "1 while a scraped worker is registered in the monitor.",
+        );
+        for (id, s) in &workers {
+            metrics::sample(
+                out,
+                prefix,
+                name,
+                &[("worker_id", id)],
+                u8::from(s.registered),
+            );
+        }
+    }
+}
+
+impl ScrapeStats {
+    /// Adds `other`'s counts to these (the last values stay).
+    fn add(&mut self, other: &ScrapeStats) {
+        self.scrapes += other.scrapes;
+        self.errors += other.errors;
+        for (a, b) in self.errors_by_kind.iter_mut().zip(other.errors_by_kind) {
+            *a += b;
+        }
+        self.connections += other.connections;
+        self.registered |= other.registered;
+        self.total_latency = self.total_latency.saturating_add(other.total_latency);
+    }
+}
+
 /// One worker's running scrape. Dropping it stops the scrape and removes
 /// the worker, as [`close`](Self::close) does.
 #[derive(Debug)]
@@ -309,6 +426,7 @@ impl Scrape {
             stats: Mutex::new(ScrapeStats::default()),
             state: Mutex::new(State::default()),
         });
+        shared.monitor.scrapes.add(&shared);
         let task = runtime().spawn(run(shared.clone(), target, config));
         Ok(Scrape {
             shared,
