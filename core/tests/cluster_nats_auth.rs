@@ -628,6 +628,13 @@ fn bad_options_are_refused_before_connecting() {
         (user("", "p"), &["user is empty"]),
         (
             NatsOptions {
+                connect_timeout: Some(Duration::ZERO),
+                ..NatsOptions::default()
+            },
+            &["connect_timeout must be longer than zero"],
+        ),
+        (
+            NatsOptions {
                 credentials: Some(missing.clone()),
                 ..NatsOptions::default()
             },
@@ -707,4 +714,26 @@ fn bad_options_are_refused_before_connecting() {
         !shown.contains("secret") && shown.contains("<hidden>"),
         "{shown}"
     );
+}
+
+#[test]
+fn a_server_that_never_answers_fails_within_the_connect_timeout() {
+    // Accepts connections and never speaks NATS (no INFO).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("nats://{}", listener.local_addr().unwrap());
+    // Holds every connection open for the life of the test process.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = listener.accept() {
+            held.push(c);
+        }
+    });
+    let options = |ms| NatsOptions {
+        connect_timeout: Some(Duration::from_millis(ms)),
+        ..NatsOptions::default()
+    };
+    let why = transport_error(NatsTransport::connect_with(&url, &options(150)));
+    assert!(why.contains("no answer within 150ms"), "{why}");
+    let why = transport_error(NatsTransport::connect_with(&url, &options(300)));
+    assert!(why.contains("no answer within 300ms"), "{why}");
 }

@@ -1042,7 +1042,8 @@ enum lg_status lg_reporter_new(const char *url,
  * names the setting); LG_TRANSPORT_ERROR also when the server refuses the
  * credentials ("authorization failed") or the TLS handshake fails ("TLS
  * handshake failed", e.g. a server certificate the CA did not sign), each
- * within two seconds.
+ * within the connect timeout (two seconds unless
+ * lg_nats_options_set_connect_timeout_ms() set it).
  * Ownership: as lg_reporter_new(); `options` is copied.
  * Thread safety: any thread; `options` is only read. Blocking: as
  * lg_reporter_new(); reads the settings' files.
@@ -1162,7 +1163,8 @@ enum lg_status lg_monitor_subscribe_nats(const struct lg_monitor *monitor,
  * cannot be read or holds no credentials, certificate or key (the message
  * names the setting); LG_TRANSPORT_ERROR also when the server refuses the
  * credentials ("authorization failed") or the TLS handshake fails ("TLS
- * handshake failed"), each within two seconds.
+ * handshake failed"), each within the connect timeout (two seconds unless
+ * lg_nats_options_set_connect_timeout_ms() set it).
  * Ownership: as lg_monitor_subscribe_nats(); `options` is copied.
  * Thread safety: any thread; `options` is only read. Blocking: as
  * lg_monitor_subscribe_nats(); reads the settings' files.
@@ -1356,6 +1358,21 @@ enum lg_status lg_nats_options_set_credentials_file(struct lg_nats_options *opti
 enum lg_status lg_nats_options_set_tls_ca(struct lg_nats_options *options,
                                           const char *path,
                                           size_t path_len);
+
+/**
+ * Sets how long connecting may take in all (TCP connect, TLS handshake,
+ * authentication), in milliseconds; 0 restores the default, two seconds.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options). A failed call changes
+ * nothing.
+ * Ownership: nothing is kept but the value.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options.
+ */
+enum lg_status lg_nats_options_set_connect_timeout_ms(struct lg_nats_options *options,
+                                                      uint64_t timeout_ms);
 
 /**
  * Presents the client certificate chain in the PEM file `cert_path`, with

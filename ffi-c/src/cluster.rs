@@ -7,6 +7,7 @@
 use std::ffi::c_char;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use loadgate_core::cluster::nats::{NatsOptions, NatsTransport};
 use loadgate_core::cluster::{
@@ -168,7 +169,8 @@ pub unsafe extern "C" fn lg_reporter_new(
 /// names the setting); LG_TRANSPORT_ERROR also when the server refuses the
 /// credentials ("authorization failed") or the TLS handshake fails ("TLS
 /// handshake failed", e.g. a server certificate the CA did not sign), each
-/// within two seconds.
+/// within the connect timeout (two seconds unless
+/// lg_nats_options_set_connect_timeout_ms() set it).
 /// Ownership: as lg_reporter_new(); `options` is copied.
 /// Thread safety: any thread; `options` is only read. Blocking: as
 /// lg_reporter_new(); reads the settings' files.
@@ -383,7 +385,8 @@ pub unsafe extern "C" fn lg_monitor_subscribe_nats(
 /// cannot be read or holds no credentials, certificate or key (the message
 /// names the setting); LG_TRANSPORT_ERROR also when the server refuses the
 /// credentials ("authorization failed") or the TLS handshake fails ("TLS
-/// handshake failed"), each within two seconds.
+/// handshake failed"), each within the connect timeout (two seconds unless
+/// lg_nats_options_set_connect_timeout_ms() set it).
 /// Ownership: as lg_monitor_subscribe_nats(); `options` is copied.
 /// Thread safety: any thread; `options` is only read. Blocking: as
 /// lg_monitor_subscribe_nats(); reads the settings' files.
@@ -760,6 +763,29 @@ pub unsafe extern "C" fn lg_nats_options_set_tls_ca(
         // SAFETY: NULL or live, used by no other thread (contract).
         let o = unsafe { options_mut(options) }?;
         o.tls_ca = path.map(PathBuf::from);
+        Ok(())
+    })
+}
+
+/// Sets how long connecting may take in all (TCP connect, TLS handshake,
+/// authentication), in milliseconds; 0 restores the default, two seconds.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL options). A failed call changes
+/// nothing.
+/// Ownership: nothing is kept but the value.
+/// Thread safety: no other thread may be using `options`. Blocking: never.
+///
+/// # Safety
+/// `options` is NULL or a live lg_nats_options.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_set_connect_timeout_ms(
+    options: *mut lg_nats_options,
+    timeout_ms: u64,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live, used by no other thread (contract).
+        let o = unsafe { options_mut(options) }?;
+        o.connect_timeout = (timeout_ms != 0).then(|| Duration::from_millis(timeout_ms));
         Ok(())
     })
 }

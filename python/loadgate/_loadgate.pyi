@@ -149,6 +149,7 @@ class Monitor:
         tls_ca: Optional[Union[str, PathLike[str]]] = None,
         tls_cert: Optional[Union[str, PathLike[str]]] = None,
         tls_key: Optional[Union[str, PathLike[str]]] = None,
+        connect_timeout: float = 2.0,
     ) -> Subscription: ...
     def scrape(
         self,
@@ -247,6 +248,7 @@ class Reporter:
         tls_ca: Optional[Union[str, PathLike[str]]] = None,
         tls_cert: Optional[Union[str, PathLike[str]]] = None,
         tls_key: Optional[Union[str, PathLike[str]]] = None,
+        connect_timeout: float = 2.0,
     ) -> Reporter: ...
     def report(
         self,

@@ -102,6 +102,8 @@ pub struct NatsArgs<'a, 'py> {
     pub tls_cert: Option<&'a Bound<'py, PyAny>>,
     /// `tls_key`: the path of the client certificate's PEM private key.
     pub tls_key: Option<&'a Bound<'py, PyAny>>,
+    /// `connect_timeout`: seconds, finite and above zero; `None` is 2 s.
+    pub connect_timeout: Option<&'a Bound<'py, PyAny>>,
 }
 
 /// A path argument: a str or an `os.PathLike`; `None` is absent.
@@ -134,6 +136,11 @@ impl NatsArgs<'_, '_> {
             tls_ca: opt_path_arg(self.tls_ca, "tls_ca")?,
             tls_cert: opt_path_arg(self.tls_cert, "tls_cert")?,
             tls_key: opt_path_arg(self.tls_key, "tls_key")?,
+            connect_timeout: self
+                .connect_timeout
+                .filter(|t| !t.is_none())
+                .map(|t| seconds_arg(t, "connect_timeout"))
+                .transpose()?,
         })
     }
 }
@@ -292,7 +299,8 @@ impl Subscription {
 /// `ValueError` for a bad argument (malformed URL, empty model, bad
 /// namespace, conflicting or unreadable authentication and TLS arguments)
 /// and `ConnectionError` when the server cannot be reached, refuses the
-/// credentials or fails the TLS handshake.
+/// credentials or fails the TLS handshake within `connect_timeout` seconds
+/// (2 by default).
 #[pyclass(frozen, module = "loadgate")]
 pub struct Reporter {
     worker_id: u64,
@@ -304,8 +312,8 @@ pub struct Reporter {
 impl Reporter {
     #[new]
     #[pyo3(
-        signature = (url, worker_id, model, *, namespace = None, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, heartbeat = None, dynamo = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None),
-        text_signature = "(url, worker_id, model, *, namespace='default', dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, heartbeat=1.0, dynamo=None, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None)"
+        signature = (url, worker_id, model, *, namespace = None, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, heartbeat = None, dynamo = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
+        text_signature = "(url, worker_id, model, *, namespace='default', dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, heartbeat=1.0, dynamo=None, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -327,6 +335,7 @@ impl Reporter {
         tls_ca: Option<&Bound<'_, PyAny>>,
         tls_cert: Option<&Bound<'_, PyAny>>,
         tls_key: Option<&Bound<'_, PyAny>>,
+        connect_timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let options = NatsArgs {
             user,
@@ -336,6 +345,7 @@ impl Reporter {
             tls_ca,
             tls_cert,
             tls_key,
+            connect_timeout,
         }
         .options()?;
         let worker_id = u64_arg(worker_id, "worker_id")?;

@@ -504,13 +504,14 @@ impl Monitor {
     /// refused and counted).
     /// `user` and `password`, `token` or `credentials` (a `.creds` file)
     /// authenticate; `tls_ca` (a PEM CA file) and `tls_cert` with `tls_key`
-    /// (a client certificate) set up TLS, as for `Reporter`. Raises
+    /// (a client certificate) set up TLS, as for `Reporter`;
+    /// `connect_timeout` (seconds) bounds connecting in all. Raises
     /// `ValueError` for a malformed URL or namespace or a bad combination of
     /// those arguments, and `ConnectionError` when the server cannot be
     /// reached, refuses the credentials or fails the TLS handshake.
     #[pyo3(
-        signature = (url, namespace = None, *, expire_after = None, dynamo = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None),
-        text_signature = "($self, url, namespace='default', *, expire_after=3.0, dynamo=None, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None)"
+        signature = (url, namespace = None, *, expire_after = None, dynamo = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
+        text_signature = "($self, url, namespace='default', *, expire_after=3.0, dynamo=None, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn subscribe_nats(
@@ -527,6 +528,7 @@ impl Monitor {
         tls_ca: Option<&Bound<'_, PyAny>>,
         tls_cert: Option<&Bound<'_, PyAny>>,
         tls_key: Option<&Bound<'_, PyAny>>,
+        connect_timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Subscription> {
         let auth = crate::cluster::NatsArgs {
             user,
@@ -536,6 +538,7 @@ impl Monitor {
             tls_ca,
             tls_cert,
             tls_key,
+            connect_timeout,
         };
         crate::cluster::subscribe_nats(py, &self.inner, url, namespace, expire_after, dynamo, &auth)
     }

@@ -153,14 +153,42 @@ def test_worker_cannot_report_as_another_worker(server: Server) -> None:
 
 
 def test_refused_credentials_and_untrusted_servers_are_connection_errors(server: Server) -> None:
+    # A generous connect timeout: a loaded machine must not turn a refusal
+    # into a timeout.
+    slow_ok = {"connect_timeout": 30}
     with pytest.raises(ConnectionError, match="authorization failed"):
-        Reporter(server.tls_url, 7, "m", namespace=NS, user="worker-7", password="wrong", tls_ca=server.ca)
+        Reporter(
+            server.tls_url, 7, "m", namespace=NS, user="worker-7", password="wrong", tls_ca=server.ca, **slow_ok
+        )
     with pytest.raises(ConnectionError, match="authorization failed"):
-        Monitor().subscribe_nats(server.tls_url, NS, tls_ca=server.ca)
+        Monitor().subscribe_nats(server.tls_url, NS, tls_ca=server.ca, connect_timeout=30.0)
     with pytest.raises(ConnectionError, match="TLS handshake failed.*tls_ca"):
-        Monitor().subscribe_nats(server.tls_url, NS, user="frontend", password="pw-frontend")
+        Monitor().subscribe_nats(server.tls_url, NS, user="frontend", password="pw-frontend", **slow_ok)
     with pytest.raises(ConnectionError, match="TLS handshake failed"):
-        Reporter(server.tls_url, 7, "m", namespace=NS, user="worker-7", password="pw-7")
+        Reporter(server.tls_url, 7, "m", namespace=NS, user="worker-7", password="pw-7", **slow_ok)
+
+
+def test_a_server_that_never_answers_fails_within_the_connect_timeout() -> None:
+    import socket
+
+    with socket.socket() as silent:  # accepts (backlog), never speaks NATS
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = "nats://127.0.0.1:%d" % silent.getsockname()[1]
+        with pytest.raises(ConnectionError, match="no answer within 200ms"):
+            Reporter(url, 1, "m", connect_timeout=0.2)
+        with pytest.raises(ConnectionError, match="no answer within 250ms"):
+            Monitor().subscribe_nats(url, connect_timeout=0.25)
+
+
+@pytest.mark.parametrize(
+    ("value", "exc"), [(0, ValueError), (-1, ValueError), (float("nan"), ValueError), ("2", TypeError)]
+)
+def test_bad_connect_timeouts_are_refused_before_connecting(value: object, exc: type) -> None:
+    with pytest.raises(exc, match="connect_timeout"):
+        Reporter(UNREACHABLE, 1, "m", connect_timeout=value)  # type: ignore[arg-type]
+    with pytest.raises(exc, match="connect_timeout"):
+        Monitor().subscribe_nats(UNREACHABLE, connect_timeout=value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,9 @@ pub struct NatsTransport {
 }
 
 /// How long a connection attempt may take in all (TCP, TLS handshake,
-/// authentication) before it gives up.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// authentication) before it gives up, unless
+/// [`NatsOptions::connect_timeout`] says otherwise.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How to authenticate to the NATS server and protect the connection.
 ///
@@ -72,6 +73,10 @@ pub struct NatsOptions {
     /// A PEM file of the client certificate's private key; needs
     /// `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// How long connecting may take in all (TCP, TLS handshake,
+    /// authentication) before it fails; `None` is
+    /// [`DEFAULT_CONNECT_TIMEOUT`] (2 s). Longer than zero.
+    pub connect_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for NatsOptions {
@@ -86,6 +91,7 @@ impl fmt::Debug for NatsOptions {
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }
@@ -116,6 +122,7 @@ struct Checked {
     auth: Auth,
     tls_ca: Option<PathBuf>,
     client_cert: Option<(PathBuf, PathBuf)>,
+    timeout: Duration,
 }
 
 fn invalid(why: String) -> ClusterError {
@@ -210,10 +217,15 @@ impl NatsOptions {
             (Some(_), None) => return Err(invalid("tls_cert is set without tls_key".into())),
             (None, Some(_)) => return Err(invalid("tls_key is set without tls_cert".into())),
         };
+        let timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        if timeout.is_zero() {
+            return Err(invalid("connect_timeout must be longer than zero".into()));
+        }
         Ok(Checked {
             auth,
             tls_ca: self.tls_ca.clone(),
             client_cert,
+            timeout,
         })
     }
 }
@@ -334,11 +346,12 @@ impl NatsTransport {
             auth,
             tls_ca,
             client_cert,
+            timeout,
         } = checked;
         let attempt = async move {
             let mut o = async_nats::ConnectOptions::new()
                 .name("loadgate")
-                .connection_timeout(CONNECT_TIMEOUT)
+                .connection_timeout(timeout)
                 .max_reconnects(None)
                 .reconnect_delay_callback(|attempts| {
                     Duration::from_millis((50 * attempts as u64).clamp(50, 1000))
@@ -365,11 +378,11 @@ impl NatsTransport {
             }
             // The connection timeout bounds the TCP connect only; the TLS
             // handshake and the authentication exchange are bounded here.
-            match tokio::time::timeout(CONNECT_TIMEOUT, o.connect(url)).await {
+            match tokio::time::timeout(timeout, o.connect(url)).await {
                 Ok(Ok(client)) => Ok(client),
                 Ok(Err(e)) => Err(connect_error(&e, what, tls)),
                 Err(_) => Err(ClusterError::Transport(format!(
-                    "cannot connect to NATS: no answer within {CONNECT_TIMEOUT:?}"
+                    "cannot connect to NATS: no answer within {timeout:?}"
                 ))),
             }
         };

@@ -1666,10 +1666,17 @@ static void test_nats_options_errors(void) {
     INVALID(lg_nats_options_set_credentials_file(NULL, S("x.creds")));
     INVALID(lg_nats_options_set_tls_ca(NULL, S("ca.pem")));
     INVALID(lg_nats_options_set_client_cert(NULL, S("c.pem"), S("k.pem")));
+    INVALID(lg_nats_options_set_connect_timeout_ms(NULL, 100));
     INVALID(lg_nats_options_set_token(o, NULL, 3));
     CHECK(last_error_contains("token"));
     INVALID(lg_nats_options_set_user_password(o, "\xff", 1, S("p")));
     CHECK(last_error_contains("user is not valid UTF-8"));
+
+    /* A connect timeout of its own, then the default again (0). */
+    OK(lg_nats_options_set_connect_timeout_ms(o, 250));
+    EXPECT(lg_reporter_new_with(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, o, &rep),
+           LG_TRANSPORT_ERROR);
+    OK(lg_nats_options_set_connect_timeout_ms(o, 0));
 
     /* The defaults, and NULL options, connect as the plain calls do. */
     EXPECT(lg_reporter_new_with(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, o, &rep),
@@ -1937,6 +1944,8 @@ static void test_cluster_auth_live(const char *url) {
     OK(lg_monitor_new(NULL, &front));
     lg_nats_options *o = NULL;
     OK(lg_nats_options_new(&o));
+    /* Generous: a loaded machine must not turn a refusal into a timeout. */
+    OK(lg_nats_options_set_connect_timeout_ms(o, 30000));
     lg_subscription *sub = (lg_subscription *)(uintptr_t)0x1;
     lg_reporter *w = (lg_reporter *)(uintptr_t)0x1;
 
