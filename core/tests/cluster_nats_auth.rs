@@ -37,6 +37,10 @@ fn user(name: &str, password: &str) -> NatsOptions {
     NatsOptions {
         user: Some(name.into()),
         password: Some(password.into()),
+        // Under WAIT, so a hang still fails the test; longer than the
+        // default, so a loaded machine does not turn a refusal into a
+        // timeout.
+        connect_timeout: Some(Duration::from_secs(8)),
         ..NatsOptions::default()
     }
 }
