@@ -76,10 +76,11 @@ step "Python module: pip install ./python; pytest"
 # docs/verification.md lists every check.
 step "fuzz targets (${FUZZ_SECONDS:=30}s each)"
 ./ci/fuzz.sh "$FUZZ_SECONDS"
-prune fuzz/target
+# cargo-fuzz builds in fuzz/target unless CARGO_TARGET_DIR moves it.
+[ -n "${CARGO_TARGET_DIR:-}" ] || prune fuzz/target
 step "ThreadSanitizer: threaded stress tests"
 ./ci/sanitize.sh
-prune target/tsan
+prune "${CARGO_TARGET_DIR:-target}/tsan"
 # ---- end fuzzing and ThreadSanitizer -----------------------------------------
 
 step "main job"

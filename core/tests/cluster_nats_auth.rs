@@ -33,23 +33,27 @@ fn subjects() -> Subjects {
     Subjects::new(NS).unwrap()
 }
 
+/// The connect timeout of the attempts `connect` makes: under [`WAIT`], so
+/// that a hang still fails the test, and longer than the 2 s default, so
+/// that a loaded machine does not turn a refusal into a timeout.
+const CONNECT: Duration = Duration::from_secs(8);
+
 fn user(name: &str, password: &str) -> NatsOptions {
     NatsOptions {
         user: Some(name.into()),
         password: Some(password.into()),
-        // Under WAIT, so a hang still fails the test; longer than the
-        // default, so a loaded machine does not turn a refusal into a
-        // timeout.
-        connect_timeout: Some(Duration::from_secs(8)),
         ..NatsOptions::default()
     }
 }
 
 /// Connects on another thread and waits at most [`WAIT`] for the answer,
-/// so that a connection attempt that hangs fails the test instead.
+/// so that a connection attempt that hangs fails the test instead. Unless
+/// the options set one, the attempt gets [`CONNECT`] to finish.
 fn connect(url: &str, options: &NatsOptions) -> Result<NatsTransport, ClusterError> {
     let (tx, rx) = mpsc::channel();
-    let (url, options) = (url.to_owned(), options.clone());
+    let mut options = options.clone();
+    options.connect_timeout = options.connect_timeout.or(Some(CONNECT));
+    let url = url.to_owned();
     std::thread::spawn(move || {
         let _ = tx.send(NatsTransport::connect_with(&url, &options));
     });

@@ -2240,8 +2240,9 @@ enum lg_status lg_monitor_mark_overloaded(const struct lg_monitor *monitor,
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_needed, NULL buf with
  * buf_len > 0), LG_BUFFER_TOO_SMALL.
  * Ownership: borrows its arguments for the call only; keeps none of them.
- * Thread safety: any thread. Blocking: takes model locks briefly; allocates
- * (cold path).
+ * Thread safety: any thread. Blocking: takes model locks and each running
+ * scrape's locks briefly (a scrape holds its own while it reports);
+ * allocates (cold path).
  *
  * # Safety
  * `monitor` is NULL or a live monitor; `buf` is NULL or valid for writes

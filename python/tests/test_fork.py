@@ -12,6 +12,7 @@ import os
 import signal
 import time
 import traceback
+from typing import Callable
 
 import pytest
 
@@ -51,6 +52,60 @@ def child_main(url: str, parents_reporter: Reporter) -> None:
     # The parent's connection cannot follow the fork: it says so at once.
     with pytest.raises(ConnectionError, match="forked"):
         parents_reporter.report(kv_used_blocks=1)
+
+
+def run_in_child(child: Callable[[], None]) -> None:
+    """Forks, runs `child` there and fails if it raised or hung."""
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            child()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    # A bounded wait: it only turns a hang into a failure.
+    deadline = time.monotonic() + 2 * WAIT
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child failed (its traceback is above)"
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_the_parents_scrapes_stay_in_the_parent() -> None:
+    from test_scrape import engine, vllm_text
+
+    monitor = Monitor()
+    with engine(vllm_text([0.5], [0], model="m")) as e, monitor.scrape(None, 1, e.url, interval=0.01) as parents:
+        wait_for(parents.stats, lambda st: st["scrapes"] >= 2)
+
+        def child() -> None:
+            # The parent's scrape does not run here: its series are left out.
+            assert 'frontend_scrape_registered{worker_id="1"}' not in monitor.metrics_text()
+            # The child's own scrape works and shows up.
+            with monitor.scrape(None, 2, e.url, interval=0.01) as own:
+                wait_for(own.stats, lambda st: st["scrapes"] >= 1)
+                assert 'frontend_scrape_registered{worker_id="2"} 1' in monitor.metrics_text()
+            # Closing the parent's handle here returns at once and drops the
+            # worker from the child's copy of the monitor.
+            parents.close()
+            assert monitor.workers("m") == []
+
+        run_in_child(child)
+        # The parent's scrape is unaffected.
+        scrapes = parents.stats()["scrapes"]
+        wait_for(parents.stats, lambda st: st["scrapes"] > scrapes)
+        assert monitor.workers("m") == [1]
+        assert 'frontend_scrape_registered{worker_id="1"} 1' in monitor.metrics_text()
 
 
 @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")

@@ -31,7 +31,7 @@ mod http;
 mod text;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 pub use engines::Engine;
@@ -192,6 +192,9 @@ struct Shared {
     engine: Engine,
     stats: Mutex<ScrapeStats>,
     state: Mutex<State>,
+    /// The process that started the scrape: in a forked child its task
+    /// never runs (it was on the parent's runtime threads).
+    made_in: ForkGuard,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -199,6 +202,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Locks `m`, one of this scrape's mutexes. In a forked child, a mutex
+    /// that the parent's I/O thread held at the fork stays held for ever
+    /// (that thread is not here), so there it is only tried: `None` if
+    /// held.
+    fn lock_here<'a, T>(&self, m: &'a Mutex<T>) -> Option<MutexGuard<'a, T>> {
+        if self.made_in.same_process() {
+            return Some(lock(m));
+        }
+        match m.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Applies one scraped body; registers the worker first if needed.
     fn apply(&self, body: &[u8]) -> Result<(), Failure> {
         let text = std::str::from_utf8(body)
@@ -282,7 +300,7 @@ pub(crate) struct Registered(Mutex<Vec<Weak<Shared>>>);
 impl Registered {
     fn add(&self, scrape: &Arc<Shared>) {
         let mut all = lock(&self.0);
-        all.retain(|s| s.strong_count() > 0);
+        all.retain(|s| s.upgrade().is_some_and(|s| s.made_in.same_process()));
         all.push(Arc::downgrade(scrape));
     }
 
@@ -291,10 +309,16 @@ impl Registered {
     /// [`ERROR_KINDS`] name), `frontend_scrape_duration_seconds{worker_id}`
     /// (a summary: `_sum` and `_count`) and
     /// `frontend_scrape_registered{worker_id}`. Two scrapes reporting as one
-    /// worker id are summed into one series.
+    /// worker id are summed into one series. A forked child leaves out the
+    /// parent's scrapes, which do not run there.
     pub(crate) fn render(&self, out: &mut String, prefix: &str) {
         let mut workers: Vec<(u64, ScrapeStats)> = Vec::new();
-        for shared in lock(&self.0).iter().filter_map(Weak::upgrade) {
+        let running = lock(&self.0)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|s| s.made_in.same_process())
+            .collect::<Vec<_>>();
+        for shared in running {
             let registered = {
                 let state = lock(&shared.state);
                 if state.closed {
@@ -395,9 +419,6 @@ impl ScrapeStats {
 pub struct Scrape {
     shared: Arc<Shared>,
     task: Option<tokio::task::JoinHandle<()>>,
-    /// The process that started the scrape: in a forked child its task
-    /// never runs (it was on the parent's runtime threads).
-    made_in: ForkGuard,
 }
 
 impl Scrape {
@@ -425,13 +446,13 @@ impl Scrape {
             engine: config.engine,
             stats: Mutex::new(ScrapeStats::default()),
             state: Mutex::new(State::default()),
+            made_in: ForkGuard::new(),
         });
         shared.monitor.scrapes.add(&shared);
         let task = runtime().spawn(run(shared.clone(), target, config));
         Ok(Scrape {
             shared,
             task: Some(task),
-            made_in: ForkGuard::new(),
         })
     }
 
@@ -440,10 +461,18 @@ impl Scrape {
         self.shared.worker_id
     }
 
-    /// What the scrape has done so far.
+    /// What the scrape has done so far. In a forked child, a scrape the
+    /// parent started shows what it had done at the fork (all zero if the
+    /// fork caught it updating them).
     pub fn stats(&self) -> ScrapeStats {
-        let mut s = lock(&self.shared.stats).clone();
-        s.registered = lock(&self.shared.state).registered.is_some();
+        let shared = &self.shared;
+        let mut s = shared
+            .lock_here(&shared.stats)
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        s.registered = shared
+            .lock_here(&shared.state)
+            .is_some_and(|st| st.registered.is_some());
         s
     }
 
@@ -452,7 +481,7 @@ impl Scrape {
     /// returns. Calling it again does nothing.
     pub fn close(&mut self) {
         if let Some(task) = self.task.take() {
-            if self.made_in.same_process() {
+            if self.shared.made_in.same_process() {
                 task.abort();
             } else {
                 // A forked child: the task lives on the parent's runtime,
@@ -462,7 +491,12 @@ impl Scrape {
                 std::mem::forget(task);
             }
         }
-        let mut state = lock(&self.shared.state);
+        // In a forked child: nothing else touches the state here, unless
+        // the fork caught the parent's task holding it; then the worker
+        // stays in the child's copy of the monitor and turns stale there.
+        let Some(mut state) = self.shared.lock_here(&self.shared.state) else {
+            return;
+        };
         state.closed = true;
         if state.registered.take().is_some() {
             let _ = self.shared.monitor.remove_worker(self.shared.worker_id);

@@ -884,6 +884,14 @@ static void test_scrape(void) {
         sleep_ms(5);
     }
     CHECK(st.scrapes >= 3 && st.errors == 0 && st.connections == 1 && st.registered);
+    /* The scrape's outcomes are in the monitor's metrics. */
+    char text[16384];
+    size_t needed = 0;
+    OK(lg_monitor_metrics(m, text, sizeof text, &needed));
+    CHECK(strstr(text, "# TYPE dynamo_frontend_scrapes_total counter") != NULL);
+    CHECK(strstr(text, "dynamo_frontend_scrapes_total{worker_id=\"5\",outcome=\"http\"} 0") != NULL);
+    CHECK(strstr(text, "dynamo_frontend_scrape_registered{worker_id=\"5\"} 1") != NULL);
+    CHECK(strstr(text, "dynamo_frontend_scrape_duration_seconds_count{worker_id=\"5\"}") != NULL);
 
     lg_scrape *bad = NULL;
     INVALID(lg_monitor_scrape(m, NULL, 0, 6, url, (size_t)url_len, 7, 0, 0, &bad));
@@ -1672,10 +1680,26 @@ static void test_nats_options_errors(void) {
     INVALID(lg_nats_options_set_user_password(o, "\xff", 1, S("p")));
     CHECK(last_error_contains("user is not valid UTF-8"));
 
-    /* A connect timeout of its own, then the default again (0). */
+    /* A connect timeout of its own, against a server that accepts and never
+     * answers; then the default again (0). */
+    int silent = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(silent >= 0);
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(silent, (struct sockaddr *)&addr, sizeof addr) == 0);
+    socklen_t addr_len = sizeof addr;
+    CHECK(getsockname(silent, (struct sockaddr *)&addr, &addr_len) == 0);
+    CHECK(listen(silent, 4) == 0);
+    char silent_url[64];
+    int silent_len = snprintf(silent_url, sizeof silent_url, "nats://127.0.0.1:%d",
+                              ntohs(addr.sin_port));
     OK(lg_nats_options_set_connect_timeout_ms(o, 250));
-    EXPECT(lg_reporter_new_with(S(UNREACHABLE), S("ns"), 1, S("m"), NULL, o, &rep),
+    EXPECT(lg_reporter_new_with(silent_url, (size_t)silent_len, S("ns"), 1, S("m"), NULL, o, &rep),
            LG_TRANSPORT_ERROR);
+    CHECK(last_error_contains("no answer within 250ms"));
+    close(silent);
     OK(lg_nats_options_set_connect_timeout_ms(o, 0));
 
     /* The defaults, and NULL options, connect as the plain calls do. */
