@@ -115,28 +115,7 @@ def test_everything_works_in_a_forked_child(nats_url: str) -> None:  # noqa: F81
             Reporter(nats_url, 1, "m", namespace="fork", kv_total_blocks=100) as reporter:
         # The parent has used NATS: its I/O thread is running when it forks.
         wait_for(lambda: parent.workers("m"), lambda w: w == [1])
-        pid = os.fork()
-        if pid == 0:  # the child
-            code = 1
-            try:
-                child_main(nats_url, reporter)
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        # A bounded wait: it only turns a hang into a failure.
-        deadline = time.monotonic() + 2 * WAIT
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                pytest.fail("the forked child hung")
-            time.sleep(0.05)
-        assert os.waitstatus_to_exitcode(status) == 0, "the child failed (its traceback is above)"
+        run_in_child(lambda: child_main(nats_url, reporter))
 
         # The parent is unaffected: its reports still land.
         parent.set_thresholds("m", active_decode_blocks_threshold=0.5)
