@@ -127,7 +127,7 @@ impl Status {
     }
 }
 
-fn error_code(e: AdmitError) -> u64 {
+pub(super) fn error_code(e: AdmitError) -> u64 {
     match e {
         AdmitError::AtCapacity => 0,
         AdmitError::QueueTimeout => 1,
@@ -137,7 +137,7 @@ fn error_code(e: AdmitError) -> u64 {
     }
 }
 
-fn error_of(code: u64) -> AdmitError {
+pub(super) fn error_of(code: u64) -> AdmitError {
     match code {
         0 => AdmitError::AtCapacity,
         1 => AdmitError::QueueTimeout,

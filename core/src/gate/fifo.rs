@@ -1,0 +1,939 @@
+//! A lock-free, cancellable FIFO of waiter cells: enqueue, handoff, a
+//! waiter's own cancel and a rejection by another thread (queue deadline,
+//! close, displacement) take no lock, and nothing allocates after the queue
+//! is built.
+//!
+//! Not yet used by [`RawGate`](super::raw::RawGate), whose queue is the
+//! locked table of `table.rs`; the model checks and the threaded test at the
+//! end run it under a small counting gate of their own.
+//!
+//! # Algorithm
+//!
+//! The cancellable queue of Koval, Khalanskiy and Alistarh ("CQS", PLDI
+//! 2023), with smart cancellation and asynchronous resumption, over a pool
+//! of segments instead of a garbage collector.
+//!
+//! The caller keeps one count of the waiters no slot is promised to yet (the
+//! gate's state word, `queued`). A waiter first counts itself there, then
+//! takes a *position* (`enq.fetch_add`) and installs its cell in that
+//! position's slot. A release that finds a waiter counted takes it off the
+//! count in the same read-modify-write that keeps its slot (the slot is now
+//! *promised*), then takes the next position (`deq.fetch_add`) and delivers
+//! the slot there:
+//!
+//! * a slot whose waiter has not arrived yet gets the slot left in it
+//!   (`PERMIT`); the waiter that takes that position finds it and never
+//!   waits;
+//! * a waiting cell is granted (its status CAS `QUEUED → GRANTED`);
+//! * a cell being cancelled gets the slot left next to it (`PENDING`), for
+//!   its canceller to pass on;
+//! * a position whose waiter left and gave its place back (`SKIP`) is passed
+//!   over: the resumer takes the next position;
+//! * a position whose waiter left while every counted waiter was promised a
+//!   slot (`REFUSED`) takes the slot back: the caller releases it again.
+//!
+//! A cancel (by the waiter, or a rejection by another thread) first claims
+//! the cell (`QUEUED → CANCELLING`), so no resumer can grant it, then asks
+//! the count to take one waiter off ([`Places::give_back`]): if the count
+//! shows a waiter no slot is promised to, the cancel takes that place and
+//! marks its position `SKIP`; if every counted waiter is promised a slot,
+//! one of those slots is on its way to this position, and the cancel marks
+//! it `REFUSED`. A slot already left at the cell (`PENDING`) is passed on to
+//! the next position (place given back) or released (refused). Either way
+//! every promised slot reaches exactly one live waiter or goes back, and the
+//! count stays the number of live waiters no slot is promised to.
+//!
+//! # Storage
+//!
+//! Positions live in *segments* of [`SEG`] slots, taken from a pool made
+//! when the queue is built. Segments are linked in position order; a
+//! segment with id `k` holds positions `k * SEG ..`. The two ends are found
+//! from hints (`head` for resumers and scanners, `tail` for enqueuers),
+//! read before the position is taken, so a hint never lies past the
+//! position's segment unless that segment is gone. A segment whose every
+//! slot is *finished* (nobody will touch it again) and that is not the last
+//! is unlinked and returned to the pool by a sweep, under a mutex: the one
+//! lock, taken only by an operation that finds the pool empty (a cold path:
+//! at most once per pool's worth of segments).
+//!
+//! Segments are reused while other threads may still hold their index, so
+//! every reference carries the segment id it expects: links and hints pack
+//! `(id, index)`, slot words carry the low 32 bits of their segment's id.
+//! A traversal reads a segment's id before and after reading its link (a
+//! seqlock: a recycler changes the id first, then the contents) and starts
+//! again from the oldest linked segment when it changed; a CAS on a slot of
+//! a recycled segment fails on the tag. A position whose segment is gone was
+//! skipped (its slot finished as `SKIP`: every other way to finish a slot
+//! involves the position's own resumer).
+//!
+//! # Words
+//!
+//! ```text
+//! slot:    63..32 segment tag | 31..28 kind | 27..0 cell
+//! link:    63..20 segment id  | 19..0 segment index
+//! waiter:  63..32 generation  | 15..8 error code | 7..0 status
+//! stack:   63..32 tag         | 31..0 index        (free segments, cells)
+//! ```
+//!
+//! Slot kinds: `EMPTY`, `WAITING(cell)`, `PERMIT`, `PENDING(cell)`, `SKIP`,
+//! `REFUSED`, `DONE`. Waiter statuses: `FREE`, `QUEUED`, `CANCELLING`,
+//! `GRANTED`, `REJECTED(error)`, `CANCELLED`. The free stacks are Treiber
+//! stacks whose top carries a tag bumped on every change (pops happen on
+//! any thread, so the tag rules out ABA).
+//!
+//! # Orderings
+//!
+//! * A waiter's cell contents (its position, segment) are written before its
+//!   slot is installed with a `Release` CAS; everyone who finds the cell
+//!   through the slot loads it with `Acquire`.
+//! * A grant is a `Release` CAS on the waiter's status word (or a `Release`
+//!   CAS leaving a `PERMIT`), read by the waiter with `Acquire`: the work of
+//!   the slot's previous holder, which the releaser saw, happens-before the
+//!   new holder runs.
+//! * A canceller marks its slot (`AcqRel`: it may read a `PENDING` left with
+//!   `Release`) before it stores the waiter's final status (`Release`), so a
+//!   resumer that sees the final status (`Acquire`) finds the slot changed.
+//! * Position counters are `Relaxed` read-modify-writes, ordered after the
+//!   hint load (`Acquire`, pairing with the hint's `Release` CAS): a hint
+//!   set by the holder of position `q` was set after `q` was taken, so a
+//!   position taken after reading it is later than `q`.
+//! * Segment recycling follows the seqlock rule: the new owner stores the
+//!   new id, then a `Release` fence, then the contents; a reader loads the
+//!   id (`Acquire`), the contents, an `Acquire` fence, and the id again.
+//! * `finished` counts with `Release` increments, read by the sweep with
+//!   `Acquire`: every finisher's last access happens-before the recycling.
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::{fence, lock, spin_wait, AtomicU32, AtomicU64, Mutex, Ordering};
+
+use super::cell::{error_code, error_of};
+use super::error::AdmitError;
+
+/// Slots per segment (2 in loom models, so that they cross segments).
+pub(super) const SEG: usize = if cfg!(loom) { 2 } else { 8 };
+
+/// "No entry" in a free stack.
+const NIL: u32 = u32::MAX;
+
+// ----- slot words -------------------------------------------------------------
+
+const EMPTY: u64 = 0;
+const WAITING: u64 = 1;
+const PERMIT: u64 = 2;
+const PENDING: u64 = 3;
+const SKIP: u64 = 4;
+const REFUSED: u64 = 5;
+const DONE: u64 = 6;
+const KIND_SHIFT: u32 = 28;
+const CELL_MASK: u64 = (1 << KIND_SHIFT) - 1;
+
+/// Most waiter cells a queue can have (a slot word holds the index).
+pub(super) const MAX_CELLS: usize = CELL_MASK as usize;
+
+#[inline]
+fn slot_word(tag: u32, kind: u64, cell: u32) -> u64 {
+    u64::from(tag) << 32 | kind << KIND_SHIFT | u64::from(cell)
+}
+
+#[inline]
+fn slot_tag(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
+#[inline]
+fn slot_kind(word: u64) -> u64 {
+    (word >> KIND_SHIFT) & 0xf
+}
+
+#[inline]
+fn slot_cell(word: u64) -> u32 {
+    (word & CELL_MASK) as u32
+}
+
+/// The tag of the slots of segment `id`.
+#[inline]
+fn tag_of(id: u64) -> u32 {
+    id as u32
+}
+
+// ----- links ------------------------------------------------------------------
+
+const INDEX_BITS: u32 = 20;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+/// The index of "no segment" in a link.
+const NO_INDEX: u32 = INDEX_MASK as u32;
+/// The id of a segment in the pool.
+const FREE_ID: u64 = u64::MAX >> INDEX_BITS;
+
+/// Most segments a queue can have (a link holds the index).
+const MAX_SEGMENTS: usize = NO_INDEX as usize;
+
+#[inline]
+fn link(index: u32, id: u64) -> u64 {
+    id << INDEX_BITS | u64::from(index)
+}
+
+#[inline]
+fn unlink(l: u64) -> (u32, u64) {
+    ((l & INDEX_MASK) as u32, l >> INDEX_BITS)
+}
+
+/// The `next` of the last segment, which carries that segment's own id: an
+/// appender's CAS on a segment that was recycled (and is the last again
+/// under a new id) fails.
+#[inline]
+fn end_of(id: u64) -> u64 {
+    link(NO_INDEX, id)
+}
+
+#[inline]
+fn is_end(l: u64) -> bool {
+    unlink(l).0 == NO_INDEX
+}
+
+// ----- waiter words -------------------------------------------------------------
+
+const FREE: u64 = 0;
+const QUEUED: u64 = 1;
+const CANCELLING: u64 = 2;
+const GRANTED: u64 = 3;
+const REJECTED: u64 = 4;
+const CANCELLED: u64 = 5;
+
+/// What a waiter cell says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Status {
+    /// Not in use.
+    Free,
+    /// Waiting for a slot.
+    Queued,
+    /// Being cancelled or rejected; no resumer can grant it.
+    Cancelling,
+    /// Holds a slot its owner has not taken yet.
+    Granted,
+    /// Rejected by another thread; its owner has not looked yet.
+    Rejected(AdmitError),
+    /// Its owner left the queue.
+    Cancelled,
+}
+
+fn waiter_word(gen: u32, status: Status) -> u64 {
+    let low = match status {
+        Status::Free => FREE,
+        Status::Queued => QUEUED,
+        Status::Cancelling => CANCELLING,
+        Status::Granted => GRANTED,
+        Status::Rejected(e) => REJECTED | error_code(e) << 8,
+        Status::Cancelled => CANCELLED,
+    };
+    u64::from(gen) << 32 | low
+}
+
+fn waiter_status(word: u64) -> (u32, Status) {
+    let status = match word & 0xff {
+        FREE => Status::Free,
+        QUEUED => Status::Queued,
+        CANCELLING => Status::Cancelling,
+        GRANTED => Status::Granted,
+        REJECTED => Status::Rejected(error_of((word >> 8) & 0xff)),
+        _ => Status::Cancelled,
+    };
+    ((word >> 32) as u32, status)
+}
+
+// ----- storage ----------------------------------------------------------------
+
+struct Segment {
+    /// Id of this incarnation ([`FREE_ID`] in the pool).
+    id: AtomicU64,
+    /// Link to the next segment, or [`end_of`] its own id.
+    next: AtomicU64,
+    /// Slots nobody will touch again in this incarnation.
+    finished: AtomicU32,
+    /// The next segment down the pool's stack.
+    next_free: AtomicU32,
+    slots: [AtomicU64; SEG],
+}
+
+impl Segment {
+    fn new() -> Self {
+        Self {
+            id: AtomicU64::new(FREE_ID),
+            next: AtomicU64::new(end_of(FREE_ID)),
+            finished: AtomicU32::new(0),
+            next_free: AtomicU32::new(NIL),
+            slots: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+struct Waiter {
+    state: AtomicU64,
+    /// The waiter's position, written before its slot is installed.
+    place: AtomicU64,
+    /// The segment holding that position.
+    segment: AtomicU32,
+    /// The next cell down the free stack.
+    next_free: AtomicU32,
+}
+
+/// A tagged Treiber stack of indices whose links live in the entries.
+struct Stack(AtomicU64);
+
+impl Stack {
+    fn new() -> Self {
+        Stack(AtomicU64::new(u64::from(NIL)))
+    }
+
+    fn pop<'a>(&self, next_of: impl Fn(u32) -> &'a AtomicU32) -> Option<u32> {
+        // Acquire: pairs with the push's Release CAS, so the link read below
+        // is the pusher's (or the CAS fails on a newer tag).
+        let mut top = self.0.load(Ordering::Acquire);
+        loop {
+            let idx = top as u32;
+            if idx == NIL {
+                return None;
+            }
+            // Relaxed: ordered by the Acquire above; a stale link (the entry
+            // was popped and pushed meanwhile) comes with an older tag.
+            let next = next_of(idx).load(Ordering::Relaxed);
+            let new = ((top >> 32) + 1) << 32 | u64::from(next);
+            // Acquire: the popper owns the entry and reads what the pusher
+            // wrote. Acquire on failure: the new top's link, as above.
+            match self
+                .0
+                .compare_exchange_weak(top, new, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => return Some(idx),
+                Err(actual) => top = actual,
+            }
+        }
+    }
+
+    fn push(&self, link: &AtomicU32, idx: u32) {
+        // Relaxed: a guess for the CAS.
+        let mut top = self.0.load(Ordering::Relaxed);
+        loop {
+            link.store(top as u32, Ordering::Relaxed);
+            let new = ((top >> 32) + 1) << 32 | u64::from(idx);
+            // Release: the popper sees the link and everything written
+            // before. Relaxed on failure: a new guess.
+            match self
+                .0
+                .compare_exchange_weak(top, new, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => top = actual,
+            }
+        }
+    }
+}
+
+/// What the queue asks of the count of waiters no slot is promised to.
+pub(super) trait Places {
+    /// A leaving waiter's decision, as one read-modify-write of the count:
+    /// if it shows a waiter no slot is promised to, take one off and return
+    /// true. False if every counted waiter is promised a slot (one of them
+    /// is on its way to the leaving waiter, who refuses it).
+    fn give_back(&self) -> bool;
+}
+
+/// What the caller must do after a queue operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(super) enum Then {
+    /// Nothing.
+    Nothing,
+    /// Tell this cell's owner it was granted.
+    Wake(u32),
+    /// A promised slot came back: release it again (which may promise it to
+    /// the next waiter).
+    Release,
+}
+
+/// Where an enqueued waiter stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pushed {
+    /// Waiting in its slot.
+    Queued,
+    /// A slot was already left at its position: it holds it.
+    Granted,
+}
+
+/// The queue: see the module docs.
+pub(super) struct Fifo {
+    segments: Box<[Segment]>,
+    free_segments: Stack,
+    waiters: Box<[Waiter]>,
+    free_waiters: Stack,
+    /// Next position to enqueue at.
+    enq: CachePadded<AtomicU64>,
+    /// Next position to resume.
+    deq: CachePadded<AtomicU64>,
+    /// A linked segment at or before the next position to resume.
+    head: CachePadded<AtomicU64>,
+    /// A linked segment at or before the next position to enqueue at.
+    tail: CachePadded<AtomicU64>,
+    /// The oldest linked segment; changed only by a sweep.
+    oldest: AtomicU64,
+    /// Held by a sweep.
+    sweep: Mutex<()>,
+}
+
+impl Fifo {
+    /// A queue with `cells` waiter cells, for gates whose waiters (queued,
+    /// or granted or rejected and not yet looked) never exceed `cells`, and
+    /// that promise at most `promised` slots at once (the engine limit).
+    pub(super) fn new(cells: usize, promised: usize) -> Self {
+        // A segment stays linked while one of its slots is unfinished: a
+        // waiting or leaving cell, a slot left for a waiter on its way, or a
+        // refused slot a resumer has not taken back; plus the last segment,
+        // one a resumer running ahead appended, and one per thread that
+        // lost an append race. Twice that, so that a sweep frees many.
+        let live = 2 * cells + promised + 4;
+        Self::with_segments(cells, (2 * live).min(MAX_SEGMENTS))
+    }
+
+    /// A queue with `cells` waiter cells and `count` segments.
+    pub(super) fn with_segments(cells: usize, count: usize) -> Self {
+        assert!(
+            (1..=MAX_CELLS).contains(&cells),
+            "waiter cells out of range"
+        );
+        assert!((1..=MAX_SEGMENTS).contains(&count), "segments out of range");
+        let segments: Box<[Segment]> = (0..count).map(|_| Segment::new()).collect();
+        let waiters: Box<[Waiter]> = (0..cells)
+            .map(|_| Waiter {
+                state: AtomicU64::new(waiter_word(0, Status::Free)),
+                place: AtomicU64::new(0),
+                segment: AtomicU32::new(0),
+                next_free: AtomicU32::new(NIL),
+            })
+            .collect();
+        let fifo = Self {
+            segments,
+            free_segments: Stack::new(),
+            waiters,
+            free_waiters: Stack::new(),
+            enq: CachePadded::new(AtomicU64::new(0)),
+            deq: CachePadded::new(AtomicU64::new(0)),
+            head: CachePadded::new(AtomicU64::new(link(0, 0))),
+            tail: CachePadded::new(AtomicU64::new(link(0, 0))),
+            oldest: AtomicU64::new(link(0, 0)),
+            sweep: Mutex::new(()),
+        };
+        fifo.incarnate(0, 0);
+        // Segment 0 is the first linked; the rest, and every cell, start
+        // on their stacks in index order (plain stores: nobody else sees
+        // the queue yet).
+        for (i, seg) in fifo.segments.iter().enumerate().skip(1) {
+            let next = if i + 1 < count { i as u32 + 1 } else { NIL };
+            seg.next_free.store(next, Ordering::Relaxed);
+        }
+        let first = if count > 1 { 1 } else { NIL };
+        fifo.free_segments
+            .0
+            .store(u64::from(first), Ordering::Relaxed);
+        for (i, w) in fifo.waiters.iter().enumerate() {
+            let next = if i + 1 < cells { i as u32 + 1 } else { NIL };
+            w.next_free.store(next, Ordering::Relaxed);
+        }
+        fifo.free_waiters.0.store(0, Ordering::Relaxed);
+        fifo
+    }
+
+    // ----- waiter cells ---------------------------------------------------------
+
+    /// A free waiter cell and its generation, or `None` when all are taken.
+    pub(super) fn take_cell(&self) -> Option<(u32, u32)> {
+        let cell = self
+            .free_waiters
+            .pop(|i| &self.waiters[i as usize].next_free)?;
+        // Relaxed: the pop's Acquire ordered the last owner's free.
+        let (gen, status) =
+            waiter_status(self.waiters[cell as usize].state.load(Ordering::Relaxed));
+        debug_assert_eq!(status, Status::Free);
+        Some((cell, gen))
+    }
+
+    /// Gives back a cell its owner is done with (taken and never pushed, or
+    /// resolved and its outcome taken).
+    pub(super) fn free_cell(&self, cell: u32) {
+        let w = &self.waiters[cell as usize];
+        // Relaxed: the owner's own cell; published by the push's Release.
+        let (gen, status) = waiter_status(w.state.load(Ordering::Relaxed));
+        debug_assert!(!matches!(status, Status::Queued | Status::Cancelling));
+        w.state.store(
+            waiter_word(gen.wrapping_add(1), Status::Free),
+            Ordering::Relaxed,
+        );
+        self.free_waiters.push(&w.next_free, cell);
+    }
+
+    /// A cell's generation and status.
+    #[inline]
+    pub(super) fn status(&self, cell: u32) -> (u32, Status) {
+        // Acquire: pairs with a grant's or rejection's Release.
+        waiter_status(self.waiters[cell as usize].state.load(Ordering::Acquire))
+    }
+
+    // ----- enqueue and resume ---------------------------------------------------
+
+    /// Enqueues a taken cell, after the caller counted its waiter.
+    pub(super) fn push(&self, cell: u32) -> Pushed {
+        let w = &self.waiters[cell as usize];
+        // Relaxed: our own cell.
+        let (gen, _) = waiter_status(w.state.load(Ordering::Relaxed));
+        // Acquire: pairs with the hint's Release CAS (see the orderings).
+        let hint = self.tail.load(Ordering::Acquire);
+        // Relaxed: a ticket; ordered after the hint load by the Acquire.
+        let p = self.enq.fetch_add(1, Ordering::Relaxed);
+        let seg = self
+            .locate(p, hint, &self.tail)
+            .expect("a position's segment stays linked until its slot finishes");
+        // Relaxed: published by the Release stores below.
+        w.place.store(p, Ordering::Relaxed);
+        w.segment.store(seg, Ordering::Relaxed);
+        // Release: a resumer that reads this status (Acquire) also sees the
+        // place, and everything the cell's last owner did before freeing it.
+        w.state
+            .store(waiter_word(gen, Status::Queued), Ordering::Release);
+        let slot = &self.segments[seg as usize].slots[p as usize % SEG];
+        let tag = tag_of(p / SEG as u64);
+        // Release: whoever finds the cell through the slot sees its place.
+        // Acquire on failure: the PERMIT's Release (the slot's previous
+        // holder's work happens-before ours).
+        match slot.compare_exchange(
+            slot_word(tag, EMPTY, 0),
+            slot_word(tag, WAITING, cell),
+            Ordering::Release,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Pushed::Queued,
+            Err(actual) => {
+                debug_assert_eq!(slot_kind(actual), PERMIT);
+                slot.store(slot_word(tag, DONE, 0), Ordering::Relaxed);
+                self.finish(seg);
+                w.state
+                    .store(waiter_word(gen, Status::Granted), Ordering::Relaxed);
+                Pushed::Granted
+            }
+        }
+    }
+
+    /// Delivers a slot the caller promised (it took one waiter off the
+    /// count): to the oldest live waiter, or left for the one on its way.
+    pub(super) fn resume(&self) -> Then {
+        loop {
+            // Acquire: see the orderings (as in `push`).
+            let hint = self.head.load(Ordering::Acquire);
+            // Relaxed: a ticket.
+            let p = self.deq.fetch_add(1, Ordering::Relaxed);
+            let Some(seg) = self.locate(p, hint, &self.head) else {
+                continue; // its segment is gone: the position was skipped
+            };
+            if let Some(then) = self.resume_at(p, seg) {
+                return then;
+            }
+        }
+    }
+
+    /// Delivers a promised slot at position `p`; `None` to go on to the next
+    /// position.
+    fn resume_at(&self, p: u64, seg: u32) -> Option<Then> {
+        let slot = &self.segments[seg as usize].slots[p as usize % SEG];
+        let tag = tag_of(p / SEG as u64);
+        // Acquire: pairs with the install's (or a canceller's) Release.
+        let mut cur = slot.load(Ordering::Acquire);
+        loop {
+            if slot_tag(cur) != tag {
+                return None; // recycled: the position was skipped
+            }
+            match slot_kind(cur) {
+                EMPTY => {
+                    // Release: the waiter that comes takes the slot with
+                    // everything before. Acquire on failure: as the load.
+                    match slot.compare_exchange(
+                        cur,
+                        slot_word(tag, PERMIT, 0),
+                        Ordering::Release,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return Some(Then::Nothing),
+                        Err(actual) => cur = actual,
+                    }
+                }
+                WAITING => {
+                    let cell = slot_cell(cur);
+                    let w = &self.waiters[cell as usize];
+                    // Acquire: a final status's Release (then the slot has
+                    // changed too), or the install's ordering.
+                    let word = w.state.load(Ordering::Acquire);
+                    let (gen, status) = waiter_status(word);
+                    // Relaxed: written before the status we just read.
+                    let ours = w.place.load(Ordering::Relaxed) == p;
+                    match status {
+                        Status::Queued if ours => {
+                            // Release: the grant (see the orderings).
+                            if w.state
+                                .compare_exchange(
+                                    word,
+                                    waiter_word(gen, Status::Granted),
+                                    Ordering::Release,
+                                    Ordering::Relaxed,
+                                )
+                                .is_ok()
+                            {
+                                slot.store(slot_word(tag, DONE, 0), Ordering::Relaxed);
+                                self.finish(seg);
+                                return Some(Then::Wake(cell));
+                            }
+                        }
+                        Status::Cancelling if ours => {
+                            // Release: the canceller that finds the slot
+                            // here owns it (AcqRel on its side).
+                            match slot.compare_exchange(
+                                cur,
+                                slot_word(tag, PENDING, cell),
+                                Ordering::Release,
+                                Ordering::Acquire,
+                            ) {
+                                Ok(_) => return Some(Then::Nothing),
+                                Err(actual) => {
+                                    cur = actual;
+                                    continue;
+                                }
+                            }
+                        }
+                        // Resolved (or reused) meanwhile: its canceller has
+                        // changed the slot, or is about to.
+                        _ => spin_wait(),
+                    }
+                    // Acquire: as the first load.
+                    cur = slot.load(Ordering::Acquire);
+                }
+                SKIP => return None,
+                REFUSED => {
+                    slot.store(slot_word(tag, DONE, 0), Ordering::Relaxed);
+                    self.finish(seg);
+                    return Some(Then::Release);
+                }
+                kind => unreachable!("a resumer found slot kind {kind} at its own position"),
+            }
+        }
+    }
+
+    // ----- leaving ----------------------------------------------------------------
+
+    /// Takes a queued cell of generation `gen` out of the queue: its owner's
+    /// cancel (`reason` `None`: the cell ends `Cancelled`) or a rejection by
+    /// another thread (the cell ends `Rejected(reason)`). `None` if it was
+    /// not queued (granted, rejected or cancelled first); otherwise what the
+    /// caller must do.
+    pub(super) fn leave(
+        &self,
+        cell: u32,
+        gen: u32,
+        reason: Option<AdmitError>,
+        places: &impl Places,
+    ) -> Option<Then> {
+        let w = &self.waiters[cell as usize];
+        // Acquire: a third party reads the place the owner wrote (it found
+        // the cell through the slot's Release, or reads it here).
+        w.state
+            .compare_exchange(
+                waiter_word(gen, Status::Queued),
+                waiter_word(gen, Status::Cancelling),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        // Relaxed: ordered by the Acquire above.
+        let p = w.place.load(Ordering::Relaxed);
+        let seg = w.segment.load(Ordering::Relaxed);
+        let slot = &self.segments[seg as usize].slots[p as usize % SEG];
+        let tag = tag_of(p / SEG as u64);
+        let gave_back = places.give_back();
+        let mark = if gave_back { SKIP } else { REFUSED };
+        // AcqRel: Acquire for a PENDING's Release (the slot we now own);
+        // Release, so that a resumer reading our final status finds it.
+        let then = match slot.compare_exchange(
+            slot_word(tag, WAITING, cell),
+            slot_word(tag, mark, 0),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                if gave_back {
+                    self.finish(seg);
+                }
+                Then::Nothing
+            }
+            Err(actual) => {
+                debug_assert_eq!(slot_kind(actual), PENDING);
+                slot.store(slot_word(tag, DONE, 0), Ordering::Relaxed);
+                self.finish(seg);
+                if gave_back {
+                    // The slot promised here goes to the next waiter.
+                    self.resume()
+                } else {
+                    Then::Release
+                }
+            }
+        };
+        let status = reason.map_or(Status::Cancelled, Status::Rejected);
+        // Release: see the orderings.
+        w.state.store(waiter_word(gen, status), Ordering::Release);
+        Some(then)
+    }
+
+    // ----- scanning ---------------------------------------------------------------
+
+    /// The oldest queued cell at a position `from` or later: its position,
+    /// cell and generation. A cell resolved meanwhile is left to whoever
+    /// acts on it (a [`leave`](Self::leave) on it returns `None`).
+    pub(super) fn next_queued(&self, from: u64) -> Option<(u64, u32, u32)> {
+        // Acquire: see the orderings; the hint is read before `deq`.
+        let hint = self.head.load(Ordering::Acquire);
+        let mut p = from.max(self.deq.load(Ordering::Acquire));
+        let end = self.enq.load(Ordering::Acquire);
+        while p < end {
+            let Some(seg) = self.locate_quiet(p, hint) else {
+                p = (p / SEG as u64 + 1) * SEG as u64;
+                continue;
+            };
+            let slot = &self.segments[seg as usize].slots[p as usize % SEG];
+            // Acquire: pairs with the install's Release.
+            let word = slot.load(Ordering::Acquire);
+            if slot_tag(word) == tag_of(p / SEG as u64) && slot_kind(word) == WAITING {
+                let cell = slot_cell(word);
+                let (gen, status) = self.status(cell);
+                // Relaxed: written before the status we read.
+                let here = self.waiters[cell as usize].place.load(Ordering::Relaxed) == p;
+                if status == Status::Queued && here {
+                    return Some((p, cell, gen));
+                }
+            }
+            p += 1;
+        }
+        None
+    }
+
+    // ----- segments ---------------------------------------------------------------
+
+    /// The segment of position `p`, starting from `hint` (read before `p`
+    /// was taken), appending segments as needed and moving `advance`
+    /// forward to it; `None` if it was unlinked (the position was skipped).
+    fn locate(&self, p: u64, hint: u64, advance: &AtomicU64) -> Option<u32> {
+        let found = self.find(p, hint, true)?;
+        self.move_forward(advance, found);
+        Some(unlink(found).0)
+    }
+
+    /// [`locate`](Self::locate) for a scan: appends nothing and moves no
+    /// hint.
+    fn locate_quiet(&self, p: u64, hint: u64) -> Option<u32> {
+        self.find(p, hint, false).map(|l| unlink(l).0)
+    }
+
+    /// The link of position `p`'s segment; `None` if it is gone (or, when
+    /// `append` is false, not made yet).
+    fn find(&self, p: u64, hint: u64, append: bool) -> Option<u64> {
+        let k = p / SEG as u64;
+        let mut from = hint;
+        'restart: loop {
+            if unlink(from).1 > k {
+                // A hint past the segment: start from the oldest.
+                // Acquire: pairs with the sweep's Release store.
+                from = self.oldest.load(Ordering::Acquire);
+            }
+            let mut cur = from;
+            loop {
+                let (idx, id) = unlink(cur);
+                let s = &self.segments[idx as usize];
+                // Acquire: the seqlock's first read.
+                if s.id.load(Ordering::Acquire) != id {
+                    from = self.restart_from();
+                    continue 'restart;
+                }
+                if id >= k {
+                    return (id == k).then_some(cur);
+                }
+                // Acquire: pairs with the append's Release CAS (the new
+                // segment's contents) or the sweep's Release store.
+                let mut next = s.next.load(Ordering::Acquire);
+                // The seqlock's second read: `next` belongs to `id`.
+                fence(Ordering::Acquire);
+                if s.id.load(Ordering::Relaxed) != id {
+                    from = self.restart_from();
+                    continue 'restart;
+                }
+                if is_end(next) {
+                    if !append {
+                        return None;
+                    }
+                    match self.append(s, id) {
+                        Some(new) => next = new,
+                        // Another appender won: read `s` again (it may have
+                        // been recycled since we checked it).
+                        None => continue,
+                    }
+                }
+                cur = next;
+            }
+        }
+    }
+
+    /// Where a traversal whose segment was recycled starts again: the oldest
+    /// linked segment, which the sweep that recycled ours has moved past it.
+    fn restart_from(&self) -> u64 {
+        // The sweep may still be on its way to the store below.
+        spin_wait();
+        // Acquire: pairs with the sweep's Release store.
+        self.oldest.load(Ordering::Acquire)
+    }
+
+    /// Appends a segment after `s` (id `id`, the last one when we looked):
+    /// its link, or `None` if another appender was first (or `s` is no
+    /// longer segment `id`).
+    fn append(&self, s: &Segment, id: u64) -> Option<u64> {
+        let idx = self.pop_segment();
+        self.incarnate(idx, id + 1);
+        let new = link(idx, id + 1);
+        // Release: publishes the new segment's contents. Relaxed on failure:
+        // the caller reads `s` again.
+        match s
+            .next
+            .compare_exchange(end_of(id), new, Ordering::Release, Ordering::Relaxed)
+        {
+            Ok(_) => Some(new),
+            Err(_) => {
+                // Never published: straight back to the pool.
+                self.segments[idx as usize]
+                    .id
+                    .store(FREE_ID, Ordering::Relaxed);
+                self.free_segments
+                    .push(&self.segments[idx as usize].next_free, idx);
+                None
+            }
+        }
+    }
+
+    /// Makes pooled segment `idx` segment `id`: the id first, then the
+    /// contents (the seqlock's write side).
+    fn incarnate(&self, idx: u32, id: u64) {
+        let s = &self.segments[idx as usize];
+        s.id.store(id, Ordering::Relaxed);
+        fence(Ordering::Release);
+        s.next.store(end_of(id), Ordering::Relaxed);
+        s.finished.store(0, Ordering::Relaxed);
+        let tag = tag_of(id);
+        for slot in &s.slots {
+            slot.store(slot_word(tag, EMPTY, 0), Ordering::Relaxed);
+        }
+    }
+
+    /// A segment from the pool, sweeping finished ones into it when empty.
+    fn pop_segment(&self) -> u32 {
+        loop {
+            if let Some(idx) = self
+                .free_segments
+                .pop(|i| &self.segments[i as usize].next_free)
+            {
+                return idx;
+            }
+            self.sweep_finished();
+            // The pool holds more segments than can be unfinished at once,
+            // so this repeats only while racing appenders hold popped ones.
+            spin_wait();
+        }
+    }
+
+    /// Moves `hint` forward to `to` (never back).
+    fn move_forward(&self, hint: &AtomicU64, to: u64) {
+        // Relaxed: a guess for the CAS.
+        let mut cur = hint.load(Ordering::Relaxed);
+        while unlink(cur).1 < unlink(to).1 {
+            // Release: pairs with the Acquire loads of the hint (see the
+            // orderings). Relaxed on failure: a new guess.
+            match hint.compare_exchange_weak(cur, to, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Records that a slot of segment `seg` is finished.
+    #[inline]
+    fn finish(&self, seg: u32) {
+        // Release: see the orderings.
+        self.segments[seg as usize]
+            .finished
+            .fetch_add(1, Ordering::Release);
+    }
+
+    /// Unlinks every finished segment but the last and returns it to the
+    /// pool. The queue's one lock: taken only when the pool is empty.
+    #[cold]
+    fn sweep_finished(&self) {
+        let _held = lock(&self.sweep);
+        let mut prev: Option<u32> = None;
+        // Relaxed: only sweeps change it, and we hold the lock.
+        let mut cur = self.oldest.load(Ordering::Relaxed);
+        loop {
+            let (idx, _) = unlink(cur);
+            let s = &self.segments[idx as usize];
+            // Acquire: pairs with the append's Release CAS.
+            let next = s.next.load(Ordering::Acquire);
+            if is_end(next) {
+                return;
+            }
+            // Acquire: pairs with the finishers' Release increments.
+            if s.finished.load(Ordering::Acquire) as usize == SEG {
+                // Hints off it first (they only move forward), then out of
+                // the list, then into the pool with a new id.
+                self.step_over(&self.head, cur, next);
+                self.step_over(&self.tail, cur, next);
+                // Release: a traversal that reads the new link sees the
+                // segment after it.
+                match prev {
+                    None => self.oldest.store(next, Ordering::Release),
+                    Some(p) => self.segments[p as usize]
+                        .next
+                        .store(next, Ordering::Release),
+                }
+                s.id.store(FREE_ID, Ordering::Relaxed);
+                self.free_segments.push(&s.next_free, idx);
+            } else {
+                prev = Some(idx);
+            }
+            cur = next;
+        }
+    }
+
+    /// Moves `hint` from `from` to `to` if it is still at `from`.
+    fn step_over(&self, hint: &AtomicU64, from: u64, to: u64) {
+        // Release: as in `move_forward`. Failure: the hint moved past on
+        // its own (hints only move forward).
+        let _ = hint.compare_exchange(from, to, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// Segments in the pool (for tests).
+    #[cfg(test)]
+    fn pooled(&self) -> usize {
+        let _held = lock(&self.sweep);
+        let mut n = 0;
+        let mut top = self.free_segments.0.load(Ordering::Acquire) as u32;
+        while top != NIL {
+            n += 1;
+            top = self.segments[top as usize]
+                .next_free
+                .load(Ordering::Relaxed);
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests;
