@@ -100,8 +100,9 @@
 //! * Segment recycling follows the seqlock rule: the new owner stores the
 //!   new id, then a `Release` fence, then the contents; a reader loads the
 //!   id (`Acquire`), the contents, an `Acquire` fence, and the id again.
-//! * `finished` counts with `Release` increments, read by the sweep with
-//!   `Acquire`: every finisher's last access happens-before the recycling.
+//! * A slot's last toucher marks it finished with a `Release` store (or
+//!   CAS); the sweep reads every slot's kind with `Acquire`, so every
+//!   finisher's last access happens-before the recycling.
 
 use crossbeam_utils::CachePadded;
 
@@ -249,8 +250,6 @@ struct Segment {
     id: AtomicU64,
     /// Link to the next segment, or [`end_of`] its own id.
     next: AtomicU64,
-    /// Slots nobody will touch again in this incarnation.
-    finished: AtomicU32,
     /// The next segment down the pool's stack.
     next_free: AtomicU32,
     slots: [AtomicU64; SEG],
@@ -261,7 +260,6 @@ impl Segment {
         Self {
             id: AtomicU64::new(FREE_ID),
             next: AtomicU64::new(end_of(FREE_ID)),
-            finished: AtomicU32::new(0),
             next_free: AtomicU32::new(NIL),
             slots: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -513,8 +511,7 @@ impl Fifo {
             Ok(_) => Pushed::Queued,
             Err(actual) => {
                 debug_assert_eq!(slot_kind(actual), PERMIT);
-                slot.store(slot_word(tag, DONE, 0), Ordering::Relaxed);
-                self.finish(seg);
+                self.finish(slot, tag);
                 w.state
                     .store(waiter_word(gen, Status::Granted), Ordering::Relaxed);
                 Pushed::Granted
@@ -585,8 +582,7 @@ impl Fifo {
                                 )
                                 .is_ok()
                             {
-                                slot.store(slot_word(tag, DONE, 0), Ordering::Relaxed);
-                                self.finish(seg);
+                                self.finish(slot, tag);
                                 return Some(Then::Wake(cell));
                             }
                         }
@@ -615,8 +611,7 @@ impl Fifo {
                 }
                 SKIP => return None,
                 REFUSED => {
-                    slot.store(slot_word(tag, DONE, 0), Ordering::Relaxed);
-                    self.finish(seg);
+                    self.finish(slot, tag);
                     return Some(Then::Release);
                 }
                 kind => unreachable!("a resumer found slot kind {kind} at its own position"),
@@ -664,16 +659,11 @@ impl Fifo {
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            Ok(_) => {
-                if gave_back {
-                    self.finish(seg);
-                }
-                Then::Nothing
-            }
+            // A `SKIP` is finished; a `REFUSED` waits for its resumer.
+            Ok(_) => Then::Nothing,
             Err(actual) => {
                 debug_assert_eq!(slot_kind(actual), PENDING);
-                slot.store(slot_word(tag, DONE, 0), Ordering::Relaxed);
-                self.finish(seg);
+                self.finish(slot, tag);
                 if gave_back {
                     // The slot promised here goes to the next waiter.
                     self.resume()
@@ -827,7 +817,6 @@ impl Fifo {
         s.id.store(id, Ordering::Relaxed);
         fence(Ordering::Release);
         s.next.store(end_of(id), Ordering::Relaxed);
-        s.finished.store(0, Ordering::Relaxed);
         let tag = tag_of(id);
         for slot in &s.slots {
             slot.store(slot_word(tag, EMPTY, 0), Ordering::Relaxed);
@@ -864,13 +853,23 @@ impl Fifo {
         }
     }
 
-    /// Records that a slot of segment `seg` is finished.
+    /// Marks a slot finished (`DONE`): its last toucher's last access.
     #[inline]
-    fn finish(&self, seg: u32) {
-        // Release: see the orderings.
-        self.segments[seg as usize]
-            .finished
-            .fetch_add(1, Ordering::Release);
+    fn finish(&self, slot: &AtomicU64, tag: u32) {
+        // Release: the sweep's Acquire read of the kind sees everything we
+        // did with the slot (see the orderings).
+        slot.store(slot_word(tag, DONE, 0), Ordering::Release);
+    }
+
+    /// Whether nobody will touch segment `s`'s slots again: each is `DONE`,
+    /// or `SKIP` (which a resumer only reads, and checks the tag of).
+    fn finished(&self, s: &Segment, tag: u32) -> bool {
+        s.slots.iter().all(|slot| {
+            // Acquire: pairs with the finishing Release store (`finish`, or
+            // a canceller's `SKIP` CAS).
+            let word = slot.load(Ordering::Acquire);
+            slot_tag(word) == tag && matches!(slot_kind(word), DONE | SKIP)
+        })
     }
 
     /// Unlinks every finished segment but the last and returns it to the
@@ -889,8 +888,7 @@ impl Fifo {
             if is_end(next) {
                 return;
             }
-            // Acquire: pairs with the finishers' Release increments.
-            if s.finished.load(Ordering::Acquire) as usize == SEG {
+            if self.finished(s, tag_of(unlink(cur).1)) {
                 // Hints off it first (they only move forward), then out of
                 // the list, then into the pool with a new id.
                 self.step_over(&self.head, cur, next);
