@@ -270,6 +270,8 @@ struct Waiter {
     state: AtomicU64,
     /// The waiter's position, written before its slot is installed.
     place: AtomicU64,
+    /// Clock time when it was enqueued, written with `place`.
+    enqueued_at: AtomicU64,
     /// The segment holding that position.
     segment: AtomicU32,
     /// The next cell down the free stack.
@@ -405,6 +407,7 @@ impl Fifo {
             .map(|_| Waiter {
                 state: AtomicU64::new(waiter_word(0, Status::Free)),
                 place: AtomicU64::new(0),
+                enqueued_at: AtomicU64::new(0),
                 segment: AtomicU32::new(0),
                 next_free: AtomicU32::new(NIL),
             })
@@ -478,8 +481,9 @@ impl Fifo {
 
     // ----- enqueue and resume ---------------------------------------------------
 
-    /// Enqueues a taken cell, after the caller counted its waiter.
-    pub(super) fn push(&self, cell: u32) -> Pushed {
+    /// Enqueues a taken cell at clock time `now`, after the caller counted
+    /// its waiter.
+    pub(super) fn push(&self, cell: u32, now: u64) -> Pushed {
         let w = &self.waiters[cell as usize];
         // Relaxed: our own cell.
         let (gen, _) = waiter_status(w.state.load(Ordering::Relaxed));
@@ -492,6 +496,7 @@ impl Fifo {
             .expect("a position's segment stays linked until its slot finishes");
         // Relaxed: published by the Release stores below.
         w.place.store(p, Ordering::Relaxed);
+        w.enqueued_at.store(now, Ordering::Relaxed);
         w.segment.store(seg, Ordering::Relaxed);
         // Release: a resumer that reads this status (Acquire) also sees the
         // place, and everything the cell's last owner did before freeing it.
@@ -706,6 +711,65 @@ impl Fifo {
                 }
             }
             p += 1;
+        }
+        None
+    }
+
+    /// Rejects queued waiters from the oldest on with `reason`, while `due`
+    /// says yes to their queue time, at most `max` of them: a queue
+    /// deadline (`due` compares with the deadline; the scan stops at the
+    /// first waiter not due, since later ones came later) or a close (`due`
+    /// always true). Each rejected cell, and what the caller must do after
+    /// its leaving, goes to `told`. How many were rejected.
+    ///
+    /// Enqueue times follow positions only as closely as the clock reads
+    /// before taking a position do: a waiter due a moment before one ahead
+    /// of it waits for the next call.
+    pub(super) fn reject_from_head(
+        &self,
+        reason: AdmitError,
+        due: impl Fn(u64) -> bool,
+        max: usize,
+        places: &impl Places,
+        mut told: impl FnMut(u32, Then),
+    ) -> usize {
+        let mut n = 0;
+        let mut from = 0;
+        while n < max {
+            let Some((p, cell, gen)) = self.next_queued(from) else {
+                break;
+            };
+            from = p + 1;
+            let w = &self.waiters[cell as usize];
+            // Relaxed: written before the Queued status `next_queued` read
+            // with Acquire; checked against a reuse of the cell below.
+            let at = w.enqueued_at.load(Ordering::Relaxed);
+            if self.status(cell) != (gen, Status::Queued) {
+                continue; // resolved meanwhile: `at` may be another's
+            }
+            if !due(at) {
+                break;
+            }
+            if let Some(then) = self.leave(cell, gen, Some(reason), places) {
+                n += 1;
+                told(cell, then);
+            }
+        }
+        n
+    }
+
+    /// The queue time of the oldest queued waiter, if any.
+    pub(super) fn oldest_enqueued_at(&self) -> Option<u64> {
+        let mut from = 0;
+        while let Some((p, cell, gen)) = self.next_queued(from) {
+            // Relaxed: as in `reject_from_head`.
+            let at = self.waiters[cell as usize]
+                .enqueued_at
+                .load(Ordering::Relaxed);
+            if self.status(cell) == (gen, Status::Queued) {
+                return Some(at);
+            }
+            from = p + 1;
         }
         None
     }

@@ -17,6 +17,8 @@ fn split(w: u64) -> (u32, u32) {
 
 struct TestGate {
     word: AtomicU64,
+    /// The clock the test sets; read at each enqueue.
+    now: AtomicU64,
     limit: u32,
     queue: u32,
     fifo: Fifo,
@@ -78,6 +80,7 @@ impl TestGate {
     fn with_cells(limit: u32, queue: u32, cells: usize) -> Self {
         Self {
             word: AtomicU64::new(0),
+            now: AtomicU64::new(0),
             limit,
             queue,
             fifo: Fifo::new(cells, limit as usize),
@@ -90,6 +93,7 @@ impl TestGate {
     fn with_segments(limit: u32, queue: u32, segments: usize) -> Self {
         Self {
             word: AtomicU64::new(0),
+            now: AtomicU64::new(0),
             limit,
             queue,
             fifo: Fifo::with_segments((queue + limit) as usize + 1, segments),
@@ -117,7 +121,7 @@ impl TestGate {
             }
         }
         let (cell, gen) = self.fifo.take_cell().expect("cells for every waiter");
-        match self.fifo.push(cell) {
+        match self.fifo.push(cell, self.now.load(Ordering::Relaxed)) {
             Pushed::Queued => Admit::Queued(cell, gen),
             Pushed::Granted => {
                 self.fifo.free_cell(cell);
@@ -197,15 +201,19 @@ impl TestGate {
     /// Rejects the oldest queued request with `reason` (as a queue deadline
     /// would): whether one was.
     fn reject_oldest(&self, reason: AdmitError) -> bool {
-        let mut from = 0;
-        while let Some((p, cell, gen)) = self.fifo.next_queued(from) {
-            if let Some(then) = self.fifo.leave(cell, gen, Some(reason), self) {
-                self.after(then);
-                return true;
-            }
-            from = p + 1;
+        self.reject(reason, |_| true, 1) == 1
+    }
+
+    /// Rejects up to `max` requests from the oldest on while `due`.
+    fn reject(&self, reason: AdmitError, due: impl Fn(u64) -> bool, max: usize) -> usize {
+        let mut thens = Vec::new();
+        let n = self
+            .fifo
+            .reject_from_head(reason, due, max, self, |_, then| thens.push(then));
+        for then in thens {
+            self.after(then);
         }
-        false
+        n
     }
 
     fn counts(&self) -> (u32, u32) {
@@ -302,8 +310,57 @@ mod sequential {
         g.word.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
         assert_eq!(g.fifo.resume(), Then::Nothing);
         let (cell, _) = g.fifo.take_cell().unwrap();
-        assert_eq!(g.fifo.push(cell), Pushed::Granted);
+        assert_eq!(g.fifo.push(cell, 0), Pushed::Granted);
         g.fifo.free_cell(cell);
+    }
+
+    #[test]
+    fn expiry_takes_due_waiters_from_the_head_and_stops_at_the_first_not_due() {
+        let g = TestGate::new(1, 4);
+        assert_eq!(g.admit(), Admit::Held);
+        let mut ws = Vec::new();
+        for t in [0, 5, 10, 15] {
+            g.now.store(t, Ordering::Relaxed);
+            ws.push(queued(g.admit()));
+        }
+        // The second waiter leaves on its own: expiry passes over it.
+        assert!(g.cancel(ws[1].0, ws[1].1));
+        assert_eq!(g.fifo.oldest_enqueued_at(), Some(0));
+        let timeout = 10;
+        let due = |now: u64| move |at: u64| crate::gate::raw::is_due(at, timeout, now);
+        assert_eq!(g.reject(AdmitError::QueueTimeout, due(9), 8), 0);
+        // Exactly at the deadline counts.
+        assert_eq!(g.reject(AdmitError::QueueTimeout, due(10), 8), 1);
+        assert_eq!(g.fifo.oldest_enqueued_at(), Some(10));
+        assert_eq!(g.reject(AdmitError::QueueTimeout, due(24), 8), 1);
+        assert_eq!(g.counts(), (1, 1));
+        let timed_out = Some(Outcome::Rejected(AdmitError::QueueTimeout));
+        assert_eq!(g.poll(ws[0].0, ws[0].1), timed_out);
+        assert_eq!(g.poll(ws[2].0, ws[2].1), timed_out);
+        g.release();
+        assert_eq!(g.poll(ws[3].0, ws[3].1), Some(Outcome::Granted));
+        assert_eq!(g.fifo.oldest_enqueued_at(), None);
+        g.release();
+        assert_eq!(g.counts(), (0, 0));
+    }
+
+    #[test]
+    fn closing_rejects_every_waiter_in_batches() {
+        let g = TestGate::new(1, 5);
+        assert_eq!(g.admit(), Admit::Held);
+        let ws: Vec<_> = (0..5).map(|_| queued(g.admit())).collect();
+        assert_eq!(g.reject(AdmitError::Closed, |_| true, 2), 2);
+        assert_eq!(g.counts(), (1, 3));
+        assert_eq!(g.reject(AdmitError::Closed, |_| true, 8), 3);
+        assert_eq!(g.counts(), (1, 0));
+        for w in ws {
+            assert_eq!(
+                g.poll(w.0, w.1),
+                Some(Outcome::Rejected(AdmitError::Closed))
+            );
+        }
+        g.release();
+        assert_eq!(g.counts(), (0, 0));
     }
 
     /// The trap of a fixed ring: one waiter stuck at the head while others
@@ -473,7 +530,7 @@ fn threads_racing_every_operation_keep_the_counts_exact() {
                             g.cancel(c, gen);
                         }
                         7 => {
-                            g.reject_oldest(AdmitError::QueueTimeout);
+                            g.reject(AdmitError::QueueTimeout, |_| true, 2);
                         }
                         _ => waiting.retain(|&(c, gen)| match g.poll(c, gen) {
                             None => true,
@@ -668,6 +725,41 @@ mod models {
             let b = g.admit();
             assert_eq!(b, Admit::Held);
             g.release();
+        });
+    }
+
+    /// Two rejecters (an event loop's timer and a release, both expiring)
+    /// race a waiter's own cancel: each waiter ends exactly one way and its
+    /// place is given back once.
+    #[test]
+    fn two_rejecters_and_a_cancel() {
+        model(|| {
+            let g = Arc::new(TestGate::new(1, 2));
+            assert_eq!(g.admit(), Admit::Held);
+            let a = queued(g.admit());
+            let b = queued(g.admit());
+            let rejecters: Vec<_> = (0..2)
+                .map(|_| {
+                    let g = Arc::clone(&g);
+                    thread::spawn(move || g.reject(AdmitError::QueueTimeout, |_| true, 1))
+                })
+                .collect();
+            let a_left = g.cancel(a.0, a.1);
+            let rejected: usize = rejecters.into_iter().map(|t| t.join().unwrap()).sum();
+            let b_rejected = match g.poll(b.0, b.1) {
+                Some(Outcome::Rejected(AdmitError::QueueTimeout)) => true,
+                None => {
+                    assert!(g.cancel(b.0, b.1));
+                    false
+                }
+                other => panic!("b: {other:?}"),
+            };
+            // a left on its own or was rejected (then its cancel found it
+            // resolved); every rejection is one of the two.
+            assert_eq!(rejected, usize::from(!a_left) + usize::from(b_rejected));
+            assert_eq!(g.counts(), (1, 0));
+            g.release();
+            assert_eq!(g.counts(), (0, 0));
         });
     }
 
