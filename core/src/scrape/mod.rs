@@ -217,6 +217,21 @@ impl Shared {
         }
     }
 
+    /// This scrape's statistics, with whether its worker is registered now,
+    /// and whether the scrape was closed. (In a forked child, what the
+    /// parent's scrape had at the fork, or nothing if a lock was held.)
+    fn snapshot(&self) -> (ScrapeStats, bool) {
+        let (registered, closed) = self
+            .lock_here(&self.state)
+            .map_or((false, false), |st| (st.registered.is_some(), st.closed));
+        let mut stats = self
+            .lock_here(&self.stats)
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        stats.registered = registered;
+        (stats, closed)
+    }
+
     /// Applies one scraped body; registers the worker first if needed.
     fn apply(&self, body: &[u8]) -> Result<(), Failure> {
         let text = std::str::from_utf8(body)
@@ -319,16 +334,10 @@ impl Registered {
             .filter(|s| s.made_in.same_process())
             .collect::<Vec<_>>();
         for shared in running {
-            let registered = {
-                let state = lock(&shared.state);
-                if state.closed {
-                    continue;
-                }
-                state.registered.is_some()
-            };
-            let mut stats = lock(&shared.stats).clone();
-            stats.registered = registered;
-            workers.push((shared.worker_id, stats));
+            let (stats, closed) = shared.snapshot();
+            if !closed {
+                workers.push((shared.worker_id, stats));
+            }
         }
         workers.sort_unstable_by_key(|(id, _)| *id);
         workers.dedup_by(|(id, later), (kept_id, kept)| {
@@ -465,15 +474,7 @@ impl Scrape {
     /// parent started shows what it had done at the fork (all zero if the
     /// fork caught it updating them).
     pub fn stats(&self) -> ScrapeStats {
-        let shared = &self.shared;
-        let mut s = shared
-            .lock_here(&shared.stats)
-            .map(|s| s.clone())
-            .unwrap_or_default();
-        s.registered = shared
-            .lock_here(&shared.state)
-            .is_some_and(|st| st.registered.is_some());
-        s
+        self.shared.snapshot().0
     }
 
     /// Stops scraping and removes the worker from the monitor (if this
