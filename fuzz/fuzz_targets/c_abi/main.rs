@@ -6,7 +6,8 @@
 //! rlib, see `ffi-rlib/`), under AddressSanitizer and LeakSanitizer. Only
 //! calls the header allows are made: no dangling or freed handle, no length
 //! longer than its buffer. The NATS calls (reporter, subscription) are made
-//! only with an argument they must refuse before connecting, so the target
+//! only with an argument they must refuse before connecting, and the scrape
+//! call only with one it must refuse before a scrape starts, so the target
 //! never touches the network. Within that contract every call must:
 //! * return a status and never `LG_PANIC` (and never crash or leak);
 //! * give `LG_INVALID_ARGUMENT` for a NULL it cannot take;
@@ -25,6 +26,7 @@ mod http;
 mod monitor;
 mod nats;
 mod permit;
+mod scrape;
 mod state;
 
 use std::ffi::CStr;
@@ -44,6 +46,7 @@ enum Call {
     Permit(permit::Call),
     Http(http::Call),
     Nats(nats::Call),
+    Scrape(scrape::Call),
     Version,
 }
 
@@ -56,6 +59,7 @@ impl Call {
             Call::Permit(c) => c.apply(state),
             Call::Http(c) => c.apply(state),
             Call::Nats(c) => c.apply(state),
+            Call::Scrape(c) => c.apply(state),
             Call::Version => {
                 // SAFETY: `lg_version` returns a static NUL-terminated string.
                 let v = unsafe { CStr::from_ptr(lg_version()) }.to_str().unwrap();
