@@ -271,10 +271,10 @@ impl Call {
                     0
                 };
                 let mut out: *mut lg_permit = dangling();
+                let out_ptr = if *out_null { null_mut() } else { &mut out };
                 // SAFETY: `g` is NULL or a live gate from `State::gates`; each out-pointer is NULL
                 // or points at a local; the timeout is infinite only when a slot is free, so the
                 // call cannot block.
-                let out_ptr = if *out_null { null_mut() } else { &mut out };
                 let st = checked("lg_gate_admit", unsafe {
                     match priority {
                         Some(p) => lg_gate_admit_at(g, *p, timeout, out_ptr),
@@ -300,15 +300,15 @@ impl Call {
                     if *callback_null { None } else { Some(on_admit) };
                 // Counted before the call: the callback may run inside it.
                 state.owed += 1;
-                // SAFETY: `g` is NULL or a live gate from `State::gates`; `user_data` is the
-                // input's `CallbackLog`, which outlives every request (gates are closed before it
-                // is dropped) and `on_admit` only reads it; the ticket pointer is NULL or a local.
                 let user_data = (&*state.log as *const CallbackLog).cast_mut().cast();
                 let ticket_ptr = if *want_ticket {
                     &mut ticket
                 } else {
                     null_mut()
                 };
+                // SAFETY: `g` is NULL or a live gate from `State::gates`; `user_data` is the
+                // input's `CallbackLog`, which outlives every request (gates are closed before it
+                // is dropped) and `on_admit` only reads it; the ticket pointer is NULL or a local.
                 let st = checked("lg_gate_admit_async", unsafe {
                     match priority {
                         Some(p) => lg_gate_admit_async_at(g, *p, callback, user_data, ticket_ptr),
