@@ -66,16 +66,16 @@
 //! # Storage
 //!
 //! Cells live in chunks that are never moved or freed while the gate
-//! lives: chunk 0 holds the `Q + N` cells reserved when the gate is built,
-//! and chunk `k` twice as many as chunk `k - 1`, allocated under the mutex
+//! lives (`chunks.rs`): chunk 0 holds the `Q + N` cells reserved when the
+//! gate is built, and chunk `k` twice as many as chunk `k - 1`, allocated
+//! under the mutex
 //! when every earlier cell is taken (only if rejected waiters have not
 //! looked yet while the queue refilled, or after `set_limit` raised `N`).
 //! Readers index them without the lock.
 
-use std::sync::OnceLock;
-
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
+use super::chunks::Chunks;
 use super::error::AdmitError;
 
 /// "No cell" in the free stack.
@@ -90,9 +90,6 @@ const CANCELLED: u64 = 5;
 const STATUS_MASK: u64 = 0xff;
 const ERROR_SHIFT: u32 = 8;
 const GEN_SHIFT: u32 = 32;
-
-/// Chunks: enough for `u32` cells from any first chunk size.
-const CHUNKS: usize = 32;
 
 /// What a cell says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,11 +189,8 @@ impl Slot {
 
 /// The cells' state words and the free stack.
 pub(super) struct Cells {
-    /// Chunk `k` holds `first << k` cells (`first = 1 << shift`), from
-    /// index `first * (2^k - 1)`.
-    chunks: [OnceLock<Box<[Slot]>>; CHUNKS],
-    /// Cells in chunk 0: `1 << shift`.
-    shift: u32,
+    /// The cells' atomics, by index (`chunks.rs`).
+    slots: Chunks<Slot>,
     /// Cells handed out so far (the table's length); changed under the mutex.
     len: AtomicU32,
     /// Top of the free stack, or [`NIL`].
@@ -208,51 +202,23 @@ pub(super) struct Cells {
 impl Cells {
     /// Storage with `reserve` cells allocated now.
     pub(super) fn new(reserve: usize) -> Self {
-        let shift = reserve.max(1).next_power_of_two().trailing_zeros().min(31);
-        let cells = Self {
-            chunks: [const { OnceLock::new() }; CHUNKS],
-            shift,
+        Self {
+            slots: Chunks::new(reserve, Slot::new),
             len: AtomicU32::new(0),
             free: AtomicU32::new(NIL),
             cancelled: AtomicU32::new(NIL),
-        };
-        cells.chunk(0);
-        cells
-    }
-
-    /// Chunk `k`, allocated on first use (under the mutex: only a new cell's
-    /// index reaches a chunk that does not exist yet).
-    fn chunk(&self, k: usize) -> &[Slot] {
-        self.chunks[k].get_or_init(|| {
-            (0..1usize << (self.shift as usize + k))
-                .map(|_| Slot::new())
-                .collect()
-        })
+        }
     }
 
     /// Makes sure cells `0..total` exist, so that taking them allocates
     /// nothing (a raised limit; under the mutex).
     pub(super) fn reserve(&self, total: usize) {
-        if let Some(last) = total.checked_sub(1).and_then(|i| u32::try_from(i).ok()) {
-            for k in 0..=self.chunk_of(last).0 {
-                self.chunk(k);
-            }
-        }
-    }
-
-    #[inline]
-    fn chunk_of(&self, idx: u32) -> (usize, usize) {
-        // Chunk k starts at first * (2^k - 1): k = log2(idx / first + 1).
-        let q = (u64::from(idx) >> self.shift) + 1;
-        let k = (u64::BITS - 1 - q.leading_zeros()) as usize;
-        let start = ((1u64 << k) - 1) << self.shift;
-        (k, (u64::from(idx) - start) as usize)
+        self.slots.reserve(total);
     }
 
     #[inline]
     fn slot(&self, idx: u32) -> &Slot {
-        let (k, offset) = self.chunk_of(idx);
-        &self.chunk(k)[offset]
+        self.slots.get(idx)
     }
 
     /// A free cell: popped from the free stack, or a new one. Call with the
@@ -459,7 +425,7 @@ mod tests {
             cells.free(idx);
         }
         cells.reserve(100); // chunks of 4, 8, 16, 32, 64: the last ends at 124
-        assert!(cells.chunks[4].get().is_some() && cells.chunks[5].get().is_none());
+        assert!(cells.slots.has(4) && !cells.slots.has(5));
         // Last freed, first taken; with a new generation.
         assert_eq!(cells.take(), Some(39));
         assert_eq!(cells.queue(39), 1);

@@ -45,16 +45,24 @@
 //!
 //! # Storage
 //!
-//! Positions live in *segments* of [`SEG`] slots, taken from a pool made
-//! when the queue is built. Segments are linked in position order; a
-//! segment with id `k` holds positions `k * SEG ..`. The two ends are found
-//! from hints (`head` for resumers and scanners, `tail` for enqueuers),
-//! read before the position is taken, so a hint never lies past the
-//! position's segment unless that segment is gone. A segment whose every
-//! slot is *finished* (nobody will touch it again) and that is not the last
-//! is unlinked and returned to the pool by a sweep, under a mutex: the one
-//! lock, taken only by an operation that finds the pool empty (a cold path:
-//! at most once per pool's worth of segments).
+//! Positions live in *segments* of [`SEG`] slots, taken from a pool.
+//! Segments are linked in position order; a segment with id `k` holds
+//! positions `k * SEG ..`. The two ends are found from hints (`head` for
+//! resumers and scanners, `tail` for enqueuers), read before the position
+//! is taken, so a hint never lies past the position's segment unless that
+//! segment is gone. A segment whose every slot is *finished* (nobody will
+//! touch it again) and that is not the last is unlinked and returned to
+//! the pool by a sweep.
+//!
+//! Segments and waiter cells are stored in chunks that never move
+//! (`chunks.rs`). The first chunks are made with the queue: room for its
+//! waiters and, twice over, for the segments their positions span. The one
+//! lock (`sweep`) is taken only on the cold paths that refill an empty
+//! free stack: a sweep when the segment pool is empty, and the next chunk
+//! when a sweep frees nothing (every linked segment still holds a waiting
+//! or otherwise unfinished slot) or when every cell is taken (rejected
+//! waiters that have not looked yet keep theirs). Churn behind a waiter
+//! stuck at the head reuses segments rather than growing them.
 //!
 //! Segments are reused while other threads may still hold their index, so
 //! every reference carries the segment id it expects: links and hints pack
@@ -104,15 +112,18 @@
 //!   CAS); the sweep reads every slot's kind with `Acquire`, so every
 //!   finisher's last access happens-before the recycling.
 
+use std::ops::Range;
+
 use crossbeam_utils::CachePadded;
 
 use crate::sync::{fence, lock, spin_wait, AtomicU32, AtomicU64, Mutex, Ordering};
 
 use super::cell::{error_code, error_of};
+use super::chunks::Chunks;
 use super::error::AdmitError;
 
 /// Slots per segment (2 in loom models, so that they cross segments).
-pub(super) const SEG: usize = if cfg!(loom) { 2 } else { 8 };
+pub(super) const SEG: usize = if cfg!(loom) { 2 } else { 32 };
 
 /// "No entry" in a free stack.
 const NIL: u32 = u32::MAX;
@@ -278,6 +289,18 @@ struct Waiter {
     next_free: AtomicU32,
 }
 
+impl Waiter {
+    fn new() -> Self {
+        Self {
+            state: AtomicU64::new(waiter_word(0, Status::Free)),
+            place: AtomicU64::new(0),
+            enqueued_at: AtomicU64::new(0),
+            segment: AtomicU32::new(0),
+            next_free: AtomicU32::new(NIL),
+        }
+    }
+}
+
 /// A tagged Treiber stack of indices whose links live in the entries.
 struct Stack(AtomicU64);
 
@@ -306,6 +329,37 @@ impl Stack {
                 .compare_exchange_weak(top, new, Ordering::Acquire, Ordering::Acquire)
             {
                 Ok(_) => return Some(idx),
+                Err(actual) => top = actual,
+            }
+        }
+    }
+
+    /// Whether the stack is empty now.
+    fn is_empty(&self) -> bool {
+        // Acquire: as a pop's first load.
+        self.0.load(Ordering::Acquire) as u32 == NIL
+    }
+
+    /// Pushes the entries `range` at once, in index order from the top.
+    fn push_chain<'a>(&self, range: Range<u32>, next_of: impl Fn(u32) -> &'a AtomicU32) {
+        let Some(last) = range.end.checked_sub(1).filter(|&l| l >= range.start) else {
+            return;
+        };
+        for i in range.start..last {
+            // Relaxed: published by the Release CAS below.
+            next_of(i).store(i + 1, Ordering::Relaxed);
+        }
+        // Relaxed: a guess for the CAS.
+        let mut top = self.0.load(Ordering::Relaxed);
+        loop {
+            next_of(last).store(top as u32, Ordering::Relaxed);
+            let new = ((top >> 32) + 1) << 32 | u64::from(range.start);
+            // Release: as in `push`. Relaxed on failure: a new guess.
+            match self
+                .0
+                .compare_exchange_weak(top, new, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
                 Err(actual) => top = actual,
             }
         }
@@ -363,9 +417,9 @@ pub(super) enum Pushed {
 
 /// The queue: see the module docs.
 pub(super) struct Fifo {
-    segments: Box<[Segment]>,
+    segments: Chunks<Segment>,
     free_segments: Stack,
-    waiters: Box<[Waiter]>,
+    waiters: Chunks<Waiter>,
     free_waiters: Stack,
     /// Next position to enqueue at.
     enq: CachePadded<AtomicU64>,
@@ -377,83 +431,107 @@ pub(super) struct Fifo {
     tail: CachePadded<AtomicU64>,
     /// The oldest linked segment; changed only by a sweep.
     oldest: AtomicU64,
-    /// Held by a sweep.
-    sweep: Mutex<()>,
+    /// Held by a sweep and by growth: the chunks handed to the free stacks.
+    sweep: Mutex<Grown>,
+}
+
+/// Chunks of each storage whose entries have been put on its free stack.
+struct Grown {
+    segments: usize,
+    cells: usize,
 }
 
 impl Fifo {
-    /// A queue with `cells` waiter cells, for gates whose waiters (queued,
-    /// or granted or rejected and not yet looked) never exceed `cells`, and
-    /// that promise at most `promised` slots at once (the engine limit).
+    /// A queue with room for `cells` waiter cells at first, for a gate that
+    /// promises at most `promised` slots at once (its engine limit). Both
+    /// storages grow when they run out (under the sweep's lock): cells
+    /// while rejected waiters have not looked, segments while unfinished
+    /// slots pin more than a sweep can free.
     pub(super) fn new(cells: usize, promised: usize) -> Self {
-        // A segment stays linked while one of its slots is unfinished: a
-        // waiting or leaving cell, a slot left for a waiter on its way, or a
-        // refused slot a resumer has not taken back; plus the last segment,
-        // one a resumer running ahead appended, and one per thread that
-        // lost an append race. Twice that, so that a sweep frees many.
-        let live = 2 * cells + promised + 4;
-        Self::with_segments(cells, (2 * live).min(MAX_SEGMENTS))
+        // Without cancellations the live positions are contiguous: the
+        // waiting ones, slots left for waiters on their way and refused
+        // ones span `(2 * cells + promised) / SEG` segments, plus the last
+        // one and one a resumer running ahead appended. Room for twice
+        // that, so that a sweep frees many at a time.
+        Self::with_segments(cells, 2 * ((2 * cells + promised) / SEG + 2))
     }
 
-    /// A queue with `cells` waiter cells and `count` segments.
+    /// A queue with room for `cells` waiter cells and `count` segments at
+    /// first.
     pub(super) fn with_segments(cells: usize, count: usize) -> Self {
         assert!(
             (1..=MAX_CELLS).contains(&cells),
             "waiter cells out of range"
         );
-        assert!((1..=MAX_SEGMENTS).contains(&count), "segments out of range");
-        let segments: Box<[Segment]> = (0..count).map(|_| Segment::new()).collect();
-        let waiters: Box<[Waiter]> = (0..cells)
-            .map(|_| Waiter {
-                state: AtomicU64::new(waiter_word(0, Status::Free)),
-                place: AtomicU64::new(0),
-                enqueued_at: AtomicU64::new(0),
-                segment: AtomicU32::new(0),
-                next_free: AtomicU32::new(NIL),
-            })
-            .collect();
+        assert!((2..=MAX_SEGMENTS).contains(&count), "segments out of range");
         let fifo = Self {
-            segments,
+            segments: Chunks::new(count, Segment::new),
             free_segments: Stack::new(),
-            waiters,
+            waiters: Chunks::new(cells, Waiter::new),
             free_waiters: Stack::new(),
             enq: CachePadded::new(AtomicU64::new(0)),
             deq: CachePadded::new(AtomicU64::new(0)),
             head: CachePadded::new(AtomicU64::new(link(0, 0))),
             tail: CachePadded::new(AtomicU64::new(link(0, 0))),
             oldest: AtomicU64::new(link(0, 0)),
-            sweep: Mutex::new(()),
+            sweep: Mutex::new(Grown {
+                segments: 1,
+                cells: 1,
+            }),
         };
+        // Segment 0 is the first linked; the rest of the first chunk, and
+        // every cell of it, go on the free stacks.
         fifo.incarnate(0, 0);
-        // Segment 0 is the first linked; the rest, and every cell, start
-        // on their stacks in index order (plain stores: nobody else sees
-        // the queue yet).
-        for (i, seg) in fifo.segments.iter().enumerate().skip(1) {
-            let next = if i + 1 < count { i as u32 + 1 } else { NIL };
-            seg.next_free.store(next, Ordering::Relaxed);
-        }
-        let first = if count > 1 { 1 } else { NIL };
         fifo.free_segments
-            .0
-            .store(u64::from(first), Ordering::Relaxed);
-        for (i, w) in fifo.waiters.iter().enumerate() {
-            let next = if i + 1 < cells { i as u32 + 1 } else { NIL };
-            w.next_free.store(next, Ordering::Relaxed);
-        }
-        fifo.free_waiters.0.store(0, Ordering::Relaxed);
+            .push_chain(1..fifo.segments.range(0).end, |i| {
+                &fifo.segments.get(i).next_free
+            });
+        fifo.free_waiters
+            .push_chain(fifo.waiters.range(0), |i| &fifo.waiters.get(i).next_free);
         fifo
+    }
+
+    /// Puts chunk `k` of a storage on its free stack (under the sweep's
+    /// lock); false if the storage has no more indices to give.
+    fn grow<'a, T>(
+        storage: &Chunks<T>,
+        k: usize,
+        max: usize,
+        stack: &Stack,
+        next_of: impl Fn(u32) -> &'a AtomicU32,
+    ) -> bool {
+        let range = storage.range(k);
+        if range.start as usize >= max {
+            return false;
+        }
+        let range = range.start..range.end.min(max as u32);
+        stack.push_chain(range, next_of);
+        true
     }
 
     // ----- waiter cells ---------------------------------------------------------
 
     /// A free waiter cell and its generation, or `None` when all are taken.
     pub(super) fn take_cell(&self) -> Option<(u32, u32)> {
-        let cell = self
-            .free_waiters
-            .pop(|i| &self.waiters[i as usize].next_free)?;
+        let cell = loop {
+            if let Some(cell) = self.free_waiters.pop(|i| &self.waiters.get(i).next_free) {
+                break cell;
+            }
+            // Cold: every cell is taken (rejected waiters have not looked).
+            let mut grown = lock(&self.sweep);
+            if !self.free_waiters.is_empty() {
+                continue; // freed or grown meanwhile
+            }
+            let k = grown.cells;
+            if !Self::grow(&self.waiters, k, MAX_CELLS, &self.free_waiters, |i| {
+                &self.waiters.get(i).next_free
+            }) {
+                return None;
+            }
+            grown.cells += 1;
+        };
         // Relaxed: the pop's Acquire ordered the last owner's free.
-        let (gen, status) =
-            waiter_status(self.waiters[cell as usize].state.load(Ordering::Relaxed));
+        let (gen, status) = waiter_status(self.waiters.get(cell).state.load(Ordering::Relaxed));
         debug_assert_eq!(status, Status::Free);
         Some((cell, gen))
     }
@@ -461,7 +539,7 @@ impl Fifo {
     /// Gives back a cell its owner is done with (taken and never pushed, or
     /// resolved and its outcome taken).
     pub(super) fn free_cell(&self, cell: u32) {
-        let w = &self.waiters[cell as usize];
+        let w = self.waiters.get(cell);
         // Relaxed: the owner's own cell; published by the push's Release.
         let (gen, status) = waiter_status(w.state.load(Ordering::Relaxed));
         debug_assert!(!matches!(status, Status::Queued | Status::Cancelling));
@@ -476,7 +554,7 @@ impl Fifo {
     #[inline]
     pub(super) fn status(&self, cell: u32) -> (u32, Status) {
         // Acquire: pairs with a grant's or rejection's Release.
-        waiter_status(self.waiters[cell as usize].state.load(Ordering::Acquire))
+        waiter_status(self.waiters.get(cell).state.load(Ordering::Acquire))
     }
 
     // ----- enqueue and resume ---------------------------------------------------
@@ -484,7 +562,7 @@ impl Fifo {
     /// Enqueues a taken cell at clock time `now`, after the caller counted
     /// its waiter.
     pub(super) fn push(&self, cell: u32, now: u64) -> Pushed {
-        let w = &self.waiters[cell as usize];
+        let w = self.waiters.get(cell);
         // Relaxed: our own cell.
         let (gen, _) = waiter_status(w.state.load(Ordering::Relaxed));
         // Acquire: pairs with the hint's Release CAS (see the orderings).
@@ -502,7 +580,7 @@ impl Fifo {
         // place, and everything the cell's last owner did before freeing it.
         w.state
             .store(waiter_word(gen, Status::Queued), Ordering::Release);
-        let slot = &self.segments[seg as usize].slots[p as usize % SEG];
+        let slot = &self.segments.get(seg).slots[p as usize % SEG];
         let tag = tag_of(p / SEG as u64);
         // Release: whoever finds the cell through the slot sees its place.
         // Acquire on failure: the PERMIT's Release (the slot's previous
@@ -544,7 +622,7 @@ impl Fifo {
     /// Delivers a promised slot at position `p`; `None` to go on to the next
     /// position.
     fn resume_at(&self, p: u64, seg: u32) -> Option<Then> {
-        let slot = &self.segments[seg as usize].slots[p as usize % SEG];
+        let slot = &self.segments.get(seg).slots[p as usize % SEG];
         let tag = tag_of(p / SEG as u64);
         // Acquire: pairs with the install's (or a canceller's) Release.
         let mut cur = slot.load(Ordering::Acquire);
@@ -568,7 +646,7 @@ impl Fifo {
                 }
                 WAITING => {
                     let cell = slot_cell(cur);
-                    let w = &self.waiters[cell as usize];
+                    let w = self.waiters.get(cell);
                     // Acquire: a final status's Release (then the slot has
                     // changed too), or the install's ordering.
                     let word = w.state.load(Ordering::Acquire);
@@ -638,7 +716,7 @@ impl Fifo {
         reason: Option<AdmitError>,
         places: &impl Places,
     ) -> Option<Then> {
-        let w = &self.waiters[cell as usize];
+        let w = self.waiters.get(cell);
         // Acquire: a third party reads the place the owner wrote (it found
         // the cell through the slot's Release, or reads it here).
         w.state
@@ -652,7 +730,7 @@ impl Fifo {
         // Relaxed: ordered by the Acquire above.
         let p = w.place.load(Ordering::Relaxed);
         let seg = w.segment.load(Ordering::Relaxed);
-        let slot = &self.segments[seg as usize].slots[p as usize % SEG];
+        let slot = &self.segments.get(seg).slots[p as usize % SEG];
         let tag = tag_of(p / SEG as u64);
         let gave_back = places.give_back();
         let mark = if gave_back { SKIP } else { REFUSED };
@@ -698,14 +776,14 @@ impl Fifo {
                 p = (p / SEG as u64 + 1) * SEG as u64;
                 continue;
             };
-            let slot = &self.segments[seg as usize].slots[p as usize % SEG];
+            let slot = &self.segments.get(seg).slots[p as usize % SEG];
             // Acquire: pairs with the install's Release.
             let word = slot.load(Ordering::Acquire);
             if slot_tag(word) == tag_of(p / SEG as u64) && slot_kind(word) == WAITING {
                 let cell = slot_cell(word);
                 let (gen, status) = self.status(cell);
                 // Relaxed: written before the status we read.
-                let here = self.waiters[cell as usize].place.load(Ordering::Relaxed) == p;
+                let here = self.waiters.get(cell).place.load(Ordering::Relaxed) == p;
                 if status == Status::Queued && here {
                     return Some((p, cell, gen));
                 }
@@ -740,7 +818,7 @@ impl Fifo {
                 break;
             };
             from = p + 1;
-            let w = &self.waiters[cell as usize];
+            let w = self.waiters.get(cell);
             // Relaxed: written before the Queued status `next_queued` read
             // with Acquire; checked against a reuse of the cell below.
             let at = w.enqueued_at.load(Ordering::Relaxed);
@@ -763,9 +841,7 @@ impl Fifo {
         let mut from = 0;
         while let Some((p, cell, gen)) = self.next_queued(from) {
             // Relaxed: as in `reject_from_head`.
-            let at = self.waiters[cell as usize]
-                .enqueued_at
-                .load(Ordering::Relaxed);
+            let at = self.waiters.get(cell).enqueued_at.load(Ordering::Relaxed);
             if self.status(cell) == (gen, Status::Queued) {
                 return Some(at);
             }
@@ -805,7 +881,7 @@ impl Fifo {
             let mut cur = from;
             loop {
                 let (idx, id) = unlink(cur);
-                let s = &self.segments[idx as usize];
+                let s = self.segments.get(idx);
                 // Acquire: the seqlock's first read.
                 if s.id.load(Ordering::Acquire) != id {
                     from = self.restart_from();
@@ -864,11 +940,9 @@ impl Fifo {
             Ok(_) => Some(new),
             Err(_) => {
                 // Never published: straight back to the pool.
-                self.segments[idx as usize]
-                    .id
-                    .store(FREE_ID, Ordering::Relaxed);
+                self.segments.get(idx).id.store(FREE_ID, Ordering::Relaxed);
                 self.free_segments
-                    .push(&self.segments[idx as usize].next_free, idx);
+                    .push(&self.segments.get(idx).next_free, idx);
                 None
             }
         }
@@ -877,7 +951,7 @@ impl Fifo {
     /// Makes pooled segment `idx` segment `id`: the id first, then the
     /// contents (the seqlock's write side).
     fn incarnate(&self, idx: u32, id: u64) {
-        let s = &self.segments[idx as usize];
+        let s = self.segments.get(idx);
         s.id.store(id, Ordering::Relaxed);
         fence(Ordering::Release);
         s.next.store(end_of(id), Ordering::Relaxed);
@@ -890,15 +964,35 @@ impl Fifo {
     /// A segment from the pool, sweeping finished ones into it when empty.
     fn pop_segment(&self) -> u32 {
         loop {
-            if let Some(idx) = self
-                .free_segments
-                .pop(|i| &self.segments[i as usize].next_free)
-            {
+            if let Some(idx) = self.free_segments.pop(|i| &self.segments.get(i).next_free) {
                 return idx;
             }
-            self.sweep_finished();
-            // The pool holds more segments than can be unfinished at once,
-            // so this repeats only while racing appenders hold popped ones.
+            self.replenish_segments();
+        }
+    }
+
+    /// Cold: the pool is empty. Sweeps finished segments back into it, or,
+    /// if every linked segment still holds an unfinished slot, puts the
+    /// next chunk of storage on it.
+    #[cold]
+    fn replenish_segments(&self) {
+        let mut grown = lock(&self.sweep);
+        if !self.free_segments.is_empty() {
+            return; // swept or grown meanwhile
+        }
+        self.sweep_locked();
+        if !self.free_segments.is_empty() {
+            return;
+        }
+        let k = grown.segments;
+        if Self::grow(&self.segments, k, MAX_SEGMENTS, &self.free_segments, |i| {
+            &self.segments.get(i).next_free
+        }) {
+            grown.segments += 1;
+        } else {
+            // Every index is in use: wait for racing appenders to give back
+            // the ones they popped.
+            drop(grown);
             spin_wait();
         }
     }
@@ -937,16 +1031,14 @@ impl Fifo {
     }
 
     /// Unlinks every finished segment but the last and returns it to the
-    /// pool. The queue's one lock: taken only when the pool is empty.
-    #[cold]
-    fn sweep_finished(&self) {
-        let _held = lock(&self.sweep);
+    /// pool; the caller holds the sweep's lock.
+    fn sweep_locked(&self) {
         let mut prev: Option<u32> = None;
         // Relaxed: only sweeps change it, and we hold the lock.
         let mut cur = self.oldest.load(Ordering::Relaxed);
         loop {
             let (idx, _) = unlink(cur);
-            let s = &self.segments[idx as usize];
+            let s = self.segments.get(idx);
             // Acquire: pairs with the append's Release CAS.
             let next = s.next.load(Ordering::Acquire);
             if is_end(next) {
@@ -961,9 +1053,7 @@ impl Fifo {
                 // segment after it.
                 match prev {
                     None => self.oldest.store(next, Ordering::Release),
-                    Some(p) => self.segments[p as usize]
-                        .next
-                        .store(next, Ordering::Release),
+                    Some(p) => self.segments.get(p).next.store(next, Ordering::Release),
                 }
                 s.id.store(FREE_ID, Ordering::Relaxed);
                 self.free_segments.push(&s.next_free, idx);
@@ -981,7 +1071,7 @@ impl Fifo {
         let _ = hint.compare_exchange(from, to, Ordering::Release, Ordering::Relaxed);
     }
 
-    /// Segments in the pool (for tests).
+    /// Segments in the pool (for tests, at rest).
     #[cfg(test)]
     fn pooled(&self) -> usize {
         let _held = lock(&self.sweep);
@@ -989,11 +1079,28 @@ impl Fifo {
         let mut top = self.free_segments.0.load(Ordering::Acquire) as u32;
         while top != NIL {
             n += 1;
-            top = self.segments[top as usize]
-                .next_free
-                .load(Ordering::Relaxed);
+            top = self.segments.get(top).next_free.load(Ordering::Relaxed);
         }
         n
+    }
+
+    /// Cells on the free stack (for tests, at rest).
+    #[cfg(test)]
+    fn free_cells(&self) -> usize {
+        let mut n = 0;
+        let mut top = self.free_waiters.0.load(Ordering::Acquire) as u32;
+        while top != NIL {
+            n += 1;
+            top = self.waiters.get(top).next_free.load(Ordering::Relaxed);
+        }
+        n
+    }
+
+    /// Chunks of segments and of cells made so far (for tests).
+    #[cfg(test)]
+    fn chunks_made(&self) -> (usize, usize) {
+        let grown = lock(&self.sweep);
+        (grown.segments, grown.cells)
     }
 }
 

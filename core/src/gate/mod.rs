@@ -146,6 +146,7 @@ mod admission;
 mod blocking;
 mod callback;
 mod cell;
+mod chunks;
 mod config;
 mod error;
 #[cfg(test)]

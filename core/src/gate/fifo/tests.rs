@@ -363,6 +363,38 @@ mod sequential {
         assert_eq!(g.counts(), (0, 0));
     }
 
+    /// Rejected waiters that have not looked keep their cells, and one
+    /// that is stuck pins its segment: both storages grow, and everything
+    /// still works.
+    #[test]
+    fn storage_grows_when_cells_or_segments_run_out() {
+        let g = TestGate::with_cells(1, 2, 1);
+        assert_eq!(g.fifo.chunks_made(), (1, 1));
+        assert_eq!(g.admit(), Admit::Held);
+        let mut unpolled = Vec::new();
+        for _ in 0..40 {
+            unpolled.push(queued(g.admit()));
+            assert!(g.reject_oldest(AdmitError::QueueTimeout));
+        }
+        let (segments, cells) = g.fifo.chunks_made();
+        assert!(cells > 1, "cells grew");
+        let head = queued(g.admit());
+        for _ in 0..50 * SEG {
+            let b = queued(g.admit());
+            assert!(g.cancel(b.0, b.1));
+        }
+        assert_eq!(g.fifo.chunks_made().1, cells, "cancelled cells are reused");
+        assert!(g.fifo.chunks_made().0 >= segments);
+        for (c, gen) in unpolled {
+            let rejected = Outcome::Rejected(AdmitError::QueueTimeout);
+            assert_eq!(g.poll(c, gen), Some(rejected));
+        }
+        g.release();
+        assert_eq!(g.poll(head.0, head.1), Some(Outcome::Granted));
+        g.release();
+        assert_eq!(g.counts(), (0, 0));
+    }
+
     /// The trap of a fixed ring: one waiter stuck at the head while others
     /// come and go behind it. Segments of cancelled positions are swept back
     /// into the pool, so storage stays bounded and the waiter keeps its
@@ -370,7 +402,7 @@ mod sequential {
     #[test]
     fn churn_behind_a_stuck_head_reuses_storage() {
         let g = TestGate::new(1, 2);
-        let pool = g.fifo.segments.len();
+        let pool = g.fifo.segments.range(0).len();
         assert_eq!(g.admit(), Admit::Held);
         let head = queued(g.admit());
         for _ in 0..100 * pool {
@@ -378,6 +410,11 @@ mod sequential {
             assert!(g.cancel(b.0, b.1));
         }
         assert!(g.fifo.pooled() > 0);
+        assert_eq!(
+            g.fifo.chunks_made().0,
+            1,
+            "sweeps sufficed: no more storage"
+        );
         assert_eq!(g.counts(), (1, 1));
         g.release();
         assert_eq!(g.poll(head.0, head.1), Some(Outcome::Granted));
@@ -492,8 +529,9 @@ fn threads_racing_every_operation_keep_the_counts_exact() {
     const QUEUE: u32 = 3;
     const THREADS: usize = 4;
     const OPS: usize = 250_000;
-    // Rejected requests keep their cells until their thread polls.
-    let g = TestGate::with_cells(LIMIT, QUEUE, 512);
+    // Rejected requests keep their cells until their thread polls: the
+    // cells grow from 8 while the threads race.
+    let g = TestGate::with_cells(LIMIT, QUEUE, 8);
     let holders = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for t in 0..THREADS {
@@ -556,11 +594,10 @@ fn threads_racing_every_operation_keep_the_counts_exact() {
     });
     assert_eq!(g.counts(), (0, 0), "slots or places lost");
     // Every cell came back, and every slot is free.
-    let mut cells = Vec::new();
-    while let Some(c) = g.fifo.take_cell() {
-        cells.push(c);
-    }
-    assert_eq!(cells.len(), g.fifo.waiters.len(), "waiter cells leaked");
+    let made: usize = (0..g.fifo.chunks_made().1)
+        .map(|k| g.fifo.waiters.range(k).len())
+        .sum();
+    assert_eq!(g.fifo.free_cells(), made, "waiter cells leaked");
     for _ in 0..LIMIT {
         assert_eq!(g.admit(), Admit::Held);
     }
@@ -725,6 +762,11 @@ mod models {
             let b = g.admit();
             assert_eq!(b, Admit::Held);
             g.release();
+            // Reused: the first sweep always frees segment 0. When the
+            // main thread and the release both append at once, the second
+            // sweep finds segment 1 still last (the first appender holds the
+            // segment it popped) and one more chunk is made.
+            assert!(g.fifo.chunks_made().0 <= 2, "{:?}", g.fifo.chunks_made());
         });
     }
 
