@@ -1,7 +1,8 @@
 //! A lock-free, cancellable FIFO of waiter cells: enqueue, handoff, a
 //! waiter's own cancel and a rejection by another thread (queue deadline,
-//! close, displacement) take no lock, and nothing allocates after the queue
-//! is built.
+//! close, displacement) take no lock and allocate nothing. The one lock and
+//! the only allocations are on the cold paths that refill its storage
+//! (see "Storage").
 //!
 //! Not yet used by [`RawGate`](super::raw::RawGate), whose queue is the
 //! locked table of `table.rs`; the model checks and the threaded test at the
