@@ -335,6 +335,18 @@ impl Stack {
         }
     }
 
+    /// Entries on the stack (for tests, at rest: nobody pushes or pops).
+    #[cfg(test)]
+    fn len<'a>(&self, next_of: impl Fn(u32) -> &'a AtomicU32) -> usize {
+        let mut n = 0;
+        let mut top = self.0.load(Ordering::Acquire) as u32;
+        while top != NIL {
+            n += 1;
+            top = next_of(top).load(Ordering::Relaxed);
+        }
+        n
+    }
+
     /// Whether the stack is empty now.
     fn is_empty(&self) -> bool {
         // Acquire: as a pop's first load.
@@ -1075,26 +1087,13 @@ impl Fifo {
     /// Segments in the pool (for tests, at rest).
     #[cfg(test)]
     fn pooled(&self) -> usize {
-        let _held = lock(&self.sweep);
-        let mut n = 0;
-        let mut top = self.free_segments.0.load(Ordering::Acquire) as u32;
-        while top != NIL {
-            n += 1;
-            top = self.segments.get(top).next_free.load(Ordering::Relaxed);
-        }
-        n
+        self.free_segments.len(|i| &self.segments.get(i).next_free)
     }
 
     /// Cells on the free stack (for tests, at rest).
     #[cfg(test)]
     fn free_cells(&self) -> usize {
-        let mut n = 0;
-        let mut top = self.free_waiters.0.load(Ordering::Acquire) as u32;
-        while top != NIL {
-            n += 1;
-            top = self.waiters.get(top).next_free.load(Ordering::Relaxed);
-        }
-        n
+        self.free_waiters.len(|i| &self.waiters.get(i).next_free)
     }
 
     /// Chunks of segments and of cells made so far (for tests).
