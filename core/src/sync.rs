@@ -22,6 +22,79 @@ pub(crate) use loom::sync::{
     Condvar, Mutex, MutexGuard,
 };
 
+#[cfg(not(loom))]
+pub(crate) use atomic_waker::AtomicWaker;
+
+/// Loom's stand-in for `atomic_waker::AtomicWaker`: the same three calls
+/// over a model-checked mutex, so that models explore every order of
+/// registering and waking.
+#[cfg(loom)]
+#[derive(Default)]
+pub(crate) struct AtomicWaker(Mutex<Option<std::task::Waker>>);
+
+#[cfg(loom)]
+impl AtomicWaker {
+    pub(crate) fn register(&self, waker: &std::task::Waker) {
+        let mut w = lock(&self.0);
+        if !w.as_ref().is_some_and(|old| old.will_wake(waker)) {
+            *w = Some(waker.clone());
+        }
+    }
+    pub(crate) fn take(&self) -> Option<std::task::Waker> {
+        lock(&self.0).take()
+    }
+    pub(crate) fn wake(&self) {
+        if let Some(w) = self.take() {
+            w.wake();
+        }
+    }
+}
+
+/// An `UnsafeCell` whose accesses loom checks for races (std's, unchecked,
+/// otherwise).
+#[cfg(not(loom))]
+#[derive(Default)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    #[inline]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+#[cfg(loom)]
+#[derive(Default)]
+pub(crate) struct UnsafeCell<T>(loom::cell::UnsafeCell<T>);
+
+#[cfg(loom)]
+impl<T> UnsafeCell<T> {
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        self.0.with_mut(f)
+    }
+}
+
+/// The current thread's handle, to unpark it.
+#[cfg(not(loom))]
+pub(crate) use std::thread::{current as current_thread, park, Thread};
+
+#[cfg(loom)]
+pub(crate) use loom::thread::{current as current_thread, park, Thread};
+
+/// Parks the current thread for at most `dur` (spurious wakeups happen; the
+/// caller re-checks). Under loom, parks until unparked.
+#[inline]
+pub(crate) fn park_timeout(dur: std::time::Duration) {
+    #[cfg(not(loom))]
+    std::thread::park_timeout(dur);
+    #[cfg(loom)]
+    {
+        let _ = dur;
+        loom::thread::park();
+    }
+}
+
 /// Hint used inside short wait loops (spin once, then let the scheduler run).
 #[inline]
 pub(crate) fn spin_wait() {

@@ -33,7 +33,12 @@ impl RawGate {
         let idx = match step {
             Enqueued::Direct(_) => return Ok(()),
             Enqueued::Rejected(e, _) => return Err(e),
-            Enqueued::Queued(idx, _) => idx,
+            Enqueued::Queued(idx, gen) => {
+                if let Some(fifo) = &self.fifo {
+                    return self.lf_block(fifo, class, (idx, gen), give_up);
+                }
+                idx
+            }
         };
         let cv = &self.condvars[idx as usize % self.condvars.len()];
         let mut t = lock(&self.table);

@@ -54,7 +54,6 @@ impl<T> Chunks<T> {
     }
 
     /// The indices chunk `k` holds (cut at `u32::MAX`).
-    #[cfg_attr(not(test), allow(dead_code))] // for fifo.rs, which only tests build for now
     pub(super) fn range(&self, k: usize) -> Range<u32> {
         let start = ((1u64 << k) - 1) << self.shift;
         let end = ((1u64 << (k + 1)) - 1) << self.shift;

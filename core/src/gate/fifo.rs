@@ -213,6 +213,11 @@ const CANCELLING: u64 = 2;
 const GRANTED: u64 = 3;
 const REJECTED: u64 = 4;
 const CANCELLED: u64 = 5;
+/// The waiter's owner never looks at its cell: whoever resolves it frees
+/// it (a callback's cell). Kept through every status change of one use.
+const DETACHED: u64 = 1 << 16;
+/// The status and error code: what a status change replaces.
+const STATUS_MASK: u64 = 0xffff;
 
 /// What a waiter cell says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,6 +246,11 @@ fn waiter_word(gen: u32, status: Status) -> u64 {
         Status::Cancelled => CANCELLED,
     };
     u64::from(gen) << 32 | low
+}
+
+/// `word` with its status replaced (generation and flags kept).
+fn with_status(word: u64, status: Status) -> u64 {
+    word & !STATUS_MASK | waiter_word(0, status)
 }
 
 fn waiter_status(word: u64) -> (u32, Status) {
@@ -278,7 +288,7 @@ impl Segment {
     }
 }
 
-struct Waiter {
+struct Waiter<T> {
     state: AtomicU64,
     /// The waiter's position, written before its slot is installed.
     place: AtomicU64,
@@ -288,9 +298,11 @@ struct Waiter {
     segment: AtomicU32,
     /// The next cell down the free stack.
     next_free: AtomicU32,
+    /// What the caller keeps with each cell (whom to tell).
+    payload: T,
 }
 
-impl Waiter {
+impl<T: Default> Waiter<T> {
     fn new() -> Self {
         Self {
             state: AtomicU64::new(waiter_word(0, Status::Free)),
@@ -298,6 +310,7 @@ impl Waiter {
             enqueued_at: AtomicU64::new(0),
             segment: AtomicU32::new(0),
             next_free: AtomicU32::new(NIL),
+            payload: T::default(),
         }
     }
 }
@@ -406,6 +419,17 @@ pub(super) trait Places {
     fn give_back(&self) -> bool;
 }
 
+/// A waiter cell resolved by another thread, whose owner must be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Told {
+    pub(super) cell: u32,
+    /// Pushed detached: the teller frees the cell (after taking what it
+    /// needs from its payload); otherwise its owner does, perhaps already.
+    pub(super) detached: bool,
+    /// When the waiter was pushed (read before the cell could be freed).
+    pub(super) enqueued_at: u64,
+}
+
 /// What the caller must do after a queue operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
@@ -413,7 +437,7 @@ pub(super) enum Then {
     /// Nothing.
     Nothing,
     /// Tell this cell's owner it was granted.
-    Wake(u32),
+    Wake(Told),
     /// A promised slot came back: release it again (which may promise it to
     /// the next waiter).
     Release,
@@ -428,11 +452,12 @@ pub(super) enum Pushed {
     Granted,
 }
 
-/// The queue: see the module docs.
-pub(super) struct Fifo {
+/// The queue: see the module docs. Each waiter cell carries a `T` of the
+/// caller's.
+pub(super) struct Fifo<T = ()> {
     segments: Chunks<Segment>,
     free_segments: Stack,
-    waiters: Chunks<Waiter>,
+    waiters: Chunks<Waiter<T>>,
     free_waiters: Stack,
     /// Next position to enqueue at.
     enq: CachePadded<AtomicU64>,
@@ -454,19 +479,51 @@ struct Grown {
     cells: usize,
 }
 
-impl Fifo {
+impl<T: Default> Fifo<T> {
     /// A queue with room for `cells` waiter cells at first, for a gate that
     /// promises at most `promised` slots at once (its engine limit). Both
     /// storages grow when they run out (under the sweep's lock): cells
     /// while rejected waiters have not looked, segments while unfinished
     /// slots pin more than a sweep can free.
     pub(super) fn new(cells: usize, promised: usize) -> Self {
-        // Without cancellations the live positions are contiguous: the
-        // waiting ones, slots left for waiters on their way and refused
-        // ones span `(2 * cells + promised) / SEG` segments, plus the last
-        // one and one a resumer running ahead appended. Room for twice
-        // that, so that a sweep frees many at a time.
-        Self::with_segments(cells, 2 * ((2 * cells + promised) / SEG + 2))
+        Self::with_segments(cells, Self::segments_for(cells, promised))
+    }
+
+    /// Segments enough for `cells` waiters of a gate that promises at most
+    /// `promised` slots at once: without cancellations the live positions
+    /// are contiguous (waiting, slots left for waiters on their way, refused
+    /// ones), spanning `(2 * cells + promised) / SEG` segments, plus the
+    /// last one and one a resumer running ahead appended. Twice that, so
+    /// that a sweep frees many at a time.
+    fn segments_for(cells: usize, promised: usize) -> usize {
+        2 * ((2 * cells + promised) / SEG + 2)
+    }
+
+    /// Makes room now for `cells` waiter cells of a gate that promises at
+    /// most `promised` slots at once, so that using them allocates nothing
+    /// (cold: under the sweep's lock; a raised limit calls it).
+    pub(super) fn reserve(&self, cells: usize, promised: usize) {
+        let segments = Self::segments_for(cells, promised).min(MAX_SEGMENTS);
+        let cells = cells.min(MAX_CELLS);
+        let mut grown = lock(&self.sweep);
+        while (self.waiters.range(grown.cells - 1).end as usize) < cells {
+            let k = grown.cells;
+            if !Self::grow(&self.waiters, k, MAX_CELLS, &self.free_waiters, |i| {
+                &self.waiters.get(i).next_free
+            }) {
+                break;
+            }
+            grown.cells += 1;
+        }
+        while (self.segments.range(grown.segments - 1).end as usize) < segments {
+            let k = grown.segments;
+            if !Self::grow(&self.segments, k, MAX_SEGMENTS, &self.free_segments, |i| {
+                &self.segments.get(i).next_free
+            }) {
+                break;
+            }
+            grown.segments += 1;
+        }
     }
 
     /// A queue with room for `cells` waiter cells and `count` segments at
@@ -480,7 +537,7 @@ impl Fifo {
         let fifo = Self {
             segments: Chunks::new(count, Segment::new),
             free_segments: Stack::new(),
-            waiters: Chunks::new(cells, Waiter::new),
+            waiters: Chunks::new(cells, Waiter::<T>::new),
             free_waiters: Stack::new(),
             enq: CachePadded::new(AtomicU64::new(0)),
             deq: CachePadded::new(AtomicU64::new(0)),
@@ -506,8 +563,8 @@ impl Fifo {
 
     /// Puts chunk `k` of a storage on its free stack (under the sweep's
     /// lock); false if the storage has no more indices to give.
-    fn grow<'a, T>(
-        storage: &Chunks<T>,
+    fn grow<'a, E>(
+        storage: &Chunks<E>,
         k: usize,
         max: usize,
         stack: &Stack,
@@ -563,6 +620,21 @@ impl Fifo {
         self.free_waiters.push(&w.next_free, cell);
     }
 
+    /// The caller's part of a cell.
+    #[inline]
+    pub(super) fn payload(&self, cell: u32) -> &T {
+        &self.waiters.get(cell).payload
+    }
+
+    /// The clock time at which a cell was pushed (for its owner, or a
+    /// teller of a granted cell, before the cell is freed).
+    #[inline]
+    pub(super) fn enqueued_at(&self, cell: u32) -> u64 {
+        // Relaxed: written before the Release that made the cell queued,
+        // which the caller has read.
+        self.waiters.get(cell).enqueued_at.load(Ordering::Relaxed)
+    }
+
     /// A cell's generation and status.
     #[inline]
     pub(super) fn status(&self, cell: u32) -> (u32, Status) {
@@ -573,8 +645,8 @@ impl Fifo {
     // ----- enqueue and resume ---------------------------------------------------
 
     /// Enqueues a taken cell at clock time `now`, after the caller counted
-    /// its waiter.
-    pub(super) fn push(&self, cell: u32, now: u64) -> Pushed {
+    /// its waiter; `detached` if its owner will never look (see [`Told`]).
+    pub(super) fn push(&self, cell: u32, now: u64, detached: bool) -> Pushed {
         let w = self.waiters.get(cell);
         // Relaxed: our own cell.
         let (gen, _) = waiter_status(w.state.load(Ordering::Relaxed));
@@ -591,8 +663,8 @@ impl Fifo {
         w.segment.store(seg, Ordering::Relaxed);
         // Release: a resumer that reads this status (Acquire) also sees the
         // place, and everything the cell's last owner did before freeing it.
-        w.state
-            .store(waiter_word(gen, Status::Queued), Ordering::Release);
+        let queued = waiter_word(gen, Status::Queued) | if detached { DETACHED } else { 0 };
+        w.state.store(queued, Ordering::Release);
         let slot = &self.segments.get(seg).slots[p as usize % SEG];
         let tag = tag_of(p / SEG as u64);
         // Release: whoever finds the cell through the slot sees its place.
@@ -609,7 +681,7 @@ impl Fifo {
                 debug_assert_eq!(slot_kind(actual), PERMIT);
                 self.finish(slot, tag);
                 w.state
-                    .store(waiter_word(gen, Status::Granted), Ordering::Relaxed);
+                    .store(with_status(queued, Status::Granted), Ordering::Relaxed);
                 Pushed::Granted
             }
         }
@@ -663,23 +735,28 @@ impl Fifo {
                     // Acquire: a final status's Release (then the slot has
                     // changed too), or the install's ordering.
                     let word = w.state.load(Ordering::Acquire);
-                    let (gen, status) = waiter_status(word);
+                    let (_, status) = waiter_status(word);
                     // Relaxed: written before the status we just read.
                     let ours = w.place.load(Ordering::Relaxed) == p;
+                    let enqueued_at = w.enqueued_at.load(Ordering::Relaxed);
                     match status {
                         Status::Queued if ours => {
                             // Release: the grant (see the orderings).
                             if w.state
                                 .compare_exchange(
                                     word,
-                                    waiter_word(gen, Status::Granted),
+                                    with_status(word, Status::Granted),
                                     Ordering::Release,
                                     Ordering::Relaxed,
                                 )
                                 .is_ok()
                             {
                                 self.finish(slot, tag);
-                                return Some(Then::Wake(cell));
+                                return Some(Then::Wake(Told {
+                                    cell,
+                                    detached: word & DETACHED != 0,
+                                    enqueued_at,
+                                }));
                             }
                         }
                         Status::Cancelling if ours => {
@@ -729,13 +806,30 @@ impl Fifo {
         reason: Option<AdmitError>,
         places: &impl Places,
     ) -> Option<Then> {
+        self.leave_told(cell, gen, reason, places)
+            .map(|(then, _)| then)
+    }
+
+    /// [`leave`](Self::leave), and whom to tell of the rejection.
+    fn leave_told(
+        &self,
+        cell: u32,
+        gen: u32,
+        reason: Option<AdmitError>,
+        places: &impl Places,
+    ) -> Option<(Then, Told)> {
         let w = self.waiters.get(cell);
+        // Relaxed: a guess for the CAS, which orders.
+        let word = w.state.load(Ordering::Relaxed);
+        if waiter_status(word) != (gen, Status::Queued) {
+            return None;
+        }
         // Acquire: a third party reads the place the owner wrote (it found
         // the cell through the slot's Release, or reads it here).
         w.state
             .compare_exchange(
-                waiter_word(gen, Status::Queued),
-                waiter_word(gen, Status::Cancelling),
+                word,
+                with_status(word, Status::Cancelling),
                 Ordering::Acquire,
                 Ordering::Relaxed,
             )
@@ -768,10 +862,17 @@ impl Fifo {
                 }
             }
         };
+        let told = Told {
+            cell,
+            detached: word & DETACHED != 0,
+            // Relaxed: ordered by the Acquire above; read before the final
+            // status lets the owner free the cell.
+            enqueued_at: w.enqueued_at.load(Ordering::Relaxed),
+        };
         let status = reason.map_or(Status::Cancelled, Status::Rejected);
         // Release: see the orderings.
-        w.state.store(waiter_word(gen, status), Ordering::Release);
-        Some(then)
+        w.state.store(with_status(word, status), Ordering::Release);
+        Some((then, told))
     }
 
     // ----- scanning ---------------------------------------------------------------
@@ -822,7 +923,7 @@ impl Fifo {
         due: impl Fn(u64) -> bool,
         max: usize,
         places: &impl Places,
-        mut told: impl FnMut(u32, Then),
+        mut told: impl FnMut(Told, Then),
     ) -> usize {
         let mut n = 0;
         let mut from = 0;
@@ -841,9 +942,9 @@ impl Fifo {
             if !due(at) {
                 break;
             }
-            if let Some(then) = self.leave(cell, gen, Some(reason), places) {
+            if let Some((then, who)) = self.leave_told(cell, gen, Some(reason), places) {
                 n += 1;
-                told(cell, then);
+                told(who, then);
             }
         }
         n

@@ -34,8 +34,8 @@ impl WakerId {
 pub(super) enum WaitState {
     /// Not polled yet; the request's class.
     Start(usize),
-    /// Queued in this cell, whose waker is this one.
-    Queued(u32, WakerId),
+    /// Queued in this cell of this generation, whose waker is this one.
+    Queued(u32, u32, WakerId),
     /// Returned its output.
     Done,
 }
@@ -53,14 +53,14 @@ fn poll_admit(
             Fast::Admitted => Ok(()),
             Fast::Rejected(e) => Err(e),
             Fast::Slow => match enqueue(gate, class, waker) {
-                Ok(idx) => {
-                    *state = WaitState::Queued(idx, WakerId::of(waker));
+                Ok((idx, gen)) => {
+                    *state = WaitState::Queued(idx, gen, WakerId::of(waker));
                     return Poll::Pending;
                 }
                 Err(outcome) => outcome,
             },
         },
-        WaitState::Queued(idx, ref mut registered) => {
+        WaitState::Queued(idx, _, ref mut registered) => {
             match gate.raw.poll_cell(idx, registered, waker) {
                 Poll::Ready(r) => r,
                 Poll::Pending => return Poll::Pending,
@@ -79,7 +79,7 @@ fn enqueue(
     gate: &AdmissionGate,
     class: usize,
     waker: &Waker,
-) -> Result<u32, Result<(), AdmitError>> {
+) -> Result<(u32, u32), Result<(), AdmitError>> {
     let mut wakes = WakeList::new();
     let step = gate
         .raw
@@ -88,7 +88,7 @@ fn enqueue(
     match step {
         Enqueued::Direct(_) => Err(Ok(())),
         Enqueued::Rejected(e, _) => Err(Err(e)),
-        Enqueued::Queued(idx, _) => Ok(idx),
+        Enqueued::Queued(idx, gen) => Ok((idx, gen)),
     }
 }
 
@@ -130,8 +130,8 @@ impl<'a> Future for Admit<'a> {
 
 impl Drop for Admit<'_> {
     fn drop(&mut self) {
-        if let WaitState::Queued(idx, _) = self.state {
-            self.gate.raw.cancel_cell(idx);
+        if let WaitState::Queued(idx, gen, _) = self.state {
+            self.gate.raw.cancel_cell(idx, gen);
         }
     }
 }
@@ -178,8 +178,8 @@ impl Future for AdmitOwned {
 
 impl Drop for AdmitOwned {
     fn drop(&mut self) {
-        if let WaitState::Queued(idx, _) = self.state {
-            self.gate.raw.cancel_cell(idx);
+        if let WaitState::Queued(idx, gen, _) = self.state {
+            self.gate.raw.cancel_cell(idx, gen);
         }
     }
 }

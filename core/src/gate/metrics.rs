@@ -9,13 +9,8 @@ use crate::error::Reason;
 use crate::metrics;
 
 use super::stats::GateStats;
+use super::waits::BUCKETS;
 use super::AdmissionGate;
-
-/// Upper bounds, in seconds, of the queue-wait histogram's buckets.
-const BUCKETS: [f64; 16] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0,
-];
 
 /// The reasons a gate rejects for.
 const GATE_REASONS: [Reason; 4] = [
@@ -221,7 +216,8 @@ fn render_backend_admission(s: &GateStats, p: &str, out: &mut String) {
 }
 
 fn render_wait_histogram(gate: &AdmissionGate, out: &mut String) {
-    let (counts, total, sum_nanos) = gate.raw.wait_histogram(BUCKETS);
+    let waits = gate.raw.waits.read();
+    let (counts, total, sum_nanos) = (waits.cumulative, waits.total, waits.sum_nanos);
     let p = gate.metrics_prefix();
     let name = "request_queue_wait_seconds";
     metrics::header(

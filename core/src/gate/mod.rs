@@ -149,9 +149,9 @@ mod cell;
 mod chunks;
 mod config;
 mod error;
-#[cfg(test)]
 mod fifo;
 mod future;
+mod lockfree;
 mod metrics;
 #[allow(unsafe_code)] // the raw-pointer round trip of an owned permit
 mod permit;
@@ -159,7 +159,10 @@ mod raw;
 mod state;
 mod stats;
 mod table;
+#[allow(unsafe_code)] // the callback a detached waiter's cell holds
+mod tell;
 mod wait;
+mod waits;
 #[allow(unsafe_code)] // the uninitialized wake buffer
 mod wake;
 

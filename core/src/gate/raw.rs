@@ -44,10 +44,13 @@ use crate::sync::{lock, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Order
 use super::cell::{Cells, Status};
 use super::config::{GateConfig, MAX_CLASSES};
 use super::error::AdmitError;
+use super::fifo::Fifo;
 use super::future::WakerId;
 use super::state::{Word, CLOSED, ONE_QUEUED, ONE_RUNNING};
 use super::stats::{bump, Counters, GateStats, Gauges};
 use super::table::{Table, Waiter, NIL};
+use super::tell::Tell;
+use super::waits::Waits;
 use super::wake::{Wake, WakeList, WAKE_BATCH};
 
 /// "No waiter queued" in the head-deadline hint.
@@ -162,6 +165,12 @@ pub(super) struct RawGate {
     /// Set by a lock-free cancel (it cannot recompute the hint): the next
     /// `next_deadline` recomputes it under the mutex.
     head_stale: AtomicBool,
+    /// The lock-free queue, for a gate with one class, no adaptive LIFO
+    /// and no wait limit (`lockfree.rs`); the table's mutex then only
+    /// serializes `set_limit`. Other gates queue in the table.
+    pub(super) fifo: Option<Fifo<Tell>>,
+    /// The queue-wait histogram.
+    pub(super) waits: Waits,
     pub(super) table: Mutex<Table>,
     /// Each waiter cell's status, and the free cells (`cell.rs`).
     pub(super) cells: Cells,
@@ -189,7 +198,14 @@ impl RawGate {
     pub(super) fn new(config: &GateConfig, clock: SharedClock) -> Self {
         let (limit, queue) = (config.limit, config.queue);
         let classes = Classes::new(config);
-        let capacity = queue as usize + limit as usize;
+        let lock_free = classes.count == 1 && !config.adaptive_lifo && config.wait_limit.is_none();
+        let fifo = lock_free.then(|| Fifo::new(queue as usize + limit as usize, limit as usize));
+        // The table's cells, for a gate that queues there.
+        let capacity = if lock_free {
+            0
+        } else {
+            queue as usize + limit as usize
+        };
         let condvars = (0..capacity.clamp(1, MAX_CONDVARS))
             .map(|_| Condvar::new())
             .collect();
@@ -198,6 +214,8 @@ impl RawGate {
             counters: CachePadded::new(Counters::new(classes.count)),
             head_deadline: HintWord::new(NO_DEADLINE),
             head_stale: AtomicBool::new(false),
+            fifo,
+            waits: Waits::new(),
             table: Mutex::new(Table::new(capacity)),
             cells: Cells::new(capacity),
             condvars,
@@ -336,6 +354,11 @@ impl RawGate {
     /// before deciding to reject).
     #[inline]
     fn head_due_hint(&self) -> bool {
+        if let Some(fifo) = &self.fifo {
+            return self
+                .lf_next_deadline(fifo)
+                .is_some_and(|d| self.clock.now_nanos() >= d);
+        }
         self.deadlines && {
             // Acquire, pairing with the Release in `sync_head`; the slow path
             // re-checks under the mutex, so a stale value costs only a delay.
@@ -349,6 +372,9 @@ impl RawGate {
     /// ([`grant_waiting`](Self::grant_waiting)).
     #[inline]
     pub(super) fn release_slot(&self) {
+        if let Some(fifo) = &self.fifo {
+            return self.lf_release(fifo);
+        }
         // Release, pairing with the next admitter's Acquire (direct CAS, or a
         // load under the mutex): our use of the slot happens-before its next
         // admit. An unconditional subtraction, not a CAS loop: under
@@ -367,6 +393,9 @@ impl RawGate {
 
     /// The head-deadline hint, or `None` when nobody is queued.
     pub(super) fn next_deadline(&self) -> Option<u64> {
+        if let Some(fifo) = &self.fifo {
+            return self.lf_next_deadline(fifo);
+        }
         // Acquire, pairing with the Release in `cancelled`: the cells it
         // cancelled are seen as such.
         if self.deadlines && self.head_stale.swap(false, Ordering::Acquire) {
@@ -409,6 +438,9 @@ impl RawGate {
 
     /// The locked part of an admission of `class`.
     pub(super) fn enqueue(&self, class: usize, waiter: Waiter, wakes: &mut WakeList) -> Enqueued {
+        if let Some(fifo) = &self.fifo {
+            return self.lf_enqueue(fifo, class, waiter);
+        }
         // The queue lengths below count only live waiters once the
         // cancelled cells are unlinked.
         let mut t = self.drained(lock(&self.table), wakes);
@@ -726,7 +758,7 @@ impl RawGate {
     ) {
         if outcome.is_ok() {
             let waited = now.saturating_sub(t.cells[idx as usize].enqueued_at);
-            t.record_wait(waited);
+            self.waits.record(waited);
         }
         // Everything we need from the cell first: once it says resolved, its
         // owner may free it.
@@ -840,6 +872,9 @@ impl RawGate {
         registered: &mut WakerId,
         waker: &Waker,
     ) -> Poll<Result<(), AdmitError>> {
+        if let Some(fifo) = &self.fifo {
+            return self.lf_poll(fifo, idx, waker);
+        }
         if let Some(outcome) = self.cells.load(idx).1.outcome() {
             self.cells.free(idx);
             return Poll::Ready(outcome);
@@ -874,7 +909,11 @@ impl RawGate {
     /// granted but never took. The one wait: a cell a resolver has claimed
     /// but not resolved yet, whose outcome the mutex holder is about to
     /// store; the cancel takes the mutex once to let it finish.
-    pub(super) fn cancel_cell(&self, idx: u32) {
+    pub(super) fn cancel_cell(&self, idx: u32, gen: u32) {
+        if let Some(fifo) = &self.fifo {
+            self.lf_cancel(fifo, idx, gen);
+            return;
+        }
         loop {
             let (gen, status) = self.cells.load(idx);
             match status {
@@ -933,6 +972,9 @@ impl RawGate {
     /// end with the cancel, not with whichever operation next drains the
     /// cancelled stack (a gate nobody uses again would never be dropped).
     pub(super) fn cancel_callback(&self, idx: u32, gen: u32) -> bool {
+        if let Some(fifo) = &self.fifo {
+            return self.lf_cancel_callback(fifo, idx, gen);
+        }
         let mut t = lock(&self.table);
         if !self.cells.mark_cancelled(idx, gen) {
             return false;
@@ -947,6 +989,9 @@ impl RawGate {
 
     /// Whether a callback request is still queued (no lock).
     pub(super) fn callback_queued(&self, idx: u32, gen: u32) -> bool {
+        if let Some(fifo) = &self.fifo {
+            return fifo.status(idx) == (gen, super::fifo::Status::Queued);
+        }
         self.cells.load(idx) == (gen, Status::Queued)
     }
 
@@ -960,6 +1005,9 @@ impl RawGate {
     /// Sets the engine limit (already checked), granting the slots it frees
     /// to waiters (see [`grant_waiting`](Self::grant_waiting)).
     pub(super) fn set_limit(&self, limit: u32) {
+        if let Some(fifo) = &self.fifo {
+            return self.lf_set_limit(fifo, limit);
+        }
         {
             let mut t = lock(&self.table);
             if t.cells.capacity() < self.queue_limit as usize + limit as usize {
@@ -1023,6 +1071,9 @@ impl RawGate {
     /// Sets `closed` and rejects every queued waiter, one wake batch at a
     /// time.
     pub(super) fn close(&self) {
+        if let Some(fifo) = &self.fifo {
+            return self.lf_close(fifo);
+        }
         self.in_batches(|t, wakes| {
             // AcqRel: the rule for RMWs under the mutex.
             self.state.fetch_or(CLOSED, Ordering::AcqRel);
@@ -1055,6 +1106,9 @@ impl RawGate {
         if !self.deadlines {
             return 0;
         }
+        if let Some(fifo) = &self.fifo {
+            return self.lf_expire(fifo);
+        }
         let mut total = 0;
         self.in_batches(|t, wakes| {
             let now = self.clock.now_nanos();
@@ -1062,13 +1116,5 @@ impl RawGate {
             !self.head_is_due(t, now)
         });
         total
-    }
-
-    /// Bucket counts (waits up to each bound, in seconds), total count and
-    /// sum in nanoseconds of the queue-wait histogram.
-    pub(super) fn wait_histogram<const B: usize>(&self, bounds: [f64; B]) -> ([u64; B], u64, u64) {
-        let t = lock(&self.table);
-        let counts = bounds.map(|le| t.wait_hist.count_between(0, (le * 1e9) as u64));
-        (counts, t.wait_hist.len(), t.wait_sum_nanos)
     }
 }

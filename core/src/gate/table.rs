@@ -7,8 +7,6 @@
 use std::sync::Arc;
 use std::task::Waker;
 
-use hdrhistogram::Histogram;
-
 use super::callback::AdmitCallback;
 use super::config::MAX_CLASSES;
 use super::AdmissionGate;
@@ -54,30 +52,17 @@ pub(super) struct Table {
     pub(super) len: [u32; MAX_CLASSES],
     /// Adaptive LIFO: the next handoff takes the newest waiter.
     pub(super) lifo_next: bool,
-    /// Queue wait of granted waiters, in nanoseconds.
-    pub(super) wait_hist: Histogram<u64>,
-    /// Sum of the recorded waits, in nanoseconds (saturating).
-    pub(super) wait_sum_nanos: u64,
 }
-
-/// Longest queue wait the histogram tells apart (one hour, in nanoseconds);
-/// longer waits are recorded as this.
-const HIST_MAX_NANOS: u64 = 3_600_000_000_000;
 
 impl Table {
     /// A table with room for `capacity` cells before it must grow.
     pub(super) fn new(capacity: usize) -> Self {
-        let mut wait_hist = Histogram::new_with_bounds(1, HIST_MAX_NANOS, 2)
-            .expect("constant histogram bounds are valid");
-        wait_hist.auto(false);
         Self {
             cells: Vec::with_capacity(capacity),
             head: [NIL; MAX_CLASSES],
             tail: [NIL; MAX_CLASSES],
             len: [0; MAX_CLASSES],
             lifo_next: false,
-            wait_hist,
-            wait_sum_nanos: 0,
         }
     }
 
@@ -149,11 +134,5 @@ impl Table {
     /// unlocking (a waker's or callback's drop may run user code).
     pub(super) fn take_waiter(&mut self, idx: u32) -> Waiter {
         std::mem::replace(&mut self.cells[idx as usize].waiter, Waiter::None)
-    }
-
-    /// Records a granted waiter's queue wait.
-    pub(super) fn record_wait(&mut self, nanos: u64) {
-        self.wait_hist.saturating_record(nanos);
-        self.wait_sum_nanos = self.wait_sum_nanos.saturating_add(nanos);
     }
 }

@@ -121,7 +121,10 @@ impl TestGate {
             }
         }
         let (cell, gen) = self.fifo.take_cell().expect("cells for every waiter");
-        match self.fifo.push(cell, self.now.load(Ordering::Relaxed)) {
+        match self
+            .fifo
+            .push(cell, self.now.load(Ordering::Relaxed), false)
+        {
             Pushed::Queued => Admit::Queued(cell, gen),
             Pushed::Granted => {
                 self.fifo.free_cell(cell);
@@ -310,7 +313,7 @@ mod sequential {
         g.word.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
         assert_eq!(g.fifo.resume(), Then::Nothing);
         let (cell, _) = g.fifo.take_cell().unwrap();
-        assert_eq!(g.fifo.push(cell, 0), Pushed::Granted);
+        assert_eq!(g.fifo.push(cell, 0, false), Pushed::Granted);
         g.fifo.free_cell(cell);
     }
 
