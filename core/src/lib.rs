@@ -13,17 +13,21 @@
 //!
 //! Hot paths (reporting load, checking and selecting workers, and the gate's
 //! direct admission, release, rejection, and a queued future's poll and
-//! cancel) are lock-free and allocation-free. The gate's queue (enqueue,
-//! handoff to a waiter, expiry) takes a short mutex and allocates nothing. Cold paths (adding workers, changing thresholds,
-//! rendering metrics) may lock and allocate.
+//! cancel) are lock-free and allocation-free. A gate with one priority
+//! class, no adaptive LIFO and no wait limit queues without a lock too
+//! (enqueue, handoff to a waiter, cancel, expiry, close); the others queue
+//! under a short mutex. Neither allocates. Cold paths (adding workers,
+//! changing thresholds and limits, rendering metrics) may lock and allocate.
 //!
 //! # Unsafe code
 //!
-//! The crate denies `unsafe_code`; only two files of the gate are allowed
-//! it, for two things safe Rust cannot say without a cost on the hot path:
-//! the raw-pointer round trip of an owned permit through the C ABI
-//! (`gate/permit.rs`) and the fixed `MaybeUninit` buffer of wakers a
-//! release hands off without allocating (`gate/wake.rs`).
+//! The crate denies `unsafe_code`; only three files of the gate are allowed
+//! it, for three things safe Rust cannot say without a cost on the hot
+//! path: the raw-pointer round trip of an owned permit through the C ABI
+//! (`gate/permit.rs`), the fixed `MaybeUninit` buffer of wakers a release
+//! hands off without allocating (`gate/wake.rs`), and the callback a queued
+//! cell of the lock-free queue holds, handed from its enqueuer to the one
+//! thread that resolves the cell by the cell's status word (`gate/tell.rs`).
 //! Every `unsafe` block there carries a `// SAFETY:` comment. The monitor,
 //! the cluster code and everything else are safe Rust, checked by the
 //! compiler.

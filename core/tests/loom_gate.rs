@@ -1,8 +1,10 @@
 //! Loom models of the admission gate: every interleaving (up to the
-//! preemption bound) of admit, release, cancel, handoff, set_limit and close
-//! among 2–3 threads, with N and Q of 1–2 (a wait limit W of 1, with
-//! first responses, in three models; two priority classes, with
-//! displacement and a reserved slot, in the last two). Each model checks: at most N
+//! preemption bound) of admit, release, cancel, handoff, expiry, set_limit
+//! and close among 2–3 threads, with N and Q of 1–2. A gate with one class
+//! and no wait limit runs on the lock-free queue (`gate/lockfree.rs`); the
+//! three models with a wait limit W of 1 (with first responses) and the two
+//! with two priority classes (displacement, a reserved slot) run on the
+//! locked table. Each model checks: at most N
 //! running and N + Q in flight at every step (read from the state word and
 //! from an independent counter), FIFO among waiters, no slot lost or
 //! duplicated (a fresh admit finds every slot at the end), and every waiter
@@ -17,7 +19,9 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use loadgate::{AdmissionGate, AdmitError, AdmitOwned, GateConfig, OwnedPermit};
+use std::time::Duration;
+
+use loadgate::{AdmissionGate, AdmitError, AdmitOwned, GateConfig, ManualClock, OwnedPermit};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 
@@ -329,6 +333,57 @@ fn a_lock_free_cancel_races_close_and_an_arrival() {
     });
 }
 
+#[test]
+fn expiry_races_a_release_and_a_cancel() {
+    // Two waiters past their deadline: expiry, a release that would hand
+    // the slot on and the second waiter's own cancel, all at once. Each
+    // waiter ends granted or timed out (the first) or cancelled (the
+    // second), and the slot is neither lost nor duplicated.
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let config = GateConfig::new(1)
+            .with_queue(2)
+            .with_queue_timeout(Some(Duration::from_millis(10)));
+        let g = Arc::new(AdmissionGate::with_clock(config, clock.clone()).unwrap());
+        let p = g.try_admit_owned().unwrap();
+        let first = queued(&g);
+        let second = queued(&g);
+        clock.advance(Duration::from_millis(10));
+        let g1 = g.clone();
+        let expirer = thread::spawn(move || {
+            g1.expire();
+        });
+        let releaser = thread::spawn(move || drop(p));
+        drop(second);
+        match block_on(first) {
+            Ok(p) => drop(p),
+            Err(e) => assert_eq!(e, AdmitError::QueueTimeout),
+        }
+        expirer.join().unwrap();
+        releaser.join().unwrap();
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn close_races_an_arrival_on_its_way_to_the_queue() {
+    // An arrival counts itself queued, then pushes its cell: a close
+    // between the two must still reject it (close waits for the push).
+    loom::model(|| {
+        let g = gate(1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let g1 = g.clone();
+        let arrival = thread::spawn(move || match block_on(g1.admit_owned()) {
+            Ok(p) => drop(p),
+            Err(e) => assert_eq!(e, AdmitError::Closed),
+        });
+        g.close();
+        drop(p);
+        arrival.join().unwrap();
+        check_drained(&g, 1);
+    });
+}
+
 fn wait_gate(limit: u32, wait: u32, queue: u32) -> Arc<AdmissionGate> {
     let config = GateConfig::new(limit)
         .with_wait_limit(Some(wait))
@@ -432,15 +487,6 @@ fn queued_at(g: &Arc<AdmissionGate>, priority: u8) -> AdmitOwned {
         .poll(&mut Context::from_waker(&waker))
         .is_pending());
     f
-}
-
-/// The outcome of a queued future, polled once (it must be resolved).
-fn resolved(mut f: AdmitOwned) -> Result<OwnedPermit, AdmitError> {
-    let waker = Waker::from(Arc::new(Noop));
-    match Pin::new(&mut f).poll(&mut Context::from_waker(&waker)) {
-        Poll::Ready(r) => r,
-        Poll::Pending => panic!("still queued"),
-    }
 }
 
 #[test]

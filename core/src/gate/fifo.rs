@@ -4,9 +4,11 @@
 //! the only allocations are on the cold paths that refill its storage
 //! (see "Storage").
 //!
-//! Not yet used by [`RawGate`](super::raw::RawGate), whose queue is the
-//! locked table of `table.rs`; the model checks and the threaded test at the
-//! end run it under a small counting gate of their own.
+//! The queue of a gate with one class (`lockfree.rs` drives it); the model
+//! checks and the threaded test at the end also run it under a small
+//! counting gate of their own. Each cell carries a payload of the caller's
+//! (whom to tell) and a *detached* flag for waiters whose owner never
+//! looks (callbacks: the thread that resolves the cell frees it).
 //!
 //! # Algorithm
 //!

@@ -1,13 +1,30 @@
 //! Worker admission gate: exactly `N` running and `Q` queued, FIFO,
-//! cancel-safe. Direct admission, release while nobody waits, and rejection
-//! are lock-free; the queue lives under a mutex.
+//! cancel-safe.
 //!
-//! # What is lock-free and what takes the mutex
+//! # Two queues
 //!
-//! The gate is a counting semaphore over two pieces of state: a packed
-//! atomic state word (`running`, `queued`, `limit`, `closed`; see
-//! `state.rs`) and a waiter table behind a `Mutex<Table>` (an intrusive FIFO
-//! list of cells; see `table.rs`).
+//! The gate is a counting semaphore over a packed atomic state word
+//! (`running`, `queued`, `limit`, `closed`; see `state.rs`) and a queue of
+//! waiters. Which queue depends on the configuration:
+//!
+//! * **One class, no adaptive LIFO, no wait limit** (the default gate, and
+//!   the reference's): the lock-free cancellable queue of `fifo.rs` (CQS
+//!   over pooled segments), driven by `lockfree.rs`. Every path takes no
+//!   lock: direct admission, rejection, enqueue, handoff, a future's poll
+//!   and cancel, a callback ticket's cancel, a blocking wait and its
+//!   timeout, queue-deadline expiry, `close`, statistics. `set_limit`
+//!   takes the gate's mutex to serialize limit changes (and may grow the
+//!   queue's storage); the queue's storage, reserved for `Q + N` waiters
+//!   when the gate is built, grows under its own lock only when rejected
+//!   waiters that have not looked yet hold every cell (`fifo.rs`).
+//!   `lockfree.rs` gives the protocol between the word and the queue.
+//! * **Priority classes, adaptive LIFO or a wait limit**: a waiter table
+//!   behind a `Mutex<Table>` (one intrusive FIFO list of cells per class;
+//!   see `table.rs`), described in the rest of these docs. Direct
+//!   admission, release while nobody waits, rejection, a future's poll and
+//!   cancel stay lock-free there; the queue's other paths take the mutex.
+//!
+//! # The locked table: what is lock-free and what takes the mutex
 //!
 //! On the state word alone, without the mutex:
 //!
@@ -68,8 +85,9 @@
 //! (granted: the cancel releases the slot, which is handed on; rejected:
 //! nothing to do). So no slot is lost or duplicated.
 //!
-//! So the gate is lock-free only while nobody waits: under overload, when
-//! requests queue, admissions and handoffs go through the mutex.
+//! So a gate on the table is lock-free only while nobody waits: under
+//! overload, when requests queue, admissions and handoffs go through the
+//! mutex.
 //!
 //! # With a wait limit `W`
 //!
@@ -136,9 +154,12 @@
 //!   trampoline;
 //! * `wake.rs`: the wake list;
 //! * `fifo.rs`: the lock-free cancellable waiter queue (CQS over pooled
-//!   segments) that is to replace the locked table; built and checked on
-//!   its own so far (its loom models, a differential test against a plain
-//!   queue and a threaded test run under a small counting gate of its own);
+//!   segments; its own loom models, a differential test against a plain
+//!   queue and a threaded test run it under a small counting gate), over
+//!   `chunks.rs` (storage that grows without moving);
+//! * `lockfree.rs`: the raw gate's paths on that queue; `tell.rs` (each
+//!   cell's waker or callback) belongs to it;
+//! * `waits.rs`: the queue-wait histogram (atomic buckets);
 //! * `error.rs`, `stats.rs`, `config.rs`, `metrics.rs`: errors, statistics,
 //!   configuration and metrics rendering.
 
