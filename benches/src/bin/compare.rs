@@ -1075,8 +1075,10 @@ fn mutex_pingpong(mg: &MutexGate, duration: Duration) -> (Series, Duration) {
 /// Two threads hand one slot back and forth through the queue for
 /// `duration`: the holder waits until the other thread is queued, stamps the
 /// time and releases; the waiter records the time from that stamp to its
-/// admission. Returns the handoff latencies and both threads' allocations,
-/// and the wall time from the threads' start to their end (the handoffs'
+/// admission. Returns the handoff latencies and both threads' allocations
+/// from each thread's first blocking admission on (a thread's first
+/// blocking wait on loadgate makes the thread's waker, once for the
+/// thread's life, as tokio's `block_on` makes its parker), and the wall time from the threads' start to their end (the handoffs'
 /// throughput is the operation count over it).
 fn pingpong<P>(
     duration: Duration,
@@ -1097,13 +1099,14 @@ fn pingpong<P>(
             held = Some(try_admit().expect("a free slot"));
         }
         start.wait();
-        let before = thread_allocations();
+        let mut before = None;
         loop {
             if held.is_none() {
                 if stop.load(Ordering::Acquire) {
                     break;
                 }
                 let p = admit_blocking();
+                before.get_or_insert_with(thread_allocations);
                 let waited = stamp().saturating_sub(released.load(Ordering::Acquire));
                 record_one(&mut s, Duration::from_nanos(waited));
                 held = Some(p);
@@ -1126,7 +1129,8 @@ fn pingpong<P>(
                 break;
             }
         }
-        s.allocs = thread_allocations() - before;
+        let now = thread_allocations();
+        s.allocs = now - before.unwrap_or(now);
         s
     };
     let (a, b, wall) = std::thread::scope(|sc| {

@@ -162,7 +162,29 @@ impl RawGate {
 
     /// Gives back one held slot: promised to the oldest waiter when someone
     /// is counted, the limit allows and the gate is open; freed otherwise.
+    /// Inline for the case of nobody counted: one `fetch_sub`, as the first
+    /// branch of [`lf_release_loop`](Self::lf_release_loop) does.
+    #[inline]
     pub(super) fn lf_release(&self, fifo: &Fifo<Tell>) {
+        // Relaxed: a guess, for choosing the read-modify-write.
+        let cur = self.state.load(Ordering::Relaxed);
+        if Word(cur).queued() == 0 {
+            // Release: as in `lf_release_loop`.
+            let old = Word(self.state.fetch_sub(ONE_RUNNING, Ordering::Release));
+            if old.queued() == 0 {
+                return;
+            }
+            // A waiter counted itself meanwhile: as in `lf_release_loop`.
+            if !self.lf_promise_free_slot() || !self.lf_deliver(fifo) {
+                return;
+            }
+        }
+        self.lf_release_loop(fifo);
+    }
+
+    /// [`lf_release`](Self::lf_release) for any word.
+    #[inline(never)]
+    fn lf_release_loop(&self, fifo: &Fifo<Tell>) {
         // Relaxed: a guess, for choosing the read-modify-write.
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
