@@ -318,6 +318,61 @@ mod sequential {
     }
 
     #[test]
+    fn a_teller_learns_whether_the_cell_is_detached_and_when_it_was_pushed() {
+        let g = TestGate::new(1, 2);
+        assert_eq!(g.admit(), Admit::Held);
+        let mut cells = Vec::new();
+        for (t, detached) in [(3, true), (7, false)] {
+            g.word.fetch_add(ONE_QUEUED, Ordering::AcqRel);
+            let (cell, gen) = g.fifo.take_cell().unwrap();
+            assert_eq!(g.fifo.push(cell, t, detached), Pushed::Queued);
+            cells.push((cell, gen));
+        }
+        // A grant tells the first; a rejection by another thread the second.
+        g.word.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+        let told = Told {
+            cell: cells[0].0,
+            detached: true,
+            enqueued_at: 3,
+        };
+        assert_eq!(g.fifo.resume(), Then::Wake(told));
+        let mut rejected = Vec::new();
+        let n = g.fifo.reject_from_head(
+            AdmitError::Closed,
+            |_| true,
+            usize::MAX,
+            &g,
+            |who, then| rejected.push((who, then)),
+        );
+        assert_eq!(n, 1);
+        let told = Told {
+            cell: cells[1].0,
+            detached: false,
+            enqueued_at: 7,
+        };
+        assert_eq!(rejected, [(told, Then::Nothing)]);
+        assert_eq!(
+            g.fifo.status(cells[1].0),
+            (cells[1].1, Status::Rejected(AdmitError::Closed))
+        );
+        g.fifo.free_cell(cells[1].0);
+        g.fifo.free_cell(cells[0].0);
+        // The flag lasts one use: the cell's next owner is not detached.
+        g.word.fetch_add(ONE_QUEUED, Ordering::AcqRel);
+        let (cell, _) = g.fifo.take_cell().unwrap();
+        assert_eq!(cell, cells[0].0, "the free stack hands back the last freed");
+        assert_eq!(g.fifo.push(cell, 9, false), Pushed::Queued);
+        g.word.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+        let told = Told {
+            cell,
+            detached: false,
+            enqueued_at: 9,
+        };
+        assert_eq!(g.fifo.resume(), Then::Wake(told));
+        assert_eq!(g.poll(cell, g.fifo.status(cell).0), Some(Outcome::Granted));
+    }
+
+    #[test]
     fn expiry_takes_due_waiters_from_the_head_and_stops_at_the_first_not_due() {
         let g = TestGate::new(1, 4);
         assert_eq!(g.admit(), Admit::Held);
