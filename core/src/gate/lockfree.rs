@@ -9,15 +9,13 @@
 //!
 //! The state word's `queued` counts the waiters no slot is promised to yet;
 //! `running` counts held slots, slots promised to a waiter on their way to
-//! it included. A release that finds `queued > 0` (and the limit not
-//! lowered under `running`, and the gate open) *promises* its slot: one
-//! CAS `queued - 1` with `running` unchanged, then [`Fifo::resume`]
-//! delivers it to the oldest waiter. A release that finds nobody queued is
-//! one `fetch_sub` of `running`; if that `fetch_sub` shows a waiter queued
-//! meanwhile, the slot it freed is promised at once (CAS `running + 1,
-//! queued - 1`, which only succeeds while a slot is free: no arrival takes
-//! it, since a direct admission needs `queued == 0`). So invariant 4 of the
-//! state word holds with "a slot on its way" counted in `running`.
+//! it included. A release is one `fetch_sub` of `running`. If it shows
+//! waiters counted, the releaser then *promises* free slots to them: CAS
+//! `running + 1, queued - 1` while a slot is free under the limit and the
+//! gate is open, and [`Fifo::resume`] delivers each to the oldest waiter.
+//! No arrival takes a free slot meanwhile, since a direct admission needs
+//! `queued == 0`; a raised limit promises the same way. So invariant 4 of
+//! the state word holds with "a slot on its way" counted in `running`.
 //!
 //! A waiter counts itself (CAS `queued + 1`, only when no slot is free to
 //! it or others wait), then takes a cell and pushes it. Leaving (a cancel,
@@ -27,7 +25,7 @@
 //! # Orderings
 //!
 //! As in `raw.rs` for the word: a direct admission's CAS is `Acquire`, a
-//! release's `Release` (a promise `AcqRel`: it passes the slot on through
+//! release's `fetch_sub` `Release` (a promise `AcqRel`: it passes the slot on through
 //! the queue, whose cell status carries it to the waiter with
 //! `Release`/`Acquire`, see `fifo.rs`). Counting and giving back places
 //! are `AcqRel`, ordered with the promises as the queue requires.
@@ -160,74 +158,35 @@ impl RawGate {
         }
     }
 
-    /// Gives back one held slot: promised to the oldest waiter when someone
-    /// is counted, the limit allows and the gate is open; freed otherwise.
-    /// Inline for the case of nobody counted: one `fetch_sub`, as the first
-    /// branch of [`lf_release_loop`](Self::lf_release_loop) does.
+    /// Gives back one held slot: one `fetch_sub` that cannot fail (under
+    /// contention, a load first would fetch the word's cache line twice).
+    /// If waiters were counted, the freed slot is then handed on.
     #[inline]
     pub(super) fn lf_release(&self, fifo: &Fifo<Tell>) {
-        // Relaxed: a guess, for choosing the read-modify-write.
-        let cur = self.state.load(Ordering::Relaxed);
-        if Word(cur).queued() == 0 {
-            // Release: as in `lf_release_loop`.
-            let old = Word(self.state.fetch_sub(ONE_RUNNING, Ordering::Release));
-            if old.queued() == 0 {
-                return;
-            }
-            // A waiter counted itself meanwhile: as in `lf_release_loop`.
-            if !self.lf_promise_free_slot() || !self.lf_deliver(fifo) {
-                return;
-            }
+        // Release: our use of the slot happens-before its next admission
+        // (a direct admitter's Acquire CAS, or a promise's AcqRel).
+        let old = Word(self.state.fetch_sub(ONE_RUNNING, Ordering::Release));
+        debug_assert!(old.running() > 0, "release without a held slot");
+        if old.queued() > 0 {
+            self.lf_hand_on(fifo);
         }
-        self.lf_release_loop(fifo);
     }
 
-    /// [`lf_release`](Self::lf_release) for any word.
+    /// Hands free slots to the counted waiters, oldest first, after
+    /// expiring due ones: what a release that saw waiters, and a raised
+    /// limit, leave to do. No arrival takes a free slot meanwhile: a direct
+    /// admission needs `queued == 0`.
     #[inline(never)]
-    fn lf_release_loop(&self, fifo: &Fifo<Tell>) {
-        // Relaxed: a guess, for choosing the read-modify-write.
-        let mut cur = self.state.load(Ordering::Relaxed);
-        loop {
-            let w = Word(cur);
-            if w.queued() == 0 {
-                // Release: our use of the slot happens-before its next
-                // admission (the admitter's Acquire).
-                let old = Word(self.state.fetch_sub(ONE_RUNNING, Ordering::Release));
-                debug_assert!(old.running() > 0, "release without a held slot");
-                // A waiter counted itself meanwhile: the slot is its.
-                if old.queued() == 0 || !self.lf_promise_free_slot() {
-                    return;
-                }
-            } else {
-                if self.deadlines && self.lf_expire(fifo) > 0 {
-                    // Relaxed: a guess, as above.
-                    cur = self.state.load(Ordering::Relaxed);
-                    continue;
-                }
-                let promise = w.running() <= w.limit() && !w.closed();
-                let new = if promise {
-                    cur - ONE_QUEUED
-                } else {
-                    cur - ONE_RUNNING
-                };
-                // AcqRel: Release as any release, Acquire as the queue asks
-                // of promises (module docs). Relaxed on failure: a guess.
-                if let Err(actual) =
-                    self.state
-                        .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Relaxed)
-                {
-                    cur = actual;
-                    continue;
-                }
-                if !promise {
-                    return;
-                }
+    fn lf_hand_on(&self, fifo: &Fifo<Tell>) {
+        if self.deadlines {
+            self.lf_expire(fifo);
+        }
+        while self.lf_promise_free_slot() {
+            if self.lf_deliver(fifo) {
+                // A leaving waiter refused it: free it again, and look
+                // again. Release: as in `lf_release`.
+                self.state.fetch_sub(ONE_RUNNING, Ordering::Release);
             }
-            if !self.lf_deliver(fifo) {
-                return;
-            }
-            // The slot came back: give it again. Relaxed: a guess.
-            cur = self.state.load(Ordering::Relaxed);
         }
     }
 
@@ -443,14 +402,7 @@ impl RawGate {
             fifo.reserve(self.queue_limit as usize + limit as usize, limit as usize);
             self.update(|w| Word::new(w.running(), w.queued(), limit, w.closed()));
         }
-        if self.deadlines {
-            self.lf_expire(fifo);
-        }
-        while self.lf_promise_free_slot() {
-            if self.lf_deliver(fifo) {
-                self.lf_release(fifo);
-            }
-        }
+        self.lf_hand_on(fifo);
     }
 
     /// A blocking waiter's wait from its push (cell `cell` of generation

@@ -354,12 +354,15 @@ impl RawGate {
     /// before deciding to reject).
     #[inline]
     fn head_due_hint(&self) -> bool {
+        if !self.deadlines {
+            return false;
+        }
         if let Some(fifo) = &self.fifo {
             return self
                 .lf_next_deadline(fifo)
                 .is_some_and(|d| self.clock.now_nanos() >= d);
         }
-        self.deadlines && {
+        {
             // Acquire, pairing with the Release in `sync_head`; the slow path
             // re-checks under the mutex, so a stale value costs only a delay.
             let d = self.head_deadline.load(Ordering::Acquire);
