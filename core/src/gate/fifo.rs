@@ -508,23 +508,41 @@ impl<T: Default> Fifo<T> {
         let segments = Self::segments_for(cells, promised).min(MAX_SEGMENTS);
         let cells = cells.min(MAX_CELLS);
         let mut grown = lock(&self.sweep);
-        while (self.waiters.range(grown.cells - 1).end as usize) < cells {
-            let k = grown.cells;
-            if !Self::grow(&self.waiters, k, MAX_CELLS, &self.free_waiters, |i| {
-                &self.waiters.get(i).next_free
-            }) {
-                break;
-            }
-            grown.cells += 1;
-        }
-        while (self.segments.range(grown.segments - 1).end as usize) < segments {
-            let k = grown.segments;
-            if !Self::grow(&self.segments, k, MAX_SEGMENTS, &self.free_segments, |i| {
-                &self.segments.get(i).next_free
-            }) {
-                break;
-            }
-            grown.segments += 1;
+        let cell_link = |i| &self.waiters.get(i).next_free;
+        Self::grow_to(
+            &self.waiters,
+            &mut grown.cells,
+            cells,
+            MAX_CELLS,
+            &self.free_waiters,
+            cell_link,
+        );
+        let segment_link = |i| &self.segments.get(i).next_free;
+        Self::grow_to(
+            &self.segments,
+            &mut grown.segments,
+            segments,
+            MAX_SEGMENTS,
+            &self.free_segments,
+            segment_link,
+        );
+    }
+
+    /// Puts chunks of a storage, `made` of which are on its free stack
+    /// already, on the stack until it holds `want` entries or no more
+    /// (under the sweep's lock).
+    fn grow_to<'a, E>(
+        storage: &Chunks<E>,
+        made: &mut usize,
+        want: usize,
+        max: usize,
+        stack: &Stack,
+        next_of: impl Fn(u32) -> &'a AtomicU32 + Copy,
+    ) {
+        while (storage.range(*made - 1).end as usize) < want
+            && Self::grow(storage, *made, max, stack, next_of)
+        {
+            *made += 1;
         }
     }
 

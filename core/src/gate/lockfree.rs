@@ -97,9 +97,7 @@ impl RawGate {
         loop {
             let w = Word(cur);
             if w.closed() {
-                self.counters.closed(class, 1);
-                bump(&self.counters.closed_on_arrival, 1);
-                return Enqueued::Rejected(AdmitError::Closed, waiter);
+                return Enqueued::Rejected(self.refuse_closed(class), waiter);
             }
             let new = if self.direct(class, w) {
                 cur + ONE_RUNNING

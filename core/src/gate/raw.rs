@@ -329,11 +329,7 @@ impl RawGate {
                 self.counters.admitted_direct.add(1);
                 Fast::Admitted
             }
-            Err(w) if w.closed() => {
-                self.counters.closed(class, 1);
-                bump(&self.counters.closed_on_arrival, 1);
-                Fast::Rejected(AdmitError::Closed)
-            }
+            Err(w) if w.closed() => Fast::Rejected(self.refuse_closed(class)),
             // No slot in the class's share: none could be taken whatever
             // the wait count or the other classes' waiters.
             Err(w)
@@ -348,6 +344,13 @@ impl RawGate {
             }
             Err(_) => Fast::Slow,
         }
+    }
+
+    /// Counts an arrival of `class` that a closed gate refuses.
+    pub(super) fn refuse_closed(&self, class: usize) -> AdmitError {
+        self.counters.closed(class, 1);
+        bump(&self.counters.closed_on_arrival, 1);
+        AdmitError::Closed
     }
 
     /// Whether the head waiter may be due (then the slow path expires it
@@ -453,9 +456,7 @@ impl RawGate {
         loop {
             let w = Word(cur);
             if w.closed() {
-                self.counters.closed(class, 1);
-                bump(&self.counters.closed_on_arrival, 1);
-                return Enqueued::Rejected(AdmitError::Closed, waiter);
+                return Enqueued::Rejected(self.refuse_closed(class), waiter);
             }
             // Nobody of this class or a more important one waits (a slot
             // `set_limit` has not handed out yet is theirs, not ours).
