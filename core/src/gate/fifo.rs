@@ -910,17 +910,8 @@ impl<T: Default> Fifo<T> {
                 p = (p / SEG as u64 + 1) * SEG as u64;
                 continue;
             };
-            let slot = &self.segments.get(seg).slots[p as usize % SEG];
-            // Acquire: pairs with the install's Release.
-            let word = slot.load(Ordering::Acquire);
-            if slot_tag(word) == tag_of(p / SEG as u64) && slot_kind(word) == WAITING {
-                let cell = slot_cell(word);
-                let (gen, status) = self.status(cell);
-                // Relaxed: written before the status we read.
-                let here = self.waiters.get(cell).place.load(Ordering::Relaxed) == p;
-                if status == Status::Queued && here {
-                    return Some((p, cell, gen));
-                }
+            if let Some((cell, gen)) = self.queued_at(p, seg) {
+                return Some((p, cell, gen));
             }
             p += 1;
         }
@@ -968,6 +959,74 @@ impl<T: Default> Fifo<T> {
             }
         }
         n
+    }
+
+    /// The newest queued cell: its position, cell and generation (as
+    /// [`next_queued`](Self::next_queued), scanning from the newest
+    /// position back). For displacement, which takes the newest waiter of
+    /// a class.
+    #[cfg_attr(not(test), allow(dead_code))] // for priority classes (not yet on this queue)
+    pub(super) fn newest_queued(&self) -> Option<(u64, u32, u32)> {
+        // Acquire: see the orderings; the hint is read before `deq`.
+        let hint = self.head.load(Ordering::Acquire);
+        let first = self.deq.load(Ordering::Acquire);
+        let mut p = self.enq.load(Ordering::Acquire);
+        // The segment of the positions being scanned: one lookup each.
+        let mut segment: Option<(u64, Option<u32>)> = None;
+        while p > first {
+            p -= 1;
+            let k = p / SEG as u64;
+            let seg = match segment {
+                Some((at, seg)) if at == k => seg,
+                _ => {
+                    let seg = self.locate_quiet(p, hint);
+                    segment = Some((k, seg));
+                    seg
+                }
+            };
+            let Some(seg) = seg else {
+                // Gone: every position in it was skipped.
+                p = k * SEG as u64;
+                continue;
+            };
+            if let Some((cell, gen)) = self.queued_at(p, seg) {
+                return Some((p, cell, gen));
+            }
+        }
+        None
+    }
+
+    /// The cell queued at position `p` of segment `seg`, if one waits there.
+    fn queued_at(&self, p: u64, seg: u32) -> Option<(u32, u32)> {
+        let slot = &self.segments.get(seg).slots[p as usize % SEG];
+        // Acquire: pairs with the install's Release.
+        let word = slot.load(Ordering::Acquire);
+        if slot_tag(word) != tag_of(p / SEG as u64) || slot_kind(word) != WAITING {
+            return None;
+        }
+        let cell = slot_cell(word);
+        let (gen, status) = self.status(cell);
+        // Relaxed: written before the status we read.
+        let here = self.waiters.get(cell).place.load(Ordering::Relaxed) == p;
+        (status == Status::Queued && here).then_some((cell, gen))
+    }
+
+    /// Rejects the newest queued waiter with `reason` (displacement): who
+    /// was told and what the caller must do after its leaving, or `None`
+    /// if nobody waits.
+    #[cfg_attr(not(test), allow(dead_code))] // for priority classes (not yet on this queue)
+    pub(super) fn reject_newest(
+        &self,
+        reason: AdmitError,
+        places: &impl Places,
+    ) -> Option<(Told, Then)> {
+        loop {
+            let (_, cell, gen) = self.newest_queued()?;
+            if let Some((then, told)) = self.leave_told(cell, gen, Some(reason), places) {
+                return Some((told, then));
+            }
+            // Resolved meanwhile: the next newest.
+        }
     }
 
     /// The queue time of the oldest queued waiter, if any.

@@ -207,6 +207,17 @@ impl TestGate {
         self.reject(reason, |_| true, 1) == 1
     }
 
+    /// Rejects the newest queued request as displaced: whether one was.
+    fn displace(&self) -> bool {
+        match self.fifo.reject_newest(AdmitError::Displaced, self) {
+            Some((_, then)) => {
+                self.after(then);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Rejects up to `max` requests from the oldest on while `due`.
     fn reject(&self, reason: AdmitError, due: impl Fn(u64) -> bool, max: usize) -> usize {
         let mut thens = Vec::new();
@@ -373,6 +384,37 @@ mod sequential {
     }
 
     #[test]
+    fn displacement_takes_the_newest_live_waiter_across_segments() {
+        // More waiters than a segment holds, the newest two cancelled: the
+        // newest live one goes, then the one before it, and the head keeps
+        // its turn.
+        let n = SEG as u32 + 5;
+        let g = TestGate::new(1, n);
+        assert_eq!(g.admit(), Admit::Held);
+        let ws: Vec<_> = (0..n).map(|_| queued(g.admit())).collect();
+        let last = ws.len() - 1;
+        assert!(g.cancel(ws[last].0, ws[last].1));
+        assert!(g.cancel(ws[last - 1].0, ws[last - 1].1));
+        assert!(g.displace());
+        let displaced = Some(Outcome::Rejected(AdmitError::Displaced));
+        assert_eq!(g.poll(ws[last - 2].0, ws[last - 2].1), displaced);
+        assert!(g.displace());
+        assert_eq!(g.poll(ws[last - 3].0, ws[last - 3].1), displaced);
+        assert_eq!(g.counts(), (1, n - 4));
+        g.release();
+        assert_eq!(g.poll(ws[0].0, ws[0].1), Some(Outcome::Granted));
+        // Displace everyone else, newest first, then nobody is left.
+        for w in ws[1..=last - 4].iter().rev() {
+            assert!(g.displace());
+            assert_eq!(g.poll(w.0, w.1), displaced);
+        }
+        assert!(!g.displace());
+        assert_eq!(g.counts(), (1, 0));
+        g.release();
+        assert_eq!(g.counts(), (0, 0));
+    }
+
+    #[test]
     fn expiry_takes_due_waiters_from_the_head_and_stops_at_the_first_not_due() {
         let g = TestGate::new(1, 4);
         assert_eq!(g.admit(), Admit::Held);
@@ -504,8 +546,8 @@ mod sequential {
 }
 
 /// Random sequences on one thread against a plain reference (a counter and
-/// a `VecDeque`): every admission, grant, cancel and rejection agrees, step
-/// by step.
+/// a `VecDeque`): every admission, grant, cancel, rejection from the head
+/// and displacement of the newest agrees, step by step.
 #[cfg(not(loom))]
 #[test]
 fn random_sequences_match_a_plain_reference() {
@@ -526,7 +568,7 @@ fn random_sequences_match_a_plain_reference() {
         let mut waiters: VecDeque<(u32, u32)> = VecDeque::new();
         for step in 0..2_000 {
             let ctx = format!("seed {seed} step {step}");
-            match next(4) {
+            match next(5) {
                 0 => {
                     let expect = if waiters.is_empty() && running < limit {
                         running += 1;
@@ -564,6 +606,14 @@ fn random_sequences_match_a_plain_reference() {
                     if let Some((c, gen)) = oldest {
                         let rejected = Outcome::Rejected(AdmitError::QueueTimeout);
                         assert_eq!(g.poll(c, gen), Some(rejected), "{ctx}");
+                    }
+                }
+                4 => {
+                    let newest = waiters.pop_back();
+                    assert_eq!(g.displace(), newest.is_some(), "{ctx}");
+                    if let Some((c, gen)) = newest {
+                        let displaced = Outcome::Rejected(AdmitError::Displaced);
+                        assert_eq!(g.poll(c, gen), Some(displaced), "{ctx}");
                     }
                 }
                 _ => {}
@@ -611,7 +661,7 @@ fn threads_racing_every_operation_keep_the_counts_exact() {
                     assert!(queued <= QUEUE, "{queued} queued");
                 };
                 for _ in 0..OPS {
-                    match next(10) {
+                    match next(11) {
                         0..=3 => match g.admit() {
                             Admit::Held => held += 1,
                             Admit::Queued(c, gen) => waiting.push((c, gen)),
@@ -627,6 +677,9 @@ fn threads_racing_every_operation_keep_the_counts_exact() {
                         }
                         7 => {
                             g.reject(AdmitError::QueueTimeout, |_| true, 2);
+                        }
+                        8 => {
+                            g.displace();
                         }
                         _ => waiting.retain(|&(c, gen)| match g.poll(c, gen) {
                             None => true,
@@ -730,6 +783,42 @@ mod models {
             if b_got {
                 g.release();
             }
+            assert_eq!(g.counts(), (0, 0));
+        });
+    }
+
+    /// A displacement races a release and the newest waiter's own cancel:
+    /// the newest live waiter is displaced or granted, never both, and the
+    /// slot is neither lost nor duplicated.
+    #[test]
+    fn displacement_release_and_cancel() {
+        model(|| {
+            let g = Arc::new(TestGate::new(1, 2));
+            assert_eq!(g.admit(), Admit::Held);
+            let a = queued(g.admit());
+            let b = queued(g.admit());
+            let releaser = {
+                let g = Arc::clone(&g);
+                thread::spawn(move || g.release())
+            };
+            let canceller = {
+                let g = Arc::clone(&g);
+                thread::spawn(move || g.cancel(b.0, b.1))
+            };
+            let displaced = g.displace();
+            releaser.join().unwrap();
+            let b_left = canceller.join().unwrap();
+            // a was the oldest: granted by the release, unless displaced
+            // because b had left first.
+            let a_out = wait(&g, a);
+            match a_out {
+                Outcome::Granted => g.release(),
+                Outcome::Rejected(e) => {
+                    assert_eq!(e, AdmitError::Displaced);
+                    assert!(b_left, "a displaced while b, newer, waited");
+                }
+            }
+            assert!(displaced || b_left || a_out == Outcome::Granted);
             assert_eq!(g.counts(), (0, 0));
         });
     }
