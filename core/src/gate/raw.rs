@@ -360,21 +360,18 @@ impl RawGate {
         if !self.deadlines {
             return false;
         }
-        if let Some(fifo) = &self.fifo {
-            return self
-                .lf_next_deadline(fifo)
-                .is_some_and(|d| self.clock.now_nanos() >= d);
-        }
-        {
+        let due = match &self.fifo {
+            Some(fifo) => self.lf_next_deadline(fifo),
             // Acquire, pairing with the Release in `sync_head`; the slow path
             // re-checks under the mutex, so a stale value costs only a delay.
-            let d = self.head_deadline.load(Ordering::Acquire);
-            d != NO_DEADLINE && self.clock.now_nanos() >= d
-        }
+            None => Some(self.head_deadline.load(Ordering::Acquire)).filter(|&d| d != NO_DEADLINE),
+        };
+        due.is_some_and(|d| self.clock.now_nanos() >= d)
     }
 
     /// Gives back one slot: one `fetch_sub`, whatever the queue. If someone
-    /// was queued, the slot is then handed on under the mutex
+    /// was queued, the slot is then handed on: through the lock-free queue
+    /// ([`lf_release`](Self::lf_release)), or under the mutex
     /// ([`grant_waiting`](Self::grant_waiting)).
     #[inline]
     pub(super) fn release_slot(&self) {
