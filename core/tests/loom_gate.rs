@@ -1,10 +1,13 @@
 //! Loom models of the admission gate: every interleaving (up to the
 //! preemption bound) of admit, release, cancel, handoff, expiry, set_limit
 //! and close among 2–3 threads, with N and Q of 1–2. A gate with one class
-//! and no wait limit runs on the lock-free queue (`gate/lockfree.rs`); the
-//! three models with a wait limit W of 1 (with first responses) and the two
-//! with two priority classes (displacement, a reserved slot) run on the
-//! locked table. Each model checks: at most N
+//! and no wait limit runs on the lock-free queue (`gate/lockfree.rs`), and a
+//! gate with two priority classes on one queue per class
+//! (`gate/classes.rs`: displacement, a reserved slot, an arrival counting
+//! itself while a slot is freed, a cancel racing a handoff between
+//! classes, a displacement racing its victim's cancel); the three models
+//! with a wait limit W of 1 (with first responses) run on the locked
+//! table. Each model checks: at most N
 //! running and N + Q in flight at every step (read from the state word and
 //! from an independent counter), FIFO among waiters, no slot lost or
 //! duplicated (a fresh admit finds every slot at the end), and every waiter
@@ -499,7 +502,6 @@ fn displacement_races_a_release() {
             Arc::new(AdmissionGate::new(GateConfig::new(1).with_queue(1).with_classes(2)).unwrap());
         let p = g.try_admit_owned_at(0).unwrap();
         let low = queued_at(&g, 1);
-        let releaser = thread::spawn(move || drop(p));
         let g1 = g.clone();
         let arrival = thread::spawn(move || {
             let p = block_on(g1.admit_owned_at(0)).expect("class 0 is served");
@@ -507,13 +509,18 @@ fn displacement_races_a_release() {
             drop(p);
         });
         // The low waiter: granted (then released) or displaced.
-        let low = block_on(low);
-        let granted = low.is_ok();
-        if let Err(e) = &low {
-            assert_eq!(*e, AdmitError::Displaced);
-        }
-        drop(low);
-        releaser.join().unwrap();
+        let low = thread::spawn(move || {
+            let low = block_on(low);
+            if let Err(e) = &low {
+                assert_eq!(*e, AdmitError::Displaced);
+            }
+            low.is_ok()
+        });
+        // Releases on the model's own thread, which never parks: a late
+        // wake of a thread that parked once is harmless, but loom takes
+        // it for the end of a join it is blocked in.
+        drop(p);
+        let granted = low.join().unwrap();
         arrival.join().unwrap();
         let s = g.stats();
         assert_eq!(s.displaced + u64::from(granted), 1, "{s:?}");
@@ -545,10 +552,10 @@ fn a_reserved_slot_races_a_handoff_to_a_less_important_class() {
         let p = g.try_admit_owned_at(1).unwrap();
         class1.running.fetch_add(1, Ordering::SeqCst);
         let low = queued_at(&g, 1);
-        let pr = class1.clone();
-        let releaser = thread::spawn(move || {
-            pr.running.fetch_sub(1, Ordering::SeqCst);
-            drop(p);
+        let (g1, pr) = (g.clone(), class1.clone());
+        let waiter = thread::spawn(move || {
+            let p = block_on(low).expect("class 1 gets its slot back");
+            pr.hold(&g1, p);
         });
         let g1 = g.clone();
         let top = thread::spawn(move || {
@@ -557,12 +564,90 @@ fn a_reserved_slot_races_a_handoff_to_a_less_important_class() {
             check_caps(&g1);
             drop(p);
         });
-        let p = block_on(low).expect("class 1 gets its slot back");
-        class1.hold(&g, p);
-        releaser.join().unwrap();
+        // The release, on the model's thread (see `displacement_races_a_release`).
+        class1.running.fetch_sub(1, Ordering::SeqCst);
+        drop(p);
+        waiter.join().unwrap();
         top.join().unwrap();
         check_drained(&g, 2);
         let s = g.stats();
         assert_eq!((s.running, s.queued), (0, 0), "{s:?}");
+    });
+}
+
+fn two_classes(limit: u32, queue: u32) -> Arc<AdmissionGate> {
+    Arc::new(AdmissionGate::new(GateConfig::new(limit).with_queue(queue).with_classes(2)).unwrap())
+}
+
+#[test]
+fn an_arrival_counting_itself_races_a_release() {
+    loom::model(|| {
+        // N = 1: the arrival counts itself in the total, then in its class,
+        // while the slot is freed; whichever it sees, it gets the slot.
+        let g = two_classes(1, 1);
+        let p = g.try_admit_owned_at(1).unwrap();
+        let g1 = g.clone();
+        let arrival = thread::spawn(move || {
+            let p = block_on(g1.admit_owned_at(0)).expect("the freed slot is found");
+            check_caps(&g1);
+            drop(p);
+        });
+        // The release, on the model's thread (see `displacement_races_a_release`).
+        drop(p);
+        arrival.join().unwrap();
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn a_cancel_races_a_handoff_between_classes() {
+    loom::model(|| {
+        // N = 1, Q = 2: the class-0 waiter leaves while the slot is freed;
+        // the class-1 waiter gets it, directly or after class 0 passed it on.
+        let g = two_classes(1, 2);
+        let p = g.try_admit_owned_at(0).unwrap();
+        let top = queued_at(&g, 0);
+        let low = queued_at(&g, 1);
+        let canceller = thread::spawn(move || drop(top));
+        let g1 = g.clone();
+        let waiter = thread::spawn(move || {
+            let p = block_on(low).expect("class 1 is served");
+            check_caps(&g1);
+            drop(p);
+        });
+        // The release, on the model's thread (see `displacement_races_a_release`).
+        drop(p);
+        canceller.join().unwrap();
+        waiter.join().unwrap();
+        let s = g.stats();
+        assert_eq!(s.cancelled + s.admitted_queued, 2, "{s:?}");
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn a_displacement_races_its_victims_cancel() {
+    loom::model(|| {
+        // N = 1, Q = 1: a class-0 arrival finds the queue full of one
+        // class-1 waiter, which leaves meanwhile; the arrival queues
+        // either way (displacing it or taking its place) and is served.
+        let g = two_classes(1, 1);
+        let p = g.try_admit_owned_at(0).unwrap();
+        let low = queued_at(&g, 1);
+        let g1 = g.clone();
+        let arrival = thread::spawn(move || {
+            let p = block_on(g1.admit_owned_at(0)).expect("class 0 is served");
+            check_caps(&g1);
+            drop(p);
+        });
+        drop(low);
+        let s = g.stats();
+        assert!(s.displaced + s.cancelled <= 1, "{s:?}");
+        check_caps(&g);
+        drop(p);
+        arrival.join().unwrap();
+        let s = g.stats();
+        assert_eq!(s.displaced + s.cancelled, 1, "{s:?}");
+        check_drained(&g, 1);
     });
 }

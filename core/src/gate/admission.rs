@@ -107,18 +107,19 @@ impl AdmissionGate {
                 Err(TryAdmitError::WouldWait)
             }
             // A gate with a wait limit admits under the mutex, where the
-            // wait count lives; so does a request that may use a reserved
-            // slot while only less important classes wait.
-            Err(w) => self.try_admit_locked(class, w),
+            // wait count lives; a request that may use a reserved slot
+            // while only less important classes wait looks at the classes'
+            // counts (lock-free queues) or under the mutex (the table).
+            Err(w) => self.try_admit_slow(class, w),
         }
     }
 
-    /// [`try_admit`](Self::try_admit) on a gate with a wait limit. Out of
-    /// line and cold, so that the lock-free `try_admit` stays small enough
-    /// to inline into its callers.
+    /// [`try_admit`](Self::try_admit) on a gate with a wait limit, or with
+    /// classes while someone waits. Out of line and cold, so that the
+    /// lock-free `try_admit` stays small enough to inline into its callers.
     #[cold]
     #[inline(never)]
-    fn try_admit_locked(
+    fn try_admit_slow(
         &self,
         class: usize,
         seen: super::state::Word,
@@ -126,7 +127,7 @@ impl AdmissionGate {
         if seen.closed() || !self.raw.classes.room(class, seen) {
             return Err(TryAdmitError::WouldWait);
         }
-        match self.raw.try_direct_locked(class) {
+        match self.raw.try_direct_slow(class) {
             Ok(()) => {
                 self.raw.counters.admitted_direct.add(1);
                 Ok(Permit::new(self))

@@ -34,8 +34,8 @@ impl RawGate {
             Enqueued::Direct(_) => return Ok(()),
             Enqueued::Rejected(e, _) => return Err(e),
             Enqueued::Queued(idx, gen) => {
-                if let Some(fifo) = &self.fifo {
-                    return self.lf_block(fifo, class, (idx, gen), give_up);
+                if self.lock_free() {
+                    return self.lf_block((idx, gen), give_up);
                 }
                 idx
             }

@@ -1,11 +1,14 @@
-//! The raw gate on the lock-free queue (`fifo.rs`): every path of a gate
-//! with one class, no adaptive LIFO and no wait limit. Enqueue, handoff,
+//! The raw gate on the lock-free queues (`fifo.rs`, one per priority
+//! class): every path of a gate with no adaptive LIFO and no wait limit.
+//! A gate with one class counts its waiters in the state word alone (this
+//! module); with several, each class also has its own count (`classes.rs`,
+//! which gives that protocol). Enqueue, handoff,
 //! cancel (of a future, a callback ticket, a blocking wait that times out),
 //! queue-deadline expiry and close take no lock; `set_limit` takes the
 //! gate's mutex only to serialize with other `set_limit` calls. The queue's
 //! own cold paths lock and allocate when its storage runs out (`fifo.rs`).
 //!
-//! # The count
+//! # The count (one class)
 //!
 //! The state word's `queued` counts the waiters no slot is promised to yet;
 //! `running` counts held slots, slots promised to a waiter on their way to
@@ -44,14 +47,15 @@ use std::time::{Duration, Instant};
 use crate::sync::{lock, park, park_timeout, spin_wait, Ordering};
 
 use super::callback::dispatch;
+use super::config::MAX_CLASSES;
 use super::error::AdmitError;
-use super::fifo::{Fifo, Places, Pushed, Status, Then, Told};
+use super::fifo::{Places, Pushed, Status, Then, Told, MAX_CELLS};
 use super::permit::OwnedPermit;
 use super::raw::{is_due, Enqueued, RawGate};
 use super::state::{Word, CLOSED, ONE_QUEUED, ONE_RUNNING};
 use super::stats::bump;
 use super::table::Waiter;
-use super::tell::{with_thread_waker, Tell};
+use super::tell::with_thread_waker;
 
 /// The outcome a cell's status holds, if it holds one.
 #[inline]
@@ -63,10 +67,46 @@ fn outcome(status: Status) -> Option<Result<(), AdmitError>> {
     }
 }
 
-impl Places for RawGate {
+/// Where a queued waiter's handle keeps its class: above its cell.
+const CLASS_SHIFT: u32 = 28;
+
+const _: () = assert!(MAX_CELLS < 1 << CLASS_SHIFT && MAX_CLASSES <= 8);
+
+/// A queued waiter's handle: its class and its cell in that class's queue.
+#[inline]
+pub(super) fn waiter_id(class: usize, cell: u32) -> u32 {
+    (class as u32) << CLASS_SHIFT | cell
+}
+
+/// The class and cell of a queued waiter's handle.
+#[inline]
+pub(super) fn split_id(id: u32) -> (usize, u32) {
+    ((id >> CLASS_SHIFT) as usize, id & ((1 << CLASS_SHIFT) - 1))
+}
+
+/// Waiter cells a class's queue needs room for: its waiters (within the
+/// gate's queue limit `queue` and the class's `class_queue`), and as many
+/// granted ones not yet looking as the limit allows.
+pub(super) fn queue_cells(queue: u32, class_queue: u32, limit: u32) -> usize {
+    (queue.min(class_queue) as usize + limit as usize).max(1)
+}
+
+/// The count a leaving waiter of `class` gives its place back to: the word's
+/// `queued` (one class), or its class's count and then the word's total
+/// (several, `classes.rs`).
+pub(super) struct Leaving<'a> {
+    pub(super) gate: &'a RawGate,
+    pub(super) class: usize,
+}
+
+impl Places for Leaving<'_> {
     fn give_back(&self) -> bool {
+        if self.gate.classes.count > 1 {
+            return self.gate.give_back_counted(self.class);
+        }
+        let state = &self.gate.state;
         // Acquire: the first guess; the CAS orders.
-        let mut cur = self.state.load(Ordering::Acquire);
+        let mut cur = state.load(Ordering::Acquire);
         loop {
             let w = Word(cur);
             // With nobody counted, the same value, as a read-modify-write:
@@ -77,10 +117,7 @@ impl Places for RawGate {
                 cur
             };
             // AcqRel: see the module docs. Acquire on failure: a new guess.
-            match self
-                .state
-                .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match state.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return new != cur,
                 Err(actual) => cur = actual,
             }
@@ -89,9 +126,18 @@ impl Places for RawGate {
 }
 
 impl RawGate {
+    /// Whether this gate queues on the lock-free queues (else in the table).
+    #[inline(always)]
+    pub(super) fn lock_free(&self) -> bool {
+        !self.fifos.is_empty()
+    }
+
     /// The locked part of an admission, without a lock: admit directly,
     /// reject, or count the waiter and push its cell.
-    pub(super) fn lf_enqueue(&self, fifo: &Fifo<Tell>, class: usize, waiter: Waiter) -> Enqueued {
+    pub(super) fn lf_enqueue(&self, class: usize, waiter: Waiter) -> Enqueued {
+        if self.classes.count > 1 {
+            return self.enqueue_counted(class, waiter);
+        }
         // Acquire: as the first load of `enqueue`.
         let mut cur = self.state.load(Ordering::Acquire);
         loop {
@@ -103,7 +149,7 @@ impl RawGate {
                 cur + ONE_RUNNING
             } else if w.queued() < self.queue_limit.min(self.classes.queue[class]) {
                 cur + ONE_QUEUED
-            } else if self.deadlines && self.lf_expire(fifo) > 0 {
+            } else if self.deadlines && self.lf_expire() > 0 {
                 // Acquire: as the first load.
                 cur = self.state.load(Ordering::Acquire);
                 continue;
@@ -126,6 +172,14 @@ impl RawGate {
                 Err(actual) => cur = actual,
             }
         }
+        self.lf_push(class, waiter)
+    }
+
+    /// Pushes a counted waiter of `class` into its class's queue: queued
+    /// there, or admitted at once when a slot was already left at its
+    /// position.
+    pub(super) fn lf_push(&self, class: usize, waiter: Waiter) -> Enqueued {
+        let fifo = &self.fifos[class];
         bump(&self.counters.enqueued, 1);
         let (cell, gen) = fifo
             .take_cell()
@@ -139,7 +193,7 @@ impl RawGate {
             Waiter::Task(None) | Waiter::None => {}
         }
         match fifo.push(cell, self.clock.now_nanos(), detached) {
-            Pushed::Queued => Enqueued::Queued(cell, gen),
+            Pushed::Queued => Enqueued::Queued(waiter_id(class, cell), gen),
             Pushed::Granted => {
                 // A slot was left at our position: we hold it.
                 bump(&self.counters.admitted_queued, 1);
@@ -160,27 +214,32 @@ impl RawGate {
     /// contention, a load first would fetch the word's cache line twice).
     /// If waiters were counted, the freed slot is then handed on.
     #[inline]
-    pub(super) fn lf_release(&self, fifo: &Fifo<Tell>) {
+    pub(super) fn lf_release(&self) {
         // Release: our use of the slot happens-before its next admission
         // (a direct admitter's Acquire CAS, or a promise's AcqRel).
         let old = Word(self.state.fetch_sub(ONE_RUNNING, Ordering::Release));
         debug_assert!(old.running() > 0, "release without a held slot");
         if old.queued() > 0 {
-            self.lf_hand_on(fifo);
+            self.lf_hand_on();
         }
     }
 
-    /// Hands free slots to the counted waiters, oldest first, after
-    /// expiring due ones: what a release that saw waiters, and a raised
-    /// limit, leave to do. No arrival takes a free slot meanwhile: a direct
-    /// admission needs `queued == 0`.
+    /// Hands free slots to the counted waiters, oldest first (of the most
+    /// important class, `classes.rs`), after expiring due ones: what a
+    /// release that saw waiters, and a raised limit, leave to do. No
+    /// arrival takes a free slot ahead of a waiter of its class or a more
+    /// important one meanwhile: a direct admission needs `queued == 0`, or
+    /// with classes nobody counted in those classes.
     #[inline(never)]
-    fn lf_hand_on(&self, fifo: &Fifo<Tell>) {
+    fn lf_hand_on(&self) {
         if self.deadlines {
-            self.lf_expire(fifo);
+            self.lf_expire();
+        }
+        if self.classes.count > 1 {
+            return self.hand_on_counted();
         }
         while self.lf_promise_free_slot() {
-            if self.lf_deliver(fifo) {
+            if self.lf_deliver() {
                 // A leaving waiter refused it: free it again, and look
                 // again. Release: as in `lf_release`.
                 self.state.fetch_sub(ONE_RUNNING, Ordering::Release);
@@ -190,7 +249,7 @@ impl RawGate {
 
     /// Promises a free slot to the counted waiters (`running + 1, queued -
     /// 1`) if someone is counted, a slot is free under the limit and the
-    /// gate is open.
+    /// gate is open (one class).
     fn lf_promise_free_slot(&self) -> bool {
         // Acquire: a guess; the CAS orders.
         let mut cur = self.state.load(Ordering::Acquire);
@@ -213,31 +272,37 @@ impl RawGate {
         }
     }
 
-    /// Delivers a slot just promised; true if it came back (a leaving
-    /// waiter refused it: the caller holds it again).
-    fn lf_deliver(&self, fifo: &Fifo<Tell>) -> bool {
-        match fifo.resume() {
+    /// Delivers a slot just promised to a waiter of `class`; true if it
+    /// came back (a leaving waiter refused it: the caller holds it again).
+    pub(super) fn lf_deliver_to(&self, class: usize) -> bool {
+        match self.fifos[class].resume() {
             Then::Nothing => false,
             Then::Wake(told) => {
-                self.lf_tell(fifo, told, Ok(()));
+                self.lf_tell(class, told, Ok(()));
                 false
             }
             Then::Release => true,
         }
     }
 
-    /// Does what a queue operation left to do.
-    fn lf_after(&self, fifo: &Fifo<Tell>, then: Then) {
+    /// [`lf_deliver_to`](Self::lf_deliver_to) the one class.
+    fn lf_deliver(&self) -> bool {
+        self.lf_deliver_to(0)
+    }
+
+    /// Does what an operation on `class`'s queue left to do.
+    pub(super) fn lf_after(&self, class: usize, then: Then) {
         match then {
             Then::Nothing => {}
-            Then::Wake(told) => self.lf_tell(fifo, told, Ok(())),
-            Then::Release => self.lf_release(fifo),
+            Then::Wake(told) => self.lf_tell(class, told, Ok(())),
+            Then::Release => self.lf_release(),
         }
     }
 
-    /// Tells a resolved waiter: wakes its task or thread, or calls its
-    /// callback (freeing its cell first: see `tell.rs`).
-    fn lf_tell(&self, fifo: &Fifo<Tell>, told: Told, outcome: Result<(), AdmitError>) {
+    /// Tells a resolved waiter of `class`: wakes its task or thread, or
+    /// calls its callback (freeing its cell first: see `tell.rs`).
+    pub(super) fn lf_tell(&self, class: usize, told: Told, outcome: Result<(), AdmitError>) {
+        let fifo = &self.fifos[class];
         if outcome.is_ok() {
             bump(&self.counters.admitted_queued, 1);
             self.waits
@@ -255,14 +320,11 @@ impl RawGate {
         }
     }
 
-    /// A queued future's poll: its outcome (the cell is freed), or
-    /// `Pending` with its waker registered.
-    pub(super) fn lf_poll(
-        &self,
-        fifo: &Fifo<Tell>,
-        cell: u32,
-        waker: &Waker,
-    ) -> Poll<Result<(), AdmitError>> {
+    /// A queued future's poll (waiter `id`): its outcome (the cell is
+    /// freed), or `Pending` with its waker registered.
+    pub(super) fn lf_poll(&self, id: u32, waker: &Waker) -> Poll<Result<(), AdmitError>> {
+        let (class, cell) = split_id(id);
+        let fifo = &self.fifos[class];
         if let Some(o) = outcome(fifo.status(cell).1) {
             fifo.free_cell(cell);
             return Poll::Ready(o);
@@ -278,19 +340,21 @@ impl RawGate {
         Poll::Pending
     }
 
-    /// Takes a non-detached cell of generation `gen` out of the queue for
-    /// its owner (a dropped future, a blocking wait that gave up): true if
-    /// it left; false if it had an outcome, which is taken (a grant is
-    /// released) and its cell freed.
-    pub(super) fn lf_cancel(&self, fifo: &Fifo<Tell>, cell: u32, gen: u32) -> bool {
-        if self.lf_leave(fifo, cell, gen, None) {
+    /// Takes a non-detached waiter `id` of generation `gen` out of the
+    /// queue for its owner (a dropped future, a blocking wait that gave
+    /// up): true if it left; false if it had an outcome, which is taken (a
+    /// grant is released) and its cell freed.
+    pub(super) fn lf_cancel(&self, id: u32, gen: u32) -> bool {
+        let (class, cell) = split_id(id);
+        if self.lf_leave(class, cell, gen, None) {
             return true;
         }
+        let fifo = &self.fifos[class];
         loop {
             match fifo.status(cell).1 {
                 Status::Granted => {
                     fifo.free_cell(cell);
-                    self.lf_release(fifo);
+                    self.lf_release();
                     return false;
                 }
                 Status::Rejected(_) => {
@@ -304,81 +368,105 @@ impl RawGate {
         }
     }
 
-    /// Takes its own non-detached cell out of the queue, cancelled
-    /// (`reason` `None`) or rejected: true if it was queued (its cell is
-    /// freed); false if it has an outcome or is being rejected.
-    fn lf_leave(&self, fifo: &Fifo<Tell>, cell: u32, gen: u32, reason: Option<AdmitError>) -> bool {
-        let Some(then) = fifo.leave(cell, gen, reason, self) else {
+    /// Takes its own non-detached cell of `class` out of the queue,
+    /// cancelled (`reason` `None`) or rejected: true if it was queued (its
+    /// cell is freed); false if it has an outcome or is being rejected.
+    fn lf_leave(&self, class: usize, cell: u32, gen: u32, reason: Option<AdmitError>) -> bool {
+        let fifo = &self.fifos[class];
+        let Some(then) = fifo.leave(cell, gen, reason, &Leaving { gate: self, class }) else {
             return false;
         };
         fifo.payload(cell).forget();
         fifo.free_cell(cell);
         match reason {
             None => bump(&self.counters.cancelled, 1),
-            Some(_) => bump(&self.counters.class[0].expired, 1),
+            Some(_) => bump(&self.counters.class[class].expired, 1),
         }
-        self.lf_after(fifo, then);
+        self.lf_after(class, then);
         true
     }
 
-    /// A callback ticket's cancel: true if the request was still queued (its
-    /// callback, dropped here, will not be called).
-    pub(super) fn lf_cancel_callback(&self, fifo: &Fifo<Tell>, cell: u32, gen: u32) -> bool {
-        let Some(then) = fifo.leave(cell, gen, None, self) else {
+    /// A callback ticket's cancel (waiter `id`): true if the request was
+    /// still queued (its callback, dropped here, will not be called).
+    pub(super) fn lf_cancel_callback(&self, id: u32, gen: u32) -> bool {
+        let (class, cell) = split_id(id);
+        let fifo = &self.fifos[class];
+        let Some(then) = fifo.leave(cell, gen, None, &Leaving { gate: self, class }) else {
             return false;
         };
         let stale = fifo.payload(cell).take_callback();
         fifo.free_cell(cell);
         bump(&self.counters.cancelled, 1);
-        self.lf_after(fifo, then);
+        self.lf_after(class, then);
         drop(stale);
         true
     }
 
-    /// Rejects every due waiter from the head; how many.
-    pub(super) fn lf_expire(&self, fifo: &Fifo<Tell>) -> usize {
-        let Some(timeout) = self.classes.timeout[0] else {
-            return 0;
-        };
-        let now = self.clock.now_nanos();
-        let n = fifo.reject_from_head(
-            AdmitError::QueueTimeout,
-            |at| is_due(at, timeout, now),
-            usize::MAX,
-            self,
-            |told, then| {
-                self.lf_tell(fifo, told, Err(AdmitError::QueueTimeout));
-                self.lf_after(fifo, then);
-            },
-        );
-        bump(&self.counters.class[0].expired, n as u64);
-        n
+    /// Whether callback request `id` is still queued.
+    pub(super) fn lf_queued(&self, id: u32, gen: u32) -> bool {
+        let (class, cell) = split_id(id);
+        self.fifos[class].status(cell) == (gen, Status::Queued)
     }
 
-    /// When the oldest queued waiter is due, if one is queued and the gate
-    /// has a deadline.
-    pub(super) fn lf_next_deadline(&self, fifo: &Fifo<Tell>) -> Option<u64> {
-        let timeout = self.classes.timeout[0]?;
-        fifo.oldest_enqueued_at()
-            .map(|at| at.saturating_add(timeout))
+    /// Rejects every due waiter from each class's head; how many.
+    pub(super) fn lf_expire(&self) -> usize {
+        let now = self.clock.now_nanos();
+        let mut total = 0;
+        for class in 0..self.classes.count {
+            let Some(timeout) = self.classes.timeout[class] else {
+                continue;
+            };
+            let n = self.lf_reject_from_head(class, AdmitError::QueueTimeout, |at| {
+                is_due(at, timeout, now)
+            });
+            bump(&self.counters.class[class].expired, n as u64);
+            total += n;
+        }
+        total
+    }
+
+    /// Rejects `class`'s queued waiters with `reason` from the oldest on
+    /// while `due` says yes to their queue time; how many.
+    fn lf_reject_from_head(
+        &self,
+        class: usize,
+        reason: AdmitError,
+        due: impl Fn(u64) -> bool,
+    ) -> usize {
+        self.fifos[class].reject_from_head(
+            reason,
+            due,
+            usize::MAX,
+            &Leaving { gate: self, class },
+            |told, then| {
+                self.lf_tell(class, told, Err(reason));
+                self.lf_after(class, then);
+            },
+        )
+    }
+
+    /// When the first queued waiter is due, if one is queued in a class
+    /// with a deadline.
+    pub(super) fn lf_next_deadline(&self) -> Option<u64> {
+        (0..self.classes.count)
+            .filter_map(|class| {
+                let timeout = self.classes.timeout[class]?;
+                self.fifos[class]
+                    .oldest_enqueued_at()
+                    .map(|at| at.saturating_add(timeout))
+            })
+            .min()
     }
 
     /// Sets `closed` and rejects every queued waiter (module docs).
-    pub(super) fn lf_close(&self, fifo: &Fifo<Tell>) {
+    pub(super) fn lf_close(&self) {
         // AcqRel: as any change of `closed`; ordered before the scans.
         self.state.fetch_or(CLOSED, Ordering::AcqRel);
         loop {
-            let n = fifo.reject_from_head(
-                AdmitError::Closed,
-                |_| true,
-                usize::MAX,
-                self,
-                |told, then| {
-                    self.lf_tell(fifo, told, Err(AdmitError::Closed));
-                    self.lf_after(fifo, then);
-                },
-            );
-            self.counters.closed(0, n as u64);
+            for class in 0..self.classes.count {
+                let n = self.lf_reject_from_head(class, AdmitError::Closed, |_| true);
+                self.counters.closed(class, n as u64);
+            }
             // Acquire: pairs with the counting CAS of a waiter still on its
             // way to its push.
             if Word(self.state.load(Ordering::Acquire)).queued() == 0 {
@@ -389,29 +477,34 @@ impl RawGate {
     }
 
     /// Sets the engine limit, then expires due waiters and hands the slots
-    /// a raised limit frees to the oldest waiters.
-    pub(super) fn lf_set_limit(&self, fifo: &Fifo<Tell>, limit: u32) {
+    /// a raised limit frees to the waiters.
+    pub(super) fn lf_set_limit(&self, limit: u32) {
         {
             // Serializes limit changes (cold path); the word itself is
             // changed by a CAS loop, as releases may move it meanwhile.
             let _serial = lock(&self.table);
             // Cold path: room for every waiter the new limit may leave
             // granted and not yet looking, and the queue behind them.
-            fifo.reserve(self.queue_limit as usize + limit as usize, limit as usize);
+            for (class, fifo) in self.fifos.iter().enumerate() {
+                fifo.reserve(
+                    queue_cells(self.queue_limit, self.classes.queue[class], limit),
+                    limit as usize,
+                );
+            }
             self.update(|w| Word::new(w.running(), w.queued(), limit, w.closed()));
         }
-        self.lf_hand_on(fifo);
+        self.lf_hand_on();
     }
 
-    /// A blocking waiter's wait from its push (cell `cell` of generation
+    /// A blocking waiter's wait from its push (waiter `id` of generation
     /// `gen`) until its outcome, its queue deadline or `give_up`.
     pub(super) fn lf_block(
         &self,
-        fifo: &Fifo<Tell>,
-        class: usize,
-        (cell, gen): (u32, u32),
+        (id, gen): (u32, u32),
         give_up: Option<Instant>,
     ) -> Result<(), AdmitError> {
+        let (class, cell) = split_id(id);
+        let fifo = &self.fifos[class];
         let tell = fifo.payload(cell);
         loop {
             // Again before every check: see `tell.rs`.
@@ -425,10 +518,10 @@ impl RawGate {
                 let now = self.clock.now_nanos();
                 let due = fifo.enqueued_at(cell).saturating_add(timeout);
                 if now >= due {
-                    self.lf_expire(fifo);
+                    self.lf_expire();
                     // Expiry stops at the first waiter not due; one ahead
                     // of us may have read the clock a moment later.
-                    if self.lf_leave(fifo, cell, gen, Some(AdmitError::QueueTimeout)) {
+                    if self.lf_leave(class, cell, gen, Some(AdmitError::QueueTimeout)) {
                         return Err(AdmitError::QueueTimeout);
                     }
                     continue;
@@ -438,7 +531,7 @@ impl RawGate {
             if let Some(give_up) = give_up {
                 let now = Instant::now();
                 if now >= give_up {
-                    if self.lf_leave(fifo, cell, gen, None) {
+                    if self.lf_leave(class, cell, gen, None) {
                         return Err(AdmitError::TimedOut);
                     }
                     // Resolved meanwhile (or being rejected): its outcome

@@ -7,22 +7,30 @@
 //! (`running`, `queued`, `limit`, `closed`; see `state.rs`) and a queue of
 //! waiters. Which queue depends on the configuration:
 //!
-//! * **One class, no adaptive LIFO, no wait limit** (the default gate, and
-//!   the reference's): the lock-free cancellable queue of `fifo.rs` (CQS
-//!   over pooled segments), driven by `lockfree.rs`. Every path takes no
-//!   lock: direct admission, rejection, enqueue, handoff, a future's poll
-//!   and cancel, a callback ticket's cancel, a blocking wait and its
-//!   timeout, queue-deadline expiry, `close`, statistics. `set_limit`
-//!   takes the gate's mutex to serialize limit changes (and may grow the
-//!   queue's storage); the queue's storage, reserved for `Q + N` waiters
-//!   when the gate is built, grows under its own lock only when rejected
-//!   waiters that have not looked yet hold every cell (`fifo.rs`).
-//!   `lockfree.rs` gives the protocol between the word and the queue.
-//! * **Priority classes, adaptive LIFO or a wait limit**: a waiter table
-//!   behind a `Mutex<Table>` (one intrusive FIFO list of cells per class;
-//!   see `table.rs`), described in the rest of these docs. Direct
-//!   admission, release while nobody waits, rejection, a future's poll and
-//!   cancel stay lock-free there; the queue's other paths take the mutex.
+//! * **No adaptive LIFO, no wait limit** (the default gate, the
+//!   reference's, and gates with priority classes): the lock-free
+//!   cancellable queue of `fifo.rs` (CQS over pooled segments), one per
+//!   class, driven by `lockfree.rs`; with several classes each class also
+//!   keeps its own count behind the word's total (`classes.rs`). Every
+//!   path takes no lock: direct admission, rejection, enqueue,
+//!   displacement, handoff, a future's poll and cancel, a callback
+//!   ticket's cancel, a blocking wait and its timeout, queue-deadline
+//!   expiry, `close`, statistics. `set_limit` takes the gate's mutex to
+//!   serialize limit changes (and may grow the queues' storage); each
+//!   queue's storage, reserved when the gate is built for its class's
+//!   waiters and `N` granted ones, grows under its own lock only when
+//!   rejected waiters that have not looked yet hold every cell
+//!   (`fifo.rs`). `lockfree.rs` and `classes.rs` give the protocol between
+//!   the word, the counts and the queues. Two waits are not lock-free in
+//!   the strict sense, each for another thread a few instructions from
+//!   done: `close` for an arrival between its count and its push, and an
+//!   arrival of a gate with classes that finds the queue full for a place
+//!   between its two counts (`classes.rs`).
+//! * **Adaptive LIFO or a wait limit**: a waiter table behind a
+//!   `Mutex<Table>` (one intrusive FIFO list of cells per class; see
+//!   `table.rs`), described in the rest of these docs. Direct admission,
+//!   release while nobody waits, rejection, a future's poll and cancel
+//!   stay lock-free there; the queue's other paths take the mutex.
 //!
 //! # The locked table: what is lock-free and what takes the mutex
 //!
@@ -168,6 +176,7 @@ mod blocking;
 mod callback;
 mod cell;
 mod chunks;
+mod classes;
 mod config;
 mod error;
 mod fifo;

@@ -39,13 +39,14 @@ use std::task::{Poll, Waker};
 use crossbeam_utils::CachePadded;
 
 use crate::clock::SharedClock;
-use crate::sync::{lock, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 
 use super::cell::{Cells, Status};
 use super::config::{GateConfig, MAX_CLASSES};
 use super::error::AdmitError;
 use super::fifo::Fifo;
 use super::future::WakerId;
+use super::lockfree::queue_cells;
 use super::state::{Word, CLOSED, ONE_QUEUED, ONE_RUNNING};
 use super::stats::{bump, Counters, GateStats, Gauges};
 use super::table::{Table, Waiter, NIL};
@@ -165,10 +166,13 @@ pub(super) struct RawGate {
     /// Set by a lock-free cancel (it cannot recompute the hint): the next
     /// `next_deadline` recomputes it under the mutex.
     head_stale: AtomicBool,
-    /// The lock-free queue, for a gate with one class, no adaptive LIFO
-    /// and no wait limit (`lockfree.rs`); the table's mutex then only
-    /// serializes `set_limit`. Other gates queue in the table.
-    pub(super) fifo: Option<Fifo<Tell>>,
+    /// The lock-free queues, one per class, for a gate with no adaptive
+    /// LIFO and no wait limit (`lockfree.rs`); the table's mutex then only
+    /// serializes `set_limit`. Empty for a gate that queues in the table.
+    pub(super) fifos: Box<[Fifo<Tell>]>,
+    /// With several classes on the lock-free queues, each class's count of
+    /// waiters no slot is promised to yet (`classes.rs`); empty otherwise.
+    pub(super) class_counts: Box<[CachePadded<AtomicU32>]>,
     /// The queue-wait histogram.
     pub(super) waits: Waits,
     pub(super) table: Mutex<Table>,
@@ -198,8 +202,17 @@ impl RawGate {
     pub(super) fn new(config: &GateConfig, clock: SharedClock) -> Self {
         let (limit, queue) = (config.limit, config.queue);
         let classes = Classes::new(config);
-        let lock_free = classes.count == 1 && !config.adaptive_lifo && config.wait_limit.is_none();
-        let fifo = lock_free.then(|| Fifo::new(queue as usize + limit as usize, limit as usize));
+        let lock_free = !config.adaptive_lifo && config.wait_limit.is_none();
+        let fifos = (0..if lock_free { classes.count } else { 0 })
+            .map(|k| Fifo::new(queue_cells(queue, classes.queue[k], limit), limit as usize))
+            .collect();
+        let class_counts = (0..if lock_free && classes.count > 1 {
+            classes.count
+        } else {
+            0
+        })
+            .map(|_| CachePadded::new(AtomicU32::new(0)))
+            .collect();
         // The table's cells, for a gate that queues there.
         let capacity = if lock_free {
             0
@@ -214,7 +227,8 @@ impl RawGate {
             counters: CachePadded::new(Counters::new(classes.count)),
             head_deadline: HintWord::new(NO_DEADLINE),
             head_stale: AtomicBool::new(false),
-            fifo,
+            fifos,
+            class_counts,
             waits: Waits::new(),
             table: Mutex::new(Table::new(capacity)),
             cells: Cells::new(capacity),
@@ -252,12 +266,17 @@ impl RawGate {
         // classes reads them under the mutex too, once cancelled cells are
         // unlinked.
         let mut wakes = WakeList::new();
-        let t = (self.wait_limit.is_some() || self.classes.count > 1)
+        let t = (!self.lock_free() && (self.wait_limit.is_some() || self.classes.count > 1))
             .then(|| self.drained(lock(&self.table), &mut wakes));
         let word = Word(self.state.load(Ordering::Acquire));
         let mut class_queued = [0; MAX_CLASSES];
         match &t {
             Some(t) => class_queued = t.len,
+            None if self.classes.count > 1 => {
+                for (k, queued) in class_queued.iter_mut().take(self.classes.count).enumerate() {
+                    *queued = self.counted(k);
+                }
+            }
             None => class_queued[0] = word.queued(),
         }
         let stats = self.counters.snapshot(Gauges {
@@ -360,11 +379,12 @@ impl RawGate {
         if !self.deadlines {
             return false;
         }
-        let due = match &self.fifo {
-            Some(fifo) => self.lf_next_deadline(fifo),
+        let due = if self.lock_free() {
+            self.lf_next_deadline()
+        } else {
             // Acquire, pairing with the Release in `sync_head`; the slow path
             // re-checks under the mutex, so a stale value costs only a delay.
-            None => Some(self.head_deadline.load(Ordering::Acquire)).filter(|&d| d != NO_DEADLINE),
+            Some(self.head_deadline.load(Ordering::Acquire)).filter(|&d| d != NO_DEADLINE)
         };
         due.is_some_and(|d| self.clock.now_nanos() >= d)
     }
@@ -375,8 +395,8 @@ impl RawGate {
     /// ([`grant_waiting`](Self::grant_waiting)).
     #[inline]
     pub(super) fn release_slot(&self) {
-        if let Some(fifo) = &self.fifo {
-            return self.lf_release(fifo);
+        if self.lock_free() {
+            return self.lf_release();
         }
         // Release, pairing with the next admitter's Acquire (direct CAS, or a
         // load under the mutex): our use of the slot happens-before its next
@@ -396,8 +416,8 @@ impl RawGate {
 
     /// The head-deadline hint, or `None` when nobody is queued.
     pub(super) fn next_deadline(&self) -> Option<u64> {
-        if let Some(fifo) = &self.fifo {
-            return self.lf_next_deadline(fifo);
+        if self.lock_free() {
+            return self.lf_next_deadline();
         }
         // Acquire, pairing with the Release in `cancelled`: the cells it
         // cancelled are seen as such.
@@ -441,8 +461,8 @@ impl RawGate {
 
     /// The locked part of an admission of `class`.
     pub(super) fn enqueue(&self, class: usize, waiter: Waiter, wakes: &mut WakeList) -> Enqueued {
-        if let Some(fifo) = &self.fifo {
-            return self.lf_enqueue(fifo, class, waiter);
+        if self.lock_free() {
+            return self.lf_enqueue(class, waiter);
         }
         // The queue lengths below count only live waiters once the
         // cancelled cells are unlinked.
@@ -873,8 +893,8 @@ impl RawGate {
         registered: &mut WakerId,
         waker: &Waker,
     ) -> Poll<Result<(), AdmitError>> {
-        if let Some(fifo) = &self.fifo {
-            return self.lf_poll(fifo, idx, waker);
+        if self.lock_free() {
+            return self.lf_poll(idx, waker);
         }
         if let Some(outcome) = self.cells.load(idx).1.outcome() {
             self.cells.free(idx);
@@ -911,8 +931,8 @@ impl RawGate {
     /// but not resolved yet, whose outcome the mutex holder is about to
     /// store; the cancel takes the mutex once to let it finish.
     pub(super) fn cancel_cell(&self, idx: u32, gen: u32) {
-        if let Some(fifo) = &self.fifo {
-            self.lf_cancel(fifo, idx, gen);
+        if self.lock_free() {
+            self.lf_cancel(idx, gen);
             return;
         }
         loop {
@@ -973,8 +993,8 @@ impl RawGate {
     /// end with the cancel, not with whichever operation next drains the
     /// cancelled stack (a gate nobody uses again would never be dropped).
     pub(super) fn cancel_callback(&self, idx: u32, gen: u32) -> bool {
-        if let Some(fifo) = &self.fifo {
-            return self.lf_cancel_callback(fifo, idx, gen);
+        if self.lock_free() {
+            return self.lf_cancel_callback(idx, gen);
         }
         let mut t = lock(&self.table);
         if !self.cells.mark_cancelled(idx, gen) {
@@ -990,8 +1010,8 @@ impl RawGate {
 
     /// Whether a callback request is still queued (no lock).
     pub(super) fn callback_queued(&self, idx: u32, gen: u32) -> bool {
-        if let Some(fifo) = &self.fifo {
-            return fifo.status(idx) == (gen, super::fifo::Status::Queued);
+        if self.lock_free() {
+            return self.lf_queued(idx, gen);
         }
         self.cells.load(idx) == (gen, Status::Queued)
     }
@@ -1006,8 +1026,8 @@ impl RawGate {
     /// Sets the engine limit (already checked), granting the slots it frees
     /// to waiters (see [`grant_waiting`](Self::grant_waiting)).
     pub(super) fn set_limit(&self, limit: u32) {
-        if let Some(fifo) = &self.fifo {
-            return self.lf_set_limit(fifo, limit);
+        if self.lock_free() {
+            return self.lf_set_limit(limit);
         }
         {
             let mut t = lock(&self.table);
@@ -1072,8 +1092,8 @@ impl RawGate {
     /// Sets `closed` and rejects every queued waiter, one wake batch at a
     /// time.
     pub(super) fn close(&self) {
-        if let Some(fifo) = &self.fifo {
-            return self.lf_close(fifo);
+        if self.lock_free() {
+            return self.lf_close();
         }
         self.in_batches(|t, wakes| {
             // AcqRel: the rule for RMWs under the mutex.
@@ -1107,8 +1127,8 @@ impl RawGate {
         if !self.deadlines {
             return 0;
         }
-        if let Some(fifo) = &self.fifo {
-            return self.lf_expire(fifo);
+        if self.lock_free() {
+            return self.lf_expire();
         }
         let mut total = 0;
         self.in_batches(|t, wakes| {

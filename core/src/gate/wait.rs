@@ -81,11 +81,16 @@ impl RawGate {
         }
     }
 
-    /// `try_admit` of `class` under the mutex (a gate with a wait limit, or
-    /// with classes while someone waits): admits if a request slot within
-    /// the class's share and a wait slot are free and nobody of the class or
-    /// a more important one is queued; the word seen otherwise.
-    pub(super) fn try_direct_locked(&self, class: usize) -> Result<(), Word> {
+    /// `try_admit` of `class` on a gate with a wait limit, or with classes
+    /// while someone waits: admits if a request slot within the class's
+    /// share and a wait slot are free and nobody of the class or a more
+    /// important one is queued; the word seen otherwise. Under the mutex,
+    /// but on the lock-free queues (no wait limit there), which decide by
+    /// the classes' counts (`classes.rs`).
+    pub(super) fn try_direct_slow(&self, class: usize) -> Result<(), Word> {
+        if self.lock_free() {
+            return self.try_direct_counted(class);
+        }
         let mut t = lock(&self.table);
         // Nobody of this class or a more important one waits.
         let first = self.first_in_line(&mut t, class);

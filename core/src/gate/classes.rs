@@ -1,0 +1,337 @@
+//! Priority classes on the lock-free queues: one [`Fifo`](super::fifo::Fifo)
+//! per class, each with its own count, behind the state word's total. The
+//! paths shared with a one-class gate (a poll, a cancel, expiry, close)
+//! are in `lockfree.rs`; this module gives the counting, admission and
+//! handoff that classes change.
+//!
+//! # The counts
+//!
+//! * The word's `queued` is the **total**: waiters of every class no slot
+//!   is promised to yet. It alone enforces `Q`, and a direct admission
+//!   with `queued == 0` still takes one CAS.
+//! * Each class `k` has a **count** `c[k]` of its own waiters no slot is
+//!   promised to: the count of `k`'s queue in the cancellable-queue
+//!   protocol (`fifo.rs`). A promise to `k` takes one off `c[k]` before
+//!   resuming `k`'s queue; a leaving waiter of `k` takes one off `c[k]` or,
+//!   if it is 0, refuses the slot on its way.
+//! * The total rises before a count does (an arrival: total, then its
+//!   class) and falls after (a promise, a leave: the class, then the
+//!   total), so `total >= Σ c[k]` at every instant.
+//!
+//! # Admission of class `j`
+//!
+//! Direct when a slot is free within `j`'s share and nobody is counted in a
+//! class `<= j` (no barging within a class or past a more important one).
+//! A less important waiter's handoff may be on its way to the same slot:
+//! the arrival may take it first, as it would have been handed the slot
+//! had it queued just before the release. Otherwise the arrival queues:
+//! total `+ 1` (CAS,
+//! bounded by `Q`), then `c[j] + 1` (CAS, bounded by `j`'s queue limit; a
+//! loss of the race for the class's last place gives the total back),
+//! then its push, then a handoff attempt (below): a slot freed while it
+//! was on its way is found by one of the two.
+//!
+//! With the whole queue full, an arrival *displaces* the newest waiter of
+//! the least important counted class below its own: that waiter leaves
+//! its queue rejected (`Displaced`) and its place passes to the arrival
+//! without touching the total (the victim's leave takes one off its
+//! class's count only). If a promise had taken that class's last count
+//! first, the victim refuses the slot on its way, the total already fell
+//! with the promise, and the arrival counts itself again from the top.
+//!
+//! A full total is not always a full queue: a place may be between its two
+//! counts (an arrival counting itself; a promise or a leave taking one
+//! off). An arrival that would be refused for a full queue while the
+//! counts add up to less than the total waits for that place to settle (a
+//! few instructions away) and decides again: refusing it on a place about
+//! to come free, or not displacing for it, would match no order of the
+//! two operations.
+//!
+//! # Handoff
+//!
+//! A releaser that saw waiters, an arrival after its push and a raised
+//! limit run the same loop: find the most important class with a counted
+//! waiter; *reserve* a slot for it (CAS `running + 1` while the gate is
+//! open and the class has room; reserving first keeps concurrent handoffs
+//! from promising one slot twice); take one off its count; take one off
+//! the total; resume its queue. If the count was taken meanwhile (a leave,
+//! another handoff), the reservation is given back and the loop looks
+//! again.
+//!
+//! # Orderings
+//!
+//! Counts and the total change by `AcqRel` read-modify-writes, as the queue
+//! asks of counting (`lockfree.rs`). One pairing is not a chain of
+//! read-modify-writes on one location: a slot freed (a release, an undone
+//! reservation: the word) while an arrival counts itself (its class's
+//! count). Each side writes its own location and then reads the other's,
+//! so each puts a `SeqCst` fence between the two: by the fences' total
+//! order, either the handoff loop sees the arrival's count, or the
+//! arrival's own handoff attempt sees the free slot.
+
+use std::cell::Cell;
+
+use crate::sync::{fence, spin_wait, Ordering};
+
+use super::error::AdmitError;
+use super::fifo::Places;
+use super::raw::{Enqueued, RawGate};
+use super::state::{Word, ONE_QUEUED, ONE_RUNNING};
+use super::stats::bump;
+use super::table::Waiter;
+
+/// The count a displaced waiter of `class` gives its place back to: its
+/// class's count only, so that the place passes to the arrival that
+/// displaced it. Records whether it did.
+struct Displacing<'a> {
+    gate: &'a RawGate,
+    class: usize,
+    passed: Cell<bool>,
+}
+
+impl Places for Displacing<'_> {
+    fn give_back(&self) -> bool {
+        let passed = self.gate.take_counted(self.class);
+        self.passed.set(passed);
+        passed
+    }
+}
+
+impl RawGate {
+    /// Class `class`'s count of waiters no slot is promised to.
+    #[inline]
+    pub(super) fn counted(&self, class: usize) -> u32 {
+        // Acquire: pairs with the count's AcqRel changes.
+        self.class_counts[class].load(Ordering::Acquire)
+    }
+
+    /// The most important class with a counted waiter.
+    #[inline]
+    fn first_counted(&self) -> Option<usize> {
+        (0..self.classes.count).find(|&k| self.counted(k) > 0)
+    }
+
+    /// Takes one off `class`'s count if it is above 0.
+    pub(super) fn take_counted(&self, class: usize) -> bool {
+        let count = &self.class_counts[class];
+        // Acquire: a guess; the CAS orders.
+        let mut cur = count.load(Ordering::Acquire);
+        while cur > 0 {
+            // AcqRel: see the module docs. Acquire on failure: a new guess.
+            match count.compare_exchange(cur, cur - 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+        false
+    }
+
+    /// Adds one to `class`'s count if it is below the class's queue limit.
+    fn count_in(&self, class: usize) -> bool {
+        let count = &self.class_counts[class];
+        // Acquire: a guess; the CAS orders.
+        let mut cur = count.load(Ordering::Acquire);
+        while cur < self.classes.queue[class] {
+            // AcqRel: see the module docs. Acquire on failure: a new guess.
+            match count.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+        false
+    }
+
+    /// A leaving waiter of `class` gives its place back (see [`Places`]):
+    /// its class's count, then the total.
+    pub(super) fn give_back_counted(&self, class: usize) -> bool {
+        if !self.take_counted(class) {
+            return false;
+        }
+        // AcqRel: as every change of the counts (module docs).
+        self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+        true
+    }
+
+    /// Whether a request of `class` may take a slot at once in word `w`
+    /// (module docs): open, room in its share, and nobody counted in its
+    /// class or a more important one.
+    #[inline]
+    pub(super) fn direct_counted(&self, class: usize, w: Word) -> bool {
+        !w.closed()
+            && self.classes.room(class, w)
+            && (w.queued() == 0 || self.first_counted().is_none_or(|k| k > class))
+    }
+
+    /// The classes' counts added up.
+    fn all_counted(&self) -> u32 {
+        (0..self.classes.count).map(|k| self.counted(k)).sum()
+    }
+
+    /// `try_admit` of `class` while someone waits: CAS `running + 1` while
+    /// admission is direct; the word seen otherwise.
+    pub(super) fn try_direct_counted(&self, class: usize) -> Result<(), Word> {
+        // Acquire: as the first load of an enqueue.
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            let w = Word(cur);
+            if !self.direct_counted(class, w) {
+                return Err(w);
+            }
+            // Acquire: as a direct admission. Acquire on failure: a new
+            // guess.
+            match self.state.compare_exchange(
+                cur,
+                cur + ONE_RUNNING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// The locked part of an admission of `class` on a gate with several
+    /// classes, without a lock (module docs).
+    pub(super) fn enqueue_counted(&self, class: usize, waiter: Waiter) -> Enqueued {
+        // Acquire: as the first load of `enqueue`.
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            let w = Word(cur);
+            if w.closed() {
+                return Enqueued::Rejected(self.refuse_closed(class), waiter);
+            }
+            let class_room = self.counted(class) < self.classes.queue[class];
+            let new = if self.direct_counted(class, w) {
+                cur + ONE_RUNNING
+            } else if class_room && w.queued() < self.queue_limit {
+                cur + ONE_QUEUED
+            } else if let Some(victim) = (class + 1..self.classes.count)
+                .rev()
+                .find(|&k| class_room && self.counted(k) > 0)
+            {
+                if self.displace(victim) {
+                    break; // its place is ours
+                }
+                // Its class's last waiter was promised a slot, or is still
+                // on its way to its push: look again.
+                spin_wait();
+                // Acquire: as the first load.
+                cur = self.state.load(Ordering::Acquire);
+                continue;
+            } else if class_room && self.all_counted() < w.queued() {
+                // A place between its two counts (module docs).
+                spin_wait();
+                // Acquire: as the first load.
+                cur = self.state.load(Ordering::Acquire);
+                continue;
+            } else if self.deadlines && self.classes.queue[class] > 0 && self.lf_expire() > 0 {
+                // Acquire: as the first load.
+                cur = self.state.load(Ordering::Acquire);
+                continue;
+            } else {
+                self.counters.class[class].rejected_capacity.add(1);
+                return Enqueued::Rejected(AdmitError::AtCapacity, waiter);
+            };
+            // AcqRel: Acquire as a direct admission; Release and Acquire as
+            // counting asks. Acquire on failure: a new guess.
+            match self
+                .state
+                .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) if new == cur + ONE_RUNNING => {
+                    self.counters.admitted_direct.add(1);
+                    return Enqueued::Direct(waiter);
+                }
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        // A place in the total is ours: now one in the class.
+        if !self.count_in(class) {
+            // Another arrival of the class took its last place meanwhile.
+            // AcqRel: as every change of the total.
+            self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+            self.counters.class[class].rejected_capacity.add(1);
+            return Enqueued::Rejected(AdmitError::AtCapacity, waiter);
+        }
+        let step = self.lf_push(class, waiter);
+        if let Enqueued::Queued(..) = step {
+            // SeqCst: the arrival's side of the pairing in the module docs
+            // (after its count, before its handoff attempt reads the word).
+            fence(Ordering::SeqCst);
+            self.hand_on_counted();
+        }
+        step
+    }
+
+    /// Displaces the newest waiter of class `victim` for an arrival: true if
+    /// its place passed to the arrival (module docs).
+    fn displace(&self, victim: usize) -> bool {
+        let places = Displacing {
+            gate: self,
+            class: victim,
+            passed: Cell::new(false),
+        };
+        let Some((told, then)) = self.fifos[victim].reject_newest(AdmitError::Displaced, &places)
+        else {
+            return false;
+        };
+        bump(&self.counters.class[victim].displaced, 1);
+        self.lf_tell(victim, told, Err(AdmitError::Displaced));
+        self.lf_after(victim, then);
+        places.passed.get()
+    }
+
+    /// Reserves a slot for class `class`: CAS `running + 1` while the gate
+    /// is open and the class has room.
+    fn reserve_slot(&self, class: usize) -> bool {
+        // Acquire: a guess; the CAS orders.
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            let w = Word(cur);
+            if w.closed() || !self.classes.room(class, w) {
+                return false;
+            }
+            // AcqRel: Acquire for the slot's last holder (as an admission),
+            // Release as the queue asks of promises.
+            match self.state.compare_exchange(
+                cur,
+                cur + ONE_RUNNING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Hands free slots to the most important classes' oldest waiters
+    /// (module docs, "Handoff").
+    pub(super) fn hand_on_counted(&self) {
+        loop {
+            // SeqCst: the freeing side of the pairing in the module docs
+            // (after the word's change, before the counts are read).
+            fence(Ordering::SeqCst);
+            let Some(class) = self.first_counted() else {
+                return;
+            };
+            if !self.reserve_slot(class) {
+                return;
+            }
+            if !self.take_counted(class) {
+                // Taken meanwhile: give the reservation back, look again.
+                // AcqRel: a read-modify-write of the word, as a release.
+                self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);
+                continue;
+            }
+            // AcqRel: as every change of the total.
+            self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+            if self.lf_deliver_to(class) {
+                // A leaving waiter refused it. Release: as a release.
+                self.state.fetch_sub(ONE_RUNNING, Ordering::Release);
+            }
+        }
+    }
+}
