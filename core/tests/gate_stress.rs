@@ -10,7 +10,8 @@
 //! small class queue), each admission at a random class: there a waiter can
 //! also be displaced, which its owner learns only when it next polls, so the
 //! independent in-flight count may run ahead of the truth and only the
-//! running count and the gate's own state are checked at every step.
+//! running count and the gate's own state are checked at every step. Once
+//! more with a 20 µs queue deadline on one class: its waiters also expire.
 //!
 //! `LOADGATE_STRESS_OPS` overrides the number of operations of each test.
 
@@ -81,7 +82,7 @@ impl Rng {
     }
 }
 
-fn worker(gate: Arc<AdmissionGate>, probe: Arc<Probe>, seed: u64, ops: usize) {
+fn worker(gate: Arc<AdmissionGate>, probe: Arc<Probe>, seed: u64, ops: usize, deadlines: bool) {
     let mut rng = Rng(seed);
     let classes = gate.classes() as u64;
     let waker = Waker::from(Arc::new(Noop));
@@ -121,7 +122,10 @@ fn worker(gate: Arc<AdmissionGate>, probe: Arc<Probe>, seed: u64, ops: usize) {
                         Poll::Ready(Err(AdmitError::Displaced)) if classes > 1 => {
                             probe.leave_queue();
                         }
-                        Poll::Ready(Err(e)) => panic!("no deadline, no close: {e:?}"),
+                        Poll::Ready(Err(AdmitError::QueueTimeout)) if deadlines => {
+                            probe.leave_queue();
+                        }
+                        Poll::Ready(Err(e)) => panic!("not displaced, not due: {e:?}"),
                         Poll::Pending => keep.push(f),
                     }
                 }
@@ -204,6 +208,25 @@ fn four_threads_never_exceed_the_caps() {
 }
 
 #[test]
+fn four_threads_with_priority_classes_and_deadlines_never_exceed_the_caps() {
+    // Class 1's waiters expire after 20 µs: expiry, from any thread's
+    // release, arrival or blocking wait, races handoffs and displacement.
+    let s = stress(GateConfig::new(N).with_queue(Q).with_classes(3).with_class(
+        1,
+        ClassConfig {
+            queue: Q,
+            queue_timeout: Some(Duration::from_micros(20)),
+            reserved: 0,
+        },
+    ));
+    assert!(s.expired > 0, "expiry was exercised: {s:?}");
+    assert!(
+        s.classes().iter().all(|c| c.queued == 0),
+        "every class drained: {s:?}"
+    );
+}
+
+#[test]
 fn four_threads_with_priority_classes_never_exceed_the_caps() {
     let s = stress(
         GateConfig::new(N)
@@ -240,6 +263,8 @@ fn stress(config: GateConfig) -> loadgate::GateStats {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
+    let deadlines =
+        config.queue_timeout.is_some() || config.classes.iter().any(|c| c.queue_timeout.is_some());
     let gate = Arc::new(AdmissionGate::new(config).unwrap());
     let probe = Arc::new(Probe {
         running: AtomicU32::new(0),
@@ -256,6 +281,7 @@ fn stress(config: GateConfig) -> loadgate::GateStats {
                     probe,
                     0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1),
                     total / THREADS,
+                    deadlines,
                 )
             })
         })

@@ -61,17 +61,23 @@
 //! # Orderings
 //!
 //! Counts and the total change by `AcqRel` read-modify-writes, as the queue
-//! asks of counting (`lockfree.rs`). One pairing is not a chain of
-//! read-modify-writes on one location: a slot freed (a release, an undone
-//! reservation: the word) while an arrival counts itself (its class's
-//! count). Each side writes its own location and then reads the other's,
-//! so each puts a `SeqCst` fence between the two: by the fences' total
-//! order, either the handoff loop sees the arrival's count, or the
-//! arrival's own handoff attempt sees the free slot.
+//! asks of counting (`lockfree.rs`). One pairing spans two locations: a
+//! slot freed (a release, a refused slot, an undone reservation: each a
+//! read-modify-write of the word, then a read of the counts) while an
+//! arrival counts itself (a read-modify-write of its class's count, then a
+//! read of the word). Plain loads after each would let both miss the
+//! other. So the arrival reads the word with a read-modify-write
+//! (`fetch_add(0)`, `AcqRel`), and every freeing write of the word is
+//! `AcqRel`: the word's modification order puts one before the other. If
+//! the arrival's comes first, the freer's write reads from it and
+//! synchronizes with it, so the freer's reads of the counts see the
+//! arrival's count; otherwise the arrival's read sees the slot freed. A
+//! loom model fails without it. (Fences would do as well, but cost a full
+//! barrier on the release path.)
 
 use std::cell::Cell;
 
-use crate::sync::{fence, spin_wait, Ordering};
+use crate::sync::{spin_wait, Ordering};
 
 use super::error::AdmitError;
 use super::fifo::Places;
@@ -257,9 +263,10 @@ impl RawGate {
         }
         let step = self.lf_push(class, waiter);
         if let Enqueued::Queued(..) = step {
-            // SeqCst: the arrival's side of the pairing in the module docs
-            // (after its count, before its handoff attempt reads the word).
-            fence(Ordering::SeqCst);
+            // The arrival's side of the pairing in the module docs: a
+            // read-modify-write of the word after its count. AcqRel: see
+            // there.
+            self.state.fetch_add(0, Ordering::AcqRel);
             self.hand_on_counted();
         }
         step
@@ -311,9 +318,9 @@ impl RawGate {
     /// (module docs, "Handoff").
     pub(super) fn hand_on_counted(&self) {
         loop {
-            // SeqCst: the freeing side of the pairing in the module docs
-            // (after the word's change, before the counts are read).
-            fence(Ordering::SeqCst);
+            // Every way into this loop is a freeing AcqRel write of the
+            // word (a release, a raised limit, an arrival's read-modify-
+            // write) or one of the loop's own below: see the module docs.
             let Some(class) = self.first_counted() else {
                 return;
             };
@@ -322,15 +329,15 @@ impl RawGate {
             }
             if !self.take_counted(class) {
                 // Taken meanwhile: give the reservation back, look again.
-                // AcqRel: a read-modify-write of the word, as a release.
+                // AcqRel: a freeing write (module docs).
                 self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);
                 continue;
             }
             // AcqRel: as every change of the total.
             self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
             if self.lf_deliver_to(class) {
-                // A leaving waiter refused it. Release: as a release.
-                self.state.fetch_sub(ONE_RUNNING, Ordering::Release);
+                // A leaving waiter refused it. AcqRel: a freeing write.
+                self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);
             }
         }
     }

@@ -217,7 +217,10 @@ impl RawGate {
     pub(super) fn lf_release(&self) {
         // Release: our use of the slot happens-before its next admission
         // (a direct admitter's Acquire CAS, or a promise's AcqRel).
-        let old = Word(self.state.fetch_sub(ONE_RUNNING, Ordering::Release));
+        // Acquire: with classes, the handoff below must see the count of an
+        // arrival whose read-modify-write of the word came before ours
+        // (`classes.rs`, "Orderings"); on x86 the same instruction.
+        let old = Word(self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel));
         debug_assert!(old.running() > 0, "release without a held slot");
         if old.queued() > 0 {
             self.lf_hand_on();
