@@ -4,9 +4,9 @@
 //! the only allocations are on the cold paths that refill its storage
 //! (see "Storage").
 //!
-//! The queue of a gate with one class (`lockfree.rs` drives it); the model
-//! checks and the threaded test at the end also run it under a small
-//! counting gate of their own. Each cell carries a payload of the caller's
+//! The queue of each priority class of a gate (`lockfree.rs` and
+//! `classes.rs` drive it); the model checks and the threaded test at the
+//! end also run it under a small counting gate of their own. Each cell carries a payload of the caller's
 //! (whom to tell) and a *detached* flag for waiters whose owner never
 //! looks (callbacks: the thread that resolves the cell frees it).
 //!
@@ -965,7 +965,6 @@ impl<T: Default> Fifo<T> {
     /// [`next_queued`](Self::next_queued), scanning from the newest
     /// position back). For displacement, which takes the newest waiter of
     /// a class.
-    #[cfg_attr(not(test), allow(dead_code))] // for priority classes (not yet on this queue)
     pub(super) fn newest_queued(&self) -> Option<(u64, u32, u32)> {
         // Acquire: see the orderings; the hint is read before `deq`.
         let hint = self.head.load(Ordering::Acquire);
@@ -1014,7 +1013,6 @@ impl<T: Default> Fifo<T> {
     /// Rejects the newest queued waiter with `reason` (displacement): who
     /// was told and what the caller must do after its leaving, or `None`
     /// if nobody waits.
-    #[cfg_attr(not(test), allow(dead_code))] // for priority classes (not yet on this queue)
     pub(super) fn reject_newest(
         &self,
         reason: AdmitError,

@@ -268,14 +268,19 @@ impl RawGate {
         let mut wakes = WakeList::new();
         let t = (!self.lock_free() && (self.wait_limit.is_some() || self.classes.count > 1))
             .then(|| self.drained(lock(&self.table), &mut wakes));
-        let word = Word(self.state.load(Ordering::Acquire));
+        let mut word = Word(self.state.load(Ordering::Acquire));
         let mut class_queued = [0; MAX_CLASSES];
         match &t {
             Some(t) => class_queued = t.len,
             None if self.classes.count > 1 => {
+                // The classes' counts, read just after the word; `queued`
+                // is their sum, so that the gauges add up (the word's total
+                // also holds places between their two counts).
                 for (k, queued) in class_queued.iter_mut().take(self.classes.count).enumerate() {
                     *queued = self.counted(k);
                 }
+                let queued = class_queued.iter().sum();
+                word = Word::new(word.running(), queued, word.limit(), word.closed());
             }
             None => class_queued[0] = word.queued(),
         }

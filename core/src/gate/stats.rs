@@ -40,9 +40,14 @@ impl ClassStats {
 ///
 /// The gauges (`running`, `queued`, `limit`, `closed`) come from one atomic
 /// read of the state word, so they are mutually consistent; with a wait
-/// limit or priority classes, `waiting` and the classes' `queued` are read
-/// with them under the gate's mutex, consistent too. The counters are read
-/// one by one and may be a moment apart from the gauges.
+/// limit (or classes on a gate with adaptive LIFO), `waiting` and the
+/// classes' `queued` are read with them under the gate's mutex, consistent
+/// too. With priority classes on the lock-free queues, each class's
+/// `queued` is its count read just after the word, and `queued` is their
+/// sum: they add up, and `running + queued` stays within `N + Q`, but an
+/// arrival a few instructions from counting itself in its class shows in
+/// neither yet. The counters are read one by one and may be a moment apart
+/// from the gauges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GateStats {
     /// Slots held, including slots granted to waiters that have not picked
