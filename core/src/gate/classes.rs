@@ -79,6 +79,7 @@ use std::cell::Cell;
 
 use crate::sync::{spin_wait, Ordering};
 
+use super::config::MAX_CLASSES;
 use super::error::AdmitError;
 use super::fifo::Places;
 use super::raw::{Enqueued, RawGate};
@@ -166,6 +167,36 @@ impl RawGate {
         !w.closed()
             && self.classes.room(class, w)
             && (w.queued() == 0 || self.first_counted().is_none_or(|k| k > class))
+    }
+
+    /// The word and the classes' counts at one instant, from a first read of
+    /// the word: `queued` is the counts' sum (the word's total also holds
+    /// places between an arrival's two counts), so the gauges add up. The
+    /// counts are read between two reads of the word and kept if it did not
+    /// change: a count changes without the word only by finishing an
+    /// operation that changed the word first (an arrival) or starting one
+    /// that changes it after (a promise, a leave), so their sum is then
+    /// within the total. After 64 tries that each saw the word change, the
+    /// word's total and the last counts, each at most the total.
+    pub(super) fn counted_snapshot(&self, mut word: Word) -> (Word, [u32; MAX_CLASSES]) {
+        let mut counts = [0; MAX_CLASSES];
+        for _ in 0..64 {
+            for (k, c) in counts.iter_mut().take(self.classes.count).enumerate() {
+                *c = self.counted(k);
+            }
+            // Acquire: as the first read.
+            let again = Word(self.state.load(Ordering::Acquire));
+            let sum: u32 = counts.iter().sum();
+            if again == word && sum <= word.queued() {
+                let w = Word::new(word.running(), sum, word.limit(), word.closed());
+                return (w, counts);
+            }
+            word = again;
+        }
+        for c in &mut counts {
+            *c = (*c).min(word.queued());
+        }
+        (word, counts)
     }
 
     /// The classes' counts added up.

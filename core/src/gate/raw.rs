@@ -273,14 +273,7 @@ impl RawGate {
         match &t {
             Some(t) => class_queued = t.len,
             None if self.classes.count > 1 => {
-                // The classes' counts, read just after the word; `queued`
-                // is their sum, so that the gauges add up (the word's total
-                // also holds places between their two counts).
-                for (k, queued) in class_queued.iter_mut().take(self.classes.count).enumerate() {
-                    *queued = self.counted(k);
-                }
-                let queued = class_queued.iter().sum();
-                word = Word::new(word.running(), queued, word.limit(), word.closed());
+                (word, class_queued) = self.counted_snapshot(word);
             }
             None => class_queued[0] = word.queued(),
         }
