@@ -885,6 +885,9 @@ impl RawGate {
     /// A queued future's poll, without the mutex unless its waker changed:
     /// its outcome (the cell is freed), or `Pending`. `registered` names the
     /// waker the cell holds; a different one is swapped in under the mutex.
+    /// Out of line: inlined into the futures' poll, its register pressure
+    /// taxed their first poll, the direct admission and the rejection.
+    #[inline(never)]
     pub(super) fn poll_cell(
         &self,
         idx: u32,
