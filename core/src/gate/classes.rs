@@ -207,25 +207,7 @@ impl RawGate {
     /// `try_admit` of `class` while someone waits: CAS `running + 1` while
     /// admission is direct; the word seen otherwise.
     pub(super) fn try_direct_counted(&self, class: usize) -> Result<(), Word> {
-        // Acquire: as the first load of an enqueue.
-        let mut cur = self.state.load(Ordering::Acquire);
-        loop {
-            let w = Word(cur);
-            if !self.direct_counted(class, w) {
-                return Err(w);
-            }
-            // Acquire: as a direct admission. Acquire on failure: a new
-            // guess.
-            match self.state.compare_exchange(
-                cur,
-                cur + ONE_RUNNING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(actual) => cur = actual,
-            }
-        }
+        self.take_slot_while(|w| self.direct_counted(class, w))
     }
 
     /// The locked part of an admission of `class` on a gate with several
@@ -262,25 +244,16 @@ impl RawGate {
                 // Acquire: as the first load.
                 cur = self.state.load(Ordering::Acquire);
                 continue;
-            } else if self.deadlines && self.classes.queue[class] > 0 && self.lf_expire() > 0 {
+            } else if self.lf_expire_for(class) {
                 // Acquire: as the first load.
                 cur = self.state.load(Ordering::Acquire);
                 continue;
             } else {
-                self.counters.class[class].rejected_capacity.add(1);
                 return Enqueued::Rejected(AdmitError::AtCapacity, waiter);
             };
-            // AcqRel: Acquire as a direct admission; Release and Acquire as
-            // counting asks. Acquire on failure: a new guess.
-            match self
-                .state
-                .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) if new == cur + ONE_RUNNING => {
-                    self.counters.admitted_direct.add(1);
-                    return Enqueued::Direct(waiter);
-                }
-                Ok(_) => break,
+            match self.lf_commit(cur, new) {
+                Ok(true) => return Enqueued::Direct(waiter),
+                Ok(false) => break,
                 Err(actual) => cur = actual,
             }
         }
@@ -324,25 +297,8 @@ impl RawGate {
     /// Reserves a slot for class `class`: CAS `running + 1` while the gate
     /// is open and the class has room.
     fn reserve_slot(&self, class: usize) -> bool {
-        // Acquire: a guess; the CAS orders.
-        let mut cur = self.state.load(Ordering::Acquire);
-        loop {
-            let w = Word(cur);
-            if w.closed() || !self.classes.room(class, w) {
-                return false;
-            }
-            // AcqRel: Acquire for the slot's last holder (as an admission),
-            // Release as the queue asks of promises.
-            match self.state.compare_exchange(
-                cur,
-                cur + ONE_RUNNING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => cur = actual,
-            }
-        }
+        self.take_slot_while(|w| !w.closed() && self.classes.room(class, w))
+            .is_ok()
     }
 
     /// Hands free slots to the most important classes' oldest waiters

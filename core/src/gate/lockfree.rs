@@ -149,30 +149,48 @@ impl RawGate {
                 cur + ONE_RUNNING
             } else if w.queued() < self.queue_limit.min(self.classes.queue[class]) {
                 cur + ONE_QUEUED
-            } else if self.deadlines && self.lf_expire() > 0 {
+            } else if self.lf_expire_for(class) {
                 // Acquire: as the first load.
                 cur = self.state.load(Ordering::Acquire);
                 continue;
             } else {
-                self.counters.class[class].rejected_capacity.add(1);
                 return Enqueued::Rejected(AdmitError::AtCapacity, waiter);
             };
-            // AcqRel: Acquire as a direct admission; Release and Acquire as
-            // the queue asks of counting (module docs). Acquire on failure:
-            // a new guess, as the first load.
-            match self
-                .state
-                .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) if new == cur + ONE_RUNNING => {
-                    self.counters.admitted_direct.add(1);
-                    return Enqueued::Direct(waiter);
-                }
-                Ok(_) => break,
+            match self.lf_commit(cur, new) {
+                Ok(true) => return Enqueued::Direct(waiter),
+                Ok(false) => break,
                 Err(actual) => cur = actual,
             }
         }
         self.lf_push(class, waiter)
+    }
+
+    /// For an arrival of `class` that found no place: expires due waiters
+    /// to make one (true: decide again), or counts its rejection (false). A
+    /// class that never queues gains nothing from expiry.
+    pub(super) fn lf_expire_for(&self, class: usize) -> bool {
+        if self.deadlines && self.classes.queue[class] > 0 && self.lf_expire() > 0 {
+            return true;
+        }
+        self.counters.class[class].rejected_capacity.add(1);
+        false
+    }
+
+    /// Commits an arrival's decision made on word `cur`: `new` is `cur`
+    /// with one more running (admitted directly, and counted so) or one
+    /// more queued. `Ok(true)` if admitted, `Ok(false)` if counted queued,
+    /// the word seen if it changed meanwhile.
+    pub(super) fn lf_commit(&self, cur: u64, new: u64) -> Result<bool, u64> {
+        // AcqRel: Acquire as a direct admission; Release and Acquire as the
+        // queue asks of counting (module docs). Acquire on failure: a new
+        // guess, as the first load.
+        self.state
+            .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)?;
+        let direct = new == cur + ONE_RUNNING;
+        if direct {
+            self.counters.admitted_direct.add(1);
+        }
+        Ok(direct)
     }
 
     /// Pushes a counted waiter of `class` into its class's queue: queued

@@ -457,6 +457,31 @@ impl RawGate {
         }
     }
 
+    /// CAS `running + 1` while `ok` says yes to the word; the word that
+    /// said no otherwise. AcqRel: Acquire as an admission (the slot's last
+    /// holder's work happens-before ours); Release as every write under
+    /// the mutex, and as a promise of a slot to the lock-free queues.
+    /// Acquire on failure and for the first read: a new guess that pairs
+    /// the same way.
+    pub(super) fn take_slot_while(&self, ok: impl Fn(Word) -> bool) -> Result<(), Word> {
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            let w = Word(cur);
+            if !ok(w) {
+                return Err(w);
+            }
+            match self.state.compare_exchange(
+                cur,
+                cur + ONE_RUNNING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
     /// The locked part of an admission of `class`.
     pub(super) fn enqueue(&self, class: usize, waiter: Waiter, wakes: &mut WakeList) -> Enqueued {
         if self.lock_free() {

@@ -23,7 +23,7 @@
 use crate::sync::{lock, Ordering};
 
 use super::raw::RawGate;
-use super::state::{Word, ONE_RUNNING};
+use super::state::Word;
 use super::table::Table;
 use super::wake::WakeList;
 
@@ -94,29 +94,11 @@ impl RawGate {
         let mut t = lock(&self.table);
         // Nobody of this class or a more important one waits.
         let first = self.first_in_line(&mut t, class);
-        // Acquire: the rule for loads under the mutex (pairs with the fast
-        // release's Release).
-        let mut cur = self.state.load(Ordering::Acquire);
-        loop {
-            let w = Word(cur);
-            if w.closed() || !first || !self.classes.room(class, w) || !self.wait_free() {
-                return Err(w);
-            }
-            // AcqRel / Acquire: the rule for RMWs under the mutex; a lost
-            // race re-reads a slot freed lock-free.
-            match self.state.compare_exchange(
-                cur,
-                cur + ONE_RUNNING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    self.take_wait();
-                    return Ok(());
-                }
-                Err(actual) => cur = actual,
-            }
-        }
+        self.take_slot_while(|w| {
+            !w.closed() && first && self.classes.room(class, w) && self.wait_free()
+        })?;
+        self.take_wait();
+        Ok(())
     }
 
     /// A permit's first response: its wait slot goes to the oldest waiter
