@@ -126,6 +126,17 @@ proptest! {
     }
 
     #[test]
+    fn gate_with_classes_on_the_lock_free_queues_matches_the_reference(
+        (limit, queue, classes) in (1u32..5, 0u32..6).prop_flat_map(|(n, q)| (Just(n), Just(q), classes(n, q))),
+        ops in proptest::collection::vec(op(), 1..150),
+    ) {
+        // No adaptive LIFO, no wait limit: one lock-free queue per class.
+        let mut config = gate(limit, queue, None, None, false);
+        config.classes = classes;
+        run(config, &ops);
+    }
+
+    #[test]
     fn gate_with_classes_matches_the_reference(
         (limit, queue, classes) in (1u32..5, 0u32..6).prop_flat_map(|(n, q)| (Just(n), Just(q), classes(n, q))),
         lifo in any::<bool>(),
