@@ -25,11 +25,10 @@
 //! A less important waiter's handoff may be on its way to the same slot:
 //! the arrival may take it first, as it would have been handed the slot
 //! had it queued just before the release. Otherwise the arrival queues:
-//! total `+ 1` (CAS,
-//! bounded by `Q`), then `c[j] + 1` (CAS, bounded by `j`'s queue limit; a
-//! loss of the race for the class's last place gives the total back),
-//! then its push, then a handoff attempt (below): a slot freed while it
-//! was on its way is found by one of the two.
+//! total `+ 1` (CAS, bounded by `Q`), then `c[j] + 1` (CAS, bounded by
+//! `j`'s queue limit; a loss of the race for the class's last place gives
+//! the total back), then its push, then a handoff attempt (below): a slot
+//! freed while it was on its way is found by one of the two.
 //!
 //! With the whole queue full, an arrival *displaces* the newest waiter of
 //! the least important counted class below its own: that waiter leaves
@@ -120,32 +119,21 @@ impl RawGate {
 
     /// Takes one off `class`'s count if it is above 0.
     pub(super) fn take_counted(&self, class: usize) -> bool {
-        let count = &self.class_counts[class];
-        // Acquire: a guess; the CAS orders.
-        let mut cur = count.load(Ordering::Acquire);
-        while cur > 0 {
-            // AcqRel: see the module docs. Acquire on failure: a new guess.
-            match count.compare_exchange(cur, cur - 1, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(actual) => cur = actual,
-            }
-        }
-        false
+        // AcqRel: see the module docs. Acquire for each new guess.
+        self.class_counts[class]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1))
+            .is_ok()
     }
 
     /// Adds one to `class`'s count if it is below the class's queue limit.
     fn count_in(&self, class: usize) -> bool {
-        let count = &self.class_counts[class];
-        // Acquire: a guess; the CAS orders.
-        let mut cur = count.load(Ordering::Acquire);
-        while cur < self.classes.queue[class] {
-            // AcqRel: see the module docs. Acquire on failure: a new guess.
-            match count.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(actual) => cur = actual,
-            }
-        }
-        false
+        let limit = self.classes.queue[class];
+        // AcqRel: see the module docs. Acquire for each new guess.
+        self.class_counts[class]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                (c < limit).then_some(c + 1)
+            })
+            .is_ok()
     }
 
     /// A leaving waiter of `class` gives its place back (see [`Places`]):
