@@ -2,11 +2,11 @@
 //! class): every path of a gate with no adaptive LIFO and no wait limit.
 //! A gate with one class counts its waiters in the state word alone (this
 //! module); with several, each class also has its own count (`classes.rs`,
-//! which gives that protocol). Enqueue, handoff,
-//! cancel (of a future, a callback ticket, a blocking wait that times out),
-//! queue-deadline expiry and close take no lock; `set_limit` takes the
-//! gate's mutex only to serialize with other `set_limit` calls. The queue's
-//! own cold paths lock and allocate when its storage runs out (`fifo.rs`).
+//! which gives that protocol). Enqueue, handoff, cancel (of a future, a
+//! callback ticket, a blocking wait that times out), queue-deadline expiry
+//! and close take no lock; `set_limit` takes the gate's mutex only to
+//! serialize with other `set_limit` calls. A queue's own cold paths lock
+//! and allocate when its storage runs out (`fifo.rs`).
 //!
 //! # The count (one class)
 //!
@@ -28,10 +28,12 @@
 //! # Orderings
 //!
 //! As in `raw.rs` for the word: a direct admission's CAS is `Acquire`, a
-//! release's `fetch_sub` `Release` (a promise `AcqRel`: it passes the slot on through
-//! the queue, whose cell status carries it to the waiter with
-//! `Release`/`Acquire`, see `fifo.rs`). Counting and giving back places
-//! are `AcqRel`, ordered with the promises as the queue requires.
+//! release's `fetch_sub` `Release` and here also `Acquire`, for the
+//! classes' pairing (`classes.rs`; the same instruction on x86). A promise
+//! is `AcqRel`: it passes the slot on through the queue, whose cell status
+//! carries it to the waiter with `Release`/`Acquire` (`fifo.rs`). Counting
+//! and giving back places are `AcqRel`, ordered with the promises as the
+//! queue requires.
 //!
 //! # Close
 //!
