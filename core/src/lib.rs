@@ -13,10 +13,10 @@
 //!
 //! Hot paths (reporting load, checking and selecting workers, and the gate's
 //! direct admission, release, rejection, and a queued future's poll and
-//! cancel) are lock-free and allocation-free. A gate with one priority
-//! class, no adaptive LIFO and no wait limit queues without a lock too
-//! (enqueue, handoff to a waiter, cancel, expiry, close); the others queue
-//! under a short mutex. Neither allocates. Cold paths (adding workers,
+//! cancel) are lock-free and allocation-free. A gate without adaptive LIFO
+//! (with or without priority classes or a wait limit) queues without a lock
+//! too (enqueue, handoff to a waiter, cancel, expiry, close); a gate with
+//! adaptive LIFO queues under a short mutex. Neither allocates. Cold paths (adding workers,
 //! changing thresholds and limits, rendering metrics) may lock and allocate.
 //!
 //! # Unsafe code

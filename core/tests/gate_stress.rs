@@ -12,6 +12,9 @@
 //! independent in-flight count may run ahead of the truth and only the
 //! running count and the gate's own state are checked at every step. Once
 //! more with a 20 µs queue deadline on one class: its waiters also expire.
+//! And with a wait limit `W` below `N` (alone, and with two classes and a
+//! deadline): holders also send first responses, and an independent count
+//! of permits still holding a wait slot is checked against `W`.
 //!
 //! `LOADGATE_STRESS_OPS` overrides the number of operations of each test.
 
@@ -38,6 +41,9 @@ impl Wake for Noop {
 struct Probe {
     running: AtomicU32,
     in_flight: AtomicU32,
+    /// Held permits that still hold a wait slot, and the gate's wait limit.
+    waiting: AtomicU32,
+    wait_limit: Option<u32>,
     /// Whether the in-flight count is exact (no displacement).
     check_in_flight: bool,
 }
@@ -46,6 +52,10 @@ impl Probe {
     fn got_slot(&self, was_queued: bool) {
         let r = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         assert!(r <= N, "{r} running with N = {N}");
+        if let Some(w) = self.wait_limit {
+            let n = self.waiting.fetch_add(1, Ordering::SeqCst) + 1;
+            assert!(n <= w, "{n} waiting for a first response with W = {w}");
+        }
         if !was_queued {
             self.enter();
         }
@@ -61,7 +71,16 @@ impl Probe {
     fn leave_queue(&self) {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
+    fn first_response(&self, p: &OwnedPermit) {
+        if p.is_waiting() {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            p.first_response();
+        }
+    }
     fn release(&self, p: OwnedPermit) {
+        if p.is_waiting() {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
         self.running.fetch_sub(1, Ordering::SeqCst);
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         drop(p);
@@ -133,7 +152,11 @@ fn worker(gate: Arc<AdmissionGate>, probe: Arc<Probe>, seed: u64, ops: usize, de
             }
             45..=74 if !held.is_empty() => {
                 let i = rng.below(held.len() as u64) as usize;
-                probe.release(held.swap_remove(i));
+                if probe.wait_limit.is_some() && held[i].is_waiting() && rng.below(2) == 0 {
+                    probe.first_response(&held[i]);
+                } else {
+                    probe.release(held.swap_remove(i));
+                }
             }
             75..=84 if !waiting.is_empty() => {
                 // Cancel: may race a handoff, which then passes the slot on.
@@ -181,6 +204,7 @@ fn worker(gate: Arc<AdmissionGate>, probe: Arc<Probe>, seed: u64, ops: usize, de
         }
         let s = gate.stats();
         assert!(s.running <= N && s.queued <= Q, "gate state {s:?}");
+        assert!(s.waiting <= s.wait_limit.unwrap_or(0), "gate state {s:?}");
     }
     // Wind down.
     for t in tickets {
@@ -205,6 +229,32 @@ fn worker(gate: Arc<AdmissionGate>, probe: Arc<Probe>, seed: u64, ops: usize, de
 #[test]
 fn four_threads_never_exceed_the_caps() {
     stress(GateConfig::new(N).with_queue(Q));
+}
+
+#[test]
+fn four_threads_with_a_wait_limit_never_exceed_the_caps() {
+    // W = 2 < N = 3: admissions wait for wait slots as well as request
+    // slots; first responses free wait slots on any thread.
+    stress(GateConfig::new(N).with_queue(Q).with_wait_limit(Some(2)));
+}
+
+#[test]
+fn four_threads_with_a_wait_limit_and_classes_never_exceed_the_caps() {
+    let s = stress(
+        GateConfig::new(N)
+            .with_queue(Q)
+            .with_wait_limit(Some(2))
+            .with_classes(2)
+            .with_class(
+                1,
+                ClassConfig {
+                    queue: Q,
+                    queue_timeout: Some(Duration::from_micros(20)),
+                    reserved: 0,
+                },
+            ),
+    );
+    assert!(s.expired > 0, "expiry was exercised: {s:?}");
 }
 
 #[test]
@@ -269,6 +319,8 @@ fn stress(config: GateConfig) -> loadgate::GateStats {
     let probe = Arc::new(Probe {
         running: AtomicU32::new(0),
         in_flight: AtomicU32::new(0),
+        waiting: AtomicU32::new(0),
+        wait_limit: gate.wait_limit(),
         check_in_flight: gate.classes() == 1,
     });
     let handles: Vec<_> = (0..THREADS)
@@ -290,14 +342,16 @@ fn stress(config: GateConfig) -> loadgate::GateStats {
         h.join().unwrap();
     }
     let s = gate.stats();
-    assert_eq!((s.running, s.queued), (0, 0), "{s:?}");
+    assert_eq!((s.running, s.queued, s.waiting), (0, 0, 0), "{s:?}");
     assert_eq!(probe.running.load(Ordering::SeqCst), 0);
     assert!(s.admitted_direct + s.admitted_queued > 0);
     assert!(s.admitted_queued > 0, "the queue was exercised: {s:?}");
     assert!(s.rejected_at_capacity > 0, "rejection was exercised: {s:?}");
     assert!(s.cancelled > 0, "cancellation was exercised: {s:?}");
     // A fresh admission still finds every slot.
-    let all: Vec<_> = (0..N).map(|_| gate.try_admit().unwrap()).collect();
+    let free = N.min(gate.wait_limit().unwrap_or(N));
+    let all: Vec<_> = (0..free).map(|_| gate.try_admit().unwrap()).collect();
+    assert!(gate.try_admit().is_err(), "a slot was duplicated");
     drop(all);
     s
 }

@@ -5,9 +5,9 @@
 //! gate with two priority classes on one queue per class
 //! (`gate/classes.rs`: displacement, a reserved slot, an arrival counting
 //! itself while a slot is freed, a cancel racing a handoff between
-//! classes, a displacement racing its victim's cancel); the three models
-//! with a wait limit W of 1 (with first responses) run on the locked
-//! table. Each model checks: at most N
+//! classes, a displacement racing its victim's cancel); the six models
+//! with a wait limit W of 1 (with first responses) run the same counted
+//! protocol with the wait count beside it (`gate/wait.rs`). Each model checks: at most N
 //! running and N + Q in flight at every step (read from the state word and
 //! from an independent counter), FIFO among waiters, no slot lost or
 //! duplicated (a fresh admit finds every slot at the end), and every waiter
@@ -476,6 +476,84 @@ fn a_release_still_waiting_races_a_blocking_waiter() {
         });
         drop(p); // never responded: frees both slots
         waiter.join().unwrap();
+        assert_eq!(g.stats().waiting, 0);
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn a_first_response_races_an_arrival() {
+    loom::model(|| {
+        // N = 2, W = 1: the arrival is held back by the wait slot alone. It
+        // counts itself while the wait slot is freed; one of the two finds
+        // the other (`gate/wait.rs`, the pairing).
+        let g = wait_gate(2, 1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let g1 = g.clone();
+        let arrival = thread::spawn(move || {
+            let p = block_on(g1.admit_owned()).expect("the freed wait slot is found");
+            check_wait_caps(&g1);
+            drop(p);
+        });
+        p.first_response();
+        arrival.join().unwrap();
+        drop(p);
+        assert_eq!(g.stats().waiting, 0);
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn a_handoff_without_a_wait_slot_races_a_first_response() {
+    loom::model(|| {
+        // N = 2, W = 1. `a` holds a request slot, `b` a request slot and the
+        // wait slot; one waiter. Releasing `a` reserves its slot for the
+        // waiter, finds no wait slot and gives the slot back, while `b`'s
+        // first response frees the wait slot and finds no request slot.
+        let g = wait_gate(2, 1, 1);
+        let a = g.try_admit_owned().unwrap();
+        a.first_response();
+        let b = g.try_admit_owned().unwrap();
+        let w = queued(&g);
+        let g1 = g.clone();
+        let waiter = thread::spawn(move || {
+            let p = block_on(w).expect("a queued waiter is served");
+            check_wait_caps(&g1);
+            drop(p);
+        });
+        let releaser = thread::spawn(move || drop(a));
+        b.first_response();
+        releaser.join().unwrap();
+        waiter.join().unwrap();
+        drop(b);
+        let s = g.stats();
+        assert_eq!((s.admitted_queued, s.waiting), (1, 0), "{s:?}");
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn a_direct_admissions_wait_reservation_races_an_arrival() {
+    loom::model(|| {
+        // N = 2, W = 1, one request slot held without a wait slot. `try_admit`
+        // reserves the wait slot, then takes a request slot unless someone
+        // counted in meanwhile; the other arrival may find the wait slot
+        // reserved and queue. Whichever way, both are served in turn.
+        let g = wait_gate(2, 1, 1);
+        let held = g.try_admit_owned().unwrap();
+        held.first_response();
+        let g1 = g.clone();
+        let arrival = thread::spawn(move || {
+            let p = block_on(g1.admit_owned()).expect("served once the wait slot is free");
+            check_wait_caps(&g1);
+            drop(p);
+        });
+        if let Ok(p) = g.try_admit_owned() {
+            check_wait_caps(&g);
+            drop(p);
+        }
+        arrival.join().unwrap();
+        drop(held);
         assert_eq!(g.stats().waiting, 0);
         check_drained(&g, 1);
     });

@@ -75,9 +75,10 @@ pub unsafe extern "C" fn lg_permit_release(permit: *mut lg_permit) {
 ///
 /// Ownership: borrows the permit; `*permit` is still owned by the caller.
 /// Thread safety: any thread, but not at the same time as another call on
-/// the same permit. Blocking: with a wait limit, takes the gate's lock
-/// briefly (and runs the callback of an asynchronous request it hands the
-/// slot to on this thread); never allocates.
+/// the same permit. Blocking: takes the gate's lock briefly only on a gate
+/// with a wait limit and adaptive LIFO; runs the callback of an
+/// asynchronous request it hands the slot to on this thread; never
+/// allocates.
 ///
 /// # Safety
 /// `permit` is NULL or valid for reads and writes, and `*permit` is NULL or

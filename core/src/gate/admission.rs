@@ -38,7 +38,13 @@ use super::stats::GateStats;
 /// the release handed the slot to. Writes a request made while holding its
 /// slot are therefore visible to the request that gets the slot next.
 ///
-/// **Locking:** direct admission, release and rejection while the queue is
+/// **Locking:** a gate without adaptive LIFO (with or without priority
+/// classes or a wait limit) takes no lock on any path but
+/// [`set_limit`](Self::set_limit): admission, rejection, queueing, release
+/// and handoff, `first_response`, cancel, blocking waits, expiry,
+/// displacement and [`close`](Self::close) run on atomics and the lock-free
+/// queues. A gate with adaptive LIFO queues in a table under a mutex:
+/// there direct admission, release and rejection while the queue is
 /// full are one atomic operation on the state word: no lock. A queued
 /// future's poll reads its cell's atomic status (the mutex only to swap in
 /// a new waker), and so does a callback ticket's `is_queued`; dropping a
@@ -106,10 +112,11 @@ impl AdmissionGate {
             {
                 Err(TryAdmitError::WouldWait)
             }
-            // A gate with a wait limit admits under the mutex, where the
-            // wait count lives; a request that may use a reserved slot
-            // while only less important classes wait looks at the classes'
-            // counts (lock-free queues) or under the mutex (the table).
+            // A gate with a wait limit reserves a wait slot first (or, on
+            // the table, admits under the mutex, where the wait count
+            // lives); a request that may use a reserved slot while only
+            // less important classes wait looks at the classes' counts
+            // (lock-free queues) or under the mutex (the table).
             Err(w) => self.try_admit_slow(class, w),
         }
     }

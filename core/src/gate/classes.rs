@@ -195,7 +195,16 @@ impl RawGate {
     /// `try_admit` of `class` while someone waits: CAS `running + 1` while
     /// admission is direct; the word seen otherwise.
     pub(super) fn try_direct_counted(&self, class: usize) -> Result<(), Word> {
+        if !self.reserve_wait() {
+            // Acquire: as the first load of `take_slot_while`.
+            return Err(Word(self.state.load(Ordering::Acquire)));
+        }
         self.take_slot_while(|w| self.direct_counted(class, w))
+            .inspect_err(|_| {
+                if self.wait_limit.is_some() {
+                    self.free_wait();
+                }
+            })
     }
 
     /// The locked part of an admission of `class` on a gate with several
@@ -203,13 +212,19 @@ impl RawGate {
     pub(super) fn enqueue_counted(&self, class: usize, waiter: Waiter) -> Enqueued {
         // Acquire: as the first load of `enqueue`.
         let mut cur = self.state.load(Ordering::Acquire);
+        // Whether we hold a wait slot for a direct admission (`wait.rs`).
+        let mut wait_held = false;
         loop {
             let w = Word(cur);
+            let direct = self.direct_counted(class, w) && self.hold_wait(&mut wait_held);
+            if !direct {
+                self.unhold_wait(&mut wait_held);
+            }
             if w.closed() {
                 return Enqueued::Rejected(self.refuse_closed(class), waiter);
             }
             let class_room = self.counted(class) < self.classes.queue[class];
-            let new = if self.direct_counted(class, w) {
+            let new = if direct {
                 cur + ONE_RUNNING
             } else if class_room && w.queued() < self.queue_limit {
                 cur + ONE_QUEUED
@@ -302,9 +317,18 @@ impl RawGate {
             if !self.reserve_slot(class) {
                 return;
             }
+            if !self.reserve_wait() {
+                // Every wait slot taken (`wait.rs`): whoever frees one
+                // hands on, unless one came free meanwhile.
+                if self.undo_for_waits() {
+                    continue;
+                }
+                return;
+            }
             if !self.take_counted(class) {
-                // Taken meanwhile: give the reservation back, look again.
+                // Taken meanwhile: give the reservations back, look again.
                 // AcqRel: a freeing write (module docs).
+                self.drop_wait();
                 self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);
                 continue;
             }
@@ -312,6 +336,7 @@ impl RawGate {
             self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
             if self.lf_deliver_to(class) {
                 // A leaving waiter refused it. AcqRel: a freeing write.
+                self.drop_wait();
                 self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);
             }
         }

@@ -1,8 +1,9 @@
 //! The raw gate on the lock-free queues (`fifo.rs`, one per priority
-//! class): every path of a gate with no adaptive LIFO and no wait limit.
-//! A gate with one class counts its waiters in the state word alone (this
-//! module); with several, each class also has its own count (`classes.rs`,
-//! which gives that protocol). Enqueue, handoff, cancel (of a future, a
+//! class): every path of a gate with no adaptive LIFO. A gate with one
+//! class and no wait limit counts its waiters in the state word alone (this
+//! module); with several classes or a wait limit, each class also has its
+//! own count (`classes.rs`, which gives that protocol), and the wait count
+//! sits beside the word (`wait.rs`). Enqueue, handoff, cancel (of a future, a
 //! callback ticket, a blocking wait that times out), queue-deadline expiry
 //! and close take no lock; `set_limit` takes the gate's mutex only to
 //! serialize with other `set_limit` calls. A queue's own cold paths lock
@@ -103,7 +104,7 @@ pub(super) struct Leaving<'a> {
 
 impl Places for Leaving<'_> {
     fn give_back(&self) -> bool {
-        if self.gate.classes.count > 1 {
+        if self.gate.runs_counted() {
             return self.gate.give_back_counted(self.class);
         }
         let state = &self.gate.state;
@@ -134,10 +135,17 @@ impl RawGate {
         !self.fifos.is_empty()
     }
 
+    /// Whether this gate runs the counted protocol of `classes.rs`: on the
+    /// lock-free queues with several classes or a wait limit.
+    #[inline(always)]
+    pub(super) fn runs_counted(&self) -> bool {
+        !self.class_counts.is_empty()
+    }
+
     /// The locked part of an admission, without a lock: admit directly,
     /// reject, or count the waiter and push its cell.
     pub(super) fn lf_enqueue(&self, class: usize, waiter: Waiter) -> Enqueued {
-        if self.classes.count > 1 {
+        if self.runs_counted() {
             return self.enqueue_counted(class, waiter);
         }
         // Acquire: as the first load of `enqueue`.
@@ -243,7 +251,7 @@ impl RawGate {
         let old = Word(self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel));
         debug_assert!(old.running() > 0, "release without a held slot");
         if old.queued() > 0 {
-            self.lf_hand_on();
+            self.lf_hand_on(false);
         }
     }
 
@@ -254,11 +262,14 @@ impl RawGate {
     /// important one meanwhile: a direct admission needs `queued == 0`, or
     /// with classes nobody counted in those classes.
     #[inline(never)]
-    fn lf_hand_on(&self) {
-        if self.deadlines {
+    pub(super) fn lf_hand_on(&self, always_expire: bool) {
+        // Due waiters go first: on a limit change always, else if a slot
+        // could be handed on at all (with every wait slot taken, the next
+        // freed wait slot expires them).
+        if self.deadlines && (always_expire || !self.waits_full()) {
             self.lf_expire();
         }
-        if self.classes.count > 1 {
+        if self.runs_counted() {
             return self.hand_on_counted();
         }
         while self.lf_promise_free_slot() {
@@ -318,7 +329,7 @@ impl RawGate {
         match then {
             Then::Nothing => {}
             Then::Wake(told) => self.lf_tell(class, told, Ok(())),
-            Then::Release => self.lf_release(),
+            Then::Release => self.lf_release_grant(self.wait_limit.is_some()),
         }
     }
 
@@ -377,7 +388,7 @@ impl RawGate {
             match fifo.status(cell).1 {
                 Status::Granted => {
                     fifo.free_cell(cell);
-                    self.lf_release();
+                    self.lf_release_grant(self.wait_limit.is_some());
                     return false;
                 }
                 Status::Rejected(_) => {
@@ -516,7 +527,7 @@ impl RawGate {
             }
             self.update(|w| Word::new(w.running(), w.queued(), limit, w.closed()));
         }
-        self.lf_hand_on();
+        self.lf_hand_on(true);
     }
 
     /// A blocking waiter's wait from its push (waiter `id` of generation

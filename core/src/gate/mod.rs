@@ -7,16 +7,18 @@
 //! (`running`, `queued`, `limit`, `closed`; see `state.rs`) and a queue of
 //! waiters. Which queue depends on the configuration:
 //!
-//! * **No adaptive LIFO, no wait limit** (the default gate, the
-//!   reference's, and gates with priority classes): the lock-free
-//!   cancellable queue of `fifo.rs` (CQS over pooled segments), one per
-//!   class, driven by `lockfree.rs`; with several classes each class also
-//!   keeps its own count behind the word's total (`classes.rs`). Every
+//! * **No adaptive LIFO** (the default gate, the reference's, and gates
+//!   with priority classes or a wait limit): the lock-free cancellable
+//!   queue of `fifo.rs` (CQS over pooled segments), one per class, driven
+//!   by `lockfree.rs`; with several classes or a wait limit each class also
+//!   keeps its own count behind the word's total (`classes.rs`), and the
+//!   wait count sits beside the word (`wait.rs`). Every
 //!   path takes no lock: direct admission, rejection, enqueue,
 //!   displacement, handoff, a future's poll and cancel, a callback
 //!   ticket's cancel, a blocking wait and its timeout, queue-deadline
-//!   expiry, `close`, statistics. `set_limit` takes the gate's mutex to
-//!   serialize limit changes (and may grow the queues' storage); each
+//!   expiry, `close`, statistics, a first response. `set_limit` takes the
+//!   gate's mutex to serialize limit changes (and may grow the queues'
+//!   storage); each
 //!   queue's storage, reserved when the gate is built for its class's
 //!   waiters and `N` granted ones, grows under its own lock only when
 //!   rejected waiters that have not looked yet hold every cell
@@ -26,7 +28,7 @@
 //!   done: `close` for an arrival between its count and its push, and an
 //!   arrival of a gate with classes that finds the queue full for a place
 //!   between its two counts (`classes.rs`).
-//! * **Adaptive LIFO or a wait limit**: a waiter table behind a
+//! * **Adaptive LIFO**: a waiter table behind a
 //!   `Mutex<Table>` (one intrusive FIFO list of cells per class; see
 //!   `table.rs`), described in the rest of these docs. Direct admission,
 //!   release while nobody waits, rejection, a future's poll and cancel
@@ -101,10 +103,13 @@
 //!
 //! A gate built with [`GateConfig::wait_limit`] also counts admitted
 //! requests that have not produced their first response, in an atomic
-//! changed only under the mutex (the state word has no room for it; see
-//! `wait.rs`). A gate without a wait limit is exactly the gate above: the
-//! only cost it pays is one never-taken branch in the direct-admit CAS
-//! loop and a flag in each permit. With a wait limit:
+//! beside the state word (which has no room for it; see `wait.rs`). A gate
+//! without a wait limit pays one never-taken branch in the direct-admit
+//! CAS loop and a flag in each permit. On the lock-free queues a gate with
+//! a wait limit takes no lock: admission (direct ones too, out of the
+//! inlined fast path), `first_response`, release, handoff and statistics
+//! run on the word, the class counts and the wait count (`wait.rs` gives
+//! the protocol). On the table (adaptive LIFO):
 //!
 //! * Lock-free, on the state word alone: rejection when no request slot is
 //!   free (or someone is queued) and the queue is full, rejection by a

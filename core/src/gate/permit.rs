@@ -1,7 +1,8 @@
 //! Permits: a held engine slot, borrowed ([`Permit`]) or owning a handle to
-//! its gate ([`OwnedPermit`]). Dropping either gives the slot back: one CAS
-//! on the state word while nobody is queued, otherwise a handoff to the
-//! oldest waiter under the gate's mutex.
+//! its gate ([`OwnedPermit`]). Dropping either gives the slot back: one
+//! read-modify-write of the state word while nobody is queued, otherwise a
+//! handoff to the oldest waiter (lock-free, or under the gate's mutex on a
+//! gate with adaptive LIFO).
 //!
 //! On a gate with a wait limit a permit also holds a wait slot until its
 //! [`first_response`](Permit::first_response); a flag in the permit says
@@ -25,7 +26,7 @@ fn holds_wait(gate: &AdmissionGate) -> AtomicBool {
 #[inline]
 fn take_wait_flag(waiting: &AtomicBool) -> bool {
     // Relaxed: the flag only decides which caller gives the wait slot back;
-    // the gate's mutex orders the giving back itself. The load skips the
+    // the gate orders the giving back itself (`wait.rs`). The load skips the
     // read-modify-write for a permit that holds none.
     waiting.load(Ordering::Relaxed) && waiting.swap(false, Ordering::Relaxed)
 }

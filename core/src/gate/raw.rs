@@ -32,7 +32,6 @@
 //!   delays an expiry to the next event, because whatever the hint leads to
 //!   (an expiry) is decided again under the mutex.
 
-use std::sync::atomic::AtomicU32 as WaitCount;
 use std::sync::atomic::AtomicU64 as HintWord;
 use std::task::{Poll, Waker};
 
@@ -167,11 +166,12 @@ pub(super) struct RawGate {
     /// `next_deadline` recomputes it under the mutex.
     head_stale: AtomicBool,
     /// The lock-free queues, one per class, for a gate with no adaptive
-    /// LIFO and no wait limit (`lockfree.rs`); the table's mutex then only
-    /// serializes `set_limit`. Empty for a gate that queues in the table.
+    /// LIFO (`lockfree.rs`); the table's mutex then only serializes
+    /// `set_limit`. Empty for a gate that queues in the table.
     pub(super) fifos: Box<[Fifo<Tell>]>,
-    /// With several classes on the lock-free queues, each class's count of
-    /// waiters no slot is promised to yet (`classes.rs`); empty otherwise.
+    /// On the lock-free queues with several classes or a wait limit, each
+    /// class's count of waiters no slot is promised to yet (`classes.rs`);
+    /// empty otherwise.
     pub(super) class_counts: Box<[CachePadded<AtomicU32>]>,
     /// The queue-wait histogram.
     pub(super) waits: Waits,
@@ -183,13 +183,12 @@ pub(super) struct RawGate {
     pub(super) classes: Classes,
     /// Whether any class has a queue deadline.
     pub(super) deadlines: bool,
-    /// The wait limit `W`, if set (then every admission takes the mutex;
-    /// see `wait.rs`).
+    /// The wait limit `W`, if set (`wait.rs`).
     pub(super) wait_limit: Option<u32>,
-    /// Admitted requests holding a wait slot (0 without a wait limit).
-    /// Changed and read for decisions only under the mutex, so a plain
-    /// `std` atomic: the mutex orders it; lock-free reads are gauges.
-    pub(super) waiting: WaitCount,
+    /// Admitted requests holding a wait slot (0 without a wait limit):
+    /// changed lock-free on the lock-free queues, under the mutex on the
+    /// table (`wait.rs`).
+    pub(super) waiting: AtomicU32,
     /// The gate's queue deadline in clock nanoseconds (at least 1), if set
     /// (what the classes copy by default).
     pub(super) timeout: Option<u64>,
@@ -202,11 +201,12 @@ impl RawGate {
     pub(super) fn new(config: &GateConfig, clock: SharedClock) -> Self {
         let (limit, queue) = (config.limit, config.queue);
         let classes = Classes::new(config);
-        let lock_free = !config.adaptive_lifo && config.wait_limit.is_none();
+        let lock_free = !config.adaptive_lifo;
         let fifos = (0..if lock_free { classes.count } else { 0 })
             .map(|k| Fifo::new(queue_cells(queue, classes.queue[k], limit), limit as usize))
             .collect();
-        let class_counts = (0..if lock_free && classes.count > 1 {
+        let counted = classes.count > 1 || config.wait_limit.is_some();
+        let class_counts = (0..if lock_free && counted {
             classes.count
         } else {
             0
@@ -237,7 +237,7 @@ impl RawGate {
             deadlines: classes.timeout.iter().any(Option::is_some),
             classes,
             wait_limit: config.wait_limit,
-            waiting: WaitCount::new(0),
+            waiting: AtomicU32::new(0),
             timeout: config.queue_timeout.map(|d| crate::clock::nanos(d).max(1)),
             adaptive_lifo: config.adaptive_lifo,
             clock,
@@ -257,14 +257,13 @@ impl RawGate {
         // last writer did before is visible. The counters read after it are
         // Relaxed and may still be a moment apart from the gauges.
         //
-        // With a wait limit, the word and the wait count are read under the
-        // mutex, where the count changes: a consistent pair (`waiting <=
-        // running`), because a permit holding a wait slot is released only
-        // under the mutex too. (Lock-free reads of the two could interleave
-        // with an admission or a release and show more waiting than running.)
-        // The classes' queue lengths live in the table, so a gate with
-        // classes reads them under the mutex too, once cancelled cells are
-        // unlinked.
+        // On the table, with a wait limit, the word and the wait count are
+        // read under the mutex, where the count changes: a consistent pair
+        // (`waiting <= running`), because a permit holding a wait slot is
+        // released only under the mutex too. The classes' queue lengths
+        // live in the table, so a gate with classes reads them under the
+        // mutex too, once cancelled cells are unlinked. On the lock-free
+        // queues nothing here locks (the wait count is capped below).
         let mut wakes = WakeList::new();
         let t = (!self.lock_free() && (self.wait_limit.is_some() || self.classes.count > 1))
             .then(|| self.drained(lock(&self.table), &mut wakes));
@@ -272,7 +271,7 @@ impl RawGate {
         let mut class_queued = [0; MAX_CLASSES];
         match &t {
             Some(t) => class_queued = t.len,
-            None if self.classes.count > 1 => {
+            None if self.runs_counted() => {
                 (word, class_queued) = self.counted_snapshot(word);
             }
             None => class_queued[0] = word.queued(),
@@ -281,8 +280,11 @@ impl RawGate {
             word,
             queue_limit: self.queue_limit,
             // Relaxed: under the mutex that orders it, or 0 without a wait
-            // limit.
-            waiting: self.waiting.load(Ordering::Relaxed),
+            // limit. On the lock-free queues a wait slot is taken before
+            // and given back before its request slot, so a count read a
+            // moment from the word may run ahead of `running`: it is capped
+            // there (a moment's spread, as between the counters).
+            waiting: self.waiting.load(Ordering::Relaxed).min(word.running()),
             wait_limit: self.wait_limit,
             class_queued,
             class_queue: self.classes.queue,
