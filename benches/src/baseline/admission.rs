@@ -10,6 +10,11 @@
 //!   active count and a `VecDeque` of waiters, each with a `oneshot` sender.
 //!   Admission, queueing and release each take the mutex; release pops the
 //!   oldest live waiter and sends it the slot.
+//! * [`WaitMutexGate`], the newest design's wait limit as it ships: the
+//!   same mutex also guards the count of admitted requests without a first
+//!   response; admission needs a request slot and a wait slot, and the first
+//!   response and the release each take the mutex to give theirs back and
+//!   hand on to the oldest waiter.
 //! * [`ClassMutexGate`], the same design with [`CLASSES`] priority classes,
 //!   as one would extend it: one `VecDeque` of waiters per class under the
 //!   same mutex, release popping the first non-empty one (class 0 the most
@@ -412,5 +417,95 @@ mod tests {
         assert_eq!(gate.available(), 0);
         drop(p);
         assert_eq!(gate.available(), 1);
+    }
+}
+
+#[derive(Debug)]
+struct WaitMutexState {
+    active: usize,
+    waiting: usize,
+    waiters: VecDeque<oneshot::Sender<()>>,
+}
+
+/// The newest reference design with a wait limit. See the module docs.
+#[derive(Debug)]
+pub struct WaitMutexGate {
+    state: Mutex<WaitMutexState>,
+    limit: usize,
+    wait_limit: usize,
+}
+
+/// A slot of a [`WaitMutexGate`], with its wait slot until
+/// [`first_response`](Self::first_response); released on drop.
+#[derive(Debug)]
+pub struct WaitMutexPermit<'a> {
+    gate: &'a WaitMutexGate,
+    waiting: bool,
+}
+
+impl WaitMutexPermit<'_> {
+    /// Gives the wait slot back (once).
+    pub fn first_response(&mut self) {
+        if std::mem::take(&mut self.waiting) {
+            let mut s = self.gate.state.lock();
+            s.waiting -= 1;
+            self.gate.hand_on(&mut s);
+        }
+    }
+}
+
+impl Drop for WaitMutexPermit<'_> {
+    fn drop(&mut self) {
+        let mut s = self.gate.state.lock();
+        s.active -= 1;
+        if self.waiting {
+            s.waiting -= 1;
+        }
+        self.gate.hand_on(&mut s);
+    }
+}
+
+impl WaitMutexGate {
+    /// `limit` request slots, `wait_limit` wait slots, a queue of `queue`.
+    pub fn new(limit: usize, wait_limit: usize, queue: usize) -> Self {
+        Self {
+            state: Mutex::new(WaitMutexState {
+                active: 0,
+                waiting: 0,
+                waiters: VecDeque::with_capacity(queue),
+            }),
+            limit,
+            wait_limit,
+        }
+    }
+
+    /// A request slot and a wait slot if both are free and nobody waits;
+    /// never queues.
+    #[inline]
+    pub fn try_admit(&self) -> Option<WaitMutexPermit<'_>> {
+        let mut s = self.state.lock();
+        if s.active < self.limit && s.waiting < self.wait_limit && s.waiters.is_empty() {
+            s.active += 1;
+            s.waiting += 1;
+            Some(WaitMutexPermit {
+                gate: self,
+                waiting: true,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Hands a free request slot and wait slot to the oldest live waiter.
+    fn hand_on(&self, s: &mut WaitMutexState) {
+        while s.active < self.limit && s.waiting < self.wait_limit {
+            let Some(tx) = s.waiters.pop_front() else {
+                return;
+            };
+            if tx.send(()).is_ok() {
+                s.active += 1;
+                s.waiting += 1;
+            }
+        }
     }
 }

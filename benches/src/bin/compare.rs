@@ -34,7 +34,7 @@ use loadgate::{
 };
 use loadgate_benches::baseline::admission::{
     ChannelAdmission, ChannelGate, ClassAdmission, ClassMutexGate, ClassWait, MutexAdmission,
-    MutexGate, MutexPermit, CLASSES,
+    MutexGate, MutexPermit, WaitMutexGate, CLASSES,
 };
 use loadgate_benches::baseline::monitor::{RefLoad, RefThresholds};
 use loadgate_benches::fixture::{
@@ -351,6 +351,23 @@ const HANDOFF_THROUGHPUT: &[Design] = &[
     ("tokio Semaphore acquire, thread parked", Target::None),
 ];
 const CLASS_HANDOFF: &[Design] = &[("Mutex + four VecDeques", Target::Faster(2.0))];
+/// No target: the issue set none for a wait limit. The last row is
+/// loadgate's own gate on its locked table (adaptive LIFO), what every gate
+/// with a wait limit ran before.
+const WAIT_DIRECT: &[Design] = &[
+    (
+        "Mutex gate with wait limit (newest reference)",
+        Target::None,
+    ),
+    ("loadgate on its locked table (adaptive LIFO)", Target::None),
+];
+const WAIT_CONTENDED: &[Design] = &[
+    (
+        "Mutex gate with wait limit (newest reference)",
+        Target::None,
+    ),
+    ("loadgate on its locked table (adaptive LIFO)", Target::None),
+];
 const CONTENDED: &[Design] = &[
     ("tokio Semaphore try_acquire", Target::Throughput(2.0)),
     ("Mutex gate (newest reference)", Target::Throughput(1.5)),
@@ -732,6 +749,18 @@ fn gate(limit: u32, queue: u32) -> AdmissionGate {
     AdmissionGate::new(GateConfig::new(limit).with_queue(queue)).expect("gate config")
 }
 
+/// A gate with a wait limit: on the lock-free queues, or (`table`, with
+/// adaptive LIFO) on the locked table.
+fn wait_gate(limit: u32, wait: u32, table: bool) -> AdmissionGate {
+    AdmissionGate::new(
+        GateConfig::new(limit)
+            .with_queue(16)
+            .with_wait_limit(Some(wait))
+            .with_adaptive_lifo(table),
+    )
+    .expect("gate config")
+}
+
 fn current_thread_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .build()
@@ -1002,6 +1031,65 @@ fn admission_cases(run: &mut Run) {
             }),
         ];
         interleave(budget, &mut sides)
+    });
+
+    let name = "admit + first response + release, wait limit (W=4 of N=8)";
+    run.measure(Case::hot(name, WAIT_DIRECT), |budget| {
+        let g = wait_gate(8, 4, false);
+        let table = wait_gate(8, 4, true);
+        let mg = WaitMutexGate::new(8, 4, 16);
+        let mut sides = [
+            each(|| {
+                let p = g.try_admit().expect("slot free");
+                p.first_response();
+                p
+            }),
+            each(|| {
+                let mut p = mg.try_admit().expect("slot free");
+                p.first_response();
+                p
+            }),
+            each(|| {
+                let p = table.try_admit().expect("slot free");
+                p.first_response();
+                p
+            }),
+        ];
+        interleave(budget, &mut sides)
+    });
+
+    let name = "admit + first response + release, wait limit, 2 threads contending";
+    run.measure(Case::contended(name, WAIT_CONTENDED), |budget| {
+        let g = wait_gate(1024, 512, false);
+        let table = wait_gate(1024, 512, true);
+        let mg = WaitMutexGate::new(1024, 512, 16);
+        let lg_op = |ops: u64| {
+            for _ in 0..ops {
+                let p = black_box(g.try_admit().expect("slot free"));
+                p.first_response();
+                drop(p);
+            }
+        };
+        let mg_op = |ops: u64| {
+            for _ in 0..ops {
+                let mut p = black_box(mg.try_admit().expect("slot free"));
+                p.first_response();
+                drop(p);
+            }
+        };
+        let table_op = |ops: u64| {
+            for _ in 0..ops {
+                let p = black_box(table.try_admit().expect("slot free"));
+                p.first_response();
+                drop(p);
+            }
+        };
+        let sides = [
+            SharedSide::new(&lg_op),
+            SharedSide::new(&mg_op),
+            SharedSide::new(&table_op),
+        ];
+        contend(budget, 2, &sides)
     });
 
     let name = "admit + release, 2 threads contending";
