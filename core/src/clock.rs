@@ -120,7 +120,11 @@ mod tests {
             assert!(now >= last, "went back from {last} to {now}");
             last = now;
         }
-        assert!(last - start >= 15_000_000, "moved only {} ns", last - start);
+        // Once more after the loop: a thread descheduled between a read and
+        // the wall check would otherwise judge a stale reading.
+        let end = clock.now_nanos();
+        assert!(end >= last, "went back from {last} to {end}");
+        assert!(end - start >= 15_000_000, "moved only {} ns", end - start);
         // Two clocks made at different times share the counter's rate.
         let other = MonotonicClock::shared();
         std::thread::sleep(Duration::from_millis(5));

@@ -58,9 +58,13 @@
 //! the pool by a sweep.
 //!
 //! Segments and waiter cells are stored in chunks that never move
-//! (`chunks.rs`). The first chunks are made with the queue: room for its
-//! waiters and, twice over, for the segments their positions span. The one
-//! lock (`sweep`) is taken only on the cold paths that refill an empty
+//! (`chunks.rs`). Waiter cells come from a [`CellPool`] that several
+//! queues may share (a gate's classes do: at most `Q` waiters and `N`
+//! granted ones not yet looking in all, whatever their classes); a cell
+//! serves one queue from its take to its free. The first chunks are made
+//! with the pool and the queue: room for the waiters and, twice over, for
+//! the segments their positions span. The locks (the queue's `sweep`, the
+//! pool's `grown`) are taken only on the cold paths that refill an empty
 //! free stack: a sweep when the segment pool is empty, and the next chunk
 //! when a sweep frees nothing (every linked segment still holds a waiting
 //! or otherwise unfinished slot) or when every cell is taken (rejected
@@ -94,9 +98,14 @@
 //!
 //! # Orderings
 //!
-//! * A waiter's cell contents (its position, segment) are written before its
-//!   slot is installed with a `Release` CAS; everyone who finds the cell
-//!   through the slot loads it with `Acquire`.
+//! * A waiter's cell contents (its position, its queue's number, segment)
+//!   are written before its slot is installed with a `Release` CAS;
+//!   everyone who finds the cell through the slot loads it with `Acquire`.
+//!   A cell found through a slot is the slot's waiter only if its position
+//!   *and* queue number match: freed and taken again, a cell may wait at
+//!   the same position of another queue of its pool. (A stale match is
+//!   harmless either way: a grant or a cancel is a CAS on the status word
+//!   with its generation.)
 //! * A grant is a `Release` CAS on the waiter's status word (or a `Release`
 //!   CAS leaving a `PERMIT`), read by the waiter with `Acquire`: the work of
 //!   the slot's previous holder, which the releaser saw, happens-before the
@@ -116,6 +125,7 @@
 //!   finisher's last access happens-before the recycling.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
@@ -294,6 +304,10 @@ struct Waiter<T> {
     state: AtomicU64,
     /// The waiter's position, written before its slot is installed.
     place: AtomicU64,
+    /// The queue it waits in (its pool's number for it), written with
+    /// `place`: with a pool shared by several queues, a position alone does
+    /// not tell a cell's current queue.
+    queue: AtomicU32,
     /// Clock time when it was enqueued, written with `place`.
     enqueued_at: AtomicU64,
     /// The segment holding that position.
@@ -309,6 +323,7 @@ impl<T: Default> Waiter<T> {
         Self {
             state: AtomicU64::new(waiter_word(0, Status::Free)),
             place: AtomicU64::new(0),
+            queue: AtomicU32::new(0),
             enqueued_at: AtomicU64::new(0),
             segment: AtomicU32::new(0),
             next_free: AtomicU32::new(NIL),
@@ -459,8 +474,10 @@ pub(super) enum Pushed {
 pub(super) struct Fifo<T = ()> {
     segments: Chunks<Segment>,
     free_segments: Stack,
-    waiters: Chunks<Waiter<T>>,
-    free_waiters: Stack,
+    /// The waiter cells, which the queues of a gate's classes share.
+    cells: Arc<CellPool<T>>,
+    /// This queue's number in its pool (see `Waiter::queue`).
+    id: u32,
     /// Next position to enqueue at.
     enq: CachePadded<AtomicU64>,
     /// Next position to resume.
@@ -471,14 +488,134 @@ pub(super) struct Fifo<T = ()> {
     tail: CachePadded<AtomicU64>,
     /// The oldest linked segment; changed only by a sweep.
     oldest: AtomicU64,
-    /// Held by a sweep and by growth: the chunks handed to the free stacks.
-    sweep: Mutex<Grown>,
+    /// Held by a sweep and by the segments' growth: the chunks of segments
+    /// handed to the free stack.
+    sweep: Mutex<usize>,
 }
 
-/// Chunks of each storage whose entries have been put on its free stack.
-struct Grown {
-    segments: usize,
-    cells: usize,
+/// Waiter cells and their free stack: one pool for every queue of a gate
+/// (a cell serves one queue at a time, from its take to its free), so that
+/// a gate with several classes reserves room for `Q + N` waiters once, not
+/// once per class.
+pub(super) struct CellPool<T> {
+    waiters: Chunks<Waiter<T>>,
+    free: Stack,
+    /// Held by growth: the chunks handed to the free stack.
+    grown: Mutex<usize>,
+    /// The number the next queue on this pool gets.
+    queues: AtomicU32,
+}
+
+impl<T: Default> CellPool<T> {
+    /// A pool with room for `cells` waiters at first (it grows when they
+    /// are all taken: rejected waiters that have not looked keep theirs).
+    pub(super) fn new(cells: usize) -> Self {
+        assert!(
+            (1..=MAX_CELLS).contains(&cells),
+            "waiter cells out of range"
+        );
+        let pool = Self {
+            waiters: Chunks::new(cells, Waiter::<T>::new),
+            free: Stack::new(),
+            grown: Mutex::new(1),
+            queues: AtomicU32::new(0),
+        };
+        pool.free
+            .push_chain(pool.waiters.range(0), |i| &pool.waiters.get(i).next_free);
+        pool
+    }
+
+    /// Makes room now for `cells` waiters, so that taking them allocates
+    /// nothing (cold: under the growth lock; a raised limit calls it).
+    pub(super) fn reserve(&self, cells: usize) {
+        let mut grown = lock(&self.grown);
+        grow_to(
+            &self.waiters,
+            &mut grown,
+            cells.min(MAX_CELLS),
+            MAX_CELLS,
+            &self.free,
+            |i| &self.waiters.get(i).next_free,
+        );
+    }
+
+    /// A free cell and its generation, or `None` when all are taken.
+    fn take(&self) -> Option<(u32, u32)> {
+        let cell = loop {
+            if let Some(cell) = self.free.pop(|i| &self.waiters.get(i).next_free) {
+                break cell;
+            }
+            // Cold: every cell is taken (rejected waiters have not looked).
+            let mut grown = lock(&self.grown);
+            if !self.free.is_empty() {
+                continue; // freed or grown meanwhile
+            }
+            if !grow(&self.waiters, *grown, MAX_CELLS, &self.free, |i| {
+                &self.waiters.get(i).next_free
+            }) {
+                return None;
+            }
+            *grown += 1;
+        };
+        // Relaxed: the pop's Acquire ordered the last owner's free.
+        let (gen, status) = waiter_status(self.waiters.get(cell).state.load(Ordering::Relaxed));
+        debug_assert_eq!(status, Status::Free);
+        Some((cell, gen))
+    }
+
+    /// Gives back a cell its owner is done with.
+    fn free(&self, cell: u32) {
+        let w = self.waiters.get(cell);
+        // Relaxed: the owner's own cell; published by the push's Release.
+        let (gen, status) = waiter_status(w.state.load(Ordering::Relaxed));
+        debug_assert!(!matches!(status, Status::Queued | Status::Cancelling));
+        w.state.store(
+            waiter_word(gen.wrapping_add(1), Status::Free),
+            Ordering::Relaxed,
+        );
+        self.free.push(&w.next_free, cell);
+    }
+
+    #[inline]
+    fn get(&self, cell: u32) -> &Waiter<T> {
+        self.waiters.get(cell)
+    }
+}
+
+/// Puts chunks of a storage, `made` of which are on its free stack
+/// already, on the stack until it holds `want` entries or no more (under
+/// the storage's growth lock).
+fn grow_to<'a, E>(
+    storage: &Chunks<E>,
+    made: &mut usize,
+    want: usize,
+    max: usize,
+    stack: &Stack,
+    next_of: impl Fn(u32) -> &'a AtomicU32 + Copy,
+) {
+    while (storage.range(*made - 1).end as usize) < want
+        && grow(storage, *made, max, stack, next_of)
+    {
+        *made += 1;
+    }
+}
+
+/// Puts chunk `k` of a storage on its free stack (under its growth lock);
+/// false if the storage has no more indices to give.
+fn grow<'a, E>(
+    storage: &Chunks<E>,
+    k: usize,
+    max: usize,
+    stack: &Stack,
+    next_of: impl Fn(u32) -> &'a AtomicU32,
+) -> bool {
+    let range = storage.range(k);
+    if range.start as usize >= max {
+        return false;
+    }
+    let range = range.start..range.end.min(max as u32);
+    stack.push_chain(range, next_of);
+    true
 }
 
 impl<T: Default> Fifo<T> {
@@ -487,8 +624,16 @@ impl<T: Default> Fifo<T> {
     /// storages grow when they run out (under the sweep's lock): cells
     /// while rejected waiters have not looked, segments while unfinished
     /// slots pin more than a sweep can free.
+    #[cfg(test)]
     pub(super) fn new(cells: usize, promised: usize) -> Self {
         Self::with_segments(cells, Self::segments_for(cells, promised))
+    }
+
+    /// A queue for up to `cells` waiters at once, taking its cells from
+    /// `pool` (shared with other queues), for a gate that promises at most
+    /// `promised` slots at once.
+    pub(super) fn sharing(pool: Arc<CellPool<T>>, cells: usize, promised: usize) -> Self {
+        Self::with_pool(pool, Self::segments_for(cells, promised))
     }
 
     /// Segments enough for `cells` waiters of a gate that promises at most
@@ -501,149 +646,90 @@ impl<T: Default> Fifo<T> {
         2 * ((2 * cells + promised) / SEG + 2)
     }
 
-    /// Makes room now for `cells` waiter cells of a gate that promises at
-    /// most `promised` slots at once, so that using them allocates nothing
-    /// (cold: under the sweep's lock; a raised limit calls it).
-    pub(super) fn reserve(&self, cells: usize, promised: usize) {
+    /// Makes room now for the segments `cells` waiters of a gate that
+    /// promises at most `promised` slots at once span, so that using them
+    /// allocates nothing (cold: under the sweep's lock; a raised limit
+    /// calls it). The cells are the pool's ([`CellPool::reserve`]).
+    pub(super) fn reserve_segments(&self, cells: usize, promised: usize) {
         let segments = Self::segments_for(cells, promised).min(MAX_SEGMENTS);
-        let cells = cells.min(MAX_CELLS);
         let mut grown = lock(&self.sweep);
-        let cell_link = |i| &self.waiters.get(i).next_free;
-        Self::grow_to(
-            &self.waiters,
-            &mut grown.cells,
-            cells,
-            MAX_CELLS,
-            &self.free_waiters,
-            cell_link,
-        );
-        let segment_link = |i| &self.segments.get(i).next_free;
-        Self::grow_to(
+        grow_to(
             &self.segments,
-            &mut grown.segments,
+            &mut grown,
             segments,
             MAX_SEGMENTS,
             &self.free_segments,
-            segment_link,
+            |i| &self.segments.get(i).next_free,
         );
     }
 
-    /// Puts chunks of a storage, `made` of which are on its free stack
-    /// already, on the stack until it holds `want` entries or no more
-    /// (under the sweep's lock).
-    fn grow_to<'a, E>(
-        storage: &Chunks<E>,
-        made: &mut usize,
-        want: usize,
-        max: usize,
-        stack: &Stack,
-        next_of: impl Fn(u32) -> &'a AtomicU32 + Copy,
-    ) {
-        while (storage.range(*made - 1).end as usize) < want
-            && Self::grow(storage, *made, max, stack, next_of)
-        {
-            *made += 1;
-        }
+    /// Whether cell `w` was pushed at position `p` of this queue (not at an
+    /// earlier or later position, or in another queue sharing the pool).
+    /// Relaxed: the caller read the cell's status or its slot with
+    /// `Acquire`, after the push wrote both fields.
+    #[inline]
+    fn waits_at(&self, w: &Waiter<T>, p: u64) -> bool {
+        w.place.load(Ordering::Relaxed) == p && w.queue.load(Ordering::Relaxed) == self.id
+    }
+
+    /// The pool this queue takes its cells from.
+    pub(super) fn cells(&self) -> &CellPool<T> {
+        &self.cells
     }
 
     /// A queue with room for `cells` waiter cells and `count` segments at
     /// first.
+    #[cfg(test)]
     pub(super) fn with_segments(cells: usize, count: usize) -> Self {
-        assert!(
-            (1..=MAX_CELLS).contains(&cells),
-            "waiter cells out of range"
-        );
+        Self::with_pool(Arc::new(CellPool::new(cells)), count)
+    }
+
+    /// A queue with `count` segments at first, taking its cells from
+    /// `pool`.
+    fn with_pool(cells: Arc<CellPool<T>>, count: usize) -> Self {
         assert!((2..=MAX_SEGMENTS).contains(&count), "segments out of range");
+        // Relaxed: a distinct number is all it needs (read by this queue
+        // only, through cells it published).
+        let id = cells.queues.fetch_add(1, Ordering::Relaxed);
         let fifo = Self {
             segments: Chunks::new(count, Segment::new),
             free_segments: Stack::new(),
-            waiters: Chunks::new(cells, Waiter::<T>::new),
-            free_waiters: Stack::new(),
+            cells,
+            id,
             enq: CachePadded::new(AtomicU64::new(0)),
             deq: CachePadded::new(AtomicU64::new(0)),
             head: CachePadded::new(AtomicU64::new(link(0, 0))),
             tail: CachePadded::new(AtomicU64::new(link(0, 0))),
             oldest: AtomicU64::new(link(0, 0)),
-            sweep: Mutex::new(Grown {
-                segments: 1,
-                cells: 1,
-            }),
+            sweep: Mutex::new(1),
         };
-        // Segment 0 is the first linked; the rest of the first chunk, and
-        // every cell of it, go on the free stacks.
+        // Segment 0 is the first linked; the rest of the first chunk goes
+        // on the free stack.
         fifo.incarnate(0, 0);
         fifo.free_segments
             .push_chain(1..fifo.segments.range(0).end, |i| {
                 &fifo.segments.get(i).next_free
             });
-        fifo.free_waiters
-            .push_chain(fifo.waiters.range(0), |i| &fifo.waiters.get(i).next_free);
         fifo
-    }
-
-    /// Puts chunk `k` of a storage on its free stack (under the sweep's
-    /// lock); false if the storage has no more indices to give.
-    fn grow<'a, E>(
-        storage: &Chunks<E>,
-        k: usize,
-        max: usize,
-        stack: &Stack,
-        next_of: impl Fn(u32) -> &'a AtomicU32,
-    ) -> bool {
-        let range = storage.range(k);
-        if range.start as usize >= max {
-            return false;
-        }
-        let range = range.start..range.end.min(max as u32);
-        stack.push_chain(range, next_of);
-        true
     }
 
     // ----- waiter cells ---------------------------------------------------------
 
     /// A free waiter cell and its generation, or `None` when all are taken.
     pub(super) fn take_cell(&self) -> Option<(u32, u32)> {
-        let cell = loop {
-            if let Some(cell) = self.free_waiters.pop(|i| &self.waiters.get(i).next_free) {
-                break cell;
-            }
-            // Cold: every cell is taken (rejected waiters have not looked).
-            let mut grown = lock(&self.sweep);
-            if !self.free_waiters.is_empty() {
-                continue; // freed or grown meanwhile
-            }
-            let k = grown.cells;
-            if !Self::grow(&self.waiters, k, MAX_CELLS, &self.free_waiters, |i| {
-                &self.waiters.get(i).next_free
-            }) {
-                return None;
-            }
-            grown.cells += 1;
-        };
-        // Relaxed: the pop's Acquire ordered the last owner's free.
-        let (gen, status) = waiter_status(self.waiters.get(cell).state.load(Ordering::Relaxed));
-        debug_assert_eq!(status, Status::Free);
-        Some((cell, gen))
+        self.cells.take()
     }
 
     /// Gives back a cell its owner is done with (taken and never pushed, or
     /// resolved and its outcome taken).
     pub(super) fn free_cell(&self, cell: u32) {
-        let w = self.waiters.get(cell);
-        // Relaxed: the owner's own cell; published by the push's Release.
-        let (gen, status) = waiter_status(w.state.load(Ordering::Relaxed));
-        debug_assert!(!matches!(status, Status::Queued | Status::Cancelling));
-        w.state.store(
-            waiter_word(gen.wrapping_add(1), Status::Free),
-            Ordering::Relaxed,
-        );
-        self.free_waiters.push(&w.next_free, cell);
+        self.cells.free(cell);
     }
 
     /// The caller's part of a cell.
     #[inline]
     pub(super) fn payload(&self, cell: u32) -> &T {
-        &self.waiters.get(cell).payload
+        &self.cells.get(cell).payload
     }
 
     /// The clock time at which a cell was pushed (for its owner, or a
@@ -652,14 +738,14 @@ impl<T: Default> Fifo<T> {
     pub(super) fn enqueued_at(&self, cell: u32) -> u64 {
         // Relaxed: written before the Release that made the cell queued,
         // which the caller has read.
-        self.waiters.get(cell).enqueued_at.load(Ordering::Relaxed)
+        self.cells.get(cell).enqueued_at.load(Ordering::Relaxed)
     }
 
     /// A cell's generation and status.
     #[inline]
     pub(super) fn status(&self, cell: u32) -> (u32, Status) {
         // Acquire: pairs with a grant's or rejection's Release.
-        waiter_status(self.waiters.get(cell).state.load(Ordering::Acquire))
+        waiter_status(self.cells.get(cell).state.load(Ordering::Acquire))
     }
 
     // ----- enqueue and resume ---------------------------------------------------
@@ -667,7 +753,7 @@ impl<T: Default> Fifo<T> {
     /// Enqueues a taken cell at clock time `now`, after the caller counted
     /// its waiter; `detached` if its owner will never look (see [`Told`]).
     pub(super) fn push(&self, cell: u32, now: u64, detached: bool) -> Pushed {
-        let w = self.waiters.get(cell);
+        let w = self.cells.get(cell);
         // Relaxed: our own cell.
         let (gen, _) = waiter_status(w.state.load(Ordering::Relaxed));
         // Acquire: pairs with the hint's Release CAS (see the orderings).
@@ -679,6 +765,7 @@ impl<T: Default> Fifo<T> {
             .expect("a position's segment stays linked until its slot finishes");
         // Relaxed: published by the Release stores below.
         w.place.store(p, Ordering::Relaxed);
+        w.queue.store(self.id, Ordering::Relaxed);
         w.enqueued_at.store(now, Ordering::Relaxed);
         w.segment.store(seg, Ordering::Relaxed);
         // Release: a resumer that reads this status (Acquire) also sees the
@@ -751,13 +838,13 @@ impl<T: Default> Fifo<T> {
                 }
                 WAITING => {
                     let cell = slot_cell(cur);
-                    let w = self.waiters.get(cell);
+                    let w = self.cells.get(cell);
                     // Acquire: a final status's Release (then the slot has
                     // changed too), or the install's ordering.
                     let word = w.state.load(Ordering::Acquire);
                     let (_, status) = waiter_status(word);
                     // Relaxed: written before the status we just read.
-                    let ours = w.place.load(Ordering::Relaxed) == p;
+                    let ours = self.waits_at(w, p);
                     let enqueued_at = w.enqueued_at.load(Ordering::Relaxed);
                     match status {
                         Status::Queued if ours => {
@@ -838,7 +925,7 @@ impl<T: Default> Fifo<T> {
         reason: Option<AdmitError>,
         places: &impl Places,
     ) -> Option<(Then, Told)> {
-        let w = self.waiters.get(cell);
+        let w = self.cells.get(cell);
         // Relaxed: a guess for the CAS, which orders.
         let word = w.state.load(Ordering::Relaxed);
         if waiter_status(word) != (gen, Status::Queued) {
@@ -943,7 +1030,7 @@ impl<T: Default> Fifo<T> {
                 break;
             };
             from = p + 1;
-            let w = self.waiters.get(cell);
+            let w = self.cells.get(cell);
             // Relaxed: written before the Queued status `next_queued` read
             // with Acquire; checked against a reuse of the cell below.
             let at = w.enqueued_at.load(Ordering::Relaxed);
@@ -1006,7 +1093,7 @@ impl<T: Default> Fifo<T> {
         let cell = slot_cell(word);
         let (gen, status) = self.status(cell);
         // Relaxed: written before the status we read.
-        let here = self.waiters.get(cell).place.load(Ordering::Relaxed) == p;
+        let here = self.waits_at(self.cells.get(cell), p);
         (status == Status::Queued && here).then_some((cell, gen))
     }
 
@@ -1032,7 +1119,7 @@ impl<T: Default> Fifo<T> {
         let mut from = 0;
         while let Some((p, cell, gen)) = self.next_queued(from) {
             // Relaxed: as in `reject_from_head`.
-            let at = self.waiters.get(cell).enqueued_at.load(Ordering::Relaxed);
+            let at = self.cells.get(cell).enqueued_at.load(Ordering::Relaxed);
             if self.status(cell) == (gen, Status::Queued) {
                 return Some(at);
             }
@@ -1175,11 +1262,14 @@ impl<T: Default> Fifo<T> {
         if !self.free_segments.is_empty() {
             return;
         }
-        let k = grown.segments;
-        if Self::grow(&self.segments, k, MAX_SEGMENTS, &self.free_segments, |i| {
-            &self.segments.get(i).next_free
-        }) {
-            grown.segments += 1;
+        if grow(
+            &self.segments,
+            *grown,
+            MAX_SEGMENTS,
+            &self.free_segments,
+            |i| &self.segments.get(i).next_free,
+        ) {
+            *grown += 1;
         } else {
             // Every index is in use: wait for racing appenders to give back
             // the ones they popped.
@@ -1271,14 +1361,15 @@ impl<T: Default> Fifo<T> {
     /// Cells on the free stack (for tests, at rest).
     #[cfg(test)]
     fn free_cells(&self) -> usize {
-        self.free_waiters.len(|i| &self.waiters.get(i).next_free)
+        self.cells
+            .free
+            .len(|i| &self.cells.waiters.get(i).next_free)
     }
 
     /// Chunks of segments and of cells made so far (for tests).
     #[cfg(test)]
     fn chunks_made(&self) -> (usize, usize) {
-        let grown = lock(&self.sweep);
-        (grown.segments, grown.cells)
+        (*lock(&self.sweep), *lock(&self.cells.grown))
     }
 }
 

@@ -89,7 +89,9 @@ pub(super) fn split_id(id: u32) -> (usize, u32) {
 
 /// Waiter cells a class's queue needs room for: its waiters (within the
 /// gate's queue limit `queue` and the class's `class_queue`), and as many
-/// granted ones not yet looking as the limit allows.
+/// granted ones not yet looking as the limit allows. The classes share one
+/// pool of cells, sized for the whole queue (`class_queue = queue`); each
+/// class's segments are sized for its own.
 pub(super) fn queue_cells(queue: u32, class_queue: u32, limit: u32) -> usize {
     (queue.min(class_queue) as usize + limit as usize).max(1)
 }
@@ -518,9 +520,13 @@ impl RawGate {
             // changed by a CAS loop, as releases may move it meanwhile.
             let _serial = lock(&self.table);
             // Cold path: room for every waiter the new limit may leave
-            // granted and not yet looking, and the queue behind them.
+            // granted and not yet looking, and the queue behind them: the
+            // cells the classes share, and each class's segments.
+            self.fifos[0]
+                .cells()
+                .reserve(queue_cells(self.queue_limit, self.queue_limit, limit));
             for (class, fifo) in self.fifos.iter().enumerate() {
-                fifo.reserve(
+                fifo.reserve_segments(
                     queue_cells(self.queue_limit, self.classes.queue[class], limit),
                     limit as usize,
                 );

@@ -33,6 +33,7 @@
 //!   (an expiry) is decided again under the mutex.
 
 use std::sync::atomic::AtomicU64 as HintWord;
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 
 use crossbeam_utils::CachePadded;
@@ -43,7 +44,7 @@ use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, MutexG
 use super::cell::{Cells, Status};
 use super::config::{GateConfig, MAX_CLASSES};
 use super::error::AdmitError;
-use super::fifo::Fifo;
+use super::fifo::{CellPool, Fifo};
 use super::future::WakerId;
 use super::lockfree::queue_cells;
 use super::state::{Word, CLOSED, ONE_QUEUED, ONE_RUNNING};
@@ -202,9 +203,19 @@ impl RawGate {
         let (limit, queue) = (config.limit, config.queue);
         let classes = Classes::new(config);
         let lock_free = !config.adaptive_lifo;
-        let fifos = (0..if lock_free { classes.count } else { 0 })
-            .map(|k| Fifo::new(queue_cells(queue, classes.queue[k], limit), limit as usize))
-            .collect();
+        // One pool of cells for every class: at most `Q` queued and `N`
+        // granted ones not yet looking, whatever their classes.
+        let fifos = if lock_free {
+            let pool = Arc::new(CellPool::new(queue_cells(queue, queue, limit)));
+            (0..classes.count)
+                .map(|k| {
+                    let cells = queue_cells(queue, classes.queue[k], limit);
+                    Fifo::sharing(Arc::clone(&pool), cells, limit as usize)
+                })
+                .collect()
+        } else {
+            Box::default()
+        };
         let counted = classes.count > 1 || config.wait_limit.is_some();
         let class_counts = (0..if lock_free && counted {
             classes.count

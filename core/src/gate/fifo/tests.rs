@@ -706,7 +706,7 @@ fn threads_racing_every_operation_keep_the_counts_exact() {
     assert_eq!(g.counts(), (0, 0), "slots or places lost");
     // Every cell came back, and every slot is free.
     let made: usize = (0..g.fifo.chunks_made().1)
-        .map(|k| g.fifo.waiters.range(k).len())
+        .map(|k| g.fifo.cells.waiters.range(k).len())
         .sum();
     assert_eq!(g.fifo.free_cells(), made, "waiter cells leaked");
     for _ in 0..LIMIT {
