@@ -25,8 +25,9 @@ instructions per operation: the same on every run, however loaded the
 machine. Measurement only: nothing here asserts a time.
 
 Usage: ``python python/bench/compare.py [--rounds R] [--scale S]
-[--instructions] [--json]`` (``--scale`` multiplies every case's
-iterations).
+[--instructions] [--json] [--loop uvloop]`` (``--scale`` multiplies every
+case's iterations; ``--loop uvloop`` runs the queued cases on uvloop, the
+event loop vLLM and ``uvicorn[standard]`` use, if it is installed).
 """
 
 from __future__ import annotations
@@ -136,6 +137,10 @@ class PyRouter:
 
 # ----- cases ---------------------------------------------------------------
 
+#: Runs a coroutine to completion on a new event loop: asyncio's own, or
+#: uvloop's with ``--loop uvloop``.
+run_loop: Callable[[Any], Any] = asyncio.run
+
 
 def contended(make_gate: Callable[[], Any], kind: str, n: int) -> int:
     """Runs two tasks for `n` admit/yield/release cycles each; returns the
@@ -166,7 +171,7 @@ def contended(make_gate: Callable[[], Any], kind: str, n: int) -> int:
             assert gate.running == 0
         return elapsed
 
-    return asyncio.run(main())
+    return int(run_loop(main()))
 
 
 def timed(fn: Callable[[], None]) -> int:
@@ -259,7 +264,7 @@ def measure_time(rounds: int, scale: float) -> Tuple[Dict[str, float], Dict[str,
     return {name: statistics.median(s) for name, s in samples.items()}, samples
 
 
-def measure_instructions(scale: float) -> Dict[str, float]:
+def measure_instructions(scale: float, loop: str) -> Dict[str, float]:
     """Instructions per operation of each case under callgrind: the
     difference between a run of `2k` and one of `k` iterations, so that
     start-up and setup cancel out."""
@@ -275,7 +280,8 @@ def measure_instructions(scale: float) -> Dict[str, float]:
                 # Counted: only what runs inside `exec` (see run_case).
                 cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=builtin_exec",
                        f"--callgrind-out-file={out}",
-                       sys.executable, os.path.abspath(__file__), "--run-case", name, "--number", str(n)]
+                       sys.executable, os.path.abspath(__file__), "--run-case", name, "--number", str(n),
+                       "--loop", loop]
                 # A fixed hash seed: the same dict and set layouts in both runs.
                 env = {**os.environ, "PYTHONHASHSEED": "0"}
                 r = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
@@ -307,9 +313,16 @@ def main() -> None:
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per operation with callgrind instead of timing")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="the event loop of the queued cases (uvloop: pip install uvloop)")
     parser.add_argument("--run-case", help=argparse.SUPPRESS)
     parser.add_argument("--number", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.loop == "uvloop":
+        global run_loop
+        import uvloop
+
+        run_loop = uvloop.run
     if args.run_case:
         run_case(args.run_case, args.number)
         return
@@ -317,7 +330,7 @@ def main() -> None:
     samples: Dict[str, List[float]] = {}
     if args.instructions:
         unit = "instr/op"
-        raw = measure_instructions(args.scale)
+        raw = measure_instructions(args.scale, args.loop)
     else:
         unit = "ns/op"
         raw, samples = measure_time(args.rounds, args.scale)
@@ -339,7 +352,7 @@ def main() -> None:
         print(json.dumps({"unit": unit, "cost": cost, "ratios": ratios}, indent=2))
         return
     how = "callgrind" if args.instructions else f"{args.rounds} rounds, medians"
-    print(f"loadgate {loadgate.__version__}, Python {sys.version.split()[0]}, {how}")
+    print(f"loadgate {loadgate.__version__}, Python {sys.version.split()[0]}, {how}, queued cases on {args.loop}")
     header = f"{'case':30} {unit:>10}"
     if samples:
         header += f"  {'fastest':>10}  {'slowest':>10}"
