@@ -154,10 +154,32 @@ impl Classes {
     }
 }
 
+/// The state word and the wait count: one cache line, since an admission,
+/// a first response and a release of a gate with a wait limit change both,
+/// one after the other. Dereferences to the word.
+#[repr(C)]
+pub(super) struct StateLine {
+    word: AtomicU64,
+    /// Admitted requests holding a wait slot (0 without a wait limit):
+    /// changed lock-free on the lock-free queues, under the mutex on the
+    /// table (`wait.rs`).
+    pub(super) waiting: AtomicU32,
+}
+
+impl std::ops::Deref for StateLine {
+    type Target = AtomicU64;
+
+    #[inline(always)]
+    fn deref(&self) -> &AtomicU64 {
+        &self.word
+    }
+}
+
 /// The state word, the waiter table and the settings the algorithm reads.
 pub(super) struct RawGate {
-    /// The packed state word (see `state.rs`), alone on its cache line.
-    pub(super) state: CachePadded<AtomicU64>,
+    /// The packed state word (see `state.rs`), on its own cache line with
+    /// the wait count.
+    pub(super) state: CachePadded<StateLine>,
     pub(super) counters: CachePadded<Counters>,
     /// Clock time at which the head waiter expires, or [`NO_DEADLINE`]. A
     /// plain `std` atomic: a hint whose every use is re-checked under the
@@ -186,10 +208,6 @@ pub(super) struct RawGate {
     pub(super) deadlines: bool,
     /// The wait limit `W`, if set (`wait.rs`).
     pub(super) wait_limit: Option<u32>,
-    /// Admitted requests holding a wait slot (0 without a wait limit):
-    /// changed lock-free on the lock-free queues, under the mutex on the
-    /// table (`wait.rs`).
-    pub(super) waiting: AtomicU32,
     /// The gate's queue deadline in clock nanoseconds (at least 1), if set
     /// (what the classes copy by default).
     pub(super) timeout: Option<u64>,
@@ -234,7 +252,10 @@ impl RawGate {
             .map(|_| Condvar::new())
             .collect();
         Self {
-            state: CachePadded::new(AtomicU64::new(Word::new(0, 0, limit, false).0)),
+            state: CachePadded::new(StateLine {
+                word: AtomicU64::new(Word::new(0, 0, limit, false).0),
+                waiting: AtomicU32::new(0),
+            }),
             counters: CachePadded::new(Counters::new(classes.count)),
             head_deadline: HintWord::new(NO_DEADLINE),
             head_stale: AtomicBool::new(false),
@@ -248,7 +269,6 @@ impl RawGate {
             deadlines: classes.timeout.iter().any(Option::is_some),
             classes,
             wait_limit: config.wait_limit,
-            waiting: AtomicU32::new(0),
             timeout: config.queue_timeout.map(|d| crate::clock::nanos(d).max(1)),
             adaptive_lifo: config.adaptive_lifo,
             clock,
@@ -295,7 +315,11 @@ impl RawGate {
             // and given back before its request slot, so a count read a
             // moment from the word may run ahead of `running`: it is capped
             // there (a moment's spread, as between the counters).
-            waiting: self.waiting.load(Ordering::Relaxed).min(word.running()),
+            waiting: self
+                .state
+                .waiting
+                .load(Ordering::Relaxed)
+                .min(word.running()),
             wait_limit: self.wait_limit,
             class_queued,
             class_queue: self.classes.queue,

@@ -68,7 +68,7 @@ impl RawGate {
     /// The wait count, as a gauge.
     pub(super) fn waiting(&self) -> u32 {
         // Relaxed: a gauge read for display; it orders nothing.
-        self.waiting.load(Ordering::Relaxed)
+        self.state.waiting.load(Ordering::Relaxed)
     }
 
     /// Free wait slots (`u32::MAX` without a wait limit). Call with the
@@ -77,7 +77,7 @@ impl RawGate {
         match self.wait_limit {
             None => u32::MAX,
             // Relaxed: changed only under the mutex, which we hold.
-            Some(w) => w.saturating_sub(self.waiting.load(Ordering::Relaxed)),
+            Some(w) => w.saturating_sub(self.state.waiting.load(Ordering::Relaxed)),
         }
     }
 
@@ -87,18 +87,18 @@ impl RawGate {
     pub(super) fn take_wait(&self) {
         if self.wait_limit.is_some() {
             // Relaxed: only under the mutex, which orders it.
-            let n = self.waiting.load(Ordering::Relaxed);
+            let n = self.state.waiting.load(Ordering::Relaxed);
             debug_assert!(self.wait_limit.is_some_and(|w| n < w));
-            self.waiting.store(n + 1, Ordering::Relaxed);
+            self.state.waiting.store(n + 1, Ordering::Relaxed);
         }
     }
 
     /// A wait slot comes back. Call with the mutex held.
     pub(super) fn put_wait(&self) {
         // Relaxed: only under the mutex, which orders it.
-        let n = self.waiting.load(Ordering::Relaxed);
+        let n = self.state.waiting.load(Ordering::Relaxed);
         debug_assert!(n > 0, "first response without a held wait slot");
-        self.waiting.store(n - 1, Ordering::Relaxed);
+        self.state.waiting.store(n - 1, Ordering::Relaxed);
     }
 
     /// Gives back a held slot, and with `wait` its wait slot too.
@@ -125,7 +125,8 @@ impl RawGate {
         };
         // AcqRel: a change of the count, ordered with its other changes;
         // Acquire for each new guess.
-        self.waiting
+        self.state
+            .waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
             })
@@ -136,7 +137,7 @@ impl RawGate {
     pub(super) fn waits_full(&self) -> bool {
         // Acquire: pairs with the AcqRel changes of the count (module docs).
         self.wait_limit
-            .is_some_and(|limit| self.waiting.load(Ordering::Acquire) >= limit)
+            .is_some_and(|limit| self.state.waiting.load(Ordering::Acquire) >= limit)
     }
 
     /// Takes a held wait slot off the count (a no-op without a wait limit):
@@ -145,7 +146,7 @@ impl RawGate {
     pub(super) fn drop_wait(&self) {
         if self.wait_limit.is_some() {
             // AcqRel: see the module docs.
-            let old = self.waiting.fetch_sub(1, Ordering::AcqRel);
+            let old = self.state.waiting.fetch_sub(1, Ordering::AcqRel);
             debug_assert!(old > 0, "a wait slot given back twice");
         }
     }
