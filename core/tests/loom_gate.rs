@@ -394,6 +394,17 @@ fn wait_gate(limit: u32, wait: u32, queue: u32) -> Arc<AdmissionGate> {
     Arc::new(AdmissionGate::new(config).unwrap())
 }
 
+/// A thread whose admission on a gate with a wait limit must be served
+/// (else the model deadlocks): it checks the caps and releases.
+fn served_arrival(g: &Arc<AdmissionGate>) -> thread::JoinHandle<()> {
+    let g = g.clone();
+    thread::spawn(move || {
+        let p = block_on(g.admit_owned()).expect("an arrival is served");
+        check_wait_caps(&g);
+        drop(p);
+    })
+}
+
 /// At most W without a first response, at most N running.
 fn check_wait_caps(g: &AdmissionGate) {
     let s = g.stats();
@@ -489,12 +500,7 @@ fn a_first_response_races_an_arrival() {
         // the other (`gate/wait.rs`, the pairing).
         let g = wait_gate(2, 1, 1);
         let p = g.try_admit_owned().unwrap();
-        let g1 = g.clone();
-        let arrival = thread::spawn(move || {
-            let p = block_on(g1.admit_owned()).expect("the freed wait slot is found");
-            check_wait_caps(&g1);
-            drop(p);
-        });
+        let arrival = served_arrival(&g);
         p.first_response();
         arrival.join().unwrap();
         drop(p);
@@ -542,12 +548,7 @@ fn a_direct_admissions_wait_reservation_races_an_arrival() {
         let g = wait_gate(2, 1, 1);
         let held = g.try_admit_owned().unwrap();
         held.first_response();
-        let g1 = g.clone();
-        let arrival = thread::spawn(move || {
-            let p = block_on(g1.admit_owned()).expect("served once the wait slot is free");
-            check_wait_caps(&g1);
-            drop(p);
-        });
+        let arrival = served_arrival(&g);
         if let Ok(p) = g.try_admit_owned() {
             check_wait_caps(&g);
             drop(p);

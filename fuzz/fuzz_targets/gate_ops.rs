@@ -8,7 +8,8 @@
 //! fixed wake batch (32) holds, bursts of admissions to get there, and
 //! refused limits (0, above the maximum) that must change nothing, and up
 //! to eight priority classes with their own queue limits, deadlines and
-//! reserved slots (a reservation past a lowered limit included).
+//! reserved slots (a reservation past a lowered limit included), and a
+//! wait limit with first responses.
 //!
 //! After every step: the outcome, the stats, the callbacks fired (and their
 //! order), the next deadline, and the permits held must match the reference.
@@ -29,6 +30,8 @@ struct Setup {
     queue: u32,
     timeout_ms: Option<u64>,
     lifo: bool,
+    /// The wait limit `W`, if any.
+    wait: Option<u32>,
     /// Priority classes (empty: none): queue limit, deadline, reservation.
     classes: Vec<ClassConfig>,
 }
@@ -41,11 +44,17 @@ impl<'a> Arbitrary<'a> for Setup {
         } else {
             u.int_in_range(0..=5)?
         };
+        let limit = if big {
+            u.int_in_range(1..=40)?
+        } else {
+            u.int_in_range(1..=4)?
+        };
         Ok(Setup {
-            limit: if big {
-                u.int_in_range(1..=40)?
+            limit,
+            wait: if u.arbitrary()? {
+                Some(u.int_in_range(1..=limit + 1)?)
             } else {
-                u.int_in_range(1..=4)?
+                None
             },
             queue,
             timeout_ms: if u.arbitrary()? {
@@ -86,6 +95,8 @@ enum Op {
     },
     TryAdmit(u8),
     Release(u8),
+    /// The first response of a held permit (with a wait limit).
+    FirstResponse(u8),
     Cancel(u8),
     PollAll,
     Advance(u8),
@@ -121,6 +132,7 @@ fn step(pair: &mut GatePair, op: &Op) -> Option<(Out, Out)> {
         }
         Op::TryAdmit(p) => pair.try_admit(p),
         Op::Release(k) => return pair.release(usize::from(k)),
+        Op::FirstResponse(k) => return pair.first_response(usize::from(k)),
         Op::Cancel(k) => return pair.cancel(usize::from(k)),
         Op::PollAll => pair.poll_all(),
         Op::Advance(ms) => pair.advance(u64::from(ms % 130)),
@@ -145,7 +157,8 @@ fuzz_target!(|input: (Setup, Vec<Op>)| {
     let mut config = GateConfig::new(setup.limit)
         .with_queue(setup.queue)
         .with_queue_timeout(setup.timeout_ms.map(Duration::from_millis))
-        .with_adaptive_lifo(setup.lifo);
+        .with_adaptive_lifo(setup.lifo)
+        .with_wait_limit(setup.wait);
     config.classes = setup.classes.clone();
     for c in &mut config.classes {
         c.reserved = c.reserved.min(setup.limit);

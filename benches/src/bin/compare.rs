@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use loadgate::{
     AdmissionGate, Admit, AdmitError, BusySet, GateConfig, LoadReport, MonotonicClock, OwnedPermit,
-    Policy, SharedClock, ThresholdUpdate,
+    Permit, Policy, SharedClock, ThresholdUpdate,
 };
 use loadgate_benches::baseline::admission::{
     ChannelAdmission, ChannelGate, ClassAdmission, ClassMutexGate, ClassWait, MutexAdmission,
@@ -749,6 +749,14 @@ fn gate(limit: u32, queue: u32) -> AdmissionGate {
     AdmissionGate::new(GateConfig::new(limit).with_queue(queue)).expect("gate config")
 }
 
+/// A direct admission on a gate with a wait limit and its first response.
+#[inline]
+fn admit_and_respond(g: &AdmissionGate) -> Permit<'_> {
+    let p = g.try_admit().expect("slot free");
+    p.first_response();
+    p
+}
+
 /// A gate with a wait limit: on the lock-free queues, or (`table`, with
 /// adaptive LIFO) on the locked table.
 fn wait_gate(limit: u32, wait: u32, table: bool) -> AdmissionGate {
@@ -1039,21 +1047,13 @@ fn admission_cases(run: &mut Run) {
         let table = wait_gate(8, 4, true);
         let mg = WaitMutexGate::new(8, 4, 16);
         let mut sides = [
-            each(|| {
-                let p = g.try_admit().expect("slot free");
-                p.first_response();
-                p
-            }),
+            each(|| admit_and_respond(&g)),
             each(|| {
                 let mut p = mg.try_admit().expect("slot free");
                 p.first_response();
                 p
             }),
-            each(|| {
-                let p = table.try_admit().expect("slot free");
-                p.first_response();
-                p
-            }),
+            each(|| admit_and_respond(&table)),
         ];
         interleave(budget, &mut sides)
     });
@@ -1065,9 +1065,7 @@ fn admission_cases(run: &mut Run) {
         let mg = WaitMutexGate::new(1024, 512, 16);
         let lg_op = |ops: u64| {
             for _ in 0..ops {
-                let p = black_box(g.try_admit().expect("slot free"));
-                p.first_response();
-                drop(p);
+                drop(black_box(admit_and_respond(&g)));
             }
         };
         let mg_op = |ops: u64| {
@@ -1079,9 +1077,7 @@ fn admission_cases(run: &mut Run) {
         };
         let table_op = |ops: u64| {
             for _ in 0..ops {
-                let p = black_box(table.try_admit().expect("slot free"));
-                p.first_response();
-                drop(p);
+                drop(black_box(admit_and_respond(&table)));
             }
         };
         let sides = [
