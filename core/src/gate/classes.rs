@@ -195,16 +195,13 @@ impl RawGate {
     /// `try_admit` of `class` while someone waits: CAS `running + 1` while
     /// admission is direct; the word seen otherwise.
     pub(super) fn try_direct_counted(&self, class: usize) -> Result<(), Word> {
-        if !self.reserve_wait() {
+        let mut wait_held = false;
+        if !self.hold_wait(&mut wait_held) {
             // Acquire: as the first load of `take_slot_while`.
             return Err(Word(self.state.load(Ordering::Acquire)));
         }
         self.take_slot_while(|w| self.direct_counted(class, w))
-            .inspect_err(|_| {
-                if self.wait_limit.is_some() {
-                    self.free_wait();
-                }
-            })
+            .inspect_err(|_| self.unhold_wait(&mut wait_held))
     }
 
     /// The locked part of an admission of `class` on a gate with several

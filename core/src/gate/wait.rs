@@ -4,7 +4,7 @@
 //! slot back, and releasing a permit gives back whatever it still holds.
 //!
 //! The wait count is not in the state word (its 64 bits are taken): it is
-//! an atomic of its own. Invariant 4 of the state word becomes: `queued >
+//! an atomic beside it, on the same cache line (`raw.rs`, `StateLine`). Invariant 4 of the state word becomes: `queued >
 //! 0` implies `running >= limit`, or every wait slot taken, or `closed`. A
 //! freed wait slot with a free request slot therefore goes to the oldest
 //! waiter at once, as a freed request slot does.
