@@ -8,7 +8,10 @@ Measures, in one run:
   by the other task's release. loadgate's ``await gate.admit()`` against
   ``asyncio.Semaphore(1)`` and against :class:`PyGate`, a ~30-line
   pure-Python gate (a deque of futures, with the same N + Q rule and a
-  permit object);
+  permit object), and against the floor: the same cycle with the gate
+  replaced by what any FIFO gate of one slot must do per queued admission
+  (one future created, awaited and settled, inline), so that what is left
+  is the event loop's share, which no gate removes;
 * **try_admit() + release()** on a gate with a free slot: loadgate against
   :class:`PyGate`;
 * **Monitor.select("m")**, round-robin over 8 free workers: loadgate
@@ -107,6 +110,14 @@ class PyGate:
         self.running -= 1
 
 
+class Baton:
+    """The floor case's state: who holds the one slot, who waits for it."""
+
+    def __init__(self) -> None:
+        self.held = False
+        self.waiter: Optional["asyncio.Future[None]"] = None
+
+
 class PyRouter:
     """Round-robin over each model's free workers, the free list cached
     until a worker's state changes."""
@@ -152,6 +163,27 @@ def contended(make_gate: Callable[[], Any], kind: str, n: int) -> int:
             await asyncio.sleep(0)
             permit.release()
 
+    async def floor_worker(baton: Baton) -> None:
+        # The least any FIFO gate of one slot does per queued admission:
+        # one future created, awaited and settled, inline (no call, no
+        # count, no limit, no permit). What is left is the event loop's
+        # share of the cycle (the wake-up and the `sleep(0)`), which no gate
+        # removes.
+        create_future = asyncio.get_running_loop().create_future
+        for _ in range(n):
+            if baton.held:
+                fut = baton.waiter = create_future()
+                await fut
+            else:
+                baton.held = True
+            await asyncio.sleep(0)
+            waiter = baton.waiter
+            if waiter is None:
+                baton.held = False
+            else:
+                baton.waiter = None
+                waiter.set_result(None)
+
     async def semaphore_worker(sem: asyncio.Semaphore) -> None:
         for _ in range(n):
             await sem.acquire()
@@ -160,7 +192,11 @@ def contended(make_gate: Callable[[], Any], kind: str, n: int) -> int:
 
     async def main() -> int:
         gate = make_gate()
-        worker: Callable[[Any], Any] = semaphore_worker if kind == "semaphore" else gate_worker
+        worker: Callable[[Any], Any] = gate_worker
+        if kind == "semaphore":
+            worker = semaphore_worker
+        elif kind == "floor":
+            worker = floor_worker
         start = time.perf_counter_ns()
         await asyncio.gather(worker(gate), worker(gate))
         elapsed = time.perf_counter_ns() - start
@@ -240,6 +276,7 @@ def all_cases() -> Dict[str, Tuple[Callable[[int], int], int]]:
         "queued/loadgate": (lambda n: contended(lambda: loadgate.AdmissionGate(1, 16), "loadgate", n), 2),
         "queued/asyncio.Semaphore": (lambda n: contended(lambda: asyncio.Semaphore(1), "semaphore", n), 2),
         "queued/PyGate": (lambda n: contended(lambda: PyGate(1, 16), "pygate", n), 2),
+        "queued/floor": (lambda n: contended(Baton, "floor", n), 2),
     }
     for name, run in sync_cases().items():
         cases[name] = (run, 1)
@@ -341,9 +378,17 @@ def main() -> None:
     def ratio(ours: str, theirs: str) -> float:
         return cost[theirs] / cost[ours] if cost[ours] else float("inf")
 
+    def above_floor(theirs: str) -> float:
+        # The gates' own share of the cycle: each cost less the floor's.
+        ours = cost["queued/loadgate"] - cost["queued/floor"]
+        return (cost[theirs] - cost["queued/floor"]) / ours if ours > 0 else float("inf")
+
     ratios = {
         "queued: asyncio.Semaphore / loadgate": ratio("queued/loadgate", "queued/asyncio.Semaphore"),
         "queued: PyGate / loadgate": ratio("queued/loadgate", "queued/PyGate"),
+        "queued: asyncio.Semaphore / floor": ratio("queued/floor", "queued/asyncio.Semaphore"),
+        "queued above the floor: asyncio.Semaphore / loadgate": above_floor("queued/asyncio.Semaphore"),
+        "queued above the floor: PyGate / loadgate": above_floor("queued/PyGate"),
         "try_admit+release: PyGate / loadgate": ratio("try_admit+release/loadgate", "try_admit+release/PyGate"),
         "select: PyRouter / loadgate": ratio("select/loadgate", "select/PyRouter"),
         "Route.select: PyRouter / loadgate": ratio("Route.select/loadgate", "select/PyRouter"),
@@ -368,7 +413,7 @@ def main() -> None:
     print()
     print("ratio: the other design's cost / loadgate's (above 1: loadgate is cheaper)")
     for label, r in ratios.items():
-        print(f"  {label:40} {r:6.2f}")
+        print(f"  {label:54} {r:6.2f}")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@
 //! `ManualClock` sets no timer (the loop's timers run in real time): tests
 //! advance the clock and call `expire()`. No thread is started.
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use loadgate::gate::MAX_CLASSES;
@@ -53,6 +54,7 @@ use loadgate::{
 use pyo3::exceptions::{
     PyBaseException, PyRuntimeError, PyStopIteration, PyTypeError, PyValueError,
 };
+use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -547,9 +549,9 @@ impl AdmissionGate {
         Ok(Admission {
             gate: Arc::clone(&self.shared),
             priority,
+            entered: AtomicBool::new(false),
             state: Mutex::new(State {
                 step: Step::New,
-                entered: false,
                 permit: None,
             }),
         })
@@ -800,13 +802,13 @@ pub struct Admission {
     gate: Arc<Shared>,
     /// The request's priority class.
     priority: u8,
+    /// Set by `__aenter__`: the permit is kept for `__aexit__`.
+    entered: AtomicBool,
     state: Mutex<State>,
 }
 
 struct State {
     step: Step,
-    /// Set by `__aenter__`: the permit is kept for `__aexit__`.
-    entered: bool,
     /// The permit, kept for `__aexit__`.
     permit: Option<Py<Permit>>,
 }
@@ -840,7 +842,7 @@ enum Delivery {
     Waiting {
         fut: Py<PyAny>,
         event_loop: Py<PyAny>,
-        thread: ThreadId,
+        thread: u64,
     },
     /// Delivered, or nobody will take it (a late outcome is dropped, which
     /// releases a permit).
@@ -897,13 +899,26 @@ impl Handoff {
     }
 }
 
+/// The calling thread's number, unique in the process: cheaper to read than
+/// `thread::current().id()`, which clones a reference-counted handle.
+fn thread_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local!(static NUMBER: Cell<u64> = const { Cell::new(0) });
+    NUMBER.with(|n| {
+        if n.get() == 0 {
+            n.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        n.get()
+    })
+}
+
 /// Routes an outcome to its future: directly on the loop's thread, through
 /// `call_soon_threadsafe` from any other.
 fn deliver_to(
     py: Python<'_>,
     fut: &Py<PyAny>,
     event_loop: &Py<PyAny>,
-    thread: ThreadId,
+    thread: u64,
     outcome: Outcome,
 ) {
     let (value, ok) = match outcome {
@@ -916,7 +931,7 @@ fn deliver_to(
             Err(e) => return e.write_unraisable(py, None),
         },
     };
-    if thread::current().id() == thread {
+    if thread_number() == thread {
         settle(py, fut.bind(py), &value, ok);
         return;
     }
@@ -938,6 +953,51 @@ fn deliver_to(
     }
 }
 
+/// What a step of an [`Admission`] gives when it does not raise.
+enum Stepped<'py> {
+    /// Suspended: the future to wait on.
+    Yield(Bound<'py, PyAny>),
+    /// Finished: the permit the coroutine returns.
+    Return(Bound<'py, PyAny>),
+}
+
+impl<'py> Stepped<'py> {
+    /// As `send()` gives it: the future yielded, or `StopIteration(permit)`
+    /// raised.
+    fn into_send(self) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Stepped::Yield(fut) => Ok(fut),
+            Stepped::Return(permit) => {
+                let py = permit.py();
+                // A ready instance: cheaper to raise than a lazily built one.
+                let stop = py.get_type::<PyStopIteration>().call1((permit,))?;
+                Err(PyErr::from_value(stop))
+            }
+        }
+    }
+
+    /// As `__next__` gives it: the future yielded, or `None` (the slot
+    /// returns NULL) with `StopIteration(permit)` set here. `__next__` is
+    /// `tp_iternext`, through which `await` and asyncio's tasks step the
+    /// coroutine, and NULL with `StopIteration` set is how CPython's own
+    /// generators return a value there. Set as a type and a value, it is
+    /// not normalized before Python 3.12: the interpreter takes the value
+    /// without building the exception (PyO3's error path would build it).
+    fn into_next(self) -> Option<Bound<'py, PyAny>> {
+        match self {
+            Stepped::Yield(fut) => Some(fut),
+            Stepped::Return(permit) => {
+                // SAFETY: the thread is attached (`permit` is bound to it);
+                // both pointers are valid and `PyErr_SetObject` takes its
+                // own references. The permit is never a tuple or an
+                // exception, which the call would read as arguments.
+                unsafe { ffi::PyErr_SetObject(ffi::PyExc_StopIteration, permit.as_ptr()) };
+                None
+            }
+        }
+    }
+}
+
 impl Admission {
     fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
@@ -948,9 +1008,9 @@ impl Admission {
         std::mem::replace(&mut self.state().step, Step::Done)
     }
 
-    /// One step of the coroutine: `Ok` is the future to wait on (yielded),
-    /// `Err` the return (`StopIteration(permit)`) or the refusal.
-    fn step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// One step of the coroutine: the future to wait on or the permit, or
+    /// the refusal.
+    fn step<'py>(&self, py: Python<'py>) -> PyResult<Stepped<'py>> {
         match self.take_step() {
             Step::New => self.start(py),
             Step::Queued(q) => self.resume(py, q),
@@ -961,11 +1021,11 @@ impl Admission {
     }
 
     /// The first step: admitted or refused at once, or queued.
-    fn start<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    fn start<'py>(&self, py: Python<'py>) -> PyResult<Stepped<'py>> {
         let core = &self.gate.core;
         // A free slot: no callback, no event loop.
         if let Ok(p) = core.try_admit_owned_at(self.priority) {
-            return Err(self.finish(py, Ok(p)));
+            return self.finish(py, Ok(p));
         }
         let handoff = Arc::new(Handoff(Mutex::new(Delivery::Registering(None))));
         let for_core = Arc::clone(&handoff);
@@ -974,7 +1034,7 @@ impl Admission {
             Box::new(move |outcome| for_core.deliver(outcome)),
         );
         if let Some(outcome) = handoff.take_early() {
-            return Err(self.finish(py, outcome));
+            return self.finish(py, outcome);
         }
         // Queued: wait for the outcome on the running loop.
         let waiting = running_loop(py).and_then(|event_loop| {
@@ -995,11 +1055,11 @@ impl Admission {
         let published = handoff.publish(Delivery::Waiting {
             fut: fut.clone().unbind(),
             event_loop: event_loop.clone().unbind(),
-            thread: thread::current().id(),
+            thread: thread_number(),
         });
         if let Err((outcome, waiting)) = published {
             drop(waiting);
-            return Err(self.finish(py, outcome));
+            return self.finish(py, outcome);
         }
         let mut queued = Queued {
             fut: fut.clone().unbind(),
@@ -1014,12 +1074,12 @@ impl Admission {
             }
         }
         self.state().step = Step::Queued(queued);
-        Ok(fut)
+        Ok(Stepped::Yield(fut))
     }
 
     /// A later step: the future is done (the awaiting task was woken), so
     /// return its permit or raise its refusal.
-    fn resume<'py>(&self, py: Python<'py>, q: Queued) -> PyResult<Bound<'py, PyAny>> {
+    fn resume<'py>(&self, py: Python<'py>, q: Queued) -> PyResult<Stepped<'py>> {
         let fut = q.fut.bind(py).clone();
         // `result()` first: `done()` is asked only when it raises.
         let err = match fut.call_method0(intern!(py, "result")) {
@@ -1027,7 +1087,7 @@ impl Admission {
                 if let Some(event_loop) = &q.timed {
                     self.gate.leave(Some(py), event_loop);
                 }
-                return Err(self.returned(permit));
+                return Ok(self.returned(permit));
             }
             Err(e) => e,
         };
@@ -1042,7 +1102,7 @@ impl Admission {
                 return Err(e);
             }
             self.state().step = Step::Queued(q);
-            return Ok(fut);
+            return Ok(Stepped::Yield(fut));
         }
         // A refusal, or the future was cancelled (then the request leaves
         // the queue).
@@ -1050,33 +1110,20 @@ impl Admission {
         Err(err)
     }
 
-    /// The coroutine's end for an outcome: `StopIteration(permit)` or the
-    /// refusal.
-    fn finish(&self, py: Python<'_>, outcome: Outcome) -> PyErr {
+    /// The coroutine's end for an outcome: the permit or the refusal.
+    fn finish<'py>(&self, py: Python<'py>, outcome: Outcome) -> PyResult<Stepped<'py>> {
         match outcome {
-            Ok(p) => match Bound::new(py, Permit::new(p)) {
-                Ok(permit) => self.returned(permit.into_any()),
-                Err(e) => e,
-            },
-            Err(e) => admit_error(py, e),
+            Ok(p) => Ok(self.returned(Bound::new(py, Permit::new(p))?.into_any())),
+            Err(e) => Err(admit_error(py, e)),
         }
     }
 
-    /// `StopIteration(permit)`; the permit is kept for `__aexit__` inside
-    /// `async with`.
-    fn returned(&self, permit: Bound<'_, PyAny>) -> PyErr {
-        let py = permit.py();
-        {
-            let mut st = self.state();
-            if st.entered {
-                st.permit = permit.cast::<Permit>().ok().map(|p| p.clone().unbind());
-            }
+    /// The permit returned; it is kept for `__aexit__` inside `async with`.
+    fn returned<'py>(&self, permit: Bound<'py, PyAny>) -> Stepped<'py> {
+        if self.entered.load(Ordering::Relaxed) {
+            self.state().permit = permit.cast::<Permit>().ok().map(|p| p.clone().unbind());
         }
-        // A ready instance: cheaper to raise than a lazily built one.
-        match py.get_type::<PyStopIteration>().call1((permit,)) {
-            Ok(stop) => PyErr::from_value(stop),
-            Err(e) => e,
-        }
+        Stepped::Return(permit)
     }
 
     /// Ends a queued admission that is collected without being finished
@@ -1204,8 +1251,8 @@ impl Admission {
         drop(permit);
     }
 
-    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.step(py)
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        Ok(self.step(py)?.into_next())
     }
 
     /// Resumes the coroutine; as for any coroutine, only `None` may be sent
@@ -1217,7 +1264,7 @@ impl Admission {
                 "can't send non-None value to a just-started coroutine",
             ));
         }
-        self.step(py)
+        self.step(py)?.into_send()
     }
 
     /// Raises the exception in the coroutine, which ends it: a queued
@@ -1266,7 +1313,7 @@ impl Admission {
     }
 
     fn __aenter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
-        slf.get().state().entered = true;
+        slf.get().entered.store(true, Ordering::Relaxed);
         slf
     }
 
@@ -1340,10 +1387,30 @@ fn settle(py: Python<'_>, fut: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, ok: 
     } else {
         intern!(py, "set_exception")
     };
-    if fut.call_method1(method, (value,)).is_err() {
+    if call_method_with(fut, method, value).is_err() {
         // The future was cancelled (`InvalidStateError`), or the loop was
         // closed under it.
         release_value(value, ok);
+    }
+}
+
+/// `obj.name(arg)` through `PyObject_CallMethodObjArgs`, which builds no
+/// bound method and no argument tuple (PyO3's `call_method1` builds both).
+fn call_method_with<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+    arg: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: the thread is attached (the arguments are bound to it); the
+    // pointers are valid for the call, and the list ends with NULL.
+    unsafe {
+        let result = ffi::PyObject_CallMethodObjArgs(
+            obj.as_ptr(),
+            name.as_ptr(),
+            arg.as_ptr(),
+            std::ptr::null_mut::<ffi::PyObject>(),
+        );
+        Bound::from_owned_ptr_or_err(obj.py(), result)
     }
 }
 

@@ -258,6 +258,30 @@ def test_throw_cancelled_error_cancels_the_queued_request() -> None:
     run(main)
 
 
+def test_send_and_next_return_the_permit_in_stop_iteration() -> None:
+    # `send(None)` is the method a user calls; `next()` is the slot `await`
+    # and asyncio's tasks step the coroutine through. Both end with
+    # StopIteration carrying the permit, at once or after queueing.
+    async def main() -> None:
+        g = AdmissionGate(1, 2)
+        for step in (lambda a: a.send(None), next):
+            with pytest.raises(StopIteration) as stop:
+                step(g.admit())
+            held = stop.value.value
+            assert isinstance(held, Permit) and g.running == 1
+            a = g.admit()
+            fut = step(a)
+            assert isinstance(fut, asyncio.Future) and g.queued == 1
+            held.release()
+            with pytest.raises(StopIteration) as stop:
+                step(a)
+            assert isinstance(stop.value.value, Permit) and g.running == 1
+            stop.value.value.release()
+            assert (g.running, g.queued) == (0, 0)
+
+    run(main)
+
+
 def test_throw_after_the_grant_releases_the_permit() -> None:
     async def main() -> None:
         g = AdmissionGate(1, 1)
