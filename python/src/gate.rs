@@ -790,6 +790,33 @@ fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
         .call0()
 }
 
+/// `event_loop.create_future()`. On asyncio's own loops (exactly
+/// `asyncio.SelectorEventLoop` or `ProactorEventLoop`, whose method is
+/// `BaseEventLoop.create_future`: `return futures.Future(loop=self)`), the
+/// same future is made here, without that method's Python frame; any other
+/// loop (uvloop, or a subclass, which may override the method) is asked.
+fn new_future<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    static STOCK: PyOnceLock<(Vec<Py<PyAny>>, Py<PyAny>)> = PyOnceLock::new();
+    let py = event_loop.py();
+    let (stock_loops, future) = STOCK.get_or_try_init(py, || -> PyResult<_> {
+        let asyncio = py.import("asyncio")?;
+        let mut loops = Vec::new();
+        for name in ["SelectorEventLoop", "ProactorEventLoop"] {
+            if let Ok(class) = asyncio.getattr(name) {
+                loops.push(class.unbind());
+            }
+        }
+        Ok((loops, asyncio.getattr("Future")?.unbind()))
+    })?;
+    let class = event_loop.get_type();
+    if !stock_loops.iter().any(|stock| class.is(stock)) {
+        return event_loop.call_method0(intern!(py, "create_future"));
+    }
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "loop"), event_loop)?;
+    future.bind(py).call((), Some(&kwargs))
+}
+
 /// What a finished admission gives: a permit or the refusal.
 type Outcome = Result<OwnedPermit, AdmitError>;
 
@@ -1038,7 +1065,7 @@ impl Admission {
         }
         // Queued: wait for the outcome on the running loop.
         let waiting = running_loop(py).and_then(|event_loop| {
-            let fut = event_loop.call_method0(intern!(py, "create_future"))?;
+            let fut = new_future(&event_loop)?;
             fut.setattr(intern!(py, "_asyncio_future_blocking"), true)?;
             Ok((event_loop, fut))
         });

@@ -50,6 +50,44 @@ def test_admit_await_and_async_with() -> None:
     run(main)
 
 
+def test_a_queued_admission_waits_on_the_loops_own_future() -> None:
+    # asyncio's own loop gets an asyncio.Future bound to it; a loop that
+    # overrides create_future (a subclass, as uvloop's own class does) is
+    # asked for its future.
+    made: List[asyncio.Future[Any]] = []
+
+    class CustomFuture(asyncio.Future):  # type: ignore[type-arg]
+        pass
+
+    class CustomLoop(asyncio.SelectorEventLoop):
+        def create_future(self) -> asyncio.Future[Any]:
+            fut: asyncio.Future[Any] = CustomFuture(loop=self)
+            made.append(fut)
+            return fut
+
+    async def main() -> asyncio.Future[Any]:
+        g = AdmissionGate(1, 1)
+        held = await g.admit()
+        a = g.admit()
+        fut: asyncio.Future[Any] = a.send(None)
+        assert fut.get_loop() is asyncio.get_running_loop()
+        held.release()
+        with pytest.raises(StopIteration) as stop:
+            a.send(None)
+        stop.value.value.release()
+        assert g.running == 0
+        return fut
+
+    fut = asyncio.run(main())
+    assert type(fut) is asyncio.Future and made == []
+    loop = CustomLoop()
+    try:
+        fut = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert type(fut) is CustomFuture and made == [fut]
+
+
 def test_admit_waits_only_on_a_running_loop() -> None:
     g = AdmissionGate(1)
     with pytest.raises(StopIteration) as stop:
