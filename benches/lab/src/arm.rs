@@ -1,0 +1,343 @@
+//! The arms: the admission designs compared, each built from loadgate's
+//! own parts (or from none), with the knobs the tuning grid searches.
+
+use std::time::Duration;
+
+use loadgate::{ClassConfig, GateConfig, Policy, Staleness, ThresholdUpdate};
+use serde::Serialize;
+
+/// Which design an arm is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum ArmKind {
+    /// (a) No admission control: the frontend routes round-robin, the engine
+    /// queues everything.
+    NoControl,
+    /// (b) The engine's own `max_num_seqs` as the only limit (tuned).
+    EngineLimit,
+    /// (c) The seed design as Dynamo ships it: busy thresholds at the
+    /// frontend over the router's bookings, an `N + Q` FIFO gate at the
+    /// worker, no wait limit, no deadline, no `Retry-After`.
+    Seed,
+    /// (d) An llm-d-style saturation detector: a worker is saturated when its
+    /// waiting queue reaches 5 or its KV cache 0.8, or its metrics are stale;
+    /// all saturated means reject.
+    Saturation,
+    /// (e) loadgate with every feature it has: thresholds, gate, wait limit,
+    /// deadlines, priority classes, `Retry-After`, stale-signal policy.
+    Loadgate,
+    /// (f) An oracle that admits exactly `min(offered, capacity)`: a token
+    /// bucket at the measured capacity `C*`, joined to the shortest queue.
+    Oracle,
+}
+
+impl ArmKind {
+    /// Every arm, in report order.
+    pub const ALL: [ArmKind; 6] = [
+        ArmKind::NoControl,
+        ArmKind::EngineLimit,
+        ArmKind::Seed,
+        ArmKind::Saturation,
+        ArmKind::Loadgate,
+        ArmKind::Oracle,
+    ];
+
+    /// Short label, `(a)` to `(f)` with a name.
+    pub fn label(self) -> &'static str {
+        match self {
+            ArmKind::NoControl => "(a) no control",
+            ArmKind::EngineLimit => "(b) engine max_num_seqs",
+            ArmKind::Seed => "(c) seed (Dynamo as shipped)",
+            ArmKind::Saturation => "(d) llm-d saturation detector",
+            ArmKind::Loadgate => "(e) loadgate, every feature",
+            ArmKind::Oracle => "(f) oracle",
+        }
+    }
+
+    /// Whether the arm's frontend runs a loadgate `Monitor` fed by load
+    /// reports.
+    pub fn uses_monitor(self) -> bool {
+        matches!(
+            self,
+            ArmKind::Seed | ArmKind::Saturation | ArmKind::Loadgate
+        )
+    }
+}
+
+/// The worker gate's knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GateKnobs {
+    /// `N`: requests running at once.
+    pub limit: u32,
+    /// `Q`: requests waiting.
+    pub queue: u32,
+    /// `W`: admitted requests without their first token.
+    pub wait_limit: Option<u32>,
+    /// Queue deadline.
+    pub deadline_s: Option<f64>,
+    /// Two priority classes: class 0 may use the whole queue and `reserved`
+    /// slots no class-1 request may take; class 1 waits at most half as
+    /// long.
+    pub classes: Option<u32>,
+}
+
+impl GateKnobs {
+    /// The loadgate gate configuration.
+    pub fn config(&self) -> GateConfig {
+        let deadline = self.deadline_s.map(Duration::from_secs_f64);
+        let mut config = GateConfig::new(self.limit)
+            .with_queue(self.queue)
+            .with_wait_limit(self.wait_limit)
+            .with_queue_timeout(deadline);
+        if let Some(reserved) = self.classes {
+            config = config
+                .with_classes(2)
+                .with_class(
+                    0,
+                    ClassConfig {
+                        queue: self.queue,
+                        queue_timeout: deadline,
+                        reserved,
+                    },
+                )
+                .with_class(
+                    1,
+                    ClassConfig {
+                        queue: self.queue,
+                        queue_timeout: deadline.map(|d| d / 2),
+                        reserved: 0,
+                    },
+                );
+        }
+        config
+    }
+}
+
+/// One arm with its knobs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Arm {
+    /// The design.
+    pub kind: ArmKind,
+    /// Engine `max_num_seqs` override.
+    pub max_num_seqs: Option<u32>,
+    /// Frontend decode threshold (fraction of KV blocks).
+    pub decode_threshold: Option<f64>,
+    /// Frontend waiting-requests threshold (busy above it).
+    pub waiting_threshold: Option<u64>,
+    /// Frontend fractional prefill threshold.
+    pub prefill_frac: Option<f64>,
+    /// Staleness policy (`"busy"` or `"free"`) and its silence, seconds.
+    pub staleness: Option<(&'static str, f64)>,
+    /// The router books each request's blocks on its worker.
+    pub book: bool,
+    /// Routing policy name (`round_robin`, `power_of_two`).
+    pub policy: &'static str,
+    /// The worker gate, if any.
+    pub gate: Option<GateKnobs>,
+    /// `Retry-After` sent with each rejection, seconds.
+    pub retry_after_s: Option<f64>,
+    /// Admission rate of the oracle (fleet, requests per second).
+    pub oracle_rate: Option<f64>,
+}
+
+impl Arm {
+    /// An arm of `kind` with its untuned defaults.
+    pub fn base(kind: ArmKind) -> Self {
+        let arm = Self {
+            kind,
+            max_num_seqs: None,
+            decode_threshold: None,
+            waiting_threshold: None,
+            prefill_frac: None,
+            staleness: None,
+            book: false,
+            policy: "round_robin",
+            gate: None,
+            retry_after_s: None,
+            oracle_rate: None,
+        };
+        match kind {
+            ArmKind::NoControl | ArmKind::EngineLimit | ArmKind::Oracle => arm,
+            ArmKind::Seed => Self {
+                decode_threshold: Some(0.9),
+                book: true,
+                gate: Some(GateKnobs {
+                    limit: 256,
+                    queue: 16,
+                    wait_limit: None,
+                    deadline_s: None,
+                    classes: None,
+                }),
+                ..arm
+            },
+            ArmKind::Saturation => Self {
+                decode_threshold: Some(0.8),
+                waiting_threshold: Some(4),
+                staleness: Some(("busy", 0.2)),
+                policy: "power_of_two",
+                ..arm
+            },
+            ArmKind::Loadgate => Self {
+                decode_threshold: Some(0.9),
+                waiting_threshold: Some(4),
+                staleness: Some(("busy", 1.0)),
+                book: true,
+                policy: "power_of_two",
+                gate: Some(GateKnobs {
+                    limit: 128,
+                    queue: 32,
+                    wait_limit: Some(32),
+                    deadline_s: Some(1.0),
+                    classes: Some(8),
+                }),
+                retry_after_s: Some(1.0),
+                ..arm
+            },
+        }
+    }
+
+    /// The tuning grid of this arm's kind: every candidate the calibration
+    /// scenario tries. The oracle's rate is `C*`, set by the caller.
+    pub fn grid(kind: ArmKind, quick: bool) -> Vec<Arm> {
+        let base = Arm::base(kind);
+        let mut out = Vec::new();
+        match kind {
+            ArmKind::NoControl | ArmKind::Oracle => out.push(base),
+            ArmKind::EngineLimit => {
+                for n in [16, 32, 64, 128, 256] {
+                    out.push(Arm {
+                        max_num_seqs: Some(n),
+                        ..base.clone()
+                    });
+                }
+            }
+            ArmKind::Seed => {
+                for t in [0.5, 0.7, 0.9] {
+                    for n in [64, 128, 256] {
+                        for q in [0, 16, 64] {
+                            let gate = GateKnobs {
+                                limit: n,
+                                queue: q,
+                                ..base.gate.expect("the seed arm has a gate")
+                            };
+                            out.push(Arm {
+                                decode_threshold: Some(t),
+                                gate: Some(gate),
+                                ..base.clone()
+                            });
+                        }
+                    }
+                }
+            }
+            ArmKind::Saturation => {
+                for kv in [0.6, 0.8, 0.9] {
+                    for w in [1, 4, 9] {
+                        out.push(Arm {
+                            decode_threshold: Some(kv),
+                            waiting_threshold: Some(w),
+                            ..base.clone()
+                        });
+                    }
+                }
+            }
+            ArmKind::Loadgate => {
+                for n in [32, 64, 128] {
+                    for w in [1, 4, 16] {
+                        for deadline in [0.5, 1.0] {
+                            let gate = GateKnobs {
+                                limit: n,
+                                queue: n / 4,
+                                wait_limit: Some((n / 4).max(4)),
+                                deadline_s: Some(deadline),
+                                classes: Some((n / 16).max(1)),
+                            };
+                            out.push(Arm {
+                                waiting_threshold: Some(w),
+                                gate: Some(gate),
+                                ..base.clone()
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if quick {
+            // CI's quick mode: every third candidate, always the first.
+            out = out.into_iter().step_by(3).collect();
+        }
+        out
+    }
+
+    /// The frontend thresholds of this arm.
+    pub fn thresholds(&self) -> ThresholdUpdate {
+        ThresholdUpdate {
+            active_decode_blocks_threshold: self.decode_threshold,
+            active_prefill_tokens_threshold_frac: self.prefill_frac,
+            waiting_requests_threshold: self.waiting_threshold,
+            ..Default::default()
+        }
+    }
+
+    /// The routing policy.
+    pub fn routing(&self) -> Policy {
+        Policy::from_name(self.policy).unwrap_or_default()
+    }
+
+    /// The staleness policy and its silence, if any.
+    pub fn stale(&self) -> Option<(Staleness, Duration)> {
+        self.staleness.map(|(name, after)| {
+            (
+                Staleness::from_name(name).unwrap_or_default(),
+                Duration::from_secs_f64(after),
+            )
+        })
+    }
+
+    /// One line naming the knobs, for the report.
+    pub fn knobs(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(n) = self.max_num_seqs {
+            parts.push(format!("max_num_seqs {n}"));
+        }
+        if let Some(t) = self.decode_threshold {
+            parts.push(format!("decode threshold {t}"));
+        }
+        if let Some(w) = self.waiting_threshold {
+            parts.push(format!("busy above {w} waiting"));
+        }
+        if let Some(f) = self.prefill_frac {
+            parts.push(format!("prefill threshold {f}"));
+        }
+        if let Some((p, s)) = self.staleness {
+            parts.push(format!("stale after {s} s counts {p}"));
+        }
+        if self.book {
+            parts.push("router bookings".into());
+        }
+        if self.kind.uses_monitor() {
+            parts.push(format!("{} routing", self.policy));
+        }
+        if let Some(g) = self.gate {
+            let mut s = format!("gate N {} Q {}", g.limit, g.queue);
+            if let Some(w) = g.wait_limit {
+                s += &format!(" W {w}");
+            }
+            if let Some(d) = g.deadline_s {
+                s += &format!(" deadline {d} s");
+            }
+            if let Some(r) = g.classes {
+                s += &format!(" 2 classes ({r} reserved)");
+            }
+            parts.push(s);
+        }
+        if let Some(r) = self.retry_after_s {
+            parts.push(format!("Retry-After {r} s"));
+        }
+        if let Some(r) = self.oracle_rate {
+            parts.push(format!("admits {r:.1} req/s"));
+        }
+        if parts.is_empty() {
+            parts.push("none".into());
+        }
+        parts.join(", ")
+    }
+}

@@ -1,0 +1,27 @@
+//! The overload lab: what loadgate is worth to a fleet under overload.
+//!
+//! One seeded, open-loop workload drives a fleet of emulated
+//! continuous-batching engines on a virtual clock, once per admission
+//! design ("arm"), in the same process: no control, the engine's own
+//! limit, the seed design as Dynamo ships it, an llm-d-style saturation
+//! detector, loadgate with every feature, and an oracle. loadgate's real
+//! code decides (its `Monitor`, bookings, `AdmissionGate`, `Publisher` and
+//! `Subscriber`); only the engines and the clients are emulated.
+//!
+//! * [`engine`]: the continuous-batching engine emulator;
+//! * [`workload`]: arrivals, lengths, tenants, priorities and clients;
+//! * [`arm`]: the designs and their tuning grids;
+//! * [`sim`]: one run, event by event;
+//! * [`record`]: what a run measured, with vLLM `bench serve`'s definitions;
+//! * [`matrix`]: `C*`, the tuning, and every scenario;
+//! * [`report`]: docs/overload.md, its plots and `--json`.
+//!
+//! `cargo run --release -p loadgate-lab` runs the whole matrix.
+
+pub mod arm;
+pub mod engine;
+pub mod matrix;
+pub mod record;
+pub mod report;
+pub mod sim;
+pub mod workload;
