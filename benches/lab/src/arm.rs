@@ -179,7 +179,7 @@ impl Arm {
             ArmKind::Loadgate => Self {
                 decode_threshold: Some(0.9),
                 waiting_threshold: Some(4),
-                staleness: Some(("busy", 1.0)),
+                staleness: Some(("busy", 3.0)),
                 book: true,
                 policy: "power_of_two",
                 gate: Some(GateKnobs {
@@ -196,14 +196,15 @@ impl Arm {
     }
 
     /// The tuning grid of this arm's kind: every candidate the calibration
-    /// scenario tries. The oracle's rate is `C*`, set by the caller.
+    /// scenario tries, the design's shipped defaults first (so that a tie
+    /// keeps them). The oracle's rate is `C*`, set by the caller.
     pub fn grid(kind: ArmKind, quick: bool) -> Vec<Arm> {
         let base = Arm::base(kind);
         let mut out = Vec::new();
         match kind {
             ArmKind::NoControl | ArmKind::Oracle => out.push(base),
             ArmKind::EngineLimit => {
-                for n in [16, 32, 64, 128, 256] {
+                for n in [256, 128, 64, 32, 16, 8] {
                     out.push(Arm {
                         max_num_seqs: Some(n),
                         ..base.clone()
@@ -211,9 +212,9 @@ impl Arm {
                 }
             }
             ArmKind::Seed => {
-                for t in [0.5, 0.7, 0.9] {
-                    for n in [64, 128, 256] {
-                        for q in [0, 16, 64] {
+                for t in [0.9, 0.7, 0.5] {
+                    for n in [256, 192, 128, 64] {
+                        for q in [16, 0, 64] {
                             let gate = GateKnobs {
                                 limit: n,
                                 queue: q,
@@ -229,8 +230,8 @@ impl Arm {
                 }
             }
             ArmKind::Saturation => {
-                for kv in [0.6, 0.8, 0.9] {
-                    for w in [1, 4, 9] {
+                for kv in [0.8, 0.6, 0.9] {
+                    for w in [4, 1, 9] {
                         out.push(Arm {
                             decode_threshold: Some(kv),
                             waiting_threshold: Some(w),
@@ -240,21 +241,28 @@ impl Arm {
                 }
             }
             ArmKind::Loadgate => {
-                for n in [32, 64, 128] {
-                    for w in [1, 4, 16] {
-                        for deadline in [0.5, 1.0] {
-                            let gate = GateKnobs {
-                                limit: n,
-                                queue: n / 4,
-                                wait_limit: Some((n / 4).max(4)),
-                                deadline_s: Some(deadline),
-                                classes: Some((n / 16).max(1)),
-                            };
-                            out.push(Arm {
-                                waiting_threshold: Some(w),
-                                gate: Some(gate),
-                                ..base.clone()
-                            });
+                for n in [128, 192, 256] {
+                    for w in [Some(8), Some(16), Some(32), None] {
+                        for q in [0, 8, 32] {
+                            for deadline in [0.5, 1.0] {
+                                for waiting in [4, 16] {
+                                    for policy in ["round_robin", "power_of_two"] {
+                                        let gate = GateKnobs {
+                                            limit: n,
+                                            queue: q,
+                                            wait_limit: w,
+                                            deadline_s: Some(deadline),
+                                            classes: Some(n / 16),
+                                        };
+                                        out.push(Arm {
+                                            waiting_threshold: Some(waiting),
+                                            gate: Some(gate),
+                                            policy,
+                                            ..base.clone()
+                                        });
+                                    }
+                                }
+                            }
                         }
                     }
                 }

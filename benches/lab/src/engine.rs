@@ -171,7 +171,8 @@ pub struct Signals {
 pub struct EngineTotals {
     /// Steps run.
     pub steps: u64,
-    /// Tokens computed (prefill and decode).
+    /// Tokens computed (prefill and decode), counted when their step is
+    /// scheduled.
     pub computed_tokens: u64,
     /// Preemptions (recompute).
     pub preemptions: u64,
@@ -377,6 +378,12 @@ impl Engine {
             return None;
         }
         self.in_step = true;
+        // The step computes what it scheduled, whatever leaves meanwhile.
+        self.totals.computed_tokens += self
+            .running
+            .iter()
+            .map(|s| u64::from(s.scheduled))
+            .sum::<u64>();
         let kv_tokens: u64 = self
             .running
             .iter()
@@ -400,7 +407,6 @@ impl Engine {
             let done = seq.scheduled;
             seq.scheduled = 0;
             seq.computed += done;
-            self.totals.computed_tokens += u64::from(done);
             if done > 0 && seq.computed == seq.tokens() {
                 seq.generated += 1;
                 let finished = seq.generated >= seq.output;

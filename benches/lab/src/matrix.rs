@@ -1,1 +1,480 @@
+//! The whole matrix: find `C*`, tune every arm by one procedure, then run
+//! every scenario for every arm on the same seeded workloads.
+//!
+//! * `C*` is the highest Poisson rate at which arm (a) meets the SLOs for at
+//!   least 99 % of offered requests (bisection).
+//! * Tuning: each arm's grid ([`Arm::grid`]) runs on one calibration
+//!   scenario (steady Poisson load at 2 × `C*`, a seed of its own); the
+//!   candidate with the highest goodput wins (in steps of 0.5 % of `C*`;
+//!   ties: lower admitted p99 TTFT, then lower p99 time to a 529) and is
+//!   frozen for every scenario.
+//! * Runs are independent and deterministic; two threads take them in turn
+//!   and the results keep the matrix's order.
 
+use std::cmp::Reverse;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::arm::{Arm, ArmKind};
+use crate::record::Measured;
+use crate::sim::{run, Conditions};
+use crate::workload::{Arrivals, Client, Retry, WorkloadSpec};
+
+/// How much to run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Options {
+    /// CI's short mode: shorter runs, fewer loads and candidates.
+    pub quick: bool,
+    /// Seed of the evaluation workloads.
+    pub seed: u64,
+    /// Threads running simulations.
+    pub threads: usize,
+}
+
+/// One scenario: a workload shape (rates in units of `C*`) and conditions.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Scenario {
+    /// Name, unique in the matrix.
+    pub name: String,
+    /// Group: `steady`, `bursty`, `step`, `spike`, `stale`, `tenants`.
+    pub group: &'static str,
+    /// Offered load (the highest of the profile) in units of `C*`.
+    pub load: f64,
+    /// Rate profile in units of `C*`.
+    pub profile: Vec<(f64, f64)>,
+    /// Arrivals stop here, seconds.
+    pub duration_s: f64,
+    /// Gap distribution.
+    pub arrivals: Arrivals,
+    /// Tenants' shares.
+    pub tenants: Vec<f64>,
+    /// Clients.
+    pub client: Client,
+    /// Report interval and transport delay, seconds, if not the default.
+    pub signal_lag_s: Option<f64>,
+    /// The time after which settling or recovery is measured, seconds.
+    pub change_at_s: Option<f64>,
+}
+
+impl Scenario {
+    fn workload(&self, capacity: f64, seed: u64) -> WorkloadSpec {
+        let mut w = WorkloadSpec::steady(1.0, self.duration_s, seed);
+        w.profile = self
+            .profile
+            .iter()
+            .map(|&(t, x)| (t, x * capacity))
+            .collect();
+        w.arrivals = self.arrivals;
+        w.tenants = self.tenants.clone();
+        w.client = self.client;
+        w
+    }
+
+    fn conditions(&self, base: &Conditions) -> Conditions {
+        let mut c = *base;
+        if let Some(lag) = self.signal_lag_s {
+            c.report_interval_s = lag;
+            c.transport_delay_s = lag / 2.0;
+        }
+        c
+    }
+}
+
+/// One arm on one scenario.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    /// The scenario's name.
+    pub scenario: String,
+    /// Its group.
+    pub group: &'static str,
+    /// Its load in units of `C*`.
+    pub load: f64,
+    /// The arm.
+    pub arm: ArmKind,
+    /// Every figure.
+    pub measured: Measured,
+    /// Seconds from the change until the smoothed goodput stays within 10 %
+    /// of its final level for ten seconds with admitted p99 TTFT within the
+    /// SLO; `None`: never within the run.
+    pub settle_s: Option<f64>,
+    /// Seconds from the change until the smoothed goodput reaches 95 % of
+    /// `min(offered, C*)`; `None`: never within the run.
+    pub recover_s: Option<f64>,
+    /// Jain's index over the tenants' served tokens, relative to their
+    /// demand capped at a max-min fair share.
+    pub jain: Option<f64>,
+}
+
+/// A tuned arm.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Tuned {
+    /// The winner.
+    pub arm: Arm,
+    /// Its goodput on the calibration scenario, fraction of `C*`.
+    pub goodput_frac: f64,
+    /// Candidates tried.
+    pub candidates: usize,
+}
+
+/// Everything the matrix measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Matrix {
+    /// How it was run.
+    pub options: Options,
+    /// The fleet and signal conditions (the stale scenarios change two).
+    pub conditions: Conditions,
+    /// `C*`, requests per second.
+    pub capacity: f64,
+    /// Bisection probes of `C*`: (rate, SLO attainment of arm (a)).
+    pub capacity_probes: Vec<(f64, f64)>,
+    /// Each arm as tuned.
+    pub tuned: Vec<Tuned>,
+    /// The scenarios.
+    pub scenarios: Vec<Scenario>,
+    /// Every run, scenario by scenario, arm by arm.
+    pub rows: Vec<Row>,
+    /// Simulations run, tuning included.
+    pub runs: usize,
+    /// Wall time, seconds.
+    pub wall_s: f64,
+}
+
+/// Runs `jobs` on `threads` threads and returns the results in order.
+fn parallel<T: Sync, R: Send>(threads: usize, jobs: Vec<T>, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let out: Mutex<Vec<Option<R>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let r = f(job);
+                out.lock().expect("results")[i] = Some(r);
+            });
+        }
+    });
+    out.into_inner()
+        .expect("results")
+        .into_iter()
+        .map(|r| r.expect("every job ran"))
+        .collect()
+}
+
+/// Every scenario of the matrix.
+pub fn scenarios(quick: bool) -> Vec<Scenario> {
+    let (steady_s, loads): (f64, &[f64]) = if quick {
+        (20.0, &[0.5, 1.0, 2.0, 4.0, 10.0])
+    } else {
+        (60.0, &[0.5, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 10.0])
+    };
+    let base = |name: String, group, load, profile, duration_s| Scenario {
+        name,
+        group,
+        load,
+        profile,
+        duration_s,
+        arrivals: Arrivals::Poisson,
+        tenants: vec![1.0],
+        client: Client::default(),
+        signal_lag_s: None,
+        change_at_s: None,
+    };
+    let mut out = Vec::new();
+    for &x in loads {
+        out.push(base(
+            format!("steady {x}x"),
+            "steady",
+            x,
+            vec![(0.0, x)],
+            steady_s,
+        ));
+    }
+    for x in [1.2, 2.0] {
+        out.push(Scenario {
+            arrivals: Arrivals::Gamma { burstiness: 0.25 },
+            ..base(
+                format!("bursty {x}x"),
+                "bursty",
+                x,
+                vec![(0.0, x)],
+                steady_s,
+            )
+        });
+    }
+    let t = if quick { 15.0 } else { 30.0 };
+    out.push(Scenario {
+        change_at_s: Some(t),
+        ..base(
+            "step 1.0x to 1.4x".into(),
+            "step",
+            1.4,
+            vec![(0.0, 1.0), (t, 1.4)],
+            3.0 * t,
+        )
+    });
+    let spike = if quick { 10.0 } else { 30.0 };
+    for (name, retry) in [
+        ("after Retry-After", Retry::AfterRetryAfter),
+        ("at once", Retry::Immediate),
+        (
+            "adaptive throttling",
+            Retry::Adaptive {
+                k: 2.0,
+                window_s: 120.0,
+            },
+        ),
+    ] {
+        out.push(Scenario {
+            client: Client {
+                retry,
+                ..Client::default()
+            },
+            change_at_s: Some(t + spike),
+            ..base(
+                format!("spike 0.8x to 4x, retry {name}"),
+                "spike",
+                4.0,
+                vec![(0.0, 0.8), (t, 4.0), (t + spike, 0.8)],
+                t + spike + 2.0 * t,
+            )
+        });
+    }
+    let lags: &[f64] = if quick {
+        &[1.0]
+    } else {
+        &[0.2, 0.5, 1.0, 2.0, 5.0]
+    };
+    for &lag in lags {
+        out.push(Scenario {
+            signal_lag_s: Some(lag),
+            ..base(
+                format!("stale signals {lag} s, 2x"),
+                "stale",
+                2.0,
+                vec![(0.0, 2.0)],
+                steady_s,
+            )
+        });
+    }
+    out.push(Scenario {
+        tenants: vec![10.0, 1.0, 1.0],
+        ..base(
+            "three tenants (10:1:1), 2x".into(),
+            "tenants",
+            2.0,
+            vec![(0.0, 2.0)],
+            steady_s,
+        )
+    });
+    out
+}
+
+/// A five-bin moving average of the goodput series.
+fn smoothed(m: &Measured, i: usize) -> f64 {
+    let n = m.series_goodput.len();
+    let (lo, hi) = (i.saturating_sub(2), (i + 3).min(n));
+    m.series_goodput[lo..hi].iter().sum::<f64>() / (hi - lo) as f64
+}
+
+/// Settling after a change: the first time from which the smoothed goodput
+/// stays within 10 % of its final level (the mean of the second half of
+/// the time left) for ten seconds, every bin's admitted p99 TTFT within the
+/// SLO.
+fn settle(m: &Measured, scenario: &Scenario, slo_ttft_ms: f64) -> Option<f64> {
+    let from = scenario.change_at_s?;
+    let bins = m.series_goodput.len();
+    let idx = |t: f64| ((t / m.bin_s) as usize).min(bins);
+    let (a, b) = (idx(from), idx(scenario.duration_s));
+    let tail = &m.series_goodput[(a + b) / 2..b];
+    let level = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
+    let ok = |i: usize| {
+        (smoothed(m, i) - level).abs() <= 0.1 * level && m.series_ttft_p99_ms[i] <= slo_ttft_ms
+    };
+    let hold = idx(10.0).max(1);
+    (a..b.saturating_sub(hold))
+        .find(|&i| (i..i + hold).all(ok))
+        .map(|i| (i as f64 * m.bin_s - from).max(0.0))
+}
+
+/// Recovery after a change: the first time the smoothed goodput reaches 95 %
+/// of what an oracle could serve, `min(offered, C*)`.
+fn recover(m: &Measured, scenario: &Scenario, capacity: f64) -> Option<f64> {
+    let from = scenario.change_at_s?;
+    let bins = m.series_goodput.len();
+    let idx = |t: f64| ((t / m.bin_s) as usize).min(bins);
+    let target = 0.95 * capacity * scenario.profile.last().map_or(0.0, |p| p.1.min(1.0));
+    (idx(from)..idx(scenario.duration_s))
+        .find(|&i| smoothed(m, i) >= target)
+        .map(|i| (i as f64 * m.bin_s - from).max(0.0))
+}
+
+/// Jain's index of served tokens relative to demand capped at a max-min
+/// fair share of what was served in all.
+pub fn jain(m: &Measured) -> Option<f64> {
+    if m.tenants.len() < 2 {
+        return None;
+    }
+    let total: f64 = m.tenants.iter().map(|t| t.served_tokens as f64).sum();
+    let mut demand: Vec<(usize, f64)> = m
+        .tenants
+        .iter()
+        .map(|t| t.demand_tokens as f64)
+        .enumerate()
+        .collect();
+    demand.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut fair = vec![0.0; demand.len()];
+    let mut left = total;
+    for (k, &(i, d)) in demand.iter().enumerate() {
+        let share = left / (demand.len() - k) as f64;
+        fair[i] = d.min(share);
+        left -= fair[i];
+    }
+    let x: Vec<f64> = m
+        .tenants
+        .iter()
+        .zip(&fair)
+        .map(|(t, f)| {
+            if *f > 0.0 {
+                t.served_tokens as f64 / f
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    let sum: f64 = x.iter().sum();
+    let sq: f64 = x.iter().map(|v| v * v).sum();
+    Some(sum * sum / (x.len() as f64 * sq))
+}
+
+/// Runs the matrix.
+pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, String> {
+    let started = Instant::now();
+    let mut runs = 0;
+    let probe_s = if options.quick { 20.0 } else { 60.0 };
+    let none = Arm::base(ArmKind::NoControl);
+    // C*: bisection on arm (a)'s SLO attainment, from a bracket that holds.
+    let attainment = |rate: f64| -> Result<f64, String> {
+        let w = WorkloadSpec::steady(rate, probe_s, options.seed ^ 0xC0FFEE);
+        let reqs = w.generate();
+        Ok(run(&none, &w, &reqs, &conditions, rate)?
+            .measured
+            .attainment_offered)
+    };
+    let mut probes = Vec::new();
+    let (mut lo, mut hi) = (1.0f64, 16.0f64);
+    loop {
+        let a = attainment(hi)?;
+        runs += 1;
+        probes.push((hi, a));
+        if a < 0.99 {
+            break;
+        }
+        lo = hi;
+        hi *= 2.0;
+        if hi > 1e6 {
+            return Err("the fleet met the SLOs at every rate tried".into());
+        }
+    }
+    for _ in 0..if options.quick { 7 } else { 10 } {
+        let mid = (lo + hi) / 2.0;
+        let a = attainment(mid)?;
+        runs += 1;
+        probes.push((mid, a));
+        if a >= 0.99 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let capacity = lo;
+
+    // Tuning on the calibration scenario.
+    let calib_s = if options.quick { 20.0 } else { 40.0 };
+    let calib = WorkloadSpec::steady(2.0 * capacity, calib_s, options.seed ^ 0x7E57);
+    let calib_reqs = calib.generate();
+    let mut tuned = Vec::new();
+    for kind in ArmKind::ALL {
+        let mut grid = Arm::grid(kind, options.quick);
+        for arm in &mut grid {
+            if kind == ArmKind::Oracle {
+                arm.oracle_rate = Some(capacity);
+            }
+        }
+        let results = parallel(options.threads, grid.clone(), |arm| {
+            run(arm, &calib, &calib_reqs, &conditions, capacity)
+        });
+        runs += grid.len();
+        // Goodput first, in steps of half a percent of C* (finer is the
+        // workload's noise); then admitted p99 TTFT; then p99 time to a 529.
+        let key = |m: &Measured| {
+            (
+                Reverse((m.goodput_frac * 200.0).floor() as i64),
+                m.ttft_ms.p99.round() as i64,
+                m.time_to_reject_ms.p99.round() as i64,
+            )
+        };
+        let mut best: Option<(usize, Measured)> = None;
+        for (i, r) in results.into_iter().enumerate() {
+            let m = r?.measured;
+            if best.as_ref().is_none_or(|(_, b)| key(&m) < key(b)) {
+                best = Some((i, m));
+            }
+        }
+        let (i, m) = best.ok_or("an empty grid")?;
+        let goodput_frac = m.goodput_frac;
+        tuned.push(Tuned {
+            arm: grid[i].clone(),
+            goodput_frac,
+            candidates: grid.len(),
+        });
+    }
+
+    // Every scenario, every arm, same workload per scenario.
+    let scenarios = scenarios(options.quick);
+    let mut jobs = Vec::new();
+    for s in 0..scenarios.len() {
+        for t in &tuned {
+            jobs.push((s, t.arm.clone()));
+        }
+    }
+    let workloads: Vec<_> = scenarios
+        .iter()
+        .map(|s| {
+            let w = s.workload(capacity, options.seed);
+            let reqs = w.generate();
+            (w, reqs)
+        })
+        .collect();
+    runs += jobs.len();
+    let slo_ttft_ms = conditions.slo.ttft_s * 1e3;
+    let results = parallel(options.threads, jobs, |(s, arm)| {
+        let scenario = &scenarios[*s];
+        let (w, reqs) = &workloads[*s];
+        let c = scenario.conditions(&conditions);
+        run(arm, w, reqs, &c, capacity).map(|r| Row {
+            scenario: scenario.name.clone(),
+            group: scenario.group,
+            load: scenario.load,
+            arm: arm.kind,
+            settle_s: settle(&r.measured, scenario, slo_ttft_ms),
+            recover_s: recover(&r.measured, scenario, capacity),
+            jain: jain(&r.measured),
+            measured: r.measured,
+        })
+    });
+    let rows = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(Matrix {
+        options,
+        conditions,
+        capacity,
+        capacity_probes: probes,
+        tuned,
+        scenarios,
+        rows,
+        runs,
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}

@@ -17,6 +17,8 @@
 //! Every run checks `offered = completed + rejected + cancelled + in
 //! flight`, each counted where it happens, and fails if it does not hold.
 
+use std::collections::BTreeMap;
+
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -63,8 +65,9 @@ fn percentiles(h: &Histogram<u64>) -> Percentiles {
     }
 }
 
+/// Microseconds from 1 µs to about three hours, 3 significant figures.
 fn histogram() -> Histogram<u64> {
-    Histogram::new(3).expect("3 significant figures is valid")
+    Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("valid bounds")
 }
 
 /// Per-tenant tallies.
@@ -114,6 +117,7 @@ pub struct Recorder {
     inversions: u64,
     last_admit: [u64; 8],
     e2e_sum_s: f64,
+    reasons: BTreeMap<&'static str, u64>,
     /// Per bin: good completions, offered, rejections, admitted TTFTs (ms).
     bins: Vec<Bin>,
     tenants: Vec<TenantTally>,
@@ -167,6 +171,7 @@ impl Recorder {
             inversions: 0,
             last_admit: [0; 8],
             e2e_sum_s: 0.0,
+            reasons: BTreeMap::new(),
             bins: vec![Bin::default(); (run_end_ns / bin_ns + 2) as usize],
             tenants: vec![TenantTally::default(); tenants.max(1)],
         }
@@ -193,18 +198,29 @@ impl Recorder {
         }
     }
 
-    /// An attempt was sent (first sends and retries).
-    pub fn attempt(&mut self) {
-        self.attempts += 1;
+    /// An attempt of a request first sent at `first_send_ns` was sent
+    /// (first sends and retries).
+    pub fn attempt(&mut self, first_send_ns: u64) {
+        if self.counts(first_send_ns) {
+            self.attempts += 1;
+        }
     }
 
     /// An attempt heard a rejection `waited_ns` after it was sent, at `now`;
-    /// `priority` is its class.
-    pub fn rejection(&mut self, first_send_ns: u64, now: u64, waited_ns: u64, priority: u8) {
+    /// `priority` is its class, `why` where and why it was refused.
+    pub fn rejection(
+        &mut self,
+        first_send_ns: u64,
+        now: u64,
+        waited_ns: u64,
+        priority: u8,
+        why: &'static str,
+    ) {
         self.rejections += 1;
         self.bin(now).rejected += 1;
         if self.counts(first_send_ns) {
             self.to_reject.saturating_record(waited_ns / 1000);
+            *self.reasons.entry(why).or_default() += 1;
         }
         // A rejection while a less important request was admitted in the last
         // 100 ms is a priority inversion.
@@ -309,6 +325,11 @@ impl Recorder {
             time_to_reject_ms: percentiles(&self.to_reject),
             mean_duration_s: self.e2e_sum_s / admitted,
             inversions: self.inversions,
+            rejections_by: self
+                .reasons
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
             tenants: self.tenants.clone(),
             accounting: self.acc,
             series_goodput: self.bins.iter().map(|b| b.good as f64 / bin_s).collect(),
@@ -367,6 +388,8 @@ pub struct Measured {
     /// Rejections while a less important request was admitted in the last
     /// 100 ms.
     pub inversions: u64,
+    /// Rejected attempts of measured requests, by where and why.
+    pub rejections_by: BTreeMap<String, u64>,
     /// Per tenant.
     pub tenants: Vec<TenantTally>,
     /// The balance.

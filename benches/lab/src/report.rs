@@ -1,1 +1,592 @@
+//! docs/overload.md, its SVG plots, and `--json`: the matrix as tables and
+//! pictures, with arm (e)'s targets checked and each miss explained from
+//! the run's own figures.
 
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::arm::ArmKind;
+use crate::matrix::{Matrix, Row};
+
+fn rows<'a>(m: &'a Matrix, scenario: &'a str) -> impl Iterator<Item = &'a Row> + 'a {
+    m.rows.iter().filter(move |r| r.scenario == scenario)
+}
+
+fn row<'a>(m: &'a Matrix, scenario: &str, arm: ArmKind) -> Option<&'a Row> {
+    m.rows
+        .iter()
+        .find(|r| r.scenario == scenario && r.arm == arm)
+}
+
+fn letter(k: ArmKind) -> &'static str {
+    &k.label()[..3]
+}
+
+/// A table: one line per scenario of `group`, one column per arm.
+fn table(m: &Matrix, group: &str, head: &str, cell: impl Fn(&Row) -> String) -> String {
+    let mut s = format!("| {head} |");
+    for k in ArmKind::ALL {
+        let _ = write!(s, " {} |", letter(k));
+    }
+    s.push_str("\n|---|");
+    s.push_str(&"---|".repeat(ArmKind::ALL.len()));
+    s.push('\n');
+    for sc in m.scenarios.iter().filter(|s| s.group == group) {
+        let _ = write!(s, "| {} |", sc.name);
+        for k in ArmKind::ALL {
+            let c = row(m, &sc.name, k).map_or("–".into(), &cell);
+            let _ = write!(s, " {c} |");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Rejected attempts by where and why, as shares of offered requests.
+fn reasons(m: &crate::record::Measured) -> String {
+    let offered = m.accounting.offered.max(1) as f64;
+    let parts: Vec<String> = m
+        .rejections_by
+        .iter()
+        .map(|(k, v)| format!("{k}: {}", pct(*v as f64 / offered)))
+        .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1} %", 100.0 * x)
+}
+
+fn ms(x: f64) -> String {
+    if x >= 10_000.0 {
+        format!("{:.0} s", x / 1000.0)
+    } else if x >= 100.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+fn secs(x: Option<f64>) -> String {
+    x.map_or("never".into(), |v| format!("{v:.0} s"))
+}
+
+/// One target of arm (e): what it asks, what was measured, met or not.
+struct Target {
+    what: String,
+    measured: String,
+    met: bool,
+    why: Option<String>,
+}
+
+fn targets(m: &Matrix) -> Vec<Target> {
+    let e = ArmKind::Loadgate;
+    let mut out = Vec::new();
+    let slo = m.conditions.slo.ttft_s * 1e3;
+    for (load, want) in [(2.0, 0.95), (4.0, 0.90), (10.0, 0.80)] {
+        let name = format!("steady {load}x");
+        if let Some(r) = row(m, &name, e) {
+            let g = r.measured.goodput_frac;
+            let oracle = row(m, &name, ArmKind::Oracle).map_or(0.0, |o| o.measured.reject_rate);
+            out.push(Target {
+                what: format!("goodput at {load} × `C*` ≥ {}", pct(want)),
+                measured: pct(g),
+                met: g >= want,
+                why: (g < want).then(|| format!(
+                    "its admitted requests met the SLOs {} of the time, so the loss is in admission: it turned away {} of \
+                     offered requests where the oracle turned away {} ({}). A worker's gate refuses when that worker is \
+                     full although others have room, the frontend answers that refusal with a 529 instead of trying \
+                     another worker, and it routes on reports up to one interval old. A frontend queue that dispatches \
+                     the moment any worker has room (frontend flow control) would close the gap",
+                    pct(r.measured.attainment_admitted), pct(r.measured.reject_rate), pct(oracle),
+                    reasons(&r.measured))),
+            });
+        }
+    }
+    let worst = m
+        .rows
+        .iter()
+        .filter(|r| r.arm == e && matches!(r.group, "steady" | "bursty"))
+        .max_by(|a, b| a.measured.ttft_ms.p99.total_cmp(&b.measured.ttft_ms.p99));
+    if let Some(r) = worst {
+        let v = r.measured.ttft_ms.p99;
+        out.push(Target {
+            what: format!(
+                "admitted p99 TTFT within the SLO ({}) at every load",
+                ms(slo)
+            ),
+            measured: format!("worst {} ms ({})", ms(v), r.scenario),
+            met: v <= slo,
+            why: (v > slo)
+                .then(|| format!("in {} the admitted p99 TTFT was {} ms", r.scenario, ms(v))),
+        });
+    }
+    let net = m.conditions.net_delay_s * 2e3;
+    let worst = m
+        .rows
+        .iter()
+        .filter(|r| r.arm == e && r.group == "steady" && r.measured.reject_rate > 0.0)
+        .max_by(|a, b| {
+            a.measured
+                .time_to_reject_ms
+                .p99
+                .total_cmp(&b.measured.time_to_reject_ms.p99)
+        });
+    if let Some(r) = worst {
+        let beyond = r.measured.time_to_reject_ms.p99 - net;
+        out.push(Target {
+            what: format!("p99 time to a 529 under 1 ms beyond the network delay ({} ms there and back)", ms(net)),
+            measured: format!("worst {} ms beyond ({})", ms(beyond.max(0.0)), r.scenario),
+            met: beyond < 1.0,
+            why: (beyond >= 1.0).then(|| "rejections that waited in the worker gate's queue until its deadline are slower than the frontend's".into()),
+        });
+    }
+    let mean = row(m, "steady 1x", e).map_or(0.0, |r| r.measured.mean_duration_s);
+    if let Some(r) = m.rows.iter().find(|r| r.arm == e && r.group == "step") {
+        let met = r.settle_s.is_some_and(|s| s <= mean);
+        out.push(Target {
+            what: format!("settles within one mean request duration ({mean:.1} s) after the 1.4 × step"),
+            measured: secs(r.settle_s),
+            met,
+            why: (!met).then(|| format!(
+                "goodput is counted when requests complete, so a change shows only as the requests in flight at the step finish; the settling rule also needs ten seconds in a row within 10 % of the final level, which a one-second bin of about {:.0} completions misses by chance alone", m.capacity)),
+        });
+    }
+    for r in m.rows.iter().filter(|r| r.arm == e && r.group == "spike") {
+        let met = r.recover_s.is_some_and(|s| s <= 2.0 * mean);
+        out.push(Target {
+            what: format!("back to 95 % of `min(offered, C*)` within two mean request durations ({:.1} s) after the spike, {}", 2.0 * mean, r.scenario.split(", ").nth(1).unwrap_or("")),
+            measured: secs(r.recover_s),
+            met,
+            why: (!met).then(|| "the clients' retries kept the offered load above capacity after the spike".into()),
+        });
+    }
+    if let (Some(a), Some(x)) = (
+        row(m, "steady 0.5x", ArmKind::NoControl),
+        row(m, "steady 0.5x", e),
+    ) {
+        let added50 = x.measured.ttft_ms.p50 / a.measured.ttft_ms.p50 - 1.0;
+        let added99 = x.measured.ttft_ms.p99 / a.measured.ttft_ms.p99 - 1.0;
+        let met = added50 <= 0.01 && added99 <= 0.01;
+        out.push(Target {
+            what: "at most 1 % added TTFT at 0.5 × (against arm (a))".into(),
+            measured: format!("p50 {:+.1} %, p99 {:+.1} %", 100.0 * added50, 100.0 * added99),
+            met,
+            why: (!met).then(|| format!(
+                "nothing is rejected at 0.5 ×; the difference is routing: arm (e) uses {} routing, which balances KV blocks, while TTFT follows the prefill queue that round-robin spreads evenly; a prefill-aware pick (router-side prefill bookings) would close it", m.tuned.iter().find(|t| t.arm.kind == e).map_or("", |t| t.arm.policy))),
+        });
+    }
+    out
+}
+
+/// Writes docs/overload.md and the plots into `docs`.
+pub fn write_docs(m: &Matrix, docs: &Path) -> Result<(), String> {
+    let dir = docs.join("overload");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    plot_load(
+        m,
+        &dir.join("goodput.svg"),
+        "Goodput (fraction of C*)",
+        |r| r.measured.goodput_frac,
+        false,
+    )?;
+    plot_load(
+        m,
+        &dir.join("ttft.svg"),
+        "Admitted p99 TTFT (ms)",
+        |r| r.measured.ttft_ms.p99.max(1.0),
+        true,
+    )?;
+    plot_spike(m, &dir.join("spike.svg"))?;
+    let text = markdown(m);
+    let path = docs.join("overload.md");
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+const COLORS: [RGBColor; 6] = [
+    RGBColor(120, 120, 120),
+    RGBColor(170, 110, 40),
+    RGBColor(60, 110, 200),
+    RGBColor(150, 70, 170),
+    RGBColor(200, 30, 30),
+    RGBColor(30, 150, 60),
+];
+
+fn plot_load(
+    m: &Matrix,
+    path: &Path,
+    y_label: &str,
+    value: impl Fn(&Row) -> f64,
+    log: bool,
+) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let steady: Vec<&Row> = m.rows.iter().filter(|r| r.group == "steady").collect();
+    let ymax = steady.iter().map(|r| value(r)).fold(1.0f64, f64::max) * 1.1;
+    let x = (0.4f64..12.0f64).log_scale();
+    let mut builder = ChartBuilder::on(&root);
+    let chart = builder
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .caption(y_label, ("sans-serif", 18));
+    let series = |k: ArmKind| -> Vec<(f64, f64)> {
+        steady
+            .iter()
+            .filter(|r| r.arm == k)
+            .map(|r| (r.load, value(r)))
+            .collect()
+    };
+    macro_rules! draw {
+        ($chart:expr) => {{
+            let mut c = $chart;
+            c.configure_mesh()
+                .x_desc("offered load (× C*)")
+                .y_desc(y_label)
+                .draw()
+                .map_err(|e| err(&e))?;
+            for (i, k) in ArmKind::ALL.into_iter().enumerate() {
+                let color = COLORS[i];
+                c.draw_series(LineSeries::new(series(k), color.stroke_width(2)))
+                    .map_err(|e| err(&e))?
+                    .label(k.label())
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                    });
+                c.draw_series(
+                    series(k)
+                        .into_iter()
+                        .map(|p| Circle::new(p, 3, color.filled())),
+                )
+                .map_err(|e| err(&e))?;
+            }
+            c.configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(|e| err(&e))?;
+        }};
+    }
+    if log {
+        draw!(chart
+            .build_cartesian_2d(x, (1.0f64..ymax).log_scale())
+            .map_err(|e| err(&e))?);
+    } else {
+        draw!(chart
+            .build_cartesian_2d(x, 0.0f64..ymax)
+            .map_err(|e| err(&e))?);
+    }
+    root.present().map_err(|e| err(&e))
+}
+
+fn plot_spike(m: &Matrix, path: &Path) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let Some(sc) = m.scenarios.iter().find(|s| s.group == "spike") else {
+        return Ok(());
+    };
+    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut c = ChartBuilder::on(&root)
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .caption(
+            format!("Goodput over time: {}", sc.name),
+            ("sans-serif", 16),
+        )
+        .build_cartesian_2d(0.0f64..sc.duration_s, 0.0f64..1.4f64)
+        .map_err(|e| err(&e))?;
+    c.configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("goodput (fraction of C*), 5 s average")
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (i, k) in ArmKind::ALL.into_iter().enumerate() {
+        let Some(r) = row(m, &sc.name, k) else {
+            continue;
+        };
+        let g = &r.measured.series_goodput;
+        let pts: Vec<(f64, f64)> = (0..g.len().min((sc.duration_s / r.measured.bin_s) as usize))
+            .map(|j| {
+                let (lo, hi) = (j.saturating_sub(2), (j + 3).min(g.len()));
+                let avg = g[lo..hi].iter().sum::<f64>() / (hi - lo) as f64;
+                (j as f64 * r.measured.bin_s, avg / m.capacity)
+            })
+            .collect();
+        let color = COLORS[i];
+        c.draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(k.label())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+    }
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))
+}
+
+fn markdown(m: &Matrix) -> String {
+    let c = &m.conditions;
+    let e = &c.engine;
+    let mut s = String::new();
+    let mut w = |t: String| s.push_str(&t);
+    w(format!(
+        "# Overload: what loadgate is worth to a fleet\n\n\
+         Generated by `cargo run --release -p loadgate-lab{}` ({} simulations, {:.0} s of wall time on {} threads); \
+         every figure below is from that one run. `--json FILE` writes them all for scripts.\n\n\
+         The lab drives loadgate's own code (its `Monitor`, router bookings, `AdmissionGate`, `Publisher` and \
+         `Subscriber`) on a virtual clock against emulated continuous-batching engines, with one seeded, open-loop \
+         workload, and runs the designs users run today beside it on the very same requests.\n\n",
+        if m.options.quick { " -- --quick" } else { "" },
+        m.runs,
+        m.wall_s,
+        m.options.threads
+    ));
+    if m.options.quick {
+        w("**Quick mode** (CI): shorter runs, fewer loads and tuning candidates; the figures are \
+           noisier than a full run's.\n\n"
+            .into());
+    }
+    w("![goodput against offered load](overload/goodput.svg)\n\n\
+       ![admitted p99 TTFT against offered load](overload/ttft.svg)\n\n\
+       ![goodput through the spike](overload/spike.svg)\n\n"
+        .into());
+
+    w("## Arm (e)'s targets\n\n| target | measured | |\n|---|---|---|\n".into());
+    let ts = targets(m);
+    for t in &ts {
+        w(format!(
+            "| {} | {} | {} |\n",
+            t.what,
+            t.measured,
+            if t.met { "met" } else { "**missed**" }
+        ));
+    }
+    w("\n".into());
+    let missed: Vec<_> = ts.iter().filter(|t| !t.met).collect();
+    if !missed.is_empty() {
+        w("### Why the missed targets are missed\n\n".into());
+        for t in missed {
+            w(format!(
+                "- **{}**: {}.\n",
+                t.what,
+                t.why.clone().unwrap_or_default()
+            ));
+        }
+        w("\n".into());
+    }
+
+    w(format!(
+        "## Conditions\n\n\
+         **Fleet.** {} workers of {} data-parallel rank{}, one frontend. `C*` (the highest Poisson rate at which \
+         arm (a) meets the SLOs for 99 % of requests, found by bisection) is **{:.1} requests/s**.\n\n\
+         **Engine** (each rank, `src/engine.rs`): vLLM's scheduler: a FIFO waiting queue, a running batch of at most \
+         `max_num_seqs`, a per-step token budget with chunked prefill, KV blocks with preemption by recompute.\n\n\
+         | parameter | value | source |\n|---|---|---|\n\
+         | `max_num_seqs` | {} | Dynamo mocker default (`python -m dynamo.mocker --help`, ai-dynamo 1.6.1) |\n\
+         | `max_num_batched_tokens` | {} | Dynamo mocker default; vLLM's default for online serving on H100-class GPUs |\n\
+         | `block_size` | {} | vLLM's default |\n\
+         | KV blocks | {} ({} tokens) | Llama-3.1-8B on one 80 GB H100: 16 GB of bf16 weights, 90 % memory use, 128 KiB of KV per token (32 layers × 8 KV heads × 128 × 2 × 2 bytes) |\n\
+         | step `a` | {} ms | Dynamo mocker's decode polynomial at an empty cache (5.74 ms; `lib/mocker/src/common/perf_model.rs`) |\n\
+         | step `b` | {} ms per prefill token | the linear term of the mocker's prefill polynomial (1.518e-2 ms/token) |\n\
+         | step `c` | {} ms per running sequence | the mocker has no batch-size term |\n\
+         | step `d` | {} ms per KV token | reading 128 KiB per token at the H100 SXM's 3.35 TB/s |\n\n\
+         **Workload** (`src/workload.rs`): open loop, each request timed from its intended send time. Poisson \
+         arrivals (gamma with burstiness 0.25 in the bursty rows, as vLLM's `bench serve --burstiness`). Lengths: 90 % \
+         chat (lognormal prompts, median 500 tokens, σ 0.8, at most 4096; outputs median 200, σ 0.7, at most 1024: \
+         ShareGPT-shaped) and 10 % long prompts (median 4000, σ 0.3; outputs median 150). A quarter of requests are \
+         priority class 0, the rest class 1. Clients give up {} s after their first send without a first token \
+         and cancel; in the spike rows they retry up to 3 times (the SRE book's cap) at once, after `Retry-After` \
+         (or the `openai` client's backoff, 0.5 s doubling with jitter, when there is none), or with the SRE book's \
+         adaptive throttling (K = 2, a two-minute window).\n\n\
+         **SLOs**: TTFT ≤ {} s and TPOT ≤ {} ms, MLPerf Inference's server-scenario limits for Llama-3.1-8B: what \
+         a chat user tolerates before the first word and while reading.\n\n\
+         **Signals**: each worker publishes its load every {} s through a transport that takes {} ms; the frontend \
+         and workers are {} ms apart; the frontend sweeps for stale ranks every {} s. The stale rows change the \
+         report interval (and the transport delay, to half of it).\n\n\
+         **Metrics** follow vLLM's `bench serve`: TTFT, TPOT = (E2E − TTFT)/(output − 1), ITL, E2E. Goodput counts \
+         requests that met both SLOs per second, over **offered** requests: a rejected or cancelled request counts \
+         against it. For goodput TTFT runs from the first send, so retries' time counts; the admitted percentiles \
+         run from the admitted attempt's send. Only requests first sent after a {} s warm-up and before the end of \
+         arrivals count. Every run checks offered = completed + rejected + cancelled + in flight.\n\n",
+        c.workers,
+        c.dp_size,
+        if c.dp_size == 1 { "" } else { "s" },
+        m.capacity,
+        e.max_num_seqs,
+        e.max_num_batched_tokens,
+        e.block_size,
+        e.num_gpu_blocks,
+        u64::from(e.num_gpu_blocks) * u64::from(e.block_size),
+        e.step.base_ms,
+        e.step.prefill_token_ms,
+        e.step.running_seq_ms,
+        e.step.kv_token_ms,
+        m.rows.first().map_or(10.0, |_| 10.0),
+        c.slo.ttft_s,
+        c.slo.tpot_s * 1e3,
+        c.report_interval_s,
+        c.transport_delay_s * 1e3,
+        c.net_delay_s * 1e3,
+        c.sweep_interval_s,
+        c.warmup_s,
+    ));
+
+    w("## The arms, as tuned\n\n\
+       Each arm's knobs were searched on one calibration scenario (steady Poisson load at 2 × `C*`, a seed of its \
+       own) and the highest goodput won (in steps of 0.5 % of `C*`; ties went to the lower admitted p99 TTFT, then \
+       the faster 529); the winner is frozen for every scenario. No baseline is tuned down: each gets the same \
+       search.\n\n| arm | knobs | candidates | calibration goodput |\n|---|---|---|---|\n"
+        .into());
+    for t in &m.tuned {
+        w(format!(
+            "| {} | {} | {} | {} |\n",
+            t.arm.kind.label(),
+            t.arm.knobs(),
+            t.candidates,
+            pct(t.goodput_frac)
+        ));
+    }
+    w("\n(a) and (b) route round-robin and let the engine queue everything; (f) admits with a token bucket at \
+       `C*` and sends each request to the worker with the fewest requests in it, knowing every engine exactly.\n\n"
+        .into());
+
+    w("## Steady load\n\nGoodput, as a fraction of `C*`:\n\n".into());
+    w(table(m, "steady", "load", |r| pct(r.measured.goodput_frac)));
+    w("\nAdmitted p99 TTFT (ms):\n\n".into());
+    w(table(m, "steady", "load", |r| ms(r.measured.ttft_ms.p99)));
+    w("\nAdmitted p99 TPOT (ms):\n\n".into());
+    w(table(m, "steady", "load", |r| ms(r.measured.tpot_ms.p99)));
+    w("\nSLO attainment over offered / over admitted requests:\n\n".into());
+    w(table(m, "steady", "load", |r| {
+        format!(
+            "{} / {}",
+            pct(r.measured.attainment_offered),
+            pct(r.measured.attainment_admitted)
+        )
+    }));
+    w("\nRejected / cancelled:\n\n".into());
+    w(table(m, "steady", "load", |r| {
+        format!(
+            "{} / {}",
+            pct(r.measured.reject_rate),
+            pct(r.measured.cancel_rate)
+        )
+    }));
+    w("\np99 time to a 529 (ms; the frontend answers at once, a worker one network round trip later):\n\n".into());
+    w(table(m, "steady", "load", |r| {
+        if r.measured.reject_rate > 0.0 {
+            ms(r.measured.time_to_reject_ms.p99)
+        } else {
+            "–".into()
+        }
+    }));
+    w(
+        "\nWhere requests were turned away (rejected attempts as a share of offered requests):\n\n"
+            .into(),
+    );
+    w(table(m, "steady", "load", |r| reasons(&r.measured)));
+    w("\nPriority inversions (a rejection while a less important request entered an engine in the last 100 ms):\n\n".into());
+    w(table(m, "steady", "load", |r| {
+        r.measured.inversions.to_string()
+    }));
+    w("\nEngine waste: preemptions / tokens thrown away (preemption and abort), as a share of tokens computed:\n\n".into());
+    w(table(m, "steady", "load", |r| {
+        let share = r.measured.wasted_tokens as f64 / r.measured.computed_tokens.max(1) as f64;
+        format!("{} / {}", r.measured.preemptions, pct(share))
+    }));
+
+    w(
+        "\n## Bursty arrivals (gamma, burstiness 0.25)\n\nGoodput / admitted p99 TTFT (ms):\n\n"
+            .into(),
+    );
+    w(table(m, "bursty", "scenario", |r| {
+        format!(
+            "{} / {}",
+            pct(r.measured.goodput_frac),
+            ms(r.measured.ttft_ms.p99)
+        )
+    }));
+    w("\n## A step and a spike\n\nGoodput / settling after the step (smoothed goodput within 10 % of its final \
+       level for ten seconds, admitted p99 TTFT within the SLO) / recovery (smoothed goodput at 95 % of \
+       `min(offered, C*)`), measured from the step, or from the end of the spike:\n\n"
+        .into());
+    w(table(m, "step", "scenario", |r| {
+        format!(
+            "{} / {} / {}",
+            pct(r.measured.goodput_frac),
+            secs(r.settle_s),
+            secs(r.recover_s)
+        )
+    }));
+    w(table(m, "spike", "scenario", |r| {
+        format!(
+            "{} / {} / {}",
+            pct(r.measured.goodput_frac),
+            secs(r.settle_s),
+            secs(r.recover_s)
+        )
+    })
+    .split_once('\n')
+    .map(|(_, rest)| rest.split_once('\n').map_or("", |(_, r)| r).to_string())
+    .unwrap_or_default());
+    w("\nAttempts per offered request in the spike rows:\n\n".into());
+    w(table(m, "spike", "scenario", |r| {
+        format!("{:.2}", r.measured.attempts_per_request)
+    }));
+    w("\n## Stale signals (2 × `C*`)\n\nGoodput / admitted p99 TTFT (ms):\n\n".into());
+    w(table(m, "stale", "scenario", |r| {
+        format!(
+            "{} / {}",
+            pct(r.measured.goodput_frac),
+            ms(r.measured.ttft_ms.p99)
+        )
+    }));
+    w("\n## Tenants (2 × `C*`, one tenant sending ten times the others)\n\n\
+       Jain's index over served tokens relative to demand capped at a max-min fair share / each tenant's goodput \
+       (requests/s):\n\n"
+        .into());
+    w(table(m, "tenants", "scenario", |r| {
+        let per: Vec<String> = r
+            .measured
+            .tenants
+            .iter()
+            .map(|t| {
+                format!(
+                    "{:.1}",
+                    t.good as f64
+                        / (r.measured.accounting.offered.max(1) as f64
+                            / r.measured.offered_rps.max(1e-9))
+                )
+            })
+            .collect();
+        format!("{:.3} / {}", r.jain.unwrap_or(0.0), per.join(" : "))
+    }));
+
+    let total: u64 = m.rows.iter().map(|r| r.measured.accounting.offered).sum();
+    w(format!(
+        "\n## Accounting\n\nEvery one of the {} rows balanced offered = completed + rejected + cancelled + in flight \
+         ({} requests in all); the run fails otherwise.\n\n\
+         `C*` bisection (rate, arm (a)'s SLO attainment): {}.\n",
+        m.rows.len(),
+        total,
+        m.capacity_probes
+            .iter()
+            .map(|(r, a)| format!("{r:.1}: {}", pct(*a)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let _ = rows(m, "");
+    s
+}

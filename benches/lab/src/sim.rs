@@ -24,8 +24,10 @@ use loadgate::cluster::{
 };
 use loadgate::{
     AdmissionGate, AdmitError, Booking, CallbackTicket, LoadReport, ManualClock, Monitor,
-    MonitorConfig, OwnedPermit, RouteError, SharedClock, WorkerSpec,
+    MonitorConfig, OwnedPermit, Policy, RouteError, SharedClock, WorkerSpec,
 };
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::arm::{Arm, ArmKind};
@@ -119,7 +121,9 @@ enum Ev {
     Sweep,
     Expire(u32),
     GiveUp(u32),
-    Heard(u32, u32, Option<f64>),
+    /// A rejection reaches the client: request, attempt, `Retry-After`,
+    /// where and why it was refused.
+    Heard(u32, u32, Option<f64>, &'static str),
 }
 
 struct Queued {
@@ -253,6 +257,7 @@ struct Sim<'a> {
     inbox: Inbox,
     rec: Recorder,
     rr: u32,
+    rng: StdRng,
     bucket: (f64, u64),
     throttle: Option<Throttle>,
     tokens: Vec<Token>,
@@ -391,6 +396,7 @@ impl<'a> Sim<'a> {
             inbox: Arc::new(Mutex::new(Vec::new())),
             rec,
             rr: 0,
+            rng: StdRng::seed_from_u64(workload.seed ^ 0x5EED),
             bucket: (0.0, 0),
             throttle,
             tokens: Vec::new(),
@@ -493,7 +499,7 @@ impl<'a> Sim<'a> {
                 self.schedule_expiry(w);
             }
             Ev::GiveUp(id) => self.give_up(id),
-            Ev::Heard(id, attempt, retry_after) => self.heard(id, attempt, retry_after),
+            Ev::Heard(id, attempt, retry_after, why) => self.heard(id, attempt, retry_after, why),
         }
     }
 
@@ -508,7 +514,7 @@ impl<'a> Sim<'a> {
         r.attempt += 1;
         r.attempt_send = now;
         let attempt = r.attempt;
-        self.rec.attempt();
+        self.rec.attempt(r.spec.at_ns);
         if let Some(t) = &mut self.throttle {
             let p = t.reject_probability(now);
             // The request's own draw decides, so that arms see the same
@@ -517,7 +523,10 @@ impl<'a> Sim<'a> {
             if draw < p {
                 t.record(now, false);
                 r.stage = Stage::Backoff;
-                self.at(now, Ev::Heard(id, attempt, None));
+                self.at(
+                    now,
+                    Ev::Heard(id, attempt, None, "client: throttled locally"),
+                );
                 return;
             }
         }
@@ -529,16 +538,16 @@ impl<'a> Sim<'a> {
                 r.stage = Stage::Travelling;
                 self.at(now + ns(self.c.net_delay_s), Ev::AtWorker(id, attempt));
             }
-            Err(retry_after) => {
+            Err((retry_after, why)) => {
                 self.reqs[id as usize].stage = Stage::Backoff;
-                self.at(now, Ev::Heard(id, attempt, retry_after));
+                self.at(now, Ev::Heard(id, attempt, retry_after, why));
             }
         }
     }
 
     /// The arm's frontend decision: a worker and rank, or a rejection with
     /// the `Retry-After` it carries.
-    fn route(&mut self, id: u32) -> Result<(u32, u32), Option<f64>> {
+    fn route(&mut self, id: u32) -> Result<(u32, u32), (Option<f64>, &'static str)> {
         let n = self.workers.len() as u32;
         match self.arm.kind {
             ArmKind::NoControl | ArmKind::EngineLimit => {
@@ -554,7 +563,7 @@ impl<'a> Sim<'a> {
                 let tokens = (tokens + rate * (self.now - last) as f64 / 1e9).min(depth);
                 if tokens < 1.0 {
                     self.bucket = (tokens, self.now);
-                    return Err(Some(1.0));
+                    return Err((Some(1.0), "frontend: over capacity"));
                 }
                 self.bucket = (tokens - 1.0, self.now);
                 let w = (0..n)
@@ -566,8 +575,16 @@ impl<'a> Sim<'a> {
                 Ok((w, self.shortest_rank(w)))
             }
             ArmKind::Seed | ArmKind::Saturation | ArmKind::Loadgate => {
+                let picked = match self.arm.routing() {
+                    Policy::PowerOfTwo => self.power_of_two(),
+                    policy => self
+                        .monitor
+                        .as_ref()
+                        .expect("a monitor")
+                        .select(MODEL, policy),
+                };
                 let monitor = self.monitor.as_ref().expect("a monitor arm");
-                match monitor.select(MODEL, self.arm.routing()) {
+                match picked {
                     Ok(w) => {
                         let rank = (0..self.c.dp_size)
                             .min_by_key(|&r| {
@@ -583,12 +600,44 @@ impl<'a> Sim<'a> {
                         }
                         Ok((w as u32, rank))
                     }
-                    Err(RouteError::Unavailable | RouteError::Overloaded) | Err(_) => {
-                        Err(self.arm.retry_after_s)
+                    Err(RouteError::Unavailable) => {
+                        Err((self.arm.retry_after_s, "frontend: no workers"))
                     }
+                    Err(_) => Err((self.arm.retry_after_s, "frontend: all workers busy")),
                 }
             }
         }
+    }
+
+    /// Power-of-two choices with the run's own generator. loadgate's
+    /// `Policy::PowerOfTwo` draws from a per-thread generator seeded at
+    /// random, which would make runs differ; here the lab draws the two
+    /// eligible candidates from the run's seed and `select_min_cost` picks
+    /// between them by the score loadgate's own pick compares (per rank, the
+    /// larger of booked and used KV blocks, plus prefill tokens / 16).
+    fn power_of_two(&mut self) -> Result<u64, RouteError> {
+        let monitor = self.monitor.as_ref().expect("a monitor arm");
+        let eligible: Vec<u64> = (0..u64::from(self.c.workers))
+            .filter(|&w| {
+                !monitor.is_busy(w).unwrap_or(true) && !monitor.is_leased(w).unwrap_or(true)
+            })
+            .collect();
+        if eligible.is_empty() {
+            // The monitor answers (and counts) the rejection itself.
+            return monitor.select(MODEL, Policy::RoundRobin);
+        }
+        let a = eligible[self.rng.gen_range(0..eligible.len())];
+        let b = eligible[self.rng.gen_range(0..eligible.len())];
+        let score = |w: u64| {
+            (0..self.c.dp_size)
+                .filter_map(|r| monitor.rank_load(w, r).ok())
+                .map(|l| {
+                    l.active_decode_blocks.max(l.kv_used_blocks)
+                        + l.active_prefill_tokens.unwrap_or(0) / 16
+                })
+                .sum::<u64>() as f64
+        };
+        monitor.select_min_cost(MODEL, [(a, score(a)), (b, score(b))])
     }
 
     fn shortest_rank(&self, w: u32) -> u32 {
@@ -599,7 +648,7 @@ impl<'a> Sim<'a> {
     }
 
     /// The client hears a rejection of `attempt`.
-    fn heard(&mut self, id: u32, attempt: u32, retry_after: Option<f64>) {
+    fn heard(&mut self, id: u32, attempt: u32, retry_after: Option<f64>, why: &'static str) {
         let now = self.now;
         let client = self.workload.client;
         let r = &mut self.reqs[id as usize];
@@ -611,7 +660,7 @@ impl<'a> Sim<'a> {
         let waited = now - r.attempt_send;
         let priority = r.spec.priority;
         let jitter = r.spec.jitter;
-        self.rec.rejection(first, now, waited, priority);
+        self.rec.rejection(first, now, waited, priority, why);
         if let Some(t) = &mut self.throttle {
             t.record(now, false);
         }
@@ -737,9 +786,17 @@ impl<'a> Sim<'a> {
                         }
                         r.stage = Stage::Backoff;
                         let retry_after = self.arm.retry_after_s;
+                        let why = match e {
+                            AdmitError::AtCapacity => "worker gate: at capacity",
+                            AdmitError::QueueTimeout | AdmitError::TimedOut => {
+                                "worker gate: queue deadline"
+                            }
+                            AdmitError::Displaced => "worker gate: displaced",
+                            AdmitError::Closed => "worker gate: closed",
+                        };
                         self.at(
                             self.now + ns(self.c.net_delay_s),
-                            Ev::Heard(id, attempt, retry_after),
+                            Ev::Heard(id, attempt, retry_after, why),
                         );
                     }
                     Err(_) => {}
