@@ -61,6 +61,16 @@ cargo bench --no-run -p loadgate-benches
 cargo run --release -p loadgate-benches --bin compare -- --quick
 # ---- end benches -------------------------------------------------------------
 
+# ---- overload lab (benches/lab) ----------------------------------------------
+# The emulator's tests ran with the workspace above. The whole matrix in its
+# short mode (seconds of virtual-time simulation): it fails if any run's
+# accounting does not balance. It writes into target/, never over the
+# committed docs/overload.md (a full run does: cargo run --release -p loadgate-lab).
+step "overload lab --quick"
+cargo run --release -p loadgate-lab -- --quick --docs target/lab-quick \
+    --json target/lab-quick/overload.json
+# ---- end overload lab --------------------------------------------------------
+
 # ---- Python module (python/) -------------------------------------------------
 # `pip install ./python` (maturin, abi3 wheel) into python/.venv, then pytest:
 # API and bad input, asyncio and threads, real HTTP (uvicorn + httpx), env

@@ -53,6 +53,45 @@ impl ArmKind {
         }
     }
 
+    /// What the arm is, in a sentence or two, for the report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ArmKind::NoControl => {
+                "the frontend routes round-robin and the engines queue everything (vLLM as it ships, \
+                 no admission layer)."
+            }
+            ArmKind::EngineLimit => {
+                "as (a), with the engine's own `max_num_seqs` as the only knob, tuned; the engines \
+                 still queue everything else."
+            }
+            ArmKind::Seed => {
+                "Dynamo's request rejection as it ships, built from loadgate's parts: a decode \
+                 threshold at the frontend over worker-reported KV use and the router's own bookings, \
+                 round-robin routing, a worker refusal marks the worker for a lease, and an N + Q \
+                 FIFO gate at each worker with no wait limit, no deadline and no `Retry-After`."
+            }
+            ArmKind::Saturation => {
+                "the saturation detector of llm-d and the Gateway API inference extension, built \
+                 from loadgate's monitor: a worker is saturated when its waiting queue reaches the \
+                 queue threshold (5 by default) or its KV use the KV threshold (0.8), or when its \
+                 metrics are older than 200 ms; all saturated means reject. No worker gate: the \
+                 engines queue what is admitted."
+            }
+            ArmKind::Loadgate => {
+                "loadgate with every feature it has: decode and waiting-requests thresholds, router \
+                 bookings, ranks stale for 3 s counted busy, the worker gate with a wait limit, a queue \
+                 deadline and two priority classes (reserved slots for class 0), and `Retry-After` on \
+                 every rejection."
+            }
+            ArmKind::Oracle => {
+                "admits with a token bucket at `C*` (a tenth of a second deep) and sends each request \
+                 to the worker with the fewest requests in it, knowing every engine exactly; it does \
+                 not know which requests will still meet their SLO, so it admits retries whose first \
+                 send is already too old."
+            }
+        }
+    }
+
     /// Whether the arm's frontend runs a loadgate `Monitor` fed by load
     /// reports.
     pub fn uses_monitor(self) -> bool {

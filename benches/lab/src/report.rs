@@ -193,14 +193,15 @@ pub fn write_docs(m: &Matrix, docs: &Path) -> Result<(), String> {
         m,
         &dir.join("goodput.svg"),
         "Goodput (fraction of C*)",
-        |r| r.measured.goodput_frac,
+        |r| Some(r.measured.goodput_frac),
         false,
     )?;
     plot_load(
         m,
         &dir.join("ttft.svg"),
         "Admitted p99 TTFT (ms)",
-        |r| r.measured.ttft_ms.p99.max(1.0),
+        // An arm that completed nothing has no TTFT to plot.
+        |r| (r.measured.accounting.completed > 0).then_some(r.measured.ttft_ms.p99),
         true,
     )?;
     plot_spike(m, &dir.join("spike.svg"))?;
@@ -222,32 +223,57 @@ fn plot_load(
     m: &Matrix,
     path: &Path,
     y_label: &str,
-    value: impl Fn(&Row) -> f64,
+    value: impl Fn(&Row) -> Option<f64>,
     log: bool,
 ) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
+    // Loads are evenly spaced, labelled with their value.
+    let loads: Vec<f64> = m
+        .scenarios
+        .iter()
+        .filter(|s| s.group == "steady")
+        .map(|s| s.load)
+        .collect();
+    let at = |load: f64| loads.iter().position(|&l| l == load).unwrap_or(0) as f64;
     let steady: Vec<&Row> = m.rows.iter().filter(|r| r.group == "steady").collect();
-    let ymax = steady.iter().map(|r| value(r)).fold(1.0f64, f64::max) * 1.1;
-    let x = (0.4f64..12.0f64).log_scale();
-    let mut builder = ChartBuilder::on(&root);
-    let chart = builder
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .caption(y_label, ("sans-serif", 18));
+    let ymax = steady
+        .iter()
+        .filter_map(|r| value(r))
+        .fold(1.0f64, f64::max)
+        * 1.15;
     let series = |k: ArmKind| -> Vec<(f64, f64)> {
         steady
             .iter()
             .filter(|r| r.arm == k)
-            .map(|r| (r.load, value(r)))
+            .filter_map(|r| value(r).map(|v| (at(r.load), v)))
             .collect()
     };
+    let x_range = -0.3f64..(loads.len() as f64 - 0.7);
+    let label = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 {
+            loads
+                .get(i as usize)
+                .map_or(String::new(), |l| format!("{l}×"))
+        } else {
+            String::new()
+        }
+    };
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .caption(y_label, ("sans-serif", 18));
     macro_rules! draw {
         ($chart:expr) => {{
             let mut c = $chart;
             c.configure_mesh()
+                .x_labels(loads.len())
+                .x_label_formatter(&label)
+                .light_line_style(WHITE)
                 .x_desc("offered load (× C*)")
                 .y_desc(y_label)
                 .draw()
@@ -270,18 +296,18 @@ fn plot_load(
             c.configure_series_labels()
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
+                .position(SeriesLabelPosition::LowerRight)
                 .draw()
                 .map_err(|e| err(&e))?;
         }};
     }
     if log {
-        draw!(chart
-            .build_cartesian_2d(x, (1.0f64..ymax).log_scale())
+        draw!(builder
+            .build_cartesian_2d(x_range, (10.0f64..ymax).log_scale())
             .map_err(|e| err(&e))?);
     } else {
-        draw!(chart
-            .build_cartesian_2d(x, 0.0f64..ymax)
+        draw!(builder
+            .build_cartesian_2d(x_range, 0.0f64..ymax)
             .map_err(|e| err(&e))?);
     }
     root.present().map_err(|e| err(&e))
@@ -458,9 +484,11 @@ fn markdown(m: &Matrix) -> String {
             pct(t.goodput_frac)
         ));
     }
-    w("\n(a) and (b) route round-robin and let the engine queue everything; (f) admits with a token bucket at \
-       `C*` and sends each request to the worker with the fewest requests in it, knowing every engine exactly.\n\n"
-        .into());
+    w("\nWhat each arm is:\n\n".into());
+    for k in ArmKind::ALL {
+        w(format!("- **{}**: {}\n", k.label(), k.describe()));
+    }
+    w("\n".into());
 
     w("## Steady load\n\nGoodput, as a fraction of `C*`:\n\n".into());
     w(table(m, "steady", "load", |r| pct(r.measured.goodput_frac)));

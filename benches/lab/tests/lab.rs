@@ -1,0 +1,93 @@
+//! The lab's own promises: a run is a function of its inputs and seed, every
+//! run balances its accounting, clients retry no more than they may, and
+//! the designs separate under overload the way the report says they do.
+
+use loadgate_lab::arm::{Arm, ArmKind};
+use loadgate_lab::sim::{run, Conditions};
+use loadgate_lab::workload::{Client, Retry, WorkloadSpec};
+
+fn conditions() -> Conditions {
+    Conditions {
+        workers: 2,
+        warmup_s: 2.0,
+        drain_s: 15.0,
+        ..Conditions::default()
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run_for_every_arm() {
+    let c = conditions();
+    let w = WorkloadSpec::steady(150.0, 10.0, 7);
+    let reqs = w.generate();
+    for kind in ArmKind::ALL {
+        let mut arm = Arm::base(kind);
+        arm.oracle_rate = Some(60.0);
+        let a = run(&arm, &w, &reqs, &c, 60.0).expect("a run");
+        let b = run(&arm, &w, &reqs, &c, 60.0).expect("a run");
+        assert_eq!(a, b, "{kind:?}");
+        let acc = a.measured.accounting;
+        assert_eq!(
+            acc.offered,
+            acc.completed + acc.rejected + acc.cancelled + acc.in_flight
+        );
+        assert!(acc.offered > 1000);
+    }
+}
+
+#[test]
+fn retrying_clients_stop_at_their_cap() {
+    let c = conditions();
+    let mut w = WorkloadSpec::steady(300.0, 10.0, 3);
+    w.client = Client {
+        retry: Retry::Immediate,
+        max_retries: 2,
+        ..Client::default()
+    };
+    let reqs = w.generate();
+    let r = run(&Arm::base(ArmKind::Seed), &w, &reqs, &c, 60.0).expect("a run");
+    let m = &r.measured;
+    assert!(m.reject_rate > 0.2, "overloaded: {m:?}");
+    assert!(m.attempts_per_request > 1.0);
+    assert!(m.attempts_per_request <= 3.0);
+}
+
+#[test]
+fn admission_control_keeps_goodput_where_none_collapses() {
+    let c = conditions();
+    // About three times what two workers serve within the SLOs.
+    let w = WorkloadSpec::steady(200.0, 20.0, 11);
+    let reqs = w.generate();
+    let none = run(&Arm::base(ArmKind::NoControl), &w, &reqs, &c, 65.0).expect("a run");
+    let seed = run(&Arm::base(ArmKind::Seed), &w, &reqs, &c, 65.0).expect("a run");
+    let lg = run(&Arm::base(ArmKind::Loadgate), &w, &reqs, &c, 65.0).expect("a run");
+    for r in [&seed, &lg] {
+        assert!(
+            r.measured.goodput_rps > 40.0,
+            "{:?}",
+            r.measured.goodput_rps
+        );
+        assert!(
+            none.measured.goodput_rps < 0.25 * r.measured.goodput_rps,
+            "{:?}",
+            none.measured.goodput_rps
+        );
+    }
+    // With its wait limit and deadline, loadgate's admitted requests keep
+    // their first token within the SLO.
+    assert!(
+        lg.measured.ttft_ms.p99 < 2000.0,
+        "{:?}",
+        lg.measured.ttft_ms
+    );
+    // No rejection waits longer than the gate's queue deadline plus one
+    // network round trip (1 ms): nobody hangs until the client gives up.
+    let gate = Arm::base(ArmKind::Loadgate).gate.expect("a gate");
+    let most = gate.deadline_s.expect("a deadline") * 1e3 + 1.0;
+    assert!(
+        lg.measured.time_to_reject_ms.p999 <= most * 1.001,
+        "{:?}",
+        lg.measured.time_to_reject_ms
+    );
+    assert_eq!(lg.measured.cancel_rate, 0.0);
+}
