@@ -4,6 +4,9 @@
 //! ```text
 //! cargo run --release -p loadgate-lab [-- --quick] [--json FILE] [--docs DIR] [--seed N]
 //! ```
+//!
+//! The fleet and its signal lags can be changed from the command line
+//! (`--help`); the defaults are what docs/overload.md reports.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,12 +15,38 @@ use loadgate_lab::matrix::{run_matrix, Options};
 use loadgate_lab::report::write_docs;
 use loadgate_lab::sim::Conditions;
 
+const USAGE: &str = "\
+usage: loadgate-lab [--quick] [--json FILE] [--docs DIR] [--seed N]
+                    [--workers N] [--data-parallel-size N]
+                    [--report-interval S] [--transport-delay S] [--net-delay S]
+
+  --quick               CI's short mode: shorter runs, fewer loads and candidates
+  --json FILE           every figure of the run, for scripts
+  --docs DIR            where overload.md and its plots go (default: the repository's docs/)
+  --seed N              seed of the evaluation workloads (default 1)
+  --workers N           workers behind the frontend (default 4)
+  --data-parallel-size N  ranks per worker (default 1)
+  --report-interval S   seconds between a worker's load reports (default 0.1)
+  --transport-delay S   publisher to subscriber, seconds (default 0.001)
+  --net-delay S         frontend to worker, one way, seconds (default 0.0005)";
+
+/// Parses a number of `flag` within `lo..=hi`.
+fn number(flag: &str, v: &str, lo: f64, hi: f64) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if (lo..=hi).contains(&x) => Ok(x),
+        _ => Err(format!(
+            "{flag}: expected a number from {lo} to {hi}, got {v:?}"
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     let mut options = Options {
         quick: false,
         seed: 1,
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
     };
+    let mut conditions = Conditions::default();
     let mut json: Option<PathBuf> = None;
     let mut docs = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs"));
     let mut args = std::env::args().skip(1);
@@ -35,8 +64,23 @@ fn main() -> ExitCode {
                     .map(|s| options.seed = s)
                     .map_err(|_| format!("--seed: not a number: {v}"))
             }),
+            "--workers" => value("--workers")
+                .and_then(|v| number(&a, &v, 1.0, 1024.0))
+                .map(|n| conditions.workers = n as u32),
+            "--data-parallel-size" => value("--data-parallel-size")
+                .and_then(|v| number(&a, &v, 1.0, 64.0))
+                .map(|n| conditions.dp_size = n as u32),
+            "--report-interval" => value("--report-interval")
+                .and_then(|v| number(&a, &v, 1e-3, 60.0))
+                .map(|s| conditions.report_interval_s = s),
+            "--transport-delay" => value("--transport-delay")
+                .and_then(|v| number(&a, &v, 0.0, 60.0))
+                .map(|s| conditions.transport_delay_s = s),
+            "--net-delay" => value("--net-delay")
+                .and_then(|v| number(&a, &v, 0.0, 10.0))
+                .map(|s| conditions.net_delay_s = s),
             "-h" | "--help" => {
-                println!("usage: loadgate-lab [--quick] [--json FILE] [--docs DIR] [--seed N]");
+                println!("{USAGE}");
                 return ExitCode::SUCCESS;
             }
             other => Err(format!("unknown argument {other}")),
@@ -46,7 +90,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let m = match run_matrix(options, Conditions::default()) {
+    let m = match run_matrix(options, conditions) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("loadgate-lab: {e}");

@@ -496,6 +496,17 @@ fn markdown(m: &Matrix) -> String {
     w(table(m, "steady", "load", |r| ms(r.measured.ttft_ms.p99)));
     w("\nAdmitted p99 TPOT (ms):\n\n".into());
     w(table(m, "steady", "load", |r| ms(r.measured.tpot_ms.p99)));
+    w(
+        "\np99 inter-token latency / median end-to-end latency of completed requests (ms):\n\n"
+            .into(),
+    );
+    w(table(m, "steady", "load", |r| {
+        format!(
+            "{} / {}",
+            ms(r.measured.itl_ms.p99),
+            ms(r.measured.e2e_ms.p50)
+        )
+    }));
     w("\nSLO attainment over offered / over admitted requests:\n\n".into());
     w(table(m, "steady", "load", |r| {
         format!(

@@ -91,3 +91,39 @@ fn admission_control_keeps_goodput_where_none_collapses() {
     );
     assert_eq!(lg.measured.cancel_rate, 0.0);
 }
+
+#[test]
+fn data_parallel_ranks_share_the_work() {
+    let c = Conditions {
+        dp_size: 2,
+        ..conditions()
+    };
+    let w = WorkloadSpec::steady(120.0, 10.0, 5);
+    let reqs = w.generate();
+    let one_rank = run(
+        &Arm::base(ArmKind::Loadgate),
+        &w,
+        &reqs,
+        &conditions(),
+        60.0,
+    )
+    .expect("a run");
+    let two_ranks = run(&Arm::base(ArmKind::Loadgate), &w, &reqs, &c, 60.0).expect("a run");
+    let (a, b) = (&one_rank.measured, &two_ranks.measured);
+    assert_eq!(
+        b.accounting.offered,
+        b.accounting.completed
+            + b.accounting.rejected
+            + b.accounting.cancelled
+            + b.accounting.in_flight
+    );
+    // Twice the engines serve the same load with fewer rejections and more
+    // goodput.
+    assert!(
+        b.reject_rate < a.reject_rate,
+        "{} vs {}",
+        b.reject_rate,
+        a.reject_rate
+    );
+    assert!(b.goodput_rps > a.goodput_rps);
+}
