@@ -9,6 +9,7 @@
 //! `Subscriber`); only the engines and the clients are emulated.
 //!
 //! * [`engine`]: the continuous-batching engine emulator;
+//! * [`serve`]: the same emulator over real HTTP (the `engine` binary);
 //! * [`workload`]: arrivals, lengths, tenants, priorities and clients;
 //! * [`arm`]: the designs and their tuning grids;
 //! * [`sim`]: one run, event by event;
@@ -23,5 +24,6 @@ pub mod engine;
 pub mod matrix;
 pub mod record;
 pub mod report;
+pub mod serve;
 pub mod sim;
 pub mod workload;
