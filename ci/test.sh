@@ -66,7 +66,10 @@ cargo run --release -p loadgate-benches --bin compare -- --quick
 # short mode (seconds of virtual-time simulation): it fails if any run's
 # accounting does not balance. It writes into target/, never over the
 # committed docs/overload.md (a full run does: cargo run --release -p loadgate-lab).
+# Builds the `engine` binary too (the emulator over HTTP), which the Python
+# suite's test_lab_engine.py drives.
 step "overload lab --quick"
+cargo build --release -p loadgate-lab
 cargo run --release -p loadgate-lab -- --quick --docs target/lab-quick \
     --json target/lab-quick/overload.json
 # ---- end overload lab --------------------------------------------------------

@@ -80,8 +80,9 @@ impl ArmKind {
             ArmKind::Loadgate => {
                 "loadgate with every feature it has: decode and waiting-requests thresholds, router \
                  bookings, ranks stale for 3 s counted busy, the worker gate with a wait limit, a queue \
-                 deadline and two priority classes (reserved slots for class 0), and `Retry-After` on \
-                 every rejection."
+                 deadline and two priority classes (reserved slots for class 0), a worker's refusal \
+                 put under an overload lease and (if the tuning keeps it) routed once more to another \
+                 worker, and `Retry-After` on every rejection."
             }
             ArmKind::Oracle => {
                 "admits with a token bucket at `C*` (a tenth of a second deep) and sends each request \
@@ -176,6 +177,10 @@ pub struct Arm {
     pub retry_after_s: Option<f64>,
     /// Admission rate of the oracle (fleet, requests per second).
     pub oracle_rate: Option<f64>,
+    /// How many times the frontend routes a request again after a worker's
+    /// gate refused it at once ("worker at capacity"; the worker is under
+    /// an overload lease meanwhile), before answering 529.
+    pub reroute: u32,
 }
 
 impl Arm {
@@ -193,6 +198,7 @@ impl Arm {
             gate: None,
             retry_after_s: None,
             oracle_rate: None,
+            reroute: 0,
         };
         match kind {
             ArmKind::NoControl | ArmKind::EngineLimit | ArmKind::Oracle => arm,
@@ -285,7 +291,12 @@ impl Arm {
                         for q in [0, 8, 32] {
                             for deadline in [0.5, 1.0] {
                                 for waiting in [4, 16] {
-                                    for policy in ["round_robin", "power_of_two"] {
+                                    for (policy, reroute) in [
+                                        ("round_robin", 0),
+                                        ("round_robin", 1),
+                                        ("power_of_two", 0),
+                                        ("power_of_two", 1),
+                                    ] {
                                         let gate = GateKnobs {
                                             limit: n,
                                             queue: q,
@@ -297,6 +308,7 @@ impl Arm {
                                             waiting_threshold: Some(waiting),
                                             gate: Some(gate),
                                             policy,
+                                            reroute,
                                             ..base.clone()
                                         });
                                     }
@@ -375,6 +387,13 @@ impl Arm {
                 s += &format!(" 2 classes ({r} reserved)");
             }
             parts.push(s);
+        }
+        if self.reroute > 0 {
+            parts.push(format!(
+                "a worker's refusal routed again {} time{}",
+                self.reroute,
+                if self.reroute == 1 { "" } else { "s" }
+            ));
         }
         if let Some(r) = self.retry_after_s {
             parts.push(format!("Retry-After {r} s"));

@@ -109,6 +109,7 @@ pub struct Recorder {
     itl: Histogram<u64>,
     e2e: Histogram<u64>,
     to_reject: Histogram<u64>,
+    reject_beyond: Histogram<u64>,
     acc: Accounting,
     good: u64,
     admitted_good: u64,
@@ -163,6 +164,7 @@ impl Recorder {
             itl: histogram(),
             e2e: histogram(),
             to_reject: histogram(),
+            reject_beyond: histogram(),
             acc: Accounting::default(),
             good: 0,
             admitted_good: 0,
@@ -206,13 +208,17 @@ impl Recorder {
         }
     }
 
-    /// An attempt heard a rejection `waited_ns` after it was sent, at `now`;
-    /// `priority` is its class, `why` where and why it was refused.
+    /// An attempt heard a rejection `waited_ns` after it was sent, at `now`,
+    /// `beyond_network_ns` of it more than its trips between frontend and
+    /// workers took; `priority` is its class, `why` where and why it was
+    /// refused.
+    #[allow(clippy::too_many_arguments)]
     pub fn rejection(
         &mut self,
         first_send_ns: u64,
         now: u64,
         waited_ns: u64,
+        beyond_network_ns: u64,
         priority: u8,
         why: &'static str,
     ) {
@@ -220,6 +226,8 @@ impl Recorder {
         self.bin(now).rejected += 1;
         if self.counts(first_send_ns) {
             self.to_reject.saturating_record(waited_ns / 1000);
+            self.reject_beyond
+                .saturating_record(beyond_network_ns / 1000);
             *self.reasons.entry(why).or_default() += 1;
         }
         // A rejection while a less important request was admitted in the last
@@ -323,6 +331,7 @@ impl Recorder {
             cancel_rate: self.acc.cancelled as f64 / offered,
             attempts_per_request: self.attempts as f64 / offered,
             time_to_reject_ms: percentiles(&self.to_reject),
+            reject_beyond_network_ms: percentiles(&self.reject_beyond),
             mean_duration_s: self.e2e_sum_s / admitted,
             inversions: self.inversions,
             rejections_by: self
@@ -383,6 +392,9 @@ pub struct Measured {
     pub attempts_per_request: f64,
     /// Time from an attempt's send to hearing 529 or 503.
     pub time_to_reject_ms: Percentiles,
+    /// The same, less the time the attempt spent crossing the network
+    /// between frontend and workers.
+    pub reject_beyond_network_ms: Percentiles,
     /// Mean end-to-end latency of completed requests, seconds.
     pub mean_duration_s: f64,
     /// Rejections while a less important request was admitted in the last

@@ -100,12 +100,16 @@ fn targets(m: &Matrix) -> Vec<Target> {
                 met: g >= want,
                 why: (g < want).then(|| format!(
                     "its admitted requests met the SLOs {} of the time, so the loss is in admission: it turned away {} of \
-                     offered requests where the oracle turned away {} ({}). A worker's gate refuses when that worker is \
-                     full although others have room, the frontend answers that refusal with a 529 instead of trying \
-                     another worker, and it routes on reports up to one interval old. A frontend queue that dispatches \
-                     the moment any worker has room (frontend flow control) would close the gap",
+                     offered requests where the oracle turned away {} ({}). The frontend decides on reports up to one \
+                     interval old: it finds every worker busy for a moment while one is about to free a slot, and a \
+                     worker's gate refuses when that worker is full although another has room{}. A frontend queue that \
+                     dispatches the moment any worker has room (frontend flow control) would close the gap",
                     pct(r.measured.attainment_admitted), pct(r.measured.reject_rate), pct(oracle),
-                    reasons(&r.measured))),
+                    reasons(&r.measured),
+                    match m.tuned.iter().find(|t| t.arm.kind == e).map_or(0, |t| t.arm.reroute) {
+                        0 => " (the frontend answers that refusal with a 529)".to_string(),
+                        n => format!(" (the frontend routes a refused request {n} more time{}, then answers 529)", if n == 1 { "" } else { "s" }),
+                    })),
             });
         }
     }
@@ -127,24 +131,36 @@ fn targets(m: &Matrix) -> Vec<Target> {
                 .then(|| format!("in {} the admitted p99 TTFT was {} ms", r.scenario, ms(v))),
         });
     }
-    let net = m.conditions.net_delay_s * 2e3;
     let worst = m
         .rows
         .iter()
         .filter(|r| r.arm == e && r.group == "steady" && r.measured.reject_rate > 0.0)
         .max_by(|a, b| {
-            a.measured
-                .time_to_reject_ms
-                .p99
-                .total_cmp(&b.measured.time_to_reject_ms.p99)
+            let beyond = |r: &Row| r.measured.reject_beyond_network_ms.p99;
+            beyond(a).total_cmp(&beyond(b))
         });
     if let Some(r) = worst {
-        let beyond = r.measured.time_to_reject_ms.p99 - net;
+        let beyond = r.measured.reject_beyond_network_ms.p99;
+        let deadline = r
+            .measured
+            .rejections_by
+            .get("worker gate: queue deadline")
+            .copied()
+            .unwrap_or(0);
+        let all: u64 = r.measured.rejections_by.values().sum();
         out.push(Target {
-            what: format!("p99 time to a 529 under 1 ms beyond the network delay ({} ms there and back)", ms(net)),
-            measured: format!("worst {} ms beyond ({})", ms(beyond.max(0.0)), r.scenario),
+            what: "p99 time to a 529 under 1 ms beyond the network delay (each attempt's own trips \
+                   between frontend and workers)"
+                .into(),
+            measured: format!("worst {} ms beyond ({})", ms(beyond), r.scenario),
             met: beyond < 1.0,
-            why: (beyond >= 1.0).then(|| "rejections that waited in the worker gate's queue until its deadline are slower than the frontend's".into()),
+            why: (beyond >= 1.0).then(|| format!(
+                "in {}, {} of the rejections came from the worker gate's queue deadline, after the request \
+                 had waited its deadline in the queue; every other rejection was heard within its network \
+                 time. The tuning kept a queue (Q > 0) because it raised goodput; a queue that hands a \
+                 request to whichever worker frees first (frontend flow control), with a deadline set from \
+                 the measured drain rate rather than a fixed one, would answer the hopeless ones at once",
+                r.scenario, pct(deadline as f64 / all.max(1) as f64))),
         });
     }
     let mean = row(m, "steady 1x", e).map_or(0.0, |r| r.measured.mean_duration_s);
@@ -523,10 +539,18 @@ fn markdown(m: &Matrix) -> String {
             pct(r.measured.cancel_rate)
         )
     }));
-    w("\np99 time to a 529 (ms; the frontend answers at once, a worker one network round trip later):\n\n".into());
+    w(
+        "\np99 time to a 529, in all / beyond the attempt's own network trips (ms; the frontend \
+       answers at once, a worker's refusal takes a round trip):\n\n"
+            .into(),
+    );
     w(table(m, "steady", "load", |r| {
         if r.measured.reject_rate > 0.0 {
-            ms(r.measured.time_to_reject_ms.p99)
+            format!(
+                "{} / {}",
+                ms(r.measured.time_to_reject_ms.p99),
+                ms(r.measured.reject_beyond_network_ms.p99)
+            )
         } else {
             "–".into()
         }

@@ -124,6 +124,8 @@ enum Ev {
     /// A rejection reaches the client: request, attempt, `Retry-After`,
     /// where and why it was refused.
     Heard(u32, u32, Option<f64>, &'static str),
+    /// A worker's refusal is back at the frontend, which routes again.
+    Reroute(u32, u32),
 }
 
 struct Queued {
@@ -167,6 +169,9 @@ struct Req {
     spec: RequestSpec,
     stage: Stage,
     attempt: u32,
+    /// Frontend-to-worker trips of this attempt (each one a round trip when
+    /// refused).
+    hops: u32,
     attempt_send: u64,
     worker: u32,
     rank: u32,
@@ -370,6 +375,7 @@ impl<'a> Sim<'a> {
                 spec,
                 stage: Stage::NotSent,
                 attempt: 0,
+                hops: 0,
                 attempt_send: 0,
                 worker: 0,
                 rank: 0,
@@ -499,6 +505,12 @@ impl<'a> Sim<'a> {
                 self.schedule_expiry(w);
             }
             Ev::GiveUp(id) => self.give_up(id),
+            Ev::Reroute(id, attempt) => {
+                let r = &self.reqs[id as usize];
+                if r.stage == Stage::Travelling && r.attempt == attempt {
+                    self.dispatch(id, attempt);
+                }
+            }
             Ev::Heard(id, attempt, retry_after, why) => self.heard(id, attempt, retry_after, why),
         }
     }
@@ -513,6 +525,7 @@ impl<'a> Sim<'a> {
         }
         r.attempt += 1;
         r.attempt_send = now;
+        r.hops = 0;
         let attempt = r.attempt;
         self.rec.attempt(r.spec.at_ns);
         if let Some(t) = &mut self.throttle {
@@ -530,11 +543,19 @@ impl<'a> Sim<'a> {
                 return;
             }
         }
+        self.dispatch(id, attempt);
+    }
+
+    /// The frontend routes an attempt: to a worker, or back to the client
+    /// with a rejection.
+    fn dispatch(&mut self, id: u32, attempt: u32) {
+        let now = self.now;
         match self.route(id) {
             Ok((worker, rank)) => {
                 let r = &mut self.reqs[id as usize];
                 r.worker = worker;
                 r.rank = rank;
+                r.hops += 1;
                 r.stage = Stage::Travelling;
                 self.at(now + ns(self.c.net_delay_s), Ev::AtWorker(id, attempt));
             }
@@ -658,9 +679,17 @@ impl<'a> Sim<'a> {
         r.booking = None;
         let first = r.spec.at_ns;
         let waited = now - r.attempt_send;
+        let network = u64::from(r.hops) * 2 * ns(self.c.net_delay_s);
         let priority = r.spec.priority;
         let jitter = r.spec.jitter;
-        self.rec.rejection(first, now, waited, priority, why);
+        self.rec.rejection(
+            first,
+            now,
+            waited,
+            waited.saturating_sub(network),
+            priority,
+            why,
+        );
         if let Some(t) = &mut self.throttle {
             t.record(now, false);
         }
@@ -783,6 +812,14 @@ impl<'a> Sim<'a> {
                             if e == AdmitError::AtCapacity {
                                 let _ = m.mark_overloaded(worker);
                             }
+                        }
+                        if e == AdmitError::AtCapacity && r.hops <= self.arm.reroute {
+                            // Back to the frontend, which tries another
+                            // worker (the refusing one is under its lease).
+                            r.stage = Stage::Travelling;
+                            r.booking = None;
+                            self.at(self.now + ns(self.c.net_delay_s), Ev::Reroute(id, attempt));
+                            continue;
                         }
                         r.stage = Stage::Backoff;
                         let retry_after = self.arm.retry_after_s;
