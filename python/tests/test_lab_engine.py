@@ -28,9 +28,7 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +40,7 @@ import pytest
 from loadgate import Monitor
 from loadgate.asgi import ControlApp, LoadgateMiddleware
 
+from conftest import serve
 from test_nats import running_nats_server
 
 T = TypeVar("T")
@@ -138,44 +137,6 @@ def engines(binary: Path, specs: Sequence[List[str]], logs: Path) -> Iterator[Li
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
-
-
-@contextlib.contextmanager
-def serve(app: Any) -> Iterator[str]:
-    """Runs `app` under uvicorn on a free loopback port, as conftest's
-    `serve` does, but on a socket made as TCP (`IPPROTO_TCP`, not 0), so
-    that asyncio sets `TCP_NODELAY` on the connections it accepts. Without
-    it a streamed answer's small writes wait for the client's delayed
-    acknowledgement (about 40 ms on Linux), which would show in the time to
-    first token printed here."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, http="h11", ws="none", lifespan="off", log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    errors: List[BaseException] = []
-
-    def run() -> None:
-        try:
-            server.run(sockets=[sock])
-        except BaseException as exc:  # reported to the test below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="uvicorn", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started or bool(errors) or not thread.is_alive(), bool)
-    assert server.started, f"uvicorn did not start: {errors!r}"
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(WAIT)
-        sock.close()
-        assert not thread.is_alive(), "uvicorn did not stop"
-        assert not errors, errors
 
 
 def wait_for(read: Callable[[], T], ok: Callable[[T], bool], limit: float = WAIT) -> T:

@@ -637,6 +637,21 @@ fn markdown(m: &Matrix) -> String {
         format!("{:.3} / {}", r.jain.unwrap_or(0.0), per.join(" : "))
     }));
 
+    w("\n## The same engine over HTTP\n\n\
+       `cargo run --release -p loadgate-lab --bin engine -- --model NAME --port P` serves the emulator over \
+       real HTTP: OpenAI-compatible `/v1/chat/completions` and `/v1/completions` (streamed or not) with the \
+       step-time model's timing in real time, and vLLM-format `/metrics` (`vllm:num_requests_running`, \
+       `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` per rank, `vllm:cache_config_info`). Every \
+       engine parameter is a flag named as vLLM and Dynamo's mocker name it (`--max-num-seqs`, \
+       `--max-num-batched-tokens`, `--block-size`, `--num-gpu-blocks-override`, `--data-parallel-size`, \
+       `--speedup-ratio`); `--nats URL --namespace NS` publishes each rank's load with loadgate's `Publisher` \
+       (`--dynamo-endpoint COMP.ENDP` for Dynamo's event-plane envelope). So loadgate's scrape, NATS and \
+       Python frontends can be tried against engines that queue and slow down as real ones do. \
+       `python/tests/test_lab_engine.py` runs three of them behind a frontend built from loadgate's Python \
+       pieces (a scraping `Monitor`, `select`, an httpx proxy, the ASGI middleware) at three times their \
+       measured capacity, open loop, and checks the accounting, that every 529 carries `Retry-After` and \
+       that no admitted stream was cut; it prints goodput and admitted TTFT.\n"
+        .into());
     let total: u64 = m.rows.iter().map(|r| r.measured.accounting.offered).sum();
     w(format!(
         "\n## Accounting\n\nEvery one of the {} rows balanced offered = completed + rejected + cancelled + in flight \
