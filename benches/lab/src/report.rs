@@ -510,8 +510,19 @@ fn markdown(m: &Matrix) -> String {
     w(table(m, "steady", "load", |r| pct(r.measured.goodput_frac)));
     w("\nAdmitted p99 TTFT (ms):\n\n".into());
     w(table(m, "steady", "load", |r| ms(r.measured.ttft_ms.p99)));
-    w("\nAdmitted p99 TPOT (ms):\n\n".into());
-    w(table(m, "steady", "load", |r| ms(r.measured.tpot_ms.p99)));
+    w("\nAdmitted TTFT p50 / p99.9 (ms):\n\n".into());
+    w(table(m, "steady", "load", |r| {
+        format!(
+            "{} / {}",
+            ms(r.measured.ttft_ms.p50),
+            ms(r.measured.ttft_ms.p999)
+        )
+    }));
+    w("\nAdmitted TPOT p50 / p99 / p99.9 (ms):\n\n".into());
+    w(table(m, "steady", "load", |r| {
+        let t = r.measured.tpot_ms;
+        format!("{} / {} / {}", ms(t.p50), ms(t.p99), ms(t.p999))
+    }));
     w(
         "\np99 inter-token latency / median end-to-end latency of completed requests (ms):\n\n"
             .into(),
