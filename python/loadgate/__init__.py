@@ -33,6 +33,8 @@ from ._errors import (
     WorkerOverloaded,
 )
 from ._loadgate import (
+    ERROR_STYLES,
+    MAX_BUSY_THRESHOLD_BODY,
     REASON_HEADER,
     Admission,
     AdmissionGate,
@@ -53,6 +55,8 @@ from ._loadgate import (
 __all__ = [
     "__version__",
     "REASON_HEADER",
+    "MAX_BUSY_THRESHOLD_BODY",
+    "ERROR_STYLES",
     "overload_status_code",
     "LoadgateError",
     "Overloaded",

@@ -37,6 +37,10 @@ def test_version_and_status() -> None:
     assert loadgate.__version__ == "0.3.0"
     assert loadgate.overload_status_code() == 529
     assert loadgate.REASON_HEADER == "x-loadgate-reason"
+    # The public package exports every public constant of the native module.
+    assert loadgate.MAX_BUSY_THRESHOLD_BODY == loadgate._loadgate.MAX_BUSY_THRESHOLD_BODY
+    native = {n for n in dir(loadgate._loadgate) if not n.startswith("_")}
+    assert native - set(loadgate.__all__) == set()
 
 
 def test_hierarchy() -> None:
