@@ -26,11 +26,14 @@ fn monitor() -> Arc<Monitor> {
     };
     m.add_worker("m", 1, spec).unwrap();
     m.add_worker("m", 2, spec).unwrap();
-    let decode = ThresholdUpdate {
+    // No report here carries prefill tokens, so the prefill line matters
+    // only to the ranks the prefill model books.
+    let thresholds = ThresholdUpdate {
         active_decode_blocks_threshold: Some(0.5),
+        active_prefill_tokens_threshold: Some(50),
         ..Default::default()
     };
-    m.set_thresholds("m", &decode).unwrap();
+    m.set_thresholds("m", &thresholds).unwrap();
     m.report(2, 0, &used(90)).unwrap();
     Arc::new(m)
 }
@@ -73,6 +76,33 @@ fn reports_bookings_and_select_agree_on_the_final_busy_set() {
         assert!(!m.is_busy(1).unwrap(), "final load: kv_used 10, no booking");
         assert!(m.is_busy(2).unwrap());
         assert_eq!(m.busy_workers("m"), vec![2]);
+    });
+}
+
+/// Two routers book prefill on one rank while one of them marks its
+/// prefill done: whatever the interleaving, the published busy bit
+/// matches the final count (one request's prompt, under the line).
+#[test]
+fn prefill_bookings_and_prefill_done_agree_on_the_final_busy_bit() {
+    loom::model(|| {
+        let m = monitor();
+        let first = {
+            let m = m.clone();
+            thread::spawn(move || {
+                let mut b = m.book_with_prefill(1, 0, 0, 40).unwrap();
+                b.prefill_done();
+                b
+            })
+        };
+        let second = {
+            let m = m.clone();
+            thread::spawn(move || m.book_with_prefill(1, 0, 0, 40).unwrap())
+        };
+        let first = first.join().unwrap();
+        let second = second.join().unwrap();
+        assert_eq!(m.rank_load(1, 0).unwrap().active_prefill_tokens, Some(40));
+        assert!(!m.is_busy(1).unwrap(), "40 is not above 50");
+        drop((first, second));
     });
 }
 

@@ -953,6 +953,48 @@ enum lg_status lg_monitor_book(const struct lg_monitor *monitor,
                                struct lg_booking **out_booking);
 
 /**
+ * lg_monitor_book(), and also books the request's `prefill_tokens` prompt
+ * tokens in that rank's active_prefill_tokens (the router-side prefill
+ * count) until lg_booking_prefill_done() or lg_booking_free(). So the
+ * prefill thresholds work beside workers that do not report prefill
+ * tokens; a worker whose router books them must not report them too (a
+ * report overwrites the count). 0 books no prefill.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_booking), LG_NOT_FOUND
+ * (unknown worker or undeclared rank).
+ * Ownership: on LG_OK *out_booking owns a new booking; free it with
+ * lg_booking_free().
+ * Thread safety: any thread. Blocking: never (lock-free; allocates the
+ * handle).
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; `out_booking` is NULL or valid for
+ * writes.
+ */
+enum lg_status lg_monitor_book_prefill(const struct lg_monitor *monitor,
+                                       uint64_t worker_id,
+                                       uint32_t dp_rank,
+                                       uint64_t blocks,
+                                       uint64_t prefill_tokens,
+                                       struct lg_booking **out_booking);
+
+/**
+ * The request's prefill is done (its first token came): its prompt tokens
+ * stop counting in active_prefill_tokens; the blocks stay booked. Calling
+ * it again does nothing.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL booking).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: one thread at a time per booking. Blocking: never
+ * (lock-free).
+ *
+ * # Safety
+ * `booking` is NULL or a live booking not used by another thread during
+ * the call.
+ */
+enum lg_status lg_booking_prefill_done(struct lg_booking *booking);
+
+/**
  * Adds `blocks` generated output blocks to a booking and re-evaluates the
  * worker.
  *

@@ -51,6 +51,72 @@ pub unsafe extern "C" fn lg_monitor_book(
     })
 }
 
+/// lg_monitor_book(), and also books the request's `prefill_tokens` prompt
+/// tokens in that rank's active_prefill_tokens (the router-side prefill
+/// count) until lg_booking_prefill_done() or lg_booking_free(). So the
+/// prefill thresholds work beside workers that do not report prefill
+/// tokens; a worker whose router books them must not report them too (a
+/// report overwrites the count). 0 books no prefill.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_booking), LG_NOT_FOUND
+/// (unknown worker or undeclared rank).
+/// Ownership: on LG_OK *out_booking owns a new booking; free it with
+/// lg_booking_free().
+/// Thread safety: any thread. Blocking: never (lock-free; allocates the
+/// handle).
+///
+/// # Safety
+/// `monitor` is NULL or a live monitor; `out_booking` is NULL or valid for
+/// writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_book_prefill(
+    monitor: *const lg_monitor,
+    worker_id: u64,
+    dp_rank: u32,
+    blocks: u64,
+    prefill_tokens: u64,
+    out_booking: *mut *mut lg_booking,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `monitor` is NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        let out = Out::new(out_booking, "out_booking")?;
+        let booking = m
+            .monitor
+            .book_with_prefill(worker_id, dp_rank, blocks, prefill_tokens)?;
+        let handle = Box::into_raw(Box::new(lg_booking { booking }));
+        // SAFETY: `out_booking` is writable (contract).
+        unsafe { out.write(handle) };
+        Ok(())
+    })
+}
+
+/// The request's prefill is done (its first token came): its prompt tokens
+/// stop counting in active_prefill_tokens; the blocks stay booked. Calling
+/// it again does nothing.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL booking).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: one thread at a time per booking. Blocking: never
+/// (lock-free).
+///
+/// # Safety
+/// `booking` is NULL or a live booking not used by another thread during
+/// the call.
+#[no_mangle]
+pub unsafe extern "C" fn lg_booking_prefill_done(booking: *mut lg_booking) -> lg_status {
+    guard(|| {
+        if booking.is_null() {
+            return Err(crate::ffi::Error::invalid("booking must not be NULL"));
+        }
+        // SAFETY: non-NULL (checked) and a live booking used by this thread
+        // alone (contract), so a unique reference is sound.
+        let b = unsafe { &mut *booking };
+        b.booking.prefill_done();
+        Ok(())
+    })
+}
+
 /// Adds `blocks` generated output blocks to a booking and re-evaluates the
 /// worker.
 ///

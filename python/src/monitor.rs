@@ -443,16 +443,27 @@ impl Monitor {
 
     /// Books `blocks` KV blocks of a routed request on a worker rank; they
     /// count in its `active_decode_blocks` until the booking is released.
+    /// `prefill_tokens` (the request's prompt tokens) count in the rank's
+    /// `active_prefill_tokens` until `prefill_done()` or the release.
+    #[pyo3(signature = (worker_id, dp_rank, blocks, *, prefill_tokens = None))]
     fn book(
         &self,
         worker_id: &Bound<'_, PyAny>,
         dp_rank: &Bound<'_, PyAny>,
         blocks: &Bound<'_, PyAny>,
+        prefill_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Booking> {
         let id = u64_arg(worker_id, "worker_id")?;
         let rank = u32_arg(dp_rank, "dp_rank")?;
         let blocks = u64_arg(blocks, "blocks")?;
-        let booking = self.inner.book(id, rank, blocks).map_err(report_error)?;
+        let prefill = match prefill_tokens {
+            Some(n) => u64_arg(n, "prefill_tokens")?,
+            None => 0,
+        };
+        let booking = self
+            .inner
+            .book_with_prefill(id, rank, blocks, prefill)
+            .map_err(report_error)?;
         Ok(Booking {
             worker_id: id,
             dp_rank: rank,
@@ -614,7 +625,26 @@ impl Booking {
         }
     }
 
-    /// Frees the booked blocks; calling it again does nothing.
+    /// The request's prefill is done (its first token came): its prompt
+    /// tokens stop counting; the blocks stay booked. Calling it again, or
+    /// after `release()`, does nothing.
+    fn prefill_done(&self) {
+        if let Some(b) = self.lock().as_mut() {
+            b.prefill_done();
+        }
+    }
+
+    /// Prompt tokens still booked (0 once the prefill is done or the booking
+    /// released).
+    #[getter]
+    fn prefill_tokens(&self) -> u64 {
+        self.lock()
+            .as_ref()
+            .map_or(0, loadgate::Booking::prefill_tokens)
+    }
+
+    /// Frees the booked blocks and prompt tokens; calling it again does
+    /// nothing.
     fn release(&self) {
         let booking = self.lock().take();
         drop(booking);

@@ -403,6 +403,33 @@ def test_booking(monitor: Monitor) -> None:
     assert 'dynamo_frontend_worker_active_decode_blocks{worker_id="1",dp_rank="0"} 0' in text
 
 
+def test_prefill_booking(monitor: Monitor) -> None:
+    # Workers that never report prefill tokens (Dynamo 1.6.1's): the router's
+    # bookings alone feed the prefill threshold.
+    monitor.set_thresholds("m", active_prefill_tokens_threshold=100)
+    a = monitor.book(1, 0, 4, prefill_tokens=80)
+    b = monitor.book(1, 1, 4, prefill_tokens=120)
+    assert (a.prefill_tokens, b.prefill_tokens) == (80, 120)
+    assert not monitor.is_busy(1)  # rank 0 holds 80, not above 100
+    with monitor.book(1, 0, 1, prefill_tokens=30) as c:
+        assert monitor.is_busy(1)  # 110 and 120: both ranks above the line
+        c.prefill_done()
+        assert c.prefill_tokens == 0 and c.blocks == 1
+        assert not monitor.is_busy(1)
+    a.prefill_done()
+    a.prefill_done()  # idempotent
+    assert a.prefill_tokens == 0 and a.blocks == 4
+    b.release()
+    b.prefill_done()  # after release: nothing to do
+    assert b.prefill_tokens == 0
+    a.release()
+    assert not monitor.is_busy(1)
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        monitor.book(1, 0, 1, prefill_tokens=-1)
+    with pytest.raises(TypeError, match="prefill_tokens"):
+        monitor.book(1, 0, 1, prefill_tokens="many")  # type: ignore[arg-type]
+
+
 def test_book_bad_input(monitor: Monitor) -> None:
     with pytest.raises(KeyError, match="unknown worker 9"):
         monitor.book(9, 0, 1)

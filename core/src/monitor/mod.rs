@@ -221,10 +221,33 @@ impl Monitor {
     /// [`Booking::add_output_blocks`]; the blocks are freed when the booking
     /// is released or dropped.
     pub fn book(&self, worker_id: u64, dp_rank: u32, blocks: u64) -> Result<Booking, ReportError> {
+        self.book_with_prefill(worker_id, dp_rank, blocks, 0)
+    }
+
+    /// [`book`](Self::book), and also books the request's `prefill_tokens`
+    /// prompt tokens in the rank's `active_prefill_tokens` (the router-side
+    /// prefill count, as Dynamo's frontend keeps it) until
+    /// [`Booking::prefill_done`] or the booking's end. So the prefill
+    /// thresholds work beside workers that do not report prefill tokens; a
+    /// worker whose router books them must not report them too (a report
+    /// overwrites the count). 0 books no prefill and leaves a rank that has
+    /// not reported prefill tokens out of the prefill checks.
+    pub fn book_with_prefill(
+        &self,
+        worker_id: u64,
+        dp_rank: u32,
+        blocks: u64,
+        prefill_tokens: u64,
+    ) -> Result<Booking, ReportError> {
         let reg = self.registry.load();
         let (worker, _) = Self::rank_of(&reg, worker_id, dp_rank)?;
         let rank_index = (dp_rank - worker.dp_start) as usize;
-        Ok(Booking::new(worker.clone(), rank_index, blocks))
+        Ok(Booking::new(
+            worker.clone(),
+            rank_index,
+            blocks,
+            prefill_tokens,
+        ))
     }
 
     // -- busy state (hot path) ---------------------------------------------

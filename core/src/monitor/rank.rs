@@ -36,7 +36,7 @@ pub(super) struct Rank {
     pub(super) active_decode_blocks: AtomicU64,
     kv_used_blocks: AtomicU64,
     kv_total_blocks: AtomicU64,
-    active_prefill_tokens: AtomicU64,
+    pub(super) active_prefill_tokens: AtomicU64,
     max_num_batched_tokens: AtomicU64,
     /// `UNREPORTED` until the first report that carries it.
     waiting_requests: AtomicU64,
