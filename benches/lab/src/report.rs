@@ -59,6 +59,15 @@ fn reasons(m: &crate::record::Measured) -> String {
     }
 }
 
+/// A latency cell, or "–" for a run that completed nothing.
+fn latency(r: &Row, cell: impl Fn(&crate::record::Measured) -> String) -> String {
+    if r.measured.accounting.completed == 0 {
+        "–".into()
+    } else {
+        cell(&r.measured)
+    }
+}
+
 fn pct(x: f64) -> String {
     format!("{:.1} %", 100.0 * x)
 }
@@ -509,7 +518,9 @@ fn markdown(m: &Matrix) -> String {
     w("## Steady load\n\nGoodput, as a fraction of `C*`:\n\n".into());
     w(table(m, "steady", "load", |r| pct(r.measured.goodput_frac)));
     w("\nAdmitted p99 TTFT (ms):\n\n".into());
-    w(table(m, "steady", "load", |r| ms(r.measured.ttft_ms.p99)));
+    w(table(m, "steady", "load", |r| {
+        latency(r, |m| ms(m.ttft_ms.p99))
+    }));
     w("\nAdmitted TTFT p50 / p99.9 (ms):\n\n".into());
     w(table(m, "steady", "load", |r| {
         format!(
@@ -520,19 +531,19 @@ fn markdown(m: &Matrix) -> String {
     }));
     w("\nAdmitted TPOT p50 / p99 / p99.9 (ms):\n\n".into());
     w(table(m, "steady", "load", |r| {
-        let t = r.measured.tpot_ms;
-        format!("{} / {} / {}", ms(t.p50), ms(t.p99), ms(t.p999))
+        latency(r, |m| {
+            let t = m.tpot_ms;
+            format!("{} / {} / {}", ms(t.p50), ms(t.p99), ms(t.p999))
+        })
     }));
     w(
         "\np99 inter-token latency / median end-to-end latency of completed requests (ms):\n\n"
             .into(),
     );
     w(table(m, "steady", "load", |r| {
-        format!(
-            "{} / {}",
-            ms(r.measured.itl_ms.p99),
-            ms(r.measured.e2e_ms.p50)
-        )
+        latency(r, |m| {
+            format!("{} / {}", ms(m.itl_ms.p99), ms(m.e2e_ms.p50))
+        })
     }));
     w("\nSLO attainment over offered / over admitted requests:\n\n".into());
     w(table(m, "steady", "load", |r| {
