@@ -523,11 +523,9 @@ fn markdown(m: &Matrix) -> String {
     }));
     w("\nAdmitted TTFT p50 / p99.9 (ms):\n\n".into());
     w(table(m, "steady", "load", |r| {
-        format!(
-            "{} / {}",
-            ms(r.measured.ttft_ms.p50),
-            ms(r.measured.ttft_ms.p999)
-        )
+        latency(r, |m| {
+            format!("{} / {}", ms(m.ttft_ms.p50), ms(m.ttft_ms.p999))
+        })
     }));
     w("\nAdmitted TPOT p50 / p99 / p99.9 (ms):\n\n".into());
     w(table(m, "steady", "load", |r| {
