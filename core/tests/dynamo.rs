@@ -55,7 +55,7 @@ struct ActiveLoadV3 {
     kv_used_blocks: Option<u64>,
 }
 
-/// Before `scheduler_load_scope`.
+/// Before `scheduler_load_scope`, and Dynamo 1.6.1's.
 #[derive(Serialize)]
 struct ActiveLoadV2 {
     worker_id: u64,
@@ -204,7 +204,8 @@ fn every_payload_generation_and_envelope_layout_decodes() {
             ..load(7, 1)
         })
     );
-    // What loadgate writes is what the reference writes.
+    // What loadgate writes is what Dynamo 1.6.1 writes (its five keys; the
+    // recorded envelopes are compared in dynamo_fixtures.rs).
     let e = Envelope {
         publisher_id: 9,
         sequence: 3,
@@ -220,9 +221,12 @@ fn every_payload_generation_and_envelope_layout_decodes() {
         published_at: 5,
         topic: "kv_metrics".into(),
         payload: Bytes(
-            rmp_serde::to_vec_named(&ActiveLoadV3 {
-                scheduler_load_scope: None,
-                ..v3(7, Some(40), Some(30))
+            rmp_serde::to_vec_named(&ActiveLoadV2 {
+                worker_id: 7,
+                dp_rank: 0,
+                active_decode_blocks: Some(30),
+                active_prefill_tokens: None,
+                kv_used_blocks: Some(40),
             })
             .unwrap(),
         ),

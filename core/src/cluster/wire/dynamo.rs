@@ -5,7 +5,9 @@
 //! publisher, from 0), published_at: u64 (unix ms), topic: "kv_metrics",
 //! payload: bin}` — whose `payload` is `to_vec_named` of its `ActiveLoad`
 //! (`worker_id`, `dp_rank`, `active_decode_blocks?`, `active_prefill_tokens?`,
-//! `scheduler_load_scope?`, `kv_used_blocks?`, with `None` written as nil).
+//! `kv_used_blocks?`, with `None` written as nil: Dynamo 1.6.1's five keys,
+//! which is what the writer here produces, byte for byte; some releases add
+//! `scheduler_load_scope`, which the reader skips).
 //! Fields are matched by name, so older envelopes (`topic` first, or
 //! `published_at_ns`) and older payloads (without `scheduler_load_scope` or
 //! `kv_used_blocks`) decode too; unknown fields are ignored; nil is absent.
@@ -78,14 +80,14 @@ struct EnvelopeOut<'a> {
     payload: Bin<'a>,
 }
 
-/// The reference `ActiveLoad` with every field written, `None` as nil.
+/// The reference `ActiveLoad` as Dynamo 1.6.1 writes it: five fields in
+/// this order, `None` as nil.
 #[derive(Serialize)]
 struct ActiveLoadOut {
     worker_id: u64,
     dp_rank: u32,
     active_decode_blocks: Option<u64>,
     active_prefill_tokens: Option<u64>,
-    scheduler_load_scope: Option<&'static str>,
     kv_used_blocks: Option<u64>,
 }
 
@@ -96,7 +98,6 @@ impl From<&ActiveLoad> for ActiveLoadOut {
             dp_rank: a.dp_rank,
             active_decode_blocks: a.active_decode_blocks,
             active_prefill_tokens: a.active_prefill_tokens,
-            scheduler_load_scope: None,
             kv_used_blocks: a.kv_used_blocks,
         }
     }
