@@ -37,10 +37,29 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The `Allow` header value sent with a 405 from `/busy_threshold`.
 pub const BUSY_THRESHOLD_METHODS: &str = "GET, HEAD, POST";
 
+/// The message of the `dynamo` style's overload body (Dynamo 1.6.1's, for
+/// every kind of overload).
+pub const OVERLOADED_MESSAGE: &str = "Service temporarily overloaded";
+
+/// The message of every style's unavailable (503) body.
+pub const UNAVAILABLE_MESSAGE: &str = "Service temporarily unavailable";
+
+/// The `dynamo` style's flat body, its keys in Dynamo's order.
+#[derive(serde::Serialize)]
+struct FlatBody {
+    message: &'static str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    code: u16,
+}
+
 /// The shape of an error body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ErrorStyle {
-    /// `{"message", "type", "code"}` (the reference's flat shape).
+    /// `{"message", "type", "code"}` (the reference's flat shape, byte for
+    /// byte as Dynamo 1.6.1 writes it: "Service temporarily overloaded" /
+    /// "Overloaded" for every overload, "Service temporarily unavailable" /
+    /// "Service Unavailable" for 503).
     #[default]
     Dynamo,
     /// `{"error": {"message", "type", "param", "code"}}`.
@@ -106,14 +125,32 @@ pub fn error_response_with_status(
     let message = if overload {
         reason.message()
     } else {
-        "Service temporarily unavailable"
+        UNAVAILABLE_MESSAGE
     };
     let body = match style {
-        ErrorStyle::Dynamo => json!({
-            "message": message,
-            "type": if overload { "Overloaded" } else { "ServiceUnavailable" },
-            "code": status,
-        }),
+        // Dynamo 1.6.1's bytes: these three keys in this order, one text for
+        // every overload (the reason travels in `x-loadgate-reason`).
+        ErrorStyle::Dynamo => {
+            let flat = if overload {
+                FlatBody {
+                    message: OVERLOADED_MESSAGE,
+                    kind: "Overloaded",
+                    code: status,
+                }
+            } else {
+                FlatBody {
+                    message: UNAVAILABLE_MESSAGE,
+                    kind: "Service Unavailable",
+                    code: status,
+                }
+            };
+            return finish(
+                status,
+                serde_json::to_string(&flat).expect("a flat body serializes"),
+                reason,
+                retry_after,
+            );
+        }
         ErrorStyle::OpenAi => json!({
             "error": {
                 "message": message,
@@ -130,9 +167,14 @@ pub fn error_response_with_status(
             }
         }),
     };
+    finish(status, body.to_string(), reason, retry_after)
+}
+
+/// An answer with its `Retry-After` and reason headers.
+fn finish(status: u16, body: String, reason: Reason, retry_after: Duration) -> ErrorResponse {
     ErrorResponse {
         status,
-        body: body.to_string(),
+        body,
         headers: vec![
             ("retry-after", retry_after_seconds(retry_after).to_string()),
             (REASON_HEADER, reason.as_str().to_owned()),
@@ -415,10 +457,9 @@ mod tests {
             Duration::from_secs(1),
             529,
         );
-        let v: Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(
-            v,
-            json!({"message": "All workers are busy, please retry later", "type": "Overloaded", "code": 529})
+            r.body,
+            r#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529}"#
         );
         assert_eq!(
             r.headers,
@@ -434,9 +475,10 @@ mod tests {
             Duration::from_secs(2),
             503,
         );
-        let v: Value = serde_json::from_str(&r.body).unwrap();
-        assert_eq!(v["message"], "Service temporarily unavailable");
-        assert_eq!(v["code"], 503);
+        assert_eq!(
+            r.body,
+            r#"{"message":"Service temporarily unavailable","type":"Service Unavailable","code":503}"#
+        );
         assert_eq!(r.headers[0].1, "2");
         assert_eq!(r.headers[1].1, "no_workers");
 

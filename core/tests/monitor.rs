@@ -382,11 +382,11 @@ fn waiting_requests_have_a_gauge_and_refuse_the_reserved_value() {
     let text = m.metrics_text();
     assert!(text.contains("# TYPE dynamo_frontend_worker_waiting_requests gauge"));
     assert!(
-        text.contains("dynamo_frontend_worker_waiting_requests{worker_id=\"1\",dp_rank=\"1\"} 7"),
+        text.contains("dynamo_frontend_worker_waiting_requests{dp_rank=\"1\",worker_id=\"1\",worker_type=\"decode\"} 7"),
         "{text}"
     );
     assert!(
-        !text.contains("waiting_requests{worker_id=\"1\",dp_rank=\"0\"}"),
+        !text.contains("waiting_requests{dp_rank=\"0\",worker_id=\"1\""),
         "unreported waiting requests have no series"
     );
     assert_eq!(
@@ -1203,15 +1203,15 @@ fn removed_workers_leave_the_busy_set_and_the_metrics() {
     let text = m.metrics_text();
     assert!(
         text.contains(
-            "dynamo_frontend_worker_active_decode_blocks{worker_id=\"1\",dp_rank=\"1\"} 4"
+            "dynamo_frontend_worker_active_decode_blocks{dp_rank=\"1\",worker_id=\"1\",worker_type=\"decode\"} 4"
         ),
         "{text}"
     );
     assert!(text.contains(
-        "dynamo_frontend_worker_active_prefill_tokens{worker_id=\"1\",dp_rank=\"0\"} 12"
+        "dynamo_frontend_worker_active_prefill_tokens{dp_rank=\"0\",worker_id=\"1\",worker_type=\"decode\"} 12"
     ));
     assert!(
-        !text.contains("active_prefill_tokens{worker_id=\"1\",dp_rank=\"1\"}"),
+        !text.contains("active_prefill_tokens{dp_rank=\"1\",worker_id=\"1\""),
         "unreported prefill has no series"
     );
     assert!(text.contains("dynamo_frontend_model_busy_workers{model=\"llama\"} 1"));
@@ -1235,7 +1235,7 @@ fn the_metric_prefix_is_configurable() {
     let text = m.metrics_text();
     assert!(text.contains("# TYPE edge_frontend_model_rejection_total counter"));
     assert!(
-        text.contains("edge_frontend_worker_active_decode_blocks{worker_id=\"1\",dp_rank=\"0\"} 0")
+        text.contains("edge_frontend_worker_active_decode_blocks{dp_rank=\"0\",worker_id=\"1\",worker_type=\"decode\"} 0")
     );
     assert!(!text.contains("dynamo_"));
 }

@@ -274,7 +274,7 @@ fn waiting_requests_from_the_engine_trip_the_waiting_threshold() {
     wait_for("free: 4 is not above 4", || !m.is_busy(3).unwrap());
     assert!(m
         .metrics_text()
-        .contains("dynamo_frontend_worker_waiting_requests{worker_id=\"3\",dp_rank=\"0\"} 4"));
+        .contains("dynamo_frontend_worker_waiting_requests{dp_rank=\"0\",worker_id=\"3\",worker_type=\"decode\"} 4"));
     s.close();
     s.close();
     assert!(m.workers("served-qwen").is_empty());

@@ -59,7 +59,8 @@ def test_overload_classes(cls: type[LoadgateError], reason: str, message: str) -
     assert (e.status_code, e.reason, e.retry_after) == (529, reason, 1.0)
     assert str(e) == message
     assert e.message == message
-    assert e.body() == {"message": message, "type": "Overloaded", "code": 529}
+    # Dynamo 1.6.1's flat body: one text for every overload.
+    assert e.body() == {"message": "Service temporarily overloaded", "type": "Overloaded", "code": 529}
     assert e.body("openai") == {
         "error": {"message": message, "type": "overloaded_error", "param": None, "code": reason}
     }
@@ -77,7 +78,7 @@ def test_unavailable_classes(cls: type[LoadgateError], reason: str, message: str
     assert str(e) == message
     assert e.body() == {
         "message": "Service temporarily unavailable",
-        "type": "ServiceUnavailable",
+        "type": "Service Unavailable",
         "code": 503,
     }
     assert e.body("openai")["error"]["type"] == "service_unavailable"

@@ -267,7 +267,7 @@ def test_ready_made_handler_answers_in_the_dynamo_style(framework: str) -> None:
     with served(app) as (url, _), httpx.Client(base_url=url, timeout=10) as client:
         r = client.post("/v1/messages", json={"model": "llama"})
         assert r.status_code == 529
-        assert r.json() == {"message": BUSY, "type": "Overloaded", "code": 529}
+        assert r.json() == {"message": "Service temporarily overloaded", "type": "Overloaded", "code": 529}
         assert (r.headers["retry-after"], r.headers["x-loadgate-reason"]) == ("1", "all_workers_busy")
         assert r.headers["content-type"] == "application/json"
 

@@ -90,7 +90,7 @@ def test_529_with_body_and_headers_when_all_workers_are_busy(frontend: Any) -> N
     monitor.report(2, kv_used_blocks=91)
     r = client.post("/v1/completions", json={"model": "llama"})
     assert r.status_code == 529
-    assert r.json() == {"message": "All workers are busy, please retry later", "type": "Overloaded", "code": 529}
+    assert r.content == b'{"message":"Service temporarily overloaded","type":"Overloaded","code":529}'
     assert r.headers["retry-after"] == "1"
     assert r.headers["x-loadgate-reason"] == "all_workers_busy"
     assert r.headers["content-type"] == "application/json"
@@ -114,7 +114,7 @@ def test_503_when_no_workers(frontend: Any) -> None:
     monitor, _, client = frontend
     r = client.post("/v1/completions", json={"model": "unknown-model"})
     assert r.status_code == 503
-    assert r.json() == {"message": "Service temporarily unavailable", "type": "ServiceUnavailable", "code": 503}
+    assert r.content == b'{"message":"Service temporarily unavailable","type":"Service Unavailable","code":503}'
     assert r.headers["retry-after"] == "1"
     assert r.headers["x-loadgate-reason"] == "no_workers"
     monitor.remove_worker(1)
@@ -202,7 +202,7 @@ def test_metrics_scrape(frontend: Any) -> None:
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = r.text
     assert 'dynamo_frontend_model_rejection_total{model="llama",endpoint="generate"} 1' in text
-    assert 'dynamo_frontend_worker_active_prefill_tokens{worker_id="1",dp_rank="0"} 7' in text
+    assert 'dynamo_frontend_worker_active_prefill_tokens{dp_rank="0",worker_id="1",worker_type="decode"} 7' in text
     assert 'dynamo_frontend_model_busy_workers{model="llama"} 2' in text
     assert "dynamo_engine_request 1" in text
     assert "dynamo_request_queue 0" in text
@@ -256,7 +256,7 @@ def test_streamed_response_holds_its_permit_to_the_end(path: str) -> None:
             other = client.get(path)  # the only slot is taken, no queue
             assert other.status_code == 529
             assert other.headers["x-loadgate-reason"] == "worker_at_capacity"
-            assert other.json()["message"] == "Server overloaded: worker at capacity"
+            assert other.json()["message"] == "Service temporarily overloaded"
             assert gate.running == 1
             proceed.set()
             rest = b"".join(chunks)

@@ -170,7 +170,7 @@ def test_waiting_requests_threshold(monitor: Monitor) -> None:
     s = monitor.set_thresholds("m", clear=["waiting_requests_threshold"])
     assert s["waiting_requests_threshold"] is None and s["version"] == 4
     assert not monitor.is_busy(1)
-    assert 'dynamo_frontend_worker_waiting_requests{worker_id="1",dp_rank="1"} 9' in monitor.metrics_text()
+    assert 'dynamo_frontend_worker_waiting_requests{dp_rank="1",worker_id="1",worker_type="decode"} 9' in monitor.metrics_text()
     with pytest.raises(ValueError, match="waiting_requests"):
         monitor.report(1, waiting_requests=2**64 - 1)  # reserved for "never reported"
     with pytest.raises(ValueError, match="waiting_requests"):
@@ -400,7 +400,7 @@ def test_booking(monitor: Monitor) -> None:
     gc.collect()
     assert not monitor.is_busy(1)
     text = monitor.metrics_text()
-    assert 'dynamo_frontend_worker_active_decode_blocks{worker_id="1",dp_rank="0"} 0' in text
+    assert 'dynamo_frontend_worker_active_decode_blocks{dp_rank="0",worker_id="1",worker_type="decode"} 0' in text
 
 
 def test_prefill_booking(monitor: Monitor) -> None:
@@ -476,7 +476,7 @@ def test_metrics_text_and_removed_worker_series(monitor: Monitor) -> None:
         "dynamo_frontend_model_threshold_version",
     ):
         assert f"# TYPE {name} " in text
-    assert 'dynamo_frontend_worker_active_prefill_tokens{worker_id="2",dp_rank="1"} 3' in text
+    assert 'dynamo_frontend_worker_active_prefill_tokens{dp_rank="1",worker_id="2",worker_type="decode"} 3' in text
     monitor.remove_worker(2)
     assert 'worker_id="2"' not in monitor.metrics_text()
 

@@ -134,7 +134,7 @@ def test_two_monitors_converge_and_thresholds_stay_local(nats_url: str) -> None:
         assert b.thresholds("m")["active_decode_blocks_threshold"] == 0.5
         assert b.thresholds("m")["version"] == 1
         r1.report(0, active_decode_blocks=1)  # more traffic: still local
-        landed = 'dynamo_frontend_worker_active_decode_blocks{worker_id="1",dp_rank="0"} 1\n'
+        landed = 'dynamo_frontend_worker_active_decode_blocks{dp_rank="0",worker_id="1",worker_type="decode"} 1\n'
         for m in (a, b):
             wait_for(m.metrics_text, lambda text: landed in text)
         assert a.busy_workers("m") == [] and b.busy_workers("m") == [1]

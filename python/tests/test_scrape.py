@@ -148,7 +148,7 @@ def test_sglang_waiting_requests_trip_the_waiting_threshold() -> None:
         wait_for(lambda: m.is_busy(3), bool)
         e.body = sglang_text(500, 4)
         wait_for(lambda: m.is_busy(3), lambda b: not b)
-        assert 'dynamo_frontend_worker_waiting_requests{worker_id="3",dp_rank="0"} 4' in m.metrics_text()
+        assert 'dynamo_frontend_worker_waiting_requests{dp_rank="0",worker_id="3",worker_type="decode"} 4' in m.metrics_text()
         s.close()
         s.close()
         assert m.workers("served") == [] and s.stats()["scrapes"] == 0

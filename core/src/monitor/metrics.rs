@@ -131,7 +131,12 @@ impl Monitor {
                             &mut out,
                             p,
                             name,
-                            &[("worker_id", &w.id), ("dp_rank", &dp_rank)],
+                            // Dynamo 1.6.1's labels, in its (sorted) order.
+                            &[
+                                ("dp_rank", &dp_rank),
+                                ("worker_id", &w.id),
+                                ("worker_type", &"decode"),
+                            ],
                             v,
                         );
                     }

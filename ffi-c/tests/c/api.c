@@ -178,8 +178,8 @@ static void test_error_response(void) {
     CHECK(http == 429);
     CHECK(retry == 2);
     CHECK(needed == strlen(body));
-    CHECK(contains(body, "\"type\":\"Overloaded\""));
-    CHECK(contains(body, "All workers are busy, please retry later"));
+    CHECK(strcmp(body, "{\"message\":\"Service temporarily overloaded\",\"type\":\"Overloaded\","
+                       "\"code\":429}") == 0);
 
     OK(lg_error_response(LG_UNAVAILABLE, LG_ERROR_STYLE_OPENAI, 0, &http, &retry, body,
                          sizeof body, &needed));
@@ -621,7 +621,7 @@ static void test_monitor(void) {
     OK(lg_monitor_metrics(m, text, needed + 1, &again));
     CHECK(again == needed && strlen(text) == needed);
     CHECK(contains(text, "dynamo_frontend_model_rejection_total{model=\"llama\",endpoint=\"generate\"}"));
-    CHECK(contains(text, "dynamo_frontend_worker_active_decode_blocks{worker_id=\"101\",dp_rank=\"0\"}"));
+    CHECK(contains(text, "dynamo_frontend_worker_active_decode_blocks{dp_rank=\"0\",worker_id=\"101\",worker_type=\"decode\"}"));
     EXPECT(lg_monitor_metrics(m, text, needed, &again), LG_BUFFER_TOO_SMALL);
     CHECK(strlen(text) == needed - 1); /* truncated, NUL-terminated */
     free(text);
@@ -772,7 +772,7 @@ static void test_monitor_waiting_requests(void) {
     char text[8192];
     size_t needed = 0;
     OK(lg_monitor_metrics(m, text, sizeof text, &needed));
-    CHECK(contains(text, "dynamo_frontend_worker_waiting_requests{worker_id=\"7\",dp_rank=\"1\"} 8"));
+    CHECK(contains(text, "dynamo_frontend_worker_waiting_requests{dp_rank=\"1\",worker_id=\"7\",worker_type=\"decode\"} 8"));
 
     /* Set and clear of one field at once is refused; the flag clears. */
     memset(&u, 0, sizeof u);
