@@ -164,7 +164,10 @@ def test_queue_deadline_for_blocking_waiters() -> None:
     clock.advance(29.5)
     assert g.expire() == 0 and g.queued == 1
     clock.advance(0.5)
-    assert g.expire() == 1
+    # At the deadline: expired by this call, or by the waiter itself if its
+    # own wake-up (real time, re-armed by the call above) came first on a
+    # busy machine. Either way exactly once (the stats below).
+    assert g.expire() in (0, 1)
     t.join(30)
     assert len(errors) == 1 and isinstance(errors[0], QueueTimeout)
     assert "admission queue delay" in str(errors[0])
