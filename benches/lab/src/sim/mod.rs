@@ -1,0 +1,489 @@
+//! One run: a fleet of emulated engines behind one frontend, an arm's
+//! admission design in front of and inside them, one workload, on a
+//! virtual clock.
+//!
+//! loadgate's own code does the deciding: the arms with a frontend run a
+//! real [`Monitor`] fed by real [`Publisher`]s through a real
+//! [`Subscriber`] (the messages cross a transport that holds them for the
+//! transport delay), book requests with [`Monitor::book`], and the workers
+//! run a real [`AdmissionGate`] in its callback form. Every one of them
+//! reads the run's [`ManualClock`], which the event loop sets to each
+//! event's time before handling it.
+//!
+//! Events are handled in time order (ties in the order they were made),
+//! on one thread, so a run is a function of its inputs and seed.
+//!
+//! * this file: the run's state, its events and the event loop;
+//! * `frontend.rs`: the clients (sends, retries, giving up) and the arm's
+//!   frontend (routing, rejections);
+//! * `worker.rs`: the workers (the gate's outcomes, the engines' steps, the
+//!   load they publish).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loadgate::cluster::{
+    ClusterError, Handler, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
+    Subscription, Transport,
+};
+use loadgate::{
+    AdmissionGate, AdmitError, Booking, CallbackTicket, ManualClock, Monitor, MonitorConfig,
+    OwnedPermit, SharedClock, WorkerSpec,
+};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::Serialize;
+
+mod frontend;
+mod worker;
+
+use frontend::Throttle;
+
+use crate::arm::Arm;
+use crate::engine::{Engine, EngineConfig, Token};
+use crate::record::{Measured, Recorder, Slo};
+use crate::workload::{RequestSpec, Retry, WorkloadSpec};
+
+const MODEL: &str = "model";
+
+/// The fleet and how its signals travel.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Conditions {
+    /// Workers behind the frontend.
+    pub workers: u32,
+    /// Data-parallel ranks per worker.
+    pub dp_size: u32,
+    /// Each rank's engine.
+    pub engine: EngineConfig,
+    /// How often a worker publishes its load, seconds.
+    pub report_interval_s: f64,
+    /// Publisher to subscriber, seconds.
+    pub transport_delay_s: f64,
+    /// Frontend to worker (and back), seconds.
+    pub net_delay_s: f64,
+    /// How often the frontend sweeps for stale ranks, seconds.
+    pub sweep_interval_s: f64,
+    /// The SLOs.
+    pub slo: Slo,
+    /// Requests first sent before this are not measured, seconds.
+    pub warmup_s: f64,
+    /// The run stops this long after the last arrival, seconds.
+    pub drain_s: f64,
+    /// Width of a time-series bin, seconds.
+    pub bin_s: f64,
+}
+
+impl Default for Conditions {
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            dp_size: 1,
+            engine: EngineConfig::default(),
+            report_interval_s: 0.1,
+            transport_delay_s: 0.001,
+            net_delay_s: 0.0005,
+            sweep_interval_s: 0.1,
+            slo: Slo {
+                ttft_s: 2.0,
+                tpot_s: 0.1,
+            },
+            warmup_s: 5.0,
+            drain_s: 20.0,
+            bin_s: 1.0,
+        }
+    }
+}
+
+fn ns(s: f64) -> u64 {
+    (s * 1e9) as u64
+}
+
+/// A transport that holds each message until the event loop delivers it.
+#[derive(Default)]
+struct HeldBus {
+    outbox: Mutex<Vec<(String, Vec<u8>)>>,
+}
+
+impl Transport for HeldBus {
+    fn publish(&self, subject: &str, payload: Vec<u8>) -> Result<(), ClusterError> {
+        self.outbox
+            .lock()
+            .expect("outbox")
+            .push((subject.to_owned(), payload));
+        Ok(())
+    }
+
+    fn subscribe(&self, _: &str, _: Handler) -> Result<Subscription, ClusterError> {
+        Err(ClusterError::Transport(
+            "the lab delivers messages itself".into(),
+        ))
+    }
+}
+
+#[derive(Debug)]
+enum Ev {
+    Send(u32),
+    AtWorker(u32, u32),
+    StepEnd(u32, u32),
+    Report(u32),
+    Deliver(String, Vec<u8>),
+    Sweep,
+    Expire(u32),
+    GiveUp(u32),
+    /// A rejection reaches the client: request, attempt, `Retry-After`,
+    /// where and why it was refused.
+    Heard(u32, u32, Option<f64>, &'static str),
+    /// A worker's refusal is back at the frontend, which routes again.
+    Reroute(u32, u32),
+}
+
+struct Queued {
+    at: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    NotSent,
+    /// On its way to a worker.
+    Travelling,
+    /// Waiting in a worker's gate.
+    Queued,
+    /// In an engine.
+    Running,
+    /// Waiting to retry.
+    Backoff,
+    Done,
+}
+
+struct Req {
+    spec: RequestSpec,
+    stage: Stage,
+    attempt: u32,
+    /// Frontend-to-worker trips of this attempt (each one a round trip when
+    /// refused).
+    hops: u32,
+    attempt_send: u64,
+    worker: u32,
+    rank: u32,
+    first_token: u64,
+    last_token: u64,
+    permit: Option<OwnedPermit>,
+    ticket: Option<CallbackTicket>,
+    booking: Option<Booking>,
+}
+
+struct Worker {
+    ranks: Vec<Engine>,
+    stepping: Vec<bool>,
+    gate: Option<Arc<AdmissionGate>>,
+    publisher: Option<Publisher>,
+    expire_at: Option<u64>,
+}
+
+type Inbox = Arc<Mutex<Vec<(u32, u32, Result<OwnedPermit, AdmitError>)>>>;
+
+/// The outcome of one run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunResult {
+    /// Every figure.
+    pub measured: Measured,
+    /// Events handled.
+    pub events: u64,
+}
+
+/// Runs `arm` on `workload` under `conditions`; `capacity` is `C*` (for the
+/// goodput fraction). Fails when the accounting does not balance.
+pub fn run(
+    arm: &Arm,
+    workload: &WorkloadSpec,
+    requests: &[RequestSpec],
+    conditions: &Conditions,
+    capacity: f64,
+) -> Result<RunResult, String> {
+    Sim::new(arm, workload, requests, conditions)?.run(capacity)
+}
+
+struct Sim<'a> {
+    arm: &'a Arm,
+    workload: &'a WorkloadSpec,
+    c: &'a Conditions,
+    clock: Arc<ManualClock>,
+    now: u64,
+    seq: u64,
+    heap: BinaryHeap<Reverse<Queued>>,
+    reqs: Vec<Req>,
+    workers: Vec<Worker>,
+    monitor: Option<Arc<Monitor>>,
+    subscriber: Option<Arc<Subscriber>>,
+    bus: Arc<HeldBus>,
+    inbox: Inbox,
+    rec: Recorder,
+    rr: u32,
+    rng: StdRng,
+    bucket: (f64, u64),
+    throttle: Option<Throttle>,
+    tokens: Vec<Token>,
+    events: u64,
+    end: u64,
+}
+
+impl<'a> Sim<'a> {
+    fn new(
+        arm: &'a Arm,
+        workload: &'a WorkloadSpec,
+        requests: &[RequestSpec],
+        c: &'a Conditions,
+    ) -> Result<Self, String> {
+        let mut engine = c.engine;
+        if let Some(n) = arm.max_num_seqs {
+            engine.max_num_seqs = n;
+        }
+        if let Some(why) = engine.invalid() {
+            return Err(format!("engine: {why}"));
+        }
+        let clock = ManualClock::new();
+        let shared: SharedClock = clock.clone();
+        let bus = Arc::new(HeldBus::default());
+        let subjects = Subjects::new("lab").map_err(|e| e.to_string())?;
+        let (monitor, subscriber) = if arm.kind.uses_monitor() {
+            let config = MonitorConfig {
+                stale_after: Duration::from_secs(3),
+                ..Default::default()
+            };
+            let monitor =
+                Arc::new(Monitor::with_config(config, shared.clone()).map_err(|e| e.to_string())?);
+            let sub_config = SubscriberConfig {
+                expire_after: Duration::from_secs(3600),
+                ..Default::default()
+            };
+            let sub = Subscriber::new(monitor.clone(), sub_config, shared.clone())
+                .map_err(|e| e.to_string())?;
+            (Some(monitor), Some(sub))
+        } else {
+            (None, None)
+        };
+        let mut workers = Vec::new();
+        for w in 0..c.workers {
+            let gate = match arm.gate {
+                Some(g) => Some(Arc::new(
+                    AdmissionGate::with_clock(g.config(), shared.clone())
+                        .map_err(|e| format!("gate: {e}"))?,
+                )),
+                None => None,
+            };
+            let publisher = match &monitor {
+                Some(m) => {
+                    let spec = WorkerSpec {
+                        dp_start: 0,
+                        dp_size: c.dp_size,
+                        kv_total_blocks: Some(u64::from(engine.num_gpu_blocks)),
+                        max_num_batched_tokens: Some(u64::from(engine.max_num_batched_tokens)),
+                    };
+                    m.add_worker(MODEL, u64::from(w), spec)
+                        .map_err(|e| e.to_string())?;
+                    let mut pc = PublisherConfig::new(u64::from(w), MODEL);
+                    pc.dp_size = c.dp_size;
+                    pc.kv_total_blocks = spec.kv_total_blocks;
+                    pc.max_num_batched_tokens = spec.max_num_batched_tokens;
+                    Some(
+                        Publisher::new(pc, bus.clone(), &subjects, shared.clone())
+                            .map_err(|e| e.to_string())?,
+                    )
+                }
+                None => None,
+            };
+            workers.push(Worker {
+                ranks: (0..c.dp_size).map(|_| Engine::new(engine)).collect(),
+                stepping: vec![false; c.dp_size as usize],
+                gate,
+                publisher,
+                expire_at: None,
+            });
+        }
+        if let Some(m) = &monitor {
+            m.set_thresholds(MODEL, &arm.thresholds())
+                .map_err(|e| e.to_string())?;
+            if let Some((policy, after)) = arm.stale() {
+                m.set_staleness(MODEL, policy, after)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        let end = ns(workload.duration_s + c.drain_s);
+        let rec = Recorder::new(
+            c.slo,
+            (ns(c.warmup_s), ns(workload.duration_s)),
+            ns(c.bin_s),
+            end,
+            workload.tenants.len(),
+        );
+        let throttle = match workload.client.retry {
+            Retry::Adaptive { k, window_s } => Some(Throttle::new(k, ns(window_s))),
+            _ => None,
+        };
+        let reqs = requests
+            .iter()
+            .map(|&spec| Req {
+                spec,
+                stage: Stage::NotSent,
+                attempt: 0,
+                hops: 0,
+                attempt_send: 0,
+                worker: 0,
+                rank: 0,
+                first_token: 0,
+                last_token: 0,
+                permit: None,
+                ticket: None,
+                booking: None,
+            })
+            .collect();
+        Ok(Self {
+            arm,
+            workload,
+            c,
+            clock,
+            now: 0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            reqs,
+            workers,
+            monitor,
+            subscriber,
+            bus,
+            inbox: Arc::new(Mutex::new(Vec::new())),
+            rec,
+            rr: 0,
+            rng: StdRng::seed_from_u64(workload.seed ^ 0x5EED),
+            bucket: (0.0, 0),
+            throttle,
+            tokens: Vec::new(),
+            events: 0,
+            end,
+        })
+    }
+
+    fn at(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse(Queued {
+            at,
+            seq: self.seq,
+            ev,
+        }));
+    }
+
+    fn run(mut self, capacity: f64) -> Result<RunResult, String> {
+        for (i, r) in self.reqs.iter().enumerate() {
+            self.rec
+                .offered(r.spec.at_ns, r.spec.prompt, r.spec.output, r.spec.tenant);
+            let _ = i;
+        }
+        for i in 0..self.reqs.len() {
+            let at = self.reqs[i].spec.at_ns;
+            self.at(at, Ev::Send(i as u32));
+            self.at(
+                at + ns(self.workload.client.timeout_s),
+                Ev::GiveUp(i as u32),
+            );
+        }
+        if self.monitor.is_some() {
+            for w in 0..self.workers.len() {
+                self.at(0, Ev::Report(w as u32));
+            }
+            if self.arm.staleness.is_some() {
+                self.at(0, Ev::Sweep);
+            }
+        }
+        while let Some(Reverse(q)) = self.heap.pop() {
+            if q.at > self.end {
+                break;
+            }
+            self.now = q.at;
+            self.clock.set_nanos(q.at);
+            self.events += 1;
+            self.handle(q.ev);
+        }
+        let in_flight = self
+            .reqs
+            .iter()
+            .filter(|r| r.stage != Stage::Done && self.rec.counts(r.spec.at_ns))
+            .count() as u64;
+        self.rec.in_flight(in_flight);
+        let a = self.rec.accounting();
+        if a.offered != a.completed + a.rejected + a.cancelled + a.in_flight {
+            return Err(format!("accounting does not balance: {a:?}"));
+        }
+        let mut measured = self.rec.summary(capacity);
+        for w in &self.workers {
+            for e in &w.ranks {
+                let t = e.totals();
+                measured.preemptions += t.preemptions;
+                measured.wasted_tokens += t.wasted_tokens;
+                measured.computed_tokens += t.computed_tokens;
+            }
+        }
+        Ok(RunResult {
+            measured,
+            events: self.events,
+        })
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Send(id) => self.send(id),
+            Ev::AtWorker(id, attempt) => self.at_worker(id, attempt),
+            Ev::StepEnd(w, r) => self.step_end(w, r),
+            Ev::Report(w) => self.report(w),
+            Ev::Deliver(subject, payload) => {
+                if let Some(s) = &self.subscriber {
+                    // A refusal is counted by the subscriber; the lab's own
+                    // messages are never refused.
+                    let _ = s.handle_on(&subject, &payload);
+                }
+            }
+            Ev::Sweep => {
+                if let Some(m) = &self.monitor {
+                    m.sweep();
+                }
+                self.at(self.now + ns(self.c.sweep_interval_s), Ev::Sweep);
+            }
+            Ev::Expire(w) => {
+                let worker = &mut self.workers[w as usize];
+                worker.expire_at = None;
+                if let Some(g) = &worker.gate {
+                    g.expire();
+                }
+                self.drain_inbox();
+                self.schedule_expiry(w);
+            }
+            Ev::GiveUp(id) => self.give_up(id),
+            Ev::Reroute(id, attempt) => {
+                let r = &self.reqs[id as usize];
+                if r.stage == Stage::Travelling && r.attempt == attempt {
+                    self.dispatch(id, attempt);
+                }
+            }
+            Ev::Heard(id, attempt, retry_after, why) => self.heard(id, attempt, retry_after, why),
+        }
+    }
+}
