@@ -150,6 +150,18 @@ FINDINGS = {
 }
 
 
+def recorded():
+    """What a real Dynamo 1.6.1 sent (core/tests/fixtures/dynamo-1.6.1/nats/raw):
+    its kv_metrics and forward-pass-metrics envelopes, and the two topics
+    loadgate does not read."""
+    raw = os.path.join(HERE, "..", "core", "tests", "fixtures", "dynamo-1.6.1", "nats", "raw")
+    prefix = "namespace.dynamo.component.backend.endpoint.generate."
+    for name in sorted(os.listdir(raw)):
+        with open(os.path.join(raw, name), "rb") as f:
+            data = f.read()
+        write("wire_decode", "dynamo-1.6.1." + name[len(prefix):], data)
+
+
 def findings():
     for (target, name), hexbytes in FINDINGS.items():
         write(target, name, bytes.fromhex(hexbytes))
@@ -157,6 +169,7 @@ def findings():
 
 def main():
     wire()
+    recorded()
     http()
     ops("monitor_ops")
     ops("gate_ops")

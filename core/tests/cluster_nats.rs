@@ -389,3 +389,62 @@ fn a_malformed_url_is_an_invalid_setting_and_an_unreachable_server_a_transport_e
     let got = NatsTransport::connect(&format!("nats://127.0.0.1:{port}"));
     assert!(matches!(got, Err(ClusterError::Transport(_))), "{got:?}");
 }
+
+/// A frontend that follows a Dynamo endpoint's `kv_metrics` also hears its
+/// `forward-pass-metrics` over a real server: the queue depth they carry
+/// lands in the monitor.
+#[test]
+fn a_dynamo_subscription_brings_the_endpoints_forward_pass_metrics() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = NatsServer::start();
+    let kv = loadgate::cluster::dynamo_kv_metrics_subject("dynamo", "backend", "generate").unwrap();
+    let config = SubscriberConfig {
+        active_load_subject: Some(kv),
+        ..Default::default()
+    };
+    let f = frontend(&server.url(), config);
+    f.monitor
+        .add_worker("m", 31, loadgate::WorkerSpec::default())
+        .unwrap();
+    let payload = rmp_serde::to_vec_named(&serde_json::json!({
+        "version": 1, "worker_id": "31", "dp_rank": 0, "counter_id": 1, "wall_time": 0.0,
+        "queued_requests": {"num_prefill_requests": 3, "sum_prefill_tokens": 90,
+                            "num_decode_requests": 1},
+    }))
+    .unwrap();
+    #[derive(serde::Serialize)]
+    struct Envelope<'a> {
+        publisher_id: u64,
+        sequence: u64,
+        published_at: u64,
+        topic: &'a str,
+        #[serde(with = "bin")]
+        payload: &'a [u8],
+    }
+    mod bin {
+        pub fn serialize<S: serde::Serializer>(v: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(v)
+        }
+    }
+    let bytes = rmp_serde::to_vec_named(&Envelope {
+        publisher_id: 5,
+        sequence: 0,
+        published_at: 1,
+        topic: "forward-pass-metrics",
+        payload: &payload,
+    })
+    .unwrap();
+    let raw = NatsTransport::connect(&server.url()).unwrap();
+    raw.publish(
+        "namespace.dynamo.component.backend.endpoint.generate.forward-pass-metrics",
+        bytes,
+    )
+    .unwrap();
+    raw.flush().unwrap();
+    let deadline = Instant::now() + WAIT;
+    while f.monitor.rank_load(31, 0).unwrap().waiting_requests != Some(4) {
+        assert!(Instant::now() < deadline, "{:?}", f.subscriber.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(f.subscriber.stats().applied, 1);
+}

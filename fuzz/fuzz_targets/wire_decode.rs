@@ -3,7 +3,8 @@
 //!
 //! Two checks per input:
 //! * the raw bytes: `decode` never panics; whatever it accepts re-encodes
-//!   (msgpack and JSON) and decodes to the same value;
+//!   (msgpack and JSON) and decodes to the same value (forward-pass
+//!   metrics, which are only read, stay within what the monitor takes);
 //! * the bytes read as an envelope's fields: an envelope this crate encodes
 //!   decodes to itself in both encodings when it is valid, and to the typed
 //!   error its fault calls for when it is not.
@@ -114,6 +115,12 @@ fn round_trips(decoded: &Decoded) {
         Decoded::Envelope(e) => {
             assert_eq!(decode(&e.to_msgpack(1)).as_ref(), Ok(decoded), "msgpack");
             assert_eq!(decode(&e.to_json(1)).as_ref(), Ok(decoded), "json");
+        }
+        // Read, never written: what is accepted is a report the monitor takes
+        // (never the marker of a field not reported).
+        Decoded::ForwardPass(f) => {
+            assert!(f.queued_requests < u64::MAX, "{f:?}");
+            assert!(f.report().waiting_requests.is_some());
         }
     }
 }

@@ -33,10 +33,11 @@ use foldhash::fast::RandomState;
 
 use super::{lock, ClusterError, Subjects, Subscription, Transport, DEFAULT_HEARTBEAT};
 use crate::clock::{nanos, SharedClock};
-use crate::cluster::wire::{decode_ref, DecodedRef, Envelope, LoadMessage, LoadRef, WireError};
+use crate::cluster::transport::dynamo_forward_pass_subject;
+use crate::cluster::wire::{decode_ref, DecodedRef, LoadMessage, LoadRef, WireError};
 use crate::error::{ReportError, WorkerError};
 use crate::fork::ForkGuard;
-use crate::load::WorkerSpec;
+use crate::load::{LoadReport, WorkerSpec};
 use crate::metrics;
 use crate::monitor::Monitor;
 
@@ -236,7 +237,7 @@ pub struct Subscriber {
     tracks: Mutex<HashMap<u64, Track, RandomState>>,
     /// The last `(publisher_id, sequence)` applied per worker from reference
     /// envelopes; only for workers the monitor knows (pruned by `expire`).
-    envelope_order: Mutex<HashMap<u64, (u64, u64), RandomState>>,
+    envelope_order: Mutex<EnvelopeOrder>,
     /// Held by registration and expiry (the slow paths), never by the
     /// path of known workers, so the two slow paths never interleave.
     registering: Mutex<()>,
@@ -338,7 +339,27 @@ impl Subscriber {
                     .map(|()| Applied::Report)
                     .map_err(HandleError::Report)
             }
-            DecodedRef::Envelope(e) => return self.apply_envelope(&e),
+            DecodedRef::Envelope(e) => {
+                let l = &e.load;
+                let key = (l.worker_id, Topic::KvMetrics);
+                return self.apply_envelope(
+                    key,
+                    e.publisher_id,
+                    e.sequence,
+                    l.dp_rank,
+                    &l.report(),
+                );
+            }
+            DecodedRef::ForwardPass(f) => {
+                let key = (f.worker_id, Topic::ForwardPass);
+                return self.apply_envelope(
+                    key,
+                    f.publisher_id,
+                    f.sequence,
+                    f.dp_rank,
+                    &f.report(),
+                );
+            }
             DecodedRef::Load(msg) => msg,
         };
         if let Some(subject) = subject {
@@ -391,21 +412,28 @@ impl Subscriber {
 
     /// Applies a reference event-plane envelope to a worker the application
     /// declared (these carry no declaration). Envelopes are ordered per
-    /// worker by `sequence` within one `publisher_id`; a new `publisher_id`
-    /// is a restarted worker and starts a new order.
-    fn apply_envelope(&self, e: &Envelope) -> Result<Applied, HandleError> {
-        let id = e.load.worker_id;
+    /// worker and topic by `sequence` within one `publisher_id` (each topic
+    /// has its own publisher); a new `publisher_id` is a restarted worker
+    /// and starts a new order.
+    fn apply_envelope(
+        &self,
+        key: (u64, Topic),
+        publisher_id: u64,
+        sequence: u64,
+        dp_rank: u32,
+        report: &LoadReport,
+    ) -> Result<Applied, HandleError> {
         let mut order = lock(&self.envelope_order);
-        if let Some(&(publisher, last)) = order.get(&id) {
-            if publisher == e.publisher_id && e.sequence <= last {
+        if let Some(&(publisher, last)) = order.get(&key) {
+            if publisher == publisher_id && sequence <= last {
                 return Ok(Applied::OutOfOrder);
             }
         }
-        let result = self.monitor.report(id, e.load.dp_rank, &e.load.report());
+        let result = self.monitor.report(key.0, dp_rank, report);
         if let Err(ReportError::UnknownWorker(_)) = result {
-            order.remove(&id);
+            order.remove(&key);
         } else {
-            order.insert(id, (e.publisher_id, e.sequence));
+            order.insert(key, (publisher_id, sequence));
         }
         result
             .map(|()| Applied::Report)
@@ -513,7 +541,7 @@ impl Subscriber {
             let _ = self.monitor.remove_worker(*id);
             self.counters[EXPIRED].fetch_add(1, Ordering::Relaxed);
         }
-        lock(&self.envelope_order).retain(|id, _| self.monitor.is_busy(*id).is_ok());
+        lock(&self.envelope_order).retain(|(id, _), _| self.monitor.is_busy(*id).is_ok());
         silent
     }
 
@@ -595,13 +623,18 @@ impl Subscriber {
             }),
         )?);
         if let Some(subject) = &self.config.active_load_subject {
-            let (me, q) = (self.clone(), queue.clone());
-            subscriptions.push(transport.subscribe(
-                subject,
-                Arc::new(move |_: &str, p: &[u8]| {
-                    let _ = me.receive(None, p, Some(&q));
-                }),
-            )?);
+            // A Dynamo endpoint's kv_metrics subject brings its
+            // forward-pass-metrics with it (liveness and queue depth).
+            let sibling = dynamo_forward_pass_subject(subject);
+            for subject in std::iter::once(subject).chain(sibling.as_ref()) {
+                let (me, q) = (self.clone(), queue.clone());
+                subscriptions.push(transport.subscribe(
+                    subject,
+                    Arc::new(move |_: &str, p: &[u8]| {
+                        let _ = me.receive(None, p, Some(&q));
+                    }),
+                )?);
+            }
         }
         let tick = (self.config.expire_after / 4).min(Duration::from_millis(250));
         let me = self.clone();
@@ -641,6 +674,17 @@ impl Subscriber {
             }
         }
     }
+}
+
+/// Per worker and topic, the reference publisher last heard and its last
+/// sequence number.
+type EnvelopeOrder = HashMap<(u64, Topic), (u64, u64), RandomState>;
+
+/// The reference topics an envelope's order is kept per.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Topic {
+    KvMetrics,
+    ForwardPass,
 }
 
 /// Work for an attached subscriber's thread.
@@ -699,32 +743,4 @@ impl Drop for Attached {
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_refusal_reason_is_counted_under_its_own_name() {
-        let reasons: Vec<&str> = refusal_reasons().collect();
-        assert_eq!(reasons.len(), REFUSAL_COUNT);
-        let mut unique = reasons.clone();
-        unique.sort_unstable();
-        unique.dedup();
-        assert_eq!(unique.len(), reasons.len(), "{reasons:?}");
-        for e in [
-            HandleError::Oversized { len: 2, limit: 1 },
-            HandleError::Spoofed {
-                subject: "s".into(),
-                worker_id: 1,
-            },
-            HandleError::Backlog,
-            HandleError::Wire(WireError::Invalid(String::new())),
-            HandleError::Report(ReportError::UnknownWorker(1)),
-            HandleError::Worker(WorkerError::RankBudget {
-                dp_size: 1,
-                limit: 1,
-            }),
-        ] {
-            assert!(reasons.contains(&e.kind()), "{e}");
-        }
-    }
-}
+mod tests;

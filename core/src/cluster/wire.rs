@@ -22,8 +22,10 @@ use crate::error::ReportError;
 use crate::load::{check_model, check_ranks, rank_index, LoadReport};
 
 mod dynamo;
+mod forward_pass;
 
 pub use dynamo::{Envelope, KV_METRICS_TOPIC};
+pub use forward_pass::{ForwardPass, FORWARD_PASS_TOPIC, FORWARD_PASS_VERSION};
 
 /// The schema version this crate writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -133,6 +135,8 @@ pub enum Decoded {
     ActiveLoad(ActiveLoad),
     /// A reference event-plane envelope carrying an `ActiveLoad`.
     Envelope(Envelope),
+    /// A reference event-plane envelope carrying forward-pass metrics.
+    ForwardPass(ForwardPass),
 }
 
 /// Why a payload was refused.
@@ -196,9 +200,11 @@ struct AnyPayload<'a> {
     kv_used_blocks: Option<u64>,
     active_prefill_tokens: Option<u64>,
     waiting_requests: Option<u64>,
-    // The reference event-plane envelope (`topic` and `published_at` are
-    // not needed, so not read).
+    // The reference event-plane envelope (`published_at` is not needed, so
+    // not read).
     publisher_id: Option<u64>,
+    #[serde(borrow)]
+    topic: Option<Cow<'a, str>>,
     sequence: Option<u64>,
     #[serde(borrow)]
     payload: Option<dynamo::Payload<'a>>,
@@ -261,6 +267,7 @@ pub(crate) enum DecodedRef<'a> {
     Load(LoadRef<'a>),
     ActiveLoad(ActiveLoad),
     Envelope(Envelope),
+    ForwardPass(ForwardPass),
 }
 
 /// Decodes a msgpack or JSON payload (JSON when it starts with `{`).
@@ -269,6 +276,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, WireError> {
         DecodedRef::Load(l) => Decoded::Load(l.into_owned()),
         DecodedRef::ActiveLoad(a) => Decoded::ActiveLoad(a),
         DecodedRef::Envelope(e) => Decoded::Envelope(e),
+        DecodedRef::ForwardPass(f) => Decoded::ForwardPass(f),
     })
 }
 
@@ -288,9 +296,15 @@ pub(crate) fn decode_ref(bytes: &[u8]) -> Result<DecodedRef<'_>, WireError> {
     };
     let missing = |field: &str| WireError::Malformed(format!("missing field {field}"));
     if let Some(payload) = any.payload {
+        let publisher_id = any.publisher_id.ok_or_else(|| missing("publisher_id"))?;
+        let sequence = any.sequence.ok_or_else(|| missing("sequence"))?;
+        if any.topic.as_deref() == Some(FORWARD_PASS_TOPIC) {
+            let f = forward_pass::decode(publisher_id, sequence, payload)?;
+            return Ok(DecodedRef::ForwardPass(f));
+        }
         return Ok(DecodedRef::Envelope(Envelope {
-            publisher_id: any.publisher_id.ok_or_else(|| missing("publisher_id"))?,
-            sequence: any.sequence.ok_or_else(|| missing("sequence"))?,
+            publisher_id,
+            sequence,
             load: dynamo::decode_payload(payload)?,
         }));
     }

@@ -116,7 +116,7 @@ impl Serialize for Bin<'_> {
 /// `bin`, or a JSON array of bytes), or the `ActiveLoad` itself as a nested
 /// map.
 #[derive(Debug, PartialEq)]
-pub(super) enum Payload<'a> {
+pub(crate) enum Payload<'a> {
     Encoded(Cow<'a, [u8]>),
     Nested(ActiveLoad),
 }
