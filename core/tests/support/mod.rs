@@ -1,3 +1,4 @@
 //! Helpers shared by the integration tests.
+pub mod monitor_fixture;
 pub mod nats_server;
 pub mod polling;
