@@ -114,7 +114,6 @@ pub struct Recorder {
     good: u64,
     admitted_good: u64,
     attempts: u64,
-    rejections: u64,
     inversions: u64,
     last_admit: [u64; 8],
     e2e_sum_s: f64,
@@ -169,7 +168,6 @@ impl Recorder {
             good: 0,
             admitted_good: 0,
             attempts: 0,
-            rejections: 0,
             inversions: 0,
             last_admit: [0; 8],
             e2e_sum_s: 0.0,
@@ -222,7 +220,6 @@ impl Recorder {
         priority: u8,
         why: &'static str,
     ) {
-        self.rejections += 1;
         self.bin(now).rejected += 1;
         if self.counts(first_send_ns) {
             self.to_reject.saturating_record(waited_ns / 1000);

@@ -10,10 +10,6 @@ use plotters::prelude::*;
 use crate::arm::ArmKind;
 use crate::matrix::{Matrix, Row};
 
-fn rows<'a>(m: &'a Matrix, scenario: &'a str) -> impl Iterator<Item = &'a Row> + 'a {
-    m.rows.iter().filter(move |r| r.scenario == scenario)
-}
-
 fn row<'a>(m: &'a Matrix, scenario: &str, arm: ArmKind) -> Option<&'a Row> {
     m.rows
         .iter()
@@ -484,7 +480,7 @@ fn markdown(m: &Matrix) -> String {
         e.step.prefill_token_ms,
         e.step.running_seq_ms,
         e.step.kv_token_ms,
-        m.rows.first().map_or(10.0, |_| 10.0),
+        crate::workload::Client::default().timeout_s,
         c.slo.ttft_s,
         c.slo.tpot_s * 1e3,
         c.report_interval_s,
@@ -685,6 +681,5 @@ fn markdown(m: &Matrix) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    let _ = rows(m, "");
     s
 }
