@@ -8,34 +8,34 @@
 //!   anthropic shape) and headers (`Retry-After`, `x-loadgate-reason`) for a
 //!   rejection.
 //! * [`handle_busy_threshold`] maps (method, content type, body) to
-//!   (status, JSON body) for `GET`/`POST /busy_threshold`;
-//!   [`serve_busy_threshold`] does the same for a request that also carries
-//!   its `Authorization` header, checks it against an optional
+//!   (status, body) for `GET`/`POST /busy_threshold`, as Dynamo 1.6.1
+//!   answers; [`serve_busy_threshold`] does the same for a request that also
+//!   carries its `Authorization` header, checks it against an optional
 //!   [`ControlAuth`] bearer token, and returns the headers to send too
-//!   (`WWW-Authenticate: Bearer` with a 401, `Allow` with a 405).
+//!   (`Content-Type`, `WWW-Authenticate: Bearer` with a 401, `Allow` with a
+//!   405).
 
 mod auth;
+mod busy_threshold;
 
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::json;
 
-use crate::error::{Reason, ThresholdError};
-use crate::monitor::{Monitor, ThresholdState};
-use crate::thresholds::{ThresholdField, ThresholdUpdate};
+use crate::error::Reason;
 
 pub use crate::status::{
     is_status_code, overload_status, parse_overload_status, DEFAULT_OVERLOAD_STATUS,
     OVERLOAD_STATUS_ENV, STATUS_CODES,
 };
 pub use auth::{AuthFailure, ControlAuth, ControlAuthError, BEARER_CHALLENGE};
+pub use busy_threshold::{
+    handle_busy_threshold, serve_busy_threshold, BusyThresholdRequest, BusyThresholdResponse,
+    BUSY_THRESHOLD_METHODS, JSON_CONTENT_TYPE, MAX_BODY_BYTES, TEXT_CONTENT_TYPE,
+};
 
 /// Header carrying the machine-readable rejection reason.
 pub const REASON_HEADER: &str = "x-loadgate-reason";
-/// Largest `/busy_threshold` body accepted.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-/// The `Allow` header value sent with a 405 from `/busy_threshold`.
-pub const BUSY_THRESHOLD_METHODS: &str = "GET, HEAD, POST";
 
 /// The message of the `dynamo` style's overload body (Dynamo 1.6.1's, for
 /// every kind of overload).
@@ -182,256 +182,10 @@ fn finish(status: u16, body: String, reason: Reason, retry_after: Duration) -> E
     }
 }
 
-/// Serves `/busy_threshold` without authentication: (method, content type,
-/// body) to (status, JSON body). The same as [`serve_busy_threshold`] with no
-/// [`ControlAuth`], less the headers.
-///
-/// * `GET` → 200 `{"thresholds": [{model, fields…, version}, …]}` for every model.
-/// * `POST` with `{model, active_decode_blocks_threshold?,
-///   active_prefill_tokens_threshold?, active_prefill_tokens_threshold_frac?,
-///   waiting_requests_threshold?, clear?: [names]}`: all thresholds
-///   null/absent and no `clear` → a read (200; all-null and version 0 for an
-///   unknown model); otherwise an update (200 echoing model, all four fields
-///   and `version`).
-/// * Errors, as `{"error": "..."}`: 404 set on an unknown model, 400 invalid
-///   value or malformed JSON, 422 wrong types or missing model, 415 non-JSON
-///   content type, 413 body over 64 KiB, 405 any other method.
-pub fn handle_busy_threshold(
-    monitor: &Monitor,
-    method: &str,
-    content_type: Option<&str>,
-    body: &[u8],
-) -> (u16, String) {
-    let request = BusyThresholdRequest {
-        method,
-        content_type,
-        authorization: None,
-        body,
-    };
-    let response = serve_busy_threshold(monitor, None, &request);
-    (response.status, response.body)
-}
-
-/// One `/busy_threshold` request, as a server received it.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BusyThresholdRequest<'a> {
-    /// The method, in any case (`GET`, `HEAD`, `POST`; others get 405).
-    pub method: &'a str,
-    /// The `Content-Type` header's value, `None` when absent.
-    pub content_type: Option<&'a str>,
-    /// The `Authorization` header's value, `None` when absent.
-    pub authorization: Option<&'a str>,
-    /// The body (ignored unless the method is `POST`).
-    pub body: &'a [u8],
-}
-
-/// The complete answer to a `/busy_threshold` request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BusyThresholdResponse {
-    /// HTTP status.
-    pub status: u16,
-    /// JSON body (`Content-Type: application/json`).
-    pub body: String,
-    /// Headers to send besides the content type and length, names in lower
-    /// case: `www-authenticate: Bearer` with a 401 and
-    /// `allow: GET, HEAD, POST` with a 405; none otherwise.
-    pub headers: Vec<(&'static str, &'static str)>,
-}
-
-/// Serves `/busy_threshold`, checking the request's bearer token against
-/// `auth` (`None`: no authentication, as [`handle_busy_threshold`]).
-///
-/// With a token configured, a write (a `POST` that sets or clears a
-/// threshold) without `Authorization: Bearer <token>` is answered with 401
-/// `{"error": "missing bearer token…"}` or `{"error": "invalid bearer
-/// token"}` and changes nothing (no threshold, no version). Reads (`GET`,
-/// `HEAD`, a `POST` that only reads) and requests refused before any state
-/// is touched (405, 415, 413, 400, 422) are answered without the token,
-/// unless [`ControlAuth::protect_reads`] is set: then every request needs
-/// it, and is checked before anything else. Everything else is as
-/// [`handle_busy_threshold`] describes.
-pub fn serve_busy_threshold(
-    monitor: &Monitor,
-    auth: Option<&ControlAuth>,
-    request: &BusyThresholdRequest<'_>,
-) -> BusyThresholdResponse {
-    let (status, body) = match serve(monitor, auth, request) {
-        Ok(v) => (200, v.to_string()),
-        Err((status, message)) => (status, json!({ "error": message }).to_string()),
-    };
-    let headers = match status {
-        401 => vec![("www-authenticate", BEARER_CHALLENGE)],
-        405 => vec![("allow", BUSY_THRESHOLD_METHODS)],
-        _ => Vec::new(),
-    };
-    BusyThresholdResponse {
-        status,
-        body,
-        headers,
-    }
-}
-
-/// 401 unless `auth` is absent or accepts `authorization`.
-fn authorize(auth: Option<&ControlAuth>, authorization: Option<&str>) -> Result<(), HttpError> {
-    match auth {
-        None => Ok(()),
-        Some(auth) => auth
-            .verify(authorization)
-            .map_err(|failure| (401, failure.message().to_owned())),
-    }
-}
-
-fn serve(
-    monitor: &Monitor,
-    auth: Option<&ControlAuth>,
-    request: &BusyThresholdRequest<'_>,
-) -> Result<Value, HttpError> {
-    let protect_reads = auth.is_some_and(ControlAuth::protect_reads);
-    if protect_reads {
-        authorize(auth, request.authorization)?;
-    }
-    match request.method.to_ascii_uppercase().as_str() {
-        "GET" | "HEAD" => {
-            let list: Vec<Value> = monitor
-                .models()
-                .into_iter()
-                .map(|m| {
-                    let state = monitor.thresholds(&m).unwrap_or_default();
-                    threshold_json(&m, &state)
-                })
-                .collect();
-            Ok(json!({ "thresholds": list }))
-        }
-        "POST" => {
-            let (model, update) = parse_post(request.content_type, request.body)?;
-            if update.is_empty() {
-                let state = monitor.thresholds(&model).unwrap_or_default();
-                return Ok(threshold_json(&model, &state));
-            }
-            if !protect_reads {
-                authorize(auth, request.authorization)?;
-            }
-            match monitor.set_thresholds(&model, &update) {
-                Ok(state) => Ok(threshold_json(&model, &state)),
-                Err(e @ ThresholdError::UnknownModel(_)) => Err((404, e.to_string())),
-                Err(e) => Err((400, e.to_string())),
-            }
-        }
-        other => Err((405, format!("method {other} not allowed; use GET or POST"))),
-    }
-}
-
-fn threshold_json(model: &str, state: &ThresholdState) -> Value {
-    let t = &state.thresholds;
-    json!({
-        "model": model,
-        "active_decode_blocks_threshold": t.active_decode_blocks_threshold,
-        "active_prefill_tokens_threshold": t.active_prefill_tokens_threshold,
-        "active_prefill_tokens_threshold_frac": t.active_prefill_tokens_threshold_frac,
-        "waiting_requests_threshold": t.waiting_requests_threshold,
-        "version": state.version,
-    })
-}
-
-fn is_json(content_type: Option<&str>) -> bool {
-    let Some(ct) = content_type else { return false };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
-}
-
-type HttpError = (u16, String);
-
-/// The model and update of a `POST` body, or the 4xx refusing it.
-fn parse_post(
-    content_type: Option<&str>,
-    body: &[u8],
-) -> Result<(String, ThresholdUpdate), HttpError> {
-    if !is_json(content_type) {
-        return Err((
-            415,
-            format!(
-                "content type {:?} is not supported; send application/json",
-                content_type.unwrap_or("")
-            ),
-        ));
-    }
-    if body.len() > MAX_BODY_BYTES {
-        return Err((
-            413,
-            format!(
-                "body of {} bytes exceeds the {MAX_BODY_BYTES}-byte limit",
-                body.len()
-            ),
-        ));
-    }
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| (400, format!("malformed JSON: {e}")))?;
-    let Value::Object(obj) = value else {
-        return Err((422, "body must be a JSON object".to_owned()));
-    };
-    let model = match obj.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
-        Some(Value::String(_)) => return Err((422, "model must not be empty".to_owned())),
-        Some(_) => return Err((422, "model must be a string".to_owned())),
-        None => return Err((422, "missing field: model".to_owned())),
-    };
-    let update = parse_update(&obj)?;
-    Ok((model, update))
-}
-
-fn parse_update(obj: &Map<String, Value>) -> Result<ThresholdUpdate, HttpError> {
-    let field = |f: ThresholdField| obj.get(f.name()).filter(|v| !v.is_null());
-    let wrong = |f: ThresholdField, want: &str| (422, format!("{} must be {want}", f.name()));
-    let number = |f: ThresholdField| -> Result<Option<f64>, HttpError> {
-        field(f)
-            .map(|v| v.as_f64().ok_or_else(|| wrong(f, "a number")))
-            .transpose()
-    };
-    let integer = |f: ThresholdField| -> Result<Option<u64>, HttpError> {
-        field(f)
-            .map(|v| match v {
-                Value::Number(n) if n.is_u64() => Ok(n.as_u64().expect("checked u64")),
-                Value::Number(n) if n.is_i64() => {
-                    Err((400, format!("{} = {n} is invalid: must be >= 0", f.name())))
-                }
-                _ => Err(wrong(f, "a non-negative integer")),
-            })
-            .transpose()
-    };
-    let mut update = ThresholdUpdate {
-        active_decode_blocks_threshold: number(ThresholdField::ActiveDecodeBlocks)?,
-        active_prefill_tokens_threshold: integer(ThresholdField::ActivePrefillTokens)?,
-        active_prefill_tokens_threshold_frac: number(ThresholdField::ActivePrefillTokensFrac)?,
-        waiting_requests_threshold: integer(ThresholdField::WaitingRequests)?,
-        ..Default::default()
-    };
-    match obj.get("clear") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(names)) => {
-            for name in names {
-                let Value::String(name) = name else {
-                    return Err((422, "clear must be a list of field names".to_owned()));
-                };
-                update
-                    .clear
-                    .insert_name(name)
-                    .map_err(|e| (400, e.to_string()))?;
-            }
-        }
-        Some(_) => return Err((422, "clear must be a list of field names".to_owned())),
-    }
-    Ok(update)
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn retry_after_rounds_up_to_whole_seconds() {

@@ -11,6 +11,10 @@
 //!   exactly `N` running plus `Q` queued, rejecting the rest with
 //!   "Server overloaded: worker at capacity".
 //!
+//! Beside Dynamo, a monitor learns its workers and their capacities from
+//! Dynamo's discovery store ([`discovery`]) and their load from Dynamo's
+//! event plane ([`cluster`]).
+//!
 //! Hot paths (reporting load, checking and selecting workers, and the gate's
 //! direct admission, release, rejection, and a queued future's poll and
 //! cancel) are lock-free and allocation-free. A gate without adaptive LIFO
@@ -37,6 +41,7 @@
 pub mod clock;
 pub mod cluster;
 mod counter;
+pub mod discovery;
 pub mod error;
 mod fork;
 pub mod gate;

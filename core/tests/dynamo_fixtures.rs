@@ -3,21 +3,17 @@
 //! `tests/fixtures/dynamo-1.6.1` (its README says how). These run without
 //! Dynamo: the bytes are in the repository.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use base64::Engine as _;
 use loadgate::cluster::wire::{decode, Decoded};
 use loadgate::http::{error_response_with_status, ErrorStyle};
-use loadgate::{LoadReport, Monitor, Reason, WorkerSpec};
+use loadgate::{LoadReport, Monitor, Policy, Reason, WorkerSpec};
 use serde::Deserialize;
-use serde_json::Value;
 
-fn fixture(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/dynamo-1.6.1")
-        .join(path)
-}
+#[allow(dead_code)] // each test binary uses part of the support code
+mod support;
+use support::recorded::{answers, fixture};
 
 /// One recorded NATS message.
 #[derive(Deserialize)]
@@ -76,25 +72,6 @@ fn every_recorded_kv_metrics_envelope_decodes_and_reencodes_byte_for_byte() {
     );
 }
 
-/// One recorded HTTP exchange.
-#[derive(Deserialize)]
-struct Answer {
-    status: u16,
-    body: Value,
-}
-
-fn answers() -> Vec<(String, Answer)> {
-    let text = std::fs::read_to_string(fixture("http/answers.json")).expect("the fixture");
-    let all: serde_json::Map<String, Value> = serde_json::from_str(&text).expect("JSON");
-    all.into_iter()
-        .filter_map(|(k, v)| Some((k, serde_json::from_value(v).ok()?)))
-        .collect()
-}
-
-fn body_text(a: &Answer) -> &str {
-    a.body["text"].as_str().expect("a text body")
-}
-
 #[test]
 fn overload_and_unavailable_bodies_are_dynamos_bytes() {
     let answers = answers();
@@ -116,10 +93,10 @@ fn overload_and_unavailable_bodies_are_dynamos_bytes() {
                         Duration::from_secs(1),
                         529,
                     );
-                    assert_eq!(ours.body, body_text(a), "{name}, {reason:?}");
+                    assert_eq!(ours.body, a.text(), "{name}, {reason:?}");
                 }
             }
-            503 if body_text(a).contains("Service temporarily unavailable") => {
+            503 if a.text().contains("Service temporarily unavailable") => {
                 unavailable += 1;
                 let ours = error_response_with_status(
                     Reason::NoWorkers,
@@ -127,7 +104,7 @@ fn overload_and_unavailable_bodies_are_dynamos_bytes() {
                     Duration::from_secs(1),
                     503,
                 );
-                assert_eq!(ours.body, body_text(a), "{name}");
+                assert_eq!(ours.body, a.text(), "{name}");
             }
             _ => {}
         }
@@ -183,6 +160,62 @@ fn per_worker_gauges_carry_dynamos_labels_in_its_order() {
             };
             let _ = m.report(id, rank, &zero);
         }
+    }
+    let ours = m.metrics_text();
+    for line in recorded {
+        assert!(
+            ours.lines().any(|l| l == line),
+            "missing {line:?} in\n{ours}"
+        );
+    }
+}
+
+/// The refusals 1.6.1 counted by the end of the recording, made again on a
+/// loadgate monitor: the same `failures_total` lines for the classes a
+/// monitor decides (capacity and unavailable; 1.6.1's transport failures and
+/// 404s happen outside it).
+#[test]
+fn refusals_are_counted_in_dynamos_failures_family() {
+    let text = std::fs::read_to_string(fixture("metrics/selected-lines.json")).unwrap();
+    let selected: std::collections::BTreeMap<String, Vec<String>> =
+        serde_json::from_str(&text).unwrap();
+    let recorded: Vec<&String> = selected["frontend_after_worker_gate"]
+        .iter()
+        .filter(|l| {
+            l.starts_with("dynamo_frontend_failures_total{")
+                && (l.contains("CapacityExhausted") || l.contains("backend.unavailable"))
+        })
+        .collect();
+    assert_eq!(recorded.len(), 3, "{recorded:?}");
+    let count = |reason: &str| -> u64 {
+        let line = recorded.iter().find(|l| l.contains(reason)).unwrap();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let m = Monitor::new();
+    let spec = WorkerSpec {
+        kv_total_blocks: Some(10),
+        ..Default::default()
+    };
+    m.add_worker("tiny", 1, spec).unwrap();
+    let full = LoadReport {
+        kv_used_blocks: Some(10),
+        ..Default::default()
+    };
+    m.report(1, 0, &full).unwrap();
+    let busy = ThresholdUpdate {
+        active_decode_blocks_threshold: Some(0.5),
+        ..Default::default()
+    };
+    m.set_thresholds("tiny", &busy).unwrap();
+    for _ in 0..count("capacity.pool_exhausted") {
+        assert!(m.select("tiny", Policy::RoundRobin).is_err());
+    }
+    for _ in 0..count("capacity.worker_overloaded") {
+        assert!(m.check(1).is_err());
+    }
+    m.remove_worker(1).unwrap();
+    for _ in 0..count("backend.unavailable") {
+        assert!(m.select("tiny", Policy::RoundRobin).is_err());
     }
     let ours = m.metrics_text();
     for line in recorded {

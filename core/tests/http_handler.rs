@@ -33,10 +33,16 @@ fn post(m: &Monitor, body: Value) -> (u16, Value) {
 
 fn call(m: &Monitor, method: &str, ct: Option<&str>, body: &[u8]) -> (u16, Value) {
     let (status, body) = handle_busy_threshold(m, method, ct, body);
-    (
-        status,
-        serde_json::from_str(&body).expect("every answer is JSON"),
-    )
+    (status, parsed(&body))
+}
+
+/// A JSON body's value; a plain-text body (415, 413, 400 for text that is
+/// not JSON) as a JSON string; the empty 405 body as null.
+fn parsed(body: &str) -> Value {
+    if body.is_empty() {
+        return Value::Null;
+    }
+    serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()))
 }
 
 #[test]
@@ -189,10 +195,10 @@ fn every_error_status() {
         (404, "POST", JSON, br#"{"model": "nope", "clear": ["active_decode_blocks_threshold"]}"#.to_vec()),
         (400, "POST", JSON, br#"{"model": "llama", "active_decode_blocks_threshold": 1.5}"#.to_vec()),
         (400, "POST", JSON, br#"{"model": "llama", "active_decode_blocks_threshold": -0.1}"#.to_vec()),
-        (400, "POST", JSON, br#"{"model": "llama", "active_prefill_tokens_threshold": -5}"#.to_vec()),
+        (422, "POST", JSON, br#"{"model": "llama", "active_prefill_tokens_threshold": -5}"#.to_vec()),
         (400, "POST", JSON, br#"{"model": "llama", "active_prefill_tokens_threshold_frac": -1}"#.to_vec()),
         (400, "POST", JSON, br#"{"model": "llama", "clear": ["bogus"]}"#.to_vec()),
-        (400, "POST", JSON, br#"{"model": "llama", "waiting_requests_threshold": -1}"#.to_vec()),
+        (422, "POST", JSON, br#"{"model": "llama", "waiting_requests_threshold": -1}"#.to_vec()),
         (
             400,
             "POST",
@@ -229,10 +235,12 @@ fn every_error_status() {
         let (status, answer) = call(&m, method, ct, &body);
         let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
         assert_eq!(status, want, "{method} {ct:?} {shown}: {answer}");
-        assert!(
-            answer["error"].as_str().is_some_and(|e| !e.is_empty()),
-            "{answer}"
-        );
+        let error = match (&answer, status) {
+            (Value::Null, 405) => continue, // 1.6.1's empty 405
+            (Value::String(text), 400 | 413 | 415) => text,
+            _ => answer["error"].as_str().unwrap_or_default(),
+        };
+        assert!(!error.is_empty(), "{status}: {answer}");
     }
     assert_eq!(
         m.thresholds("llama").unwrap().version,
@@ -337,7 +345,7 @@ fn call_auth(
         body,
     };
     let response = serve_busy_threshold(m, Some(auth), &request);
-    let body = serde_json::from_str(&response.body).expect("every answer is JSON");
+    let body = parsed(&response.body);
     (response, body)
 }
 
@@ -345,7 +353,13 @@ const SET: &[u8] = br#"{"model": "llama", "active_decode_blocks_threshold": 0.5}
 
 fn assert_unauthorized(response: &BusyThresholdResponse, body: &Value, word: &str) {
     assert_eq!(response.status, 401, "{body}");
-    assert_eq!(response.headers, vec![("www-authenticate", "Bearer")]);
+    assert_eq!(
+        response.headers,
+        vec![
+            ("content-type", "application/json"),
+            ("www-authenticate", "Bearer")
+        ]
+    );
     let error = body["error"].as_str().expect("a JSON error");
     assert!(error.starts_with(word), "{error}");
     assert!(error.contains("bearer token"), "{error}");
@@ -397,7 +411,7 @@ fn a_write_with_the_right_bearer_token_is_applied() {
     {
         let (response, body) = call_auth(&m, &guard, "POST", Some(authorization), SET);
         assert_eq!(response.status, 200, "{authorization:?}: {body}");
-        assert!(response.headers.is_empty());
+        assert_eq!(response.headers, vec![("content-type", "application/json")]);
         assert_eq!(body["active_decode_blocks_threshold"], 0.5);
         assert_eq!(body["version"], n + 1);
     }
@@ -442,7 +456,8 @@ fn reads_stay_open_by_default() {
     assert_eq!(call_auth(&m, &guard, "POST", None, b"{oops").0.status, 400);
     let (response, _) = call_auth(&m, &guard, "DELETE", None, b"");
     assert_eq!(response.status, 405);
-    assert_eq!(response.headers, vec![("allow", "GET, HEAD, POST")]);
+    assert_eq!(response.headers, vec![("allow", "POST,GET,HEAD")]);
+    assert_eq!(response.body, "", "1.6.1's 405 has no body");
 }
 
 #[test]

@@ -48,6 +48,12 @@
 #define LOADGATE_VERSION_PATCH 0
 
 /**
+ * `ttl_ms` for lg_monitor_discover_dynamo(): records never go stale; only
+ * a deleted record removes its worker.
+ */
+#define LG_DISCOVERY_NO_TTL UINT64_MAX
+
+/**
  * "Wait as long as it takes" for lg_gate_admit(), and "no deadline" from
  * lg_gate_next_deadline().
  */
@@ -187,6 +193,16 @@ typedef struct lg_booking lg_booking;
  * Immutable: it may be used from any number of threads at once.
  */
 typedef struct lg_control_auth lg_control_auth;
+
+/**
+ * A watched discovery store. Opaque; create with
+ * lg_monitor_discover_dynamo(), free (which stops it and removes the
+ * workers it registered) with lg_discovery_free().
+ *
+ * lg_discovery_get_stats() may be called from any number of threads at
+ * once.
+ */
+typedef struct lg_discovery lg_discovery;
 
 /**
  * A worker's admission gate: at most N requests run and at most Q wait, at
@@ -415,6 +431,56 @@ typedef struct lg_subscription_stats {
 } lg_subscription_stats;
 
 /**
+ * What a discovery has done so far.
+ */
+typedef struct lg_discovery_stats {
+  /**
+   * Listings of the store.
+   */
+  uint64_t scans;
+  /**
+   * Listings that failed (a missing directory is an empty store).
+   */
+  uint64_t scan_errors;
+  /**
+   * Workers registered now by this discovery.
+   */
+  uint64_t workers;
+  /**
+   * Workers registered so far.
+   */
+  uint64_t workers_added;
+  /**
+   * Workers removed so far (record deleted, stale or changed).
+   */
+  uint64_t workers_removed;
+  /**
+   * Records of other namespaces, components or endpoints.
+   */
+  uint64_t skipped;
+  /**
+   * Records over the size limit (1 MiB), refused unread.
+   */
+  uint64_t refused_too_large;
+  /**
+   * Records that are not model cards.
+   */
+  uint64_t refused_malformed;
+  /**
+   * Records whose key and card name different workers.
+   */
+  uint64_t refused_mismatched;
+  /**
+   * Records beyond the per-listing limit (16384).
+   */
+  uint64_t refused_over_limit;
+  /**
+   * Workers the monitor refused to register (a duplicate id, a limit).
+   */
+  uint64_t refused_registration;
+} lg_discovery_stats;
+
+/**
  * One priority class of a gate (see lg_gate_config.classes). A zeroed
  * struct is a class that never waits, without deadline or reserved slots.
  */
@@ -627,6 +693,26 @@ typedef struct lg_gate_stats {
  * The shape of a rejection body: one of LG_ERROR_STYLE_*.
  */
 typedef uint32_t lg_error_style;
+
+/**
+ * The headers a /busy_threshold answer carries besides its length, each a
+ * static NUL-terminated string (never freed), or NULL when not sent.
+ */
+typedef struct lg_http_headers {
+  /**
+   * Content-Type: "application/json" or "text/plain; charset=utf-8";
+   * NULL for the empty body of a 405.
+   */
+  const char *content_type;
+  /**
+   * Allow, with a 405: "POST,GET,HEAD".
+   */
+  const char *allow;
+  /**
+   * WWW-Authenticate, with a 401: "Bearer".
+   */
+  const char *www_authenticate;
+} lg_http_headers;
 
 /**
  * What a rank that stopped reporting counts as: one of LG_STALENESS_*.
@@ -1438,6 +1524,72 @@ enum lg_status lg_nats_options_set_client_cert(struct lg_nats_options *options,
                                                size_t key_path_len);
 
 /**
+ * Learns `monitor`'s workers from Dynamo's file discovery backend at
+ * `path` (NULL with length 0: DYN_FILE_KV, else $TMPDIR/dynamo_store_kv):
+ * every model card of `namespace` (NULL with length 0: "dynamo"), and of
+ * `component` and `endpoint` when given (NULL with length 0: any),
+ * registers its worker under the card's model name with its instance id,
+ * data-parallel ranks, KV blocks and prefill batch size; a card that is
+ * deleted, or that its worker has not refreshed for `ttl_ms` milliseconds
+ * (0: 10000; LG_DISCOVERY_NO_TTL: never), removes its worker. The store is
+ * listed every `interval_ms` milliseconds (0: 500). The store's workers
+ * are registered when this returns.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_discovery, a bad
+ * string, an empty namespace), LG_TRANSPORT_ERROR (the watcher's thread
+ * could not start).
+ * Ownership: on LG_OK *out_discovery owns a new discovery; free it with
+ * lg_discovery_free(). It shares the monitor's state: freeing the monitor
+ * first is allowed. The strings are copied.
+ * Thread safety: any thread. Blocking: reads the store once; starts one
+ * thread, which reads it afterwards.
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; each string is NULL or valid for
+ * its length; `out_discovery` is NULL or valid for writes.
+ */
+enum lg_status lg_monitor_discover_dynamo(const struct lg_monitor *monitor,
+                                          const char *namespace_,
+                                          size_t namespace_len,
+                                          const char *path,
+                                          size_t path_len,
+                                          const char *component,
+                                          size_t component_len,
+                                          const char *endpoint,
+                                          size_t endpoint_len,
+                                          uint64_t interval_ms,
+                                          uint64_t ttl_ms,
+                                          struct lg_discovery **out_discovery);
+
+/**
+ * Reads a discovery's counters.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL discovery or out_stats).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `discovery` is NULL or a live discovery; `out_stats` is NULL or valid
+ * for writes.
+ */
+enum lg_status lg_discovery_get_stats(const struct lg_discovery *discovery,
+                                      struct lg_discovery_stats *out_stats);
+
+/**
+ * Frees a discovery: stops watching and removes the workers it registered
+ * from the monitor. NULL is a no-op.
+ *
+ * Ownership: takes `discovery`.
+ * Thread safety: no other thread may be using the discovery.
+ * Blocking: waits for the watcher's thread (at most one listing).
+ *
+ * # Safety
+ * `discovery` is NULL or was returned by lg_monitor_discover_dynamo() and
+ * not freed yet.
+ */
+void lg_discovery_free(struct lg_discovery *discovery);
+
+/**
  * Fills `out` with the default settings for `limit` engine slots: queue 16,
  * no deadline, FIFO, prefix "dynamo", no wait limit, no priority classes.
  * The limit is checked by lg_gate_new().
@@ -1841,19 +1993,26 @@ enum lg_status lg_error_response(int status,
                                  size_t *out_needed);
 
 /**
- * Serves /busy_threshold as a pure function of the request: `method`
- * ("GET" or "POST"), `content_type` (the header's value; NULL if absent)
- * and `body`. *out_http_status receives the status and `buf` the JSON body
- * (snprintf semantics, as lg_monitor_metrics() describes):
+ * Serves /busy_threshold as a pure function of the request, answering as
+ * Dynamo 1.6.1 answers: `method` ("GET", "HEAD" or "POST"), `content_type`
+ * (the header's value; NULL if absent) and `body`. *out_http_status
+ * receives the status and `buf` the body (snprintf semantics, as
+ * lg_monitor_metrics() describes):
  *
  * - GET: 200 {"thresholds": [{model, the four fields, version}, ...]}.
  * - POST {model, active_decode_blocks_threshold?,
  *   active_prefill_tokens_threshold?, active_prefill_tokens_threshold_frac?,
  *   waiting_requests_threshold?, clear?: [names]}: with nothing set or
  *   cleared a read (200, all-null for an unknown model); otherwise an update
- *   (200 echoing the model, the four fields and version). Errors as {"error": "..."}: 404 set on an
- *   unknown model, 400 invalid value or malformed JSON, 422 wrong types,
- *   415 non-JSON content type, 413 body over 64 KiB, 405 other methods.
+ *   (200 echoing the model, the four fields and version).
+ * - Refusals, in this order: 405 other methods (empty body); 415 a
+ *   content type that is not JSON and 413 a body over 2 MiB (plain text);
+ *   400 text that is not JSON (plain text); 422 JSON of the wrong shape,
+ *   400 a value out of range, 404 a write to an unknown model (all
+ *   {"error": "..."}).
+ *
+ * The content type and the other headers of the answer come from
+ * lg_monitor_handle_busy_threshold_auth() (its `auth` may be NULL).
  *
  * The request takes effect once, whatever the buffer size: on
  * LG_BUFFER_TOO_SMALL, *out_http_status and *out_needed are still written.
@@ -1935,15 +2094,17 @@ void lg_control_auth_free(struct lg_control_auth *auth);
  * state is touched (400, 405, 413, 415, 422), need no token unless the
  * guard protects reads; then every request needs it, and is checked first.
  *
- * When `out_www_authenticate` is not NULL, it receives the value of the
- * WWW-Authenticate header the answer must carry ("Bearer", a static
- * string: do not free it) with a 401, and NULL otherwise. A 405 answer
- * should carry "Allow: GET, HEAD, POST".
+ * When `out_headers` is not NULL, it receives the headers the answer must
+ * carry besides its length (lg_http_headers: static strings, do not free
+ * them; NULL for a header not to send): Content-Type ("application/json",
+ * or "text/plain; charset=utf-8" for 413, 415 and unparseable JSON; NULL
+ * for the empty 405), WWW-Authenticate ("Bearer") with a 401, and Allow
+ * ("POST,GET,HEAD") with a 405.
  *
  * Buffer and side effects as lg_monitor_handle_busy_threshold(): the
  * request takes effect once whatever the buffer size; on
- * LG_BUFFER_TOO_SMALL, *out_http_status, *out_www_authenticate and
- * *out_needed are still written.
+ * LG_BUFFER_TOO_SMALL, *out_http_status, *out_headers and *out_needed are
+ * still written.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor, method, out_http_status or
  * out_needed, NULL with a non-zero length, non-UTF-8 method, content type
@@ -1956,8 +2117,8 @@ void lg_control_auth_free(struct lg_control_auth *auth);
  * # Safety
  * `monitor` is NULL or a live monitor; `auth` is NULL or a live guard;
  * `method`, `content_type`, `authorization` and `body` are NULL or valid
- * for their lengths; `out_http_status`, `out_www_authenticate` and
- * `out_needed` are NULL or valid for writes; `buf` is NULL or valid for
+ * for their lengths; `out_http_status`, `out_headers` and `out_needed` are
+ * NULL or valid for writes; `buf` is NULL or valid for
  * writes of `buf_len` bytes.
  */
 enum lg_status lg_monitor_handle_busy_threshold_auth(const struct lg_monitor *monitor,
@@ -1971,7 +2132,7 @@ enum lg_status lg_monitor_handle_busy_threshold_auth(const struct lg_monitor *mo
                                                      const uint8_t *body,
                                                      size_t body_len,
                                                      uint16_t *out_http_status,
-                                                     const char **out_www_authenticate,
+                                                     struct lg_http_headers *out_headers,
                                                      char *buf,
                                                      size_t buf_len,
                                                      size_t *out_needed);

@@ -93,19 +93,26 @@ pub unsafe extern "C" fn lg_error_response(
     })
 }
 
-/// Serves /busy_threshold as a pure function of the request: `method`
-/// ("GET" or "POST"), `content_type` (the header's value; NULL if absent)
-/// and `body`. *out_http_status receives the status and `buf` the JSON body
-/// (snprintf semantics, as lg_monitor_metrics() describes):
+/// Serves /busy_threshold as a pure function of the request, answering as
+/// Dynamo 1.6.1 answers: `method` ("GET", "HEAD" or "POST"), `content_type`
+/// (the header's value; NULL if absent) and `body`. *out_http_status
+/// receives the status and `buf` the body (snprintf semantics, as
+/// lg_monitor_metrics() describes):
 ///
 /// - GET: 200 {"thresholds": [{model, the four fields, version}, ...]}.
 /// - POST {model, active_decode_blocks_threshold?,
 ///   active_prefill_tokens_threshold?, active_prefill_tokens_threshold_frac?,
 ///   waiting_requests_threshold?, clear?: [names]}: with nothing set or
 ///   cleared a read (200, all-null for an unknown model); otherwise an update
-///   (200 echoing the model, the four fields and version). Errors as {"error": "..."}: 404 set on an
-///   unknown model, 400 invalid value or malformed JSON, 422 wrong types,
-///   415 non-JSON content type, 413 body over 64 KiB, 405 other methods.
+///   (200 echoing the model, the four fields and version).
+/// - Refusals, in this order: 405 other methods (empty body); 415 a
+///   content type that is not JSON and 413 a body over 2 MiB (plain text);
+///   400 text that is not JSON (plain text); 422 JSON of the wrong shape,
+///   400 a value out of range, 404 a write to an unknown model (all
+///   {"error": "..."}).
+///
+/// The content type and the other headers of the answer come from
+/// lg_monitor_handle_busy_threshold_auth() (its `auth` may be NULL).
 ///
 /// The request takes effect once, whatever the buffer size: on
 /// LG_BUFFER_TOO_SMALL, *out_http_status and *out_needed are still written.
@@ -140,7 +147,7 @@ pub unsafe extern "C" fn lg_monitor_handle_busy_threshold(
     out_needed: *mut usize,
 ) -> lg_status {
     // SAFETY: the caller's contract, which is this one's, plus a NULL auth,
-    // a NULL authorization of length 0 and a NULL out_www_authenticate,
+    // a NULL authorization of length 0 and a NULL out_headers,
     // all of which lg_monitor_handle_busy_threshold_auth() allows.
     unsafe {
         lg_monitor_handle_busy_threshold_auth(
@@ -171,8 +178,41 @@ pub struct lg_control_auth {
     auth: ControlAuth,
 }
 
-/// The WWW-Authenticate value handed to C (core's BEARER_CHALLENGE).
-const BEARER_CHALLENGE: &CStr = c"Bearer";
+/// The headers a /busy_threshold answer carries besides its length, each a
+/// static NUL-terminated string (never freed), or NULL when not sent.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct lg_http_headers {
+    /// Content-Type: "application/json" or "text/plain; charset=utf-8";
+    /// NULL for the empty body of a 405.
+    pub content_type: *const c_char,
+    /// Allow, with a 405: "POST,GET,HEAD".
+    pub allow: *const c_char,
+    /// WWW-Authenticate, with a 401: "Bearer".
+    pub www_authenticate: *const c_char,
+}
+
+impl lg_http_headers {
+    /// The C strings of `response`'s headers.
+    fn of(response: &http::BusyThresholdResponse) -> Self {
+        let c = |value: Option<&str>| -> *const c_char {
+            let text: Option<&CStr> = match value {
+                None => None,
+                Some(http::JSON_CONTENT_TYPE) => Some(c"application/json"),
+                Some(http::TEXT_CONTENT_TYPE) => Some(c"text/plain; charset=utf-8"),
+                Some(http::BUSY_THRESHOLD_METHODS) => Some(c"POST,GET,HEAD"),
+                Some(http::BEARER_CHALLENGE) => Some(c"Bearer"),
+                Some(other) => unreachable!("a header value with no C string: {other}"),
+            };
+            text.map_or(std::ptr::null(), CStr::as_ptr)
+        };
+        lg_http_headers {
+            content_type: c(response.content_type()),
+            allow: c(response.header("allow")),
+            www_authenticate: c(response.header("www-authenticate")),
+        }
+    }
+}
 
 /// Creates the guard of /busy_threshold: with it, a write (a POST that sets
 /// or clears a threshold) must carry the header "Authorization: Bearer
@@ -241,15 +281,17 @@ pub unsafe extern "C" fn lg_control_auth_free(auth: *mut lg_control_auth) {
 /// state is touched (400, 405, 413, 415, 422), need no token unless the
 /// guard protects reads; then every request needs it, and is checked first.
 ///
-/// When `out_www_authenticate` is not NULL, it receives the value of the
-/// WWW-Authenticate header the answer must carry ("Bearer", a static
-/// string: do not free it) with a 401, and NULL otherwise. A 405 answer
-/// should carry "Allow: GET, HEAD, POST".
+/// When `out_headers` is not NULL, it receives the headers the answer must
+/// carry besides its length (lg_http_headers: static strings, do not free
+/// them; NULL for a header not to send): Content-Type ("application/json",
+/// or "text/plain; charset=utf-8" for 413, 415 and unparseable JSON; NULL
+/// for the empty 405), WWW-Authenticate ("Bearer") with a 401, and Allow
+/// ("POST,GET,HEAD") with a 405.
 ///
 /// Buffer and side effects as lg_monitor_handle_busy_threshold(): the
 /// request takes effect once whatever the buffer size; on
-/// LG_BUFFER_TOO_SMALL, *out_http_status, *out_www_authenticate and
-/// *out_needed are still written.
+/// LG_BUFFER_TOO_SMALL, *out_http_status, *out_headers and *out_needed are
+/// still written.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor, method, out_http_status or
 /// out_needed, NULL with a non-zero length, non-UTF-8 method, content type
@@ -262,8 +304,8 @@ pub unsafe extern "C" fn lg_control_auth_free(auth: *mut lg_control_auth) {
 /// # Safety
 /// `monitor` is NULL or a live monitor; `auth` is NULL or a live guard;
 /// `method`, `content_type`, `authorization` and `body` are NULL or valid
-/// for their lengths; `out_http_status`, `out_www_authenticate` and
-/// `out_needed` are NULL or valid for writes; `buf` is NULL or valid for
+/// for their lengths; `out_http_status`, `out_headers` and `out_needed` are
+/// NULL or valid for writes; `buf` is NULL or valid for
 /// writes of `buf_len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn lg_monitor_handle_busy_threshold_auth(
@@ -278,7 +320,7 @@ pub unsafe extern "C" fn lg_monitor_handle_busy_threshold_auth(
     body: *const u8,
     body_len: usize,
     out_http_status: *mut u16,
-    out_www_authenticate: *mut *const c_char,
+    out_headers: *mut lg_http_headers,
     buf: *mut c_char,
     buf_len: usize,
     out_needed: *mut usize,
@@ -302,7 +344,7 @@ pub unsafe extern "C" fn lg_monitor_handle_busy_threshold_auth(
         // SAFETY: NULL (with length 0) or valid for `body_len` bytes.
         let body = unsafe { slice(body, body_len, "body") }?;
         let out_status = Out::new(out_http_status, "out_http_status")?;
-        let out_challenge = Out::optional(out_www_authenticate, "out_www_authenticate")?;
+        let out_headers = Out::optional(out_headers, "out_headers")?;
         let text = TextBuf::new(buf, buf_len, out_needed)?;
         let request = BusyThresholdRequest {
             method,
@@ -313,14 +355,10 @@ pub unsafe extern "C" fn lg_monitor_handle_busy_threshold_auth(
         let response = http::serve_busy_threshold(&m.monitor, auth.map(|a| &a.auth), &request);
         // SAFETY: `out_http_status` is writable (contract).
         unsafe { out_status.write(response.status) };
-        if let Some(out) = out_challenge {
-            let challenge = response
-                .headers
-                .iter()
-                .any(|(name, _)| *name == "www-authenticate")
-                .then_some(BEARER_CHALLENGE.as_ptr());
-            // SAFETY: `out_www_authenticate` is writable (contract).
-            unsafe { out.write(challenge.unwrap_or(std::ptr::null())) };
+        if let Some(out) = out_headers {
+            let headers = lg_http_headers::of(&response);
+            // SAFETY: `out_headers` is writable (contract).
+            unsafe { out.write(headers) };
         }
         // SAFETY: `buf` and `out_needed` are writable (contract).
         unsafe { text.write(response.body.as_bytes()) }
@@ -331,8 +369,34 @@ pub unsafe extern "C" fn lg_monitor_handle_busy_threshold_auth(
 mod tests {
     use super::*;
 
+    fn text(p: *const c_char) -> Option<&'static str> {
+        // SAFETY: NULL or one of the static C strings of lg_http_headers::of.
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_str().unwrap())
+    }
+
     #[test]
-    fn the_challenge_handed_to_c_is_cores() {
-        assert_eq!(BEARER_CHALLENGE.to_str().unwrap(), http::BEARER_CHALLENGE);
+    fn every_header_core_sends_has_its_c_string() {
+        let m = loadgate_core::Monitor::new();
+        let auth = ControlAuth::new("t", true).unwrap();
+        for (auth, method, content_type) in [
+            (None, "GET", None),
+            (None, "PUT", None),
+            (None, "POST", Some("text/plain")),
+            (Some(&auth), "GET", None),
+        ] {
+            let request = BusyThresholdRequest {
+                method,
+                content_type,
+                ..Default::default()
+            };
+            let response = http::serve_busy_threshold(&m, auth, &request);
+            let c = lg_http_headers::of(&response);
+            assert_eq!(text(c.content_type), response.content_type());
+            assert_eq!(text(c.allow), response.header("allow"));
+            assert_eq!(
+                text(c.www_authenticate),
+                response.header("www-authenticate")
+            );
+        }
     }
 }

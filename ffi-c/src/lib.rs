@@ -20,6 +20,7 @@
 
 mod booking;
 mod cluster;
+mod discovery;
 mod ffi;
 mod gate;
 mod http;
@@ -33,6 +34,7 @@ use std::ffi::c_char;
 
 pub use booking::*;
 pub use cluster::*;
+pub use discovery::*;
 pub use gate::*;
 pub use http::*;
 pub use monitor::*;

@@ -3,14 +3,15 @@
 //! one monitor.
 //!
 //! Every answer: a documented status (200, 400, 404, 405, 413, 415, 422), a
-//! JSON body (`{"error": "..."}` for errors, the echo for a POST that
-//! succeeds), and a refused request leaves every model's thresholds and
-//! version as they were. A successful POST echoes exactly what the monitor
+//! body of its content type (`{"error": "..."}` JSON or a plain-text
+//! message for errors, empty for 405, the echo for a POST that succeeds),
+//! and a refused request leaves every model's thresholds and version as
+//! they were. A successful POST echoes exactly what the monitor
 //! then holds, and bumps the version by at most one.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use loadgate::http::handle_busy_threshold;
+use loadgate::http::{serve_busy_threshold, BusyThresholdRequest, TEXT_CONTENT_TYPE};
 use loadgate::monitor::ThresholdState;
 use loadgate::{Monitor, WorkerSpec};
 use serde_json::{json, Value};
@@ -38,6 +39,21 @@ fn snapshot(m: &Monitor) -> Vec<Option<ThresholdState>> {
         .collect()
 }
 
+/// The echo of `state`, keys in 1.6.1's order and loadgate's after them.
+fn echo(model: &str, state: &ThresholdState) -> String {
+    let t = &state.thresholds;
+    format!(
+        "{{\"model\":{},\"active_decode_blocks_threshold\":{},\"active_prefill_tokens_threshold\":{},\
+         \"active_prefill_tokens_threshold_frac\":{},\"waiting_requests_threshold\":{},\"version\":{}}}",
+        json!(model),
+        json!(t.active_decode_blocks_threshold),
+        json!(t.active_prefill_tokens_threshold),
+        json!(t.active_prefill_tokens_threshold_frac),
+        json!(t.waiting_requests_threshold),
+        state.version,
+    )
+}
+
 fuzz_target!(|data: &[u8]| {
     let monitor = Monitor::new();
     for (i, model) in MODELS.iter().enumerate() {
@@ -47,22 +63,37 @@ fuzz_target!(|data: &[u8]| {
     }
     for (method, ct, body) in requests(data) {
         let before = snapshot(&monitor);
-        let (status, text) = handle_busy_threshold(&monitor, &method, ct.as_deref(), body);
+        let request = BusyThresholdRequest {
+            method: &method,
+            content_type: ct.as_deref(),
+            authorization: None,
+            body,
+        };
+        let response = serve_busy_threshold(&monitor, None, &request);
+        let (status, text) = (response.status, response.body.as_str());
         assert!(
             DOCUMENTED.contains(&status),
             "undocumented status {status}: {text}"
         );
-        let answer: Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("status {status} body is not JSON ({e}): {text}"));
         let after = snapshot(&monitor);
         if status != 200 {
-            assert!(answer["error"].is_string(), "error body {text}");
+            match response.content_type() {
+                None => assert!(status == 405 && text.is_empty(), "{status}: {text}"),
+                Some(TEXT_CONTENT_TYPE) => assert!(!text.is_empty(), "{status}: empty text"),
+                Some(_) => {
+                    let answer: Value = serde_json::from_str(text)
+                        .unwrap_or_else(|e| panic!("status {status} body is not JSON ({e}): {text}"));
+                    assert!(answer["error"].is_string(), "error body {text}");
+                }
+            }
             assert_eq!(
                 before, after,
                 "refused request ({status}) changed thresholds"
             );
             continue;
         }
+        let answer: Value = serde_json::from_str(text)
+            .unwrap_or_else(|e| panic!("status {status} body is not JSON ({e}): {text}"));
         if !method.eq_ignore_ascii_case("POST") {
             assert!(answer["thresholds"].is_array(), "GET body {text}");
             assert_eq!(before, after, "GET changed thresholds");
@@ -74,33 +105,16 @@ fuzz_target!(|data: &[u8]| {
             .position(|m| *m == name);
         let Some(i) = i else {
             // A read of a model the monitor does not know: all null, version 0.
-            let want = json!({
-                "model": name,
-                "active_decode_blocks_threshold": null,
-                "active_prefill_tokens_threshold": null,
-                "active_prefill_tokens_threshold_frac": null,
-                "waiting_requests_threshold": null,
-                "version": 0,
-            });
-            assert_eq!(text, want.to_string());
+            assert_eq!(text, echo(name, &ThresholdState::default()));
             assert_eq!(monitor.thresholds(name), None);
             continue;
         };
         let state = after[i].unwrap_or_default();
-        let t = &state.thresholds;
         // Compared as text, as the client reads it: a float parsed back
         // from JSON may differ in the last bit, its text does not.
-        let want = json!({
-            "model": name,
-            "active_decode_blocks_threshold": t.active_decode_blocks_threshold,
-            "active_prefill_tokens_threshold": t.active_prefill_tokens_threshold,
-            "active_prefill_tokens_threshold_frac": t.active_prefill_tokens_threshold_frac,
-            "waiting_requests_threshold": t.waiting_requests_threshold,
-            "version": state.version,
-        });
         assert_eq!(
             text,
-            want.to_string(),
+            echo(name, &state),
             "echo differs from the stored thresholds"
         );
         let old = before[i].map_or(0, |s| s.version);

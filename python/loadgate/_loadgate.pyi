@@ -39,6 +39,7 @@ __all__ = [
     "Subscription",
     "Reporter",
     "Scrape",
+    "Discovery",
     "AdmissionGate",
     "PriorityClass",
     "Permit",
@@ -135,7 +136,7 @@ class Monitor:
         *,
         authorization: Optional[str] = None,
         auth: Optional[ControlAuth] = None,
-    ) -> Tuple[int, bytes]: ...
+    ) -> Tuple[int, List[Tuple[str, str]], bytes]: ...
     def metrics_text(self) -> str: ...
     def subscribe_nats(
         self,
@@ -163,6 +164,17 @@ class Monitor:
         interval: float = 0.5,
         timeout: float = 2.0,
     ) -> Scrape: ...
+    def discover_dynamo(
+        self,
+        namespace: str = "dynamo",
+        *,
+        backend: str = "file",
+        path: Optional[Union[str, PathLike[str]]] = None,
+        component: Optional[str] = None,
+        endpoint: Optional[str] = None,
+        interval: float = 0.5,
+        ttl: Optional[float] = 10.0,
+    ) -> Discovery: ...
 
 @final
 class Route:
@@ -177,6 +189,23 @@ class Scrape:
     @property
     def closed(self) -> bool: ...
     def __enter__(self) -> Scrape: ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+        /,
+    ) -> bool: ...
+
+@final
+class Discovery:
+    def close(self) -> None: ...
+    def stats(self) -> Dict[str, Any]: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Discovery: ...
     def __exit__(
         self,
         exc_type: Optional[Type[BaseException]],

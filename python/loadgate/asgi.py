@@ -596,9 +596,10 @@ class ControlApp:
     """The operator endpoints of a frontend (and its workers' gates):
 
     * ``GET /busy_threshold`` lists every model's thresholds; ``POST
-      /busy_threshold`` reads or updates one model's (the core handler:
-      404 unknown model, 400 invalid value or JSON, 422 wrong types, 415
-      not JSON, 413 over 64 KiB);
+      /busy_threshold`` reads or updates one model's (the core handler,
+      answering as Dynamo 1.6.1 does: 404 unknown model, 400 invalid value,
+      422 wrong types, and in plain text 400 malformed JSON, 415 not JSON,
+      413 over 2 MiB; 405 with an empty body);
     * ``GET /metrics`` renders the monitor's and the gates' metrics in the
       Prometheus text format.
 
@@ -673,15 +674,11 @@ class ControlApp:
             body = await _read_body(receive, _loadgate.MAX_BUSY_THRESHOLD_BODY)
         content_type = _header(scope, b"content-type")
         authorization = _header(scope, b"authorization")
-        status, out = monitor.handle_busy_threshold(
+        status, headers, out = monitor.handle_busy_threshold(
             method, content_type, body, authorization=authorization, auth=self.auth
         )
-        headers = [_JSON]
-        if status == 401:
-            headers.append((b"www-authenticate", ControlAuth.CHALLENGE.encode()))
-        elif status == 405:
-            headers.append((b"allow", b"GET, HEAD, POST"))
-        await _respond(send, status, headers, out, head=method == "HEAD")
+        raw = [(name.encode(), value.encode()) for name, value in headers]
+        await _respond(send, status, raw, out, head=method == "HEAD")
 
     async def _metrics(self, scope: Scope, send: Send) -> None:
         method = str(scope["method"]).upper()

@@ -23,9 +23,11 @@ use loadgate::Reason;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
+mod booking;
 mod clock;
 mod cluster;
 mod control;
+mod discovery;
 mod errors;
 mod gate;
 mod monitor;
@@ -143,10 +145,11 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<monitor::Monitor>()?;
     m.add_class::<route::Route>()?;
     m.add_class::<control::ControlAuth>()?;
-    m.add_class::<monitor::Booking>()?;
+    m.add_class::<booking::Booking>()?;
     m.add_class::<cluster::Subscription>()?;
     m.add_class::<cluster::Reporter>()?;
     m.add_class::<scrape::Scrape>()?;
+    m.add_class::<discovery::Discovery>()?;
     m.add_class::<gate::AdmissionGate>()?;
     m.add_class::<gate::PriorityClass>()?;
     m.add_class::<gate::Permit>()?;

@@ -1,17 +1,18 @@
-//! `loadgate.Monitor` and `loadgate.Booking`: the frontend half.
+//! `loadgate.Monitor`: the frontend half.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use loadgate::http::{serve_busy_threshold, BusyThresholdRequest};
 use loadgate::monitor::ThresholdState;
 use loadgate::{
     LoadReport, MonitorConfig, Policy, Staleness, ThresholdFields, ThresholdUpdate, WorkerSpec,
 };
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
+use crate::booking::Booking;
 use crate::clock::clock_arg;
 use crate::cluster::Subscription;
 use crate::control::ControlAuth;
@@ -464,19 +465,18 @@ impl Monitor {
             .inner
             .book_with_prefill(id, rank, blocks, prefill)
             .map_err(report_error)?;
-        Ok(Booking {
-            worker_id: id,
-            dp_rank: rank,
-            inner: Mutex::new(Some(booking)),
-        })
+        Ok(Booking::new(id, rank, booking))
     }
 
-    /// Serves `/busy_threshold`: (method, content type, body) to
-    /// (status, JSON body). With `auth` (a `ControlAuth`), `authorization`
-    /// (the request's `Authorization` header, `None` if absent) is checked:
-    /// a write without the right bearer token is answered 401 (send
-    /// `WWW-Authenticate: Bearer` with it) and changes nothing.
+    /// Serves `/busy_threshold` as Dynamo 1.6.1 answers it: (method, content
+    /// type, body) to (status, headers, body), where headers is a list of
+    /// (name, value) pairs to send besides the length (`content-type`, and
+    /// `allow` with a 405 or `www-authenticate` with a 401). With `auth` (a
+    /// `ControlAuth`), `authorization` (the request's `Authorization`
+    /// header, `None` if absent) is checked: a write without the right
+    /// bearer token is answered 401 and changes nothing.
     #[pyo3(signature = (method, content_type, body, *, authorization = None, auth = None))]
+    #[allow(clippy::type_complexity)] // (status, headers, body)
     fn handle_busy_threshold<'py>(
         &self,
         py: Python<'py>,
@@ -485,7 +485,7 @@ impl Monitor {
         body: &Bound<'py, PyAny>,
         authorization: Option<&Bound<'py, PyAny>>,
         auth: Option<&Bound<'py, ControlAuth>>,
-    ) -> PyResult<(u16, Bound<'py, PyBytes>)> {
+    ) -> PyResult<(u16, Vec<(&'static str, &'static str)>, Bound<'py, PyBytes>)> {
         let method = str_arg(method, "method")?;
         let content_type = opt_str_arg(content_type, "content_type")?;
         let authorization = opt_str_arg(authorization, "authorization")?;
@@ -500,7 +500,8 @@ impl Monitor {
         };
         let auth = auth.map(|a| &a.get().inner);
         let response = serve_busy_threshold(&self.inner, auth, &request);
-        Ok((response.status, PyBytes::new(py, response.body.as_bytes())))
+        let body = PyBytes::new(py, response.body.as_bytes());
+        Ok((response.status, response.headers, body))
     }
 
     /// Subscribes this monitor to the load reports workers publish with
@@ -554,6 +555,45 @@ impl Monitor {
         crate::cluster::subscribe_nats(py, &self.inner, url, namespace, expire_after, dynamo, &auth)
     }
 
+    /// Learns this monitor's workers from Dynamo's discovery store, so that
+    /// no `add_worker` call is needed beside Dynamo workers: every model card
+    /// of `namespace` (and of `component` and `endpoint`, when given)
+    /// registers its worker under the card's model name, with its instance
+    /// id, data-parallel ranks, KV blocks and prefill batch size; a card that
+    /// disappears, or that its worker has not refreshed for `ttl` seconds
+    /// (`None`: never), removes it. `backend="file"` watches Dynamo's file
+    /// backend at `path` (default: `DYN_FILE_KV`, else
+    /// `$TMPDIR/dynamo_store_kv`) every `interval` seconds. The workers of
+    /// the store are registered when this returns. Returns a `Discovery`
+    /// whose `close()` stops it and removes the workers it registered.
+    /// Raises `ValueError` for a bad argument.
+    #[pyo3(
+        signature = (namespace = None, *, backend = None, path = None, component = None, endpoint = None, interval = None, ttl = None),
+        text_signature = "($self, namespace='dynamo', *, backend='file', path=None, component=None, endpoint=None, interval=0.5, ttl=10.0)"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn discover_dynamo(
+        &self,
+        namespace: Option<&Bound<'_, PyAny>>,
+        backend: Option<&Bound<'_, PyAny>>,
+        path: Option<&Bound<'_, PyAny>>,
+        component: Option<&Bound<'_, PyAny>>,
+        endpoint: Option<&Bound<'_, PyAny>>,
+        interval: Option<&Bound<'_, PyAny>>,
+        ttl: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<crate::discovery::Discovery> {
+        let args = crate::discovery::DiscoverArgs {
+            namespace,
+            backend,
+            path,
+            component,
+            endpoint,
+            interval,
+            ttl,
+        };
+        crate::discovery::start(&self.inner, &args)
+    }
+
     /// Polls a stock engine's Prometheus `/metrics` at `url` every
     /// `interval` seconds as worker `worker_id` of `model` (`None`: the
     /// engine's `model_name` label) and reports its KV cache usage,
@@ -593,103 +633,5 @@ impl Monitor {
 
     fn __repr__(&self) -> String {
         format!("<loadgate.Monitor models={:?}>", self.inner.models())
-    }
-}
-
-/// A request's KV blocks booked on a worker rank; freed by `release()`, by
-/// leaving its `with` block, or when it is garbage-collected.
-#[pyclass(frozen, module = "loadgate")]
-pub struct Booking {
-    worker_id: u64,
-    dp_rank: u32,
-    inner: Mutex<Option<loadgate::Booking>>,
-}
-
-impl Booking {
-    fn lock(&self) -> MutexGuard<'_, Option<loadgate::Booking>> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-#[pymethods]
-impl Booking {
-    /// Adds `n` generated output blocks to the booking.
-    fn add_output_blocks(&self, n: &Bound<'_, PyAny>) -> PyResult<()> {
-        let n = u64_arg(n, "n")?;
-        match self.lock().as_mut() {
-            Some(b) => {
-                b.add_output_blocks(n);
-                Ok(())
-            }
-            None => Err(PyRuntimeError::new_err("the booking was already released")),
-        }
-    }
-
-    /// The request's prefill is done (its first token came): its prompt
-    /// tokens stop counting; the blocks stay booked. Calling it again, or
-    /// after `release()`, does nothing.
-    fn prefill_done(&self) {
-        if let Some(b) = self.lock().as_mut() {
-            b.prefill_done();
-        }
-    }
-
-    /// Prompt tokens still booked (0 once the prefill is done or the booking
-    /// released).
-    #[getter]
-    fn prefill_tokens(&self) -> u64 {
-        self.lock()
-            .as_ref()
-            .map_or(0, loadgate::Booking::prefill_tokens)
-    }
-
-    /// Frees the booked blocks and prompt tokens; calling it again does
-    /// nothing.
-    fn release(&self) {
-        let booking = self.lock().take();
-        drop(booking);
-    }
-
-    /// Blocks currently booked (0 once released).
-    #[getter]
-    fn blocks(&self) -> u64 {
-        self.lock().as_ref().map_or(0, loadgate::Booking::blocks)
-    }
-
-    /// The worker the blocks are booked on.
-    #[getter]
-    fn worker_id(&self) -> u64 {
-        self.worker_id
-    }
-
-    /// The rank the blocks are booked on.
-    #[getter]
-    fn dp_rank(&self) -> u32 {
-        self.dp_rank
-    }
-
-    /// Whether the booking was released.
-    #[getter]
-    fn released(&self) -> bool {
-        self.lock().is_none()
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.release();
-        false
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<loadgate.Booking worker_id={} dp_rank={} blocks={}>",
-            self.worker_id,
-            self.dp_rank,
-            self.blocks()
-        )
     }
 }

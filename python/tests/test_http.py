@@ -144,28 +144,32 @@ def test_busy_threshold_status_table(frontend: Any) -> None:
     assert (r.status_code, r.json()["active_decode_blocks_threshold"], r.json()["version"]) == (200, None, 2)
     r = post(json.dumps({"model": "llama", "active_prefill_tokens_threshold": 5}), headers={"content-type": "application/json; charset=utf-8"})
     assert r.status_code == 200
+    text = "text/plain; charset=utf-8"
     table = [
-        (json.dumps({"model": "nope", "active_decode_blocks_threshold": 0.5}), "application/json", 404),
-        (json.dumps({"model": "llama", "active_decode_blocks_threshold": 1.5}), "application/json", 400),
-        (json.dumps({"model": "llama", "active_prefill_tokens_threshold": -1}), "application/json", 400),
-        (json.dumps({"model": "llama", "clear": ["nope"]}), "application/json", 400),
-        ("{not json", "application/json", 400),
-        (json.dumps({"model": "llama", "active_decode_blocks_threshold": "high"}), "application/json", 422),
-        (json.dumps({"active_decode_blocks_threshold": 0.5}), "application/json", 422),
-        (json.dumps(["llama"]), "application/json", 422),
-        (json.dumps({"model": "llama", "clear": "active_decode_blocks_threshold"}), "application/json", 422),
-        (json.dumps({"model": "llama"}), "text/plain", 415),
-        ("x" * (64 * 1024 + 1), "application/json", 413),
+        (json.dumps({"model": "nope", "active_decode_blocks_threshold": 0.5}), "application/json", 404, "application/json"),
+        (json.dumps({"model": "llama", "active_decode_blocks_threshold": 1.5}), "application/json", 400, "application/json"),
+        (json.dumps({"model": "llama", "active_prefill_tokens_threshold": -1}), "application/json", 422, "application/json"),
+        (json.dumps({"model": "llama", "clear": ["nope"]}), "application/json", 400, "application/json"),
+        ("{not json", "application/json", 400, text),
+        (json.dumps({"model": "llama", "active_decode_blocks_threshold": "high"}), "application/json", 422, "application/json"),
+        (json.dumps({"active_decode_blocks_threshold": 0.5}), "application/json", 422, "application/json"),
+        (json.dumps(["llama"]), "application/json", 422, "application/json"),
+        (json.dumps({"model": "llama", "clear": "active_decode_blocks_threshold"}), "application/json", 422, "application/json"),
+        (json.dumps({"model": "llama"}), "text/plain", 415, text),
+        ("x" * (2 * 1024 * 1024 + 1), "application/json", 413, text),
     ]
-    for payload, content_type, status in table:
+    for payload, content_type, status, answered_as in table:
         r = post(payload, headers={"content-type": content_type})
         assert r.status_code == status, (payload[:60], content_type, r.text)
-        assert r.headers["content-type"] == "application/json"
-        assert isinstance(r.json()["error"], str) and r.json()["error"]
+        assert r.headers["content-type"] == answered_as
+        message = r.json()["error"] if answered_as == "application/json" else r.text
+        assert isinstance(message, str) and message
+    assert post("{not json", **as_json).text.startswith("Failed to parse the request body as JSON: ")
     r = client.post("/busy_threshold", content=json.dumps({"model": "llama"}))  # no content type
-    assert r.status_code == 415
+    assert (r.status_code, r.text) == (415, "Expected request with `Content-Type: application/json`")
     r = client.put("/busy_threshold", json={"model": "llama"})
-    assert r.status_code == 405 and "POST" in r.headers["allow"]
+    assert (r.status_code, r.headers["allow"], r.content) == (405, "POST,GET,HEAD", b"")
+    assert "content-type" not in r.headers
     assert monitor.thresholds("llama")["version"] == 3  # refused updates changed nothing
     r = client.head("/busy_threshold")
     assert r.status_code == 200 and r.content == b""
@@ -181,7 +185,7 @@ def test_busy_threshold_sets_the_waiting_requests_threshold(frontend: Any) -> No
     assert r.status_code == 529  # every rank over the line: all workers busy
     assert client.get("/busy_threshold").json()["thresholds"][0]["waiting_requests_threshold"] == 4
     for body, status in (
-        ({"model": "llama", "waiting_requests_threshold": -1}, 400),
+        ({"model": "llama", "waiting_requests_threshold": -1}, 422),
         ({"model": "llama", "waiting_requests_threshold": 1.5}, 422),
     ):
         assert client.post("/busy_threshold", json=body).status_code == status
@@ -457,13 +461,14 @@ def test_control_auth_configuration() -> None:
     # The method the app calls, directly.
     monitor.add_worker("llama", 1)
     write = json.dumps({"model": "llama", "active_decode_blocks_threshold": 0.5}).encode()
-    status, body = monitor.handle_busy_threshold("POST", "application/json", write, auth=auth)
+    status, headers, body = monitor.handle_busy_threshold("POST", "application/json", write, auth=auth)
     assert status == 401 and json.loads(body)["error"].startswith("missing bearer token")
-    status, _ = monitor.handle_busy_threshold(
+    assert headers == [("content-type", "application/json"), ("www-authenticate", "Bearer")]
+    status, headers, _ = monitor.handle_busy_threshold(
         "POST", "application/json", write, authorization=f"Bearer {TOKEN}", auth=auth
     )
-    assert status == 200
-    status, _ = monitor.handle_busy_threshold("POST", "application/json", write)
+    assert (status, headers) == (200, [("content-type", "application/json")])
+    status, _, _ = monitor.handle_busy_threshold("POST", "application/json", write)
     assert status == 200  # no auth: as before
     with pytest.raises(TypeError):
         monitor.handle_busy_threshold("GET", None, b"", auth="token")  # type: ignore[arg-type]

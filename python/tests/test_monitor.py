@@ -447,16 +447,17 @@ def test_book_bad_input(monitor: Monitor) -> None:
 
 def test_handle_busy_threshold(monitor: Monitor) -> None:
     post = lambda body, ct="application/json": monitor.handle_busy_threshold("POST", ct, body)  # noqa: E731
-    status, body = post(b'{"model": "m", "active_decode_blocks_threshold": 0.8}')
+    status, headers, body = post(b'{"model": "m", "active_decode_blocks_threshold": 0.8}')
     assert status == 200 and isinstance(body, bytes)
+    assert headers == [("content-type", "application/json")]
     assert json.loads(body) == {"model": "m", **NULLS, "active_decode_blocks_threshold": 0.8, "version": 1}
     assert monitor.thresholds("m")["active_decode_blocks_threshold"] == 0.8
-    status, body = monitor.handle_busy_threshold("GET", None, b"")
+    status, _, body = monitor.handle_busy_threshold("GET", None, b"")
     assert status == 200 and json.loads(body)["thresholds"][0]["model"] == "m"
     assert post(b'{"model": "x", "active_decode_blocks_threshold": 0.8}')[0] == 404
     assert post(b"{", "application/json")[0] == 400
     assert post(b'{"model": "m"}', "text/plain")[0] == 415
-    assert monitor.handle_busy_threshold("DELETE", None, b"")[0] == 405
+    assert monitor.handle_busy_threshold("DELETE", None, b"") == (405, [("allow", "POST,GET,HEAD")], b"")
     with pytest.raises(TypeError, match="body"):
         monitor.handle_busy_threshold("POST", "application/json", "{}")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="method"):

@@ -99,6 +99,37 @@ impl Monitor {
                 );
             }
         }
+        // Dynamo 1.6.1's family for the same refusals, summed over models,
+        // in its classes and reasons (zeros included, so a scrape sees
+        // every series from the start).
+        metrics::header(
+            &mut out,
+            p,
+            "frontend_failures_total",
+            "counter",
+            "Total number of terminal semantic request failures",
+        );
+        let mut failures = [0u64; REJECTED_REASONS.len()];
+        for m in &models {
+            for (total, c) in failures.iter_mut().zip(&m.rejected) {
+                *total += c.load(Ordering::Relaxed);
+            }
+        }
+        let mut series: Vec<_> = REJECTED_REASONS
+            .iter()
+            .zip(failures)
+            .map(|(r, n)| (failure_class(*r), n))
+            .collect();
+        series.sort_unstable();
+        for ((class, reason), n) in series {
+            metrics::sample(
+                &mut out,
+                p,
+                "frontend_failures_total",
+                &[("class", &class), ("reason", &reason)],
+                n,
+            );
+        }
         for (name, help, field) in [
             (
                 "frontend_worker_active_decode_blocks",
@@ -200,5 +231,15 @@ impl Monitor {
         #[cfg(feature = "scrape")]
         self.scrapes.render(&mut out, p);
         out
+    }
+}
+
+/// The class and reason Dynamo 1.6.1 counts a frontend refusal under in
+/// `dynamo_frontend_failures_total`.
+fn failure_class(reason: Reason) -> (&'static str, &'static str) {
+    match reason {
+        Reason::NoWorkers | Reason::Closed => ("Unavailable", "backend.unavailable"),
+        Reason::AllWorkersBusy => ("CapacityExhausted", "capacity.pool_exhausted"),
+        _ => ("CapacityExhausted", "capacity.worker_overloaded"),
     }
 }

@@ -2,3 +2,4 @@
 pub mod monitor_fixture;
 pub mod nats_server;
 pub mod polling;
+pub mod recorded;

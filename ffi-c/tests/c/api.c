@@ -27,6 +27,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int checks;
@@ -670,9 +671,8 @@ static void test_monitor(void) {
             cases[i].ctype ? strlen(cases[i].ctype) : 0, (const uint8_t *)cases[i].body,
             strlen(cases[i].body), &status, resp, sizeof resp, &needed));
         CHECK(status == cases[i].want);
-        CHECK(contains(resp, "\"error\""));
     }
-    size_t big_len = 64 * 1024 + 1;
+    size_t big_len = 2 * 1024 * 1024 + 1;
     uint8_t *big = malloc(big_len);
     CHECK(big != NULL);
     memset(big, ' ', big_len);
@@ -862,6 +862,88 @@ static void *fake_engine_run(void *arg) {
     }
 }
 
+/* ----- workers from Dynamo's file discovery store --------------------------- */
+
+/* One Dynamo 1.6.1 model card (the fields loadgate reads, and one it does
+ * not), for instance 255 with two ranks of 64 blocks. */
+static const char CARD[] =
+    "{\"type\":\"Model\",\"namespace\":\"dynamo\",\"component\":\"backend\","
+    "\"endpoint\":\"generate\",\"instance_id\":255,\"card_json\":{\"display_name\":\"tiny\","
+    "\"runtime_config\":{\"total_kv_blocks\":64,\"max_num_batched_tokens\":8192,"
+    "\"data_parallel_start_rank\":0,\"data_parallel_size\":2,\"enable_eagle\":false}}}";
+
+static void test_discovery(void) {
+    char root[] = "/tmp/loadgate-c-discovery-XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    char dir[256], card[512];
+    snprintf(dir, sizeof dir, "%s/v1", root);
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(dir, sizeof dir, "%s/v1/mdc", root);
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(card, sizeof card, "%s/dynamo%%2Fbackend%%2Fgenerate%%2Fff", dir);
+    FILE *f = fopen(card, "w");
+    CHECK(f != NULL);
+    CHECK(fwrite(CARD, 1, sizeof CARD - 1, f) == sizeof CARD - 1);
+    CHECK(fclose(f) == 0);
+
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_discovery *d = NULL;
+    OK(lg_monitor_discover_dynamo(m, NULL, 0, root, strlen(root), NULL, 0, NULL, 0, 10, 0, &d));
+    CHECK(d != NULL);
+    /* Registered when the call returns: two ranks of 64 blocks. */
+    bool busy = true;
+    OK(lg_monitor_is_busy(m, 255, &busy));
+    lg_load_report r;
+    memset(&r, 0, sizeof r);
+    r.has_kv_used_blocks = true;
+    r.kv_used_blocks = 33;
+    OK(lg_monitor_report(m, 255, 0, &r));
+    OK(lg_monitor_report(m, 255, 1, &r));
+    EXPECT(lg_monitor_report(m, 255, 2, &r), LG_NOT_FOUND);
+    lg_threshold_update u;
+    lg_thresholds t;
+    memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.5;
+    OK(lg_monitor_set_thresholds(m, S("tiny"), &u, &t));
+    OK(lg_monitor_is_busy(m, 255, &busy));
+    CHECK(busy); /* 33 of 64 on both ranks */
+    lg_discovery_stats st;
+    OK(lg_discovery_get_stats(d, &st));
+    CHECK(st.workers == 1 && st.workers_added == 1 && st.scans >= 1);
+    CHECK(st.refused_malformed == 0 && st.refused_registration == 0);
+
+    /* A deleted card takes its worker with it (a limit for hangs only). */
+    CHECK(unlink(card) == 0);
+    for (int i = 0; i < 6000 && lg_monitor_is_busy(m, 255, &busy) == LG_OK; i++) {
+        sleep_ms(5);
+    }
+    EXPECT(lg_monitor_is_busy(m, 255, &busy), LG_NOT_FOUND);
+    OK(lg_discovery_get_stats(d, &st));
+    CHECK(st.workers == 0 && st.workers_removed == 1);
+
+    lg_discovery *bad = NULL;
+    INVALID(lg_monitor_discover_dynamo(NULL, NULL, 0, root, strlen(root), NULL, 0, NULL, 0, 0, 0,
+                                       &bad));
+    INVALID(lg_monitor_discover_dynamo(m, S(""), root, strlen(root), NULL, 0, NULL, 0, 0, 0, &bad));
+    CHECK(last_error_contains("namespace"));
+    INVALID(lg_monitor_discover_dynamo(m, NULL, 3, root, strlen(root), NULL, 0, NULL, 0, 0, 0,
+                                       &bad));
+    INVALID(lg_monitor_discover_dynamo(m, NULL, 0, root, strlen(root), NULL, 0, NULL, 0, 0,
+                                       LG_DISCOVERY_NO_TTL, NULL));
+    CHECK(bad == NULL);
+    INVALID(lg_discovery_get_stats(NULL, &st));
+    INVALID(lg_discovery_get_stats(d, NULL));
+    lg_discovery_free(d);
+    lg_discovery_free(NULL);
+    lg_monitor_free(m);
+    CHECK(rmdir(dir) == 0);
+    snprintf(dir, sizeof dir, "%s/v1", root);
+    CHECK(rmdir(dir) == 0);
+    CHECK(rmdir(root) == 0);
+}
+
 static void test_scrape(void) {
     struct fake_engine e;
     e.conn_fd = -1;
@@ -942,17 +1024,53 @@ static void test_scrape(void) {
 /* ----- /busy_threshold with a bearer token -------------------------------- */
 
 /* One request through lg_monitor_handle_busy_threshold_auth() with a JSON
- * content type; *challenge receives the WWW-Authenticate value or NULL. */
+ * content type; *challenge receives the WWW-Authenticate value or NULL
+ * (challenge NULL: no headers asked for). */
 static uint16_t auth_call(const lg_monitor *m, const lg_control_auth *auth, const char *method,
                           const char *authorization, const char *body, const char **challenge,
                           char *resp, size_t resp_len) {
     uint16_t status = 0;
     size_t needed = 0;
+    lg_http_headers headers;
     OK(lg_monitor_handle_busy_threshold_auth(
         m, auth, method, strlen(method), S("application/json"), authorization,
         authorization ? strlen(authorization) : 0, (const uint8_t *)body, strlen(body), &status,
-        challenge, resp, resp_len, &needed));
+        challenge ? &headers : NULL, resp, resp_len, &needed));
+    if (challenge) {
+        *challenge = headers.www_authenticate;
+        CHECK(headers.content_type != NULL && strcmp(headers.content_type, "application/json") == 0);
+    }
     return status;
+}
+
+/* The headers of 1.6.1's answers: plain text for what is not JSON, an empty
+ * 405 with its Allow. */
+static void test_busy_threshold_headers(void) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    OK(lg_monitor_add_worker(m, S("llama"), 1, NULL));
+    char resp[512];
+    uint16_t status = 0;
+    size_t needed = 0;
+    lg_http_headers h;
+    OK(lg_monitor_handle_busy_threshold_auth(m, NULL, S("POST"), S("text/plain"), NULL, 0,
+                                             (const uint8_t *)"{}", 2, &status, &h, resp,
+                                             sizeof resp, &needed));
+    CHECK(status == 415 && strcmp(h.content_type, "text/plain; charset=utf-8") == 0);
+    CHECK(strcmp(resp, "Expected request with `Content-Type: application/json`") == 0);
+    CHECK(h.allow == NULL && h.www_authenticate == NULL);
+    OK(lg_monitor_handle_busy_threshold_auth(m, NULL, S("PUT"), NULL, 0, NULL, 0, NULL, 0,
+                                             &status, &h, resp, sizeof resp, &needed));
+    CHECK(status == 405 && h.content_type == NULL && strcmp(h.allow, "POST,GET,HEAD") == 0);
+    CHECK(resp[0] == '\0' && needed == 0);
+    const char *ghost = "{\"model\":\"ghost\",\"active_decode_blocks_threshold\":0.5}";
+    OK(lg_monitor_handle_busy_threshold_auth(m, NULL, S("POST"), S("application/json"), NULL, 0,
+                                             (const uint8_t *)ghost, strlen(ghost), &status, &h,
+                                             resp, sizeof resp, &needed));
+    CHECK(status == 404 && strcmp(h.content_type, "application/json") == 0);
+    CHECK(strcmp(resp, "{\"error\":\"Model 'ghost' not found. Thresholds can only be set for "
+                       "discovered models.\"}") == 0);
+    lg_monitor_free(m);
 }
 
 static void test_busy_threshold_auth(void) {
@@ -1017,24 +1135,24 @@ static void test_busy_threshold_auth(void) {
     uint16_t status = 0;
     size_t needed = 0;
     challenge = NULL;
+    lg_http_headers h;
     EXPECT(lg_monitor_handle_busy_threshold_auth(m, auth, S("GET"), NULL, 0, NULL, 0, NULL, 0,
-                                                 &status, &challenge, tiny, sizeof tiny,
-                                                 &needed),
+                                                 &status, &h, tiny, sizeof tiny, &needed),
            LG_BUFFER_TOO_SMALL);
-    CHECK(status == 401 && challenge != NULL && needed > sizeof tiny);
+    CHECK(status == 401 && h.www_authenticate != NULL && needed > sizeof tiny);
 
     /* Bad arguments. */
     INVALID(lg_monitor_handle_busy_threshold_auth(NULL, auth, S("GET"), NULL, 0, NULL, 0, NULL, 0,
-                                                  &status, &challenge, resp, sizeof resp,
+                                                  &status, &h, resp, sizeof resp,
                                                   &needed));
     INVALID(lg_monitor_handle_busy_threshold_auth(m, auth, S("GET"), NULL, 0, NULL, 3, NULL, 0,
-                                                  &status, &challenge, resp, sizeof resp,
+                                                  &status, &h, resp, sizeof resp,
                                                   &needed));
     INVALID(lg_monitor_handle_busy_threshold_auth(m, auth, S("GET"), NULL, 0, "\xc3\x28", 2,
-                                                  NULL, 0, &status, &challenge, resp,
+                                                  NULL, 0, &status, &h, resp,
                                                   sizeof resp, &needed));
     INVALID(lg_monitor_handle_busy_threshold_auth(m, auth, S("GET"), NULL, 0, NULL, 0, NULL, 0,
-                                                  NULL, &challenge, resp, sizeof resp,
+                                                  NULL, &h, resp, sizeof resp,
                                                   &needed));
     lg_control_auth_free(auth);
 
@@ -2039,7 +2157,9 @@ int main(void) {
     test_monitor();
     test_monitor_waiting_requests();
     test_scrape();
+    test_discovery();
     test_busy_threshold_auth();
+    test_busy_threshold_headers();
     test_gate_config();
     test_gate();
     test_gate_wait_limit();

@@ -1,0 +1,115 @@
+//! `loadgate.Booking`: a request's KV blocks and prefill tokens booked on a
+//! worker rank by `Monitor.book`.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+use crate::errors::u64_arg;
+
+/// A request's KV blocks booked on a worker rank; freed by `release()`, by
+/// leaving its `with` block, or when it is garbage-collected.
+#[pyclass(frozen, module = "loadgate")]
+pub struct Booking {
+    worker_id: u64,
+    dp_rank: u32,
+    inner: Mutex<Option<loadgate::Booking>>,
+}
+
+impl Booking {
+    pub fn new(worker_id: u64, dp_rank: u32, booking: loadgate::Booking) -> Self {
+        Self {
+            worker_id,
+            dp_rank,
+            inner: Mutex::new(Some(booking)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<loadgate::Booking>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[pymethods]
+impl Booking {
+    /// Adds `n` generated output blocks to the booking.
+    fn add_output_blocks(&self, n: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = u64_arg(n, "n")?;
+        match self.lock().as_mut() {
+            Some(b) => {
+                b.add_output_blocks(n);
+                Ok(())
+            }
+            None => Err(PyRuntimeError::new_err("the booking was already released")),
+        }
+    }
+
+    /// The request's prefill is done (its first token came): its prompt
+    /// tokens stop counting; the blocks stay booked. Calling it again, or
+    /// after `release()`, does nothing.
+    fn prefill_done(&self) {
+        if let Some(b) = self.lock().as_mut() {
+            b.prefill_done();
+        }
+    }
+
+    /// Prompt tokens still booked (0 once the prefill is done or the booking
+    /// released).
+    #[getter]
+    fn prefill_tokens(&self) -> u64 {
+        self.lock()
+            .as_ref()
+            .map_or(0, loadgate::Booking::prefill_tokens)
+    }
+
+    /// Frees the booked blocks and prompt tokens; calling it again does
+    /// nothing.
+    fn release(&self) {
+        let booking = self.lock().take();
+        drop(booking);
+    }
+
+    /// Blocks currently booked (0 once released).
+    #[getter]
+    fn blocks(&self) -> u64 {
+        self.lock().as_ref().map_or(0, loadgate::Booking::blocks)
+    }
+
+    /// The worker the blocks are booked on.
+    #[getter]
+    fn worker_id(&self) -> u64 {
+        self.worker_id
+    }
+
+    /// The rank the blocks are booked on.
+    #[getter]
+    fn dp_rank(&self) -> u32 {
+        self.dp_rank
+    }
+
+    /// Whether the booking was released.
+    #[getter]
+    fn released(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.release();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<loadgate.Booking worker_id={} dp_rank={} blocks={}>",
+            self.worker_id,
+            self.dp_rank,
+            self.blocks()
+        )
+    }
+}
