@@ -24,27 +24,28 @@ fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo --version
 
-# The tools the tests run against: nats-server, valgrind, pkg-config, cmake,
-# the sanitizer runtimes (Debian packages) and cbindgen (crates.io).
-step "test tools: nats-server, valgrind, cmake, cbindgen, ..."
+# The tools the tests run against: nats-server, etcd, valgrind, pkg-config,
+# cmake, the sanitizer runtimes, protoc (for the etcd client's build; Debian
+# packages) and cbindgen (crates.io).
+step "test tools: nats-server, etcd, protoc, valgrind, cmake, cbindgen, ..."
 ./ffi-c/tests/run.sh --install-only
 
 step "format"
 cargo fmt --all -- --check
 
 step "lint"
-cargo clippy --workspace --all-targets --features loadgate/nats,loadgate/scrape -- -D warnings
+cargo clippy --workspace --all-targets --features loadgate/nats,loadgate/scrape,loadgate/etcd -- -D warnings
 
 # No broken or private links in the crate's docs. The README's Rust code runs
 # as doctests in the next step (core/src/lib.rs includes it under cfg(doctest)).
 step "API docs"
-RUSTDOCFLAGS="-D warnings" cargo doc -p loadgate --no-deps --features nats,scrape
+RUSTDOCFLAGS="-D warnings" cargo doc -p loadgate --no-deps --features nats,scrape,etcd
 
 # Includes the C ABI suite (ffi-c/tests/run.sh via tests/c_suite.rs): header
 # drift check, then the C11 and C++17 programs built through pkg-config and
 # CMake, run plain, under valgrind memcheck and with ASan+UBSan.
 step "unit, integration, differential, stress, nats-server and C ABI tests"
-LOADGATE_NO_SKIP=1 cargo test --workspace --features loadgate/nats,loadgate/scrape
+LOADGATE_NO_SKIP=1 cargo test --workspace --features loadgate/nats,loadgate/scrape,loadgate/etcd
 
 step "loom models (release, LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:=2})"
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS \

@@ -26,6 +26,11 @@ done
 [ -n "$prefix" ] || { echo "usage: $0 PREFIX [--debug] [--no-build]" >&2; exit 2; }
 
 if [ "$build" = 1 ]; then
+    # The etcd client inside is built from etcd's .proto files.
+    command -v protoc >/dev/null || [ -n "${PROTOC:-}" ] || {
+        echo "protoc not found: install it (Debian: apt-get install protobuf-compiler) or set PROTOC" >&2
+        exit 1
+    }
     flags=(-p loadgate-ffi)
     [ "$profile" = release ] && flags+=(--release)
     (cd "$root" && cargo build "${flags[@]}")

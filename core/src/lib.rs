@@ -50,7 +50,7 @@ pub mod limits;
 mod load;
 pub mod metrics;
 pub mod monitor;
-#[cfg(any(feature = "nats", feature = "scrape"))]
+#[cfg(any(feature = "nats", feature = "scrape", feature = "etcd"))]
 #[allow(unsafe_code)] // the leaked runtime entry, read through an AtomicPtr
 mod runtime;
 #[cfg(feature = "scrape")]

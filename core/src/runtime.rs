@@ -1,6 +1,6 @@
-//! The process's I/O runtime (features `nats` and `scrape`): one tokio
-//! worker thread, started on first use, that the NATS transport and the
-//! engine scraper share. Starting it lazily keeps a process that forks its
+//! The process's I/O runtime (features `nats`, `scrape` and `etcd`): one
+//! tokio worker thread, started on first use, that the NATS transport, the
+//! engine scraper and the etcd discovery share. Starting it lazily keeps a process that forks its
 //! workers before connecting or scraping single-threaded until then.
 //!
 //! # Fork
@@ -75,7 +75,7 @@ pub(crate) fn runtime() -> &'static Runtime {
 
 /// Runs `f` to completion on the shared runtime, from any thread
 /// (including threads that are themselves inside a tokio runtime).
-#[cfg_attr(not(feature = "nats"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "nats", feature = "etcd")), allow(dead_code))]
 pub(crate) fn block_on<F>(f: F) -> F::Output
 where
     F: Future + Send + 'static,

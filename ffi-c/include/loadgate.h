@@ -196,8 +196,9 @@ typedef struct lg_control_auth lg_control_auth;
 
 /**
  * A watched discovery store. Opaque; create with
- * lg_monitor_discover_dynamo(), free (which stops it and removes the
- * workers it registered) with lg_discovery_free().
+ * lg_monitor_discover_dynamo() or lg_monitor_discover_dynamo_etcd(), free
+ * (which stops it and removes the workers it registered) with
+ * lg_discovery_free().
  *
  * lg_discovery_get_stats() may be called from any number of threads at
  * once.
@@ -1562,6 +1563,46 @@ enum lg_status lg_monitor_discover_dynamo(const struct lg_monitor *monitor,
                                           struct lg_discovery **out_discovery);
 
 /**
+ * Learns `monitor`'s workers from Dynamo's model cards in etcd at
+ * `endpoints` (comma-separated URLs; NULL with length 0: ETCD_ENDPOINTS,
+ * else http://localhost:2379), as lg_monitor_discover_dynamo() does from
+ * the file backend: the cards of `namespace` (NULL: "dynamo") and of
+ * `component` and `endpoint` (NULL: any) register their workers, and a
+ * card that goes (deleted, or its worker's lease expired) removes its
+ * worker. `user` and `password` (both or neither) authenticate;
+ * `timeout_ms` (0: 2000) bounds connecting and each request. The cards are
+ * listed once before this returns, then watched; a lost connection is
+ * restored and the cards listed afresh.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_discovery, a bad
+ * string, an empty namespace or endpoint, user without password),
+ * LG_TRANSPORT_ERROR (etcd could not be reached, refused the credentials,
+ * or failed the first listing).
+ * Ownership: as lg_monitor_discover_dynamo().
+ * Thread safety: any thread. Blocking: connects and lists once, up to
+ * about `timeout_ms`; then watches on the library's I/O runtime thread.
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; each string is NULL or valid for
+ * its length; `out_discovery` is NULL or valid for writes.
+ */
+enum lg_status lg_monitor_discover_dynamo_etcd(const struct lg_monitor *monitor,
+                                               const char *namespace_,
+                                               size_t namespace_len,
+                                               const char *endpoints,
+                                               size_t endpoints_len,
+                                               const char *user,
+                                               size_t user_len,
+                                               const char *password,
+                                               size_t password_len,
+                                               const char *component,
+                                               size_t component_len,
+                                               const char *endpoint,
+                                               size_t endpoint_len,
+                                               uint64_t timeout_ms,
+                                               struct lg_discovery **out_discovery);
+
+/**
  * Reads a discovery's counters.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL discovery or out_stats).
@@ -1581,11 +1622,11 @@ enum lg_status lg_discovery_get_stats(const struct lg_discovery *discovery,
  *
  * Ownership: takes `discovery`.
  * Thread safety: no other thread may be using the discovery.
- * Blocking: waits for the watcher's thread (at most one listing).
+ * Blocking: waits for the watcher to stop (at most one listing).
  *
  * # Safety
- * `discovery` is NULL or was returned by lg_monitor_discover_dynamo() and
- * not freed yet.
+ * `discovery` is NULL or was returned by lg_monitor_discover_dynamo() or
+ * lg_monitor_discover_dynamo_etcd() and not freed yet.
  */
 void lg_discovery_free(struct lg_discovery *discovery);
 

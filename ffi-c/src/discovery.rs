@@ -1,10 +1,11 @@
-//! `lg_discovery`: a monitor learning Dynamo's workers from its file
-//! discovery backend (core's `loadgate::discovery`).
+//! `lg_discovery`: a monitor learning Dynamo's workers from its discovery
+//! store, the file backend or etcd (core's `loadgate::discovery`).
 
 use std::ffi::c_char;
 use std::time::Duration;
 
-use loadgate_core::discovery::{default_file_kv_path, DiscoveryConfig, FileDiscovery};
+use loadgate_core::discovery::etcd::{default_endpoints, EtcdDiscovery, EtcdError, EtcdOptions};
+use loadgate_core::discovery::{default_file_kv_path, Discovery, DiscoveryConfig, FileDiscovery};
 
 use crate::ffi::{boundary, guard, input, optional_string, Error, Out};
 use crate::monitor::lg_monitor;
@@ -15,13 +16,40 @@ use crate::status::lg_status;
 pub const LG_DISCOVERY_NO_TTL: u64 = u64::MAX;
 
 /// A watched discovery store. Opaque; create with
-/// lg_monitor_discover_dynamo(), free (which stops it and removes the
-/// workers it registered) with lg_discovery_free().
+/// lg_monitor_discover_dynamo() or lg_monitor_discover_dynamo_etcd(), free
+/// (which stops it and removes the workers it registered) with
+/// lg_discovery_free().
 ///
 /// lg_discovery_get_stats() may be called from any number of threads at
 /// once.
 pub struct lg_discovery {
-    discovery: FileDiscovery,
+    discovery: Discovery,
+}
+
+/// The settings both backends share: `namespace` (None: "dynamo"),
+/// `component` and `endpoint` (None: any).
+fn config(
+    namespace: Option<&str>,
+    component: Option<&str>,
+    endpoint: Option<&str>,
+) -> Result<DiscoveryConfig, Error> {
+    let mut config = DiscoveryConfig::default();
+    if let Some(ns) = namespace {
+        if ns.is_empty() {
+            return Err(Error::invalid("namespace must not be empty"));
+        }
+        config.namespace = ns.to_owned();
+    }
+    config.component = component.map(str::to_owned);
+    config.endpoint = endpoint.map(str::to_owned);
+    Ok(config)
+}
+
+/// Hands `discovery` to C.
+fn give(discovery: Discovery, out: Out<*mut lg_discovery>) {
+    let handle = Box::into_raw(Box::new(lg_discovery { discovery }));
+    // SAFETY: writable by the caller's contract, checked by `Out::new`.
+    unsafe { out.write(handle) };
 }
 
 /// What a discovery has done so far.
@@ -103,15 +131,7 @@ pub unsafe extern "C" fn lg_monitor_discover_dynamo(
         // SAFETY: as above.
         let endpoint = unsafe { optional_string(endpoint, endpoint_len, "endpoint") }?;
         let out = Out::new(out_discovery, "out_discovery")?;
-        let mut config = DiscoveryConfig::default();
-        if let Some(ns) = namespace {
-            if ns.is_empty() {
-                return Err(Error::invalid("namespace must not be empty"));
-            }
-            config.namespace = ns.to_owned();
-        }
-        config.component = component.map(str::to_owned);
-        config.endpoint = endpoint.map(str::to_owned);
+        let mut config = config(namespace, component, endpoint)?;
         if interval_ms > 0 {
             config.interval = Duration::from_millis(interval_ms);
         }
@@ -127,9 +147,88 @@ pub unsafe extern "C" fn lg_monitor_discover_dynamo(
                 format_args!("starting discovery of {}: {e}", path.display()),
             )
         })?;
-        let handle = Box::into_raw(Box::new(lg_discovery { discovery }));
-        // SAFETY: writable by the contract.
-        unsafe { out.write(handle) };
+        give(Discovery::File(discovery), out);
+        Ok(())
+    })
+}
+
+/// Learns `monitor`'s workers from Dynamo's model cards in etcd at
+/// `endpoints` (comma-separated URLs; NULL with length 0: ETCD_ENDPOINTS,
+/// else http://localhost:2379), as lg_monitor_discover_dynamo() does from
+/// the file backend: the cards of `namespace` (NULL: "dynamo") and of
+/// `component` and `endpoint` (NULL: any) register their workers, and a
+/// card that goes (deleted, or its worker's lease expired) removes its
+/// worker. `user` and `password` (both or neither) authenticate;
+/// `timeout_ms` (0: 2000) bounds connecting and each request. The cards are
+/// listed once before this returns, then watched; a lost connection is
+/// restored and the cards listed afresh.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_discovery, a bad
+/// string, an empty namespace or endpoint, user without password),
+/// LG_TRANSPORT_ERROR (etcd could not be reached, refused the credentials,
+/// or failed the first listing).
+/// Ownership: as lg_monitor_discover_dynamo().
+/// Thread safety: any thread. Blocking: connects and lists once, up to
+/// about `timeout_ms`; then watches on the library's I/O runtime thread.
+///
+/// # Safety
+/// `monitor` is NULL or a live monitor; each string is NULL or valid for
+/// its length; `out_discovery` is NULL or valid for writes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn lg_monitor_discover_dynamo_etcd(
+    monitor: *const lg_monitor,
+    namespace: *const c_char,
+    namespace_len: usize,
+    endpoints: *const c_char,
+    endpoints_len: usize,
+    user: *const c_char,
+    user_len: usize,
+    password: *const c_char,
+    password_len: usize,
+    component: *const c_char,
+    component_len: usize,
+    endpoint: *const c_char,
+    endpoint_len: usize,
+    timeout_ms: u64,
+    out_discovery: *mut *mut lg_discovery,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `monitor` is NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        // SAFETY: each string is NULL or valid for its length (contract).
+        let namespace = unsafe { optional_string(namespace, namespace_len, "namespace") }?;
+        // SAFETY: as above.
+        let endpoints = unsafe { optional_string(endpoints, endpoints_len, "endpoints") }?;
+        // SAFETY: as above.
+        let user = unsafe { optional_string(user, user_len, "user") }?;
+        // SAFETY: as above.
+        let password = unsafe { optional_string(password, password_len, "password") }?;
+        // SAFETY: as above.
+        let component = unsafe { optional_string(component, component_len, "component") }?;
+        // SAFETY: as above.
+        let endpoint = unsafe { optional_string(endpoint, endpoint_len, "endpoint") }?;
+        let out = Out::new(out_discovery, "out_discovery")?;
+        let config = config(namespace, component, endpoint)?;
+        let endpoints = match endpoints {
+            None => default_endpoints(),
+            Some(list) => list.split(',').map(|e| e.trim().to_owned()).collect(),
+        };
+        let mut options = EtcdOptions::default();
+        match (user, password) {
+            (Some(u), Some(p)) => options.user = Some((u.to_owned(), p.to_owned())),
+            (None, None) => {}
+            _ => return Err(Error::invalid("user and password go together")),
+        }
+        if timeout_ms > 0 {
+            options.timeout = Duration::from_millis(timeout_ms);
+        }
+        let discovery = EtcdDiscovery::start(m.monitor.clone(), &endpoints, config, options)
+            .map_err(|e| match e {
+                EtcdError::NoEndpoints => Error::invalid(e),
+                EtcdError::Connect(_) => Error::new(lg_status::LG_TRANSPORT_ERROR, e),
+            })?;
+        give(Discovery::Etcd(discovery), out);
         Ok(())
     })
 }
@@ -177,11 +276,11 @@ pub unsafe extern "C" fn lg_discovery_get_stats(
 ///
 /// Ownership: takes `discovery`.
 /// Thread safety: no other thread may be using the discovery.
-/// Blocking: waits for the watcher's thread (at most one listing).
+/// Blocking: waits for the watcher to stop (at most one listing).
 ///
 /// # Safety
-/// `discovery` is NULL or was returned by lg_monitor_discover_dynamo() and
-/// not freed yet.
+/// `discovery` is NULL or was returned by lg_monitor_discover_dynamo() or
+/// lg_monitor_discover_dynamo_etcd() and not freed yet.
 #[no_mangle]
 pub unsafe extern "C" fn lg_discovery_free(discovery: *mut lg_discovery) {
     boundary((), || {

@@ -59,6 +59,11 @@ have pkg-config || apt_install pkg-config || true
 have cmake || apt_install cmake || true
 have g++ || apt_install g++ || true
 have nats-server || apt_install nats-server || true
+# The library's etcd discovery (etcd-client) is built from .proto files, and
+# its tests run against a real etcd.
+have protoc || apt_install protobuf-compiler || true
+have etcd || apt_install etcd-server || true
+have etcdctl || apt_install etcd-client || true
 sanitizers_ok() {
     echo 'int main(void){return 0;}' > "$work/san.c"
     gcc -fsanitize=address,undefined "$work/san.c" -o "$work/san" >/dev/null 2>&1 && "$work/san"
@@ -166,6 +171,37 @@ if have nats-server; then
     export LG_NATS_AUTH_URL="$nats_url"
 else
     skip "NATS round trip (apt-get install nats-server)"
+fi
+
+# ---- etcd ------------------------------------------------------------------------
+# One etcd on free loopback ports, holding the model card a Dynamo 1.6.1
+# worker wrote to etcd (the recorded fixture); the C11 program learns its
+# worker from it.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+if have etcd && have etcdctl; then
+    step "start etcd on free loopback ports"
+    etcd_client="http://127.0.0.1:$(free_port)"
+    etcd_peer="http://127.0.0.1:$(free_port)"
+    etcd --data-dir "$work/etcd" --name default --listen-client-urls "$etcd_client" \
+        --advertise-client-urls "$etcd_client" --listen-peer-urls "$etcd_peer" \
+        --initial-advertise-peer-urls "$etcd_peer" --initial-cluster "default=$etcd_peer" \
+        >"$work/etcd.log" 2>&1 &
+    nats_pids+=("$!")
+    for _ in $(seq 200); do
+        ETCDCTL_API=3 etcdctl --endpoints "$etcd_client" endpoint health >/dev/null 2>&1 && break
+        sleep 0.05
+    done
+    card="$(python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))["while_running"]
+c = next(x for x in r if x["key"].startswith("v1/mdc/"))
+print(c["key"]); print(c["value"]); print(int(c["key"].rsplit("/", 1)[1], 16))' "$ffi/../core/tests/fixtures/dynamo-1.6.1/discovery/etcd/records.json")"
+    ETCDCTL_API=3 etcdctl --endpoints "$etcd_client" put "$(sed -n 1p <<<"$card")" "$(sed -n 2p <<<"$card")" >/dev/null
+    export LG_ETCD_URL="$etcd_client"
+    LG_ETCD_WORKER="$(sed -n 3p <<<"$card")"
+    export LG_ETCD_WORKER
+    note "etcd at $etcd_client with worker $LG_ETCD_WORKER's card"
+else
+    skip "etcd discovery (apt-get install etcd-server etcd-client)"
 fi
 
 step "run"

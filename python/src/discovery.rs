@@ -6,9 +6,13 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use loadgate::discovery::{default_file_kv_path, DiscoveryConfig, FileDiscovery};
-use pyo3::exceptions::{PyOSError, PyValueError};
+use loadgate::discovery::etcd::{default_endpoints, EtcdDiscovery, EtcdError, EtcdOptions};
+use loadgate::discovery::{
+    default_file_kv_path, Discovery as CoreDiscovery, DiscoveryConfig, FileDiscovery,
+};
+use pyo3::exceptions::{PyConnectionError, PyOSError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::{opt_str_arg, seconds_arg, str_arg};
@@ -26,20 +30,93 @@ pub struct DiscoverArgs<'a, 'py> {
     pub endpoint: Option<&'a Bound<'py, PyAny>>,
     pub interval: Option<&'a Bound<'py, PyAny>>,
     pub ttl: Option<&'a Bound<'py, PyAny>>,
+    pub endpoints: Option<&'a Bound<'py, PyAny>>,
+    pub user: Option<&'a Bound<'py, PyAny>>,
+    pub password: Option<&'a Bound<'py, PyAny>>,
+    pub connect_timeout: Option<&'a Bound<'py, PyAny>>,
 }
 
 /// Starts a watcher for `Monitor.discover_dynamo`.
-pub fn start(monitor: &Arc<loadgate::Monitor>, args: &DiscoverArgs<'_, '_>) -> PyResult<Discovery> {
+pub fn start(
+    py: Python<'_>,
+    monitor: &Arc<loadgate::Monitor>,
+    args: &DiscoverArgs<'_, '_>,
+) -> PyResult<Discovery> {
     let backend = opt_str_arg(args.backend, "backend")?;
-    match backend.as_deref() {
-        None | Some("file") => {}
+    let etcd = match backend.as_deref() {
+        None | Some("file") => false,
+        Some("etcd") => true,
         Some(other) => {
             return Err(PyValueError::new_err(format!(
-                "backend = '{other}' is invalid: must be 'file' (Dynamo's file discovery \
-                 backend, DYN_FILE_KV)"
+                "backend = '{other}' is invalid: must be 'file' (DYN_FILE_KV) or 'etcd'"
             )))
         }
+    };
+    let config = config(args)?;
+    if !etcd {
+        for (given, name) in [
+            (args.endpoints, "endpoints"),
+            (args.user, "user"),
+            (args.password, "password"),
+            (args.connect_timeout, "connect_timeout"),
+        ] {
+            if given.is_some_and(|v| !v.is_none()) {
+                return Err(PyValueError::new_err(format!(
+                    "{name} is for backend='etcd', not the file backend"
+                )));
+            }
+        }
+        let path = match args.path {
+            Some(p) if !p.is_none() => match p.extract::<PathBuf>() {
+                Ok(path) => path,
+                Err(_) => PathBuf::from(&*str_arg(p, "path")?),
+            },
+            _ => default_file_kv_path(),
+        };
+        let watcher = FileDiscovery::start(monitor.clone(), &path, config).map_err(|e| {
+            PyOSError::new_err(format!("starting discovery of {}: {e}", path.display()))
+        })?;
+        return Ok(Discovery::new(
+            path.to_string_lossy().into_owned(),
+            CoreDiscovery::File(watcher),
+        ));
     }
+    if args.path.is_some_and(|p| !p.is_none()) {
+        return Err(PyValueError::new_err(
+            "path is for backend='file', not etcd; give endpoints",
+        ));
+    }
+    let endpoints = match args.endpoints {
+        Some(e) if !e.is_none() => endpoints_arg(e)?,
+        _ => default_endpoints(),
+    };
+    let mut options = EtcdOptions::default();
+    match (
+        opt_str_arg(args.user, "user")?,
+        opt_str_arg(args.password, "password")?,
+    ) {
+        (Some(user), Some(password)) => {
+            options.user = Some((user.to_string(), password.to_string()))
+        }
+        (None, None) => {}
+        _ => return Err(PyValueError::new_err("user and password go together")),
+    }
+    if let Some(t) = args.connect_timeout {
+        options.timeout = seconds_arg(t, "connect_timeout")?;
+    }
+    let monitor = monitor.clone();
+    let shown = endpoints.join(",");
+    let watcher = py
+        .detach(move || EtcdDiscovery::start(monitor, &endpoints, config, options))
+        .map_err(|e| match e {
+            EtcdError::NoEndpoints => PyValueError::new_err(e.to_string()),
+            EtcdError::Connect(_) => PyConnectionError::new_err(e.to_string()),
+        })?;
+    Ok(Discovery::new(shown, CoreDiscovery::Etcd(watcher)))
+}
+
+/// The settings both backends share.
+fn config(args: &DiscoverArgs<'_, '_>) -> PyResult<DiscoveryConfig> {
     let mut config = DiscoveryConfig::default();
     if let Some(ns) = opt_str_arg(args.namespace, "namespace")? {
         if ns.is_empty() {
@@ -64,21 +141,28 @@ pub fn start(monitor: &Arc<loadgate::Monitor>, args: &DiscoverArgs<'_, '_>) -> P
             Some(seconds_arg(t, "ttl")?)
         };
     }
-    let path = match args.path {
-        None => default_file_kv_path(),
-        Some(p) if p.is_none() => default_file_kv_path(),
-        Some(p) => match p.extract::<PathBuf>() {
-            Ok(path) => path,
-            Err(_) => PathBuf::from(&*str_arg(p, "path")?),
-        },
+    Ok(config)
+}
+
+/// `endpoints`: one URL, or a sequence of them.
+fn endpoints_arg(value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    let list: Vec<String> = if value.is_instance_of::<PyString>() {
+        vec![str_arg(value, "endpoints")?.to_string()]
+    } else {
+        value
+            .try_iter()
+            .map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err(
+                    "endpoints must be a str or a sequence of str",
+                )
+            })?
+            .map(|e| e.and_then(|e| Ok(str_arg(&e, "endpoints")?.to_string())))
+            .collect::<PyResult<_>>()?
     };
-    let watcher = FileDiscovery::start(monitor.clone(), &path, config).map_err(|e| {
-        PyOSError::new_err(format!("starting discovery of {}: {e}", path.display()))
-    })?;
-    Ok(Discovery {
-        path,
-        inner: Mutex::new(Some(watcher)),
-    })
+    if list.is_empty() || list.iter().any(|e| e.trim().is_empty()) {
+        return Err(PyValueError::new_err("endpoints must not be empty"));
+    }
+    Ok(list)
 }
 
 /// Dynamo's discovery store watched for workers, started by
@@ -87,28 +171,39 @@ pub fn start(monitor: &Arc<loadgate::Monitor>, args: &DiscoverArgs<'_, '_>) -> P
 /// registered.
 #[pyclass(frozen, module = "loadgate")]
 pub struct Discovery {
-    path: PathBuf,
-    inner: Mutex<Option<FileDiscovery>>,
+    source: String,
+    inner: Mutex<Option<CoreDiscovery>>,
+}
+
+impl Discovery {
+    fn new(source: String, watcher: CoreDiscovery) -> Self {
+        Self {
+            source,
+            inner: Mutex::new(Some(watcher)),
+        }
+    }
 }
 
 #[pymethods]
 impl Discovery {
     /// Stops watching and removes the workers it registered; calling it
     /// again does nothing.
-    fn close(&self) {
+    fn close(&self, py: Python<'_>) {
         let watcher = lock(&self.inner).take();
-        drop(watcher);
+        py.detach(move || drop(watcher));
     }
 
-    /// What the watcher has done: `scans`, `scan_errors`, `workers` (now
-    /// registered), `workers_added`, `workers_removed`, `skipped` (records of
-    /// other namespaces, components or endpoints), `refused` (by reason:
+    /// What the watcher has done: `scans` (listings of the store),
+    /// `scan_errors` (failed listings; for etcd, lost connections too),
+    /// `workers` (now registered), `workers_added`, `workers_removed`,
+    /// `skipped` (records of other namespaces, components or endpoints),
+    /// `refused` (by reason:
     /// `too_large`, `malformed`, `mismatched`, `over_limit`,
     /// `registration`) and `last_error`. All zero once closed.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = lock(&self.inner)
             .as_ref()
-            .map(FileDiscovery::stats)
+            .map(CoreDiscovery::stats)
             .unwrap_or_default();
         let d = PyDict::new(py);
         d.set_item("scans", s.scans)?;
@@ -128,10 +223,11 @@ impl Discovery {
         Ok(d)
     }
 
-    /// The store's directory.
+    /// Where it reads: the file backend's directory, or etcd's endpoints
+    /// (comma-separated).
     #[getter]
-    fn path(&self) -> String {
-        self.path.to_string_lossy().into_owned()
+    fn source(&self) -> String {
+        self.source.clone()
     }
 
     /// Whether the watcher has been closed.
@@ -145,13 +241,13 @@ impl Discovery {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: &Bound<'_, PyTuple>) -> bool {
-        self.close();
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.close(py);
         false
     }
 
     fn __repr__(&self) -> String {
         let state = if self.closed() { "closed" } else { "open" };
-        format!("<loadgate.Discovery path={:?} {state}>", self.path)
+        format!("<loadgate.Discovery source={:?} {state}>", self.source)
     }
 }

@@ -559,21 +559,26 @@ impl Monitor {
     /// no `add_worker` call is needed beside Dynamo workers: every model card
     /// of `namespace` (and of `component` and `endpoint`, when given)
     /// registers its worker under the card's model name, with its instance
-    /// id, data-parallel ranks, KV blocks and prefill batch size; a card that
-    /// disappears, or that its worker has not refreshed for `ttl` seconds
-    /// (`None`: never), removes it. `backend="file"` watches Dynamo's file
-    /// backend at `path` (default: `DYN_FILE_KV`, else
-    /// `$TMPDIR/dynamo_store_kv`) every `interval` seconds. The workers of
-    /// the store are registered when this returns. Returns a `Discovery`
-    /// whose `close()` stops it and removes the workers it registered.
-    /// Raises `ValueError` for a bad argument.
+    /// id, data-parallel ranks, KV blocks and prefill batch size, and a card
+    /// that goes removes it. `backend="file"` watches Dynamo's file backend
+    /// at `path` (default: `DYN_FILE_KV`, else `$TMPDIR/dynamo_store_kv`)
+    /// every `interval` seconds, and a card its worker has not refreshed
+    /// for `ttl` seconds (`None`: never) counts as gone. `backend="etcd"`
+    /// watches etcd at `endpoints` (a URL or a list; default
+    /// `ETCD_ENDPOINTS`, else `http://localhost:2379`), with `user` and
+    /// `password` when etcd has authentication on, `connect_timeout`
+    /// bounding each request. The store's workers are registered when this
+    /// returns. Returns a `Discovery` whose `close()` stops it and removes
+    /// the workers it registered. Raises `ValueError` for a bad argument and
+    /// `ConnectionError` when etcd cannot be read.
     #[pyo3(
-        signature = (namespace = None, *, backend = None, path = None, component = None, endpoint = None, interval = None, ttl = None),
-        text_signature = "($self, namespace='dynamo', *, backend='file', path=None, component=None, endpoint=None, interval=0.5, ttl=10.0)"
+        signature = (namespace = None, *, backend = None, path = None, component = None, endpoint = None, interval = None, ttl = None, endpoints = None, user = None, password = None, connect_timeout = None),
+        text_signature = "($self, namespace='dynamo', *, backend='file', path=None, component=None, endpoint=None, interval=0.5, ttl=10.0, endpoints=None, user=None, password=None, connect_timeout=2.0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn discover_dynamo(
         &self,
+        py: Python<'_>,
         namespace: Option<&Bound<'_, PyAny>>,
         backend: Option<&Bound<'_, PyAny>>,
         path: Option<&Bound<'_, PyAny>>,
@@ -581,6 +586,10 @@ impl Monitor {
         endpoint: Option<&Bound<'_, PyAny>>,
         interval: Option<&Bound<'_, PyAny>>,
         ttl: Option<&Bound<'_, PyAny>>,
+        endpoints: Option<&Bound<'_, PyAny>>,
+        user: Option<&Bound<'_, PyAny>>,
+        password: Option<&Bound<'_, PyAny>>,
+        connect_timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<crate::discovery::Discovery> {
         let args = crate::discovery::DiscoverArgs {
             namespace,
@@ -590,8 +599,12 @@ impl Monitor {
             endpoint,
             interval,
             ttl,
+            endpoints,
+            user,
+            password,
+            connect_timeout,
         };
-        crate::discovery::start(&self.inner, &args)
+        crate::discovery::start(py, &self.inner, &args)
     }
 
     /// Polls a stock engine's Prometheus `/metrics` at `url` every

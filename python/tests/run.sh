@@ -10,11 +10,18 @@ pkg="$(cd "$(dirname "$0")/.." && pwd)"
 root="$(cd "$pkg/.." && pwd)"
 venv="${LOADGATE_VENV:-$pkg/.venv}"
 
-if ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ]; then
+# nats-server and etcd for the tests; protoc to build the module's etcd
+# client (etcd-client compiles etcd's .proto files).
+missing=()
+command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
+command -v etcd >/dev/null || missing+=(etcd-server)
+command -v etcdctl >/dev/null || missing+=(etcd-client)
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
+if [ "${#missing[@]}" -gt 0 ]; then
     sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nats-server >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 if [ ! -x "$venv/bin/python" ]; then

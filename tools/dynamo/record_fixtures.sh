@@ -4,9 +4,10 @@
 # Makes a scratch virtualenv outside the repository (DYNAMO_VENV, default
 # /tmp/dynamo-venv) with ai-dynamo and ai-dynamo-runtime 1.6.1 installed
 # without their dependency list, plus only the packages the frontend and the
-# mocker import; installs nats-server from Debian when it is missing; then
-# runs record_fixtures.py twice: with the KV router (the full fixture set)
-# and with the round-robin router (answers, metric lines and NATS counts only).
+# mocker import; installs nats-server and etcd-server from Debian when they
+# are missing; then runs record_fixtures.py twice: with the KV router (the
+# full fixture set) and with the round-robin router (answers, metric lines
+# and NATS counts only); and record_etcd.py (a worker's etcd records).
 #
 # Usage: tools/dynamo/record_fixtures.sh [extra record_fixtures.py flags]
 # Nothing is downloaded but packages: the tokenizer is made locally.
@@ -35,11 +36,12 @@ if ! "$venv/bin/python" -c 'import dynamo.frontend, dynamo.mocker, tokenizers' 2
     "$venv/bin/pip" install --quiet "${deps[@]}"
 fi
 
-if ! command -v nats-server >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq nats-server
+if ! command -v nats-server >/dev/null || ! command -v etcd >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq nats-server etcd-server etcd-client
 fi
 
 "$venv/bin/python" "$here/record_fixtures.py" --out "$out" "$@"
 "$venv/bin/python" "$here/record_fixtures.py" --out "$out/router-round-robin" \
     --router-mode round-robin --lite "$@"
+(cd "$here" && "$venv/bin/python" record_etcd.py --out "$out")
 echo "fixtures written to $out ($(du -sh "$out" | cut -f1))"

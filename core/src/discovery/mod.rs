@@ -2,9 +2,11 @@
 //! monitor beside Dynamo 1.6.1 workers needs no `add_worker` glue.
 //!
 //! Each Dynamo worker writes its model card under `v1/mdc/` in the store
-//! ([`card`] reads one): the model it serves, its instance id (the
+//! ([`parse_card`] reads one): the model it serves, its instance id (the
 //! `worker_id` of its load events), its data-parallel ranks, its KV blocks
-//! and its prefill batch size. [`FileDiscovery`] watches the file backend's
+//! and its prefill batch size. With feature `etcd`, [`etcd::EtcdDiscovery`]
+//! watches the cards in etcd (Dynamo's default backend), where leases
+//! remove a dead worker's card. [`FileDiscovery`] watches the file backend's
 //! directory (`DYN_FILE_KV`, else `$TMPDIR/dynamo_store_kv`, as Dynamo
 //! chooses it): a card that appears registers its worker in the monitor, a
 //! card that changes re-registers it, and a card that disappears, or that
@@ -22,10 +24,15 @@
 //! counted by reason in [`DiscoveryStats`]; nothing in the store can make
 //! the watcher panic or allocate beyond those bounds.
 //!
-//! Files: `card.rs` (one record), `file.rs` (the directory watcher).
+//! Files: `card.rs` (one record), `registrar.rs` (records to registered
+//! workers, shared by the backends), `file.rs` (the directory watcher),
+//! `etcd.rs` (the etcd watcher, feature `etcd`).
 
 mod card;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod file;
+mod registrar;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -121,4 +128,34 @@ pub struct DiscoveryStats {
     pub refused_registration: u64,
     /// The last error, as text.
     pub last_error: Option<String>,
+}
+
+/// A running discovery of either backend, as the bindings hold it.
+#[derive(Debug)]
+pub enum Discovery {
+    /// The file backend's watcher.
+    File(FileDiscovery),
+    /// The etcd backend's watcher.
+    #[cfg(feature = "etcd")]
+    Etcd(etcd::EtcdDiscovery),
+}
+
+impl Discovery {
+    /// What the watcher has done so far.
+    pub fn stats(&self) -> DiscoveryStats {
+        match self {
+            Discovery::File(d) => d.stats(),
+            #[cfg(feature = "etcd")]
+            Discovery::Etcd(d) => d.stats(),
+        }
+    }
+
+    /// Stops watching and removes the workers it registered. Idempotent.
+    pub fn close(&mut self) {
+        match self {
+            Discovery::File(d) => d.close(),
+            #[cfg(feature = "etcd")]
+            Discovery::Etcd(d) => d.close(),
+        }
+    }
 }

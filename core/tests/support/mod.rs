@@ -1,4 +1,5 @@
 //! Helpers shared by the integration tests.
+pub mod etcd_server;
 pub mod monitor_fixture;
 pub mod nats_server;
 pub mod polling;

@@ -944,6 +944,40 @@ static void test_discovery(void) {
     CHECK(rmdir(root) == 0);
 }
 
+/* Learns the worker whose card ffi-c/tests/run.sh put into etcd (the card a
+ * Dynamo 1.6.1 worker wrote there). */
+static void test_discovery_etcd_live(const char *url, uint64_t worker) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_discovery *d = NULL;
+    OK(lg_monitor_discover_dynamo_etcd(m, S("dynamo"), url, strlen(url), NULL, 0, NULL, 0, NULL,
+                                       0, NULL, 0, 0, &d));
+    bool busy = true;
+    OK(lg_monitor_is_busy(m, worker, &busy)); /* registered when the call returns */
+    CHECK(!busy);
+    lg_discovery_stats st;
+    OK(lg_discovery_get_stats(d, &st));
+    CHECK(st.workers == 1 && st.scans == 1 && st.scan_errors == 0);
+    lg_discovery_free(d);
+    EXPECT(lg_monitor_is_busy(m, worker, &busy), LG_NOT_FOUND); /* removed with it */
+
+    lg_discovery *bad = NULL;
+    EXPECT(lg_monitor_discover_dynamo_etcd(m, NULL, 0, S("http://127.0.0.1:1"), NULL, 0, NULL, 0,
+                                           NULL, 0, NULL, 0, 300, &bad),
+           LG_TRANSPORT_ERROR);
+    CHECK(last_error_contains("etcd"));
+    INVALID(lg_monitor_discover_dynamo_etcd(m, NULL, 0, url, strlen(url), S("root"), NULL, 0,
+                                            NULL, 0, NULL, 0, 0, &bad));
+    CHECK(last_error_contains("user and password"));
+    INVALID(lg_monitor_discover_dynamo_etcd(m, NULL, 0, S(" , "), NULL, 0, NULL, 0, NULL, 0, NULL,
+                                            0, 0, &bad));
+    INVALID(lg_monitor_discover_dynamo_etcd(NULL, NULL, 0, url, strlen(url), NULL, 0, NULL, 0,
+                                            NULL, 0, NULL, 0, 0, &bad));
+    CHECK(bad == NULL);
+    lg_monitor_free(m);
+    printf("c11 api: worker %llu learned from etcd at %s\n", (unsigned long long)worker, url);
+}
+
 static void test_scrape(void) {
     struct fake_engine e;
     e.conn_fd = -1;
@@ -2173,6 +2207,13 @@ int main(void) {
         test_cluster_dynamo_live(nats_url);
     } else {
         printf("c11 api: LG_NATS_URL is not set; the NATS round trip is skipped\n");
+    }
+    const char *etcd_url = getenv("LG_ETCD_URL");
+    const char *etcd_worker = getenv("LG_ETCD_WORKER");
+    if (etcd_url != NULL && etcd_url[0] != '\0' && etcd_worker != NULL) {
+        test_discovery_etcd_live(etcd_url, strtoull(etcd_worker, NULL, 10));
+    } else {
+        printf("c11 api: LG_ETCD_URL is not set; the etcd discovery is skipped\n");
     }
     const char *auth_url = getenv("LG_NATS_AUTH_URL");
     if (auth_url != NULL && auth_url[0] != '\0') {
