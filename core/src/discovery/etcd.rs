@@ -18,8 +18,7 @@ use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
 use tokio::sync::oneshot;
 
 use super::registrar::{Registrar, Value};
-use super::{DiscoveryConfig, DiscoveryStats};
-use crate::sync::lock;
+use super::{lock, DiscoveryConfig, DiscoveryStats};
 use crate::Monitor;
 
 /// The prefix of Dynamo's model cards in the store.

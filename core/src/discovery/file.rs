@@ -12,8 +12,7 @@ use std::time::SystemTime;
 use percent_encoding::percent_decode_str;
 
 use super::registrar::{Registrar, Value};
-use super::{DiscoveryConfig, DiscoveryStats};
-use crate::sync::lock;
+use super::{lock, DiscoveryConfig, DiscoveryStats};
 use crate::Monitor;
 
 /// Watches a Dynamo file-backend directory and registers the workers its

@@ -35,6 +35,7 @@ mod file;
 mod registrar;
 
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 pub use card::{parse_card, CardError, DiscoveredWorker};
@@ -98,6 +99,13 @@ impl DiscoveryConfig {
                 .is_none_or(|c| *c == worker.component)
             && self.endpoint.as_ref().is_none_or(|e| *e == worker.endpoint)
     }
+}
+
+/// The counters, as a panicking holder left them (they are plain numbers).
+/// A std mutex even in loom builds: the watchers are cold-path threads that
+/// no loom model runs.
+fn lock(stats: &Mutex<DiscoveryStats>) -> MutexGuard<'_, DiscoveryStats> {
+    stats.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What a watcher has done so far.

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::card::{parse_card, CardError, DiscoveredWorker};
-use super::{DiscoveryConfig, DiscoveryStats};
-use crate::sync::lock;
+use super::{lock, DiscoveryConfig, DiscoveryStats};
 use crate::Monitor;
 
 /// A record's value as a backend found it.
