@@ -11,6 +11,7 @@ mixed operation sequences, plus the inputs of past findings.
 Usage: python3 fuzz/make_seeds.py
 """
 
+import base64
 import json
 import os
 import random
@@ -153,13 +154,25 @@ FINDINGS = {
 def recorded():
     """What a real Dynamo 1.6.1 sent (core/tests/fixtures/dynamo-1.6.1/nats/raw):
     its kv_metrics and forward-pass-metrics envelopes, and the two topics
-    loadgate does not read."""
+    loadgate does not read; and each kind of its routers' bookings
+    (nats/active_sequences.jsonl)."""
     raw = os.path.join(HERE, "..", "core", "tests", "fixtures", "dynamo-1.6.1", "nats", "raw")
     prefix = "namespace.dynamo.component.backend.endpoint.generate."
     for name in sorted(os.listdir(raw)):
         with open(os.path.join(raw, name), "rb") as f:
             data = f.read()
         write("wire_decode", "dynamo-1.6.1." + name[len(prefix):], data)
+    events = os.path.join(raw, "..", "active_sequences.jsonl")
+    kinds = set()
+    with open(events) as f:
+        for line in f:
+            event = json.loads(line)
+            data = event["decoded"]["data"]
+            kind = data if isinstance(data, str) else next(iter(data))
+            if kind not in kinds:
+                kinds.add(kind)
+                payload = base64.b64decode(event["payload_b64"])
+                write("wire_decode", "dynamo-1.6.1.active_sequences_events." + kind, payload)
 
 
 def findings():

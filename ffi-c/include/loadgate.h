@@ -429,6 +429,11 @@ typedef struct lg_subscription_stats {
    * Workers removed after going silent (three heartbeats).
    */
   uint64_t expired;
+  /**
+   * Bookings of Dynamo's routers held now, from their
+   * active_sequences_events (routers run with --router-replica-sync).
+   */
+  uint64_t router_bookings;
 } lg_subscription_stats;
 
 /**

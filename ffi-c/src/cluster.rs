@@ -94,6 +94,9 @@ pub struct lg_subscription_stats {
     pub refused: u64,
     /// Workers removed after going silent (three heartbeats).
     pub expired: u64,
+    /// Bookings of Dynamo's routers held now, from their
+    /// active_sequences_events (routers run with --router-replica-sync).
+    pub router_bookings: u64,
 }
 
 /// The subjects of `namespace` under the default prefix.
@@ -460,6 +463,7 @@ pub unsafe extern "C" fn lg_subscription_get_stats(
             malformed: st.malformed,
             refused: st.refused,
             expired: st.expired,
+            router_bookings: s.subscriber.router_bookings() as u64,
         };
         // SAFETY: writable by the contract.
         unsafe { out.write(stats) };

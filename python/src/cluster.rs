@@ -239,7 +239,9 @@ impl Subscription {
     /// workers), `announced` (workers registered from their first message),
     /// `out_of_order`, `malformed` (not read: too large, not decodable),
     /// `refused` (decoded but refused: a spoofed sender, a limit, the
-    /// monitor) and `expired` (workers removed after going silent).
+    /// monitor), `expired` (workers removed after going silent) and
+    /// `router_bookings` (bookings of Dynamo's routers held now, from the
+    /// `active_sequences_events` of a `dynamo=` endpoint).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.subscriber.stats();
         let d = PyDict::new(py);
@@ -249,6 +251,7 @@ impl Subscription {
         d.set_item("malformed", s.malformed)?;
         d.set_item("refused", s.refused)?;
         d.set_item("expired", s.expired)?;
+        d.set_item("router_bookings", self.subscriber.router_bookings())?;
         Ok(d)
     }
 

@@ -7,10 +7,13 @@ held to Dynamo's own answers:
 
 * the workers and capacities are the model cards';
 * in an idle spell under ``staleness="busy"``, no worker is ever busy;
-* under decode load, "every worker busy" in loadgate agrees with Dynamo's
-  529 on the same probe, in at least 99 % of the probes outside
-  transitions (a probe within one report interval of a change in either
-  verdict is a transition).
+* under decode load, and under prefill load, "every worker busy" in
+  loadgate agrees with Dynamo's 529 on the same probe, in at least 99 % of
+  the probes outside transitions (a probe within one report interval of a
+  change in either verdict is a transition). Dynamo decides prefill on its
+  router's bookings, which loadgate reads from the router's
+  ``active_sequences_events`` (the frontend runs with
+  ``--router-replica-sync``).
 
 Skipped unless ``LOADGATE_DYNAMO_PYTHON`` names a Python with ai-dynamo and
 ai-dynamo-runtime 1.6.1 and tokenizers installed
@@ -145,7 +148,7 @@ class Deployment:
         wait_until("two model cards", lambda: len(self.cards()) >= 2)
         self.start("frontend", [DYNAMO_PYTHON, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port",
                                 str(self.http), "--discovery-backend", "file", "--request-plane", "tcp",
-                                "--event-plane", "nats", "--router-mode", "kv",
+                                "--event-plane", "nats", "--router-mode", "kv", "--router-replica-sync",
                                 "--active-decode-blocks-threshold", str(DECODE_THRESHOLD)])
         wait_until("the frontend to list the model", self.model_listed)
 
@@ -203,6 +206,47 @@ def all_busy(m: Monitor) -> bool:
         return True
 
 
+def agreement(name: str, probes: List[Tuple[float, bool, bool, bool]]) -> float:
+    """The share of steady probes on which loadgate and Dynamo agree; a
+    change of either verdict opens a transition of one report interval."""
+    changes = [
+        probes[i][0]
+        for i in range(1, len(probes))
+        if probes[i][1] != probes[i - 1][1] or probes[i][3] != probes[i - 1][3]
+    ]
+    steady = [
+        p for p in probes
+        if p[2] == p[3] and not any(abs(p[0] - c) <= REPORT_INTERVAL for c in changes)
+    ]
+    agree = sum(1 for _, dynamo, lg, _ in steady if dynamo == lg)
+    busy_both = sum(1 for _, dynamo, lg, _ in steady if dynamo and lg)
+    rate = agree / len(steady) if steady else 0.0
+    print(
+        f"\n{name}: {len(probes)} probes, {len(steady)} outside transitions, {agree} agree "
+        f"({100 * rate:.2f} %), {busy_both} busy in both, {sum(p[1] for p in probes)} Dynamo 529s"
+    )
+    assert busy_both > 0, "the load never made every worker busy"
+    assert len(steady) - busy_both > 0, "no probe outside transitions found a free worker"
+    return rate
+
+
+def probe(deployment: Deployment, monitor: Monitor, n: int) -> Tuple[float, bool, bool, bool]:
+    """Loadgate's verdict, Dynamo's answer to a tiny request, loadgate's again."""
+    before = all_busy(monitor)
+    status, _ = post(deployment.http, "/v1/completions", {"model": MODEL, "prompt": prompt(4, n), "max_tokens": 1})
+    after = all_busy(monitor)
+    assert status in (200, 529), status
+    return (time.monotonic(), status == 529, before, after)
+
+
+def set_both(deployment: Deployment, monitor: Monitor, decode: float, prefill: int) -> None:
+    """The same thresholds in Dynamo's frontend and in loadgate."""
+    status, body = post(deployment.http, "/busy_threshold", {
+        "model": MODEL, "active_decode_blocks_threshold": decode, "active_prefill_tokens_threshold": prefill})
+    assert status == 200, body
+    monitor.set_thresholds(MODEL, active_decode_blocks_threshold=decode, active_prefill_tokens_threshold=prefill)
+
+
 def test_workers_and_capacities_come_from_dynamos_discovery(deployment: Deployment, monitor: Monitor) -> None:
     cards = {c["instance_id"]: c["card_json"]["runtime_config"] for c in deployment.cards()}
     assert sorted(monitor.workers(MODEL)) == sorted(cards)
@@ -231,7 +275,7 @@ def test_idle_workers_stay_free_under_staleness_busy(monitor: Monitor) -> None:
 
 
 def test_decode_busy_agrees_with_dynamos_529(deployment: Deployment, monitor: Monitor) -> None:
-    monitor.set_thresholds(MODEL, active_decode_blocks_threshold=DECODE_THRESHOLD)
+    set_both(deployment, monitor, DECODE_THRESHOLD, 1_000_000)
     stop = threading.Event()
 
     def load(salt: int) -> None:
@@ -254,34 +298,42 @@ def test_decode_busy_agrees_with_dynamos_529(deployment: Deployment, monitor: Mo
             waiting[0].start()
         if elapsed > 15.0:
             stop.set()
-        before = all_busy(monitor)
-        status, _ = post(deployment.http, "/v1/completions",
-                         {"model": MODEL, "prompt": prompt(4, len(probes)), "max_tokens": 1})
-        after = all_busy(monitor)
-        assert status in (200, 529), status
-        probes.append((time.monotonic(), status == 529, before, after))
+        probes.append(probe(deployment, monitor, len(probes)))
         time.sleep(0.05)
     stop.set()
     for t in threads:
         t.join(120)
 
-    # A change of either verdict opens a transition of one report interval.
-    changes = [
-        probes[i][0]
-        for i in range(1, len(probes))
-        if probes[i][1] != probes[i - 1][1] or probes[i][3] != probes[i - 1][3]
-    ]
-    steady = [
-        p for p in probes
-        if p[2] == p[3] and not any(abs(p[0] - c) <= REPORT_INTERVAL for c in changes)
-    ]
-    agree = sum(1 for _, dynamo, lg, _ in steady if dynamo == lg)
-    busy_both = sum(1 for _, dynamo, lg, _ in steady if dynamo and lg)
-    rate = agree / len(steady) if steady else 0.0
-    print(
-        f"\ndecode: {len(probes)} probes, {len(steady)} outside transitions, {agree} agree "
-        f"({100 * rate:.2f} %), {busy_both} busy in both, {sum(p[1] for p in probes)} Dynamo 529s"
-    )
-    assert busy_both > 0, "the load never made every worker busy"
-    assert len(steady) - busy_both > 0, "no probe outside transitions found a free worker"
-    assert rate >= 0.99
+    assert agreement("decode", probes) >= 0.99
+
+
+def test_prefill_busy_agrees_with_dynamos_529(deployment: Deployment, monitor: Monitor) -> None:
+    # Decode out of the way; a rank with a 150-token prompt still to
+    # prefill is over 100 tokens.
+    set_both(deployment, monitor, 1.0, 100)
+    probes: List[Tuple[float, bool, bool, bool]] = []
+
+    def burst(salt: int) -> None:
+        threads = [
+            threading.Thread(target=post, args=(deployment.http, "/v1/completions",
+                             {"model": MODEL, "prompt": prompt(150, salt + i), "max_tokens": 8}), daemon=True)
+            for i in range(16)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+
+    started = time.monotonic()
+    bursts: List[threading.Thread] = []
+    while time.monotonic() - started < 25.0:
+        elapsed = time.monotonic() - started
+        if 3.0 < elapsed < 20.0 and len(bursts) < (elapsed - 3.0) / 2.0:
+            bursts.append(threading.Thread(target=burst, args=(1000 * len(bursts),), daemon=True))
+            bursts[-1].start()
+        probes.append(probe(deployment, monitor, len(probes)))
+        time.sleep(0.02)
+    for t in bursts:
+        t.join(120)
+    assert agreement("prefill", probes) >= 0.99
+    assert monitor.busy_workers(MODEL) == []

@@ -7,7 +7,8 @@
 # mocker import; installs nats-server and etcd-server from Debian when they
 # are missing; then runs record_fixtures.py twice: with the KV router (the
 # full fixture set) and with the round-robin router (answers, metric lines
-# and NATS counts only); and record_etcd.py (a worker's etcd records).
+# and NATS counts only); record_etcd.py (a worker's etcd records) and
+# record_sequences.py (a replica-synced router's bookings).
 #
 # Usage: tools/dynamo/record_fixtures.sh [extra record_fixtures.py flags]
 # Nothing is downloaded but packages: the tokenizer is made locally.
@@ -44,4 +45,5 @@ fi
 "$venv/bin/python" "$here/record_fixtures.py" --out "$out/router-round-robin" \
     --router-mode round-robin --lite "$@"
 (cd "$here" && "$venv/bin/python" record_etcd.py --out "$out")
+(cd "$here" && "$venv/bin/python" record_sequences.py --out "$out")
 echo "fixtures written to $out ($(du -sh "$out" | cut -f1))"

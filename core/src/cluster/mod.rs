@@ -29,6 +29,7 @@
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 
+mod bookings;
 mod publisher;
 mod subscriber;
 mod transport;

@@ -33,13 +33,24 @@ use foldhash::fast::RandomState;
 
 use super::{lock, ClusterError, Subjects, Subscription, Transport, DEFAULT_HEARTBEAT};
 use crate::clock::{nanos, SharedClock};
-use crate::cluster::transport::dynamo_forward_pass_subject;
-use crate::cluster::wire::{decode_ref, DecodedRef, LoadMessage, LoadRef, WireError};
+use crate::cluster::bookings::RouterBookings;
+use crate::cluster::transport::dynamo_sibling_subject;
+use crate::cluster::wire::{
+    decode_ref, DecodedRef, LoadMessage, LoadRef, ACTIVE_SEQUENCES_TOPIC, FORWARD_PASS_TOPIC,
+};
 use crate::error::{ReportError, WorkerError};
 use crate::fork::ForkGuard;
 use crate::load::{LoadReport, WorkerSpec};
 use crate::metrics;
 use crate::monitor::Monitor;
+
+mod outcome;
+
+use outcome::{
+    refusal_reasons, ANNOUNCED, APPLIED, EXPIRED, MALFORMED, OUT_OF_ORDER, REFUSAL_COUNT, REFUSED,
+    STAT_NAMES,
+};
+pub use outcome::{Applied, HandleError, SubscriberStats};
 
 /// Default [`SubscriberConfig::max_payload`].
 pub const DEFAULT_MAX_PAYLOAD: usize = 16 * 1024;
@@ -60,6 +71,12 @@ pub struct SubscriberConfig {
     /// Announcements waiting for registration when attached (default
     /// 1024); more are dropped and counted until the queue drains.
     pub registration_backlog: usize,
+    /// Most reference router bookings held at once (default 65,536; see
+    /// `bookings.rs`); more are refused and counted.
+    pub router_bookings_max: usize,
+    /// A reference router's booking held this long is dropped (default
+    /// 10 minutes), so a router that died holds its load no longer.
+    pub router_booking_ttl: Duration,
 }
 
 impl Default for SubscriberConfig {
@@ -69,104 +86,10 @@ impl Default for SubscriberConfig {
             active_load_subject: None,
             max_payload: DEFAULT_MAX_PAYLOAD,
             registration_backlog: DEFAULT_REGISTRATION_BACKLOG,
+            router_bookings_max: 65_536,
+            router_booking_ttl: Duration::from_secs(600),
         }
     }
-}
-
-/// What happened to one payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Applied {
-    /// A report for a known worker was applied.
-    Report,
-    /// The first message of a worker (or of a restarted one) registered it
-    /// and was applied.
-    Announced,
-    /// Not newer than the last message applied for the worker: dropped.
-    OutOfOrder,
-    /// Queued for the attached subscriber's registration thread.
-    Queued,
-}
-
-/// Why a payload was not applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HandleError {
-    /// Longer than [`SubscriberConfig::max_payload`]; not read.
-    Oversized {
-        /// Its length in bytes.
-        len: usize,
-        /// The configured maximum.
-        limit: usize,
-    },
-    /// The payload did not decode.
-    Wire(WireError),
-    /// The payload's worker id is not the one its subject names.
-    Spoofed {
-        /// The subject it arrived on.
-        subject: String,
-        /// The worker id it carries.
-        worker_id: u64,
-    },
-    /// The monitor refused the report.
-    Report(ReportError),
-    /// The monitor refused to register the worker.
-    Worker(WorkerError),
-    /// The registration queue was full; the worker's next heartbeat
-    /// announces it again.
-    Backlog,
-}
-
-impl HandleError {
-    /// Stable name of the refusal, used as the `reason` label.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            HandleError::Oversized { .. } => "oversized",
-            HandleError::Wire(e) => e.kind(),
-            HandleError::Spoofed { .. } => "spoofed",
-            HandleError::Report(e) => e.kind(),
-            HandleError::Worker(e) => e.kind(),
-            HandleError::Backlog => "backlog",
-        }
-    }
-}
-
-impl fmt::Display for HandleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HandleError::Oversized { len, limit } => write!(
-                f,
-                "load message of {len} bytes is too large: at most {limit} bytes (max_payload)"
-            ),
-            HandleError::Wire(e) => e.fmt(f),
-            HandleError::Spoofed { subject, worker_id } => write!(
-                f,
-                "load message for worker {worker_id} arrived on subject {subject:?}, \
-                 which belongs to another worker"
-            ),
-            HandleError::Report(e) => e.fmt(f),
-            HandleError::Worker(e) => e.fmt(f),
-            HandleError::Backlog => f.write_str(
-                "registration queue full: announcement dropped until the next heartbeat",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for HandleError {}
-
-/// How many refusal reasons a subscriber counts.
-const REFUSAL_COUNT: usize =
-    3 + WireError::KINDS.len() + ReportError::KINDS.len() + WorkerError::ADD_KINDS.len();
-
-/// Every refusal reason, in metrics order: [`HandleError::kind`] of each
-/// variant, with the wire, report and registration kinds taken from their
-/// error types.
-fn refusal_reasons() -> impl Iterator<Item = &'static str> {
-    std::iter::once("oversized")
-        .chain(WireError::KINDS)
-        .chain(["spoofed"])
-        .chain(ReportError::KINDS)
-        .chain(WorkerError::ADD_KINDS)
-        .chain(["backlog"])
 }
 
 #[derive(Debug)]
@@ -193,42 +116,6 @@ impl Track {
     }
 }
 
-/// Counters of a subscriber.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SubscriberStats {
-    /// Reports applied to known workers.
-    pub applied: u64,
-    /// Workers registered from their first message.
-    pub announced: u64,
-    /// Messages dropped as out of order.
-    pub out_of_order: u64,
-    /// Payloads that were not read: too large, malformed, unknown version
-    /// or invalid.
-    pub malformed: u64,
-    /// Decoded messages refused: spoofed senders, limits, the monitor's
-    /// refusals and announcements dropped from a full queue.
-    pub refused: u64,
-    /// Workers removed after going silent.
-    pub expired: u64,
-}
-
-const STAT_NAMES: [&str; 6] = [
-    "applied",
-    "announced",
-    "out_of_order",
-    "malformed",
-    "refused",
-    "expired",
-];
-
-/// Indices into `Subscriber::counters`.
-const APPLIED: usize = 0;
-const ANNOUNCED: usize = 1;
-const OUT_OF_ORDER: usize = 2;
-const MALFORMED: usize = 3;
-const REFUSED: usize = 4;
-const EXPIRED: usize = 5;
-
 /// The frontend side: applies published load to a [`Monitor`].
 pub struct Subscriber {
     monitor: Arc<Monitor>,
@@ -241,6 +128,8 @@ pub struct Subscriber {
     /// Held by registration and expiry (the slow paths), never by the
     /// path of known workers, so the two slow paths never interleave.
     registering: Mutex<()>,
+    /// The reference routers' bookings (`active_sequences_events`).
+    router_bookings: RouterBookings,
     counters: [AtomicU64; 6],
     refusals: [AtomicU64; REFUSAL_COUNT],
 }
@@ -270,11 +159,17 @@ impl Subscriber {
                 "expire_after must be longer than zero".into(),
             ));
         }
-        if config.max_payload == 0 || config.registration_backlog == 0 {
+        if config.max_payload == 0
+            || config.registration_backlog == 0
+            || config.router_bookings_max == 0
+        {
             return Err(ClusterError::InvalidConfig(
-                "max_payload and registration_backlog must be at least 1".into(),
+                "max_payload, registration_backlog and router_bookings_max must be at least 1"
+                    .into(),
             ));
         }
+        let router_bookings =
+            RouterBookings::new(config.router_bookings_max, nanos(config.router_booking_ttl));
         Ok(Arc::new(Self {
             monitor,
             clock,
@@ -282,6 +177,7 @@ impl Subscriber {
             tracks: Mutex::new(HashMap::default()),
             envelope_order: Mutex::new(HashMap::default()),
             registering: Mutex::new(()),
+            router_bookings,
             counters: Default::default(),
             refusals: Default::default(),
         }))
@@ -360,6 +256,10 @@ impl Subscriber {
                     &f.report(),
                 );
             }
+            DecodedRef::Sequence(event) => {
+                let now = self.clock.now_nanos();
+                return self.router_bookings.apply(&self.monitor, event, now);
+            }
             DecodedRef::Load(msg) => msg,
         };
         if let Some(subject) = subject {
@@ -393,7 +293,7 @@ impl Subscriber {
             Ok(Applied::Report) => APPLIED,
             Ok(Applied::Announced) => ANNOUNCED,
             Ok(Applied::OutOfOrder) => OUT_OF_ORDER,
-            Ok(Applied::Queued) => return,
+            Ok(Applied::Queued | Applied::Ignored) => return,
             Err(e) => {
                 let kind = e.kind();
                 // Every kind a message can be refused with is a reason
@@ -542,7 +442,13 @@ impl Subscriber {
             self.counters[EXPIRED].fetch_add(1, Ordering::Relaxed);
         }
         lock(&self.envelope_order).retain(|(id, _), _| self.monitor.is_busy(*id).is_ok());
+        self.router_bookings.expire(now);
         silent
+    }
+
+    /// Reference router bookings held now (see [`SubscriberConfig`]).
+    pub fn router_bookings(&self) -> usize {
+        self.router_bookings.len()
     }
 
     /// Counters so far.
@@ -601,6 +507,10 @@ impl Subscriber {
         for (reason, n) in self.refusals() {
             metrics::sample(&mut out, p, name, &[("reason", &reason)], n);
         }
+        let name = "frontend_router_bookings";
+        let help = "Reference routers' bookings held (their active_sequences_events).";
+        metrics::header(&mut out, p, name, "gauge", help);
+        metrics::sample(&mut out, p, name, &[], self.router_bookings());
         out
     }
 
@@ -624,9 +534,13 @@ impl Subscriber {
         )?);
         if let Some(subject) = &self.config.active_load_subject {
             // A Dynamo endpoint's kv_metrics subject brings its
-            // forward-pass-metrics with it (liveness and queue depth).
-            let sibling = dynamo_forward_pass_subject(subject);
-            for subject in std::iter::once(subject).chain(sibling.as_ref()) {
+            // forward-pass-metrics (liveness and queue depth) and its
+            // routers' active_sequences_events (their bookings) with it.
+            let siblings: Vec<String> = [FORWARD_PASS_TOPIC, ACTIVE_SEQUENCES_TOPIC]
+                .iter()
+                .filter_map(|topic| dynamo_sibling_subject(subject, topic))
+                .collect();
+            for subject in std::iter::once(subject).chain(&siblings) {
                 let (me, q) = (self.clone(), queue.clone());
                 subscriptions.push(transport.subscribe(
                     subject,

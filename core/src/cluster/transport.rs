@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::{lock, ClusterError};
-use crate::cluster::wire::{FORWARD_PASS_TOPIC, KV_METRICS_TOPIC};
+use crate::cluster::wire::KV_METRICS_TOPIC;
 
 /// Default subject prefix.
 pub const DEFAULT_PREFIX: &str = "loadgate";
@@ -102,13 +102,13 @@ pub fn dynamo_kv_metrics_subject(
     Ok(subject)
 }
 
-/// The `forward-pass-metrics` subject of the same Dynamo endpoint as a
-/// `kv_metrics` subject (`None` for any other subject).
-pub(crate) fn dynamo_forward_pass_subject(kv_metrics_subject: &str) -> Option<String> {
+/// The subject of `topic` on the same Dynamo endpoint as a `kv_metrics`
+/// subject (`None` for any other subject).
+pub(crate) fn dynamo_sibling_subject(kv_metrics_subject: &str, topic: &str) -> Option<String> {
     let endpoint = kv_metrics_subject.strip_suffix(KV_METRICS_TOPIC)?;
     endpoint
         .ends_with('.')
-        .then(|| format!("{endpoint}{FORWARD_PASS_TOPIC}"))
+        .then(|| format!("{endpoint}{topic}"))
 }
 
 /// Whether `subject` matches a NATS `pattern` (`*` one token, `>` the rest).
@@ -223,6 +223,7 @@ impl Transport for InProcessBus {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::cluster::wire::{ACTIVE_SEQUENCES_TOPIC, FORWARD_PASS_TOPIC};
 
     #[test]
     fn subjects_and_wildcards() {
@@ -255,11 +256,21 @@ mod tests {
             &dynamo_kv_metrics_subject("dynamo", "a.b", "c").unwrap()
         ));
         assert_eq!(
-            dynamo_forward_pass_subject(&all).as_deref(),
+            dynamo_sibling_subject(&all, FORWARD_PASS_TOPIC).as_deref(),
             Some("namespace.dynamo.component.*.endpoint.*.forward-pass-metrics")
         );
-        assert_eq!(dynamo_forward_pass_subject("loadgate.prod.load.*"), None);
-        assert_eq!(dynamo_forward_pass_subject("kv_metrics"), None);
+        assert_eq!(
+            dynamo_sibling_subject(&all, ACTIVE_SEQUENCES_TOPIC).as_deref(),
+            Some("namespace.dynamo.component.*.endpoint.*.active_sequences_events")
+        );
+        assert_eq!(
+            dynamo_sibling_subject("loadgate.prod.load.*", FORWARD_PASS_TOPIC),
+            None
+        );
+        assert_eq!(
+            dynamo_sibling_subject("kv_metrics", FORWARD_PASS_TOPIC),
+            None
+        );
         assert!(dynamo_kv_metrics_subject("", "c", "e").is_err());
         assert!(dynamo_kv_metrics_subject("n", "c", &"e".repeat(MAX_TOKEN_LEN + 1)).is_err());
         assert!(Subjects::new(&"n".repeat(MAX_TOKEN_LEN + 1)).is_err());

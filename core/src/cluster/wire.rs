@@ -23,9 +23,11 @@ use crate::load::{check_model, check_ranks, rank_index, LoadReport};
 
 mod dynamo;
 mod forward_pass;
+mod sequences;
 
 pub use dynamo::{Envelope, KV_METRICS_TOPIC};
 pub use forward_pass::{ForwardPass, FORWARD_PASS_TOPIC, FORWARD_PASS_VERSION};
+pub use sequences::{SequenceChange, SequenceEvent, ACTIVE_SEQUENCES_TOPIC, MAX_REQUEST_ID};
 
 /// The schema version this crate writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -137,6 +139,9 @@ pub enum Decoded {
     Envelope(Envelope),
     /// A reference event-plane envelope carrying forward-pass metrics.
     ForwardPass(ForwardPass),
+    /// A reference event-plane envelope carrying a change to a router's
+    /// bookings.
+    Sequence(SequenceEvent),
 }
 
 /// Why a payload was refused.
@@ -268,6 +273,7 @@ pub(crate) enum DecodedRef<'a> {
     ActiveLoad(ActiveLoad),
     Envelope(Envelope),
     ForwardPass(ForwardPass),
+    Sequence(SequenceEvent),
 }
 
 /// Decodes a msgpack or JSON payload (JSON when it starts with `{`).
@@ -277,6 +283,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, WireError> {
         DecodedRef::ActiveLoad(a) => Decoded::ActiveLoad(a),
         DecodedRef::Envelope(e) => Decoded::Envelope(e),
         DecodedRef::ForwardPass(f) => Decoded::ForwardPass(f),
+        DecodedRef::Sequence(s) => Decoded::Sequence(s),
     })
 }
 
@@ -298,9 +305,15 @@ pub(crate) fn decode_ref(bytes: &[u8]) -> Result<DecodedRef<'_>, WireError> {
     if let Some(payload) = any.payload {
         let publisher_id = any.publisher_id.ok_or_else(|| missing("publisher_id"))?;
         let sequence = any.sequence.ok_or_else(|| missing("sequence"))?;
-        if any.topic.as_deref() == Some(FORWARD_PASS_TOPIC) {
-            let f = forward_pass::decode(publisher_id, sequence, payload)?;
-            return Ok(DecodedRef::ForwardPass(f));
+        match any.topic.as_deref() {
+            Some(FORWARD_PASS_TOPIC) => {
+                let f = forward_pass::decode(publisher_id, sequence, payload)?;
+                return Ok(DecodedRef::ForwardPass(f));
+            }
+            Some(ACTIVE_SEQUENCES_TOPIC) => {
+                return Ok(DecodedRef::Sequence(sequences::decode(payload)?));
+            }
+            _ => {}
         }
         return Ok(DecodedRef::Envelope(Envelope {
             publisher_id,

@@ -1,6 +1,7 @@
 //! The subscriber's refusal reasons, each counted under its own name.
 
 use super::*;
+use crate::cluster::wire::WireError;
 
 #[test]
 fn every_refusal_reason_is_counted_under_its_own_name() {
@@ -17,6 +18,7 @@ fn every_refusal_reason_is_counted_under_its_own_name() {
             worker_id: 1,
         },
         HandleError::Backlog,
+        HandleError::BookingsFull { limit: 1 },
         HandleError::Wire(WireError::Invalid(String::new())),
         HandleError::Report(ReportError::UnknownWorker(1)),
         HandleError::Worker(WorkerError::RankBudget {

@@ -1,0 +1,115 @@
+//! The reference routers' bookings, held in the monitor as loadgate
+//! bookings, so that a monitor beside Dynamo 1.6.1 routers counts the
+//! blocks and prefill tokens they routed as they do.
+//!
+//! Each `AddRequest` from a router books its request's blocks and prefill
+//! tokens on the worker rank ([`Monitor::book_with_prefill`]); its
+//! `MarkPrefillCompleted` releases the prefill tokens and its `Free`
+//! releases the rest, exactly as loadgate's own router bookings are
+//! released. Bookings are keyed by (router, request), so two routers'
+//! requests never mix, and a change for a request this monitor does not
+//! hold (a worker's own `MarkPrefillCompleted`, or a request routed before
+//! the subscription started) is ignored.
+//!
+//! Bounded: at most `max` bookings are held (more are refused and counted),
+//! and a booking held longer than `ttl` is dropped, so a router that dies
+//! without freeing its requests holds their load only that long.
+//!
+//! Differences from the router's own count: loadgate counts each request's
+//! full blocks, where the router counts a block shared by two requests on
+//! one rank once (shared prefixes over-count here, never under-count).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use foldhash::fast::RandomState;
+
+use super::lock;
+use super::subscriber::{Applied, HandleError};
+use super::wire::{SequenceChange, SequenceEvent};
+use crate::monitor::{Booking, Monitor};
+
+/// One router's booking of one request.
+struct Held {
+    booking: Booking,
+    /// Clock time it was booked at.
+    booked_at: u64,
+}
+
+/// The bookings of every reference router a subscriber hears.
+pub(super) struct RouterBookings {
+    max: usize,
+    ttl_nanos: u64,
+    held: Mutex<HashMap<(u64, String), Held, RandomState>>,
+}
+
+impl RouterBookings {
+    pub(super) fn new(max: usize, ttl_nanos: u64) -> Self {
+        Self {
+            max,
+            ttl_nanos,
+            held: Mutex::new(HashMap::default()),
+        }
+    }
+
+    /// Applies one change, at clock time `now`.
+    pub(super) fn apply(
+        &self,
+        monitor: &Monitor,
+        event: SequenceEvent,
+        now: u64,
+    ) -> Result<Applied, HandleError> {
+        let key = (event.router_id, event.request_id);
+        let mut held = lock(&self.held);
+        match event.change {
+            SequenceChange::Add {
+                blocks,
+                prefill_tokens,
+            } => {
+                if held.contains_key(&key) {
+                    return Ok(Applied::OutOfOrder);
+                }
+                if held.len() >= self.max {
+                    return Err(HandleError::BookingsFull { limit: self.max });
+                }
+                let booking = monitor
+                    .book_with_prefill(event.worker_id, event.dp_rank, blocks, prefill_tokens)
+                    .map_err(HandleError::Report)?;
+                held.insert(
+                    key,
+                    Held {
+                        booking,
+                        booked_at: now,
+                    },
+                );
+                Ok(Applied::Report)
+            }
+            SequenceChange::PrefillDone => match held.get_mut(&key) {
+                Some(h) => {
+                    h.booking.prefill_done();
+                    Ok(Applied::Report)
+                }
+                None => Ok(Applied::Ignored),
+            },
+            // Dropping the booking releases it.
+            SequenceChange::Free => match held.remove(&key) {
+                Some(_) => Ok(Applied::Report),
+                None => Ok(Applied::Ignored),
+            },
+        }
+    }
+
+    /// Drops the bookings held longer than the ttl at clock time `now`;
+    /// returns how many.
+    pub(super) fn expire(&self, now: u64) -> usize {
+        let mut held = lock(&self.held);
+        let before = held.len();
+        held.retain(|_, h| now.saturating_sub(h.booked_at) <= self.ttl_nanos);
+        before - held.len()
+    }
+
+    /// Bookings held now.
+    pub(super) fn len(&self) -> usize {
+        lock(&self.held).len()
+    }
+}

@@ -1,0 +1,284 @@
+//! A Dynamo 1.6.1 KV router's bookings, read from the
+//! `active_sequences_events` it published with `--router-replica-sync`
+//! (recorded by `tools/dynamo/record_sequences.py` into
+//! `tests/fixtures/dynamo-1.6.1/nats/active_sequences.jsonl`): each
+//! `AddRequest` books its blocks and prefill tokens on its worker rank,
+//! `MarkPrefillCompleted` releases the prefill, `Free` the rest; a worker's
+//! own `MarkPrefillCompleted` is ignored; the bookings are bounded in count
+//! and age, and hostile payloads are typed errors.
+
+#[allow(dead_code)] // each test binary uses part of the support code
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use loadgate::cluster::wire::{decode, Decoded, SequenceChange, WireError, MAX_REQUEST_ID};
+use loadgate::cluster::{
+    Applied, HandleError, InProcessBus, Subjects, Subscriber, SubscriberConfig, Transport,
+};
+use loadgate::{ManualClock, Monitor, ThresholdUpdate, WorkerSpec};
+use serde::Serialize;
+use support::recorded::fixture;
+
+const SUBJECT: &str =
+    "namespace.dynamo.component.backend.endpoint.generate.active_sequences_events";
+
+/// The recorded payloads, with what each decodes to.
+fn recorded() -> Vec<(Vec<u8>, serde_json::Value)> {
+    let text = std::fs::read_to_string(fixture("nats/active_sequences.jsonl")).unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(v["payload_b64"].as_str().unwrap())
+                .unwrap();
+            (bytes, v["decoded"].clone())
+        })
+        .collect()
+}
+
+/// The worker the recording routed to, declared as its card says (two
+/// ranks of 64 blocks, 8192 batched tokens).
+fn monitor_with_worker(
+    events: &[(Vec<u8>, serde_json::Value)],
+) -> (Arc<Monitor>, Arc<ManualClock>, u64) {
+    let worker = events[0].1["worker"]["worker_id"].as_u64().unwrap();
+    let clock = ManualClock::new();
+    let m = Arc::new(Monitor::with_config(Default::default(), clock.clone()).unwrap());
+    let spec = WorkerSpec {
+        dp_size: 2,
+        kv_total_blocks: Some(64),
+        max_num_batched_tokens: Some(8192),
+        ..Default::default()
+    };
+    m.add_worker("tiny", worker, spec).unwrap();
+    (m, clock, worker)
+}
+
+#[test]
+fn every_recorded_event_decodes_as_what_it_says() {
+    let events = recorded();
+    assert!(events.len() >= 12, "{} events", events.len());
+    let (mut adds, mut done, mut freed) = (0, 0, 0);
+    for (bytes, want) in &events {
+        let Ok(Decoded::Sequence(e)) = decode(bytes) else {
+            panic!("not decoded as a sequence event: {:?}", decode(bytes));
+        };
+        assert_eq!(e.request_id, want["request_id"].as_str().unwrap());
+        assert_eq!(e.router_id, want["router_id"].as_u64().unwrap());
+        assert_eq!(e.worker_id, want["worker"]["worker_id"].as_u64().unwrap());
+        assert_eq!(
+            u64::from(e.dp_rank),
+            want["worker"]["dp_rank"].as_u64().unwrap()
+        );
+        match e.change {
+            SequenceChange::Add {
+                blocks,
+                prefill_tokens,
+            } => {
+                let add = &want["data"]["AddRequest"];
+                assert_eq!(
+                    blocks as usize,
+                    add["token_sequence"].as_array().unwrap().len()
+                );
+                let hint = &add["prefill_load_hint"]["initial_effective_prefill_tokens"];
+                assert_eq!(prefill_tokens, hint.as_u64().unwrap());
+                adds += 1;
+            }
+            SequenceChange::PrefillDone => {
+                assert_eq!(want["data"], "MarkPrefillCompleted");
+                done += 1;
+            }
+            SequenceChange::Free => {
+                assert_eq!(want["data"], "Free");
+                freed += 1;
+            }
+        }
+    }
+    assert_eq!((adds, done, freed), (4, 8, 4));
+}
+
+#[test]
+fn the_recorded_routers_bookings_are_held_and_released_as_it_held_them() {
+    let events = recorded();
+    let (m, clock, worker) = monitor_with_worker(&events);
+    let prefill = ThresholdUpdate {
+        active_prefill_tokens_threshold: Some(30),
+        ..Default::default()
+    };
+    let thresholds = m.set_thresholds("tiny", &prefill).unwrap().thresholds;
+    let s = Subscriber::new(m.clone(), SubscriberConfig::default(), clock).unwrap();
+    let mut ignored = 0;
+    for (bytes, want) in &events {
+        let rank = want["worker"]["dp_rank"].as_u64().unwrap() as u32;
+        let router = want["router_id"].as_u64().unwrap();
+        let applied = s.handle_on(SUBJECT, bytes).unwrap();
+        let load = m.rank_load(worker, rank).unwrap();
+        match &want["data"] {
+            serde_json::Value::Object(add) => {
+                assert_eq!(applied, Applied::Report);
+                let add = &add["AddRequest"];
+                let tokens = add["prefill_load_hint"]["initial_effective_prefill_tokens"].as_u64();
+                assert_eq!(load.active_prefill_tokens, tokens);
+                let blocks = add["token_sequence"].as_array().unwrap().len() as u64;
+                assert_eq!(load.active_decode_blocks, blocks);
+                // Every recorded prompt is over 30 tokens but one of 17.
+                assert_eq!(thresholds.rank_busy(&load), tokens.unwrap() > 30);
+            }
+            serde_json::Value::String(kind) if router == worker => {
+                // The worker's own MarkPrefillCompleted: not a booking here.
+                assert_eq!(kind, "MarkPrefillCompleted");
+                assert_eq!(applied, Applied::Ignored);
+                ignored += 1;
+            }
+            serde_json::Value::String(kind) if kind == "MarkPrefillCompleted" => {
+                assert_eq!(applied, Applied::Report);
+                assert_eq!(load.active_prefill_tokens, Some(0));
+                assert!(!thresholds.rank_busy(&load));
+            }
+            serde_json::Value::String(kind) => {
+                assert_eq!((kind.as_str(), applied), ("Free", Applied::Report));
+                assert_eq!(load.active_decode_blocks, 0);
+            }
+            other => panic!("unexpected data {other}"),
+        }
+    }
+    assert_eq!(ignored, 4);
+    assert_eq!(s.router_bookings(), 0);
+    assert_eq!(s.stats().refused + s.stats().malformed, 0);
+}
+
+#[test]
+fn an_attached_subscriber_follows_the_endpoints_router_bookings() {
+    let events = recorded();
+    let (m, clock, worker) = monitor_with_worker(&events);
+    let config = SubscriberConfig {
+        active_load_subject: Some(
+            "namespace.dynamo.component.backend.endpoint.generate.kv_metrics".into(),
+        ),
+        ..Default::default()
+    };
+    let s = Subscriber::new(m.clone(), config, clock).unwrap();
+    let bus = InProcessBus::new();
+    let attached = s.attach(&bus, &Subjects::new("dynamo").unwrap()).unwrap();
+    let first_add = &events[0];
+    bus.publish(SUBJECT, first_add.0.clone()).unwrap();
+    attached.settle();
+    let rank = first_add.1["worker"]["dp_rank"].as_u64().unwrap() as u32;
+    assert_eq!(s.router_bookings(), 1);
+    assert!(m.rank_load(worker, rank).unwrap().active_prefill_tokens > Some(0));
+}
+
+/// A reference envelope around an `active_sequences_events` payload.
+fn envelope(payload: &impl Serialize) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Envelope<'a> {
+        publisher_id: u64,
+        sequence: u64,
+        published_at: u64,
+        topic: &'a str,
+        #[serde(with = "serde_bytes_compat")]
+        payload: Vec<u8>,
+    }
+    mod serde_bytes_compat {
+        pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(v)
+        }
+    }
+    let inner = rmp_serde::to_vec_named(payload).unwrap();
+    rmp_serde::to_vec_named(&Envelope {
+        publisher_id: 1,
+        sequence: 1,
+        published_at: 0,
+        topic: "active_sequences_events",
+        payload: inner,
+    })
+    .unwrap()
+}
+
+#[derive(Serialize)]
+struct Worker {
+    worker_id: u64,
+    dp_rank: u32,
+}
+
+#[derive(Serialize)]
+struct Event<D: Serialize> {
+    request_id: String,
+    worker: Worker,
+    data: D,
+    router_id: u64,
+}
+
+fn add(request: &str, worker: u64, prefill: u64) -> Vec<u8> {
+    envelope(&Event {
+        request_id: request.to_owned(),
+        worker: Worker {
+            worker_id: worker,
+            dp_rank: 0,
+        },
+        data: serde_json::json!({"AddRequest": {
+            "token_sequence": [1u64, 2, 3],
+            "track_prefill_tokens": true,
+            "expected_output_tokens": null,
+            "prefill_load_hint": {"initial_effective_prefill_tokens": prefill, "expected_prefill_duration": null},
+        }}),
+        router_id: 9,
+    })
+}
+
+#[test]
+fn router_bookings_are_bounded_in_count_and_age_and_hostile_events_are_typed() {
+    let clock = ManualClock::new();
+    let m = Arc::new(Monitor::with_config(Default::default(), clock.clone()).unwrap());
+    m.add_worker("tiny", 5, WorkerSpec::default()).unwrap();
+    let config = SubscriberConfig {
+        router_bookings_max: 1,
+        router_booking_ttl: Duration::from_secs(600),
+        ..Default::default()
+    };
+    let s = Subscriber::new(m.clone(), config, clock.clone()).unwrap();
+    assert_eq!(s.handle(&add("a", 5, 40)).unwrap(), Applied::Report);
+    // The same request again is a duplicate, not a second booking.
+    assert_eq!(s.handle(&add("a", 5, 40)).unwrap(), Applied::OutOfOrder);
+    assert_eq!(
+        s.handle(&add("b", 5, 40)).unwrap_err(),
+        HandleError::BookingsFull { limit: 1 }
+    );
+    assert_eq!(m.rank_load(5, 0).unwrap().active_prefill_tokens, Some(40));
+    // A router that never frees its request holds it for the ttl only.
+    clock.advance(Duration::from_secs(599));
+    s.expire();
+    assert_eq!(s.router_bookings(), 1);
+    clock.advance(Duration::from_secs(2));
+    s.expire();
+    assert_eq!(s.router_bookings(), 0);
+    assert_eq!(m.rank_load(5, 0).unwrap().active_prefill_tokens, Some(0));
+
+    // A booking on a worker the monitor does not know is refused.
+    let e = s.handle(&add("c", 6, 1)).unwrap_err();
+    assert_eq!(e.kind(), "unknown_worker", "{e}");
+    // Hostile payloads: typed, counted, nothing booked.
+    let long = "x".repeat(MAX_REQUEST_ID + 1);
+    let e = s.handle(&add(&long, 5, 1)).unwrap_err();
+    assert!(matches!(e, HandleError::Wire(WireError::Invalid(_))), "{e}");
+    let unknown = envelope(&Event {
+        request_id: "d".into(),
+        worker: Worker {
+            worker_id: 5,
+            dp_rank: 0,
+        },
+        data: "Teleport",
+        router_id: 9,
+    });
+    let e = s.handle(&unknown).unwrap_err();
+    assert!(
+        matches!(e, HandleError::Wire(WireError::Malformed(_))),
+        "{e}"
+    );
+    assert_eq!(s.router_bookings(), 0);
+    assert_eq!(s.stats().malformed, 2);
+}
