@@ -3,6 +3,7 @@ phases and timeline."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -39,6 +40,33 @@ def free_port(below: int | None = None) -> int:
                 continue
             return s.getsockname()[1]
     raise RuntimeError("no free port")
+
+
+def dynamo_env(home: Path, nats_port: int, **settings: str) -> dict:
+    """The environment of a Dynamo process on loopback: this one's, less its
+    DYN_*, NATS_* and ETCD_* variables, with HOME, the NATS server, the TCP
+    request plane and every listener on 127.0.0.1 (the default binds the
+    first non-loopback address), offline, plain logs; then `settings`
+    (DYN_DISCOVERY_BACKEND, DYN_FILE_KV, ETCD_ENDPOINTS, DYN_SYSTEM_PORT...)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_"))}
+    env.update(
+        {
+            "HOME": str(home),
+            "NATS_SERVER": f"nats://{HOST}:{nats_port}",
+            "DYN_REQUEST_PLANE": "tcp",
+            "DYN_EVENT_PLANE": "nats",
+            "DYN_TCP_RPC_HOST": HOST,
+            "DYN_TCP_RESPONSE_STREAM_HOST": HOST,
+            "DYN_EVENT_PLANE_HOST": HOST,
+            "DYN_SYSTEM_HOST": HOST,
+            "DYN_LOGGING_CONSOLE_FORMAT": "plain",
+            "NO_COLOR": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+    )
+    env.update({k: str(v) for k, v in settings.items()})
+    return env
 
 
 def relative(arg: str) -> str:

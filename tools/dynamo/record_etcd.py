@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import BLOCK_SIZE, BLOCKS, HOST, MODEL, free_port
+from common import BLOCK_SIZE, BLOCKS, HOST, MODEL, dynamo_env, free_port
 from harness import Procs, make_model_dir
 
 
@@ -70,24 +70,7 @@ def main() -> None:
     )
     procs.start("nats", ["nats-server", "-a", HOST, "-p", str(nats)], dict(os.environ))
     time.sleep(1.5)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_"))}
-    env.update(
-        {
-            "HOME": str(work / "home"),
-            "NATS_SERVER": f"nats://{HOST}:{nats}",
-            "ETCD_ENDPOINTS": endpoint,
-            "DYN_DISCOVERY_BACKEND": "etcd",
-            "DYN_REQUEST_PLANE": "tcp",
-            "DYN_EVENT_PLANE": "nats",
-            "DYN_TCP_RPC_HOST": HOST,
-            "DYN_TCP_RESPONSE_STREAM_HOST": HOST,
-            "DYN_EVENT_PLANE_HOST": HOST,
-            "DYN_SYSTEM_HOST": HOST,
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "NO_COLOR": "1",
-        }
-    )
+    env = dynamo_env(work / "home", nats, DYN_DISCOVERY_BACKEND="etcd", ETCD_ENDPOINTS=endpoint)
     argv = [
         sys.executable, "-m", "dynamo.mocker", "--model-path", str(model), "--model-name", MODEL,
         "--discovery-backend", "etcd", "--request-plane", "tcp", "--event-plane", "nats",

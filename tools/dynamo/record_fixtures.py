@@ -49,6 +49,7 @@ from common import (
     MODEL,
     PHASE,
     PREFILL_THRESHOLD,
+    dynamo_env,
     free_port,
     log,
     mark,
@@ -91,32 +92,13 @@ class Recorder(Phases, Writer):
     # -- environment
 
     def dyn_env(self, **extra) -> dict:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not (k.startswith("DYN_") or k.startswith("NATS_") or k.startswith("ETCD_"))
-        }
-        env.update(
-            {
-                "HOME": str(self.work / "home"),
-                "NATS_SERVER": f"nats://{HOST}:{self.ports['nats']}",
-                "DYN_DISCOVERY_BACKEND": "file",
-                "DYN_FILE_KV": str(self.kv),
-                "DYN_REQUEST_PLANE": "tcp",
-                "DYN_EVENT_PLANE": "nats",
-                # Every listener on loopback (the default binds the first non-loopback address).
-                "DYN_TCP_RPC_HOST": HOST,
-                "DYN_TCP_RESPONSE_STREAM_HOST": HOST,
-                "DYN_EVENT_PLANE_HOST": HOST,
-                "DYN_SYSTEM_HOST": HOST,
-                "DYN_LOGGING_CONSOLE_FORMAT": "plain",
-                "NO_COLOR": "1",
-                "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1",
-            }
+        return dynamo_env(
+            self.work / "home",
+            self.ports["nats"],
+            DYN_DISCOVERY_BACKEND="file",
+            DYN_FILE_KV=str(self.kv),
+            **extra,
         )
-        env.update({k: str(v) for k, v in extra.items()})
-        return env
 
     def mocker_argv(self, name_extra=()):
         return [

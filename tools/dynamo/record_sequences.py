@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgpack
 
-from common import BLOCK_SIZE, BLOCKS, HOST, MODEL, free_port
+from common import BLOCK_SIZE, BLOCKS, HOST, MODEL, dynamo_env, free_port
 from harness import NatsRecorder, Procs, make_model_dir, prompt
 
 
@@ -46,24 +46,7 @@ def main() -> None:
     time.sleep(0.5)
     recorder = NatsRecorder(nats)
     recorder.start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_"))}
-    env.update(
-        {
-            "HOME": str(work / "home"),
-            "NATS_SERVER": f"nats://{HOST}:{nats}",
-            "DYN_DISCOVERY_BACKEND": "file",
-            "DYN_FILE_KV": str(kv),
-            "DYN_REQUEST_PLANE": "tcp",
-            "DYN_EVENT_PLANE": "nats",
-            "DYN_TCP_RPC_HOST": HOST,
-            "DYN_TCP_RESPONSE_STREAM_HOST": HOST,
-            "DYN_EVENT_PLANE_HOST": HOST,
-            "DYN_SYSTEM_HOST": HOST,
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "NO_COLOR": "1",
-        }
-    )
+    env = dynamo_env(work / "home", nats, DYN_DISCOVERY_BACKEND="file", DYN_FILE_KV=str(kv))
     common = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "nats"]
     try:
         procs.start(

@@ -3,12 +3,11 @@
 //! stopped and started again on the same data and port.
 #![allow(dead_code)] // each including binary uses a different subset
 
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::nats_server::ScratchDir;
+use super::nats_server::{free_port, installed, ScratchDir};
 
 /// A running `etcd`, stopped when dropped.
 pub struct EtcdServer {
@@ -16,23 +15,6 @@ pub struct EtcdServer {
     dir: ScratchDir,
     client_port: u16,
     peer_port: u16,
-}
-
-fn binary() -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/bin".into(), "/usr/local/bin".into()])
-        .map(|d| d.join("etcd"))
-        .find(|p| p.is_file())
-        .expect("etcd not found: install the Debian package etcd-server (ci/test.sh does)")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl EtcdServer {
@@ -67,7 +49,7 @@ impl EtcdServer {
         self.stop();
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new(binary())
+        let child = Command::new(installed("etcd", "etcd-server"))
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
             .args(["--name", "default"])

@@ -56,15 +56,28 @@ fn binary() -> PathBuf {
     if let Ok(p) = std::env::var("NATS_SERVER") {
         return p.into();
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/usr/local/bin".into()])
-        .map(|d| d.join("nats-server"))
-        .find(|p| p.is_file())
-        .expect("nats-server not found: install the Debian package nats-server (ci/test.sh does)")
+    installed("nats-server", "nats-server")
 }
 
-fn free_port() -> u16 {
+/// The path of program `name`, from `PATH` or the usual system folders;
+/// panics naming the Debian `package` that installs it.
+pub fn installed(name: &str, package: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([
+            "/usr/sbin".into(),
+            "/usr/bin".into(),
+            "/usr/local/bin".into(),
+        ])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} not found: install the Debian package {package} (ci/test.sh does)")
+        })
+}
+
+/// A loopback port free now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
