@@ -19,9 +19,12 @@
 //! pub/sub). Subjects are `{prefix}.{namespace}.load.{worker_id}`.
 //!
 //! Files: `transport.rs` (subjects, the [`Transport`] trait, the in-process
-//! bus), `publisher.rs` (worker side), `subscriber.rs` (frontend side),
-//! `wire.rs` (the message format; `wire/dynamo.rs` the reference's
-//! event-plane envelope) and `nats.rs` (the NATS transport).
+//! bus), `publisher.rs` (worker side), `subscriber.rs` (frontend side; its
+//! outcomes in `subscriber/outcome.rs`), `bookings.rs` (the reference
+//! routers' bookings a subscriber holds), `wire.rs` (the message format;
+//! `wire/dynamo.rs` the reference's event-plane envelope,
+//! `wire/forward_pass.rs` and `wire/sequences.rs` the topics it carries)
+//! and `nats.rs` (the NATS transport).
 //!
 //! [`LoadMessage`]: wire::LoadMessage
 //! [`Monitor`]: crate::Monitor
