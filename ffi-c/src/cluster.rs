@@ -598,11 +598,13 @@ unsafe fn options_mut<'a>(p: *mut lg_nats_options) -> Result<&'a mut NatsOptions
 /// system's worker endpoint `component`/`endpoint` in the namespace the
 /// call names: a subscription also reads the reference's load events on
 /// `namespace.{ns}.component.{component}.endpoint.{endpoint}.kv_metrics`
-/// ("*" for any component or endpoint; those workers must be declared with
-/// lg_monitor_add_worker(), and reports for others are refused and
-/// counted), and a reporter publishes the reference's envelope there
-/// instead of loadgate's messages, so a reference frontend reads it. NULL
-/// and 0 for both: clears it.
+/// ("*" for any component or endpoint), its forward-pass-metrics (liveness
+/// and queue depth) and its routers' bookings (active_sequences_events, from
+/// routers run with --router-replica-sync); those workers must be declared
+/// with lg_monitor_add_worker() or lg_monitor_discover_dynamo*(), and
+/// reports for others are refused and counted. A reporter publishes the
+/// reference's envelope there instead of loadgate's messages, so a
+/// reference frontend reads it. NULL and 0 for both: clears it.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a non-zero
 /// length or not UTF-8, only one of the two given). A failed call changes

@@ -511,9 +511,12 @@ impl Monitor {
     /// `dynamo=(component, endpoint)` also follows the reference system's
     /// load events of that endpoint in `namespace`
     /// (`namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv_metrics`,
-    /// `"*"` for any component or endpoint); those carry no declaration, so
-    /// their workers must be added with `add_worker` (reports for others are
-    /// refused and counted).
+    /// `"*"` for any component or endpoint), its `forward-pass-metrics`
+    /// (liveness and queue depth) and its routers' bookings
+    /// (`active_sequences_events`, published by routers run with
+    /// `--router-replica-sync`); those carry no declaration, so their
+    /// workers must be added with `add_worker` or learned with
+    /// `discover_dynamo` (reports for others are refused and counted).
     /// `user` and `password`, `token` or `credentials` (a `.creds` file)
     /// authenticate; `tls_ca` (a PEM CA file) and `tls_cert` with `tls_key`
     /// (a client certificate) set up TLS, as for `Reporter`;
