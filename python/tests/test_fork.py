@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
 import traceback
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -123,3 +125,28 @@ def test_everything_works_in_a_forked_child(nats_url: str) -> None:  # noqa: F81
         wait_for(lambda: parent.busy_workers("m"), lambda busy: 1 in busy)
         with pytest.raises(loadgate.LoadgateError):
             parent.check(1)
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_the_parents_discovery_stays_in_the_parent(tmp_path: Path) -> None:
+    from test_discovery import RECORDED, card
+
+    store = tmp_path / "kv"
+    shutil.copytree(RECORDED / "kv", store, copy_function=shutil.copy)
+    monitor = Monitor()
+    parents = monitor.discover_dynamo(path=store, interval=0.01)
+    assert len(monitor.workers("tiny")) == 2
+
+    def child() -> None:
+        # Closing the parent's watcher here neither waits for its thread
+        # (which is not in this process) nor hangs.
+        parents.close()
+        # The child's own watcher works.
+        with Monitor().discover_dynamo(path=store) as own:
+            assert own.stats()["workers"] == 2
+
+    run_in_child(child)
+    # The parent's watcher is unaffected.
+    card(store, 0x84074162003D704A).unlink()
+    wait_for(lambda: len(monitor.workers("tiny")), lambda n: n == 1)
+    parents.close()

@@ -141,7 +141,10 @@ def test_two_monitors_converge_and_thresholds_stay_local(nats_url: str) -> None:
 
         for sub in (sub_a, sub_b):
             s = sub.stats()
-            assert set(s) == {"applied", "announced", "out_of_order", "malformed", "refused", "expired"}
+            assert set(s) == {
+                "applied", "announced", "out_of_order", "malformed", "refused", "expired", "router_bookings",
+            }
+            assert s["router_bookings"] == 0  # no Dynamo router here
             assert s["announced"] == 2  # one per worker
             assert s["applied"] >= 6  # the reports above (heartbeats add more)
             assert (s["out_of_order"], s["malformed"], s["refused"], s["expired"]) == (0, 0, 0, 0)

@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 
 use super::registrar::{Registrar, Value};
 use super::{lock, DiscoveryConfig, DiscoveryStats};
+use crate::fork::ForkGuard;
 use crate::Monitor;
 
 /// The prefix of Dynamo's model cards in the store.
@@ -91,6 +92,8 @@ pub struct EtcdDiscovery {
     stats: Arc<Mutex<DiscoveryStats>>,
     stop: Option<oneshot::Sender<()>>,
     done: Option<mpsc::Receiver<()>>,
+    /// The process whose runtime runs the watch: a forked child has none.
+    made_in: ForkGuard,
 }
 
 impl EtcdDiscovery {
@@ -133,6 +136,7 @@ impl EtcdDiscovery {
             stats,
             stop: Some(stop),
             done: Some(done),
+            made_in: ForkGuard::new(),
         })
     }
 
@@ -142,14 +146,17 @@ impl EtcdDiscovery {
     }
 
     /// Stops watching and removes the workers it registered. Idempotent.
+    /// In a forked child, where the parent's runtime does not run, it only
+    /// lets go.
     pub fn close(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(done) = self.done.take() {
-            // The task ends at its next await; a runtime that is gone (a
-            // forked child) has nothing left to wait for.
-            let _ = done.recv_timeout(Duration::from_secs(10));
+            if self.made_in.same_process() {
+                // The task ends at its next await.
+                let _ = done.recv_timeout(Duration::from_secs(10));
+            }
         }
     }
 }

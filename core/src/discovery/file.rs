@@ -13,6 +13,7 @@ use percent_encoding::percent_decode_str;
 
 use super::registrar::{Registrar, Value};
 use super::{lock, DiscoveryConfig, DiscoveryStats};
+use crate::fork::ForkGuard;
 use crate::Monitor;
 
 /// Watches a Dynamo file-backend directory and registers the workers its
@@ -22,6 +23,9 @@ pub struct FileDiscovery {
     stats: Arc<Mutex<DiscoveryStats>>,
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// The process that started the thread: a forked child has none to
+    /// stop or wait for.
+    made_in: ForkGuard,
 }
 
 impl FileDiscovery {
@@ -54,6 +58,7 @@ impl FileDiscovery {
             stats,
             stop: Some(stop),
             thread: Some(thread),
+            made_in: ForkGuard::new(),
         })
     }
 
@@ -63,11 +68,17 @@ impl FileDiscovery {
     }
 
     /// Stops watching, removes the workers it registered from the monitor,
-    /// and waits for the thread (at most one listing). Idempotent.
+    /// and waits for the thread (at most one listing). Idempotent. In a
+    /// forked child, where the thread is not, it only lets the thread's
+    /// handle go.
     pub fn close(&mut self) {
         drop(self.stop.take());
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            if self.made_in.same_process() {
+                let _ = thread.join();
+            } else {
+                std::mem::forget(thread);
+            }
         }
     }
 }
