@@ -28,7 +28,7 @@ pub enum Applied {
 /// Why a payload was not applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HandleError {
-    /// Longer than [`SubscriberConfig::max_payload`]; not read.
+    /// Longer than [`SubscriberConfig::max_payload`](super::SubscriberConfig::max_payload); not read.
     Oversized {
         /// Its length in bytes.
         len: usize,
