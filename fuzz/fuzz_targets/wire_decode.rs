@@ -4,7 +4,8 @@
 //! Two checks per input:
 //! * the raw bytes: `decode` never panics; whatever it accepts re-encodes
 //!   (msgpack and JSON) and decodes to the same value (forward-pass
-//!   metrics, which are only read, stay within what the monitor takes);
+//!   metrics and router booking events, which are only read, stay within
+//!   what the monitor takes);
 //! * the bytes read as an envelope's fields: an envelope this crate encodes
 //!   decodes to itself in both encodings when it is valid, and to the typed
 //!   error its fault calls for when it is not.
@@ -13,7 +14,7 @@
 use libfuzzer_sys::arbitrary::{self, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use loadgate::cluster::wire::{
-    decode, ActiveLoad, Decoded, Envelope, LoadMessage, WireError, SCHEMA_VERSION,
+    decode, ActiveLoad, Decoded, Envelope, LoadMessage, WireError, MAX_REQUEST_ID, SCHEMA_VERSION,
 };
 
 /// Field values biased towards the boundaries `decode` validates.
@@ -121,6 +122,10 @@ fn round_trips(decoded: &Decoded) {
         Decoded::ForwardPass(f) => {
             assert!(f.queued_requests < u64::MAX, "{f:?}");
             assert!(f.report().waiting_requests.is_some());
+        }
+        // Read, never written: a request id that fits the bound.
+        Decoded::Sequence(e) => {
+            assert!(!e.request_id.is_empty() && e.request_id.len() <= MAX_REQUEST_ID, "{e:?}");
         }
     }
 }
