@@ -1366,172 +1366,6 @@ enum lg_status lg_subscription_metrics(const struct lg_subscription *subscriptio
 void lg_subscription_free(struct lg_subscription *subscription);
 
 /**
- * Creates NATS settings with no authentication, and TLS only for a
- * tls:// url.
- *
- * Errors: LG_INVALID_ARGUMENT (NULL out_options).
- * Ownership: on LG_OK *out_options owns a new object; free it with
- * lg_nats_options_free().
- * Thread safety: any thread. Blocking: never.
- *
- * # Safety
- * `out_options` is NULL or valid for writes.
- */
-enum lg_status lg_nats_options_new(struct lg_nats_options **out_options);
-
-/**
- * Frees NATS settings. NULL is a no-op. Reporters and subscriptions
- * created with them keep their own copy.
- *
- * Ownership: takes `options`.
- * Thread safety: no other thread may be using the object. Blocking: never.
- *
- * # Safety
- * `options` is NULL or was returned by lg_nats_options_new() and not freed
- * yet.
- */
-void lg_nats_options_free(struct lg_nats_options *options);
-
-/**
- * Follows (subscriptions) or publishes as (reporters) the reference
- * system's worker endpoint `component`/`endpoint` in the namespace the
- * call names: a subscription also reads the reference's load events on
- * `namespace.{ns}.component.{component}.endpoint.{endpoint}.kv_metrics`
- * ("*" for any component or endpoint), its forward-pass-metrics (liveness
- * and queue depth) and its routers' bookings (active_sequences_events, from
- * routers run with --router-replica-sync); those workers must be declared
- * with lg_monitor_add_worker() or lg_monitor_discover_dynamo*(), and
- * reports for others are refused and counted. A reporter publishes the
- * reference's envelope there instead of loadgate's messages, so a
- * reference frontend reads it. NULL and 0 for both: clears it.
- *
- * Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a non-zero
- * length or not UTF-8, only one of the two given). A failed call changes
- * nothing. Empty or over-long names and a reporter with a wildcard are
- * refused by the connecting calls.
- * Ownership: the strings are copied.
- * Thread safety: no other thread may be using `options`. Blocking: never.
- *
- * # Safety
- * `options` is NULL or a live lg_nats_options; `component` and `endpoint`
- * are NULL or valid for their lengths.
- */
-enum lg_status lg_nats_options_set_dynamo_endpoint(struct lg_nats_options *options,
-                                                   const char *component,
-                                                   size_t component_len,
-                                                   const char *endpoint,
-                                                   size_t endpoint_len);
-
-/**
- * Authenticates with `user` and `password` (NULL and 0 for both: clears
- * them). A password without a user, or a user with a token or a
- * credentials file too, is refused by the connecting calls.
- *
- * Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a
- * non-zero length or not UTF-8). A failed call changes nothing.
- * Ownership: the strings are copied.
- * Thread safety: no other thread may be using `options`. Blocking: never.
- *
- * # Safety
- * `options` is NULL or a live lg_nats_options; `user` and `password` are
- * NULL or valid for their lengths.
- */
-enum lg_status lg_nats_options_set_user_password(struct lg_nats_options *options,
-                                                 const char *user,
-                                                 size_t user_len,
-                                                 const char *password,
-                                                 size_t password_len);
-
-/**
- * Authenticates with `token` (NULL and 0: clears it).
- *
- * Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a
- * non-zero length or not UTF-8). A failed call changes nothing.
- * Ownership: the string is copied.
- * Thread safety: no other thread may be using `options`. Blocking: never.
- *
- * # Safety
- * `options` is NULL or a live lg_nats_options; `token` is NULL or valid
- * for `token_len` bytes.
- */
-enum lg_status lg_nats_options_set_token(struct lg_nats_options *options,
-                                         const char *token,
-                                         size_t token_len);
-
-/**
- * Authenticates with the credentials file at `path` (a `.creds` file: a
- * user JWT and its NKey seed, for servers in operator mode; NULL and 0:
- * clears it). The file is read by the connecting calls.
- *
- * Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
- * length or not UTF-8). A failed call changes nothing.
- * Ownership: the path is copied.
- * Thread safety: no other thread may be using `options`. Blocking: never.
- *
- * # Safety
- * `options` is NULL or a live lg_nats_options; `path` is NULL or valid for
- * `path_len` bytes.
- */
-enum lg_status lg_nats_options_set_credentials_file(struct lg_nats_options *options,
-                                                    const char *path,
-                                                    size_t path_len);
-
-/**
- * Trusts the CA certificates in the PEM file at `path` (instead of the
- * system's roots) for the server's certificate, and requires TLS whatever
- * the url's scheme (NULL and 0: clears it). The file is read by the
- * connecting calls.
- *
- * Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
- * length or not UTF-8). A failed call changes nothing.
- * Ownership: the path is copied.
- * Thread safety: no other thread may be using `options`. Blocking: never.
- *
- * # Safety
- * `options` is NULL or a live lg_nats_options; `path` is NULL or valid for
- * `path_len` bytes.
- */
-enum lg_status lg_nats_options_set_tls_ca(struct lg_nats_options *options,
-                                          const char *path,
-                                          size_t path_len);
-
-/**
- * Sets how long connecting may take in all (TCP connect, TLS handshake,
- * authentication), in milliseconds; 0 restores the default, two seconds.
- *
- * Errors: LG_INVALID_ARGUMENT (NULL options). A failed call changes
- * nothing.
- * Ownership: nothing is kept but the value.
- * Thread safety: no other thread may be using `options`. Blocking: never.
- *
- * # Safety
- * `options` is NULL or a live lg_nats_options.
- */
-enum lg_status lg_nats_options_set_connect_timeout_ms(struct lg_nats_options *options,
-                                                      uint64_t timeout_ms);
-
-/**
- * Presents the client certificate chain in the PEM file `cert_path`, with
- * the private key in the PEM file `key_path` (mutual TLS), and requires
- * TLS (NULL and 0 for both: clears them; one without the other is refused
- * by the connecting calls). The files are read by the connecting calls.
- *
- * Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
- * length or not UTF-8). A failed call changes nothing.
- * Ownership: the paths are copied.
- * Thread safety: no other thread may be using `options`. Blocking: never.
- *
- * # Safety
- * `options` is NULL or a live lg_nats_options; `cert_path` and `key_path`
- * are NULL or valid for their lengths.
- */
-enum lg_status lg_nats_options_set_client_cert(struct lg_nats_options *options,
-                                               const char *cert_path,
-                                               size_t cert_path_len,
-                                               const char *key_path,
-                                               size_t key_path_len);
-
-/**
  * Learns `monitor`'s workers from Dynamo's file discovery backend at
  * `path` (NULL with length 0: DYN_FILE_KV, else $TMPDIR/dynamo_store_kv):
  * every model card of `namespace` (NULL with length 0: "dynamo"), and of
@@ -2503,6 +2337,172 @@ enum lg_status lg_monitor_metrics(const struct lg_monitor *monitor,
                                   char *buf,
                                   size_t buf_len,
                                   size_t *out_needed);
+
+/**
+ * Creates NATS settings with no authentication, and TLS only for a
+ * tls:// url.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL out_options).
+ * Ownership: on LG_OK *out_options owns a new object; free it with
+ * lg_nats_options_free().
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `out_options` is NULL or valid for writes.
+ */
+enum lg_status lg_nats_options_new(struct lg_nats_options **out_options);
+
+/**
+ * Frees NATS settings. NULL is a no-op. Reporters and subscriptions
+ * created with them keep their own copy.
+ *
+ * Ownership: takes `options`.
+ * Thread safety: no other thread may be using the object. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or was returned by lg_nats_options_new() and not freed
+ * yet.
+ */
+void lg_nats_options_free(struct lg_nats_options *options);
+
+/**
+ * Follows (subscriptions) or publishes as (reporters) the reference
+ * system's worker endpoint `component`/`endpoint` in the namespace the
+ * call names: a subscription also reads the reference's load events on
+ * `namespace.{ns}.component.{component}.endpoint.{endpoint}.kv_metrics`
+ * ("*" for any component or endpoint), its forward-pass-metrics (liveness
+ * and queue depth) and its routers' bookings (active_sequences_events, from
+ * routers run with --router-replica-sync); those workers must be declared
+ * with lg_monitor_add_worker() or lg_monitor_discover_dynamo*(), and
+ * reports for others are refused and counted. A reporter publishes the
+ * reference's envelope there instead of loadgate's messages, so a
+ * reference frontend reads it. NULL and 0 for both: clears it.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a non-zero
+ * length or not UTF-8, only one of the two given). A failed call changes
+ * nothing. Empty or over-long names and a reporter with a wildcard are
+ * refused by the connecting calls.
+ * Ownership: the strings are copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `component` and `endpoint`
+ * are NULL or valid for their lengths.
+ */
+enum lg_status lg_nats_options_set_dynamo_endpoint(struct lg_nats_options *options,
+                                                   const char *component,
+                                                   size_t component_len,
+                                                   const char *endpoint,
+                                                   size_t endpoint_len);
+
+/**
+ * Authenticates with `user` and `password` (NULL and 0 for both: clears
+ * them). A password without a user, or a user with a token or a
+ * credentials file too, is refused by the connecting calls.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a
+ * non-zero length or not UTF-8). A failed call changes nothing.
+ * Ownership: the strings are copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `user` and `password` are
+ * NULL or valid for their lengths.
+ */
+enum lg_status lg_nats_options_set_user_password(struct lg_nats_options *options,
+                                                 const char *user,
+                                                 size_t user_len,
+                                                 const char *password,
+                                                 size_t password_len);
+
+/**
+ * Authenticates with `token` (NULL and 0: clears it).
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a string NULL with a
+ * non-zero length or not UTF-8). A failed call changes nothing.
+ * Ownership: the string is copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `token` is NULL or valid
+ * for `token_len` bytes.
+ */
+enum lg_status lg_nats_options_set_token(struct lg_nats_options *options,
+                                         const char *token,
+                                         size_t token_len);
+
+/**
+ * Authenticates with the credentials file at `path` (a `.creds` file: a
+ * user JWT and its NKey seed, for servers in operator mode; NULL and 0:
+ * clears it). The file is read by the connecting calls.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
+ * length or not UTF-8). A failed call changes nothing.
+ * Ownership: the path is copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `path` is NULL or valid for
+ * `path_len` bytes.
+ */
+enum lg_status lg_nats_options_set_credentials_file(struct lg_nats_options *options,
+                                                    const char *path,
+                                                    size_t path_len);
+
+/**
+ * Trusts the CA certificates in the PEM file at `path` (instead of the
+ * system's roots) for the server's certificate, and requires TLS whatever
+ * the url's scheme (NULL and 0: clears it). The file is read by the
+ * connecting calls.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
+ * length or not UTF-8). A failed call changes nothing.
+ * Ownership: the path is copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `path` is NULL or valid for
+ * `path_len` bytes.
+ */
+enum lg_status lg_nats_options_set_tls_ca(struct lg_nats_options *options,
+                                          const char *path,
+                                          size_t path_len);
+
+/**
+ * Sets how long connecting may take in all (TCP connect, TLS handshake,
+ * authentication), in milliseconds; 0 restores the default, two seconds.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options). A failed call changes
+ * nothing.
+ * Ownership: nothing is kept but the value.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options.
+ */
+enum lg_status lg_nats_options_set_connect_timeout_ms(struct lg_nats_options *options,
+                                                      uint64_t timeout_ms);
+
+/**
+ * Presents the client certificate chain in the PEM file `cert_path`, with
+ * the private key in the PEM file `key_path` (mutual TLS), and requires
+ * TLS (NULL and 0 for both: clears them; one without the other is refused
+ * by the connecting calls). The files are read by the connecting calls.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options, a path NULL with a non-zero
+ * length or not UTF-8). A failed call changes nothing.
+ * Ownership: the paths are copied.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options; `cert_path` and `key_path`
+ * are NULL or valid for their lengths.
+ */
+enum lg_status lg_nats_options_set_client_cert(struct lg_nats_options *options,
+                                               const char *cert_path,
+                                               size_t cert_path_len,
+                                               const char *key_path,
+                                               size_t key_path_len);
 
 /**
  * Releases a permit's slot: it goes straight to the oldest waiter, if any
