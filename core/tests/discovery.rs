@@ -219,3 +219,16 @@ fn a_worker_the_monitor_already_has_is_counted_not_taken_over_and_close_removes_
     assert_eq!(discovery.stats().workers, 0);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+#[test]
+fn settings_are_checked_before_anything_starts() {
+    use loadgate::discovery::SettingsError;
+    let c = DiscoveryConfig::for_endpoints(None, Some("backend"), None).unwrap();
+    assert_eq!(
+        (c.namespace.as_str(), c.component.as_deref(), c.endpoint),
+        ("dynamo", Some("backend"), None)
+    );
+    let e = DiscoveryConfig::for_endpoints(Some(""), None, None).unwrap_err();
+    assert_eq!(e, SettingsError::EmptyNamespace);
+    assert_eq!(e.to_string(), "namespace must not be empty");
+}

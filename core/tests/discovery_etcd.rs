@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, PutOptions};
-use loadgate::discovery::etcd::{EtcdDiscovery, EtcdError, EtcdOptions};
+use loadgate::discovery::etcd::{parse_endpoints, EtcdDiscovery, EtcdError, EtcdOptions};
 use loadgate::discovery::{DiscoveryConfig, DiscoveryStats};
 use loadgate::Monitor;
 use support::etcd_server::EtcdServer;
@@ -207,5 +207,32 @@ fn hostile_values_are_counted_and_a_dead_etcd_is_an_error_at_start() {
     let e = EtcdDiscovery::start(Arc::clone(&monitor), &nowhere, fast(), options).unwrap_err();
     assert!(matches!(e, EtcdError::Connect(_)), "{e}");
     let e = EtcdDiscovery::start(monitor, &[], fast(), EtcdOptions::default()).unwrap_err();
+    assert_eq!(e, EtcdError::NoEndpoints);
+}
+
+#[test]
+fn endpoints_and_credentials_are_checked_before_connecting() {
+    assert_eq!(
+        parse_endpoints(" http://a:1 ,, http://b:2,"),
+        vec!["http://a:1".to_owned(), "http://b:2".to_owned()]
+    );
+    assert!(parse_endpoints(" , ").is_empty());
+    let o = EtcdOptions::default()
+        .with_credentials(Some("u"), Some("p"))
+        .unwrap();
+    assert_eq!(o.user, Some(("u".to_owned(), "p".to_owned())));
+    for (user, password) in [(Some("u"), None), (None, Some("p"))] {
+        let e = EtcdOptions::default()
+            .with_credentials(user, password)
+            .unwrap_err();
+        assert_eq!(e, EtcdError::HalfCredentials);
+    }
+    let e = EtcdDiscovery::start(
+        Arc::new(Monitor::new()),
+        &parse_endpoints(" , "),
+        fast(),
+        EtcdOptions::default(),
+    )
+    .unwrap_err();
     assert_eq!(e, EtcdError::NoEndpoints);
 }

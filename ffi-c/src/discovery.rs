@@ -4,7 +4,9 @@
 use std::ffi::c_char;
 use std::time::Duration;
 
-use loadgate_core::discovery::etcd::{default_endpoints, EtcdDiscovery, EtcdError, EtcdOptions};
+use loadgate_core::discovery::etcd::{
+    default_endpoints, parse_endpoints, EtcdDiscovery, EtcdError, EtcdOptions,
+};
 use loadgate_core::discovery::{default_file_kv_path, Discovery, DiscoveryConfig, FileDiscovery};
 
 use crate::ffi::{boundary, guard, input, optional_string, Error, Out};
@@ -24,25 +26,6 @@ pub const LG_DISCOVERY_NO_TTL: u64 = u64::MAX;
 /// once.
 pub struct lg_discovery {
     discovery: Discovery,
-}
-
-/// The settings both backends share: `namespace` (None: "dynamo"),
-/// `component` and `endpoint` (None: any).
-fn config(
-    namespace: Option<&str>,
-    component: Option<&str>,
-    endpoint: Option<&str>,
-) -> Result<DiscoveryConfig, Error> {
-    let mut config = DiscoveryConfig::default();
-    if let Some(ns) = namespace {
-        if ns.is_empty() {
-            return Err(Error::invalid("namespace must not be empty"));
-        }
-        config.namespace = ns.to_owned();
-    }
-    config.component = component.map(str::to_owned);
-    config.endpoint = endpoint.map(str::to_owned);
-    Ok(config)
 }
 
 /// Hands `discovery` to C.
@@ -131,7 +114,8 @@ pub unsafe extern "C" fn lg_monitor_discover_dynamo(
         // SAFETY: as above.
         let endpoint = unsafe { optional_string(endpoint, endpoint_len, "endpoint") }?;
         let out = Out::new(out_discovery, "out_discovery")?;
-        let mut config = config(namespace, component, endpoint)?;
+        let mut config = DiscoveryConfig::for_endpoints(namespace, component, endpoint)
+            .map_err(Error::invalid)?;
         if interval_ms > 0 {
             config.interval = Duration::from_millis(interval_ms);
         }
@@ -209,24 +193,19 @@ pub unsafe extern "C" fn lg_monitor_discover_dynamo_etcd(
         // SAFETY: as above.
         let endpoint = unsafe { optional_string(endpoint, endpoint_len, "endpoint") }?;
         let out = Out::new(out_discovery, "out_discovery")?;
-        let config = config(namespace, component, endpoint)?;
-        let endpoints = match endpoints {
-            None => default_endpoints(),
-            Some(list) => list.split(',').map(|e| e.trim().to_owned()).collect(),
-        };
-        let mut options = EtcdOptions::default();
-        match (user, password) {
-            (Some(u), Some(p)) => options.user = Some((u.to_owned(), p.to_owned())),
-            (None, None) => {}
-            _ => return Err(Error::invalid("user and password go together")),
-        }
+        let config = DiscoveryConfig::for_endpoints(namespace, component, endpoint)
+            .map_err(Error::invalid)?;
+        let endpoints = endpoints.map_or_else(default_endpoints, parse_endpoints);
+        let mut options = EtcdOptions::default()
+            .with_credentials(user, password)
+            .map_err(Error::invalid)?;
         if timeout_ms > 0 {
             options.timeout = Duration::from_millis(timeout_ms);
         }
         let discovery = EtcdDiscovery::start(m.monitor.clone(), &endpoints, config, options)
             .map_err(|e| match e {
-                EtcdError::NoEndpoints => Error::invalid(e),
                 EtcdError::Connect(_) => Error::new(lg_status::LG_TRANSPORT_ERROR, e),
+                EtcdError::NoEndpoints | EtcdError::HalfCredentials => Error::invalid(e),
             })?;
         give(Discovery::Etcd(discovery), out);
         Ok(())

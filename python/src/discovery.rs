@@ -90,17 +90,11 @@ pub fn start(
         Some(e) if !e.is_none() => endpoints_arg(e)?,
         _ => default_endpoints(),
     };
-    let mut options = EtcdOptions::default();
-    match (
-        opt_str_arg(args.user, "user")?,
-        opt_str_arg(args.password, "password")?,
-    ) {
-        (Some(user), Some(password)) => {
-            options.user = Some((user.to_string(), password.to_string()))
-        }
-        (None, None) => {}
-        _ => return Err(PyValueError::new_err("user and password go together")),
-    }
+    let user = opt_str_arg(args.user, "user")?;
+    let password = opt_str_arg(args.password, "password")?;
+    let mut options = EtcdOptions::default()
+        .with_credentials(user.as_deref(), password.as_deref())
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
     if let Some(t) = args.connect_timeout {
         options.timeout = seconds_arg(t, "connect_timeout")?;
     }
@@ -109,23 +103,25 @@ pub fn start(
     let watcher = py
         .detach(move || EtcdDiscovery::start(monitor, &endpoints, config, options))
         .map_err(|e| match e {
-            EtcdError::NoEndpoints => PyValueError::new_err(e.to_string()),
             EtcdError::Connect(_) => PyConnectionError::new_err(e.to_string()),
+            EtcdError::NoEndpoints | EtcdError::HalfCredentials => {
+                PyValueError::new_err(e.to_string())
+            }
         })?;
     Ok(Discovery::new(shown, CoreDiscovery::Etcd(watcher)))
 }
 
 /// The settings both backends share.
 fn config(args: &DiscoverArgs<'_, '_>) -> PyResult<DiscoveryConfig> {
-    let mut config = DiscoveryConfig::default();
-    if let Some(ns) = opt_str_arg(args.namespace, "namespace")? {
-        if ns.is_empty() {
-            return Err(PyValueError::new_err("namespace must not be empty"));
-        }
-        config.namespace = ns.to_string();
-    }
-    config.component = opt_str_arg(args.component, "component")?.map(|c| c.to_string());
-    config.endpoint = opt_str_arg(args.endpoint, "endpoint")?.map(|e| e.to_string());
+    let namespace = opt_str_arg(args.namespace, "namespace")?;
+    let component = opt_str_arg(args.component, "component")?;
+    let endpoint = opt_str_arg(args.endpoint, "endpoint")?;
+    let mut config = DiscoveryConfig::for_endpoints(
+        namespace.as_deref(),
+        component.as_deref(),
+        endpoint.as_deref(),
+    )
+    .map_err(|e| PyValueError::new_err(e.to_string()))?;
     if let Some(i) = args.interval {
         config.interval = seconds_arg(i, "interval")?;
         if config.interval.is_zero() {
@@ -159,9 +155,7 @@ fn endpoints_arg(value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
             .map(|e| e.and_then(|e| Ok(str_arg(&e, "endpoints")?.to_string())))
             .collect::<PyResult<_>>()?
     };
-    if list.is_empty() || list.iter().any(|e| e.trim().is_empty()) {
-        return Err(PyValueError::new_err("endpoints must not be empty"));
-    }
+    // Empty ones are refused by core, before anything connects.
     Ok(list)
 }
 

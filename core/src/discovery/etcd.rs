@@ -29,16 +29,19 @@ pub const MDC_PREFIX: &str = "v1/mdc/";
 /// (comma-separated).
 pub const ENDPOINTS_ENV: &str = "ETCD_ENDPOINTS";
 
-/// etcd's endpoints as Dynamo chooses them: `ETCD_ENDPOINTS`
-/// (comma-separated), else `http://localhost:2379`.
-pub fn default_endpoints() -> Vec<String> {
-    let listed: Vec<String> = std::env::var(ENDPOINTS_ENV)
-        .unwrap_or_default()
-        .split(',')
+/// The endpoints of a comma-separated list, trimmed, empty ones left out.
+pub fn parse_endpoints(list: &str) -> Vec<String> {
+    list.split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
         .map(str::to_owned)
-        .collect();
+        .collect()
+}
+
+/// etcd's endpoints as Dynamo chooses them: `ETCD_ENDPOINTS`
+/// (comma-separated), else `http://localhost:2379`.
+pub fn default_endpoints() -> Vec<String> {
+    let listed = parse_endpoints(&std::env::var(ENDPOINTS_ENV).unwrap_or_default());
     if listed.is_empty() {
         vec!["http://localhost:2379".to_owned()]
     } else {
@@ -55,6 +58,23 @@ pub struct EtcdOptions {
     pub timeout: Duration,
 }
 
+impl EtcdOptions {
+    /// These options with `user` and `password`, which go together (both
+    /// `None`: no authentication).
+    pub fn with_credentials(
+        mut self,
+        user: Option<&str>,
+        password: Option<&str>,
+    ) -> Result<Self, EtcdError> {
+        self.user = match (user, password) {
+            (Some(user), Some(password)) => Some((user.to_owned(), password.to_owned())),
+            (None, None) => None,
+            _ => return Err(EtcdError::HalfCredentials),
+        };
+        Ok(self)
+    }
+}
+
 impl Default for EtcdOptions {
     fn default() -> Self {
         Self {
@@ -69,6 +89,8 @@ impl Default for EtcdOptions {
 pub enum EtcdError {
     /// No endpoint, or an empty one.
     NoEndpoints,
+    /// A user without a password, or a password without a user.
+    HalfCredentials,
     /// etcd could not be reached, refused the credentials, or failed the
     /// first listing (its message).
     Connect(String),
@@ -78,6 +100,7 @@ impl std::fmt::Display for EtcdError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             EtcdError::NoEndpoints => f.write_str("etcd endpoints must not be empty"),
+            EtcdError::HalfCredentials => f.write_str("user and password go together"),
             EtcdError::Connect(e) => write!(f, "cannot read etcd: {e}"),
         }
     }

@@ -88,7 +88,43 @@ impl Default for DiscoveryConfig {
     }
 }
 
+/// Discovery settings refused before anything starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettingsError {
+    /// An empty namespace.
+    EmptyNamespace,
+}
+
+impl std::fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SettingsError::EmptyNamespace => f.write_str("namespace must not be empty"),
+        }
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
 impl DiscoveryConfig {
+    /// The defaults, for the workers of `namespace` (`None`: `dynamo`) and,
+    /// when given, of `component` and `endpoint`.
+    pub fn for_endpoints(
+        namespace: Option<&str>,
+        component: Option<&str>,
+        endpoint: Option<&str>,
+    ) -> Result<Self, SettingsError> {
+        let mut config = Self::default();
+        if let Some(namespace) = namespace {
+            if namespace.is_empty() {
+                return Err(SettingsError::EmptyNamespace);
+            }
+            config.namespace = namespace.to_owned();
+        }
+        config.component = component.map(str::to_owned);
+        config.endpoint = endpoint.map(str::to_owned);
+        Ok(config)
+    }
+
     /// Whether a worker of `worker`'s namespace, component and endpoint is
     /// one to learn.
     fn wants(&self, worker: &DiscoveredWorker) -> bool {
