@@ -7,7 +7,7 @@
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
     atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
-    Condvar, Mutex, MutexGuard,
+    Mutex, MutexGuard,
 };
 
 #[cfg(not(loom))]
@@ -19,7 +19,7 @@ pub(crate) use loom::thread_local;
 #[cfg(loom)]
 pub(crate) use loom::sync::{
     atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
-    Condvar, Mutex, MutexGuard,
+    Mutex, MutexGuard,
 };
 
 #[cfg(not(loom))]
@@ -115,38 +115,5 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     #[cfg(loom)]
     {
         m.lock().unwrap()
-    }
-}
-
-/// Waits on a condition variable, ignoring poisoning (see [`lock`]).
-#[inline]
-pub(crate) fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-    #[cfg(not(loom))]
-    {
-        cv.wait(guard).unwrap_or_else(|e| e.into_inner())
-    }
-    #[cfg(loom)]
-    {
-        cv.wait(guard).unwrap()
-    }
-}
-
-/// Waits on a condition variable for at most `dur`, ignoring poisoning. The
-/// caller re-checks its condition and its clock; under loom the wait never
-/// times out.
-#[inline]
-pub(crate) fn wait_timeout<'a, T>(
-    cv: &Condvar,
-    guard: MutexGuard<'a, T>,
-    dur: std::time::Duration,
-) -> MutexGuard<'a, T> {
-    #[cfg(not(loom))]
-    {
-        cv.wait_timeout(guard, dur)
-            .map_or_else(|e| e.into_inner().0, |(g, _)| g)
-    }
-    #[cfg(loom)]
-    {
-        cv.wait_timeout(guard, dur).unwrap().0
     }
 }

@@ -1,7 +1,7 @@
 //! Loom models of the admission gate: every interleaving (up to the
 //! preemption bound) of admit, release, cancel, handoff, expiry, set_limit
 //! and close among 2–3 threads, with N and Q of 1–2. A gate with one class
-//! and no wait limit runs on the lock-free queue (`gate/lockfree.rs`), and a
+//! and no wait limit runs on the lock-free queue (`gate/queue.rs`), and a
 //! gate with two priority classes on one queue per class
 //! (`gate/classes.rs`: displacement, a reserved slot, an arrival counting
 //! itself while a slot is freed, a cancel racing a handoff between
@@ -365,6 +365,39 @@ fn expiry_races_a_release_and_a_cancel() {
         expirer.join().unwrap();
         releaser.join().unwrap();
         check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn a_lifo_handoff_races_the_newest_waiters_cancel_and_a_release() {
+    // Adaptive LIFO after an expiry: the next release hands its slot to the
+    // newest waiter, while that waiter cancels and a second release hands
+    // the other slot on in order. The older waiter is always granted; the
+    // newest is granted or cancelled; no slot is lost or duplicated.
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let config = GateConfig::new(2)
+            .with_queue(3)
+            .with_queue_timeout(Some(Duration::from_millis(10)))
+            .with_adaptive_lifo(true);
+        let g = Arc::new(AdmissionGate::with_clock(config, clock.clone()).unwrap());
+        let p1 = g.try_admit_owned().unwrap();
+        let p2 = g.try_admit_owned().unwrap();
+        let stale = queued(&g);
+        clock.advance(Duration::from_millis(10));
+        let older = queued(&g);
+        let newest = queued(&g);
+        assert_eq!(g.expire(), 1);
+        drop(stale);
+        let lifo = thread::spawn(move || drop(p1));
+        let canceller = thread::spawn(move || drop(newest));
+        drop(p2);
+        lifo.join().unwrap();
+        canceller.join().unwrap();
+        let p = block_on(older).expect("two slots for two waiters");
+        assert_eq!(g.stats().queued, 0);
+        drop(p);
+        check_drained(&g, 2);
     });
 }
 

@@ -1575,9 +1575,7 @@ enum lg_status lg_gate_try_admit(const struct lg_gate *gate,
  * LG_CLOSED, LG_INVALID_ARGUMENT (NULL gate or out_permit).
  * Ownership: on LG_OK *out_permit owns the slot; release it with
  * lg_permit_release() exactly once, from any thread.
- * Thread safety: any thread. Blocking: never (lock-free while nobody
- * waits; takes the gate's lock briefly when less important classes wait
- * or the gate has a wait limit).
+ * Thread safety: any thread. Blocking: never (lock-free).
  *
  * # Safety
  * `gate` is NULL or a live gate; `out_permit` is NULL or valid for writes.
@@ -1668,8 +1666,8 @@ enum lg_status lg_gate_admit_at(const struct lg_gate *gate,
  * `user_data` is passed through untouched and must stay valid until the
  * callback has run or the request was cancelled.
  * Thread safety: any thread; `user_data` must be usable from the thread
- * the callback runs on. Blocking: never (takes the gate's lock briefly to
- * queue; allocates).
+ * the callback runs on. Blocking: never (lock-free; allocates the
+ * callback's box).
  *
  * # Safety
  * `gate` is NULL or a live gate; `callback` is NULL or a function that is
@@ -1705,9 +1703,8 @@ enum lg_status lg_gate_admit_async(const struct lg_gate *gate,
  * lg_ticket_free()); `user_data` must stay valid until the callback has
  * run or the request was cancelled.
  * Thread safety: any thread; `user_data` must be usable from the thread
- * the callback runs on. Blocking: never (takes the gate's lock briefly to
- * queue, and runs the callback of a request it displaces on this thread;
- * allocates).
+ * the callback runs on. Blocking: never (lock-free; runs the callback of
+ * a request it displaces on this thread; allocates the callback's box).
  *
  * # Safety
  * `gate` is NULL or a live gate; `callback` is NULL or a function that is
@@ -1742,8 +1739,9 @@ enum lg_status lg_gate_classes(const struct lg_gate *gate,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate, limit 0 or too large).
  * Ownership: borrows its arguments for the call only; keeps none of them.
- * Thread safety: any thread. Blocking: takes the gate's lock briefly; runs
- * asynchronous callbacks of granted waiters.
+ * Thread safety: any thread. Blocking: takes the gate's limit lock
+ * briefly (only limit changes take it); runs asynchronous callbacks of
+ * granted waiters.
  *
  * # Safety
  * `gate` is NULL or a live gate.
@@ -1757,9 +1755,10 @@ enum lg_status lg_gate_set_limit(const struct lg_gate *gate,
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate).
  * Ownership: borrows its arguments for the call only; keeps none of them.
- * Thread safety: any thread. Blocking: takes the gate's lock briefly;
- * wakes blocked waiters and runs the callbacks of queued asynchronous
- * requests on this thread.
+ * Thread safety: any thread. Blocking: never (lock-free; it may wait a
+ * few instructions for an arrival on its way into the queue); wakes
+ * blocked waiters and runs the callbacks of queued asynchronous requests
+ * on this thread.
  *
  * # Safety
  * `gate` is NULL or a live gate.
@@ -1773,8 +1772,8 @@ enum lg_status lg_gate_close(const struct lg_gate *gate);
  *
  * Errors: LG_INVALID_ARGUMENT (NULL gate).
  * Ownership: borrows its arguments for the call only; keeps none of them.
- * Thread safety: any thread. Blocking: takes the gate's lock briefly; runs
- * the callbacks of expired asynchronous requests on this thread.
+ * Thread safety: any thread. Blocking: never (lock-free); runs the
+ * callbacks of expired asynchronous requests on this thread.
  *
  * # Safety
  * `gate` is NULL or a live gate; `out_expired` is NULL or valid for writes.
@@ -1822,8 +1821,8 @@ enum lg_status lg_gate_get_stats(const struct lg_gate *gate,
  * Errors: LG_INVALID_ARGUMENT (NULL gate or out_needed, NULL buf with
  * buf_len > 0), LG_BUFFER_TOO_SMALL.
  * Ownership: borrows its arguments for the call only; keeps none of them.
- * Thread safety: any thread. Blocking: takes the gate's lock briefly;
- * allocates (cold path).
+ * Thread safety: any thread. Blocking: never (lock-free); allocates
+ * (cold path).
  *
  * # Safety
  * `gate` is NULL or a live gate; `buf` is NULL or valid for writes of
@@ -2509,9 +2508,8 @@ enum lg_status lg_nats_options_set_client_cert(struct lg_nats_options *options,
  * (whose asynchronous callback then runs on this thread). NULL is a no-op.
  *
  * Ownership: takes `permit`; call exactly once per permit.
- * Thread safety: any thread. Blocking: never when nobody is queued
- * (lock-free); otherwise takes the gate's lock briefly to hand the slot
- * over.
+ * Thread safety: any thread. Blocking: never (lock-free, handing the
+ * slot to a waiter included).
  *
  * # Safety
  * `permit` is NULL or a permit from this library not released yet.
@@ -2529,8 +2527,7 @@ void lg_permit_release(struct lg_permit *permit);
  *
  * Ownership: borrows the permit; `*permit` is still owned by the caller.
  * Thread safety: any thread, but not at the same time as another call on
- * the same permit. Blocking: takes the gate's lock briefly only on a gate
- * with a wait limit and adaptive LIFO; runs the callback of an
+ * the same permit. Blocking: never (lock-free); runs the callback of an
  * asynchronous request it hands the slot to on this thread; never
  * allocates.
  *
@@ -2648,7 +2645,7 @@ const char *lg_status_reason(int status);
  *
  * Errors: LG_INVALID_ARGUMENT (NULL ticket or out_cancelled).
  * Ownership: borrows its arguments for the call only; keeps none of them.
- * Thread safety: any thread. Blocking: takes the gate's lock briefly.
+ * Thread safety: any thread. Blocking: never (lock-free).
  *
  * # Safety
  * `ticket` is NULL or a live ticket; `out_cancelled` is NULL or valid for

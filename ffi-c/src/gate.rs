@@ -364,9 +364,7 @@ pub unsafe extern "C" fn lg_gate_try_admit(
 /// LG_CLOSED, LG_INVALID_ARGUMENT (NULL gate or out_permit).
 /// Ownership: on LG_OK *out_permit owns the slot; release it with
 /// lg_permit_release() exactly once, from any thread.
-/// Thread safety: any thread. Blocking: never (lock-free while nobody
-/// waits; takes the gate's lock briefly when less important classes wait
-/// or the gate has a wait limit).
+/// Thread safety: any thread. Blocking: never (lock-free).
 ///
 /// # Safety
 /// `gate` is NULL or a live gate; `out_permit` is NULL or valid for writes.
@@ -513,8 +511,8 @@ unsafe fn admit(
 /// `user_data` is passed through untouched and must stay valid until the
 /// callback has run or the request was cancelled.
 /// Thread safety: any thread; `user_data` must be usable from the thread
-/// the callback runs on. Blocking: never (takes the gate's lock briefly to
-/// queue; allocates).
+/// the callback runs on. Blocking: never (lock-free; allocates the
+/// callback's box).
 ///
 /// # Safety
 /// `gate` is NULL or a live gate; `callback` is NULL or a function that is
@@ -554,9 +552,8 @@ pub unsafe extern "C" fn lg_gate_admit_async(
 /// lg_ticket_free()); `user_data` must stay valid until the callback has
 /// run or the request was cancelled.
 /// Thread safety: any thread; `user_data` must be usable from the thread
-/// the callback runs on. Blocking: never (takes the gate's lock briefly to
-/// queue, and runs the callback of a request it displaces on this thread;
-/// allocates).
+/// the callback runs on. Blocking: never (lock-free; runs the callback of
+/// a request it displaces on this thread; allocates the callback's box).
 ///
 /// # Safety
 /// `gate` is NULL or a live gate; `callback` is NULL or a function that is
@@ -635,8 +632,9 @@ pub unsafe extern "C" fn lg_gate_classes(
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate, limit 0 or too large).
 /// Ownership: borrows its arguments for the call only; keeps none of them.
-/// Thread safety: any thread. Blocking: takes the gate's lock briefly; runs
-/// asynchronous callbacks of granted waiters.
+/// Thread safety: any thread. Blocking: takes the gate's limit lock
+/// briefly (only limit changes take it); runs asynchronous callbacks of
+/// granted waiters.
 ///
 /// # Safety
 /// `gate` is NULL or a live gate.
@@ -655,9 +653,10 @@ pub unsafe extern "C" fn lg_gate_set_limit(gate: *const lg_gate, limit: u32) -> 
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate).
 /// Ownership: borrows its arguments for the call only; keeps none of them.
-/// Thread safety: any thread. Blocking: takes the gate's lock briefly;
-/// wakes blocked waiters and runs the callbacks of queued asynchronous
-/// requests on this thread.
+/// Thread safety: any thread. Blocking: never (lock-free; it may wait a
+/// few instructions for an arrival on its way into the queue); wakes
+/// blocked waiters and runs the callbacks of queued asynchronous requests
+/// on this thread.
 ///
 /// # Safety
 /// `gate` is NULL or a live gate.
@@ -677,8 +676,8 @@ pub unsafe extern "C" fn lg_gate_close(gate: *const lg_gate) -> lg_status {
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL gate).
 /// Ownership: borrows its arguments for the call only; keeps none of them.
-/// Thread safety: any thread. Blocking: takes the gate's lock briefly; runs
-/// the callbacks of expired asynchronous requests on this thread.
+/// Thread safety: any thread. Blocking: never (lock-free); runs the
+/// callbacks of expired asynchronous requests on this thread.
 ///
 /// # Safety
 /// `gate` is NULL or a live gate; `out_expired` is NULL or valid for writes.
@@ -785,8 +784,8 @@ pub unsafe extern "C" fn lg_gate_get_stats(
 /// Errors: LG_INVALID_ARGUMENT (NULL gate or out_needed, NULL buf with
 /// buf_len > 0), LG_BUFFER_TOO_SMALL.
 /// Ownership: borrows its arguments for the call only; keeps none of them.
-/// Thread safety: any thread. Blocking: takes the gate's lock briefly;
-/// allocates (cold path).
+/// Thread safety: any thread. Blocking: never (lock-free); allocates
+/// (cold path).
 ///
 /// # Safety
 /// `gate` is NULL or a live gate; `buf` is NULL or valid for writes of

@@ -48,9 +48,8 @@ impl lg_permit {
 /// (whose asynchronous callback then runs on this thread). NULL is a no-op.
 ///
 /// Ownership: takes `permit`; call exactly once per permit.
-/// Thread safety: any thread. Blocking: never when nobody is queued
-/// (lock-free); otherwise takes the gate's lock briefly to hand the slot
-/// over.
+/// Thread safety: any thread. Blocking: never (lock-free, handing the
+/// slot to a waiter included).
 ///
 /// # Safety
 /// `permit` is NULL or a permit from this library not released yet.
@@ -75,8 +74,7 @@ pub unsafe extern "C" fn lg_permit_release(permit: *mut lg_permit) {
 ///
 /// Ownership: borrows the permit; `*permit` is still owned by the caller.
 /// Thread safety: any thread, but not at the same time as another call on
-/// the same permit. Blocking: takes the gate's lock briefly only on a gate
-/// with a wait limit and adaptive LIFO; runs the callback of an
+/// the same permit. Blocking: never (lock-free); runs the callback of an
 /// asynchronous request it hands the slot to on this thread; never
 /// allocates.
 ///

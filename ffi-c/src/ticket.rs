@@ -28,7 +28,7 @@ impl lg_ticket {
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL ticket or out_cancelled).
 /// Ownership: borrows its arguments for the call only; keeps none of them.
-/// Thread safety: any thread. Blocking: takes the gate's lock briefly.
+/// Thread safety: any thread. Blocking: never (lock-free).
 ///
 /// # Safety
 /// `ticket` is NULL or a live ticket; `out_cancelled` is NULL or valid for

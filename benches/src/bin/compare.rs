@@ -351,23 +351,14 @@ const HANDOFF_THROUGHPUT: &[Design] = &[
     ("tokio Semaphore acquire, thread parked", Target::None),
 ];
 const CLASS_HANDOFF: &[Design] = &[("Mutex + four VecDeques", Target::Faster(2.0))];
-/// No target: the issue set none for a wait limit. The last row is
-/// loadgate's own gate on its locked table (adaptive LIFO), what every gate
-/// with a wait limit ran before.
-const WAIT_DIRECT: &[Design] = &[
-    (
-        "Mutex gate with wait limit (newest reference)",
-        Target::None,
-    ),
-    ("loadgate on its locked table (adaptive LIFO)", Target::None),
-];
-const WAIT_CONTENDED: &[Design] = &[
-    (
-        "Mutex gate with wait limit (newest reference)",
-        Target::None,
-    ),
-    ("loadgate on its locked table (adaptive LIFO)", Target::None),
-];
+const WAIT_DIRECT: &[Design] = &[(
+    "Mutex gate with wait limit (newest reference)",
+    Target::Faster(0.9),
+)];
+const WAIT_CONTENDED: &[Design] = &[(
+    "Mutex gate with wait limit (newest reference)",
+    Target::None,
+)];
 const CONTENDED: &[Design] = &[
     ("tokio Semaphore try_acquire", Target::Throughput(2.0)),
     ("Mutex gate (newest reference)", Target::Throughput(1.5)),
@@ -757,14 +748,12 @@ fn admit_and_respond(g: &AdmissionGate) -> Permit<'_> {
     p
 }
 
-/// A gate with a wait limit: on the lock-free queues, or (`table`, with
-/// adaptive LIFO) on the locked table.
-fn wait_gate(limit: u32, wait: u32, table: bool) -> AdmissionGate {
+/// A gate with a wait limit.
+fn wait_gate(limit: u32, wait: u32) -> AdmissionGate {
     AdmissionGate::new(
         GateConfig::new(limit)
             .with_queue(16)
-            .with_wait_limit(Some(wait))
-            .with_adaptive_lifo(table),
+            .with_wait_limit(Some(wait)),
     )
     .expect("gate config")
 }
@@ -1043,8 +1032,7 @@ fn admission_cases(run: &mut Run) {
 
     let name = "admit + first response + release, wait limit (W=4 of N=8)";
     run.measure(Case::hot(name, WAIT_DIRECT), |budget| {
-        let g = wait_gate(8, 4, false);
-        let table = wait_gate(8, 4, true);
+        let g = wait_gate(8, 4);
         let mg = WaitMutexGate::new(8, 4, 16);
         let mut sides = [
             each(|| admit_and_respond(&g)),
@@ -1053,15 +1041,13 @@ fn admission_cases(run: &mut Run) {
                 p.first_response();
                 p
             }),
-            each(|| admit_and_respond(&table)),
         ];
         interleave(budget, &mut sides)
     });
 
     let name = "admit + first response + release, wait limit, 2 threads contending";
     run.measure(Case::contended(name, WAIT_CONTENDED), |budget| {
-        let g = wait_gate(1024, 512, false);
-        let table = wait_gate(1024, 512, true);
+        let g = wait_gate(1024, 512);
         let mg = WaitMutexGate::new(1024, 512, 16);
         let lg_op = |ops: u64| {
             for _ in 0..ops {
@@ -1075,16 +1061,7 @@ fn admission_cases(run: &mut Run) {
                 drop(p);
             }
         };
-        let table_op = |ops: u64| {
-            for _ in 0..ops {
-                drop(black_box(admit_and_respond(&table)));
-            }
-        };
-        let sides = [
-            SharedSide::new(&lg_op),
-            SharedSide::new(&mg_op),
-            SharedSide::new(&table_op),
-        ];
+        let sides = [SharedSide::new(&lg_op), SharedSide::new(&mg_op)];
         contend(budget, 2, &sides)
     });
 

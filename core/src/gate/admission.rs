@@ -38,28 +38,13 @@ use super::stats::GateStats;
 /// the release handed the slot to. Writes a request made while holding its
 /// slot are therefore visible to the request that gets the slot next.
 ///
-/// **Locking:** a gate without adaptive LIFO (with or without priority
-/// classes or a wait limit) takes no lock on any path but
-/// [`set_limit`](Self::set_limit): admission, rejection, queueing, release
-/// and handoff, `first_response`, cancel, blocking waits, expiry,
-/// displacement and [`close`](Self::close) run on atomics and the lock-free
-/// queues. A gate with adaptive LIFO queues in a table under a mutex:
-/// there direct admission, release and rejection while the queue is
-/// full are one atomic operation on the state word: no lock. A queued
-/// future's poll reads its cell's atomic status (the mutex only to swap in
-/// a new waker), and so does a callback ticket's `is_queued`; dropping a
-/// queued future marks its cell and gives its place back without the mutex
-/// (unless it races the grant or rejection of that very request, when it
-/// waits for the outcome under the mutex). With a wait
-/// limit, admission, `first_response` and the release of a permit that has
-/// not responded take the mutex too (the wait count lives under it).
-/// Queueing, handing a released slot to a waiter, a callback ticket's
-/// `cancel`, blocking waits, expiry,
-/// displacement, [`set_limit`](Self::set_limit), [`close`](Self::close) and
-/// [`metrics_text`](Self::metrics_text) take the gate's mutex, briefly.
-/// Admission, queueing and handoff allocate nothing (the waiter table is
-/// reserved when the gate is built); raising the limit and rendering metrics
-/// may.
+/// **Locking:** no path takes a lock but [`set_limit`](Self::set_limit):
+/// admission, rejection, queueing, release and handoff, `first_response`,
+/// cancel, blocking waits, expiry, displacement, adaptive LIFO and
+/// [`close`](Self::close) run on atomics and the lock-free queues, with or
+/// without priority classes or a wait limit. Admission, queueing and
+/// handoff allocate nothing (the queues' storage is reserved when the gate
+/// is built); raising the limit and rendering metrics may.
 pub struct AdmissionGate {
     pub(super) raw: RawGate,
     prefix: String,
@@ -112,18 +97,16 @@ impl AdmissionGate {
             {
                 Err(TryAdmitError::WouldWait)
             }
-            // A gate with a wait limit reserves a wait slot first (or, on
-            // the table, admits under the mutex, where the wait count
-            // lives); a request that may use a reserved slot while only
-            // less important classes wait looks at the classes' counts
-            // (lock-free queues) or under the mutex (the table).
+            // A gate with a wait limit reserves a wait slot first; a
+            // request that may use a reserved slot while only less
+            // important classes wait looks at the classes' counts.
             Err(w) => self.try_admit_slow(class, w),
         }
     }
 
     /// [`try_admit`](Self::try_admit) on a gate with a wait limit, or with
-    /// classes while someone waits. Out of line and cold, so that the
-    /// lock-free `try_admit` stays small enough to inline into its callers.
+    /// classes while someone waits. Out of line and cold, so that
+    /// `try_admit` stays small enough to inline into its callers.
     #[cold]
     #[inline(never)]
     fn try_admit_slow(
@@ -134,7 +117,7 @@ impl AdmissionGate {
         if seen.closed() || !self.raw.classes.room(class, seen) {
             return Err(TryAdmitError::WouldWait);
         }
-        match self.raw.try_direct_slow(class) {
+        match self.raw.try_direct_counted(class) {
             Ok(()) => {
                 self.raw.counters.admitted_direct.add(1);
                 Ok(Permit::new(self))

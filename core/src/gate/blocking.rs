@@ -1,17 +1,15 @@
-//! The blocking wait: a thread queues a cell and sleeps on one of the gate's
-//! condition variables (shared by cell index) until the cell is resolved,
-//! its own timeout runs out, or the queue deadline comes, which it enforces
-//! itself.
+//! The blocking wait: a thread queues a cell holding a waker that unparks
+//! it (`tell.rs`) and parks until the cell is resolved, its own timeout
+//! runs out, or its queue deadline comes, which it enforces itself.
 
 use std::time::{Duration, Instant};
 
-use crate::sync::{lock, Ordering};
+use crate::sync::{park, park_timeout, spin_wait};
 
 use super::error::AdmitError;
-use super::raw::{Enqueued, Fast, RawGate};
-use super::state::Word;
-use super::table::Waiter;
-use super::wake::WakeList;
+use super::queue::{outcome, split_id, Enqueued, Waiter};
+use super::raw::{Fast, RawGate};
+use super::tell::with_thread_waker;
 
 impl RawGate {
     /// The blocking wait of a request of `class`: `Ok` once the thread holds
@@ -27,42 +25,37 @@ impl RawGate {
             Fast::Slow => {}
         }
         let give_up = timeout.and_then(|d| Instant::now().checked_add(d));
-        let mut wakes = WakeList::new();
-        let step = self.enqueue(class, Waiter::Thread, &mut wakes);
-        wakes.run(self);
-        let idx = match step {
-            Enqueued::Direct(_) => return Ok(()),
-            Enqueued::Rejected(e, _) => return Err(e),
-            Enqueued::Queued(idx, gen) => {
-                if self.lock_free() {
-                    return self.lf_block((idx, gen), give_up);
-                }
-                idx
-            }
-        };
-        let cv = &self.condvars[idx as usize % self.condvars.len()];
-        let mut t = lock(&self.table);
+        match self.enqueue(class, Waiter::Thread) {
+            Enqueued::Direct(_) => Ok(()),
+            Enqueued::Rejected(e, _) => Err(e),
+            Enqueued::Queued(id, gen) => self.block(id, gen, give_up),
+        }
+    }
+
+    /// A blocking waiter's wait from its push (waiter `id` of generation
+    /// `gen`) until its outcome, its queue deadline or `give_up`.
+    fn block(&self, id: u32, gen: u32, give_up: Option<Instant>) -> Result<(), AdmitError> {
+        let (class, cell) = split_id(id);
+        let fifo = &self.fifos[class];
+        let tell = fifo.payload(cell);
         loop {
-            if let Some(outcome) = self.cells.load(idx).1.outcome() {
-                self.cells.free(idx);
-                return outcome;
+            // Again before every check: see `tell.rs`.
+            with_thread_waker(|w| tell.register(w));
+            if let Some(o) = outcome(fifo.status(cell).1) {
+                fifo.free_cell(cell);
+                return o;
             }
             let mut wait = None;
-            // Acquire: the rule for loads under the mutex (`closed` itself
-            // only changes under it).
-            let closed = Word(self.state.load(Ordering::Acquire)).closed();
-            if let Some(deadline) = self.classes.timeout[class].filter(|_| !closed) {
-                // (Once closed, close() rejects us and notifies.)
+            if let Some(timeout) = self.classes.timeout[class] {
                 let now = self.clock.now_nanos();
-                let due = t.cells[idx as usize].enqueued_at.saturating_add(deadline);
+                let due = fifo.enqueued_at(cell).saturating_add(timeout);
                 if now >= due {
-                    // Everyone ahead of us in our class is older, so due too:
-                    // expire from the heads until our own cell is reached.
-                    let mut wakes = WakeList::new();
-                    self.expire_locked(&mut t, now, &mut wakes);
-                    drop(t);
-                    wakes.run(self);
-                    t = lock(&self.table);
+                    self.expire();
+                    // Expiry stops at the first waiter not due; one ahead
+                    // of us may have read the clock a moment later.
+                    if self.leave(class, cell, gen, Some(AdmitError::QueueTimeout)) {
+                        return Err(AdmitError::QueueTimeout);
+                    }
                     continue;
                 }
                 wait = Some(Duration::from_nanos(due - now));
@@ -70,18 +63,21 @@ impl RawGate {
             if let Some(give_up) = give_up {
                 let now = Instant::now();
                 if now >= give_up {
-                    self.unqueue_locked(&mut t, idx);
-                    t.take_waiter(idx); // a thread: nothing to drop
-                    self.cells.free(idx);
-                    return Err(AdmitError::TimedOut);
+                    if self.leave(class, cell, gen, None) {
+                        return Err(AdmitError::TimedOut);
+                    }
+                    // Resolved meanwhile (or being resolved): its outcome
+                    // comes first.
+                    spin_wait();
+                    continue;
                 }
                 let left = give_up - now;
                 wait = Some(wait.map_or(left, |w: Duration| w.min(left)));
             }
-            t = match wait {
-                None => crate::sync::wait(cv, t),
-                Some(d) => crate::sync::wait_timeout(cv, t, d),
-            };
+            match wait {
+                None => park(),
+                Some(d) => park_timeout(d),
+            }
         }
     }
 }

@@ -10,9 +10,8 @@ use std::sync::Arc;
 
 use super::error::AdmitError;
 use super::permit::OwnedPermit;
-use super::raw::{Enqueued, Fast};
-use super::table::Waiter;
-use super::wake::WakeList;
+use super::queue::{Enqueued, Waiter};
+use super::raw::Fast;
 use super::AdmissionGate;
 
 /// The callback form's callback: called exactly once, with a permit or the
@@ -24,7 +23,8 @@ pub type AdmitCallback = Box<dyn FnOnce(Result<OwnedPermit, AdmitError>) + Send 
 /// request: the callback still fires exactly once.
 pub struct CallbackTicket {
     gate: Arc<AdmissionGate>,
-    /// The queue cell and its generation, if the request was queued.
+    /// The waiter's handle and its cell's generation, if the request was
+    /// queued.
     cell: Option<(u32, u32)>,
 }
 
@@ -33,15 +33,15 @@ impl CallbackTicket {
         Self { gate, cell }
     }
 
-    /// Takes the request out of the queue if it is still there (under the
-    /// gate's mutex, briefly). Returns true when it was: its place is free
+    /// Takes the request out of the queue if it is still there (no lock).
+    /// Returns true when it was: its place is free
     /// at once, the callback is dropped without being called and the
     /// request counts as cancelled. Returns false when the callback has
     /// already been called or is being called (it got a permit, which it
     /// owns, or a rejection).
     pub fn cancel(&self) -> bool {
         match self.cell {
-            Some((idx, gen)) => self.gate.raw.cancel_callback(idx, gen),
+            Some((id, gen)) => self.gate.raw.cancel_callback(id, gen),
             None => false,
         }
     }
@@ -49,7 +49,7 @@ impl CallbackTicket {
     /// True while the request waits in the queue (one atomic load).
     pub fn is_queued(&self) -> bool {
         match self.cell {
-            Some((idx, gen)) => self.gate.raw.callback_queued(idx, gen),
+            Some((id, gen)) => self.gate.raw.is_queued(id, gen),
             None => false,
         }
     }
@@ -74,18 +74,15 @@ pub(super) fn admit(
         Fast::Admitted => Ok(()),
         Fast::Rejected(e) => Err(e),
         Fast::Slow => {
-            let waiter = Waiter::Callback(callback, Arc::clone(gate));
-            let mut wakes = WakeList::new();
-            let step = gate.raw.enqueue(class, waiter, &mut wakes);
-            wakes.run(&gate.raw);
-            let (outcome, back) = match step {
-                Enqueued::Queued(idx, gen) => {
-                    return CallbackTicket::new(Arc::clone(gate), Some((idx, gen)));
+            let waiter = Waiter::Callback((callback, Arc::clone(gate)));
+            let (outcome, back) = match gate.raw.enqueue(class, waiter) {
+                Enqueued::Queued(id, gen) => {
+                    return CallbackTicket::new(Arc::clone(gate), Some((id, gen)));
                 }
-                Enqueued::Direct(w) => (Ok(()), w),
-                Enqueued::Rejected(e, w) => (Err(e), w),
+                Enqueued::Direct(back) => (Ok(()), back),
+                Enqueued::Rejected(e, back) => (Err(e), back),
             };
-            if let Waiter::Callback(callback, gate) = back {
+            if let Some((callback, gate)) = back {
                 dispatch(callback, outcome.map(|()| OwnedPermit::new(gate)));
             }
             return CallbackTicket::new(Arc::clone(gate), None);

@@ -87,16 +87,6 @@ impl<T> Chunks<T> {
         &self.chunk(k)[offset]
     }
 
-    /// Makes sure entries `0..total` exist, so that reaching them allocates
-    /// nothing.
-    pub(super) fn reserve(&self, total: usize) {
-        if let Some(last) = total.checked_sub(1).and_then(|i| u32::try_from(i).ok()) {
-            for k in 0..=self.locate(last).0 {
-                self.chunk(k);
-            }
-        }
-    }
-
     /// Whether chunk `k` is allocated.
     #[cfg(test)]
     pub(super) fn has(&self, k: usize) -> bool {
@@ -124,7 +114,7 @@ mod tests {
             assert_eq!(c.locate(idx), want);
         }
         assert!(c.has(0) && !c.has(1));
-        c.reserve(100); // chunks of 4, 8, 16, 32, 64: the last ends at 124
+        let _ = c.get(100); // chunks of 4, 8, 16, 32, 64: the last ends at 124
         assert!(c.has(4) && !c.has(5));
         let _ = c.get(200);
         assert!(c.has(5));

@@ -1,7 +1,7 @@
 //! Priority classes on the lock-free queues: one [`Fifo`](super::fifo::Fifo)
 //! per class, each with its own count, behind the state word's total. The
 //! paths shared with a one-class gate (a poll, a cancel, expiry, close)
-//! are in `lockfree.rs`; this module gives the counting, admission and
+//! are in `queue.rs`; this module gives the counting, admission and
 //! handoff that classes change.
 //!
 //! # The counts
@@ -60,7 +60,7 @@
 //! # Orderings
 //!
 //! Counts and the total change by `AcqRel` read-modify-writes, as the queue
-//! asks of counting (`lockfree.rs`). One pairing spans two locations: a
+//! asks of counting (`queue.rs`). One pairing spans two locations: a
 //! slot freed (a release, a refused slot, an undone reservation: each a
 //! read-modify-write of the word, then a read of the counts) while an
 //! arrival counts itself (a read-modify-write of its class's count, then a
@@ -81,10 +81,10 @@ use crate::sync::{spin_wait, Ordering};
 use super::config::MAX_CLASSES;
 use super::error::AdmitError;
 use super::fifo::Places;
-use super::raw::{Enqueued, RawGate};
+use super::queue::{Enqueued, Waiter};
+use super::raw::RawGate;
 use super::state::{Word, ONE_QUEUED, ONE_RUNNING};
 use super::stats::bump;
-use super::table::Waiter;
 
 /// The count a displaced waiter of `class` gives its place back to: its
 /// class's count only, so that the place passes to the arrival that
@@ -204,9 +204,9 @@ impl RawGate {
             .inspect_err(|_| self.unhold_wait(&mut wait_held))
     }
 
-    /// The locked part of an admission of `class` on a gate with several
-    /// classes, without a lock (module docs).
-    pub(super) fn enqueue_counted(&self, class: usize, waiter: Waiter) -> Enqueued {
+    /// The slow part of an admission of `class` on a gate that runs the
+    /// counted protocol (module docs).
+    pub(super) fn enqueue_counted(&self, class: usize, waiter: Waiter<'_>) -> Enqueued {
         // Acquire: as the first load of `enqueue`.
         let mut cur = self.state.load(Ordering::Acquire);
         // Whether we hold a wait slot for a direct admission (`wait.rs`).
@@ -218,7 +218,7 @@ impl RawGate {
                 self.unhold_wait(&mut wait_held);
             }
             if w.closed() {
-                return Enqueued::Rejected(self.refuse_closed(class), waiter);
+                return Enqueued::Rejected(self.refuse_closed(class), waiter.into_detached());
             }
             let class_room = self.counted(class) < self.classes.queue[class];
             let new = if direct {
@@ -244,15 +244,15 @@ impl RawGate {
                 // Acquire: as the first load.
                 cur = self.state.load(Ordering::Acquire);
                 continue;
-            } else if self.lf_expire_for(class) {
+            } else if self.expire_for(class) {
                 // Acquire: as the first load.
                 cur = self.state.load(Ordering::Acquire);
                 continue;
             } else {
-                return Enqueued::Rejected(AdmitError::AtCapacity, waiter);
+                return Enqueued::Rejected(AdmitError::AtCapacity, waiter.into_detached());
             };
-            match self.lf_commit(cur, new) {
-                Ok(true) => return Enqueued::Direct(waiter),
+            match self.commit(cur, new) {
+                Ok(true) => return Enqueued::Direct(waiter.into_detached()),
                 Ok(false) => break,
                 Err(actual) => cur = actual,
             }
@@ -263,9 +263,9 @@ impl RawGate {
             // AcqRel: as every change of the total.
             self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
             self.counters.class[class].rejected_capacity.add(1);
-            return Enqueued::Rejected(AdmitError::AtCapacity, waiter);
+            return Enqueued::Rejected(AdmitError::AtCapacity, waiter.into_detached());
         }
-        let step = self.lf_push(class, waiter);
+        let step = self.push(class, waiter);
         if let Enqueued::Queued(..) = step {
             // The arrival's side of the pairing in the module docs: a
             // read-modify-write of the word after its count. AcqRel: see
@@ -289,8 +289,8 @@ impl RawGate {
             return false;
         };
         bump(&self.counters.class[victim].displaced, 1);
-        self.lf_tell(victim, told, Err(AdmitError::Displaced));
-        self.lf_after(victim, then);
+        self.tell(victim, told, Err(AdmitError::Displaced));
+        self.after(victim, then);
         places.passed.get()
     }
 
@@ -322,6 +322,9 @@ impl RawGate {
                 }
                 return;
             }
+            if self.lifo_pending() && self.lifo_grant(class) {
+                continue;
+            }
             if !self.take_counted(class) {
                 // Taken meanwhile: give the reservations back, look again.
                 // AcqRel: a freeing write (module docs).
@@ -331,7 +334,7 @@ impl RawGate {
             }
             // AcqRel: as every change of the total.
             self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
-            if self.lf_deliver_to(class) {
+            if self.deliver(class) {
                 // A leaving waiter refused it. AcqRel: a freeing write.
                 self.drop_wait();
                 self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);

@@ -4,7 +4,7 @@
 //! the only allocations are on the cold paths that refill its storage
 //! (see "Storage").
 //!
-//! The queue of each priority class of a gate (`lockfree.rs` and
+//! The queue of each priority class of a gate (`queue.rs` and
 //! `classes.rs` drive it); the model checks and the threaded test at the
 //! end also run it under a small counting gate of their own. Each cell carries a payload of the caller's
 //! (whom to tell) and a *detached* flag for waiters whose owner never
@@ -131,7 +131,6 @@ use crossbeam_utils::CachePadded;
 
 use crate::sync::{fence, lock, spin_wait, AtomicU32, AtomicU64, Mutex, Ordering};
 
-use super::cell::{error_code, error_of};
 use super::chunks::Chunks;
 use super::error::AdmitError;
 
@@ -246,6 +245,28 @@ pub(super) enum Status {
     Rejected(AdmitError),
     /// Its owner left the queue.
     Cancelled,
+}
+
+/// An error's code in a waiter word.
+fn error_code(e: AdmitError) -> u64 {
+    match e {
+        AdmitError::AtCapacity => 0,
+        AdmitError::QueueTimeout => 1,
+        AdmitError::Closed => 2,
+        AdmitError::Displaced => 3,
+        AdmitError::TimedOut => 4,
+    }
+}
+
+/// The error a waiter word's code names.
+fn error_of(code: u64) -> AdmitError {
+    match code {
+        0 => AdmitError::AtCapacity,
+        1 => AdmitError::QueueTimeout,
+        2 => AdmitError::Closed,
+        3 => AdmitError::Displaced,
+        _ => AdmitError::TimedOut,
+    }
 }
 
 fn waiter_word(gen: u32, status: Status) -> u64 {
@@ -913,16 +934,19 @@ impl<T: Default> Fifo<T> {
         reason: Option<AdmitError>,
         places: &impl Places,
     ) -> Option<Then> {
-        self.leave_told(cell, gen, reason, places)
+        let end = reason.map_or(Status::Cancelled, Status::Rejected);
+        self.leave_told(cell, gen, end, places)
             .map(|(then, _)| then)
     }
 
-    /// [`leave`](Self::leave), and whom to tell of the rejection.
+    /// Takes a queued cell out of the queue, ending it with status `end`
+    /// (`Cancelled`, `Rejected` or `Granted`): see [`leave`](Self::leave).
+    /// What the caller must do, and whom to tell.
     fn leave_told(
         &self,
         cell: u32,
         gen: u32,
-        reason: Option<AdmitError>,
+        end: Status,
         places: &impl Places,
     ) -> Option<(Then, Told)> {
         let w = self.cells.get(cell);
@@ -976,10 +1000,29 @@ impl<T: Default> Fifo<T> {
             // status lets the owner free the cell.
             enqueued_at: w.enqueued_at.load(Ordering::Relaxed),
         };
-        let status = reason.map_or(Status::Cancelled, Status::Rejected);
-        // Release: see the orderings.
-        w.state.store(with_status(word, status), Ordering::Release);
+        // Release: see the orderings (for a grant, also what a grant by a
+        // resumer publishes).
+        w.state.store(with_status(word, end), Ordering::Release);
         Some((then, told))
+    }
+
+    /// Grants a slot the caller holds for the counted waiters, without
+    /// promising it, to the newest queued waiter (adaptive LIFO): the leave
+    /// of [`reject_newest`](Self::reject_newest), ending in a grant. The
+    /// waiter gives its place back through `places` as a cancel does; if
+    /// every counted waiter was promised a slot already, one of those is on
+    /// its way to this waiter, which refuses it (the resumer releases it).
+    /// Who was granted and what the caller must do after; `None` if no cell
+    /// waits (every counted waiter is on its way to its push, or leaving):
+    /// the caller still holds its slot.
+    pub(super) fn grant_newest(&self, places: &impl Places) -> Option<(Told, Then)> {
+        loop {
+            let (_, cell, gen) = self.newest_queued()?;
+            if let Some((then, told)) = self.leave_told(cell, gen, Status::Granted, places) {
+                return Some((told, then));
+            }
+            // Resolved meanwhile: the next newest.
+        }
     }
 
     // ----- scanning ---------------------------------------------------------------
@@ -1040,7 +1083,8 @@ impl<T: Default> Fifo<T> {
             if !due(at) {
                 break;
             }
-            if let Some((then, who)) = self.leave_told(cell, gen, Some(reason), places) {
+            if let Some((then, who)) = self.leave_told(cell, gen, Status::Rejected(reason), places)
+            {
                 n += 1;
                 told(who, then);
             }
@@ -1107,7 +1151,8 @@ impl<T: Default> Fifo<T> {
     ) -> Option<(Told, Then)> {
         loop {
             let (_, cell, gen) = self.newest_queued()?;
-            if let Some((then, told)) = self.leave_told(cell, gen, Some(reason), places) {
+            if let Some((then, told)) = self.leave_told(cell, gen, Status::Rejected(reason), places)
+            {
                 return Some((told, then));
             }
             // Resolved meanwhile: the next newest.

@@ -1,7 +1,7 @@
 //! The admission futures, [`Admit`] and [`AdmitOwned`]: a request that
 //! cannot be admitted at once queues a cell holding its task's waker, and
-//! each later poll reads the cell's status without the gate's mutex (it
-//! takes the mutex only to swap in a different waker).
+//! each later poll reads the cell's status (registering its waker again:
+//! see `tell.rs`).
 
 use std::fmt;
 use std::future::Future;
@@ -11,31 +11,17 @@ use std::task::{Context, Poll, Waker};
 
 use super::error::AdmitError;
 use super::permit::{OwnedPermit, Permit};
-use super::raw::{Enqueued, Fast};
-use super::table::Waiter;
-use super::wake::WakeList;
+use super::queue::{Enqueued, Waiter};
+use super::raw::Fast;
 use super::AdmissionGate;
-
-/// Which waker a queued cell holds: `Waker::will_wake`'s comparison (data
-/// pointer and vtable), kept as plain numbers. Sound as an identity: while
-/// the cell is queued it holds a clone of that waker, which keeps the data
-/// alive, so no other waker can have the same pointer meanwhile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct WakerId(usize, usize);
-
-impl WakerId {
-    pub(super) fn of(waker: &Waker) -> Self {
-        WakerId(waker.data() as usize, waker.vtable() as *const _ as usize)
-    }
-}
 
 /// Where a future stands.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum WaitState {
     /// Not polled yet; the request's class.
     Start(usize),
-    /// Queued in this cell of this generation, whose waker is this one.
-    Queued(u32, u32, WakerId),
+    /// Queued: the waiter's handle and its cell's generation.
+    Queued(u32, u32),
     /// Returned its output.
     Done,
 }
@@ -53,26 +39,24 @@ fn poll_admit(
             Fast::Admitted => Ok(()),
             Fast::Rejected(e) => Err(e),
             Fast::Slow => match enqueue(gate, class, waker) {
-                Ok((idx, gen)) => {
-                    *state = WaitState::Queued(idx, gen, WakerId::of(waker));
+                Ok((id, gen)) => {
+                    *state = WaitState::Queued(id, gen);
                     return Poll::Pending;
                 }
                 Err(outcome) => outcome,
             },
         },
-        WaitState::Queued(idx, _, ref mut registered) => {
-            match gate.raw.poll_cell(idx, registered, waker) {
-                Poll::Ready(r) => r,
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        WaitState::Queued(id, _) => match gate.raw.poll(id, waker) {
+            Poll::Ready(r) => r,
+            Poll::Pending => return Poll::Pending,
+        },
         WaitState::Done => panic!("admission future polled after it completed"),
     };
     *state = WaitState::Done;
     Poll::Ready(outcome)
 }
 
-/// The locked part of a first poll: the cell the request queued in, or its
+/// The slow part of a first poll: the cell the request queued in, or its
 /// outcome when it was admitted or rejected after all.
 #[inline(never)]
 fn enqueue(
@@ -80,12 +64,7 @@ fn enqueue(
     class: usize,
     waker: &Waker,
 ) -> Result<(u32, u32), Result<(), AdmitError>> {
-    let mut wakes = WakeList::new();
-    let step = gate
-        .raw
-        .enqueue(class, Waiter::Task(Some(waker.clone())), &mut wakes);
-    wakes.run(&gate.raw);
-    match step {
+    match gate.raw.enqueue(class, Waiter::Task(waker)) {
         Enqueued::Direct(_) => Err(Ok(())),
         Enqueued::Rejected(e, _) => Err(Err(e)),
         Enqueued::Queued(idx, gen) => Ok((idx, gen)),
@@ -130,8 +109,8 @@ impl<'a> Future for Admit<'a> {
 
 impl Drop for Admit<'_> {
     fn drop(&mut self) {
-        if let WaitState::Queued(idx, gen, _) = self.state {
-            self.gate.raw.cancel_cell(idx, gen);
+        if let WaitState::Queued(id, gen) = self.state {
+            self.gate.raw.cancel(id, gen);
         }
     }
 }
@@ -178,8 +157,8 @@ impl Future for AdmitOwned {
 
 impl Drop for AdmitOwned {
     fn drop(&mut self) {
-        if let WaitState::Queued(idx, gen, _) = self.state {
-            self.gate.raw.cancel_cell(idx, gen);
+        if let WaitState::Queued(id, gen) = self.state {
+            self.gate.raw.cancel(id, gen);
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Permits: a held engine slot, borrowed ([`Permit`]) or owning a handle to
 //! its gate ([`OwnedPermit`]). Dropping either gives the slot back: one
 //! read-modify-write of the state word while nobody is queued, otherwise a
-//! handoff to the oldest waiter (lock-free, or under the gate's mutex on a
-//! gate with adaptive LIFO).
+//! lock-free handoff to the oldest waiter (the newest, once, after an
+//! expiry on a gate with adaptive LIFO).
 //!
 //! On a gate with a wait limit a permit also holds a wait slot until its
 //! [`first_response`](Permit::first_response); a flag in the permit says

@@ -11,32 +11,32 @@
 //! +------+-------------+---------------+---------------+
 //! ```
 //!
-//! `running` counts held slots, including slots granted to waiters that have
-//! not picked them up yet; `queued` counts linked cells; `limit` is `N`.
+//! `running` counts held slots, including slots promised to waiters and on
+//! their way to them; `queued` counts the waiters no slot is promised to
+//! yet; `limit` is `N`.
 //!
 //! # Invariants
 //!
 //! At every value the word takes:
 //! 1. `queued <= Q`, and `running <= max(limit ever set)` (never above `N`
 //!    unless the limit was just lowered; lowering revokes nothing).
-//! 2. `limit` and `closed` change only under the mutex; `queued` rises only
-//!    under it, and falls under it or by a lock-free cancel. `queued` counts
-//!    the live waiters: the linked cells but those cancelled (which stay
-//!    linked until a mutex holder unlinks them), give or take a cancel
-//!    between its cell's CAS and its `queued - 1`.
-//! 3. `running` rises without the mutex only while `queued == 0` (the
-//!    direct-admit CAS requires it in the value it swaps), so while
-//!    `queued > 0` only the mutex holder raises it. It falls without the
-//!    mutex at any time: a release is one `fetch_sub`.
-//! 4. `queued > 0` implies `running >= limit` or `closed`: a slot is never
-//!    left idle while someone waits. The one window: a release whose
-//!    `fetch_sub` saw `queued > 0` has freed its slot and is on its way to
-//!    the mutex to hand it to the oldest waiter; until then no arrival can
-//!    take the slot ahead of the waiters (a direct admission needs
-//!    `queued == 0`, and one under the mutex needs nobody of its class or a
-//!    more important one queued). (A `set_limit` that grants more waiters
-//!    than one batch raises `limit` first and grants batch by batch; the
-//!    same rule keeps its slots for the waiters between batches.)
+//! 2. `limit` changes only in `set_limit` (serialized by its mutex);
+//!    `closed` is set once, by `close`, and never cleared.
+//! 3. `queued` rises by an arrival's CAS, only when no slot is free to it or
+//!    others wait; it falls by a promise (`running + 1, queued - 1` in one
+//!    CAS) or by a leaving waiter giving its place back (`queue.rs`). With
+//!    several classes or a wait limit it is the classes' total, at least
+//!    the sum of their counts (`classes.rs`).
+//! 4. `running` rises by a direct admission only while nobody is queued
+//!    (with classes: nobody of the class or a more important one), and by a
+//!    promise; it falls at any time: a release is one `fetch_sub`.
+//! 5. `queued > 0` implies no slot is free to the waiting classes
+//!    (`running >= limit` within their shares), or every wait slot is
+//!    taken, or `closed`: a slot is never left idle while someone waits. The one
+//!    window: a release (or a raised limit, or a first response) that saw
+//!    `queued > 0` has freed its slot and is about to promise it; no arrival
+//!    takes the slot meanwhile, since a direct admission needs nobody
+//!    queued ahead of it.
 
 const FIELD_BITS: u32 = 21;
 const FIELD_MASK: u64 = (1 << FIELD_BITS) - 1;

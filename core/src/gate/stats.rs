@@ -39,16 +39,15 @@ impl ClassStats {
 /// A snapshot of a gate's state and counters.
 ///
 /// The gauges (`running`, `queued`, `limit`, `closed`) come from one atomic
-/// read of the state word, so they are mutually consistent; with a wait
-/// limit (or classes on a gate with adaptive LIFO), `waiting` and the
-/// classes' `queued` are read with them under the gate's mutex, consistent
-/// too. With priority classes on the lock-free queues, the classes'
-/// `queued` are read between two reads of the state word that agree, and
-/// `queued` is their sum: they add up, and `running + queued` stays within
-/// `N + Q`; an arrival a few instructions from counting itself in its class
-/// shows in neither yet. (Should the word change on each of 64 tries,
-/// `queued` is the word's and each class's is at most it.) The counters
-/// are read one by one and may be a moment apart from the gauges.
+/// read of the state word, so they are mutually consistent. With priority
+/// classes (or a wait limit), the classes' `queued` are read between two
+/// reads of the state word that agree, and `queued` is their sum: they add
+/// up, and `running + queued` stays within `N + Q`; an arrival a few
+/// instructions from counting itself in its class shows in neither yet.
+/// (Should the word change on each of 64 tries, `queued` is the word's and
+/// each class's is at most it.) `waiting` is read a moment after the word
+/// and capped at `running`. The counters are read one by one and may be a
+/// moment apart from the gauges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GateStats {
     /// Slots held, including slots granted to waiters that have not picked

@@ -3,8 +3,9 @@
 use super::*;
 
 /// Random sequences on one thread against a plain reference (a counter and
-/// a `VecDeque`): every admission, grant, cancel, rejection from the head
-/// and displacement of the newest agrees, step by step.
+/// a `VecDeque`): every admission, grant (to the oldest, or to the newest
+/// as adaptive LIFO does), cancel, rejection from the head and
+/// displacement of the newest agrees, step by step.
 #[test]
 fn random_sequences_match_a_plain_reference() {
     use std::collections::VecDeque;
@@ -24,7 +25,7 @@ fn random_sequences_match_a_plain_reference() {
         let mut waiters: VecDeque<(u32, u32)> = VecDeque::new();
         for step in 0..2_000 {
             let ctx = format!("seed {seed} step {step}");
-            match next(5) {
+            match next(6) {
                 0 => {
                     let expect = if waiters.is_empty() && running < limit {
                         running += 1;
@@ -70,6 +71,15 @@ fn random_sequences_match_a_plain_reference() {
                     if let Some((c, gen)) = newest {
                         let displaced = Outcome::Rejected(AdmitError::Displaced);
                         assert_eq!(g.poll(c, gen), Some(displaced), "{ctx}");
+                    }
+                }
+                5 if running > 0 => {
+                    g.release_newest();
+                    match waiters.pop_back() {
+                        Some((c, gen)) => {
+                            assert_eq!(g.poll(c, gen), Some(Outcome::Granted), "{ctx}");
+                        }
+                        None => running -= 1,
                     }
                 }
                 _ => {}

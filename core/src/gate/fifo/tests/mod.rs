@@ -135,10 +135,34 @@ impl TestGate {
 
     /// Gives back a held slot: to the oldest waiter, or free.
     fn release(&self) {
+        self.release_to(false);
+    }
+
+    /// Gives back a held slot: to the newest waiter (adaptive LIFO), or
+    /// free.
+    fn release_newest(&self) {
+        self.release_to(true);
+    }
+
+    /// Gives back a held slot: to the oldest waiter (or the newest, which
+    /// it hands its slot to as it is, without a promise), or free.
+    fn release_to(&self, newest: bool) {
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             let (running, queued) = split(cur);
             assert!(running > 0, "release without a held slot");
+            if newest && queued > 0 && running <= self.limit {
+                if let Some((_, then)) = self.fifo.grant_newest(self) {
+                    self.after(then);
+                    return;
+                }
+                // Nobody waits in a cell: deliver in order.
+                cur = self.word.load(Ordering::Acquire);
+                if split(cur).1 > 0 {
+                    return self.release();
+                }
+                continue;
+            }
             let promise = queued > 0 && running <= self.limit;
             let new = if promise { cur - ONE_QUEUED } else { cur - 1 };
             match self

@@ -30,6 +30,43 @@ fn waiters_are_granted_in_order_and_cancelled_ones_are_passed_over() {
 }
 
 #[test]
+fn a_lifo_grant_takes_the_newest_live_waiter_and_the_oldest_keeps_its_turn() {
+    let g = TestGate::new(1, 3);
+    assert_eq!(g.admit(), Admit::Held);
+    let a = queued(g.admit());
+    let b = queued(g.admit());
+    let c = queued(g.admit());
+    assert!(g.cancel(c.0, c.1));
+    // c left: the newest live waiter is b.
+    g.release_newest();
+    assert_eq!(g.poll(b.0, b.1), Some(Outcome::Granted));
+    assert_eq!(g.counts(), (1, 1));
+    // b's position is skipped: the next slot goes to a, and the queue
+    // stays exact for newcomers.
+    let d = queued(g.admit());
+    g.release();
+    assert_eq!(g.poll(a.0, a.1), Some(Outcome::Granted));
+    assert_eq!(g.poll(d.0, d.1), None);
+    g.release();
+    assert_eq!(g.poll(d.0, d.1), Some(Outcome::Granted));
+    g.release();
+    assert_eq!(g.counts(), (0, 0));
+}
+
+#[test]
+fn a_lifo_grant_with_nobody_in_a_cell_is_delivered_in_order() {
+    let g = TestGate::new(1, 2);
+    assert_eq!(g.admit(), Admit::Held);
+    let a = queued(g.admit());
+    assert!(g.cancel(a.0, a.1));
+    assert!(g.fifo.grant_newest(&g).is_none());
+    g.release_newest();
+    assert_eq!(g.counts(), (0, 0));
+    assert_eq!(g.admit(), Admit::Held);
+    g.release();
+}
+
+#[test]
 fn a_rejection_by_another_thread_takes_the_oldest_and_frees_its_place() {
     let g = TestGate::new(1, 2);
     assert_eq!(g.admit(), Admit::Held);
