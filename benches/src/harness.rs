@@ -62,6 +62,9 @@ pub struct Series {
     /// On-CPU time of the measuring threads while measuring, where the OS
     /// reports it (Linux); zero elsewhere.
     pub on_cpu: Duration,
+    /// Every sample timed one operation (no batch means): its tail
+    /// percentiles are per-operation latencies.
+    pub per_op: bool,
 }
 
 impl Default for Series {
@@ -72,6 +75,7 @@ impl Default for Series {
             elapsed: Duration::ZERO,
             allocs: 0,
             on_cpu: Duration::ZERO,
+            per_op: false,
         }
     }
 }
@@ -85,6 +89,11 @@ impl Series {
     /// 99th-percentile latency, nanoseconds.
     pub fn p99(&self) -> f64 {
         self.hist.value_at_quantile(0.99) as f64 / PS as f64
+    }
+
+    /// 99.9th-percentile latency, nanoseconds.
+    pub fn p999(&self) -> f64 {
+        self.hist.value_at_quantile(0.999) as f64 / PS as f64
     }
 
     /// Operations per second over the measured wall time.
@@ -116,6 +125,7 @@ impl Series {
         self.ops += other.ops;
         self.allocs += other.allocs;
         self.on_cpu += other.on_cpu;
+        self.per_op |= other.per_op;
     }
 
     /// How many threads were on a CPU on average while measuring (on-CPU
@@ -211,6 +221,22 @@ impl<'a> SharedSide<'a> {
 /// Each series holds all threads' latencies; its throughput is the total
 /// operation count over the round wall time.
 pub fn contend(budget: &Budget, threads: usize, sides: &[SharedSide<'_>]) -> Vec<Series> {
+    contend_with(budget, threads, sides, false)
+}
+
+/// [`contend`], timing every operation on its own, so that the tail
+/// percentiles are per-operation latencies (a thread preempted in the
+/// middle of one shows there); each sample carries a clock read's cost.
+pub fn contend_per_op(budget: &Budget, threads: usize, sides: &[SharedSide<'_>]) -> Vec<Series> {
+    contend_with(budget, threads, sides, true)
+}
+
+fn contend_with(
+    budget: &Budget,
+    threads: usize,
+    sides: &[SharedSide<'_>],
+    per_op: bool,
+) -> Vec<Series> {
     let mut out = vec![Series::default(); sides.len()];
     for round in 0..budget.rounds {
         for k in 0..sides.len() {
@@ -222,8 +248,16 @@ pub fn contend(budget: &Budget, threads: usize, sides: &[SharedSide<'_>]) -> Vec
                 let workers: Vec<_> = (0..threads)
                     .map(|_| {
                         s.spawn(|| {
-                            let mut mine = Series::default();
-                            let batch = calibrate(&mut |n| op(n));
+                            let mut mine = Series {
+                                per_op,
+                                ..Series::default()
+                            };
+                            let batch = if per_op {
+                                op(16); // first-use work, not measured
+                                1
+                            } else {
+                                calibrate(&mut |n| op(n))
+                            };
                             barrier.wait();
                             let cpu_before = thread_cpu_time();
                             let before = thread_allocations();

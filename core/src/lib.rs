@@ -25,13 +25,13 @@
 //!
 //! # Unsafe code
 //!
-//! The crate denies `unsafe_code`; only three files of the gate are allowed
+//! The crate denies `unsafe_code`; only three parts of the gate are allowed
 //! it, for three things safe Rust cannot say without a cost on the hot
 //! path: the raw-pointer round trip of an owned permit through the C ABI
-//! (`gate/permit.rs`), the fixed `MaybeUninit` buffer of wakers a release
-//! hands off without allocating (`gate/wake.rs`), and the callback a queued
-//! cell of the lock-free queue holds, handed from its enqueuer to the one
-//! thread that resolves the cell by the cell's status word (`gate/tell.rs`).
+//! (`gate/permit.rs`), the callback a queued cell of the lock-free queue
+//! holds (`gate/tell.rs`), and the waker it holds (`gate/fifo.rs` and
+//! `gate/fifo/storage.rs`), each handed from its enqueuer to the one thread
+//! that resolves the cell by the cell's status word.
 //! Every `unsafe` block there carries a `// SAFETY:` comment. The monitor,
 //! the cluster code and everything else are safe Rust, checked by the
 //! compiler.

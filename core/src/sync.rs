@@ -22,34 +22,6 @@ pub(crate) use loom::sync::{
     Mutex, MutexGuard,
 };
 
-#[cfg(not(loom))]
-pub(crate) use atomic_waker::AtomicWaker;
-
-/// Loom's stand-in for `atomic_waker::AtomicWaker`: the same three calls
-/// over a model-checked mutex, so that models explore every order of
-/// registering and waking.
-#[cfg(loom)]
-#[derive(Default)]
-pub(crate) struct AtomicWaker(Mutex<Option<std::task::Waker>>);
-
-#[cfg(loom)]
-impl AtomicWaker {
-    pub(crate) fn register(&self, waker: &std::task::Waker) {
-        let mut w = lock(&self.0);
-        if !w.as_ref().is_some_and(|old| old.will_wake(waker)) {
-            *w = Some(waker.clone());
-        }
-    }
-    pub(crate) fn take(&self) -> Option<std::task::Waker> {
-        lock(&self.0).take()
-    }
-    pub(crate) fn wake(&self) {
-        if let Some(w) = self.take() {
-            w.wake();
-        }
-    }
-}
-
 /// An `UnsafeCell` whose accesses loom checks for races (std's, unchecked,
 /// otherwise).
 #[cfg(not(loom))]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::clock::{MonotonicClock, SharedClock};
 
-use super::callback::{self, AdmitCallback, CallbackTicket};
+use super::callback::{self, AdmitCallback, CallbackTicket, QueuedCallback};
 use super::config::{self, ConfigError, GateConfig};
 use super::error::{AdmitError, TryAdmitError};
 use super::future::{Admit, AdmitOwned};
@@ -46,7 +46,7 @@ use super::stats::GateStats;
 /// handoff allocate nothing (the queues' storage is reserved when the gate
 /// is built); raising the limit and rendering metrics may.
 pub struct AdmissionGate {
-    pub(super) raw: RawGate,
+    pub(super) raw: RawGate<QueuedCallback>,
     prefix: String,
 }
 
@@ -352,7 +352,7 @@ impl AdmissionGate {
     /// `{prefix}_backend_admission_rejection_total` and
     /// `{prefix}_backend_admission_cancellation_total`.
     pub fn metrics_text(&self) -> String {
-        metrics::render(self)
+        metrics::render(&self.stats(), &self.raw.waits, &self.prefix)
     }
 }
 

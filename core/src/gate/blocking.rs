@@ -9,9 +9,9 @@ use crate::sync::{park, park_timeout, spin_wait};
 use super::error::AdmitError;
 use super::queue::{outcome, split_id, Enqueued, Waiter};
 use super::raw::{Fast, RawGate};
-use super::tell::with_thread_waker;
+use super::tell::Detached;
 
-impl RawGate {
+impl<D: Detached> RawGate<D> {
     /// The blocking wait of a request of `class`: `Ok` once the thread holds
     /// a slot.
     pub(super) fn wait_blocking(
@@ -37,11 +37,10 @@ impl RawGate {
     fn block(&self, id: u32, gen: u32, give_up: Option<Instant>) -> Result<(), AdmitError> {
         let (class, cell) = split_id(id);
         let fifo = &self.fifos[class];
-        let tell = fifo.payload(cell);
         loop {
-            // Again before every check: see `tell.rs`.
-            with_thread_waker(|w| tell.register(w));
-            if let Some(o) = outcome(fifo.status(cell).1) {
+            // The cell holds this thread's waker since the push (`fifo.rs`,
+            // "Wakers"): whoever resolves it unparks us.
+            if let Some(o) = outcome(fifo.settled(cell)) {
                 fifo.free_cell(cell);
                 return o;
             }

@@ -12,11 +12,26 @@ use super::error::AdmitError;
 use super::permit::OwnedPermit;
 use super::queue::{Enqueued, Waiter};
 use super::raw::Fast;
+use super::tell::Detached;
 use super::AdmissionGate;
 
 /// The callback form's callback: called exactly once, with a permit or the
 /// reason the request was refused.
 pub type AdmitCallback = Box<dyn FnOnce(Result<OwnedPermit, AdmitError>) + Send + 'static>;
+
+/// A queued callback request: its callback and the gate handle its permit
+/// will hold, left in its cell until the thread that resolves the cell
+/// calls it.
+pub(super) struct QueuedCallback {
+    callback: AdmitCallback,
+    gate: Arc<AdmissionGate>,
+}
+
+impl Detached for QueuedCallback {
+    fn resolve(self, outcome: Result<(), AdmitError>) {
+        dispatch(self.callback, outcome.map(|()| OwnedPermit::new(self.gate)));
+    }
+}
 
 /// Handle to a request registered with
 /// [`AdmissionGate::admit_with_callback`]. Dropping it does not cancel the
@@ -74,7 +89,10 @@ pub(super) fn admit(
         Fast::Admitted => Ok(()),
         Fast::Rejected(e) => Err(e),
         Fast::Slow => {
-            let waiter = Waiter::Callback((callback, Arc::clone(gate)));
+            let waiter = Waiter::Callback(QueuedCallback {
+                callback,
+                gate: Arc::clone(gate),
+            });
             let (outcome, back) = match gate.raw.enqueue(class, waiter) {
                 Enqueued::Queued(id, gen) => {
                     return CallbackTicket::new(Arc::clone(gate), Some((id, gen)));
@@ -82,8 +100,8 @@ pub(super) fn admit(
                 Enqueued::Direct(back) => (Ok(()), back),
                 Enqueued::Rejected(e, back) => (Err(e), back),
             };
-            if let Some((callback, gate)) = back {
-                dispatch(callback, outcome.map(|()| OwnedPermit::new(gate)));
+            if let Some(queued) = back {
+                queued.resolve(outcome);
             }
             return CallbackTicket::new(Arc::clone(gate), None);
         }

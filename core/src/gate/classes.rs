@@ -85,17 +85,18 @@ use super::queue::{Enqueued, Waiter};
 use super::raw::RawGate;
 use super::state::{Word, ONE_QUEUED, ONE_RUNNING};
 use super::stats::bump;
+use super::tell::Detached;
 
 /// The count a displaced waiter of `class` gives its place back to: its
 /// class's count only, so that the place passes to the arrival that
 /// displaced it. Records whether it did.
-struct Displacing<'a> {
-    gate: &'a RawGate,
+struct Displacing<'a, D> {
+    gate: &'a RawGate<D>,
     class: usize,
     passed: Cell<bool>,
 }
 
-impl Places for Displacing<'_> {
+impl<D: Detached> Places for Displacing<'_, D> {
     fn give_back(&self) -> bool {
         let passed = self.gate.take_counted(self.class);
         self.passed.set(passed);
@@ -103,7 +104,7 @@ impl Places for Displacing<'_> {
     }
 }
 
-impl RawGate {
+impl<D: Detached> RawGate<D> {
     /// Class `class`'s count of waiters no slot is promised to.
     #[inline]
     pub(super) fn counted(&self, class: usize) -> u32 {
@@ -206,7 +207,7 @@ impl RawGate {
 
     /// The slow part of an admission of `class` on a gate that runs the
     /// counted protocol (module docs).
-    pub(super) fn enqueue_counted(&self, class: usize, waiter: Waiter<'_>) -> Enqueued {
+    pub(super) fn enqueue_counted(&self, class: usize, waiter: Waiter<'_, D>) -> Enqueued<D> {
         // Acquire: as the first load of `enqueue`.
         let mut cur = self.state.load(Ordering::Acquire);
         // Whether we hold a wait slot for a direct admission (`wait.rs`).

@@ -46,55 +46,29 @@
 //! every promised slot reaches exactly one live waiter or goes back, and the
 //! count stays the number of live waiters no slot is promised to.
 //!
-//! # Storage
+//! # Wakers
 //!
-//! Positions live in *segments* of [`SEG`] slots, taken from a pool.
-//! Segments are linked in position order; a segment with id `k` holds
-//! positions `k * SEG ..`. The two ends are found from hints (`head` for
-//! resumers and scanners, `tail` for enqueuers), read before the position
-//! is taken, so a hint never lies past the position's segment unless that
-//! segment is gone. A segment whose every slot is *finished* (nobody will
-//! touch it again) and that is not the last is unlinked and returned to
-//! the pool by a sweep.
+//! A waiter that is not detached leaves its waker in its cell, and the cell's
+//! status word says who owns it: the `WAKER` flag beside `QUEUED` hands it to
+//! the resolvers. Whoever moves the cell out of `QUEUED` from a word with the
+//! flag (a grant, a leave: each a CAS on the word) takes the waker before
+//! storing the final status, and wakes it after: a grant to such a cell goes
+//! through `CANCELLING` (resolving) for that, a leave does anyway. The owner
+//! puts its waker in before the push publishes the cell; to swap in another
+//! (a poll with a new waker) it clears the flag by CAS (the slot is its own
+//! again), swaps, and sets the flag by CAS; if a resolver moved the cell on
+//! meanwhile, it saw no flag and took nothing, and the owner takes its
+//! waker back and reads the outcome. So a waker is handed over by the status
+//! change that resolves the cell, with no read-modify-write of its own, and
+//! an owner that finds `CANCELLING` waits a few instructions for the outcome.
 //!
-//! Segments and waiter cells are stored in chunks that never move
-//! (`chunks.rs`). Waiter cells come from a [`CellPool`] that several
-//! queues may share (a gate's classes do: at most `Q` waiters and `N`
-//! granted ones not yet looking in all, whatever their classes); a cell
-//! serves one queue from its take to its free. The first chunks are made
-//! with the pool and the queue: room for the waiters and, twice over, for
-//! the segments their positions span. The locks (the queue's `sweep`, the
-//! pool's `grown`) are taken only on the cold paths that refill an empty
-//! free stack: a sweep when the segment pool is empty, and the next chunk
-//! when a sweep frees nothing (every linked segment still holds a waiting
-//! or otherwise unfinished slot) or when every cell is taken (rejected
-//! waiters that have not looked yet keep theirs). Churn behind a waiter
-//! stuck at the head reuses segments rather than growing them.
+//! # Storage and words
 //!
-//! Segments are reused while other threads may still hold their index, so
-//! every reference carries the segment id it expects: links and hints pack
-//! `(id, index)`, slot words carry the low 32 bits of their segment's id.
-//! A traversal reads a segment's id before and after reading its link (a
-//! seqlock: a recycler changes the id first, then the contents) and starts
-//! again from the oldest linked segment when it changed; a CAS on a slot of
-//! a recycled segment fails on the tag. A position whose segment is gone was
-//! skipped (its slot finished as `SKIP`: every other way to finish a slot
-//! involves the position's own resumer).
-//!
-//! # Words
-//!
-//! ```text
-//! slot:    63..32 segment tag | 31..28 kind | 27..0 cell
-//! link:    63..20 segment id  | 19..0 segment index
-//! waiter:  63..32 generation  | 15..8 error code | 7..0 status
-//! stack:   63..32 tag         | 31..0 index        (free segments, cells)
-//! ```
-//!
-//! Slot kinds: `EMPTY`, `WAITING(cell)`, `PERMIT`, `PENDING(cell)`, `SKIP`,
-//! `REFUSED`, `DONE`. Waiter statuses: `FREE`, `QUEUED`, `CANCELLING`,
-//! `GRANTED`, `REJECTED(error)`, `CANCELLED`. The free stacks are Treiber
-//! stacks whose top carries a tag bumped on every change (pops happen on
-//! any thread, so the tag rules out ABA).
+//! Positions live in segments of [`SEG`] slots, linked in position order
+//! and reused through a pool; waiter cells come from a [`CellPool`] that a
+//! gate's classes share. `fifo/storage.rs` gives the storage and how
+//! segments are found, appended and recycled; `fifo/words.rs` the packed
+//! words of slots, links and waiter cells.
 //!
 //! # Orderings
 //!
@@ -124,329 +98,29 @@
 //!   CAS); the sweep reads every slot's kind with `Acquire`, so every
 //!   finisher's last access happens-before the recycling.
 
-use std::ops::Range;
 use std::sync::Arc;
+use std::task::Waker;
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{fence, lock, spin_wait, AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, spin_wait, AtomicU64, Mutex, Ordering};
 
 use super::chunks::Chunks;
 use super::error::AdmitError;
+
+mod storage;
+mod words;
+
+pub(super) use storage::CellPool;
+use storage::{grow_to, Segment, Stack, Waiter};
+use words::*;
+pub(super) use words::{Status, MAX_CELLS};
 
 /// Slots per segment (2 in loom models, so that they cross segments).
 pub(super) const SEG: usize = if cfg!(loom) { 2 } else { 32 };
 
 /// "No entry" in a free stack.
 const NIL: u32 = u32::MAX;
-
-// ----- slot words -------------------------------------------------------------
-
-const EMPTY: u64 = 0;
-const WAITING: u64 = 1;
-const PERMIT: u64 = 2;
-const PENDING: u64 = 3;
-const SKIP: u64 = 4;
-const REFUSED: u64 = 5;
-const DONE: u64 = 6;
-const KIND_SHIFT: u32 = 28;
-const CELL_MASK: u64 = (1 << KIND_SHIFT) - 1;
-
-/// Most waiter cells a queue can have (a slot word holds the index).
-pub(super) const MAX_CELLS: usize = CELL_MASK as usize;
-
-#[inline]
-fn slot_word(tag: u32, kind: u64, cell: u32) -> u64 {
-    u64::from(tag) << 32 | kind << KIND_SHIFT | u64::from(cell)
-}
-
-#[inline]
-fn slot_tag(word: u64) -> u32 {
-    (word >> 32) as u32
-}
-
-#[inline]
-fn slot_kind(word: u64) -> u64 {
-    (word >> KIND_SHIFT) & 0xf
-}
-
-#[inline]
-fn slot_cell(word: u64) -> u32 {
-    (word & CELL_MASK) as u32
-}
-
-/// The tag of the slots of segment `id`.
-#[inline]
-fn tag_of(id: u64) -> u32 {
-    id as u32
-}
-
-// ----- links ------------------------------------------------------------------
-
-const INDEX_BITS: u32 = 20;
-const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
-/// The index of "no segment" in a link.
-const NO_INDEX: u32 = INDEX_MASK as u32;
-/// The id of a segment in the pool.
-const FREE_ID: u64 = u64::MAX >> INDEX_BITS;
-
-/// Most segments a queue can have (a link holds the index).
-const MAX_SEGMENTS: usize = NO_INDEX as usize;
-
-#[inline]
-fn link(index: u32, id: u64) -> u64 {
-    id << INDEX_BITS | u64::from(index)
-}
-
-#[inline]
-fn unlink(l: u64) -> (u32, u64) {
-    ((l & INDEX_MASK) as u32, l >> INDEX_BITS)
-}
-
-/// The `next` of the last segment, which carries that segment's own id: an
-/// appender's CAS on a segment that was recycled (and is the last again
-/// under a new id) fails.
-#[inline]
-fn end_of(id: u64) -> u64 {
-    link(NO_INDEX, id)
-}
-
-#[inline]
-fn is_end(l: u64) -> bool {
-    unlink(l).0 == NO_INDEX
-}
-
-// ----- waiter words -------------------------------------------------------------
-
-const FREE: u64 = 0;
-const QUEUED: u64 = 1;
-const CANCELLING: u64 = 2;
-const GRANTED: u64 = 3;
-const REJECTED: u64 = 4;
-const CANCELLED: u64 = 5;
-/// The waiter's owner never looks at its cell: whoever resolves it frees
-/// it (a callback's cell). Kept through every status change of one use.
-const DETACHED: u64 = 1 << 16;
-/// The status and error code: what a status change replaces.
-const STATUS_MASK: u64 = 0xffff;
-
-/// What a waiter cell says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Status {
-    /// Not in use.
-    Free,
-    /// Waiting for a slot.
-    Queued,
-    /// Being cancelled or rejected; no resumer can grant it.
-    Cancelling,
-    /// Holds a slot its owner has not taken yet.
-    Granted,
-    /// Rejected by another thread; its owner has not looked yet.
-    Rejected(AdmitError),
-    /// Its owner left the queue.
-    Cancelled,
-}
-
-/// An error's code in a waiter word.
-fn error_code(e: AdmitError) -> u64 {
-    match e {
-        AdmitError::AtCapacity => 0,
-        AdmitError::QueueTimeout => 1,
-        AdmitError::Closed => 2,
-        AdmitError::Displaced => 3,
-        AdmitError::TimedOut => 4,
-    }
-}
-
-/// The error a waiter word's code names.
-fn error_of(code: u64) -> AdmitError {
-    match code {
-        0 => AdmitError::AtCapacity,
-        1 => AdmitError::QueueTimeout,
-        2 => AdmitError::Closed,
-        3 => AdmitError::Displaced,
-        _ => AdmitError::TimedOut,
-    }
-}
-
-fn waiter_word(gen: u32, status: Status) -> u64 {
-    let low = match status {
-        Status::Free => FREE,
-        Status::Queued => QUEUED,
-        Status::Cancelling => CANCELLING,
-        Status::Granted => GRANTED,
-        Status::Rejected(e) => REJECTED | error_code(e) << 8,
-        Status::Cancelled => CANCELLED,
-    };
-    u64::from(gen) << 32 | low
-}
-
-/// `word` with its status replaced (generation and flags kept).
-fn with_status(word: u64, status: Status) -> u64 {
-    word & !STATUS_MASK | waiter_word(0, status)
-}
-
-fn waiter_status(word: u64) -> (u32, Status) {
-    let status = match word & 0xff {
-        FREE => Status::Free,
-        QUEUED => Status::Queued,
-        CANCELLING => Status::Cancelling,
-        GRANTED => Status::Granted,
-        REJECTED => Status::Rejected(error_of((word >> 8) & 0xff)),
-        _ => Status::Cancelled,
-    };
-    ((word >> 32) as u32, status)
-}
-
-// ----- storage ----------------------------------------------------------------
-
-struct Segment {
-    /// Id of this incarnation ([`FREE_ID`] in the pool).
-    id: AtomicU64,
-    /// Link to the next segment, or [`end_of`] its own id.
-    next: AtomicU64,
-    /// The next segment down the pool's stack.
-    next_free: AtomicU32,
-    slots: [AtomicU64; SEG],
-}
-
-impl Segment {
-    fn new() -> Self {
-        Self {
-            id: AtomicU64::new(FREE_ID),
-            next: AtomicU64::new(end_of(FREE_ID)),
-            next_free: AtomicU32::new(NIL),
-            slots: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-}
-
-struct Waiter<T> {
-    state: AtomicU64,
-    /// The waiter's position, written before its slot is installed.
-    place: AtomicU64,
-    /// The queue it waits in (its pool's number for it), written with
-    /// `place`: with a pool shared by several queues, a position alone does
-    /// not tell a cell's current queue.
-    queue: AtomicU32,
-    /// Clock time when it was enqueued, written with `place`.
-    enqueued_at: AtomicU64,
-    /// The segment holding that position.
-    segment: AtomicU32,
-    /// The next cell down the free stack.
-    next_free: AtomicU32,
-    /// What the caller keeps with each cell (whom to tell).
-    payload: T,
-}
-
-impl<T: Default> Waiter<T> {
-    fn new() -> Self {
-        Self {
-            state: AtomicU64::new(waiter_word(0, Status::Free)),
-            place: AtomicU64::new(0),
-            queue: AtomicU32::new(0),
-            enqueued_at: AtomicU64::new(0),
-            segment: AtomicU32::new(0),
-            next_free: AtomicU32::new(NIL),
-            payload: T::default(),
-        }
-    }
-}
-
-/// A tagged Treiber stack of indices whose links live in the entries.
-struct Stack(AtomicU64);
-
-impl Stack {
-    fn new() -> Self {
-        Stack(AtomicU64::new(u64::from(NIL)))
-    }
-
-    fn pop<'a>(&self, next_of: impl Fn(u32) -> &'a AtomicU32) -> Option<u32> {
-        // Acquire: pairs with the push's Release CAS, so the link read below
-        // is the pusher's (or the CAS fails on a newer tag).
-        let mut top = self.0.load(Ordering::Acquire);
-        loop {
-            let idx = top as u32;
-            if idx == NIL {
-                return None;
-            }
-            // Relaxed: ordered by the Acquire above; a stale link (the entry
-            // was popped and pushed meanwhile) comes with an older tag.
-            let next = next_of(idx).load(Ordering::Relaxed);
-            let new = ((top >> 32) + 1) << 32 | u64::from(next);
-            // Acquire: the popper owns the entry and reads what the pusher
-            // wrote. Acquire on failure: the new top's link, as above.
-            match self
-                .0
-                .compare_exchange_weak(top, new, Ordering::Acquire, Ordering::Acquire)
-            {
-                Ok(_) => return Some(idx),
-                Err(actual) => top = actual,
-            }
-        }
-    }
-
-    /// Entries on the stack (for tests, at rest: nobody pushes or pops).
-    #[cfg(test)]
-    fn len<'a>(&self, next_of: impl Fn(u32) -> &'a AtomicU32) -> usize {
-        let mut n = 0;
-        let mut top = self.0.load(Ordering::Acquire) as u32;
-        while top != NIL {
-            n += 1;
-            top = next_of(top).load(Ordering::Relaxed);
-        }
-        n
-    }
-
-    /// Whether the stack is empty now.
-    fn is_empty(&self) -> bool {
-        // Acquire: as a pop's first load.
-        self.0.load(Ordering::Acquire) as u32 == NIL
-    }
-
-    /// Pushes the entries `range` at once, in index order from the top.
-    fn push_chain<'a>(&self, range: Range<u32>, next_of: impl Fn(u32) -> &'a AtomicU32) {
-        let Some(last) = range.end.checked_sub(1).filter(|&l| l >= range.start) else {
-            return;
-        };
-        for i in range.start..last {
-            // Relaxed: published by the Release CAS below.
-            next_of(i).store(i + 1, Ordering::Relaxed);
-        }
-        // Relaxed: a guess for the CAS.
-        let mut top = self.0.load(Ordering::Relaxed);
-        loop {
-            next_of(last).store(top as u32, Ordering::Relaxed);
-            let new = ((top >> 32) + 1) << 32 | u64::from(range.start);
-            // Release: as in `push`. Relaxed on failure: a new guess.
-            match self
-                .0
-                .compare_exchange_weak(top, new, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) => return,
-                Err(actual) => top = actual,
-            }
-        }
-    }
-
-    fn push(&self, link: &AtomicU32, idx: u32) {
-        // Relaxed: a guess for the CAS.
-        let mut top = self.0.load(Ordering::Relaxed);
-        loop {
-            link.store(top as u32, Ordering::Relaxed);
-            let new = ((top >> 32) + 1) << 32 | u64::from(idx);
-            // Release: the popper sees the link and everything written
-            // before. Relaxed on failure: a new guess.
-            match self
-                .0
-                .compare_exchange_weak(top, new, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) => return,
-                Err(actual) => top = actual,
-            }
-        }
-    }
-}
 
 /// What the queue asks of the count of waiters no slot is promised to.
 pub(super) trait Places {
@@ -458,7 +132,7 @@ pub(super) trait Places {
 }
 
 /// A waiter cell resolved by another thread, whose owner must be told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) struct Told {
     pub(super) cell: u32,
     /// Pushed detached: the teller frees the cell (after taking what it
@@ -466,10 +140,27 @@ pub(super) struct Told {
     pub(super) detached: bool,
     /// When the waiter was pushed (read before the cell could be freed).
     pub(super) enqueued_at: u64,
+    /// The owner's waker, taken out of the cell before its final status
+    /// (see "Wakers"): wake it.
+    pub(super) waker: Option<Waker>,
+}
+
+/// Equal when they tell the same cell, the same way, the same waker.
+impl PartialEq for Told {
+    fn eq(&self, other: &Self) -> bool {
+        let same_waker = match (&self.waker, &other.waker) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.will_wake(b),
+            _ => false,
+        };
+        (self.cell, self.detached, self.enqueued_at)
+            == (other.cell, other.detached, other.enqueued_at)
+            && same_waker
+    }
 }
 
 /// What the caller must do after a queue operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 #[must_use]
 pub(super) enum Then {
     /// Nothing.
@@ -512,131 +203,6 @@ pub(super) struct Fifo<T = ()> {
     /// Held by a sweep and by the segments' growth: the chunks of segments
     /// handed to the free stack.
     sweep: Mutex<usize>,
-}
-
-/// Waiter cells and their free stack: one pool for every queue of a gate
-/// (a cell serves one queue at a time, from its take to its free), so that
-/// a gate with several classes reserves room for `Q + N` waiters once, not
-/// once per class.
-pub(super) struct CellPool<T> {
-    waiters: Chunks<Waiter<T>>,
-    free: Stack,
-    /// Held by growth: the chunks handed to the free stack.
-    grown: Mutex<usize>,
-    /// The number the next queue on this pool gets.
-    queues: AtomicU32,
-}
-
-impl<T: Default> CellPool<T> {
-    /// A pool with room for `cells` waiters at first (it grows when they
-    /// are all taken: rejected waiters that have not looked keep theirs).
-    pub(super) fn new(cells: usize) -> Self {
-        assert!(
-            (1..=MAX_CELLS).contains(&cells),
-            "waiter cells out of range"
-        );
-        let pool = Self {
-            waiters: Chunks::new(cells, Waiter::<T>::new),
-            free: Stack::new(),
-            grown: Mutex::new(1),
-            queues: AtomicU32::new(0),
-        };
-        pool.free
-            .push_chain(pool.waiters.range(0), |i| &pool.waiters.get(i).next_free);
-        pool
-    }
-
-    /// Makes room now for `cells` waiters, so that taking them allocates
-    /// nothing (cold: under the growth lock; a raised limit calls it).
-    pub(super) fn reserve(&self, cells: usize) {
-        let mut grown = lock(&self.grown);
-        grow_to(
-            &self.waiters,
-            &mut grown,
-            cells.min(MAX_CELLS),
-            MAX_CELLS,
-            &self.free,
-            |i| &self.waiters.get(i).next_free,
-        );
-    }
-
-    /// A free cell and its generation, or `None` when all are taken.
-    fn take(&self) -> Option<(u32, u32)> {
-        let cell = loop {
-            if let Some(cell) = self.free.pop(|i| &self.waiters.get(i).next_free) {
-                break cell;
-            }
-            // Cold: every cell is taken (rejected waiters have not looked).
-            let mut grown = lock(&self.grown);
-            if !self.free.is_empty() {
-                continue; // freed or grown meanwhile
-            }
-            if !grow(&self.waiters, *grown, MAX_CELLS, &self.free, |i| {
-                &self.waiters.get(i).next_free
-            }) {
-                return None;
-            }
-            *grown += 1;
-        };
-        // Relaxed: the pop's Acquire ordered the last owner's free.
-        let (gen, status) = waiter_status(self.waiters.get(cell).state.load(Ordering::Relaxed));
-        debug_assert_eq!(status, Status::Free);
-        Some((cell, gen))
-    }
-
-    /// Gives back a cell its owner is done with.
-    fn free(&self, cell: u32) {
-        let w = self.waiters.get(cell);
-        // Relaxed: the owner's own cell; published by the push's Release.
-        let (gen, status) = waiter_status(w.state.load(Ordering::Relaxed));
-        debug_assert!(!matches!(status, Status::Queued | Status::Cancelling));
-        w.state.store(
-            waiter_word(gen.wrapping_add(1), Status::Free),
-            Ordering::Relaxed,
-        );
-        self.free.push(&w.next_free, cell);
-    }
-
-    #[inline]
-    fn get(&self, cell: u32) -> &Waiter<T> {
-        self.waiters.get(cell)
-    }
-}
-
-/// Puts chunks of a storage, `made` of which are on its free stack
-/// already, on the stack until it holds `want` entries or no more (under
-/// the storage's growth lock).
-fn grow_to<'a, E>(
-    storage: &Chunks<E>,
-    made: &mut usize,
-    want: usize,
-    max: usize,
-    stack: &Stack,
-    next_of: impl Fn(u32) -> &'a AtomicU32 + Copy,
-) {
-    while (storage.range(*made - 1).end as usize) < want
-        && grow(storage, *made, max, stack, next_of)
-    {
-        *made += 1;
-    }
-}
-
-/// Puts chunk `k` of a storage on its free stack (under its growth lock);
-/// false if the storage has no more indices to give.
-fn grow<'a, E>(
-    storage: &Chunks<E>,
-    k: usize,
-    max: usize,
-    stack: &Stack,
-    next_of: impl Fn(u32) -> &'a AtomicU32,
-) -> bool {
-    let range = storage.range(k);
-    if range.start as usize >= max {
-        return false;
-    }
-    let range = range.start..range.end.min(max as u32);
-    stack.push_chain(range, next_of);
-    true
 }
 
 impl<T: Default> Fifo<T> {
@@ -762,6 +328,12 @@ impl<T: Default> Fifo<T> {
         self.cells.get(cell).enqueued_at.load(Ordering::Relaxed)
     }
 
+    /// How many waiters were ever pushed: the positions handed out.
+    pub(super) fn pushed(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.enq.load(Ordering::Relaxed)
+    }
+
     /// A cell's generation and status.
     #[inline]
     pub(super) fn status(&self, cell: u32) -> (u32, Status) {
@@ -772,8 +344,15 @@ impl<T: Default> Fifo<T> {
     // ----- enqueue and resume ---------------------------------------------------
 
     /// Enqueues a taken cell at clock time `now`, after the caller counted
-    /// its waiter; `detached` if its owner will never look (see [`Told`]).
-    pub(super) fn push(&self, cell: u32, now: u64, detached: bool) -> Pushed {
+    /// its waiter; `detached` if its owner will never look (see [`Told`]),
+    /// else with the `waker` its resolver wakes (see "Wakers").
+    pub(super) fn push(
+        &self,
+        cell: u32,
+        now: u64,
+        detached: bool,
+        waker: Option<&Waker>,
+    ) -> Pushed {
         let w = self.cells.get(cell);
         // Relaxed: our own cell.
         let (gen, _) = waiter_status(w.state.load(Ordering::Relaxed));
@@ -789,9 +368,16 @@ impl<T: Default> Fifo<T> {
         w.queue.store(self.id, Ordering::Relaxed);
         w.enqueued_at.store(now, Ordering::Relaxed);
         w.segment.store(seg, Ordering::Relaxed);
+        let mut queued = waiter_word(gen, Status::Queued) | if detached { DETACHED } else { 0 };
+        if let Some(waker) = waker {
+            // SAFETY: a cell not queued yet: its owner owns the slot.
+            let stale = unsafe { w.put_waker(Some(waker.clone())) };
+            debug_assert!(stale.is_none(), "a free cell held a waker");
+            queued |= WAKER;
+        }
         // Release: a resumer that reads this status (Acquire) also sees the
-        // place, and everything the cell's last owner did before freeing it.
-        let queued = waiter_word(gen, Status::Queued) | if detached { DETACHED } else { 0 };
+        // place, the waker, and everything the cell's last owner did before
+        // freeing it.
         w.state.store(queued, Ordering::Release);
         let slot = &self.segments.get(seg).slots[p as usize % SEG];
         let tag = tag_of(p / SEG as u64);
@@ -808,8 +394,14 @@ impl<T: Default> Fifo<T> {
             Err(actual) => {
                 debug_assert_eq!(slot_kind(actual), PERMIT);
                 self.finish(slot, tag);
-                w.state
-                    .store(with_status(queued, Status::Granted), Ordering::Relaxed);
+                // Nobody found the cell (its slot was never installed): its
+                // waker is still the owner's.
+                // SAFETY: as above.
+                drop(unsafe { w.take_waker() });
+                w.state.store(
+                    with_status(queued & !WAKER, Status::Granted),
+                    Ordering::Relaxed,
+                );
                 Pushed::Granted
             }
         }
@@ -869,21 +461,13 @@ impl<T: Default> Fifo<T> {
                     let enqueued_at = w.enqueued_at.load(Ordering::Relaxed);
                     match status {
                         Status::Queued if ours => {
-                            // Release: the grant (see the orderings).
-                            if w.state
-                                .compare_exchange(
-                                    word,
-                                    with_status(word, Status::Granted),
-                                    Ordering::Release,
-                                    Ordering::Relaxed,
-                                )
-                                .is_ok()
-                            {
+                            if let Some(waker) = self.grant(w, word) {
                                 self.finish(slot, tag);
                                 return Some(Then::Wake(Told {
                                     cell,
                                     detached: word & DETACHED != 0,
                                     enqueued_at,
+                                    waker,
                                 }));
                             }
                         }
@@ -916,6 +500,100 @@ impl<T: Default> Fifo<T> {
                     return Some(Then::Release);
                 }
                 kind => unreachable!("a resumer found slot kind {kind} at its own position"),
+            }
+        }
+    }
+
+    /// Grants cell `w`, whose status word the resumer read as `word`
+    /// (queued): `None` if the word changed meanwhile (a leave claimed the
+    /// cell); else the waker to wake, taken out before the final status
+    /// lets the owner free the cell ("Wakers").
+    fn grant(&self, w: &Waiter<T>, word: u64) -> Option<Option<Waker>> {
+        if word & WAKER == 0 {
+            // Release: the grant (see the orderings).
+            w.state
+                .compare_exchange(
+                    word,
+                    with_status(word, Status::Granted),
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                )
+                .ok()?;
+            return Some(None);
+        }
+        // Acquire: the waker the owner published with `word`.
+        w.state
+            .compare_exchange(
+                word,
+                with_status(word & !WAKER, Status::Cancelling),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        // SAFETY: we moved the cell out of `QUEUED` from a word that said
+        // `WAKER`: the slot is ours ("Wakers").
+        let waker = unsafe { w.take_waker() };
+        // Release: the grant (see the orderings).
+        w.state.store(
+            with_status(word & !WAKER, Status::Granted),
+            Ordering::Release,
+        );
+        Some(waker)
+    }
+
+    /// A cell's status once any resolution in flight has finished (a
+    /// `Cancelling` cell is a few instructions from its final status): for
+    /// its owner.
+    pub(super) fn settled(&self, cell: u32) -> Status {
+        loop {
+            match self.status(cell).1 {
+                Status::Cancelling => spin_wait(),
+                status => return status,
+            }
+        }
+    }
+
+    /// The owner of queued cell `cell` makes `waker` the one its resolver
+    /// wakes, in place of the one the cell holds ("Wakers"). `None` once it
+    /// is; the cell's final status if it was resolved first.
+    pub(super) fn register(&self, cell: u32, waker: &Waker) -> Option<Status> {
+        let w = self.cells.get(cell);
+        loop {
+            // Acquire: a final status's Release (the outcome).
+            let word = w.state.load(Ordering::Acquire);
+            match waiter_status(word).1 {
+                Status::Queued => {}
+                Status::Cancelling => {
+                    spin_wait();
+                    continue;
+                }
+                status => return Some(status),
+            }
+            let mine = word & !WAKER;
+            // Take the slot back from the resolvers. Relaxed: the waker in
+            // it is ours; a failure means a resolver moved the cell on.
+            if word & WAKER != 0
+                && w.state
+                    .compare_exchange(word, mine, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            // SAFETY: the owner, queued without `WAKER`: the slot is ours.
+            let stale = unsafe { w.put_waker(Some(waker.clone())) };
+            // Release: the resolver that takes the waker (Acquire) sees it.
+            let handed = w
+                .state
+                .compare_exchange(mine, mine | WAKER, Ordering::Release, Ordering::Relaxed)
+                .is_ok();
+            if !handed {
+                // Resolved meanwhile, with no waker to take: ours again.
+                // SAFETY: the word has not said `WAKER` since we cleared it.
+                drop(unsafe { w.take_waker() });
+            }
+            drop(stale);
+            if handed {
+                return None;
             }
         }
     }
@@ -955,16 +633,22 @@ impl<T: Default> Fifo<T> {
         if waiter_status(word) != (gen, Status::Queued) {
             return None;
         }
-        // Acquire: a third party reads the place the owner wrote (it found
-        // the cell through the slot's Release, or reads it here).
+        // Acquire: a third party reads the place and the waker the owner
+        // wrote (it found the cell through the slot's Release, or reads it
+        // here).
         w.state
             .compare_exchange(
                 word,
-                with_status(word, Status::Cancelling),
+                with_status(word & !WAKER, Status::Cancelling),
                 Ordering::Acquire,
                 Ordering::Relaxed,
             )
             .ok()?;
+        // SAFETY: we moved the cell out of `QUEUED`; if the word said
+        // `WAKER`, the slot is ours ("Wakers").
+        let waker = (word & WAKER != 0)
+            .then(|| unsafe { w.take_waker() })
+            .flatten();
         // Relaxed: ordered by the Acquire above.
         let p = w.place.load(Ordering::Relaxed);
         let seg = w.segment.load(Ordering::Relaxed);
@@ -999,10 +683,12 @@ impl<T: Default> Fifo<T> {
             // Relaxed: ordered by the Acquire above; read before the final
             // status lets the owner free the cell.
             enqueued_at: w.enqueued_at.load(Ordering::Relaxed),
+            waker,
         };
         // Release: see the orderings (for a grant, also what a grant by a
         // resumer publishes).
-        w.state.store(with_status(word, end), Ordering::Release);
+        w.state
+            .store(with_status(word & !WAKER, end), Ordering::Release);
         Some((then, told))
     }
 
@@ -1171,250 +857,6 @@ impl<T: Default> Fifo<T> {
             from = p + 1;
         }
         None
-    }
-
-    // ----- segments ---------------------------------------------------------------
-
-    /// The segment of position `p`, starting from `hint` (read before `p`
-    /// was taken), appending segments as needed and moving `advance`
-    /// forward to it; `None` if it was unlinked (the position was skipped).
-    fn locate(&self, p: u64, hint: u64, advance: &AtomicU64) -> Option<u32> {
-        let found = self.find(p, hint, true)?;
-        self.move_forward(advance, found);
-        Some(unlink(found).0)
-    }
-
-    /// [`locate`](Self::locate) for a scan: appends nothing and moves no
-    /// hint.
-    fn locate_quiet(&self, p: u64, hint: u64) -> Option<u32> {
-        self.find(p, hint, false).map(|l| unlink(l).0)
-    }
-
-    /// The link of position `p`'s segment; `None` if it is gone (or, when
-    /// `append` is false, not made yet).
-    fn find(&self, p: u64, hint: u64, append: bool) -> Option<u64> {
-        let k = p / SEG as u64;
-        let mut from = hint;
-        'restart: loop {
-            if unlink(from).1 > k {
-                // A hint past the segment: start from the oldest.
-                // Acquire: pairs with the sweep's Release store.
-                from = self.oldest.load(Ordering::Acquire);
-            }
-            let mut cur = from;
-            loop {
-                let (idx, id) = unlink(cur);
-                let s = self.segments.get(idx);
-                // Acquire: the seqlock's first read.
-                if s.id.load(Ordering::Acquire) != id {
-                    from = self.restart_from();
-                    continue 'restart;
-                }
-                if id >= k {
-                    return (id == k).then_some(cur);
-                }
-                // Acquire: pairs with the append's Release CAS (the new
-                // segment's contents) or the sweep's Release store.
-                let mut next = s.next.load(Ordering::Acquire);
-                // The seqlock's second read: `next` belongs to `id`.
-                fence(Ordering::Acquire);
-                if s.id.load(Ordering::Relaxed) != id {
-                    from = self.restart_from();
-                    continue 'restart;
-                }
-                if is_end(next) {
-                    if !append {
-                        return None;
-                    }
-                    match self.append(s, id) {
-                        Some(new) => next = new,
-                        // Another appender won: read `s` again (it may have
-                        // been recycled since we checked it).
-                        None => continue,
-                    }
-                }
-                cur = next;
-            }
-        }
-    }
-
-    /// Where a traversal whose segment was recycled starts again: the oldest
-    /// linked segment, which the sweep that recycled ours has moved past it.
-    fn restart_from(&self) -> u64 {
-        // The sweep may still be on its way to the store below.
-        spin_wait();
-        // Acquire: pairs with the sweep's Release store.
-        self.oldest.load(Ordering::Acquire)
-    }
-
-    /// Appends a segment after `s` (id `id`, the last one when we looked):
-    /// its link, or `None` if another appender was first (or `s` is no
-    /// longer segment `id`).
-    fn append(&self, s: &Segment, id: u64) -> Option<u64> {
-        let idx = self.pop_segment();
-        self.incarnate(idx, id + 1);
-        let new = link(idx, id + 1);
-        // Release: publishes the new segment's contents. Relaxed on failure:
-        // the caller reads `s` again.
-        match s
-            .next
-            .compare_exchange(end_of(id), new, Ordering::Release, Ordering::Relaxed)
-        {
-            Ok(_) => Some(new),
-            Err(_) => {
-                // Never published: straight back to the pool.
-                self.segments.get(idx).id.store(FREE_ID, Ordering::Relaxed);
-                self.free_segments
-                    .push(&self.segments.get(idx).next_free, idx);
-                None
-            }
-        }
-    }
-
-    /// Makes pooled segment `idx` segment `id`: the id first, then the
-    /// contents (the seqlock's write side).
-    fn incarnate(&self, idx: u32, id: u64) {
-        let s = self.segments.get(idx);
-        s.id.store(id, Ordering::Relaxed);
-        fence(Ordering::Release);
-        s.next.store(end_of(id), Ordering::Relaxed);
-        let tag = tag_of(id);
-        for slot in &s.slots {
-            slot.store(slot_word(tag, EMPTY, 0), Ordering::Relaxed);
-        }
-    }
-
-    /// A segment from the pool, sweeping finished ones into it when empty.
-    fn pop_segment(&self) -> u32 {
-        loop {
-            if let Some(idx) = self.free_segments.pop(|i| &self.segments.get(i).next_free) {
-                return idx;
-            }
-            self.replenish_segments();
-        }
-    }
-
-    /// Cold: the pool is empty. Sweeps finished segments back into it, or,
-    /// if every linked segment still holds an unfinished slot, puts the
-    /// next chunk of storage on it.
-    #[cold]
-    fn replenish_segments(&self) {
-        let mut grown = lock(&self.sweep);
-        if !self.free_segments.is_empty() {
-            return; // swept or grown meanwhile
-        }
-        self.sweep_locked();
-        if !self.free_segments.is_empty() {
-            return;
-        }
-        if grow(
-            &self.segments,
-            *grown,
-            MAX_SEGMENTS,
-            &self.free_segments,
-            |i| &self.segments.get(i).next_free,
-        ) {
-            *grown += 1;
-        } else {
-            // Every index is in use: wait for racing appenders to give back
-            // the ones they popped.
-            drop(grown);
-            spin_wait();
-        }
-    }
-
-    /// Moves `hint` forward to `to` (never back).
-    fn move_forward(&self, hint: &AtomicU64, to: u64) {
-        // Relaxed: a guess for the CAS.
-        let mut cur = hint.load(Ordering::Relaxed);
-        while unlink(cur).1 < unlink(to).1 {
-            // Release: pairs with the Acquire loads of the hint (see the
-            // orderings). Relaxed on failure: a new guess.
-            match hint.compare_exchange_weak(cur, to, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Marks a slot finished (`DONE`): its last toucher's last access.
-    #[inline]
-    fn finish(&self, slot: &AtomicU64, tag: u32) {
-        // Release: the sweep's Acquire read of the kind sees everything we
-        // did with the slot (see the orderings).
-        slot.store(slot_word(tag, DONE, 0), Ordering::Release);
-    }
-
-    /// Whether nobody will touch segment `s`'s slots again: each is `DONE`,
-    /// or `SKIP` (which a resumer only reads, and checks the tag of).
-    fn finished(&self, s: &Segment, tag: u32) -> bool {
-        s.slots.iter().all(|slot| {
-            // Acquire: pairs with the finishing Release store (`finish`, or
-            // a canceller's `SKIP` CAS).
-            let word = slot.load(Ordering::Acquire);
-            slot_tag(word) == tag && matches!(slot_kind(word), DONE | SKIP)
-        })
-    }
-
-    /// Unlinks every finished segment but the last and returns it to the
-    /// pool; the caller holds the sweep's lock.
-    fn sweep_locked(&self) {
-        let mut prev: Option<u32> = None;
-        // Relaxed: only sweeps change it, and we hold the lock.
-        let mut cur = self.oldest.load(Ordering::Relaxed);
-        loop {
-            let (idx, _) = unlink(cur);
-            let s = self.segments.get(idx);
-            // Acquire: pairs with the append's Release CAS.
-            let next = s.next.load(Ordering::Acquire);
-            if is_end(next) {
-                return;
-            }
-            if self.finished(s, tag_of(unlink(cur).1)) {
-                // Hints off it first (they only move forward), then out of
-                // the list, then into the pool with a new id.
-                self.step_over(&self.head, cur, next);
-                self.step_over(&self.tail, cur, next);
-                // Release: a traversal that reads the new link sees the
-                // segment after it.
-                match prev {
-                    None => self.oldest.store(next, Ordering::Release),
-                    Some(p) => self.segments.get(p).next.store(next, Ordering::Release),
-                }
-                s.id.store(FREE_ID, Ordering::Relaxed);
-                self.free_segments.push(&s.next_free, idx);
-            } else {
-                prev = Some(idx);
-            }
-            cur = next;
-        }
-    }
-
-    /// Moves `hint` from `from` to `to` if it is still at `from`.
-    fn step_over(&self, hint: &AtomicU64, from: u64, to: u64) {
-        // Release: as in `move_forward`. Failure: the hint moved past on
-        // its own (hints only move forward).
-        let _ = hint.compare_exchange(from, to, Ordering::Release, Ordering::Relaxed);
-    }
-
-    /// Segments in the pool (for tests, at rest).
-    #[cfg(test)]
-    fn pooled(&self) -> usize {
-        self.free_segments.len(|i| &self.segments.get(i).next_free)
-    }
-
-    /// Cells on the free stack (for tests, at rest).
-    #[cfg(test)]
-    fn free_cells(&self) -> usize {
-        self.cells
-            .free
-            .len(|i| &self.cells.waiters.get(i).next_free)
-    }
-
-    /// Chunks of segments and of cells made so far (for tests).
-    #[cfg(test)]
-    fn chunks_made(&self) -> (usize, usize) {
-        (*lock(&self.sweep), *lock(&self.cells.grown))
     }
 }
 

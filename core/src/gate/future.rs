@@ -1,7 +1,7 @@
 //! The admission futures, [`Admit`] and [`AdmitOwned`]: a request that
 //! cannot be admitted at once queues a cell holding its task's waker, and
-//! each later poll reads the cell's status (registering its waker again:
-//! see `tell.rs`).
+//! each later poll reads the cell's status (swapping in its waker if it
+//! changed: `fifo.rs`, "Wakers").
 
 use std::fmt;
 use std::future::Future;
@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 
 use super::error::AdmitError;
 use super::permit::{OwnedPermit, Permit};
-use super::queue::{Enqueued, Waiter};
+use super::queue::{Enqueued, Waiter, WakerId};
 use super::raw::Fast;
 use super::AdmissionGate;
 
@@ -20,8 +20,9 @@ use super::AdmissionGate;
 pub(super) enum WaitState {
     /// Not polled yet; the request's class.
     Start(usize),
-    /// Queued: the waiter's handle and its cell's generation.
-    Queued(u32, u32),
+    /// Queued: the waiter's handle, its cell's generation, and which waker
+    /// the cell holds.
+    Queued(u32, u32, WakerId),
     /// Returned its output.
     Done,
 }
@@ -40,16 +41,18 @@ fn poll_admit(
             Fast::Rejected(e) => Err(e),
             Fast::Slow => match enqueue(gate, class, waker) {
                 Ok((id, gen)) => {
-                    *state = WaitState::Queued(id, gen);
+                    *state = WaitState::Queued(id, gen, WakerId::of(waker));
                     return Poll::Pending;
                 }
                 Err(outcome) => outcome,
             },
         },
-        WaitState::Queued(id, _) => match gate.raw.poll(id, waker) {
-            Poll::Ready(r) => r,
-            Poll::Pending => return Poll::Pending,
-        },
+        WaitState::Queued(id, _, ref mut registered) => {
+            match gate.raw.poll(id, registered, waker) {
+                Poll::Ready(r) => r,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
         WaitState::Done => panic!("admission future polled after it completed"),
     };
     *state = WaitState::Done;
@@ -109,7 +112,7 @@ impl<'a> Future for Admit<'a> {
 
 impl Drop for Admit<'_> {
     fn drop(&mut self) {
-        if let WaitState::Queued(id, gen) = self.state {
+        if let WaitState::Queued(id, gen, _) = self.state {
             self.gate.raw.cancel(id, gen);
         }
     }
@@ -157,7 +160,7 @@ impl Future for AdmitOwned {
 
 impl Drop for AdmitOwned {
     fn drop(&mut self) {
-        if let WaitState::Queued(id, gen) = self.state {
+        if let WaitState::Queued(id, gen, _) = self.state {
             self.gate.raw.cancel(id, gen);
         }
     }

@@ -9,8 +9,7 @@ use crate::error::Reason;
 use crate::metrics;
 
 use super::stats::GateStats;
-use super::waits::BUCKETS;
-use super::AdmissionGate;
+use super::waits::{Waits, BUCKETS};
 
 /// The reasons a gate rejects for.
 const GATE_REASONS: [Reason; 4] = [
@@ -20,10 +19,9 @@ const GATE_REASONS: [Reason; 4] = [
     Reason::Displaced,
 ];
 
-/// [`AdmissionGate::metrics_text`].
-pub(super) fn render(gate: &AdmissionGate) -> String {
-    let s = gate.stats();
-    let p = gate.metrics_prefix();
+/// The gate's metrics (`AdmissionGate::metrics_text`) from its statistics
+/// `s` and queue-wait histogram `waits`, each name prefixed with `p`.
+pub(super) fn render(s: &GateStats, waits: &Waits, p: &str) -> String {
     let mut out = String::with_capacity(2048);
     metrics::header(
         &mut out,
@@ -110,9 +108,9 @@ pub(super) fn render(gate: &AdmissionGate) -> String {
         "Requests rejected by the queue deadline.",
     );
     metrics::sample(&mut out, p, name, &[], s.expired);
-    render_wait_histogram(gate, &mut out);
-    render_classes(&s, p, &mut out);
-    render_backend_admission(&s, p, &mut out);
+    render_wait_histogram(waits, p, &mut out);
+    render_classes(s, p, &mut out);
+    render_backend_admission(s, p, &mut out);
     out
 }
 
@@ -215,10 +213,9 @@ fn render_backend_admission(s: &GateStats, p: &str, out: &mut String) {
     metrics::sample(out, p, name, &[], s.cancelled);
 }
 
-fn render_wait_histogram(gate: &AdmissionGate, out: &mut String) {
-    let waits = gate.raw.waits.read();
+fn render_wait_histogram(waits: &Waits, p: &str, out: &mut String) {
+    let waits = waits.read();
     let (counts, total, sum_nanos) = (waits.cumulative, waits.total, waits.sum_nanos);
-    let p = gate.metrics_prefix();
     let name = "request_queue_wait_seconds";
     metrics::header(
         out,

@@ -53,24 +53,27 @@
 //!
 //! # Layout
 //!
-//! * `admission.rs`: [`AdmissionGate`], the public type, a thin layer over
-//! * `raw.rs`: the raw gate (the word, the queues, the settings; direct
-//!   admission, release, `set_limit`, `close`, expiry), with `state.rs`
-//!   (the state word), `queue.rs` (enqueue, handoff, adaptive LIFO, poll,
-//!   cancel, rejection from the head), `classes.rs` (the classes' counts,
+//! Three layers, each using only the ones below it:
+//!
+//! * the public types, one concern per file: `admission.rs`
+//!   ([`AdmissionGate`]), `permit.rs` ([`Permit`], [`OwnedPermit`]),
+//!   `future.rs` ([`Admit`], [`AdmitOwned`]), `callback.rs`
+//!   ([`AdmitCallback`], [`CallbackTicket`], the callback trampoline, and
+//!   what a queued callback leaves in its cell) and `metrics.rs` (rendering);
+//! * the raw gate, which never names them: `raw.rs` (the word, the queues,
+//!   the settings; direct admission, release, `set_limit`, `close`,
+//!   expiry), `queue.rs` (enqueue, handoff, adaptive LIFO, poll, cancel,
+//!   rejection from the head), `classes.rs` (the classes' counts,
 //!   displacement), `wait.rs` (the wait limit's count) and `blocking.rs`
-//!   (the blocking wait);
-//! * `fifo.rs`: the lock-free cancellable waiter queue (its own loom
-//!   models, a differential test against a plain queue and a threaded test
-//!   run it under a small counting gate), over `chunks.rs` (storage that
-//!   grows without moving); `tell.rs` is each cell's waker or callback;
-//! * `permit.rs`: [`Permit`] and [`OwnedPermit`];
-//! * `future.rs`: the futures [`Admit`] and [`AdmitOwned`];
-//! * `callback.rs`: [`AdmitCallback`], [`CallbackTicket`] and the callback
-//!   trampoline;
-//! * `waits.rs`: the queue-wait histogram (atomic buckets);
-//! * `error.rs`, `stats.rs`, `config.rs`, `metrics.rs`: errors, statistics,
-//!   configuration and metrics rendering.
+//!   (the blocking wait). It is generic over what a detached waiter leaves
+//!   in its cell (`tell.rs`'s `Detached`), which `callback.rs` supplies;
+//! * the queue and the leaves: `fifo.rs` (the lock-free cancellable queue;
+//!   `fifo/storage.rs` its segments and cells, `fifo/words.rs` its packed
+//!   words; its own loom models, a differential test against a plain queue
+//!   and a threaded test run it under a small counting gate), `chunks.rs`
+//!   (storage that grows without moving), `tell.rs` (each cell's waker or
+//!   callback), `state.rs` (the state word), `waits.rs` (the queue-wait
+//!   histogram), `error.rs`, `stats.rs`, `config.rs`.
 
 mod admission;
 mod blocking;
@@ -79,6 +82,7 @@ mod chunks;
 mod classes;
 mod config;
 mod error;
+#[allow(unsafe_code)] // each queued cell's waker, handed on by its status word
 mod fifo;
 mod future;
 mod metrics;

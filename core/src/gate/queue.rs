@@ -52,11 +52,9 @@ use std::task::{Poll, Waker};
 
 use crate::sync::{spin_wait, Ordering};
 
-use super::callback::dispatch;
 use super::config::MAX_CLASSES;
 use super::error::AdmitError;
 use super::fifo::{Places, Pushed, Status, Then, Told, MAX_CELLS};
-use super::permit::OwnedPermit;
 use super::raw::RawGate;
 use super::state::{Word, ONE_QUEUED, ONE_RUNNING};
 use super::stats::bump;
@@ -89,28 +87,19 @@ pub(super) fn split_id(id: u32) -> (usize, u32) {
     ((id >> CLASS_SHIFT) as usize, id & ((1 << CLASS_SHIFT) - 1))
 }
 
-/// Waiter cells a class's queue needs room for: its waiters (within the
-/// gate's queue limit `queue` and the class's `class_queue`), and as many
-/// granted ones not yet looking as the limit allows. The classes share one
-/// pool of cells, sized for the whole queue (`class_queue = queue`); each
-/// class's segments are sized for its own.
-pub(super) fn queue_cells(queue: u32, class_queue: u32, limit: u32) -> usize {
-    (queue.min(class_queue) as usize + limit as usize).max(1)
-}
-
 /// Whom a waiter's cell tells when it is resolved.
-pub(super) enum Waiter<'a> {
-    /// A future: its task's waker (registered in the cell, see `tell.rs`).
+pub(super) enum Waiter<'a, D> {
+    /// A future: its task's waker (left in the cell: `fifo.rs`, "Wakers").
     Task(&'a Waker),
     /// A blocked thread: this thread.
     Thread,
     /// A callback, detached (its owner never looks at the cell).
-    Callback(Detached),
+    Callback(D),
 }
 
-impl Waiter<'_> {
+impl<D> Waiter<'_, D> {
     /// The callback, for a waiter that did not queue after all.
-    pub(super) fn into_detached(self) -> Option<Detached> {
+    pub(super) fn into_detached(self) -> Option<D> {
         match self {
             Waiter::Callback(d) => Some(d),
             Waiter::Task(_) | Waiter::Thread => None,
@@ -118,11 +107,24 @@ impl Waiter<'_> {
     }
 }
 
+/// Which waker a queued cell holds: `Waker::will_wake`'s comparison (data
+/// pointer and vtable), kept as plain numbers by the cell's owner. Sound as
+/// an identity: while the cell holds a clone of that waker, its data stays
+/// alive, so no other waker can have the same pointer meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct WakerId(usize, usize);
+
+impl WakerId {
+    pub(super) fn of(waker: &Waker) -> Self {
+        WakerId(waker.data() as usize, waker.vtable() as *const _ as usize)
+    }
+}
+
 /// Outcome of the slow part of an admission; hands a callback back when the
 /// request did not queue, so that the caller calls it.
-pub(super) enum Enqueued {
-    Direct(Option<Detached>),
-    Rejected(AdmitError, Option<Detached>),
+pub(super) enum Enqueued<D> {
+    Direct(Option<D>),
+    Rejected(AdmitError, Option<D>),
     /// Queued: the waiter's handle and its cell's generation.
     Queued(u32, u32),
 }
@@ -130,12 +132,12 @@ pub(super) enum Enqueued {
 /// The count a leaving waiter of `class` gives its place back to: the word's
 /// `queued` (one class), or its class's count and then the word's total
 /// (several, `classes.rs`).
-pub(super) struct Leaving<'a> {
-    pub(super) gate: &'a RawGate,
+pub(super) struct Leaving<'a, D> {
+    pub(super) gate: &'a RawGate<D>,
     pub(super) class: usize,
 }
 
-impl Places for Leaving<'_> {
+impl<D: Detached> Places for Leaving<'_, D> {
     fn give_back(&self) -> bool {
         if self.gate.runs_counted() {
             return self.gate.give_back_counted(self.class);
@@ -161,7 +163,7 @@ impl Places for Leaving<'_> {
     }
 }
 
-impl RawGate {
+impl<D: Detached> RawGate<D> {
     /// Whether this gate runs the counted protocol of `classes.rs`: several
     /// classes or a wait limit.
     #[inline(always)]
@@ -171,7 +173,7 @@ impl RawGate {
 
     /// The slow part of an admission: admit directly, reject, or count the
     /// waiter and push its cell.
-    pub(super) fn enqueue(&self, class: usize, waiter: Waiter<'_>) -> Enqueued {
+    pub(super) fn enqueue(&self, class: usize, waiter: Waiter<'_, D>) -> Enqueued<D> {
         if self.runs_counted() {
             return self.enqueue_counted(class, waiter);
         }
@@ -234,26 +236,27 @@ impl RawGate {
     /// Pushes a counted waiter of `class` into its class's queue: queued
     /// there, or admitted at once when a slot was already left at its
     /// position.
-    pub(super) fn push(&self, class: usize, waiter: Waiter<'_>) -> Enqueued {
+    pub(super) fn push(&self, class: usize, waiter: Waiter<'_, D>) -> Enqueued<D> {
         let fifo = &self.fifos[class];
-        bump(&self.counters.enqueued, 1);
         let (cell, gen) = fifo
             .take_cell()
             .expect("waiter cells exceed the queue's indices");
         let tell = fifo.payload(cell);
-        let detached = matches!(waiter, Waiter::Callback(..));
-        match waiter {
-            Waiter::Task(waker) => tell.register(waker),
-            Waiter::Thread => with_thread_waker(|w| tell.register(w)),
-            Waiter::Callback(d) => tell.set_callback(d),
-        }
-        match fifo.push(cell, self.clock.now_nanos(), detached) {
+        let now = self.clock.now_nanos();
+        let pushed = match waiter {
+            Waiter::Task(waker) => fifo.push(cell, now, false, Some(waker)),
+            Waiter::Thread => with_thread_waker(|w| fifo.push(cell, now, false, Some(w))),
+            Waiter::Callback(d) => {
+                tell.set_callback(d);
+                fifo.push(cell, now, true, None)
+            }
+        };
+        match pushed {
             Pushed::Queued => Enqueued::Queued(waiter_id(class, cell), gen),
             Pushed::Granted => {
                 // A slot was left at our position: we hold it.
-                bump(&self.counters.admitted_queued, 1);
+                self.counters.admitted_queued.add(1);
                 self.waits.record(0);
-                tell.forget();
                 let back = tell.take_callback();
                 fifo.free_cell(cell);
                 Enqueued::Direct(back)
@@ -377,42 +380,50 @@ impl RawGate {
     pub(super) fn tell(&self, class: usize, told: Told, outcome: Result<(), AdmitError>) {
         let fifo = &self.fifos[class];
         if outcome.is_ok() {
-            bump(&self.counters.admitted_queued, 1);
+            self.counters.admitted_queued.add(1);
             self.waits
                 .record(self.clock.now_nanos().saturating_sub(told.enqueued_at));
         }
-        let tell = fifo.payload(told.cell);
         if !told.detached {
-            tell.wake();
+            if let Some(waker) = told.waker {
+                waker.wake();
+            }
             return;
         }
-        let detached = tell.take_callback();
+        let detached = fifo.payload(told.cell).take_callback();
         fifo.free_cell(told.cell);
-        if let Some((callback, gate)) = detached {
-            dispatch(callback, outcome.map(|()| OwnedPermit::new(gate)));
+        if let Some(detached) = detached {
+            detached.resolve(outcome);
         }
     }
 
     /// A queued future's poll (waiter `id`): its outcome (the cell is
-    /// freed), or `Pending` with its waker registered. Out of line: inlined
+    /// freed), or `Pending`. The cell holds the waker `registered` names;
+    /// another is swapped in (`fifo.rs`, "Wakers"). Out of line: inlined
     /// into the futures' poll, its register pressure taxed their first poll.
     #[inline(never)]
-    pub(super) fn poll(&self, id: u32, waker: &Waker) -> Poll<Result<(), AdmitError>> {
+    pub(super) fn poll(
+        &self,
+        id: u32,
+        registered: &mut WakerId,
+        waker: &Waker,
+    ) -> Poll<Result<(), AdmitError>> {
         let (class, cell) = split_id(id);
         let fifo = &self.fifos[class];
-        if let Some(o) = outcome(fifo.status(cell).1) {
-            fifo.free_cell(cell);
-            return Poll::Ready(o);
-        }
-        // Again before every check (a late teller may have taken it; see
-        // `tell.rs`), then check once more: a resolver that changed the
-        // status before we registered has woken nobody.
-        fifo.payload(cell).register(waker);
-        if let Some(o) = outcome(fifo.status(cell).1) {
-            fifo.free_cell(cell);
-            return Poll::Ready(o);
-        }
-        Poll::Pending
+        let status = match fifo.settled(cell) {
+            Status::Queued if *registered == WakerId::of(waker) => return Poll::Pending,
+            Status::Queued => match fifo.register(cell, waker) {
+                None => {
+                    *registered = WakerId::of(waker);
+                    return Poll::Pending;
+                }
+                Some(status) => status,
+            },
+            status => status,
+        };
+        let o = outcome(status).expect("a queued cell's owner finds it queued or resolved");
+        fifo.free_cell(cell);
+        Poll::Ready(o)
     }
 
     /// Takes a non-detached waiter `id` of generation `gen` out of the
@@ -454,10 +465,10 @@ impl RawGate {
         reason: Option<AdmitError>,
     ) -> bool {
         let fifo = &self.fifos[class];
+        // The waker the leave takes out of the cell is our own: dropped.
         let Some(then) = fifo.leave(cell, gen, reason, &Leaving { gate: self, class }) else {
             return false;
         };
-        fifo.payload(cell).forget();
         fifo.free_cell(cell);
         match reason {
             None => bump(&self.counters.cancelled, 1),

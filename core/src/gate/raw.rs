@@ -33,10 +33,9 @@ use crate::sync::{lock, AtomicU32, AtomicU64, Mutex, Ordering};
 use super::config::{GateConfig, MAX_CLASSES};
 use super::error::AdmitError;
 use super::fifo::{CellPool, Fifo};
-use super::queue::queue_cells;
 use super::state::{Word, CLOSED, ONE_RUNNING};
 use super::stats::{bump, Counters, GateStats, Gauges};
-use super::tell::Tell;
+use super::tell::{Detached, Tell};
 use super::waits::Waits;
 
 /// A waiter queued at `enqueued_at` is due once `now` reaches its deadline;
@@ -44,6 +43,15 @@ use super::waits::Waits;
 #[inline]
 pub(super) fn is_due(enqueued_at: u64, timeout: u64, now: u64) -> bool {
     enqueued_at.saturating_add(timeout) <= now
+}
+
+/// Waiter cells a class's queue needs room for: its waiters (within the
+/// gate's queue limit `queue` and the class's `class_queue`), and as many
+/// granted ones not yet looking as the limit allows. The classes share one
+/// pool of cells, sized for the whole queue (`class_queue = queue`); each
+/// class's segments are sized for its own.
+fn queue_cells(queue: u32, class_queue: u32, limit: u32) -> usize {
+    (queue.min(class_queue) as usize + limit as usize).max(1)
 }
 
 /// Outcome of the inlined part of an admission.
@@ -112,15 +120,17 @@ impl std::ops::Deref for StateLine {
     }
 }
 
-/// The state word, the queues and the settings the algorithm reads.
-pub(super) struct RawGate {
+/// The state word, the queues and the settings the algorithm reads. `D` is
+/// what a detached waiter (a callback) leaves in its cell (`tell.rs`): the
+/// public layer's, which this layer never names.
+pub(super) struct RawGate<D> {
     /// The packed state word (see `state.rs`), on its own cache line with
     /// the wait count.
     pub(super) state: CachePadded<StateLine>,
     pub(super) counters: CachePadded<Counters>,
     /// The lock-free queues, one per class (`fifo.rs`), sharing one pool of
     /// waiter cells.
-    pub(super) fifos: Box<[Fifo<Tell>]>,
+    pub(super) fifos: Box<[Fifo<Tell<D>>]>,
     /// With several classes or a wait limit, each class's count of waiters
     /// no slot is promised to yet (`classes.rs`); empty otherwise.
     pub(super) class_counts: Box<[CachePadded<AtomicU32>]>,
@@ -147,7 +157,7 @@ pub(super) struct RawGate {
     pub(super) clock: SharedClock,
 }
 
-impl RawGate {
+impl<D: Detached> RawGate<D> {
     /// The gate `config` describes; the caller has checked it.
     pub(super) fn new(config: &GateConfig, clock: SharedClock) -> Self {
         let (limit, queue) = (config.limit, config.queue);
@@ -220,6 +230,7 @@ impl RawGate {
             wait_limit: self.wait_limit,
             class_queued,
             class_queue: self.classes.queue,
+            enqueued: self.fifos.iter().map(Fifo::pushed).sum(),
         })
     }
 

@@ -142,10 +142,9 @@ pub(super) struct Counters {
     pub(super) admitted_direct: ThreadCounter,
     /// Each class's rejections (allocated with the gate).
     pub(super) class: Box<[ClassCounters]>,
-    pub(super) admitted_queued: StatCounter,
+    /// Bumped by every handoff to a waiter: per-thread cells too.
+    pub(super) admitted_queued: ThreadCounter,
     pub(super) cancelled: StatCounter,
-    /// Requests that joined the queue.
-    pub(super) enqueued: StatCounter,
     /// Requests rejected on arrival because the gate was closed (a part of
     /// `rejected_closed`, which also counts queued requests `close` refused).
     pub(super) closed_on_arrival: StatCounter,
@@ -163,6 +162,9 @@ pub(super) struct Gauges {
     /// Each class's queued waiters, and its queue limit.
     pub(super) class_queued: [u32; MAX_CLASSES],
     pub(super) class_queue: [u32; MAX_CLASSES],
+    /// Requests that joined the queue: the positions the queues handed out
+    /// (every push takes one), so counting them costs nothing.
+    pub(super) enqueued: u64,
 }
 
 impl Counters {
@@ -171,9 +173,8 @@ impl Counters {
         Self {
             admitted_direct: ThreadCounter::default(),
             class: (0..classes).map(|_| ClassCounters::default()).collect(),
-            admitted_queued: StatCounter::default(),
+            admitted_queued: ThreadCounter::default(),
             cancelled: StatCounter::default(),
-            enqueued: StatCounter::default(),
             closed_on_arrival: StatCounter::default(),
         }
     }
@@ -205,10 +206,8 @@ impl Counters {
         // Every arrival is admitted directly, rejected at once (at capacity
         // or closed) or queued: a sum of monotonic counters, so it never
         // goes down between two snapshots.
-        let received = admitted_direct
-            + rejected_at_capacity
-            + get(&self.closed_on_arrival)
-            + get(&self.enqueued);
+        let received =
+            admitted_direct + rejected_at_capacity + get(&self.closed_on_arrival) + g.enqueued;
         GateStats {
             running: w.running(),
             queued: w.queued(),
@@ -219,7 +218,7 @@ impl Counters {
             closed: w.closed(),
             received,
             admitted_direct,
-            admitted_queued: get(&self.admitted_queued),
+            admitted_queued: self.admitted_queued.get(),
             rejected_at_capacity,
             rejected_closed: sum(|c| c.rejected_closed),
             expired: sum(|c| c.expired),

@@ -1,64 +1,52 @@
-//! Whom to tell when a waiter of the lock-free queue is resolved: the part
-//! of each waiter cell (`fifo.rs`) that belongs to the gate.
+//! What a detached waiter of the lock-free queue leaves in its cell: the
+//! part of each waiter cell (`fifo.rs`) that belongs to the gate, and the
+//! waker a blocked thread leaves in its cell.
 //!
-//! * A future or a blocked thread registers its waker before every check of
-//!   its cell's status, and the thread that resolves the cell wakes it
-//!   after changing the status (an `AtomicWaker`: no lock). A teller may
-//!   come late, after the owner saw its outcome, freed the cell and another
-//!   waiter took it: it then wakes the new owner once for nothing, and
-//!   takes its registration. So every owner registers again before each
-//!   check, never only once.
-//! * A callback is *detached*: its owner never looks at the cell. The
-//!   callback and the gate handle its permit will hold are stored before
-//!   the cell is pushed (the push's `Release` publishes them) and taken by
-//!   the one thread that resolves the cell: whoever wins its status change
-//!   away from queued (a grant, a rejection, or the ticket's cancel). That
-//!   thread then frees the cell.
+//! A callback is *detached*: its owner never looks at the cell. What it
+//! needs (a [`Detached`]: in the public layer, the callback and the gate
+//! handle its permit will hold, `callback.rs`) is stored before the cell is
+//! pushed (the push's `Release` publishes it) and taken by the one thread
+//! that resolves the cell: whoever wins its status change away from queued
+//! (a grant, a rejection, or the ticket's cancel). That thread then frees the
+//! cell and tells it. (A future's or a blocked thread's waker lives in the
+//! queue's own part of the cell: `fifo.rs`, "Wakers".)
 
 use std::sync::Arc;
 use std::task::{Wake, Waker};
 
-use crate::sync::{current_thread, AtomicWaker, Thread, UnsafeCell};
+use crate::sync::{current_thread, Thread, UnsafeCell};
 
-use super::callback::AdmitCallback;
-use super::AdmissionGate;
+use super::error::AdmitError;
 
-/// A detached waiter's callback and the gate handle its permit will hold.
-pub(super) type Detached = (AdmitCallback, Arc<AdmissionGate>);
+/// What a detached waiter leaves in its cell (module docs).
+pub(super) trait Detached: Send + 'static {
+    /// Tells the waiter its outcome; called once, by the thread that
+    /// resolved the cell, after it freed the cell.
+    fn resolve(self, outcome: Result<(), AdmitError>);
+}
 
 /// See the module docs.
-#[derive(Default)]
-pub(super) struct Tell {
-    waker: AtomicWaker,
-    callback: UnsafeCell<Option<Detached>>,
+pub(super) struct Tell<D> {
+    callback: UnsafeCell<Option<D>>,
+}
+
+impl<D> Default for Tell<D> {
+    fn default() -> Self {
+        Self {
+            callback: UnsafeCell::default(),
+        }
+    }
 }
 
 // SAFETY: `callback` is written only by the enqueuer before the push, and
 // taken only by the single thread that won the cell's status change away
 // from queued (see the module docs); the status word's Release/Acquire
-// orders the two. `AtomicWaker` is Sync itself.
-unsafe impl Sync for Tell {}
+// orders the two, and `D: Send` lets it move between them.
+unsafe impl<D: Send> Sync for Tell<D> {}
 
-impl Tell {
-    /// Registers the waker to wake when the cell is resolved.
-    #[inline]
-    pub(super) fn register(&self, waker: &Waker) {
-        self.waker.register(waker);
-    }
-
-    /// Wakes the registered waker, if any.
-    #[inline]
-    pub(super) fn wake(&self) {
-        self.waker.wake();
-    }
-
-    /// Drops the registered waker, if any (a waiter leaving its cell).
-    pub(super) fn forget(&self) {
-        drop(self.waker.take());
-    }
-
+impl<D> Tell<D> {
     /// Stores a detached waiter's callback; only before the cell is pushed.
-    pub(super) fn set_callback(&self, detached: Detached) {
+    pub(super) fn set_callback(&self, detached: D) {
         // SAFETY: the enqueuer owns the cell until it pushes it (module
         // docs): nobody else reads or writes `callback` now.
         self.callback.with_mut(|c| unsafe { *c = Some(detached) });
@@ -66,7 +54,7 @@ impl Tell {
 
     /// Takes a detached waiter's callback; only by the thread that resolved
     /// the cell (or its enqueuer, when the push found a slot waiting).
-    pub(super) fn take_callback(&self) -> Option<Detached> {
+    pub(super) fn take_callback(&self) -> Option<D> {
         // SAFETY: the caller won the cell's status change away from queued
         // (module docs), after the enqueuer's write, which the status word
         // orders before it: nobody else touches `callback`.

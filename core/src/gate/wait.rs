@@ -45,8 +45,9 @@ use crate::sync::Ordering;
 
 use super::raw::RawGate;
 use super::state::{Word, ONE_RUNNING};
+use super::tell::Detached;
 
-impl RawGate {
+impl<D: Detached> RawGate<D> {
     /// The wait count, as a gauge.
     pub(super) fn waiting(&self) -> u32 {
         // Relaxed: a gauge read for display; it orders nothing.

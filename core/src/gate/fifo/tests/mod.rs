@@ -70,6 +70,13 @@ impl Places for TestGate {
     }
 }
 
+/// Wakes the waker a resolved cell held, if any.
+fn wake(told: Told) {
+    if let Some(waker) = told.waker {
+        waker.wake();
+    }
+}
+
 impl TestGate {
     fn new(limit: u32, queue: u32) -> Self {
         Self::with_cells(limit, queue, (queue + limit) as usize + 4)
@@ -101,6 +108,11 @@ impl TestGate {
     }
 
     fn admit(&self) -> Admit {
+        self.admit_with(None)
+    }
+
+    /// [`admit`](Self::admit) leaving `waker` in the cell if it queues.
+    fn admit_with(&self, waker: Option<&std::task::Waker>) -> Admit {
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             let (running, queued) = split(cur);
@@ -123,7 +135,7 @@ impl TestGate {
         let (cell, gen) = self.fifo.take_cell().expect("cells for every waiter");
         match self
             .fifo
-            .push(cell, self.now.load(Ordering::Relaxed), false)
+            .push(cell, self.now.load(Ordering::Relaxed), false, waker)
         {
             Pushed::Queued => Admit::Queued(cell, gen),
             Pushed::Granted => {
@@ -152,7 +164,8 @@ impl TestGate {
             let (running, queued) = split(cur);
             assert!(running > 0, "release without a held slot");
             if newest && queued > 0 && running <= self.limit {
-                if let Some((_, then)) = self.fifo.grant_newest(self) {
+                if let Some((granted, then)) = self.fifo.grant_newest(self) {
+                    wake(granted);
                     self.after(then);
                     return;
                 }
@@ -172,16 +185,20 @@ impl TestGate {
                 Ok(_) if !promise => return,
                 Ok(_) => match self.fifo.resume() {
                     Then::Release => cur = self.word.load(Ordering::Acquire),
-                    Then::Nothing | Then::Wake(_) => return,
+                    then => return self.after(then),
                 },
                 Err(actual) => cur = actual,
             }
         }
     }
 
+    /// Does what a queue operation left to do: wakes a granted waiter, or
+    /// releases a slot that came back.
     fn after(&self, then: Then) {
-        if then == Then::Release {
-            self.release();
+        match then {
+            Then::Nothing => {}
+            Then::Wake(told) => wake(told),
+            Then::Release => self.release(),
         }
     }
 
@@ -234,7 +251,8 @@ impl TestGate {
     /// Rejects the newest queued request as displaced: whether one was.
     fn displace(&self) -> bool {
         match self.fifo.reject_newest(AdmitError::Displaced, self) {
-            Some((_, then)) => {
+            Some((told, then)) => {
+                wake(told);
                 self.after(then);
                 true
             }
@@ -247,7 +265,10 @@ impl TestGate {
         let mut thens = Vec::new();
         let n = self
             .fifo
-            .reject_from_head(reason, due, max, self, |_, then| thens.push(then));
+            .reject_from_head(reason, due, max, self, |told, then| {
+                wake(told);
+                thens.push(then);
+            });
         for then in thens {
             self.after(then);
         }

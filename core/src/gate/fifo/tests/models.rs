@@ -338,3 +338,90 @@ fn lifo_grant_arrival_and_cancel() {
         assert_eq!(g.counts(), (0, 0));
     });
 }
+
+/// Counts its wakes.
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn counting_waker() -> (std::sync::Arc<Wakes>, std::task::Waker) {
+    let w = std::sync::Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
+    (std::sync::Arc::clone(&w), std::task::Waker::from(w))
+}
+
+fn wakes(w: &Wakes) -> usize {
+    w.0.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The owner swaps in another waker while a release grants the cell: the
+/// grant wakes the waker the cell held when it took it (the new one if the
+/// swap came first; none if the owner held it back, and then the owner
+/// sees the grant), and no clone is lost or leaked.
+#[test]
+fn a_waker_swap_races_a_grant() {
+    model(|| {
+        let g = Arc::new(TestGate::new(1, 1));
+        assert_eq!(g.admit(), Admit::Held);
+        let (first, first_waker) = counting_waker();
+        let (second, second_waker) = counting_waker();
+        let a = queued(g.admit_with(Some(&first_waker)));
+        let releaser = {
+            let g = Arc::clone(&g);
+            thread::spawn(move || g.release())
+        };
+        let swapped = g.fifo.register(a.0, &second_waker);
+        releaser.join().unwrap();
+        match swapped {
+            // The swap came first: the grant woke the new waker.
+            None => assert_eq!((wakes(&first), wakes(&second)), (0, 1)),
+            // The grant came first: it woke the old waker, or, granting
+            // while the owner held the cell's waker back, none (the owner
+            // saw the grant itself).
+            Some(Status::Granted) => assert!(wakes(&first) <= 1 && wakes(&second) == 0),
+            Some(s) => panic!("{s:?}"),
+        }
+        assert_eq!(wait(&g, a), Outcome::Granted);
+        assert_eq!(std::sync::Arc::strong_count(&first), 2);
+        assert_eq!(std::sync::Arc::strong_count(&second), 2);
+        g.release();
+        assert_eq!(g.counts(), (0, 0));
+    });
+}
+
+/// A rejection by another thread races the owner's cancel and a waker
+/// swap: the waker the cell holds is woken at most once, by a rejection
+/// (never by the owner's own cancel), and no clone is leaked.
+#[test]
+fn a_rejection_races_the_owners_cancel_and_swap() {
+    model(|| {
+        let g = Arc::new(TestGate::new(1, 1));
+        assert_eq!(g.admit(), Admit::Held);
+        let (first, first_waker) = counting_waker();
+        let (second, second_waker) = counting_waker();
+        let a = queued(g.admit_with(Some(&first_waker)));
+        let rejecter = {
+            let g = Arc::clone(&g);
+            thread::spawn(move || g.reject_oldest(AdmitError::QueueTimeout))
+        };
+        let swapped = g.fifo.register(a.0, &second_waker);
+        let left = g.cancel(a.0, a.1);
+        let rejected = rejecter.join().unwrap();
+        assert_ne!(left, rejected, "exactly one of the two ends it");
+        // A rejection wakes the waker the cell held, unless the owner held
+        // it back to swap (then it sees the rejection itself); a cancel
+        // wakes nobody.
+        let woken = wakes(&first) + wakes(&second);
+        assert!(woken <= usize::from(rejected));
+        if swapped.is_none() && rejected {
+            assert_eq!(wakes(&second), 1);
+        }
+        assert_eq!(std::sync::Arc::strong_count(&first), 2);
+        assert_eq!(std::sync::Arc::strong_count(&second), 2);
+        g.release();
+        assert_eq!(g.counts(), (0, 0));
+    });
+}

@@ -124,7 +124,7 @@ fn a_slot_promised_before_its_waiter_arrives_waits_for_it() {
     g.word.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
     assert_eq!(g.fifo.resume(), Then::Nothing);
     let (cell, _) = g.fifo.take_cell().unwrap();
-    assert_eq!(g.fifo.push(cell, 0, false), Pushed::Granted);
+    assert_eq!(g.fifo.push(cell, 0, false, None), Pushed::Granted);
     g.fifo.free_cell(cell);
 }
 
@@ -136,7 +136,7 @@ fn a_teller_learns_whether_the_cell_is_detached_and_when_it_was_pushed() {
     for (t, detached) in [(3, true), (7, false)] {
         g.word.fetch_add(ONE_QUEUED, Ordering::AcqRel);
         let (cell, gen) = g.fifo.take_cell().unwrap();
-        assert_eq!(g.fifo.push(cell, t, detached), Pushed::Queued);
+        assert_eq!(g.fifo.push(cell, t, detached, None), Pushed::Queued);
         cells.push((cell, gen));
     }
     // A grant tells the first; a rejection by another thread the second.
@@ -145,6 +145,7 @@ fn a_teller_learns_whether_the_cell_is_detached_and_when_it_was_pushed() {
         cell: cells[0].0,
         detached: true,
         enqueued_at: 3,
+        waker: None,
     };
     assert_eq!(g.fifo.resume(), Then::Wake(told));
     let mut rejected = Vec::new();
@@ -160,6 +161,7 @@ fn a_teller_learns_whether_the_cell_is_detached_and_when_it_was_pushed() {
         cell: cells[1].0,
         detached: false,
         enqueued_at: 7,
+        waker: None,
     };
     assert_eq!(rejected, [(told, Then::Nothing)]);
     assert_eq!(
@@ -172,12 +174,13 @@ fn a_teller_learns_whether_the_cell_is_detached_and_when_it_was_pushed() {
     g.word.fetch_add(ONE_QUEUED, Ordering::AcqRel);
     let (cell, _) = g.fifo.take_cell().unwrap();
     assert_eq!(cell, cells[0].0, "the free stack hands back the last freed");
-    assert_eq!(g.fifo.push(cell, 9, false), Pushed::Queued);
+    assert_eq!(g.fifo.push(cell, 9, false, None), Pushed::Queued);
     g.word.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
     let told = Told {
         cell,
         detached: false,
         enqueued_at: 9,
+        waker: None,
     };
     assert_eq!(g.fifo.resume(), Then::Wake(told));
     assert_eq!(g.poll(cell, g.fifo.status(cell).0), Some(Outcome::Granted));
@@ -342,4 +345,84 @@ fn a_long_queue_is_served_in_order_across_segments() {
     }
     g.release();
     assert_eq!(g.counts(), (0, 0));
+}
+
+/// Counts its wakes.
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn counting_waker() -> (Arc<Wakes>, std::task::Waker) {
+    let w = Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
+    (Arc::clone(&w), std::task::Waker::from(w))
+}
+
+/// Counts a waiter and pushes it with `waker`.
+fn push_with(g: &TestGate, waker: &std::task::Waker) -> (u32, u32) {
+    g.word.fetch_add(ONE_QUEUED, Ordering::AcqRel);
+    let (cell, gen) = g.fifo.take_cell().unwrap();
+    assert_eq!(g.fifo.push(cell, 0, false, Some(waker)), Pushed::Queued);
+    (cell, gen)
+}
+
+#[test]
+fn the_resolver_takes_the_waker_the_cell_holds_and_the_owner_can_swap_it() {
+    let g = TestGate::new(1, 3);
+    assert_eq!(g.admit(), Admit::Held);
+    let (first, first_waker) = counting_waker();
+    let (second, second_waker) = counting_waker();
+    let a = push_with(&g, &first_waker);
+    // The owner polls with another waker: the cell swaps it in and drops
+    // its clone of the first.
+    assert_eq!(Arc::strong_count(&first), 3);
+    assert_eq!(g.fifo.register(a.0, &second_waker), None);
+    assert_eq!(Arc::strong_count(&first), 2);
+    // The grant takes the second waker out of the cell; the teller wakes it.
+    g.word.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+    let Then::Wake(told) = g.fifo.resume() else {
+        panic!("a grant")
+    };
+    assert!(told
+        .waker
+        .as_ref()
+        .is_some_and(|w| w.will_wake(&second_waker)));
+    told.waker.unwrap().wake();
+    assert_eq!(g.fifo.status(a.0), (a.1, Status::Granted));
+    assert_eq!(g.fifo.register(a.0, &first_waker), Some(Status::Granted));
+    g.fifo.free_cell(a.0);
+    assert_eq!(first.0.load(Ordering::Relaxed), 0);
+    assert_eq!(second.0.load(Ordering::Relaxed), 1);
+    assert_eq!(Arc::strong_count(&second), 2, "the cell kept no clone");
+
+    // A rejection by another thread hands the waker over too; the owner's
+    // own cancel takes it back without waking it.
+    let b = push_with(&g, &first_waker);
+    let c = push_with(&g, &second_waker);
+    let mut told = Vec::new();
+    assert_eq!(
+        g.fifo
+            .reject_from_head(AdmitError::Closed, |_| true, 1, &g, |who, _| told.push(who)),
+        1
+    );
+    assert!(told[0]
+        .waker
+        .as_ref()
+        .is_some_and(|w| w.will_wake(&first_waker)));
+    assert!(g.cancel(c.0, c.1));
+    assert_eq!(
+        Arc::strong_count(&second),
+        2,
+        "the cancel dropped the clone"
+    );
+    assert_eq!(second.0.load(Ordering::Relaxed), 1, "and woke nobody");
+    drop(told);
+    assert_eq!(
+        g.poll(b.0, b.1),
+        Some(Outcome::Rejected(AdmitError::Closed))
+    );
+    assert_eq!(Arc::strong_count(&first), 2);
 }
