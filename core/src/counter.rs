@@ -1,4 +1,4 @@
-//! An exact statistics counter that hot paths bump without a locked
+//! Exact statistics counters that hot paths bump without a locked
 //! instruction.
 //!
 //! A shared `fetch_add` is a locked read-modify-write, and when two threads
@@ -69,45 +69,72 @@ fn cell_index() -> Option<usize> {
     CLAIM.try_with(|c| c.0).ok().flatten()
 }
 
-/// See the module docs.
-pub(crate) struct ThreadCounter {
+/// `K` exact counters bumped together (a histogram's buckets and sum):
+/// each thread's cell holds all `K`, so one bump of several costs one cell
+/// lookup and no locked instruction. See the module docs.
+pub(crate) struct ThreadCounters<const K: usize> {
     /// `CELLS` per-thread cells, then the shared one.
-    cells: Box<[CachePadded<AtomicU64>]>,
+    cells: Box<[CachePadded<[AtomicU64; K]>]>,
 }
 
-impl ThreadCounter {
+impl<const K: usize> ThreadCounters<K> {
     pub(crate) fn new() -> Self {
         Self {
             cells: (0..=CELLS)
-                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
                 .collect(),
         }
+    }
+
+    /// Adds `n` to counter `k` for each `(k, n)` of `adds`.
+    #[inline]
+    pub(crate) fn add(&self, adds: &[(usize, u64)]) {
+        match cell_index() {
+            Some(i) => {
+                let cell = &self.cells[i];
+                for &(k, n) in adds {
+                    // This thread is the cell's only writer (module docs).
+                    cell[k].store(
+                        cell[k].load(Ordering::Relaxed).wrapping_add(n),
+                        Ordering::Relaxed,
+                    );
+                }
+            }
+            None => {
+                for &(k, n) in adds {
+                    self.cells[CELLS][k].fetch_add(n, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Counter `k`'s total so far: exact once the adding threads have
+    /// stopped, and never more than what was added.
+    pub(crate) fn get(&self, k: usize) -> u64 {
+        self.cells.iter().fold(0u64, |sum, c| {
+            sum.wrapping_add(c[k].load(Ordering::Relaxed))
+        })
+    }
+}
+
+/// One exact counter (see the module docs).
+pub(crate) struct ThreadCounter(ThreadCounters<1>);
+
+impl ThreadCounter {
+    pub(crate) fn new() -> Self {
+        Self(ThreadCounters::new())
     }
 
     /// Adds `n`.
     #[inline]
     pub(crate) fn add(&self, n: u64) {
-        match cell_index() {
-            Some(i) => {
-                let cell = &self.cells[i];
-                // This thread is the cell's only writer (module docs).
-                cell.store(
-                    cell.load(Ordering::Relaxed).wrapping_add(n),
-                    Ordering::Relaxed,
-                );
-            }
-            None => {
-                self.cells[CELLS].fetch_add(n, Ordering::Relaxed);
-            }
-        }
+        self.0.add(&[(0, n)]);
     }
 
     /// The total so far: exact once the adding threads have stopped, and
     /// never more than what was added.
     pub(crate) fn get(&self) -> u64 {
-        self.cells
-            .iter()
-            .fold(0u64, |sum, c| sum.wrapping_add(c.load(Ordering::Relaxed)))
+        self.0.get(0)
     }
 }
 

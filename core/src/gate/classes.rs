@@ -329,7 +329,7 @@ impl<D: Detached> RawGate<D> {
             if !self.take_counted(class) {
                 // Taken meanwhile: give the reservations back, look again.
                 // AcqRel: a freeing write (module docs).
-                self.drop_wait();
+                let _ = self.drop_wait();
                 self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);
                 continue;
             }
@@ -337,7 +337,7 @@ impl<D: Detached> RawGate<D> {
             self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
             if self.deliver(class) {
                 // A leaving waiter refused it. AcqRel: a freeing write.
-                self.drop_wait();
+                let _ = self.drop_wait();
                 self.state.fetch_sub(ONE_RUNNING, Ordering::AcqRel);
             }
         }

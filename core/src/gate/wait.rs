@@ -20,9 +20,16 @@
 //!   handoff reserves the request slot, then the wait slot. A reservation
 //!   that cannot be completed is given back.
 //! * **Freeing a wait slot** (a first response, a direct admission that
-//!   gave its reservation back) is `waiting - 1`, then a read-modify-write
-//!   of the word (`fetch_add(0)`), then a handoff if waiters are counted.
-//!   A release that still holds its wait slot gives it back before its
+//!   gave its reservation back) is `waiting - 1`. Only the one that takes
+//!   the count down from `W` can owe a waiter the slot: a handoff or an
+//!   arrival that found every wait slot taken read `W`, and the count's
+//!   next change after that read is such a decrement (nothing rises past
+//!   `W`). That one then makes a read-modify-write of the word
+//!   (`fetch_add(0)`) and hands on if waiters are counted; any other stops
+//!   there, since a waiter counted while a wait slot was free waits for a
+//!   request slot, not for a wait slot (invariant 5 of `state.rs`); with a
+//!   queue deadline it still looks at the word, to expire due waiters. A
+//!   release that still holds its wait slot gives it back before its
 //!   request slot, whose `fetch_sub` is that read-modify-write.
 //! * **A handoff that finds no wait slot** gives its request slot back
 //!   (an `AcqRel` `fetch_sub`) and reads the wait count again: it goes on
@@ -59,7 +66,8 @@ impl<D: Detached> RawGate<D> {
     #[inline]
     pub(super) fn release_held(&self, wait: bool) {
         if wait {
-            self.drop_wait();
+            // The release's `fetch_sub` below pairs for it (module docs).
+            let _ = self.drop_wait();
         }
         self.release();
     }
@@ -89,23 +97,34 @@ impl<D: Detached> RawGate<D> {
     }
 
     /// Takes a held wait slot off the count (a no-op without a wait limit):
-    /// the caller then writes the word (module docs).
+    /// whether every wait slot was taken before (module docs). The caller
+    /// then writes the word.
     #[inline]
-    pub(super) fn drop_wait(&self) {
-        if self.wait_limit.is_some() {
-            // AcqRel: see the module docs.
-            let old = self.state.waiting.fetch_sub(1, Ordering::AcqRel);
-            debug_assert!(old > 0, "a wait slot given back twice");
-        }
+    pub(super) fn drop_wait(&self) -> bool {
+        let Some(limit) = self.wait_limit else {
+            return false;
+        };
+        // AcqRel: see the module docs.
+        let old = self.state.waiting.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(old > 0, "a wait slot given back twice");
+        old >= limit
     }
 
     /// Gives back a wait slot held without a request slot (a first
     /// response, a reservation a direct admission did not use), then hands
-    /// on if waiters are counted (module docs).
+    /// on if waiters are counted, when it may owe them one (module docs).
     pub(super) fn free_wait(&self) {
-        self.drop_wait();
-        // AcqRel: the freeing side of the pairing in the module docs.
-        let w = Word(self.state.fetch_add(0, Ordering::AcqRel));
+        let w = if self.drop_wait() {
+            // AcqRel: the freeing side of the pairing in the module docs.
+            Word(self.state.fetch_add(0, Ordering::AcqRel))
+        } else if self.deadlines {
+            // A wait slot was free before: no waiter was left for want of
+            // one (module docs, "Freeing a wait slot"), but the queue moved,
+            // so due waiters expire. Acquire: a plain look, not a pairing.
+            Word(self.state.load(Ordering::Acquire))
+        } else {
+            return;
+        };
         if w.queued() > 0 {
             self.hand_on(false);
         }

@@ -1,9 +1,10 @@
 //! The queue-wait histogram: one counter for each bucket the metrics render,
-//! plus the sum, each a `Relaxed` atomic, so that whoever grants a waiter
-//! records its wait without a lock. Plain `std` atomics: statistics that
-//! order nothing, outside what the model checker explores.
+//! plus the sum, in per-thread cells (`counter.rs`), so that whoever grants
+//! a waiter records its wait without a lock or a locked instruction. Plain
+//! `std` atomics: statistics that order nothing, outside what the model
+//! checker explores.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::counter::ThreadCounters;
 
 /// Upper bounds, in seconds, of the histogram's buckets.
 pub(super) const BUCKETS: [f64; 16] = [
@@ -22,12 +23,14 @@ const BOUNDS_NANOS: [u64; 16] = {
     b
 };
 
+/// Where the sum sits beside the 17 buckets.
+const SUM: usize = 17;
+
 /// See the module docs.
 pub(super) struct Waits {
-    /// Waits in each bucket alone (not cumulative); the last past every
-    /// bound.
-    counts: [AtomicU64; 17],
-    sum_nanos: AtomicU64,
+    /// Waits in each bucket alone (not cumulative; the last past every
+    /// bound), then the sum in nanoseconds.
+    counts: ThreadCounters<18>,
 }
 
 /// A histogram read: cumulative counts up to each bound, the total and the
@@ -41,8 +44,7 @@ pub(super) struct WaitsRead {
 impl Waits {
     pub(super) fn new() -> Self {
         Self {
-            counts: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_nanos: AtomicU64::new(0),
+            counts: ThreadCounters::new(),
         }
     }
 
@@ -50,28 +52,24 @@ impl Waits {
     #[inline]
     pub(super) fn record(&self, nanos: u64) {
         let bucket = BOUNDS_NANOS.partition_point(|&b| b < nanos);
-        // Relaxed: statistics (see the module docs).
-        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.counts.add(&[(bucket, 1), (SUM, nanos)]);
     }
 
     /// The histogram now (the buckets read one by one while others may
-    /// record: each count is exact, the set a moment's spread).
+    /// record: each count is exact at rest, the set a moment's spread).
     pub(super) fn read(&self) -> WaitsRead {
         let mut cumulative = [0; 16];
         let mut total = 0;
-        for (k, count) in self.counts.iter().enumerate() {
-            // Relaxed: statistics.
-            total += count.load(Ordering::Relaxed);
-            if k < 16 {
-                cumulative[k] = total;
-            }
+        for (k, up_to) in cumulative.iter_mut().enumerate() {
+            total += self.counts.get(k);
+            *up_to = total;
         }
+        // The last bucket, past every bound.
+        total += self.counts.get(16);
         WaitsRead {
             cumulative,
             total,
-            // Relaxed: statistics.
-            sum_nanos: self.sum_nanos.load(Ordering::Relaxed),
+            sum_nanos: self.counts.get(SUM),
         }
     }
 }
