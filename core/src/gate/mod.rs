@@ -51,6 +51,12 @@
 //! [`AdmissionGate::next_deadline`]. With adaptive LIFO, the next handoff
 //! after an expiry takes the newest waiter, once.
 //!
+//! Clock reads: a queued request reads the gate's clock once at its push
+//! (`enqueued_at`, the base of both its deadline and its queue-wait time)
+//! and its grant once more (the wait histogram); a direct admission or a
+//! rejection reads none. Deadlines are exact, not coarse: an expiry check
+//! reads the clock afresh and compares it with `enqueued_at + timeout`.
+//!
 //! # Layout
 //!
 //! Three layers, each using only the ones below it:
