@@ -63,7 +63,8 @@ pub use clock::{Clock, ManualClock, MonotonicClock, SharedClock};
 pub use error::{Reason, ReportError, RouteError, ThresholdError, WorkerError};
 pub use gate::{
     AdmissionGate, Admit, AdmitCallback, AdmitError, AdmitOwned, CallbackTicket, ClassConfig,
-    ClassStats, ConfigError, GateConfig, GateStats, OwnedPermit, Permit, TryAdmitError,
+    ClassStats, ConfigError, GateConfig, GateStats, OwnedPermit, Pending, PendingAdmission, Permit,
+    TryAdmitError,
 };
 pub use limits::Limits;
 pub use load::{LoadReport, WorkerSpec};

@@ -2,9 +2,10 @@
 //! against a deliberately simple reference gate (a `VecDeque` per priority
 //! class and counters, no atomics, no cleverness), with and without a wait
 //! limit, with one class or several (own queue limits, deadlines and
-//! reserved slots). Outcomes, callback firings, deadlines, stats and which
-//! held permits still wait for their first response must be identical after
-//! every operation.
+//! reserved slots), admitting through futures, callbacks and the two-step
+//! form (armed before or after the request is resolved). Outcomes, callback
+//! firings, deadlines, stats and which held permits still wait for their
+//! first response must be identical after every operation.
 
 use std::time::Duration;
 
@@ -19,6 +20,8 @@ use proptest::prelude::*;
 enum Op {
     AdmitFuture(u8),
     AdmitCallback(u8),
+    AdmitPending(u8),
+    Arm(usize),
     TryAdmit(u8),
     Release(usize),
     FirstResponse(usize),
@@ -39,6 +42,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => priority().prop_map(Op::AdmitFuture),
         4 => priority().prop_map(Op::AdmitCallback),
+        3 => priority().prop_map(Op::AdmitPending),
+        3 => any::<usize>().prop_map(Op::Arm),
         2 => priority().prop_map(Op::TryAdmit),
         6 => any::<usize>().prop_map(Op::Release),
         4 => any::<usize>().prop_map(Op::FirstResponse),
@@ -58,6 +63,8 @@ fn run(config: GateConfig, ops: &[Op]) {
         let outcomes = match *op {
             Op::AdmitFuture(p) => Some(pair.admit(Kind::Future, p)),
             Op::AdmitCallback(p) => Some(pair.admit(Kind::Callback, p)),
+            Op::AdmitPending(p) => Some(pair.admit(Kind::Pending, p)),
+            Op::Arm(k) => pair.arm(k),
             Op::TryAdmit(p) => Some(pair.try_admit(p)),
             Op::Release(k) => pair.release(k),
             Op::FirstResponse(k) => pair.first_response(k),

@@ -24,7 +24,10 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use std::time::Duration;
 
-use loadgate::{AdmissionGate, AdmitError, AdmitOwned, GateConfig, ManualClock, OwnedPermit};
+use loadgate::{
+    AdmissionGate, AdmitError, AdmitOwned, GateConfig, ManualClock, OwnedPermit, Pending,
+    PendingAdmission,
+};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 
@@ -398,6 +401,67 @@ fn a_lifo_handoff_races_the_newest_waiters_cancel_and_a_release() {
         assert_eq!(g.stats().queued, 0);
         drop(p);
         check_drained(&g, 2);
+    });
+}
+
+/// A request queued with nobody to tell yet.
+fn pending(g: &Arc<AdmissionGate>) -> PendingAdmission {
+    match g.admit_pending() {
+        Pending::Queued(p) => p,
+        Pending::Ready(r) => panic!("expected to queue, got {r:?}"),
+    }
+}
+
+#[test]
+fn an_arm_races_a_release() {
+    // The grant comes back from the arm, or through the callback (on the
+    // releasing thread, after the arm returned): exactly once.
+    loom::model(|| {
+        let g = gate(1, 1);
+        let p = g.try_admit_owned().unwrap();
+        let request = pending(&g);
+        let releaser = thread::spawn(move || drop(p));
+        let fired = Arc::new(AtomicUsize::new(0));
+        let f = Arc::clone(&fired);
+        let armed = request.arm(Box::new(move |r| {
+            drop(r.expect("granted"));
+            f.fetch_add(1, Ordering::SeqCst);
+        }));
+        releaser.join().unwrap();
+        match armed {
+            Ok(_ticket) => assert_eq!(fired.load(Ordering::SeqCst), 1),
+            Err(outcome) => {
+                drop(outcome.expect("granted before the arm"));
+                assert_eq!(fired.load(Ordering::SeqCst), 0);
+            }
+        }
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn an_arm_races_close() {
+    loom::model(|| {
+        let g = gate(1, 1);
+        let _p = g.try_admit_owned().unwrap();
+        let request = pending(&g);
+        let g1 = g.clone();
+        let closer = thread::spawn(move || g1.close());
+        let fired = Arc::new(AtomicUsize::new(0));
+        let f = Arc::clone(&fired);
+        let armed = request.arm(Box::new(move |r| {
+            assert_eq!(r.unwrap_err(), AdmitError::Closed);
+            f.fetch_add(1, Ordering::SeqCst);
+        }));
+        closer.join().unwrap();
+        match armed {
+            Ok(_ticket) => assert_eq!(fired.load(Ordering::SeqCst), 1),
+            Err(outcome) => {
+                assert_eq!(outcome.unwrap_err(), AdmitError::Closed);
+                assert_eq!(fired.load(Ordering::SeqCst), 0);
+            }
+        }
+        assert_eq!(g.stats().queued, 0);
     });
 }
 

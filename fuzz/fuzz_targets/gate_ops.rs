@@ -87,6 +87,9 @@ impl<'a> Arbitrary<'a> for Setup {
 enum Op {
     AdmitFuture(u8),
     AdmitCallback(u8),
+    /// The two-step form: queued with nobody to tell until armed.
+    AdmitPending(u8),
+    Arm(u8),
     /// Several admissions in a row, each checked on its own.
     Burst {
         n: u8,
@@ -113,6 +116,8 @@ fn step(pair: &mut GatePair, op: &Op) -> Option<(Out, Out)> {
     Some(match *op {
         Op::AdmitFuture(p) => pair.admit(Kind::Future, p),
         Op::AdmitCallback(p) => pair.admit(Kind::Callback, p),
+        Op::AdmitPending(p) => pair.admit(Kind::Pending, p),
+        Op::Arm(k) => return pair.arm(usize::from(k)),
         Op::Burst {
             n,
             callbacks,

@@ -13,8 +13,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use loadgate::{
-    AdmissionGate, AdmitError, AdmitOwned, CallbackTicket, Clock, GateConfig, ManualClock,
-    OwnedPermit,
+    AdmissionGate, AdmitCallback, AdmitError, AdmitOwned, CallbackTicket, Clock, GateConfig,
+    ManualClock, OwnedPermit, PendingAdmission,
 };
 
 use crate::reference_gate::{Kind, Out, Reference};
@@ -23,6 +23,8 @@ use crate::reference_gate::{Kind, Out, Reference};
 enum Pending {
     Future(AdmitOwned),
     Callback(CallbackTicket),
+    /// Queued by `admit_pending`, not armed yet.
+    Unarmed(PendingAdmission),
 }
 
 /// Callbacks fired on the real gate, in order.
@@ -112,20 +114,21 @@ impl GatePair {
                     }
                 }
             }
+            Kind::Pending => match self.gate.admit_pending_at(priority) {
+                loadgate::Pending::Ready(Ok(p)) => {
+                    self.held.push(p);
+                    Out::Admitted
+                }
+                loadgate::Pending::Ready(Err(e)) => Out::Rejected(e),
+                loadgate::Pending::Queued(q) => {
+                    self.pending.push((id, Pending::Unarmed(q)));
+                    Out::Pending
+                }
+            },
             Kind::Callback => {
-                let log = self.fired.clone();
-                let permits = self.cb_permits.clone();
-                let ticket = self.gate.admit_with_callback_at(
-                    priority,
-                    Box::new(move |r| {
-                        log.lock()
-                            .unwrap()
-                            .push((id, r.as_ref().map(|_| ()).map_err(|e| *e)));
-                        if let Ok(p) = r {
-                            permits.lock().unwrap().push(p);
-                        }
-                    }),
-                );
+                let ticket = self
+                    .gate
+                    .admit_with_callback_at(priority, self.recording(id));
                 if ticket.is_queued() {
                     self.pending.push((id, Pending::Callback(ticket)));
                     Out::Pending
@@ -139,6 +142,52 @@ impl GatePair {
             }
         };
         (real, self.model.admit(id, kind, priority, now))
+    }
+
+    /// A callback for waiter `id` that logs its outcome and keeps its permit.
+    fn recording(&self, id: usize) -> AdmitCallback {
+        let log = self.fired.clone();
+        let permits = self.cb_permits.clone();
+        Box::new(move |r| {
+            log.lock()
+                .unwrap()
+                .push((id, r.as_ref().map(|_| ()).map_err(|e| *e)));
+            if let Ok(p) = r {
+                permits.lock().unwrap().push(p);
+            }
+        })
+    }
+
+    /// Arms the `k`th unarmed waiter (modulo their number) with a recording
+    /// callback; `None` when none is unarmed.
+    pub fn arm(&mut self, k: usize) -> Option<(Out, Out)> {
+        let unarmed: Vec<usize> = (0..self.pending.len())
+            .filter(|&i| matches!(self.pending[i].1, Pending::Unarmed(_)))
+            .collect();
+        if unarmed.is_empty() {
+            return None;
+        }
+        let j = k % unarmed.len();
+        let i = unarmed[j];
+        let (id, Pending::Unarmed(q)) = self.pending.remove(i) else {
+            unreachable!("an unarmed waiter")
+        };
+        let real = match q.arm(self.recording(id)) {
+            Ok(ticket) => {
+                self.pending.insert(i, (id, Pending::Callback(ticket)));
+                Out::Armed(None)
+            }
+            Err(outcome) => {
+                let o = outcome.as_ref().map(|_| ()).map_err(|e| *e);
+                if let Ok(p) = outcome {
+                    self.held.push(p);
+                }
+                Out::Armed(Some(o))
+            }
+        };
+        let (model_id, expected) = self.model.arm_at(j);
+        assert_eq!(model_id, id, "both gates arm the same waiter");
+        Some((real, expected))
     }
 
     /// `try_admit_owned_at`.
@@ -196,10 +245,14 @@ impl GatePair {
         let now = self.now();
         let i = k % self.pending.len();
         let (id, p) = self.pending.remove(i);
+        let before = self.gate.stats().cancelled;
         let real = match p {
             Pending::Future(f) => {
-                let before = self.gate.stats().cancelled;
                 drop(f);
+                Out::Cancelled(self.gate.stats().cancelled > before)
+            }
+            Pending::Unarmed(q) => {
+                drop(q);
                 Out::Cancelled(self.gate.stats().cancelled > before)
             }
             Pending::Callback(t) => Out::Cancelled(t.cancel()),
@@ -231,6 +284,7 @@ impl GatePair {
                         keep.push((id, Pending::Callback(t)));
                     }
                 }
+                unarmed @ Pending::Unarmed(_) => keep.push((id, unarmed)),
             }
         }
         self.pending = keep;

@@ -21,6 +21,9 @@ pub enum Kind {
     Future,
     /// `admit_with_callback`.
     Callback,
+    /// `admit_pending`: resolved like a future until armed (then a
+    /// callback), never polled.
+    Pending,
 }
 
 /// Where a waiter stands.
@@ -55,6 +58,9 @@ pub enum Out {
     Expired(usize),
     /// The future waiters a poll found resolved, in pending order.
     Polled(Vec<(usize, Result<(), AdmitError>)>),
+    /// An arm's answer: armed (`None`), or the outcome of a request
+    /// resolved before it.
+    Armed(Option<Result<(), AdmitError>>),
 }
 
 /// The reference gate.
@@ -250,7 +256,7 @@ impl Reference {
         self.class_of.remove(&id);
         let entry = self.waiters.get_mut(&id).unwrap();
         match entry.0 {
-            Kind::Future => {
+            Kind::Future | Kind::Pending => {
                 entry.1 = match outcome {
                     Ok(()) => WState::Granted,
                     Err(e) => WState::Rejected(e),
@@ -452,12 +458,49 @@ impl Reference {
                 Out::Cancelled(true)
             }
             WState::Granted => {
-                assert_eq!(kind, Kind::Future);
+                assert_ne!(kind, Kind::Callback);
                 self.release_slot(now, self.wait_limit.is_some());
                 Out::Cancelled(false)
             }
             WState::Rejected(_) | WState::Fired => Out::Cancelled(false),
         }
+    }
+
+    /// Arms the `i`th unarmed pending waiter (in admission order): it
+    /// becomes a callback if still queued, else gives its outcome (a grant
+    /// is held) and leaves. Its id and the answer.
+    pub fn arm_at(&mut self, i: usize) -> (usize, Out) {
+        let id = self
+            .pending
+            .iter()
+            .copied()
+            .filter(|id| self.waiters[id].0 == Kind::Pending)
+            .nth(i)
+            .expect("an unarmed waiter");
+        let state = self.waiters[&id].1;
+        let out = match state {
+            WState::Queued => {
+                self.waiters.get_mut(&id).unwrap().0 = Kind::Callback;
+                return (id, Out::Armed(None));
+            }
+            WState::Granted => {
+                self.hold();
+                Ok(())
+            }
+            WState::Rejected(e) => Err(e),
+            WState::Fired => unreachable!("an unarmed waiter never fires"),
+        };
+        self.waiters.remove(&id);
+        self.pending.retain(|&p| p != id);
+        (id, Out::Armed(Some(out)))
+    }
+
+    /// How many pending waiters are not armed yet.
+    pub fn unarmed(&self) -> usize {
+        self.pending
+            .iter()
+            .filter(|id| self.waiters[id].0 == Kind::Pending)
+            .count()
     }
 
     /// Polls a future waiter: its outcome if resolved.
@@ -487,7 +530,7 @@ impl Reference {
                     Some(r) => polled.push((id, r)),
                     None => keep.push(id),
                 },
-                (Kind::Callback, WState::Queued) => keep.push(id),
+                (Kind::Callback, WState::Queued) | (Kind::Pending, _) => keep.push(id),
                 (Kind::Callback, _) => {
                     self.waiters.remove(&id);
                 }

@@ -1079,30 +1079,7 @@ fn admission_cases(run: &mut Run) {
 
     let name = "admit + release, 2 threads contending";
     run.measure(Case::contended(name, CONTENDED), |budget| {
-        let g = gate(1024, 16);
-        let sem = Semaphore::new(1024);
-        let mg = MutexGate::new(1024, 16);
-        let lg_op = |ops: u64| {
-            for _ in 0..ops {
-                drop(black_box(g.try_admit().expect("slot free")));
-            }
-        };
-        let sem_op = |ops: u64| {
-            for _ in 0..ops {
-                drop(black_box(sem.try_acquire().expect("slot free")));
-            }
-        };
-        let mg_op = |ops: u64| {
-            for _ in 0..ops {
-                drop(black_box(mg.try_admit().expect("slot free")));
-            }
-        };
-        let sides = [
-            SharedSide::new(&lg_op),
-            SharedSide::new(&sem_op),
-            SharedSide::new(&mg_op),
-        ];
-        contend(budget, 2, &sides)
+        contended_admit_release(budget, 2, false)
     });
 
     // More threads than cores: a thread is preempted now and then in the
@@ -1111,31 +1088,42 @@ fn admission_cases(run: &mut Run) {
     // go on. Every operation timed on its own, for the tails.
     let name = "admit + release, 8 threads on 2 cores";
     run.measure(Case::contended(name, OVERSUBSCRIBED), |budget| {
-        let g = gate(1024, 16);
-        let sem = Semaphore::new(1024);
-        let mg = MutexGate::new(1024, 16);
-        let lg_op = |ops: u64| {
-            for _ in 0..ops {
-                drop(black_box(g.try_admit().expect("slot free")));
-            }
-        };
-        let sem_op = |ops: u64| {
-            for _ in 0..ops {
-                drop(black_box(sem.try_acquire().expect("slot free")));
-            }
-        };
-        let mg_op = |ops: u64| {
-            for _ in 0..ops {
-                drop(black_box(mg.try_admit().expect("slot free")));
-            }
-        };
-        let sides = [
-            SharedSide::new(&lg_op),
-            SharedSide::new(&sem_op),
-            SharedSide::new(&mg_op),
-        ];
-        contend_per_op(budget, 8, &sides)
+        contended_admit_release(budget, 8, true)
     });
+}
+
+/// Direct admit + release by `threads` threads at once, on loadgate's gate,
+/// tokio's `Semaphore` and the Mutex gate (each operation timed alone if
+/// `per_op`).
+fn contended_admit_release(budget: &Budget, threads: usize, per_op: bool) -> Vec<Series> {
+    let g = gate(1024, 16);
+    let sem = Semaphore::new(1024);
+    let mg = MutexGate::new(1024, 16);
+    let lg_op = |ops: u64| {
+        for _ in 0..ops {
+            drop(black_box(g.try_admit().expect("slot free")));
+        }
+    };
+    let sem_op = |ops: u64| {
+        for _ in 0..ops {
+            drop(black_box(sem.try_acquire().expect("slot free")));
+        }
+    };
+    let mg_op = |ops: u64| {
+        for _ in 0..ops {
+            drop(black_box(mg.try_admit().expect("slot free")));
+        }
+    };
+    let sides = [
+        SharedSide::new(&lg_op),
+        SharedSide::new(&sem_op),
+        SharedSide::new(&mg_op),
+    ];
+    if per_op {
+        contend_per_op(budget, threads, &sides)
+    } else {
+        contend(budget, threads, &sides)
+    }
 }
 
 /// One queued admission on the Mutex gate and its handoff: queue behind the

@@ -12,6 +12,7 @@ use super::config::{self, ConfigError, GateConfig};
 use super::error::{AdmitError, TryAdmitError};
 use super::future::{Admit, AdmitOwned};
 use super::metrics;
+use super::pending::{self, Pending};
 use super::permit::{OwnedPermit, Permit};
 use super::raw::RawGate;
 use super::stats::GateStats;
@@ -224,6 +225,22 @@ impl AdmissionGate {
         callback: AdmitCallback,
     ) -> CallbackTicket {
         callback::admit(self, self.raw.class_of(priority), callback)
+    }
+
+    /// Asks for a slot in two steps, for a caller whose waiter must exist
+    /// before it can be told (an asyncio future): admitted or rejected at
+    /// once ([`Pending::Ready`]), or queued with nobody to tell yet
+    /// ([`Pending::Queued`]), whose [`PendingAdmission::arm`](super::PendingAdmission::arm) leaves the
+    /// callback to call, or returns the outcome if the request was resolved
+    /// meanwhile. The callback never runs before it is armed. Class 0.
+    pub fn admit_pending(self: &Arc<Self>) -> Pending {
+        self.admit_pending_at(0)
+    }
+
+    /// [`admit_pending`](Self::admit_pending) for priority class
+    /// `priority`.
+    pub fn admit_pending_at(self: &Arc<Self>, priority: u8) -> Pending {
+        pending::admit(self, self.raw.class_of(priority))
     }
 
     /// How many priority classes the gate has (1 without classes).

@@ -27,6 +27,12 @@ pub(super) struct QueuedCallback {
     gate: Arc<AdmissionGate>,
 }
 
+impl QueuedCallback {
+    pub(super) fn new(callback: AdmitCallback, gate: Arc<AdmissionGate>) -> Self {
+        Self { callback, gate }
+    }
+}
+
 impl Detached for QueuedCallback {
     fn resolve(self, outcome: Result<(), AdmitError>) {
         dispatch(self.callback, outcome.map(|()| OwnedPermit::new(self.gate)));

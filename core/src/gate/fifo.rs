@@ -461,11 +461,11 @@ impl<T: Default> Fifo<T> {
                     let enqueued_at = w.enqueued_at.load(Ordering::Relaxed);
                     match status {
                         Status::Queued if ours => {
-                            if let Some(waker) = self.grant(w, word) {
+                            if let Some((detached, waker)) = self.grant(w, word) {
                                 self.finish(slot, tag);
                                 return Some(Then::Wake(Told {
                                     cell,
-                                    detached: word & DETACHED != 0,
+                                    detached,
                                     enqueued_at,
                                     waker,
                                 }));
@@ -505,40 +505,94 @@ impl<T: Default> Fifo<T> {
     }
 
     /// Grants cell `w`, whose status word the resumer read as `word`
-    /// (queued): `None` if the word changed meanwhile (a leave claimed the
-    /// cell); else the waker to wake, taken out before the final status
-    /// lets the owner free the cell ("Wakers").
-    fn grant(&self, w: &Waiter<T>, word: u64) -> Option<Option<Waker>> {
-        if word & WAKER == 0 {
-            // Release: the grant (see the orderings).
-            w.state
+    /// (queued): `None` if it left meanwhile (a leave claimed it); else
+    /// whether it is detached, and the waker to wake, taken out before the
+    /// final status lets the owner free the cell ("Wakers").
+    fn grant(&self, w: &Waiter<T>, word: u64) -> Option<(bool, Option<Waker>)> {
+        // Release: the grant (see the orderings).
+        if word & WAKER == 0
+            && w.state
                 .compare_exchange(
                     word,
                     with_status(word, Status::Granted),
                     Ordering::Release,
                     Ordering::Relaxed,
                 )
-                .ok()?;
-            return Some(None);
+                .is_ok()
+        {
+            return Some((word & DETACHED != 0, None));
         }
-        // Acquire: the waker the owner published with `word`.
-        w.state
-            .compare_exchange(
-                word,
-                with_status(word & !WAKER, Status::Cancelling),
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
-            .ok()?;
-        // SAFETY: we moved the cell out of `QUEUED` from a word that said
-        // `WAKER`: the slot is ours ("Wakers").
-        let waker = unsafe { w.take_waker() };
+        let (word, waker) = self.claim(w, word)?;
         // Release: the grant (see the orderings).
         w.state.store(
             with_status(word & !WAKER, Status::Granted),
             Ordering::Release,
         );
-        Some(waker)
+        Some((word & DETACHED != 0, waker))
+    }
+
+    /// Moves cell `w` out of `QUEUED` (its status word read `word`) into
+    /// `CANCELLING`, so that no resumer can grant it and nobody else can
+    /// claim it. `None` if it left `QUEUED` meanwhile; else the word it
+    /// claimed (its owner may have changed a flag since `word`: swapped its
+    /// waker, or armed its callback) and the waker the cell held, now ours
+    /// ("Wakers").
+    fn claim(&self, w: &Waiter<T>, mut word: u64) -> Option<(u64, Option<Waker>)> {
+        loop {
+            // Acquire: the place and the waker the owner wrote (a third
+            // party found the cell through the slot's Release, or reads it
+            // here), and what it left in the payload.
+            match w.state.compare_exchange(
+                word,
+                with_status(word & !WAKER, Status::Cancelling),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) if waiter_status(actual) == waiter_status(word) => word = actual,
+                Err(_) => return None,
+            }
+        }
+        // SAFETY: we moved the cell out of `QUEUED`; if the word said
+        // `WAKER`, the slot is ours ("Wakers").
+        let waker = (word & WAKER != 0)
+            .then(|| unsafe { w.take_waker() })
+            .flatten();
+        Some((word, waker))
+    }
+
+    /// Makes queued cell `cell` (generation `gen`), pushed neither detached
+    /// nor with a waker, detached: from now on whoever resolves it frees it
+    /// and tells what its owner left in the payload. `Err` with its final
+    /// status if it was resolved first: the owner keeps the cell.
+    pub(super) fn detach(&self, cell: u32, gen: u32) -> Result<(), Status> {
+        let w = self.cells.get(cell);
+        loop {
+            // Acquire: a final status's Release (the outcome).
+            let word = w.state.load(Ordering::Acquire);
+            let (g, status) = waiter_status(word);
+            debug_assert_eq!(g, gen, "detached a cell it does not own");
+            match status {
+                Status::Queued => {
+                    debug_assert_eq!(word & (DETACHED | WAKER), 0);
+                    // Release: a resolver that claims the detached word
+                    // (Acquire) sees the payload.
+                    if w.state
+                        .compare_exchange(
+                            word,
+                            word | DETACHED,
+                            Ordering::Release,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                    {
+                        return Ok(());
+                    }
+                }
+                Status::Cancelling => spin_wait(),
+                status => return Err(status),
+            }
+        }
     }
 
     /// A cell's status once any resolution in flight has finished (a
@@ -633,22 +687,7 @@ impl<T: Default> Fifo<T> {
         if waiter_status(word) != (gen, Status::Queued) {
             return None;
         }
-        // Acquire: a third party reads the place and the waker the owner
-        // wrote (it found the cell through the slot's Release, or reads it
-        // here).
-        w.state
-            .compare_exchange(
-                word,
-                with_status(word & !WAKER, Status::Cancelling),
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
-            .ok()?;
-        // SAFETY: we moved the cell out of `QUEUED`; if the word said
-        // `WAKER`, the slot is ours ("Wakers").
-        let waker = (word & WAKER != 0)
-            .then(|| unsafe { w.take_waker() })
-            .flatten();
+        let (word, waker) = self.claim(w, word)?;
         // Relaxed: ordered by the Acquire above.
         let p = w.place.load(Ordering::Relaxed);
         let seg = w.segment.load(Ordering::Relaxed);

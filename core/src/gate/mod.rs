@@ -65,7 +65,9 @@
 //!   ([`AdmissionGate`]), `permit.rs` ([`Permit`], [`OwnedPermit`]),
 //!   `future.rs` ([`Admit`], [`AdmitOwned`]), `callback.rs`
 //!   ([`AdmitCallback`], [`CallbackTicket`], the callback trampoline, and
-//!   what a queued callback leaves in its cell) and `metrics.rs` (rendering);
+//!   what a queued callback leaves in its cell), `pending.rs` (admission in
+//!   two steps: [`Pending`], [`PendingAdmission`]) and `metrics.rs`
+//!   (rendering);
 //! * the raw gate, which never names them: `raw.rs` (the word, the queues,
 //!   the settings; direct admission, release, `set_limit`, `close`,
 //!   expiry), `queue.rs` (enqueue, handoff, adaptive LIFO, poll, cancel,
@@ -92,6 +94,7 @@ mod error;
 mod fifo;
 mod future;
 mod metrics;
+mod pending;
 #[allow(unsafe_code)] // the raw-pointer round trip of an owned permit
 mod permit;
 mod queue;
@@ -112,5 +115,6 @@ pub use config::{
 };
 pub use error::{AdmitError, TryAdmitError};
 pub use future::{Admit, AdmitOwned};
+pub use pending::{Pending, PendingAdmission};
 pub use permit::{OwnedPermit, Permit};
 pub use stats::{ClassStats, GateStats};

@@ -95,6 +95,9 @@ pub(super) enum Waiter<'a, D> {
     Thread,
     /// A callback, detached (its owner never looks at the cell).
     Callback(D),
+    /// Nobody to tell yet: the owner arms a callback later ([`RawGate::arm`]),
+    /// or cancels.
+    Later,
 }
 
 impl<D> Waiter<'_, D> {
@@ -102,7 +105,7 @@ impl<D> Waiter<'_, D> {
     pub(super) fn into_detached(self) -> Option<D> {
         match self {
             Waiter::Callback(d) => Some(d),
-            Waiter::Task(_) | Waiter::Thread => None,
+            Waiter::Task(_) | Waiter::Thread | Waiter::Later => None,
         }
     }
 }
@@ -250,6 +253,7 @@ impl<D: Detached> RawGate<D> {
                 tell.set_callback(d);
                 fifo.push(cell, now, true, None)
             }
+            Waiter::Later => fifo.push(cell, now, false, None),
         };
         match pushed {
             Pushed::Queued => Enqueued::Queued(waiter_id(class, cell), gen),
@@ -492,6 +496,34 @@ impl<D: Detached> RawGate<D> {
         self.after(class, then);
         drop(stale);
         true
+    }
+
+    /// Leaves `detached` in the cell of queued waiter `id` (pushed as
+    /// [`Waiter::Later`]) and makes it detached, so that whoever resolves it
+    /// tells `detached` (`fifo.rs`, [`Fifo::detach`]). If it was resolved
+    /// first, its outcome (the cell is freed, a grant is the caller's slot)
+    /// and `detached` back.
+    pub(super) fn arm(
+        &self,
+        id: u32,
+        gen: u32,
+        detached: D,
+    ) -> Result<(), (Result<(), AdmitError>, D)> {
+        let (class, cell) = split_id(id);
+        let fifo = &self.fifos[class];
+        let tell = fifo.payload(cell);
+        tell.set_callback(detached);
+        match fifo.detach(cell, gen) {
+            Ok(()) => Ok(()),
+            Err(status) => {
+                let detached = tell
+                    .take_callback()
+                    .expect("a cell not detached keeps its owner's callback");
+                fifo.free_cell(cell);
+                let o = outcome(status).expect("a queued cell's owner finds it resolved");
+                Err((o, detached))
+            }
+        }
     }
 
     /// Whether callback request `id` is still queued.

@@ -5,10 +5,12 @@
 //! A callback is *detached*: its owner never looks at the cell. What it
 //! needs (a [`Detached`]: in the public layer, the callback and the gate
 //! handle its permit will hold, `callback.rs`) is stored before the cell is
-//! pushed (the push's `Release` publishes it) and taken by the one thread
-//! that resolves the cell: whoever wins its status change away from queued
-//! (a grant, a rejection, or the ticket's cancel). That thread then frees the
-//! cell and tells it. (A future's or a blocked thread's waker lives in the
+//! pushed (the push's `Release` publishes it), or before its owner arms a
+//! cell pushed with nobody to tell yet (the arm's `Release` sets the
+//! detached flag), and taken by the one thread that resolves the detached
+//! cell: whoever wins its status change away from queued (a grant, a
+//! rejection, or the ticket's cancel). That thread then frees the cell and
+//! tells it. (A future's or a blocked thread's waker lives in the
 //! queue's own part of the cell: `fifo.rs`, "Wakers".)
 
 use std::sync::Arc;
@@ -45,19 +47,23 @@ impl<D> Default for Tell<D> {
 unsafe impl<D: Send> Sync for Tell<D> {}
 
 impl<D> Tell<D> {
-    /// Stores a detached waiter's callback; only before the cell is pushed.
+    /// Stores a detached waiter's callback; only while the cell is not
+    /// detached yet: before its push, or before its owner arms it.
     pub(super) fn set_callback(&self, detached: D) {
-        // SAFETY: the enqueuer owns the cell until it pushes it (module
-        // docs): nobody else reads or writes `callback` now.
+        // SAFETY: until the cell's status word says detached, no resolver
+        // touches `callback` (module docs): its owner alone reads or writes
+        // it now.
         self.callback.with_mut(|c| unsafe { *c = Some(detached) });
     }
 
     /// Takes a detached waiter's callback; only by the thread that resolved
-    /// the cell (or its enqueuer, when the push found a slot waiting).
+    /// the cell, or its owner while the cell is not detached (a push that
+    /// found a slot waiting, an arm that found the cell resolved).
     pub(super) fn take_callback(&self) -> Option<D> {
         // SAFETY: the caller won the cell's status change away from queued
-        // (module docs), after the enqueuer's write, which the status word
-        // orders before it: nobody else touches `callback`.
+        // from a detached word (module docs), after the owner's write, which
+        // the status word orders before it; or it is the owner of a cell no
+        // resolver will look into: nobody else touches `callback`.
         self.callback.with_mut(|c| unsafe { (*c).take() })
     }
 }
