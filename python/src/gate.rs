@@ -9,17 +9,17 @@
 //! `asyncio.create_task`, `ensure_future`, `gather`, `wait_for` and
 //! `TaskGroup` all take it, without a Python frame per admission.
 //!
-//! Its first step takes a free slot at once
-//! ([`loadgate::AdmissionGate::try_admit_owned_at`]) and returns the permit;
-//! otherwise it registers a callback with the core
-//! ([`loadgate::AdmissionGate::admit_with_callback_at`]). Only a request that
-//! queues touches the event loop: the step yields an asyncio future, which
-//! the callback settles. The core calls the callback exactly once, from
-//! whichever thread granted, expired or closed the request:
+//! Its first step asks the core in two steps
+//! ([`loadgate::AdmissionGate::admit_pending_at`]): admitted or refused at
+//! once, it returns the permit or raises; queued, it makes an asyncio future
+//! and arms the request with a callback that settles it
+//! ([`loadgate::PendingAdmission::arm`]), unless the request was resolved
+//! meanwhile, whose outcome the arm returns instead. Only a request that
+//! queues touches the event loop, and the core never calls the callback
+//! before the arm, so the binding keeps no state for an early outcome. The
+//! callback runs once, on whichever thread granted, expired or closed the
+//! request:
 //!
-//! * while the registering step is still running (admitted or rejected at
-//!   once, or granted by another thread in the meantime), the callback only
-//!   stores the outcome and the step returns or raises it itself;
 //! * on the loop's own thread (a release, `set_limit`, `close` or `expire`
 //!   called from a task), it settles the future directly;
 //! * on any other thread, it hands the outcome to the loop with
@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use loadgate::gate::MAX_CLASSES;
 use loadgate::{
-    AdmitError, CallbackTicket, ClassConfig, GateConfig, OwnedPermit, Reason, SharedClock,
+    AdmitError, CallbackTicket, ClassConfig, GateConfig, OwnedPermit, Pending, Reason, SharedClock,
     TryAdmitError,
 };
 use pyo3::exceptions::{
@@ -859,71 +859,14 @@ struct Queued {
     timed: Option<Py<PyAny>>,
 }
 
-/// The core callback's half of a queued admission: where its outcome goes.
-struct Handoff(Mutex<Delivery>);
-
-enum Delivery {
-    /// The registering step is still running: keep the outcome for it.
-    Registering(Option<Outcome>),
-    /// Queued: settle this future, on this loop.
-    Waiting {
-        fut: Py<PyAny>,
-        event_loop: Py<PyAny>,
-        thread: u64,
-    },
-    /// Delivered, or nobody will take it (a late outcome is dropped, which
-    /// releases a permit).
-    Done,
-}
-
-impl Handoff {
-    /// The core callback: store, settle, or hand over to the loop.
-    fn deliver(&self, outcome: Outcome) {
-        let mut d = lock(&self.0);
-        match std::mem::replace(&mut *d, Delivery::Done) {
-            Delivery::Registering(_) => *d = Delivery::Registering(Some(outcome)),
-            Delivery::Waiting {
-                fut,
-                event_loop,
-                thread,
-            } => {
-                drop(d);
-                Python::attach(|py| deliver_to(py, &fut, &event_loop, thread, outcome));
-            }
-            Delivery::Done => {
-                drop(d);
-                drop(outcome);
-            }
-        }
-    }
-
-    /// The outcome, if it came while the registering step ran.
-    fn take_early(&self) -> Option<Outcome> {
-        match &mut *lock(&self.0) {
-            Delivery::Registering(outcome) => outcome.take(),
-            _ => None,
-        }
-    }
-
-    /// Hands the callback the future to settle; the outcome instead, if it
-    /// came first.
-    fn publish(&self, waiting: Delivery) -> Result<(), (Outcome, Delivery)> {
-        let mut d = lock(&self.0);
-        if let Delivery::Registering(outcome) = &mut *d {
-            if let Some(outcome) = outcome.take() {
-                *d = Delivery::Done;
-                return Err((outcome, waiting));
-            }
-        }
-        *d = waiting;
-        Ok(())
-    }
-
-    /// Nobody will take the outcome: drop it if it came, and any later one.
-    fn close(&self) {
-        let old = std::mem::replace(&mut *lock(&self.0), Delivery::Done);
-        drop(old);
-    }
+/// Where a queued admission's outcome goes: its future, on its loop, whose
+/// thread is `thread`. The core calls the armed callback at most once, and
+/// never before `arm` returned (`loadgate::PendingAdmission::arm`), so the
+/// future always exists by then.
+struct Target {
+    fut: Py<PyAny>,
+    event_loop: Py<PyAny>,
+    thread: u64,
 }
 
 /// The calling thread's number, unique in the process: cheaper to read than
@@ -941,13 +884,12 @@ fn thread_number() -> u64 {
 
 /// Routes an outcome to its future: directly on the loop's thread, through
 /// `call_soon_threadsafe` from any other.
-fn deliver_to(
-    py: Python<'_>,
-    fut: &Py<PyAny>,
-    event_loop: &Py<PyAny>,
-    thread: u64,
-    outcome: Outcome,
-) {
+fn deliver_to(py: Python<'_>, target: &Target, outcome: Outcome) {
+    let Target {
+        fut,
+        event_loop,
+        thread,
+    } = target;
     let (value, ok) = match outcome {
         Ok(p) => match Bound::new(py, Permit::new(p)) {
             Ok(p) => (p.into_any(), true),
@@ -958,7 +900,7 @@ fn deliver_to(
             Err(e) => return e.write_unraisable(py, None),
         },
     };
-    if thread_number() == thread {
+    if thread_number() == *thread {
         settle(py, fut.bind(py), &value, ok);
         return;
     }
@@ -1049,45 +991,29 @@ impl Admission {
 
     /// The first step: admitted or refused at once, or queued.
     fn start<'py>(&self, py: Python<'py>) -> PyResult<Stepped<'py>> {
-        let core = &self.gate.core;
-        // A free slot: no callback, no event loop.
-        if let Ok(p) = core.try_admit_owned_at(self.priority) {
-            return self.finish(py, Ok(p));
-        }
-        let handoff = Arc::new(Handoff(Mutex::new(Delivery::Registering(None))));
-        let for_core = Arc::clone(&handoff);
-        let ticket = core.admit_with_callback_at(
-            self.priority,
-            Box::new(move |outcome| for_core.deliver(outcome)),
-        );
-        if let Some(outcome) = handoff.take_early() {
-            return self.finish(py, outcome);
-        }
-        // Queued: wait for the outcome on the running loop.
-        let waiting = running_loop(py).and_then(|event_loop| {
-            let fut = new_future(&event_loop)?;
-            fut.setattr(intern!(py, "_asyncio_future_blocking"), true)?;
-            Ok((event_loop, fut))
-        });
-        let (event_loop, fut) = match waiting {
-            Ok(w) => w,
-            Err(e) => {
-                // No loop (or no future): leave the queue; drop an outcome
-                // that came meanwhile.
-                ticket.cancel();
-                handoff.close();
-                return Err(e);
-            }
+        let pending = match self.gate.core.admit_pending_at(self.priority) {
+            Pending::Ready(outcome) => return self.finish(py, outcome),
+            Pending::Queued(pending) => pending,
         };
-        let published = handoff.publish(Delivery::Waiting {
+        // Queued: wait for the outcome on the running loop. Without one (or
+        // without a future), `pending` is dropped: the request leaves the
+        // queue, or gives back the slot it was granted meanwhile.
+        let event_loop = running_loop(py)?;
+        let fut = new_future(&event_loop)?;
+        fut.setattr(intern!(py, "_asyncio_future_blocking"), true)?;
+        let target = Target {
             fut: fut.clone().unbind(),
             event_loop: event_loop.clone().unbind(),
             thread: thread_number(),
-        });
-        if let Err((outcome, waiting)) = published {
-            drop(waiting);
-            return self.finish(py, outcome);
-        }
+        };
+        let armed = pending.arm(Box::new(move |outcome| {
+            Python::attach(|py| deliver_to(py, &target, outcome));
+        }));
+        let ticket = match armed {
+            Ok(ticket) => ticket,
+            // Resolved before the arm: no need for the loop after all.
+            Err(outcome) => return self.finish(py, outcome),
+        };
         let mut queued = Queued {
             fut: fut.clone().unbind(),
             ticket,
