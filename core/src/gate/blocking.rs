@@ -38,7 +38,7 @@ impl<D: Detached> RawGate<D> {
         let (class, cell) = split_id(id);
         let fifo = &self.fifos[class];
         loop {
-            // The cell holds this thread's waker since the push (`fifo.rs`,
+            // The cell holds this thread's waker since the push (`fifo/owner.rs`,
             // "Wakers"): whoever resolves it unparks us.
             if let Some(o) = outcome(fifo.settled(cell)) {
                 fifo.free_cell(cell);

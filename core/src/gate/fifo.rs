@@ -49,18 +49,8 @@
 //! # Wakers
 //!
 //! A waiter that is not detached leaves its waker in its cell, and the cell's
-//! status word says who owns it: the `WAKER` flag beside `QUEUED` hands it to
-//! the resolvers. Whoever moves the cell out of `QUEUED` from a word with the
-//! flag (a grant, a leave: each a CAS on the word) takes the waker before
-//! storing the final status, and wakes it after: a grant to such a cell goes
-//! through `CANCELLING` (resolving) for that, a leave does anyway. The owner
-//! puts its waker in before the push publishes the cell; to swap in another
-//! (a poll with a new waker) it clears the flag by CAS (the slot is its own
-//! again), swaps, and sets the flag by CAS; if a resolver moved the cell on
-//! meanwhile, it saw no flag and took nothing, and the owner takes its
-//! waker back and reads the outcome. So a waker is handed over by the status
-//! change that resolves the cell, with no read-modify-write of its own, and
-//! an owner that finds `CANCELLING` waits a few instructions for the outcome.
+//! status word hands it between the owner and the one thread that resolves
+//! the cell (`fifo/owner.rs`, "Wakers").
 //!
 //! # Storage and words
 //!
@@ -108,6 +98,8 @@ use crate::sync::{lock, spin_wait, AtomicU64, Mutex, Ordering};
 use super::chunks::Chunks;
 use super::error::AdmitError;
 
+mod owner;
+mod scan;
 mod storage;
 mod words;
 
@@ -141,7 +133,7 @@ pub(super) struct Told {
     /// When the waiter was pushed (read before the cell could be freed).
     pub(super) enqueued_at: u64,
     /// The owner's waker, taken out of the cell before its final status
-    /// (see "Wakers"): wake it.
+    /// (`fifo/owner.rs`, "Wakers"): wake it.
     pub(super) waker: Option<Waker>,
 }
 
@@ -300,52 +292,11 @@ impl<T: Default> Fifo<T> {
         fifo
     }
 
-    // ----- waiter cells ---------------------------------------------------------
-
-    /// A free waiter cell and its generation, or `None` when all are taken.
-    pub(super) fn take_cell(&self) -> Option<(u32, u32)> {
-        self.cells.take()
-    }
-
-    /// Gives back a cell its owner is done with (taken and never pushed, or
-    /// resolved and its outcome taken).
-    pub(super) fn free_cell(&self, cell: u32) {
-        self.cells.free(cell);
-    }
-
-    /// The caller's part of a cell.
-    #[inline]
-    pub(super) fn payload(&self, cell: u32) -> &T {
-        &self.cells.get(cell).payload
-    }
-
-    /// The clock time at which a cell was pushed (for its owner, or a
-    /// teller of a granted cell, before the cell is freed).
-    #[inline]
-    pub(super) fn enqueued_at(&self, cell: u32) -> u64 {
-        // Relaxed: written before the Release that made the cell queued,
-        // which the caller has read.
-        self.cells.get(cell).enqueued_at.load(Ordering::Relaxed)
-    }
-
-    /// How many waiters were ever pushed: the positions handed out.
-    pub(super) fn pushed(&self) -> u64 {
-        // Relaxed: a statistic.
-        self.enq.load(Ordering::Relaxed)
-    }
-
-    /// A cell's generation and status.
-    #[inline]
-    pub(super) fn status(&self, cell: u32) -> (u32, Status) {
-        // Acquire: pairs with a grant's or rejection's Release.
-        waiter_status(self.cells.get(cell).state.load(Ordering::Acquire))
-    }
-
     // ----- enqueue and resume ---------------------------------------------------
 
     /// Enqueues a taken cell at clock time `now`, after the caller counted
     /// its waiter; `detached` if its owner will never look (see [`Told`]),
-    /// else with the `waker` its resolver wakes (see "Wakers").
+    /// else with the `waker` its resolver wakes (`fifo/owner.rs`, "Wakers").
     pub(super) fn push(
         &self,
         cell: u32,
@@ -507,7 +458,7 @@ impl<T: Default> Fifo<T> {
     /// Grants cell `w`, whose status word the resumer read as `word`
     /// (queued): `None` if it left meanwhile (a leave claimed it); else
     /// whether it is detached, and the waker to wake, taken out before the
-    /// final status lets the owner free the cell ("Wakers").
+    /// final status lets the owner free the cell (`fifo/owner.rs`, "Wakers").
     fn grant(&self, w: &Waiter<T>, word: u64) -> Option<(bool, Option<Waker>)> {
         // Release: the grant (see the orderings).
         if word & WAKER == 0
@@ -536,7 +487,7 @@ impl<T: Default> Fifo<T> {
     /// claim it. `None` if it left `QUEUED` meanwhile; else the word it
     /// claimed (its owner may have changed a flag since `word`: swapped its
     /// waker, or armed its callback) and the waker the cell held, now ours
-    /// ("Wakers").
+    /// (`fifo/owner.rs`, "Wakers").
     fn claim(&self, w: &Waiter<T>, mut word: u64) -> Option<(u64, Option<Waker>)> {
         loop {
             // Acquire: the place and the waker the owner wrote (a third
@@ -554,102 +505,11 @@ impl<T: Default> Fifo<T> {
             }
         }
         // SAFETY: we moved the cell out of `QUEUED`; if the word said
-        // `WAKER`, the slot is ours ("Wakers").
+        // `WAKER`, the slot is ours (`fifo/owner.rs`, "Wakers").
         let waker = (word & WAKER != 0)
             .then(|| unsafe { w.take_waker() })
             .flatten();
         Some((word, waker))
-    }
-
-    /// Makes queued cell `cell` (generation `gen`), pushed neither detached
-    /// nor with a waker, detached: from now on whoever resolves it frees it
-    /// and tells what its owner left in the payload. `Err` with its final
-    /// status if it was resolved first: the owner keeps the cell.
-    pub(super) fn detach(&self, cell: u32, gen: u32) -> Result<(), Status> {
-        let w = self.cells.get(cell);
-        loop {
-            // Acquire: a final status's Release (the outcome).
-            let word = w.state.load(Ordering::Acquire);
-            let (g, status) = waiter_status(word);
-            debug_assert_eq!(g, gen, "detached a cell it does not own");
-            match status {
-                Status::Queued => {
-                    debug_assert_eq!(word & (DETACHED | WAKER), 0);
-                    // Release: a resolver that claims the detached word
-                    // (Acquire) sees the payload.
-                    if w.state
-                        .compare_exchange(
-                            word,
-                            word | DETACHED,
-                            Ordering::Release,
-                            Ordering::Relaxed,
-                        )
-                        .is_ok()
-                    {
-                        return Ok(());
-                    }
-                }
-                Status::Cancelling => spin_wait(),
-                status => return Err(status),
-            }
-        }
-    }
-
-    /// A cell's status once any resolution in flight has finished (a
-    /// `Cancelling` cell is a few instructions from its final status): for
-    /// its owner.
-    pub(super) fn settled(&self, cell: u32) -> Status {
-        loop {
-            match self.status(cell).1 {
-                Status::Cancelling => spin_wait(),
-                status => return status,
-            }
-        }
-    }
-
-    /// The owner of queued cell `cell` makes `waker` the one its resolver
-    /// wakes, in place of the one the cell holds ("Wakers"). `None` once it
-    /// is; the cell's final status if it was resolved first.
-    pub(super) fn register(&self, cell: u32, waker: &Waker) -> Option<Status> {
-        let w = self.cells.get(cell);
-        loop {
-            // Acquire: a final status's Release (the outcome).
-            let word = w.state.load(Ordering::Acquire);
-            match waiter_status(word).1 {
-                Status::Queued => {}
-                Status::Cancelling => {
-                    spin_wait();
-                    continue;
-                }
-                status => return Some(status),
-            }
-            let mine = word & !WAKER;
-            // Take the slot back from the resolvers. Relaxed: the waker in
-            // it is ours; a failure means a resolver moved the cell on.
-            if word & WAKER != 0
-                && w.state
-                    .compare_exchange(word, mine, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_err()
-            {
-                continue;
-            }
-            // SAFETY: the owner, queued without `WAKER`: the slot is ours.
-            let stale = unsafe { w.put_waker(Some(waker.clone())) };
-            // Release: the resolver that takes the waker (Acquire) sees it.
-            let handed = w
-                .state
-                .compare_exchange(mine, mine | WAKER, Ordering::Release, Ordering::Relaxed)
-                .is_ok();
-            if !handed {
-                // Resolved meanwhile, with no waker to take: ours again.
-                // SAFETY: the word has not said `WAKER` since we cleared it.
-                drop(unsafe { w.take_waker() });
-            }
-            drop(stale);
-            if handed {
-                return None;
-            }
-        }
     }
 
     // ----- leaving ----------------------------------------------------------------
@@ -748,154 +608,6 @@ impl<T: Default> Fifo<T> {
             }
             // Resolved meanwhile: the next newest.
         }
-    }
-
-    // ----- scanning ---------------------------------------------------------------
-
-    /// The oldest queued cell at a position `from` or later: its position,
-    /// cell and generation. A cell resolved meanwhile is left to whoever
-    /// acts on it (a [`leave`](Self::leave) on it returns `None`).
-    pub(super) fn next_queued(&self, from: u64) -> Option<(u64, u32, u32)> {
-        // Acquire: see the orderings; the hint is read before `deq`.
-        let hint = self.head.load(Ordering::Acquire);
-        let mut p = from.max(self.deq.load(Ordering::Acquire));
-        let end = self.enq.load(Ordering::Acquire);
-        while p < end {
-            let Some(seg) = self.locate_quiet(p, hint) else {
-                p = (p / SEG as u64 + 1) * SEG as u64;
-                continue;
-            };
-            if let Some((cell, gen)) = self.queued_at(p, seg) {
-                return Some((p, cell, gen));
-            }
-            p += 1;
-        }
-        None
-    }
-
-    /// Rejects queued waiters from the oldest on with `reason`, while `due`
-    /// says yes to their queue time, at most `max` of them: a queue
-    /// deadline (`due` compares with the deadline; the scan stops at the
-    /// first waiter not due, since later ones came later) or a close (`due`
-    /// always true). Each rejected cell, and what the caller must do after
-    /// its leaving, goes to `told`. How many were rejected.
-    ///
-    /// Enqueue times follow positions only as closely as the clock reads
-    /// before taking a position do: a waiter due a moment before one ahead
-    /// of it waits for the next call.
-    pub(super) fn reject_from_head(
-        &self,
-        reason: AdmitError,
-        due: impl Fn(u64) -> bool,
-        max: usize,
-        places: &impl Places,
-        mut told: impl FnMut(Told, Then),
-    ) -> usize {
-        let mut n = 0;
-        let mut from = 0;
-        while n < max {
-            let Some((p, cell, gen)) = self.next_queued(from) else {
-                break;
-            };
-            from = p + 1;
-            let w = self.cells.get(cell);
-            // Relaxed: written before the Queued status `next_queued` read
-            // with Acquire; checked against a reuse of the cell below.
-            let at = w.enqueued_at.load(Ordering::Relaxed);
-            if self.status(cell) != (gen, Status::Queued) {
-                continue; // resolved meanwhile: `at` may be another's
-            }
-            if !due(at) {
-                break;
-            }
-            if let Some((then, who)) = self.leave_told(cell, gen, Status::Rejected(reason), places)
-            {
-                n += 1;
-                told(who, then);
-            }
-        }
-        n
-    }
-
-    /// The newest queued cell: its position, cell and generation (as
-    /// [`next_queued`](Self::next_queued), scanning from the newest
-    /// position back). For displacement, which takes the newest waiter of
-    /// a class.
-    pub(super) fn newest_queued(&self) -> Option<(u64, u32, u32)> {
-        // Acquire: see the orderings; the hint is read before `deq`.
-        let hint = self.head.load(Ordering::Acquire);
-        let first = self.deq.load(Ordering::Acquire);
-        let mut p = self.enq.load(Ordering::Acquire);
-        // The segment of the positions being scanned: one lookup each.
-        let mut segment: Option<(u64, Option<u32>)> = None;
-        while p > first {
-            p -= 1;
-            let k = p / SEG as u64;
-            let seg = match segment {
-                Some((at, seg)) if at == k => seg,
-                _ => {
-                    let seg = self.locate_quiet(p, hint);
-                    segment = Some((k, seg));
-                    seg
-                }
-            };
-            let Some(seg) = seg else {
-                // Gone: every position in it was skipped.
-                p = k * SEG as u64;
-                continue;
-            };
-            if let Some((cell, gen)) = self.queued_at(p, seg) {
-                return Some((p, cell, gen));
-            }
-        }
-        None
-    }
-
-    /// The cell queued at position `p` of segment `seg`, if one waits there.
-    fn queued_at(&self, p: u64, seg: u32) -> Option<(u32, u32)> {
-        let slot = &self.segments.get(seg).slots[p as usize % SEG];
-        // Acquire: pairs with the install's Release.
-        let word = slot.load(Ordering::Acquire);
-        if slot_tag(word) != tag_of(p / SEG as u64) || slot_kind(word) != WAITING {
-            return None;
-        }
-        let cell = slot_cell(word);
-        let (gen, status) = self.status(cell);
-        // Relaxed: written before the status we read.
-        let here = self.waits_at(self.cells.get(cell), p);
-        (status == Status::Queued && here).then_some((cell, gen))
-    }
-
-    /// Rejects the newest queued waiter with `reason` (displacement): who
-    /// was told and what the caller must do after its leaving, or `None`
-    /// if nobody waits.
-    pub(super) fn reject_newest(
-        &self,
-        reason: AdmitError,
-        places: &impl Places,
-    ) -> Option<(Told, Then)> {
-        loop {
-            let (_, cell, gen) = self.newest_queued()?;
-            if let Some((then, told)) = self.leave_told(cell, gen, Status::Rejected(reason), places)
-            {
-                return Some((told, then));
-            }
-            // Resolved meanwhile: the next newest.
-        }
-    }
-
-    /// The queue time of the oldest queued waiter, if any.
-    pub(super) fn oldest_enqueued_at(&self) -> Option<u64> {
-        let mut from = 0;
-        while let Some((p, cell, gen)) = self.next_queued(from) {
-            // Relaxed: as in `reject_from_head`.
-            let at = self.cells.get(cell).enqueued_at.load(Ordering::Relaxed);
-            if self.status(cell) == (gen, Status::Queued) {
-                return Some(at);
-            }
-            from = p + 1;
-        }
-        None
     }
 }
 

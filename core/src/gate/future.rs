@@ -1,7 +1,7 @@
 //! The admission futures, [`Admit`] and [`AdmitOwned`]: a request that
 //! cannot be admitted at once queues a cell holding its task's waker, and
 //! each later poll reads the cell's status (swapping in its waker if it
-//! changed: `fifo.rs`, "Wakers").
+//! changed: `fifo/owner.rs`, "Wakers").
 
 use std::fmt;
 use std::future::Future;

@@ -76,6 +76,8 @@
 //!   (the blocking wait). It is generic over what a detached waiter leaves
 //!   in its cell (`tell.rs`'s `Detached`), which `callback.rs` supplies;
 //! * the queue and the leaves: `fifo.rs` (the lock-free cancellable queue;
+//!   `fifo/owner.rs` the owner's side of a cell and the hand-over of its
+//!   waker, `fifo/scan.rs` the scans and rejections from either end,
 //!   `fifo/storage.rs` its segments and cells, `fifo/words.rs` its packed
 //!   words; its own loom models, a differential test against a plain queue
 //!   and a threaded test run it under a small counting gate), `chunks.rs`

@@ -89,7 +89,7 @@ pub(super) fn split_id(id: u32) -> (usize, u32) {
 
 /// Whom a waiter's cell tells when it is resolved.
 pub(super) enum Waiter<'a, D> {
-    /// A future: its task's waker (left in the cell: `fifo.rs`, "Wakers").
+    /// A future: its task's waker (left in the cell: `fifo/owner.rs`, "Wakers").
     Task(&'a Waker),
     /// A blocked thread: this thread.
     Thread,
@@ -403,7 +403,7 @@ impl<D: Detached> RawGate<D> {
 
     /// A queued future's poll (waiter `id`): its outcome (the cell is
     /// freed), or `Pending`. The cell holds the waker `registered` names;
-    /// another is swapped in (`fifo.rs`, "Wakers"). Out of line: inlined
+    /// another is swapped in (`fifo/owner.rs`, "Wakers"). Out of line: inlined
     /// into the futures' poll, its register pressure taxed their first poll.
     #[inline(never)]
     pub(super) fn poll(

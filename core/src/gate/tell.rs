@@ -11,7 +11,7 @@
 //! cell: whoever wins its status change away from queued (a grant, a
 //! rejection, or the ticket's cancel). That thread then frees the cell and
 //! tells it. (A future's or a blocked thread's waker lives in the
-//! queue's own part of the cell: `fifo.rs`, "Wakers".)
+//! queue's own part of the cell: `fifo/owner.rs`, "Wakers".)
 
 use std::sync::Arc;
 use std::task::{Wake, Waker};

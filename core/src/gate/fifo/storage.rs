@@ -82,7 +82,7 @@ pub(super) struct Waiter<T> {
     pub(super) next_free: AtomicU32,
     /// The owner's waker while the status word says [`WAKER`]: owned by
     /// the owner while the cell is queued without that flag, by whoever
-    /// moves the cell out of `QUEUED` with it (`fifo.rs`, "Wakers").
+    /// moves the cell out of `QUEUED` with it (`fifo/owner.rs`, "Wakers").
     waker: UnsafeCell<Option<Waker>>,
     /// What the caller keeps with each cell (whom to tell).
     pub(super) payload: T,
@@ -90,7 +90,7 @@ pub(super) struct Waiter<T> {
 
 // SAFETY: `waker` is read and written only by the one thread that owns the
 // slot, which the status word hands between the cell's owner and the thread
-// that resolves it with Release/Acquire (`fifo.rs`, "Wakers"); a `Waker` is
+// that resolves it with Release/Acquire (`fifo/owner.rs`, "Wakers"); a `Waker` is
 // `Send`. Every other field is atomic, or `T`, which must be `Sync`.
 unsafe impl<T: Sync> Sync for Waiter<T> {}
 

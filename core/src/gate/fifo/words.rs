@@ -106,7 +106,7 @@ pub(super) const CANCELLED: u64 = 5;
 /// it (a callback's cell). Kept through every status change of one use.
 pub(super) const DETACHED: u64 = 1 << 16;
 /// The cell holds its owner's waker, which whoever moves the cell out of
-/// `QUEUED` takes and wakes (`fifo.rs`, "Wakers"). Cleared by that move.
+/// `QUEUED` takes and wakes (`fifo/owner.rs`, "Wakers"). Cleared by that move.
 pub(super) const WAKER: u64 = 1 << 17;
 /// The status and error code: what a status change replaces.
 pub(super) const STATUS_MASK: u64 = 0xffff;
