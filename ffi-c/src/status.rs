@@ -120,7 +120,7 @@ impl lg_status {
                 None => c"",
             },
             LG_WOULD_WAIT => TryAdmitError::WouldWait.c_message(),
-            LG_TIMED_OUT => c"the caller's wait for an engine slot timed out",
+            LG_TIMED_OUT => AdmitError::TimedOut.c_message(),
             LG_INVALID_ARGUMENT => c"invalid argument",
             LG_NOT_FOUND => c"not found",
             LG_BUFFER_TOO_SMALL => c"buffer too small",

@@ -61,15 +61,10 @@ pub fn rejection(py: Python<'_>, reason: Reason) -> PyErr {
     }
 }
 
-/// The exception for a refused admission; a blocking wait that ran out of
-/// time raises `QueueTimeout` saying so.
+/// The exception for a refused admission, with the core's message (a
+/// blocking wait that ran out of time raises `QueueTimeout` saying so).
 pub fn admit_value<'py>(py: Python<'py>, e: AdmitError) -> PyResult<Bound<'py, PyAny>> {
-    let message = match e {
-        AdmitError::TimedOut => {
-            Some("timed out waiting for an engine slot; the request left the queue")
-        }
-        _ => None,
-    };
+    let message = (e.message() != e.reason().message()).then(|| e.message());
     rejection_value(py, e.reason(), message)
 }
 

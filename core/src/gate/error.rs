@@ -35,9 +35,28 @@ impl AdmitError {
     }
 }
 
+impl AdmitError {
+    /// The message every binding gives: the reason's, or for `TimedOut`
+    /// (the caller's own timeout, not the queue's) its own; a static
+    /// NUL-terminated C string.
+    pub const fn c_message(self) -> &'static CStr {
+        match self {
+            AdmitError::TimedOut => {
+                c"timed out waiting for an engine slot; the request left the queue"
+            }
+            _ => self.reason().c_message(),
+        }
+    }
+
+    /// The message (what `Display` writes).
+    pub fn message(self) -> &'static str {
+        self.c_message().to_str().unwrap_or_default()
+    }
+}
+
 impl fmt::Display for AdmitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.reason().message())
+        f.write_str(self.message())
     }
 }
 
@@ -80,6 +99,26 @@ impl std::error::Error for TryAdmitError {}
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admit_messages_are_the_reasons_but_the_callers_own_timeout() {
+        assert_eq!(
+            AdmitError::TimedOut.message(),
+            "timed out waiting for an engine slot; the request left the queue"
+        );
+        for e in [
+            AdmitError::AtCapacity,
+            AdmitError::QueueTimeout,
+            AdmitError::Closed,
+            AdmitError::Displaced,
+        ] {
+            assert_eq!(e.message(), e.reason().message());
+        }
+        for e in [AdmitError::TimedOut, AdmitError::Closed] {
+            assert_eq!(e.c_message().to_str(), Ok(e.message()));
+            assert_eq!(e.to_string(), e.message());
+        }
+    }
 
     #[test]
     fn try_admit_messages_are_c_strings_too() {
