@@ -17,6 +17,7 @@
 
 mod auth;
 mod busy_threshold;
+mod priority;
 
 use std::time::Duration;
 
@@ -33,6 +34,7 @@ pub use busy_threshold::{
     handle_busy_threshold, serve_busy_threshold, BusyThresholdRequest, BusyThresholdResponse,
     BUSY_THRESHOLD_METHODS, JSON_CONTENT_TYPE, MAX_BODY_BYTES, TEXT_CONTENT_TYPE,
 };
+pub use priority::{PriorityNames, PRIORITY_HEADER};
 
 /// Header carrying the machine-readable rejection reason.
 pub const REASON_HEADER: &str = "x-loadgate-reason";

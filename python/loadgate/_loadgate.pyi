@@ -26,6 +26,7 @@ __all__ = [
     "REASON_HEADER",
     "MAX_BUSY_THRESHOLD_BODY",
     "ERROR_STYLES",
+    "_PRIORITY_HEADER",
     "overload_status_code",
     "_reason_info",
     "_check_status_code",
@@ -35,6 +36,7 @@ __all__ = [
     "Monitor",
     "Route",
     "ControlAuth",
+    "_PriorityNames",
     "Booking",
     "Subscription",
     "Reporter",
@@ -50,6 +52,7 @@ __version__: str
 REASON_HEADER: str
 MAX_BUSY_THRESHOLD_BODY: int
 ERROR_STYLES: Tuple[str, ...]
+_PRIORITY_HEADER: str
 
 def overload_status_code() -> int: ...
 def _reason_info(reason: str) -> Tuple[str, int]: ...
@@ -224,6 +227,11 @@ class ControlAuth:
     def __new__(cls, token: str, *, protect_reads: bool = False) -> ControlAuth: ...
     @property
     def protect_reads(self) -> bool: ...
+
+@final
+class _PriorityNames:
+    def __new__(cls, names: List[Tuple[str, int]], default: int, unknown: int) -> _PriorityNames: ...
+    def class_of(self, value: Optional[bytes]) -> int: ...
 
 @final
 class Booking:

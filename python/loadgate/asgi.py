@@ -111,7 +111,7 @@ _STYLES = _loadgate.ERROR_STYLES
 
 #: The request header :class:`AdmissionMiddleware` reads the priority class
 #: from by default.
-PRIORITY_HEADER = "x-loadgate-priority"
+PRIORITY_HEADER = _loadgate._PRIORITY_HEADER
 
 #: The largest ``priority`` an admission takes.
 _MAX_PRIORITY = 255
@@ -458,6 +458,7 @@ class AdmissionMiddleware:
             gate.classes - 1 if unknown_priority is None else _class_number(unknown_priority, "unknown_priority")
         )
         self._header_name = header
+        self._names = _loadgate._PriorityNames(list(names.items()), self.default_priority, self.unknown_priority)
 
     def _guarded(self, scope: Scope) -> bool:
         if scope["type"] != "http":
@@ -468,19 +469,7 @@ class AdmissionMiddleware:
         """The priority class of the request `scope` describes."""
         if self._header_name is None:
             return self.default_priority
-        raw = _header(scope, self._header_name)
-        if raw is None:
-            return self.default_priority
-        value = raw.strip(" \t")
-        named = self.priorities.get(value)
-        if named is not None:
-            return named
-        if value.isascii() and value.isdigit():
-            digits = value.lstrip("0") or "0"
-            # Anything past 255 is past the last class too: no need to
-            # parse a long number.
-            return _MAX_PRIORITY if len(digits) > 3 else min(int(digits), _MAX_PRIORITY)
-        return self.unknown_priority
+        return self._names.class_of(_raw_header(scope, self._header_name))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._guarded(scope):
@@ -585,11 +574,16 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _header(scope: Scope, name: bytes) -> Optional[str]:
+def _raw_header(scope: Scope, name: bytes) -> Optional[bytes]:
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
-            return bytes(value).decode("latin-1")
+            return bytes(value)
     return None
+
+
+def _header(scope: Scope, name: bytes) -> Optional[str]:
+    raw = _raw_header(scope, name)
+    return None if raw is None else raw.decode("latin-1")
 
 
 class ControlApp:

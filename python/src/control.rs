@@ -50,3 +50,35 @@ impl ControlAuth {
         format!("ControlAuth(token=<redacted>, protect_reads={protect})")
     }
 }
+
+/// How a request's priority header names a class (`loadgate.asgi`'s
+/// `AdmissionMiddleware` asks it): the core's rule, see
+/// [`loadgate::http::PriorityNames`].
+#[pyclass(frozen, module = "loadgate._loadgate", name = "_PriorityNames")]
+pub struct PriorityNames(http::PriorityNames);
+
+#[pymethods]
+impl PriorityNames {
+    /// `names`: (name, class) pairs; `default`: the class without the
+    /// header; `unknown`: the class of a value that names none.
+    #[new]
+    fn new(names: Vec<(String, u8)>, default: u8, unknown: u8) -> Self {
+        // Header values are bytes, read as latin-1: a name with a character
+        // past U+00FF can never equal one.
+        let latin1 = |name: &str| -> Option<Vec<u8>> {
+            name.chars()
+                .map(|c| u8::try_from(u32::from(c)).ok())
+                .collect()
+        };
+        let names = names
+            .into_iter()
+            .filter_map(|(name, class)| latin1(&name).map(|bytes| (bytes, class)));
+        Self(http::PriorityNames::new(names, default, unknown))
+    }
+
+    /// The class a request names: `value` is the header's raw bytes, or
+    /// `None` without the header.
+    fn class_of(&self, value: Option<&[u8]>) -> u8 {
+        self.0.class_of(value)
+    }
+}

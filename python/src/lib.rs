@@ -145,6 +145,8 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<monitor::Monitor>()?;
     m.add_class::<route::Route>()?;
     m.add_class::<control::ControlAuth>()?;
+    m.add_class::<control::PriorityNames>()?;
+    m.add("_PRIORITY_HEADER", loadgate::http::PRIORITY_HEADER)?;
     m.add_class::<booking::Booking>()?;
     m.add_class::<cluster::Subscription>()?;
     m.add_class::<cluster::Reporter>()?;
