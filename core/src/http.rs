@@ -100,7 +100,8 @@ pub struct ErrorResponse {
     pub status: u16,
     /// JSON body.
     pub body: String,
-    /// `Retry-After` and the reason header.
+    /// Every header but the body's length: `content-type`, `retry-after`
+    /// and the reason header.
     pub headers: Vec<(&'static str, String)>,
 }
 
@@ -178,6 +179,7 @@ fn finish(status: u16, body: String, reason: Reason, retry_after: Duration) -> E
         status,
         body,
         headers: vec![
+            ("content-type", "application/json".to_owned()),
             ("retry-after", retry_after_seconds(retry_after).to_string()),
             (REASON_HEADER, reason.as_str().to_owned()),
         ],
@@ -220,6 +222,7 @@ mod tests {
         assert_eq!(
             r.headers,
             vec![
+                ("content-type", "application/json".to_owned()),
                 ("retry-after", "1".to_owned()),
                 (REASON_HEADER, "all_workers_busy".to_owned())
             ]
@@ -235,8 +238,8 @@ mod tests {
             r.body,
             r#"{"message":"Service temporarily unavailable","type":"Service Unavailable","code":503}"#
         );
-        assert_eq!(r.headers[0].1, "2");
-        assert_eq!(r.headers[1].1, "no_workers");
+        assert_eq!(r.headers[1].1, "2");
+        assert_eq!(r.headers[2].1, "no_workers");
 
         let r = error_response_with_status(
             Reason::WorkerAtCapacity,

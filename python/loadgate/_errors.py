@@ -90,7 +90,8 @@ class LoadgateError(Exception):
         _, headers = _loadgate._error_response(
             self.reason, "dynamo", self.status_code, self.retry_after
         )
-        return dict(headers)
+        # The body's own header goes with the body (`asgi.error_response`).
+        return {name: value for name, value in headers if name != "content-type"}
 
     def __repr__(self) -> str:
         return (

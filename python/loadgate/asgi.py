@@ -148,10 +148,7 @@ def error_response(
     wait = exc.retry_after if retry_after is None else retry_after
     text, extra = _loadgate._error_response(exc.reason, style, exc.status_code, wait)
     body = text.encode()
-    headers: Headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-    ]
+    headers: Headers = [(b"content-length", str(len(body)).encode())]
     headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in extra]
     return exc.status_code, headers, body
 

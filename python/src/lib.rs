@@ -92,7 +92,8 @@ fn _reason_info(reason: &Bound<'_, PyAny>) -> PyResult<(&'static str, u16)> {
 }
 
 /// `(body, headers)` of the HTTP answer to a rejection: the JSON body text
-/// in `style` and the `Retry-After` and reason headers.
+/// in `style` and every header but its length (content type, `Retry-After`,
+/// the reason header).
 #[pyfunction]
 #[pyo3(signature = (reason, style, status, retry_after))]
 fn _error_response(
