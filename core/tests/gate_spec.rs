@@ -713,12 +713,19 @@ fn errors_map_to_reasons_and_messages() {
     for (e, reason) in [
         (AdmitError::AtCapacity, Reason::WorkerAtCapacity),
         (AdmitError::QueueTimeout, Reason::QueueTimeout),
-        (AdmitError::TimedOut, Reason::QueueTimeout),
         (AdmitError::Closed, Reason::Closed),
+        (AdmitError::Displaced, Reason::Displaced),
     ] {
         assert_eq!(e.reason(), reason);
         assert_eq!(e.to_string(), reason.message());
     }
+    // The caller's own timeout reports as a queue timeout, with its own
+    // text (the one every binding gives).
+    assert_eq!(AdmitError::TimedOut.reason(), Reason::QueueTimeout);
+    assert_eq!(
+        AdmitError::TimedOut.to_string(),
+        "timed out waiting for an engine slot; the request left the queue"
+    );
     assert_eq!(TryAdmitError::Closed.to_string(), Reason::Closed.message());
     assert!(!TryAdmitError::WouldWait.to_string().is_empty());
 }
