@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use loadgate::{AdmissionGate, AdmitError, GateConfig};
 
-fn gate(limit: u32, queue: u32) -> Arc<AdmissionGate> {
-    Arc::new(AdmissionGate::new(GateConfig::new(limit).with_queue(queue)).unwrap())
-}
+mod support;
+use support::gates::gate;
 
 /// Waits until `cond` holds, yielding to the runtime in between.
 async fn until(cond: impl Fn() -> bool) {

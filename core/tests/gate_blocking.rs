@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use loadgate::{AdmissionGate, AdmitError, GateConfig};
 
-fn gate(limit: u32, queue: u32) -> Arc<AdmissionGate> {
-    Arc::new(AdmissionGate::new(GateConfig::new(limit).with_queue(queue)).unwrap())
-}
+mod support;
+use support::gates::gate;
 
 fn wait_until(cond: impl Fn() -> bool) {
     let start = Instant::now();

@@ -12,9 +12,8 @@ use loadgate::{
     PendingAdmission,
 };
 
-fn gate(limit: u32, queue: u32) -> Arc<AdmissionGate> {
-    Arc::new(AdmissionGate::new(GateConfig::new(limit).with_queue(queue)).unwrap())
-}
+mod support;
+use support::gates::gate;
 
 /// A callback that stores its outcome, and where it stores it.
 type Fired = Arc<Mutex<Vec<Result<OwnedPermit, AdmitError>>>>;
