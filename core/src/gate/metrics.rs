@@ -3,7 +3,7 @@
 //! loadgate's own detail, and the reference's newest `backend_admission_*`
 //! family.
 
-use std::fmt::Write as _;
+use std::fmt::{Display, Write as _};
 
 use crate::error::Reason;
 use crate::metrics;
@@ -23,95 +23,76 @@ const GATE_REASONS: [Reason; 4] = [
 /// `s` and queue-wait histogram `waits`, each name prefixed with `p`.
 pub(super) fn render(s: &GateStats, waits: &Waits, p: &str) -> String {
     let mut out = String::with_capacity(2048);
-    metrics::header(
-        &mut out,
-        p,
-        "rejection_request_total",
-        "counter",
-        "Requests rejected by the worker admission gate.",
-    );
-    metrics::sample(
-        &mut out,
-        p,
-        "rejection_request_total",
-        &[],
-        s.rejected_total(),
-    );
-    metrics::header(
-        &mut out,
-        p,
-        "engine_request",
-        "gauge",
-        "Requests holding an engine slot.",
-    );
-    metrics::sample(&mut out, p, "engine_request", &[], s.running);
-    metrics::header(
-        &mut out,
-        p,
-        "request_queue",
-        "gauge",
-        "Requests waiting for a slot.",
-    );
-    metrics::sample(&mut out, p, "request_queue", &[], s.queued);
-    metrics::header(
-        &mut out,
-        p,
-        "engine_request_limit",
-        "gauge",
-        "Engine slots (N).",
-    );
-    metrics::sample(&mut out, p, "engine_request_limit", &[], s.limit);
-    metrics::header(
-        &mut out,
-        p,
-        "request_queue_limit",
-        "gauge",
-        "Queue size (Q).",
-    );
-    metrics::sample(&mut out, p, "request_queue_limit", &[], s.queue_limit);
+    let o = &mut out;
+    let families: [(&str, &str, &str, u64); 5] = [
+        (
+            "rejection_request_total",
+            "counter",
+            "Requests rejected by the worker admission gate.",
+            s.rejected_total(),
+        ),
+        (
+            "engine_request",
+            "gauge",
+            "Requests holding an engine slot.",
+            s.running.into(),
+        ),
+        (
+            "request_queue",
+            "gauge",
+            "Requests waiting for a slot.",
+            s.queued.into(),
+        ),
+        (
+            "engine_request_limit",
+            "gauge",
+            "Engine slots (N).",
+            s.limit.into(),
+        ),
+        (
+            "request_queue_limit",
+            "gauge",
+            "Queue size (Q).",
+            s.queue_limit.into(),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        single(o, p, name, kind, help, value);
+    }
     let name = "request_admitted_total";
-    metrics::header(&mut out, p, name, "counter", "Requests admitted, by path.");
-    metrics::sample(&mut out, p, name, &[("path", &"direct")], s.admitted_direct);
-    metrics::sample(&mut out, p, name, &[("path", &"queued")], s.admitted_queued);
+    metrics::header(o, p, name, "counter", "Requests admitted, by path.");
+    metrics::sample(o, p, name, &[("path", &"direct")], s.admitted_direct);
+    metrics::sample(o, p, name, &[("path", &"queued")], s.admitted_queued);
     let name = "request_rejection_by_reason_total";
-    metrics::header(
-        &mut out,
-        p,
-        name,
-        "counter",
-        "Requests rejected, by reason.",
-    );
+    metrics::header(o, p, name, "counter", "Requests rejected, by reason.");
     for reason in GATE_REASONS {
-        metrics::sample(
-            &mut out,
-            p,
-            name,
-            &[("reason", &reason.as_str())],
-            s.rejected(reason),
-        );
+        let value = s.rejected(reason);
+        metrics::sample(o, p, name, &[("reason", &reason.as_str())], value);
     }
     let name = "request_cancelled_total";
-    metrics::header(
-        &mut out,
+    single(o, p, name, "counter", UNSERVED, s.cancelled);
+    let help = "Requests rejected by the queue deadline.";
+    single(
+        o,
         p,
-        name,
+        "request_queue_expired_total",
         "counter",
-        "Requests that left the queue unserved.",
+        help,
+        s.expired,
     );
-    metrics::sample(&mut out, p, name, &[], s.cancelled);
-    let name = "request_queue_expired_total";
-    metrics::header(
-        &mut out,
-        p,
-        name,
-        "counter",
-        "Requests rejected by the queue deadline.",
-    );
-    metrics::sample(&mut out, p, name, &[], s.expired);
-    render_wait_histogram(waits, p, &mut out);
-    render_classes(s, p, &mut out);
-    render_backend_admission(s, p, &mut out);
+    render_wait_histogram(waits, p, o);
+    render_classes(s, p, o);
+    render_backend_admission(s, p, o);
     out
+}
+
+/// The help text of both families that count cancellations.
+const UNSERVED: &str = "Requests that left the queue unserved.";
+
+/// A family of one unlabelled sample.
+fn single(out: &mut String, p: &str, name: &str, kind: &str, help: &str, value: u64) {
+    metrics::header(out, p, name, kind, help);
+    metrics::sample(out, p, name, &[], value);
 }
 
 /// Per priority class (label `class`, 0 the most important): queued
@@ -124,13 +105,8 @@ fn render_classes(s: &GateStats, p: &str, out: &mut String) {
         let _ = write!(class, "{k}");
     };
     let name = "request_queue_by_class";
-    metrics::header(
-        out,
-        p,
-        name,
-        "gauge",
-        "Requests waiting, by priority class.",
-    );
+    let help = "Requests waiting, by priority class.";
+    metrics::header(out, p, name, "gauge", help);
     for (k, c) in s.classes().iter().enumerate() {
         label(&mut class, k);
         metrics::sample(out, p, name, &[("class", &class)], c.queued);
@@ -142,13 +118,8 @@ fn render_classes(s: &GateStats, p: &str, out: &mut String) {
         metrics::sample(out, p, name, &[("class", &class)], c.queue_limit);
     }
     let name = "request_rejection_by_class_total";
-    metrics::header(
-        out,
-        p,
-        name,
-        "counter",
-        "Requests rejected, by priority class and reason.",
-    );
+    let help = "Requests rejected, by priority class and reason.";
+    metrics::header(out, p, name, "counter", help);
     for (k, c) in s.classes().iter().enumerate() {
         label(&mut class, k);
         for (reason, n) in GATE_REASONS.into_iter().zip([
@@ -157,13 +128,9 @@ fn render_classes(s: &GateStats, p: &str, out: &mut String) {
             c.rejected_closed,
             c.displaced,
         ]) {
-            metrics::sample(
-                out,
-                p,
-                name,
-                &[("class", &class), ("reason", &reason.as_str())],
-                n,
-            );
+            let labels: [(&str, &dyn Display); 2] =
+                [("class", &class), ("reason", &reason.as_str())];
+            metrics::sample(out, p, name, &labels, n);
         }
     }
 }
@@ -189,41 +156,34 @@ fn render_backend_admission(s: &GateStats, p: &str, out: &mut String) {
         ),
     ];
     for (name, help, value) in gauges {
-        metrics::header(out, p, name, "gauge", help);
-        metrics::sample(out, p, name, &[], value);
+        single(out, p, name, "gauge", help, value.into());
     }
     let name = "backend_admission_request_receive_total";
-    metrics::header(out, p, name, "counter", "Admission attempts received.");
-    metrics::sample(out, p, name, &[], s.received);
+    single(
+        out,
+        p,
+        name,
+        "counter",
+        "Admission attempts received.",
+        s.received,
+    );
     let name = "backend_admission_request_admit_total";
     metrics::header(out, p, name, "counter", "Requests admitted, by source.");
     metrics::sample(out, p, name, &[("source", &"direct")], s.admitted_direct);
     metrics::sample(out, p, name, &[("source", &"queue")], s.admitted_queued);
     let name = "backend_admission_rejection_total";
-    metrics::header(out, p, name, "counter", "Requests rejected (every reason).");
-    metrics::sample(out, p, name, &[], s.rejected_total());
+    let help = "Requests rejected (every reason).";
+    single(out, p, name, "counter", help, s.rejected_total());
     let name = "backend_admission_cancellation_total";
-    metrics::header(
-        out,
-        p,
-        name,
-        "counter",
-        "Requests that left the queue unserved.",
-    );
-    metrics::sample(out, p, name, &[], s.cancelled);
+    single(out, p, name, "counter", UNSERVED, s.cancelled);
 }
 
 fn render_wait_histogram(waits: &Waits, p: &str, out: &mut String) {
     let waits = waits.read();
     let (counts, total, sum_nanos) = (waits.cumulative, waits.total, waits.sum_nanos);
     let name = "request_queue_wait_seconds";
-    metrics::header(
-        out,
-        p,
-        name,
-        "histogram",
-        "Time admitted requests spent queued.",
-    );
+    let help = "Time admitted requests spent queued.";
+    metrics::header(out, p, name, "histogram", help);
     let bucket = format!("{name}_bucket");
     let mut le = String::new();
     for (bound, count) in BUCKETS.iter().zip(counts) {
