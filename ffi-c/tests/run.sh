@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The C ABI test suite: header drift, then the C11 API program and the C++17
-# threaded program, built against an installed copy of libloadgate through
+# The C ABI test suite: header drift, then the C11 API program (tests/c/*.c:
+# api.c's main() and the groups of tests beside it) and the C++17 threaded
+# program, built against an installed copy of libloadgate through
 # pkg-config (and CMake), with -Wall -Wextra -Wpedantic -Werror, run plain,
 # under valgrind memcheck and built with -fsanitize=address,undefined.
 # The C11 program's NATS round trip runs against a nats-server this script
@@ -101,11 +102,15 @@ else
     skip "header drift check (needs cbindgen $CBINDGEN_VERSION: cargo install cbindgen --locked --version $CBINDGEN_VERSION)"
 fi
 
+# The C11 program's sources: api.c (main) and every other .c file beside it,
+# each a group of tests, over check.h and check.c.
+api_src=("$here"/c/*.c)
+
 # Every function the header declares is called by the C11 program.
 missing=0
 for fn in $(sed -n 's/^[a-z].*[ *]\(lg_[a-z_]*\)(.*/\1/p' "$ffi/include/loadgate.h"); do
-    if ! grep -q "\b$fn(" "$here/c/api.c"; then
-        echo "tests/c/api.c never calls $fn" >&2
+    if ! grep -q "\b$fn(" "${api_src[@]}"; then
+        echo "tests/c/*.c never call $fn" >&2
         missing=1
     fi
 done
@@ -124,16 +129,19 @@ warn=(-Wall -Wextra -Wpedantic -Werror -g)
 c_std=(-std=c11)
 cxx_std=(-std=c++17)
 
-build() { # build NAME SOURCE COMPILER STD... -- EXTRA...
-    local name="$1" src="$2" cc="$3"; shift 3
-    "$cc" "$@" -o "$work/$name" "$src" $cflags $libs -Wl,-rpath,"$libdir" -pthread
+build() { # build NAME COMPILER FLAGS... -- SOURCES...
+    local name="$1" cc="$2"; shift 2
+    local flags=()
+    while [ "$1" != -- ]; do flags+=("$1"); shift; done
+    shift
+    "$cc" "${flags[@]}" -o "$work/$name" "$@" $cflags $libs -Wl,-rpath,"$libdir" -pthread
 }
 
 step "compile (pkg-config: $cflags $libs)"
-build api "$here/c/api.c" gcc "${c_std[@]}" "${warn[@]}" -O1
-build threads "$here/c/threads.cpp" g++ "${cxx_std[@]}" "${warn[@]}" -O1
+build api gcc "${c_std[@]}" "${warn[@]}" -O1 -- "${api_src[@]}"
+build threads g++ "${cxx_std[@]}" "${warn[@]}" -O1 -- "$here/c/threads.cpp"
 # The static library links on its own too.
-gcc "${c_std[@]}" "${warn[@]}" -O1 -o "$work/api-static" "$here/c/api.c" $cflags \
+gcc "${c_std[@]}" "${warn[@]}" -O1 -o "$work/api-static" "${api_src[@]}" $cflags \
     -L"$libdir" -l:libloadgate.a $static_libs -pthread
 if ldd "$work/api-static" | grep -q libloadgate; then
     echo "api-static is linked to the shared library" >&2
@@ -228,8 +236,8 @@ fi
 if sanitizers_ok; then
     step "ASan + UBSan"
     san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
-    build api-asan "$here/c/api.c" gcc "${c_std[@]}" "${warn[@]}" -O1 "${san[@]}"
-    build threads-asan "$here/c/threads.cpp" g++ "${cxx_std[@]}" "${warn[@]}" -O1 "${san[@]}"
+    build api-asan gcc "${c_std[@]}" "${warn[@]}" -O1 "${san[@]}" -- "${api_src[@]}"
+    build threads-asan g++ "${cxx_std[@]}" "${warn[@]}" -O1 "${san[@]}" -- "$here/c/threads.cpp"
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     "$work/api-asan"
@@ -243,7 +251,7 @@ fi
 if have cmake; then
     step "CMake find_package(loadgate)"
     cmake -S "$here/cmake" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" \
-        -DLOADGATE_TEST_SOURCE="$here/c/api.c" >/dev/null
+        -DLOADGATE_TEST_SOURCE="$(IFS=';'; echo "${api_src[*]}")" >/dev/null
     cmake --build "$work/cmake-build" >/dev/null
     "$work/cmake-build/api-cmake"
     "$work/cmake-build/api-cmake-static"

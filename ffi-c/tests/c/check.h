@@ -1,0 +1,94 @@
+/*
+ * What the files of the C11 API test share: the check macros, which count
+ * each check in `checks` and on a failure print the check and the last
+ * error message and exit 1; the helpers of check.c; and the tests that
+ * main() in api.c runs, one group per file.
+ *
+ * Every file of the program defines _POSIX_C_SOURCE before it includes this
+ * header or any system header.
+ */
+#ifndef LOADGATE_TEST_CHECK_H
+#define LOADGATE_TEST_CHECK_H
+
+#include <loadgate.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* How many checks have run (and passed: a failed one exits). */
+extern int checks;
+
+#define CHECK(cond)                                                                        \
+    do {                                                                                   \
+        checks++;                                                                          \
+        if (!(cond)) {                                                                     \
+            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__,        \
+                    __LINE__, #cond, lg_last_error_message());                             \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+/* Expects `call` to return `want`; on an error, also that the last error
+ * message is non-empty. */
+#define EXPECT(call, want)                                                                 \
+    do {                                                                                   \
+        lg_status got_ = (call);                                                           \
+        checks++;                                                                          \
+        if (got_ != (want)) {                                                              \
+            fprintf(stderr, "%s:%d: %s returned %d (%s), expected %s (last error: %s)\n",  \
+                    __FILE__, __LINE__, #call, (int)got_, lg_status_str((int)got_), #want, \
+                    lg_last_error_message());                                              \
+            exit(1);                                                                       \
+        }                                                                                  \
+        if (got_ != LG_OK && lg_last_error_message()[0] == '\0') {                         \
+            fprintf(stderr, "%s:%d: %s failed without a message\n", __FILE__, __LINE__,    \
+                    #call);                                                                \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+#define OK(call) EXPECT(call, LG_OK)
+#define INVALID(call) EXPECT(call, LG_INVALID_ARGUMENT)
+
+/* A string literal as pointer and length. */
+#define S(lit) (lit), (sizeof(lit) - 1)
+
+int contains(const char *haystack, const char *needle);
+int last_error_contains(const char *needle);
+void sleep_ms(long ms);
+lg_load_report kv_report(uint64_t used, uint64_t total);
+
+/* api_status.c: version, statuses, the last error, error responses. */
+void test_version_and_status(void);
+void test_error_response(void);
+
+/* api_monitor.c: the monitor's settings, workers, thresholds, routing. */
+void test_monitor_config(void);
+void test_monitor(void);
+void test_monitor_waiting_requests(void);
+
+/* api_discovery.c: workers from engine scraping and Dynamo's discovery. */
+void test_scrape(void);
+void test_discovery(void);
+void test_discovery_etcd_live(const char *url, uint64_t worker);
+
+/* api_busy_threshold.c: the /busy_threshold handler's auth and headers. */
+void test_busy_threshold_auth(void);
+void test_busy_threshold_headers(void);
+
+/* api_gate.c: the admission gate. */
+void test_gate_config(void);
+void test_gate(void);
+void test_gate_wait_limit(void);
+void test_gate_deadline(void);
+void test_gate_classes(void);
+
+/* api_cluster.c: load reports across machines (NATS). */
+void test_cluster_errors(void);
+void test_nats_options_errors(void);
+void test_cluster_live(const char *url);
+void test_cluster_dynamo_live(const char *url);
+void test_cluster_auth_live(const char *url);
+
+#endif /* LOADGATE_TEST_CHECK_H */
