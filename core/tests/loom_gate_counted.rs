@@ -1,8 +1,9 @@
 //! Loom models of the gate's counted protocol (`gate/classes.rs`,
 //! `gate/wait.rs`): six with a wait limit W of 1 (with first responses),
-//! and five with two priority classes (displacement, a reserved slot, an
+//! and seven with two priority classes (displacement, a reserved slot, an
 //! arrival counting itself while a slot is freed, a cancel racing a handoff
-//! between classes, a displacement racing its victim's cancel). The checks
+//! between classes, a displacement racing its victim's cancel, a slot
+//! passed by a release racing a close, two releases passing slots at once). The checks
 //! are those of `loom_gate.rs`, plus at most W admitted without a first
 //! response.
 //!
@@ -365,5 +366,57 @@ fn a_displacement_races_its_victims_cancel() {
         let s = g.stats();
         assert_eq!(s.displaced + s.cancelled, 1, "{s:?}");
         check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn a_passed_slot_races_a_close() {
+    loom::model(|| {
+        // N = 1: the release passes its slot to the class-1 waiter while
+        // the gate closes; the waiter is either granted (then releases) or
+        // refused as closed, and the slot is neither kept nor lost.
+        let g = two_classes(1, 1);
+        let p = g.try_admit_owned_at(0).unwrap();
+        let low = queued_at(&g, 1);
+        let g1 = g.clone();
+        let closer = thread::spawn(move || g1.close());
+        let waiter = thread::spawn(move || match block_on(low) {
+            Ok(p) => drop(p),
+            Err(e) => assert_eq!(e, AdmitError::Closed),
+        });
+        // The release, on the model's thread (see `displacement_races_a_release`).
+        drop(p);
+        closer.join().unwrap();
+        waiter.join().unwrap();
+        check_drained(&g, 1);
+    });
+}
+
+#[test]
+fn two_releases_pass_their_slots_to_two_classes() {
+    loom::model(|| {
+        // N = 2, a waiter in each class: two releases at once each pass a
+        // slot on; each waiter is served once and never more than N run.
+        let g = two_classes(2, 2);
+        let (p0, p1) = (
+            g.try_admit_owned_at(0).unwrap(),
+            g.try_admit_owned_at(1).unwrap(),
+        );
+        let (top, low) = (queued_at(&g, 0), queued_at(&g, 1));
+        let g1 = g.clone();
+        let waiter = thread::spawn(move || {
+            let top = block_on(top).expect("class 0 is served");
+            let low = block_on(low).expect("class 1 is served");
+            let s = g1.stats();
+            assert_eq!((s.running, s.queued), (2, 0), "{s:?}");
+            drop((top, low));
+        });
+        let releaser = thread::spawn(move || drop(p1));
+        // The other release, on the model's thread (see `displacement_races_a_release`).
+        drop(p0);
+        releaser.join().unwrap();
+        waiter.join().unwrap();
+        assert_eq!(g.stats().admitted_queued, 2);
+        check_drained(&g, 2);
     });
 }

@@ -57,6 +57,22 @@
 //! another handoff), the reservation is given back and the loop looks
 //! again.
 //!
+//! # Passing a slot
+//!
+//! A release on a gate with classes and no wait limit first tries to pass
+//! its slot on without freeing it: it reads the word (waiters, open), finds
+//! the most important counted class, checks that class's room as if the
+//! slot were free, takes one off its count and then the total, and resumes
+//! its queue. `running` never changes, so no arrival can take the slot in
+//! between, and the release needs neither the freeing `fetch_sub` nor the
+//! reservation's CAS: the release is linearized at its read of the counts,
+//! as a handoff is. If no class can take it, or the count was taken
+//! meanwhile, the slot is freed and handed on as above; if the waiter
+//! refuses it on its way out, likewise. A freed slot is what an arrival's
+//! pairing (below) must not miss; a passed slot is never free. With a
+//! wait limit the handoff also needs a wait slot, and takes the general
+//! path.
+//!
 //! # Orderings
 //!
 //! Counts and the total change by `AcqRel` read-modify-writes, as the queue
@@ -293,6 +309,40 @@ impl<D: Detached> RawGate<D> {
         self.tell(victim, told, Err(AdmitError::Displaced));
         self.after(victim, then);
         places.passed.get()
+    }
+
+    /// A release's slot passed straight to the most important counted
+    /// waiter (module docs, "Passing a slot"): true if it went, false if
+    /// the caller is to free it.
+    pub(super) fn pass_slot(&self) -> bool {
+        // Acquire: a guess, as the first load of a handoff; no write of the
+        // word follows it unless the slot is freed after all.
+        let w = Word(self.state.load(Ordering::Acquire));
+        if w.queued() == 0 || w.closed() {
+            return false;
+        }
+        if self.deadlines {
+            // Due waiters go first, as in every handoff.
+            self.expire();
+        }
+        if self.lifo_pending() {
+            // An expiry's turn for the newest waiter: the general path.
+            return false;
+        }
+        let Some(class) = self.first_counted() else {
+            return false;
+        };
+        // Room for the class once this slot is free, and its count.
+        if !self.classes.room(class, Word(w.0 - ONE_RUNNING)) || !self.take_counted(class) {
+            return false;
+        }
+        // AcqRel: as every change of the total.
+        self.state.fetch_sub(ONE_QUEUED, Ordering::AcqRel);
+        if self.deliver(class) {
+            // A leaving waiter refused it: the slot is free after all.
+            self.free_slot();
+        }
+        true
     }
 
     /// Reserves a slot for class `class`: CAS `running + 1` while the gate

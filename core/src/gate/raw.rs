@@ -144,6 +144,9 @@ pub(super) struct RawGate<D> {
     pub(super) deadlines: bool,
     /// The wait limit `W`, if set (`wait.rs`).
     pub(super) wait_limit: Option<u32>,
+    /// Whether a release passes its slot to a counted waiter without
+    /// freeing it: several classes and no wait limit (`classes.rs`).
+    pub(super) passes_slots: bool,
     /// The gate's queue deadline in clock nanoseconds (at least 1), if set
     /// (what the classes copy by default).
     pub(super) timeout: Option<u64>,
@@ -187,6 +190,7 @@ impl<D: Detached> RawGate<D> {
             limit_changes: Mutex::new(()),
             queue_limit: queue,
             deadlines: classes.timeout.iter().any(Option::is_some),
+            passes_slots: classes.count > 1 && config.wait_limit.is_none(),
             classes,
             wait_limit: config.wait_limit,
             timeout: config.queue_timeout.map(|d| crate::clock::nanos(d).max(1)),
@@ -325,11 +329,23 @@ impl<D: Detached> RawGate<D> {
                 .is_some_and(|d| self.clock.now_nanos() >= d)
     }
 
-    /// Gives back one held slot: one `fetch_sub` that cannot fail (under
-    /// contention, a load first would fetch the word's cache line twice).
-    /// If waiters were counted, the freed slot is then handed on.
+    /// Gives back one held slot. With classes and no wait limit, it passes
+    /// straight to the most important counted waiter when that waiter's
+    /// class has room for it (`classes.rs`, "Passing a slot"). Otherwise
+    /// one `fetch_sub` that cannot fail (under contention, a load first
+    /// would fetch the word's cache line twice); if waiters were counted,
+    /// the freed slot is then handed on.
     #[inline]
     pub(super) fn release(&self) {
+        if self.passes_slots && self.pass_slot() {
+            return;
+        }
+        self.free_slot();
+    }
+
+    /// Frees one held slot and hands it on if waiters were counted.
+    #[inline]
+    pub(super) fn free_slot(&self) {
         // Release: our use of the slot happens-before its next admission
         // (a direct admitter's Acquire CAS, or a promise's AcqRel).
         // Acquire: with classes, the handoff below must see the count of an
