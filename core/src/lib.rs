@@ -43,6 +43,7 @@ pub mod cluster;
 mod counter;
 pub mod discovery;
 pub mod error;
+pub mod flow;
 mod fork;
 pub mod gate;
 pub mod http;

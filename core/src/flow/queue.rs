@@ -1,0 +1,600 @@
+//! One model's frontend queue: who waits, in what order, and who is turned
+//! away (module docs of `flow`). A plain data structure: the caller holds
+//! it under its lock, reads the clock and finds the worker.
+//!
+//! Storage is reserved when the queue is built: a slab of `queue_limit`
+//! entries (each request's payload and its place in its flow), a slab of
+//! flows (one per tenant and band with something waiting, so at most one
+//! per entry), the deadline heap and the shedding plan. Pushing, popping,
+//! cancelling and expiring allocate nothing; only a tenant not seen before
+//! allocates its name (`tenants.rs`).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use super::config::{FlowConfig, FlowConfigError, MAX_BANDS, MAX_FLOW_DEADLINE};
+use super::drain::DrainRate;
+use super::tenants::{Tenants, NONE};
+use super::{FlowRejection, FlowRequest, QueueKey, Reservation};
+use crate::clock::nanos;
+use crate::limits::DEFAULT_MAX_NAME_LEN;
+
+/// Most requests one arrival may shed; an arrival that would need more is
+/// refused instead.
+pub const MAX_SHED: usize = 64;
+
+struct Entry<T> {
+    payload: Option<T>,
+    gen: u32,
+    /// Its flow; `NONE` while the entry is free.
+    flow: u32,
+    /// Older and newer entries of its flow (`next` links the free list).
+    prev: u32,
+    next: u32,
+    seq: u64,
+    deadline: u64,
+    prompt: u64,
+    output: u64,
+}
+
+impl<T> Entry<T> {
+    fn cost(&self) -> u128 {
+        u128::from(self.prompt) + u128::from(self.output)
+    }
+}
+
+/// One tenant's requests of one band, oldest first.
+#[derive(Clone, Copy)]
+struct Flow {
+    tenant: u32,
+    band: u8,
+    head: u32,
+    tail: u32,
+    /// Flows of its band (`next` links the free list).
+    prev: u32,
+    next: u32,
+}
+
+/// A victim flow of a shedding plan: its newest entry not yet planned, and
+/// how many are.
+#[derive(Clone, Copy)]
+struct Planned {
+    flow: u32,
+    tail: u32,
+    taken: u32,
+}
+
+/// What the queue keeps of a tenant's waiting requests beside the table.
+#[derive(Clone, Copy, Default)]
+struct Waiting {
+    prompt: u128,
+    output: u128,
+}
+
+/// See the module docs.
+pub struct FlowQueue<T> {
+    limit: u32,
+    token_limit: Option<u128>,
+    deadline: u64,
+    prompt_weight: f64,
+    output_weight: f64,
+    output_estimate: u64,
+    entries: Vec<Entry<T>>,
+    free_entry: u32,
+    flows: Vec<Flow>,
+    free_flow: u32,
+    /// Each band's first flow and its waiting requests.
+    bands: [(u32, u32); MAX_BANDS],
+    tenants: Tenants,
+    /// Each tenant slot's waiting tokens (indexed as the table's slots).
+    waiting: Vec<Waiting>,
+    deadlines: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    plan: Vec<Planned>,
+    queued: u32,
+    queued_tokens: u128,
+    seq: u64,
+    drain: DrainRate,
+}
+
+impl<T> FlowQueue<T> {
+    /// An empty queue for `config`.
+    pub fn new(config: &FlowConfig) -> Result<Self, FlowConfigError> {
+        config.validate()?;
+        let limit = config.queue_limit;
+        Ok(Self {
+            limit,
+            token_limit: config.queue_tokens.map(u128::from),
+            deadline: nanos(config.deadline),
+            prompt_weight: config.prompt_weight,
+            output_weight: config.output_weight,
+            output_estimate: config.output_estimate,
+            entries: Vec::with_capacity(limit as usize),
+            free_entry: NONE,
+            flows: Vec::with_capacity(limit as usize),
+            free_flow: NONE,
+            bands: [(NONE, 0); MAX_BANDS],
+            tenants: Tenants::new(config.max_tenants, &config.tenant_weights),
+            waiting: Vec::new(),
+            deadlines: BinaryHeap::with_capacity(2 * limit as usize),
+            plan: Vec::with_capacity(MAX_SHED),
+            queued: 0,
+            queued_tokens: 0,
+            seq: 0,
+            drain: DrainRate::new(),
+        })
+    }
+
+    /// Requests waiting.
+    pub fn len(&self) -> u32 {
+        self.queued
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.queued == 0
+    }
+
+    /// Estimated tokens waiting (prompt plus reserved output).
+    pub fn tokens(&self) -> u128 {
+        self.queued_tokens
+    }
+
+    /// Requests waiting in band `band`.
+    pub fn band_len(&self, band: usize) -> u32 {
+        self.bands.get(band).map_or(0, |b| b.1)
+    }
+
+    /// Tenants remembered.
+    pub fn tenants(&self) -> usize {
+        self.tenants.len()
+    }
+
+    /// Tenant `name`'s virtual token counter, if it is remembered.
+    pub fn counter(&self, name: &str) -> Option<f64> {
+        self.tenant_slot(name).map(|t| self.tenants.get(t).counter)
+    }
+
+    /// The lowest counter among the backlogged tenants the last time the
+    /// last of them stopped waiting: where an idle tenant rejoins when
+    /// nobody is backlogged (`tenants.rs`).
+    pub fn floor(&self) -> f64 {
+        self.tenants.floor()
+    }
+
+    fn tenant_slot(&self, name: &str) -> Option<u32> {
+        self.tenants.find(name)
+    }
+
+    /// Queues `request` with `payload` at time `now` (clock nanoseconds), or
+    /// refuses it (with the payload back). A full queue sheds by the fair
+    /// rule (module docs of `flow`): the payloads turned away for this
+    /// arrival go to `shed`, and the arrival itself may be the one refused.
+    pub fn push(
+        &mut self,
+        request: &FlowRequest<'_>,
+        payload: T,
+        now: u64,
+        shed: impl FnMut(T),
+    ) -> Result<QueueKey, (FlowRejection, T)> {
+        if request.tenant.len() > DEFAULT_MAX_NAME_LEN {
+            return Err((FlowRejection::InvalidTenant, payload));
+        }
+        let band = usize::from(request.priority).min(MAX_BANDS - 1);
+        let output = request.max_tokens.unwrap_or(self.output_estimate);
+        let cost = u128::from(request.prompt_tokens) + u128::from(output);
+        if self.token_limit.is_some_and(|limit| cost > limit) {
+            return Err((FlowRejection::QueueFull, payload));
+        }
+        let Some(tenant) = self.tenants.find_or_add(request.tenant) else {
+            return Err((FlowRejection::QueueFull, payload));
+        };
+        self.waiting_of(tenant);
+        if !self.fits(0, cost) && !self.plan_shedding(tenant, band, cost) {
+            return Err((FlowRejection::QueueFull, payload));
+        }
+        self.shed_planned(shed);
+        let wait = request
+            .deadline
+            .map_or(self.deadline, |d| nanos(d.min(MAX_FLOW_DEADLINE)));
+        let entry = Entry {
+            payload: Some(payload),
+            gen: 0,
+            flow: NONE,
+            prev: NONE,
+            next: NONE,
+            seq: self.seq,
+            deadline: now.saturating_add(wait),
+            prompt: request.prompt_tokens,
+            output,
+        };
+        self.seq += 1;
+        Ok(self.insert(tenant, band, entry))
+    }
+
+    /// Whether a request of `cost` fits once `freed` tokens and the count
+    /// of the plan leave.
+    fn fits(&self, freed: u128, cost: u128) -> bool {
+        let count =
+            self.queued as usize - self.plan.iter().map(|p| p.taken as usize).sum::<usize>();
+        count < self.limit as usize
+            && self
+                .token_limit
+                .is_none_or(|limit| self.queued_tokens - freed + cost <= limit)
+    }
+
+    /// Makes sure the per-tenant waiting tokens cover slot `t`.
+    fn waiting_of(&mut self, t: u32) {
+        if self.waiting.len() <= t as usize {
+            self.waiting.resize(t as usize + 1, Waiting::default());
+        }
+    }
+
+    /// Tenant `t`'s counter plus its weighted waiting cost, less `freed`
+    /// weighted tokens the plan takes from it.
+    fn heaviness(&self, t: u32, extra: (u128, u128)) -> f64 {
+        let x = self.tenants.get(t);
+        let w = self.waiting[t as usize];
+        let prompt = w.prompt + extra.0;
+        let output = w.output + extra.1;
+        let planned: (u128, u128) = self
+            .plan
+            .iter()
+            .filter(|p| self.flows[p.flow as usize].tenant == t)
+            .fold((0, 0), |acc, p| {
+                let mut e = self.flows[p.flow as usize].tail;
+                let mut sum = acc;
+                for _ in 0..p.taken {
+                    let entry = &self.entries[e as usize];
+                    sum.0 += u128::from(entry.prompt);
+                    sum.1 += u128::from(entry.output);
+                    e = entry.prev;
+                }
+                sum
+            });
+        x.counter
+            + (self.prompt_weight * (prompt - planned.0) as f64
+                + self.output_weight * (output - planned.1) as f64)
+                / x.weight
+    }
+
+    /// Plans which waiting requests leave so that an arrival of `tenant`,
+    /// `band` and `cost` fits (module docs of `flow`, "Fair shedding").
+    /// False if the arrival is the one refused; nothing has changed then.
+    fn plan_shedding(&mut self, tenant: u32, band: usize, cost: u128) -> bool {
+        self.plan.clear();
+        let mut freed = 0u128;
+        while !self.fits(freed, cost) {
+            if self.plan.len() == MAX_SHED {
+                self.plan.clear();
+                return false;
+            }
+            // The least important band with requests not yet planned.
+            let Some(victim_band) = (0..MAX_BANDS).rev().find(|&b| self.unplanned(b) > 0) else {
+                self.plan.clear();
+                return false;
+            };
+            if victim_band < band {
+                self.plan.clear();
+                return false;
+            }
+            let arrival = if victim_band == band {
+                self.heaviness(tenant, (cost, 0))
+            } else {
+                f64::NEG_INFINITY
+            };
+            let mut best: Option<(u32, f64)> = None;
+            let mut f = self.bands[victim_band].0;
+            while f != NONE {
+                if self.planned_tail(f) != NONE {
+                    let h = self.heaviness(self.flows[f as usize].tenant, (0, 0));
+                    if best.is_none_or(|(_, b)| h > b) {
+                        best = Some((f, h));
+                    }
+                }
+                f = self.flows[f as usize].next;
+            }
+            let Some((flow, _)) = best.filter(|&(_, h)| h > arrival) else {
+                self.plan.clear();
+                return false;
+            };
+            let tail = self.planned_tail(flow);
+            freed += self.entries[tail as usize].cost();
+            match self.plan.iter_mut().find(|p| p.flow == flow) {
+                Some(p) => p.taken += 1,
+                None => self.plan.push(Planned {
+                    flow,
+                    tail: self.flows[flow as usize].tail,
+                    taken: 1,
+                }),
+            }
+        }
+        true
+    }
+
+    /// Band `b`'s requests not in the plan.
+    fn unplanned(&self, b: usize) -> u32 {
+        let planned: u32 = self
+            .plan
+            .iter()
+            .filter(|p| usize::from(self.flows[p.flow as usize].band) == b)
+            .map(|p| p.taken)
+            .sum();
+        self.bands[b].1 - planned
+    }
+
+    /// Flow `f`'s newest entry not in the plan (`NONE` if all are).
+    fn planned_tail(&self, f: u32) -> u32 {
+        let Some(p) = self.plan.iter().find(|p| p.flow == f) else {
+            return self.flows[f as usize].tail;
+        };
+        let mut e = p.tail;
+        for _ in 0..p.taken {
+            e = self.entries[e as usize].prev;
+        }
+        e
+    }
+
+    /// Turns away the planned requests, newest of each flow first.
+    fn shed_planned(&mut self, mut shed: impl FnMut(T)) {
+        while let Some(p) = self.plan.pop() {
+            for _ in 0..p.taken {
+                let e = self.flows[p.flow as usize].tail;
+                shed(self.remove(e));
+            }
+        }
+    }
+
+    fn insert(&mut self, tenant: u32, band: usize, mut entry: Entry<T>) -> QueueKey {
+        let flow = match self.tenants.get(tenant).flows[band] {
+            NONE => self.new_flow(tenant, band),
+            f => f,
+        };
+        entry.flow = flow;
+        entry.prev = self.flows[flow as usize].tail;
+        let (prompt, output, deadline) = (entry.prompt, entry.output, entry.deadline);
+        self.queued_tokens += entry.cost();
+        let index = match self.free_entry {
+            NONE => {
+                self.entries.push(entry);
+                (self.entries.len() - 1) as u32
+            }
+            i => {
+                let slot = &mut self.entries[i as usize];
+                self.free_entry = slot.next;
+                entry.gen = slot.gen;
+                *slot = entry;
+                i
+            }
+        };
+        let f = &mut self.flows[flow as usize];
+        if f.tail == NONE {
+            f.head = index;
+        } else {
+            self.entries[f.tail as usize].next = index;
+        }
+        f.tail = index;
+        self.bands[band].1 += 1;
+        self.queued += 1;
+        let w = &mut self.waiting[tenant as usize];
+        w.prompt += u128::from(prompt);
+        w.output += u128::from(output);
+        self.tenants.queued_one(tenant);
+        let gen = self.entries[index as usize].gen;
+        if self.deadlines.len() == self.deadlines.capacity() {
+            let entries = &self.entries;
+            self.deadlines.retain(|Reverse((_, i, g))| {
+                entries[*i as usize].gen == *g && entries[*i as usize].flow != NONE
+            });
+        }
+        self.deadlines.push(Reverse((deadline, index, gen)));
+        QueueKey { index, gen }
+    }
+
+    fn new_flow(&mut self, tenant: u32, band: usize) -> u32 {
+        let head = self.bands[band].0;
+        let flow = Flow {
+            tenant,
+            band: band as u8,
+            head: NONE,
+            tail: NONE,
+            prev: NONE,
+            next: head,
+        };
+        let f = match self.free_flow {
+            NONE => {
+                self.flows.push(flow);
+                (self.flows.len() - 1) as u32
+            }
+            f => {
+                self.free_flow = self.flows[f as usize].next;
+                self.flows[f as usize] = flow;
+                f
+            }
+        };
+        if head != NONE {
+            self.flows[head as usize].prev = f;
+        }
+        self.bands[band].0 = f;
+        self.tenants.get_mut(tenant).flows[band] = f;
+        f
+    }
+
+    /// Takes entry `e` out of its flow and the queue: its payload.
+    fn remove(&mut self, e: u32) -> T {
+        let entry = &mut self.entries[e as usize];
+        let (flow, prev, next) = (entry.flow, entry.prev, entry.next);
+        let payload = entry
+            .payload
+            .take()
+            .expect("a queued entry has its payload");
+        let (prompt, output) = (entry.prompt, entry.output);
+        self.queued_tokens -= entry.cost();
+        entry.flow = NONE;
+        entry.gen = entry.gen.wrapping_add(1);
+        entry.next = self.free_entry;
+        self.free_entry = e;
+        let f = self.flows[flow as usize];
+        if prev == NONE {
+            self.flows[flow as usize].head = next;
+        } else {
+            self.entries[prev as usize].next = next;
+        }
+        if next == NONE {
+            self.flows[flow as usize].tail = prev;
+        } else {
+            self.entries[next as usize].prev = prev;
+        }
+        let band = usize::from(f.band);
+        self.bands[band].1 -= 1;
+        self.queued -= 1;
+        let w = &mut self.waiting[f.tenant as usize];
+        w.prompt -= u128::from(prompt);
+        w.output -= u128::from(output);
+        if self.flows[flow as usize].head == NONE {
+            self.drop_flow(flow);
+        }
+        self.tenants.unqueued_one(f.tenant);
+        payload
+    }
+
+    fn drop_flow(&mut self, flow: u32) {
+        let f = self.flows[flow as usize];
+        let band = usize::from(f.band);
+        if f.prev == NONE {
+            self.bands[band].0 = f.next;
+        } else {
+            self.flows[f.prev as usize].next = f.next;
+        }
+        if f.next != NONE {
+            self.flows[f.next as usize].prev = f.prev;
+        }
+        self.tenants.get_mut(f.tenant).flows[band] = NONE;
+        self.flows[flow as usize].next = self.free_flow;
+        self.free_flow = flow;
+    }
+
+    /// The next request to dispatch, at time `now`: the most important band
+    /// first, then the tenant with the lowest key (ties: the older head),
+    /// then the tenant's oldest. Charges the prompt and reserves the
+    /// output; the reservation must come back through
+    /// [`settle`](Self::settle).
+    pub fn pop(&mut self, now: u64) -> Option<(T, Reservation)> {
+        let band = self.bands.iter().position(|b| b.0 != NONE)?;
+        let mut best: Option<(u32, f64, u64)> = None;
+        let mut f = self.bands[band].0;
+        while f != NONE {
+            let flow = &self.flows[f as usize];
+            let key = self.tenants.get(flow.tenant).key();
+            let seq = self.entries[flow.head as usize].seq;
+            if best.is_none_or(|(_, k, s)| key < k || (key == k && seq < s)) {
+                best = Some((f, key, seq));
+            }
+            f = flow.next;
+        }
+        let (flow, _, _) = best?;
+        let head = self.flows[flow as usize].head;
+        let (prompt, output) = {
+            let e = &self.entries[head as usize];
+            (e.prompt, e.output)
+        };
+        let tenant = self.flows[flow as usize].tenant;
+        // Charged before it leaves the queue: if it was the last waiter,
+        // the floor is the counter with this dispatch in it.
+        let (wp, wq) = (self.prompt_weight, self.output_weight);
+        let x = self.tenants.get_mut(tenant);
+        x.counter += wp * prompt as f64 / x.weight;
+        x.provisional += wq * output as f64 / x.weight;
+        x.inflight += 1;
+        let payload = self.remove(head);
+        self.drain.record(now);
+        Some((
+            payload,
+            Reservation {
+                tenant,
+                output,
+                reported: 0,
+            },
+        ))
+    }
+
+    /// Output tokens a dispatched request has produced so far (`tokens`
+    /// more): charged at once, and taken off its reservation.
+    pub fn report_output(&mut self, r: &mut Reservation, tokens: u64) {
+        let covered = tokens.min(r.output.saturating_sub(r.reported));
+        r.reported = r.reported.saturating_add(tokens);
+        let wq = self.output_weight;
+        let x = self.tenants.get_mut(r.tenant);
+        x.counter += wq * tokens as f64 / x.weight;
+        x.provisional = (x.provisional - wq * covered as f64 / x.weight).max(0.0);
+    }
+
+    /// A dispatched request finished (or was cancelled) with
+    /// `output_tokens` in all: what was not reported yet is charged, and
+    /// the rest of its reservation released.
+    pub fn settle(&mut self, mut r: Reservation, output_tokens: u64) {
+        let unreported = output_tokens.saturating_sub(r.reported);
+        if unreported > 0 {
+            self.report_output(&mut r, unreported);
+        }
+        let left = r.output.saturating_sub(r.reported);
+        let wq = self.output_weight;
+        let x = self.tenants.get_mut(r.tenant);
+        x.inflight -= 1;
+        x.provisional = if x.inflight == 0 {
+            0.0
+        } else {
+            (x.provisional - wq * left as f64 / x.weight).max(0.0)
+        };
+    }
+
+    /// Takes the request `key` out of the queue (its client left): its
+    /// payload, or `None` if it is no longer queued.
+    pub fn cancel(&mut self, key: QueueKey) -> Option<T> {
+        let e = self.entries.get(key.index as usize)?;
+        (e.gen == key.gen && e.flow != NONE).then(|| self.remove(key.index))
+    }
+
+    /// Takes every request whose deadline is `now` or earlier out of the
+    /// queue, handing each payload to `expired`; how many.
+    pub fn expire(&mut self, now: u64, mut expired: impl FnMut(T)) -> usize {
+        let mut n = 0;
+        while let Some(&Reverse((deadline, index, gen))) = self.deadlines.peek() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop();
+            let e = &self.entries[index as usize];
+            if e.gen == gen && e.flow != NONE {
+                expired(self.remove(index));
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The earliest deadline of a waiting request (clock nanoseconds).
+    pub fn next_deadline(&mut self) -> Option<u64> {
+        while let Some(&Reverse((deadline, index, gen))) = self.deadlines.peek() {
+            let e = &self.entries[index as usize];
+            if e.gen == gen && e.flow != NONE {
+                return Some(deadline);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+
+    /// How long a refused client should wait before trying again: the
+    /// queue's length over its measured drain rate, from 1 s up to the
+    /// default deadline (the deadline when nothing has drained yet).
+    pub fn retry_after(&self) -> Duration {
+        let most = Duration::from_nanos(self.deadline);
+        self.drain
+            .per_second()
+            .map_or(most, |rate| {
+                Duration::from_secs_f64((f64::from(self.queued) / rate).ceil())
+            })
+            .clamp(Duration::from_secs(1), most.max(Duration::from_secs(1)))
+    }
+}
