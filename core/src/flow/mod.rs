@@ -90,6 +90,8 @@ pub enum FlowRejection {
     QueueDeadline,
     /// The model has no workers.
     NoWorkers,
+    /// No worker was free and the request asked not to wait.
+    AllWorkersBusy,
     /// The tenant id is longer than 256 bytes.
     InvalidTenant,
 }
@@ -101,6 +103,7 @@ impl FlowRejection {
             Self::QueueFull => "queue_full",
             Self::QueueDeadline => "queue_deadline",
             Self::NoWorkers => "no_workers",
+            Self::AllWorkersBusy => "all_workers_busy",
             Self::InvalidTenant => "invalid_tenant",
         }
     }
@@ -112,6 +115,7 @@ impl fmt::Display for FlowRejection {
             Self::QueueFull => "the model's queue is full",
             Self::QueueDeadline => "the request waited in the model's queue until its deadline",
             Self::NoWorkers => "no worker serves the model",
+            Self::AllWorkersBusy => "every worker of the model is busy",
             Self::InvalidTenant => "the tenant id is longer than 256 bytes",
         })
     }

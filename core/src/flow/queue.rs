@@ -177,19 +177,18 @@ impl<T> FlowQueue<T> {
         now: u64,
         shed: impl FnMut(T),
     ) -> Result<QueueKey, (FlowRejection, T)> {
-        if request.tenant.len() > DEFAULT_MAX_NAME_LEN {
-            return Err((FlowRejection::InvalidTenant, payload));
-        }
         let band = usize::from(request.priority).min(MAX_BANDS - 1);
         let output = request.max_tokens.unwrap_or(self.output_estimate);
         let cost = u128::from(request.prompt_tokens) + u128::from(output);
-        if self.token_limit.is_some_and(|limit| cost > limit) {
+        if request.tenant.len() <= DEFAULT_MAX_NAME_LEN
+            && self.token_limit.is_some_and(|limit| cost > limit)
+        {
             return Err((FlowRejection::QueueFull, payload));
         }
-        let Some(tenant) = self.tenants.find_or_add(request.tenant) else {
-            return Err((FlowRejection::QueueFull, payload));
+        let tenant = match self.tenant_of(request.tenant) {
+            Ok(t) => t,
+            Err(e) => return Err((e, payload)),
         };
-        self.waiting_of(tenant);
         if !self.fits(0, cost) && !self.plan_shedding(tenant, band, cost) {
             return Err((FlowRejection::QueueFull, payload));
         }
@@ -480,6 +479,31 @@ impl<T> FlowQueue<T> {
     /// output; the reservation must come back through
     /// [`settle`](Self::settle).
     pub fn pop(&mut self, now: u64) -> Option<(T, Reservation)> {
+        let flow = self.next_flow()?;
+        let head = self.flows[flow as usize].head;
+        let (prompt, output) = {
+            let e = &self.entries[head as usize];
+            (e.prompt, e.output)
+        };
+        let tenant = self.flows[flow as usize].tenant;
+        // Charged before it leaves the queue: if it was the last waiter,
+        // the floor is the counter with this dispatch in it.
+        let reservation = self.charge(tenant, prompt, output);
+        let payload = self.remove(head);
+        self.drain.record(now);
+        Some((payload, reservation))
+    }
+
+    /// The payload [`pop`](Self::pop) would take next.
+    pub fn peek(&self) -> Option<&T> {
+        let flow = self.next_flow()?;
+        let head = self.flows[flow as usize].head;
+        self.entries[head as usize].payload.as_ref()
+    }
+
+    /// The flow whose head goes next: the most important band's flow with
+    /// the lowest key (ties: the older head).
+    fn next_flow(&self) -> Option<u32> {
         let band = self.bands.iter().position(|b| b.0 != NONE)?;
         let mut best: Option<(u32, f64, u64)> = None;
         let mut f = self.bands[band].0;
@@ -492,30 +516,57 @@ impl<T> FlowQueue<T> {
             }
             f = flow.next;
         }
-        let (flow, _, _) = best?;
-        let head = self.flows[flow as usize].head;
-        let (prompt, output) = {
-            let e = &self.entries[head as usize];
-            (e.prompt, e.output)
-        };
-        let tenant = self.flows[flow as usize].tenant;
-        // Charged before it leaves the queue: if it was the last waiter,
-        // the floor is the counter with this dispatch in it.
+        best.map(|(f, _, _)| f)
+    }
+
+    /// Checks that `tenant` may be served (a name of at most 256 bytes, and
+    /// room in the tenant table), remembering it: after this,
+    /// [`admit_direct`](Self::admit_direct) of the tenant cannot fail
+    /// until the queue changes.
+    pub fn check_tenant(&mut self, tenant: &str) -> Result<(), FlowRejection> {
+        self.tenant_of(tenant).map(drop)
+    }
+
+    fn tenant_of(&mut self, tenant: &str) -> Result<u32, FlowRejection> {
+        if tenant.len() > DEFAULT_MAX_NAME_LEN {
+            return Err(FlowRejection::InvalidTenant);
+        }
+        let t = self
+            .tenants
+            .find_or_add(tenant)
+            .ok_or(FlowRejection::QueueFull)?;
+        self.waiting_of(t);
+        Ok(t)
+    }
+
+    /// Dispatches `request` without queueing it (nothing waits and a worker
+    /// is free): charged and reserved as [`pop`](Self::pop) does, its
+    /// tenant rejoining first if it was idle.
+    pub fn admit_direct(
+        &mut self,
+        request: &FlowRequest<'_>,
+        now: u64,
+    ) -> Result<Reservation, FlowRejection> {
+        let tenant = self.tenant_of(request.tenant)?;
+        self.tenants.rejoin(tenant);
+        let output = request.max_tokens.unwrap_or(self.output_estimate);
+        self.drain.record(now);
+        Ok(self.charge(tenant, request.prompt_tokens, output))
+    }
+
+    /// Charges tenant `t` a dispatch of `prompt` tokens and reserves
+    /// `output`.
+    fn charge(&mut self, tenant: u32, prompt: u64, output: u64) -> Reservation {
         let (wp, wq) = (self.prompt_weight, self.output_weight);
         let x = self.tenants.get_mut(tenant);
         x.counter += wp * prompt as f64 / x.weight;
         x.provisional += wq * output as f64 / x.weight;
         x.inflight += 1;
-        let payload = self.remove(head);
-        self.drain.record(now);
-        Some((
-            payload,
-            Reservation {
-                tenant,
-                output,
-                reported: 0,
-            },
-        ))
+        Reservation {
+            tenant,
+            output,
+            reported: 0,
+        }
     }
 
     /// Output tokens a dispatched request has produced so far (`tokens`
@@ -571,6 +622,17 @@ impl<T> FlowQueue<T> {
             }
         }
         n
+    }
+
+    /// Takes one request whose deadline is `now` or earlier out of the
+    /// queue: its payload, or `None` if none is due.
+    pub fn expire_one(&mut self, now: u64) -> Option<T> {
+        let deadline = self.next_deadline()?;
+        if deadline > now {
+            return None;
+        }
+        let Reverse((_, index, _)) = self.deadlines.pop()?;
+        Some(self.remove(index))
     }
 
     /// The earliest deadline of a waiting request (clock nanoseconds).

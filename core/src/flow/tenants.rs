@@ -187,15 +187,21 @@ impl Tenants {
             .unwrap_or(self.floor)
     }
 
-    /// Tenant `t` has a request queued: if it was not backlogged, it
+    /// Tenant `t` is served or queues: if it was not backlogged, it
     /// rejoins at `max(own, L)` (module docs).
-    pub(super) fn queued_one(&mut self, t: u32) {
-        let x = &self.slots[t as usize];
-        if x.queued == 0 {
+    pub(super) fn rejoin(&mut self, t: u32) {
+        if self.slots[t as usize].queued == 0 {
             let lowest = self.lowest();
             let x = &mut self.slots[t as usize];
             x.counter = x.counter.max(lowest);
-            x.backlog_pos = self.backlogged.len() as u32;
+        }
+    }
+
+    /// Tenant `t` has a request queued, rejoining first if it was idle.
+    pub(super) fn queued_one(&mut self, t: u32) {
+        if self.slots[t as usize].queued == 0 {
+            self.rejoin(t);
+            self.slots[t as usize].backlog_pos = self.backlogged.len() as u32;
             self.backlogged.push(t);
         }
         self.slots[t as usize].queued += 1;

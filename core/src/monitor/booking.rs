@@ -126,6 +126,7 @@ impl Drop for Booking {
         }
         if self.prefill != 0 || self.blocks != 0 {
             self.worker.reevaluate();
+            self.worker.model.kick_flow();
         }
     }
 }

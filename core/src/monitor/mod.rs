@@ -37,6 +37,9 @@
 //! * `pick.rs`: the round-robin, random and power-of-two picks;
 //! * `registry.rs`: the RCU registry, adding and removing workers;
 //! * `route.rs`, `booking.rs`: the [`Route`] and [`Booking`] handles;
+//! * `flow.rs`, `dispatch.rs`: dispatch through a model's frontend queue
+//!   (`crate::flow`): [`Monitor::dispatch`], the kicks that run it when
+//!   capacity appears, and the [`Dispatch`] handle;
 //! * `metrics.rs`: counters and the Prometheus rendering;
 //! * this file: the [`Monitor`] type and its hot paths, thresholds and sweep.
 //!
@@ -55,6 +58,8 @@ mod booking;
 pub(crate) mod busy_set;
 mod combine;
 mod config;
+mod dispatch;
+mod flow;
 mod metrics;
 mod model;
 mod pick;
@@ -73,6 +78,8 @@ pub use booking::Booking;
 pub use config::{
     MonitorConfig, MonitorConfigError, Policy, Staleness, ThresholdState, DEFAULT_ENDPOINT,
 };
+pub use dispatch::{Dispatch, Dispatching};
+pub use flow::{DispatchRequest, FlowControlConfig, FlowError};
 pub use route::Route;
 
 use busy_set::BitIter;
@@ -184,6 +191,7 @@ impl Monitor {
             if model.leases_out.load(Ordering::Relaxed) != 0 && !model.busy.contains(worker.slot) {
                 model.end_lease(worker.slot);
             }
+            model.kick_flow();
             Ok(())
         });
         if let Err(e) = &result {
@@ -441,6 +449,7 @@ impl Monitor {
         for w in reg.workers.values().filter(|w| Arc::ptr_eq(&w.model, m)) {
             w.reevaluate_and_wait();
         }
+        m.kick_flow();
         Ok(cold.thresholds)
     }
 
@@ -544,6 +553,9 @@ impl Monitor {
                     }
                 }
             }
+        }
+        for m in reg.models.values() {
+            m.kick_flow();
         }
         changed_workers
     }

@@ -31,15 +31,16 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use crossbeam_utils::CachePadded;
 
 use super::busy_set::{AtomicBits, BitIter, BusySet};
 use super::config::{MonitorConfig, Policy, Staleness, ThresholdState};
+use super::flow::FlowControl;
 use super::pick_cache::{PickCache, Stamp};
 use crate::clock::{nanos, SharedClock};
 use crate::error::{Reason, RouteError};
-use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::thresholds::Thresholds;
 
 /// Thresholds as the hot path reads them: one atomic per field. A `None`
@@ -145,6 +146,13 @@ pub(super) struct Model {
     pub(super) endpoints: ArcSwap<Vec<Arc<EndpointCounter>>>,
     pub(super) rejected: [AtomicU64; 3],
     pub(super) cold: Mutex<ModelCold>,
+    /// The model's flow control, if on (`flow.rs`).
+    pub(super) flow: ArcSwapOption<FlowControl>,
+    /// Its requests waiting, mirrored for kicks (`flow.rs`).
+    pub(super) flow_waiting: AtomicU32,
+    /// Whether flow control is on, so that a kick costs one plain load
+    /// without it.
+    pub(super) flow_on: AtomicBool,
 }
 
 /// Indices into `Model::rejected`.
@@ -183,6 +191,28 @@ impl Model {
                 next: 0,
                 thresholds: ThresholdState::default(),
             }),
+            flow: ArcSwapOption::empty(),
+            flow_waiting: AtomicU32::new(0),
+            flow_on: AtomicBool::new(false),
+        }
+    }
+
+    /// Capacity may have appeared: kicks the model's queue if requests
+    /// wait (`flow.rs`, "Protocol"). Without flow control, one load.
+    #[inline]
+    pub(super) fn kick_flow(&self) {
+        // Relaxed: a setting; see `flow.rs`, "Protocol", for the moment it
+        // is turned on.
+        if !self.flow_on.load(Ordering::Relaxed) {
+            return;
+        }
+        // SeqCst, after the caller's change was published: the kicker's
+        // side of the pairing in `flow.rs`.
+        crate::sync::fence(Ordering::SeqCst);
+        if self.flow_waiting.load(Ordering::SeqCst) != 0 {
+            if let Some(flow) = self.flow.load().as_ref() {
+                flow.kick();
+            }
         }
     }
 

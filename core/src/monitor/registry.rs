@@ -167,6 +167,7 @@ impl Monitor {
         model.workers.fetch_add(1, Ordering::Relaxed);
         // A busy-when-stale model or preset capacities can already decide.
         worker.reevaluate_and_wait();
+        model.kick_flow();
         Ok(())
     }
 
@@ -187,6 +188,7 @@ impl Monitor {
                     && m.staleness() == self.config.staleness
                     && m.stale_after.load(Ordering::Relaxed) == nanos(self.config.stale_after)
                     && lock(&m.cold).thresholds.version == 0
+                    && m.flow.load().is_none()
             })
             .map(|(name, _)| name.clone())
     }
@@ -216,6 +218,8 @@ impl Monitor {
         next.ranks -= worker.ranks.len();
         self.registry.store(Arc::new(next));
         lock(&model.cold).free.insert(worker.slot);
+        // Its last worker gone, the model's waiting requests are refused.
+        model.kick_flow();
         Ok(())
     }
 

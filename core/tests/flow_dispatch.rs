@@ -1,0 +1,330 @@
+//! Dispatch through a model's queue (docs/flow-control.md): a free worker
+//! at once, a wait in the queue's order otherwise, dispatch the moment
+//! capacity appears (a booking released, a report, a worker joining, new
+//! thresholds), cancel by drop, deadlines, no workers, and the opt-out. The
+//! futures are polled by hand with a waker that counts its wakes, on a
+//! manual clock; a threaded test runs many at once.
+
+mod support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use loadgate::flow::{FlowConfig, FlowRejection, FlowRequest};
+use loadgate::monitor::{Dispatch, DispatchRequest, Dispatching, FlowControlConfig};
+use loadgate::{Monitor, Policy};
+use support::monitor_fixture::{decode, monitor, spec, used, M};
+
+/// A waker that counts its wakes.
+#[derive(Default)]
+struct Count(AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct Polled<'a> {
+    fut: Pin<Box<Dispatching<'a>>>,
+    wakes: Arc<Count>,
+}
+
+impl Polled<'_> {
+    fn poll(&mut self) -> Poll<Result<Dispatch, FlowRejection>> {
+        let waker = Waker::from(self.wakes.clone());
+        self.fut.as_mut().poll(&mut Context::from_waker(&waker))
+    }
+
+    fn woken(&self) -> usize {
+        self.wakes.0.load(Ordering::SeqCst)
+    }
+
+    fn pending(&mut self) {
+        assert!(self.poll().is_pending(), "should wait");
+    }
+
+    fn sent(&mut self) -> Dispatch {
+        match self.poll() {
+            Poll::Ready(Ok(d)) => d,
+            other => panic!("expected a dispatch, got {:?}", other.map(|r| r.err())),
+        }
+    }
+
+    fn refused(&mut self) -> FlowRejection {
+        match self.poll() {
+            Poll::Ready(Err(e)) => e,
+            other => panic!("expected a refusal, got {:?}", other.map(|r| r.is_ok())),
+        }
+    }
+}
+
+fn request(tenant: &str, blocks: u64) -> DispatchRequest<'_> {
+    DispatchRequest {
+        flow: FlowRequest {
+            prompt_tokens: 32,
+            max_tokens: Some(16),
+            ..FlowRequest::new(tenant)
+        },
+        blocks,
+        queue: true,
+    }
+}
+
+fn start<'a>(m: &'a Monitor, r: &DispatchRequest<'_>) -> Polled<'a> {
+    Polled {
+        fut: Box::pin(m.dispatch(M, r)),
+        wakes: Arc::default(),
+    }
+}
+
+/// One worker (id 1) of 100 KV blocks, busy above half of them, with flow
+/// control on.
+fn fleet(queue: FlowConfig) -> (Monitor, Arc<loadgate::ManualClock>) {
+    let (m, clock) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    let config = FlowControlConfig {
+        queue,
+        policy: Policy::RoundRobin,
+    };
+    m.set_flow_control(M, Some(&config)).unwrap();
+    (m, clock)
+}
+
+fn blocks_on(m: &Monitor, worker: u64) -> u64 {
+    m.rank_load(worker, 0).unwrap().active_decode_blocks
+}
+
+#[test]
+fn a_free_worker_is_sent_at_once_and_booked() {
+    let (m, _) = fleet(FlowConfig::new(8));
+    let mut a = start(&m, &request("a", 10));
+    let d = a.sent();
+    assert_eq!(d.worker_id(), 1);
+    assert_eq!(blocks_on(&m, 1), 10);
+    assert_eq!(m.rank_load(1, 0).unwrap().active_prefill_tokens, Some(32));
+    d.complete(16);
+    assert_eq!(blocks_on(&m, 1), 0);
+}
+
+#[test]
+fn requests_wait_and_go_in_order_when_a_booking_is_released() {
+    let (m, _) = fleet(FlowConfig::new(8));
+    // 60 of 100 blocks: one request makes the worker busy.
+    let first = start(&m, &request("a", 60)).sent();
+    let mut b = start(&m, &request("b", 60));
+    let mut c = start(&m, &request("c", 60));
+    b.pending();
+    c.pending();
+    assert!(m.is_busy(1).unwrap());
+    // Releasing the booking kicks the queue: the dispatcher (the last
+    // future polled) is woken, and its poll sends b, the older.
+    drop(first);
+    assert!(c.woken() + b.woken() >= 1, "a waiting future was woken");
+    c.pending();
+    assert!(b.woken() >= 1, "b's dispatch woke it");
+    let second = b.sent();
+    assert_eq!(blocks_on(&m, 1), 60);
+    drop(second);
+    assert!(c.woken() >= 1);
+    drop(c.sent());
+}
+
+#[test]
+fn a_report_that_frees_the_worker_dispatches_the_next() {
+    let (m, _) = fleet(FlowConfig::new(8));
+    m.report(1, 0, &used(90)).unwrap();
+    let mut a = start(&m, &request("a", 1));
+    a.pending();
+    m.report(1, 0, &used(10)).unwrap();
+    assert_eq!(a.woken(), 1);
+    assert_eq!(a.sent().worker_id(), 1);
+}
+
+#[test]
+fn a_joining_worker_and_new_thresholds_take_waiting_requests() {
+    let (m, _) = fleet(FlowConfig::new(8));
+    m.report(1, 0, &used(90)).unwrap();
+    let mut a = start(&m, &request("a", 60));
+    let mut b = start(&m, &request("b", 60));
+    a.pending();
+    b.pending();
+    // Worker 2 joins and takes a (its 60 blocks make it busy too).
+    m.add_worker(M, 2, spec(1, 100)).unwrap();
+    let on_2 = a.sent();
+    assert_eq!(on_2.worker_id(), 2);
+    b.pending();
+    // Both turn free under a higher threshold (90 and 60 of 100 blocks).
+    m.set_thresholds(M, &decode(0.95)).unwrap();
+    assert!(b.woken() >= 1);
+    drop(b.sent());
+}
+
+#[test]
+fn a_dropped_request_leaves_the_queue_and_another_takes_over() {
+    let (m, _) = fleet(FlowConfig::new(8));
+    m.report(1, 0, &used(90)).unwrap();
+    let mut a = start(&m, &request("a", 1));
+    let mut b = start(&m, &request("b", 1));
+    a.pending();
+    // b polled last is the dispatcher; dropping it wakes a to take over.
+    b.pending();
+    drop(b);
+    assert!(a.woken() >= 1);
+    a.pending();
+    m.report(1, 0, &used(0)).unwrap();
+    assert_eq!(a.sent().worker_id(), 1);
+    // Nothing of b is left: a later request goes at once.
+    let mut c = start(&m, &request("c", 1));
+    drop(c.sent());
+}
+
+#[test]
+fn a_request_waits_until_its_deadline() {
+    let queue = FlowConfig {
+        deadline: Duration::from_millis(100),
+        ..FlowConfig::new(8)
+    };
+    let (m, clock) = fleet(queue);
+    m.report(1, 0, &used(90)).unwrap();
+    let mut a = start(&m, &request("a", 1));
+    a.pending();
+    assert_eq!(m.next_flow_deadline(), Some(100_000_000));
+    clock.advance(Duration::from_millis(99));
+    assert_eq!(m.expire_flow(), 0);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(m.expire_flow(), 1);
+    assert_eq!(a.woken(), 1);
+    assert_eq!(a.refused(), FlowRejection::QueueDeadline);
+    assert_eq!(m.next_flow_deadline(), None);
+}
+
+#[test]
+fn the_last_worker_leaving_refuses_the_waiting_requests() {
+    let (m, _) = fleet(FlowConfig::new(8));
+    m.report(1, 0, &used(90)).unwrap();
+    let mut a = start(&m, &request("a", 1));
+    a.pending();
+    m.remove_worker(1).unwrap();
+    assert!(a.woken() >= 1);
+    assert_eq!(a.refused(), FlowRejection::NoWorkers);
+    assert_eq!(
+        start(&m, &request("b", 1)).refused(),
+        FlowRejection::NoWorkers
+    );
+}
+
+#[test]
+fn an_opt_out_or_a_model_without_a_queue_is_refused_at_once() {
+    let (m, _) = fleet(FlowConfig::new(8));
+    m.report(1, 0, &used(90)).unwrap();
+    let never = DispatchRequest {
+        queue: false,
+        ..request("a", 1)
+    };
+    assert_eq!(start(&m, &never).refused(), FlowRejection::AllWorkersBusy);
+    m.set_flow_control(M, None).unwrap();
+    assert_eq!(
+        start(&m, &request("a", 1)).refused(),
+        FlowRejection::AllWorkersBusy
+    );
+    m.report(1, 0, &used(0)).unwrap();
+    assert_eq!(start(&m, &request("a", 1)).sent().worker_id(), 1);
+}
+
+#[test]
+fn turning_the_queue_off_refuses_what_waits() {
+    let (m, _) = fleet(FlowConfig::new(8));
+    m.report(1, 0, &used(90)).unwrap();
+    let mut a = start(&m, &request("a", 1));
+    a.pending();
+    m.set_flow_control(M, None).unwrap();
+    assert_eq!(a.woken(), 1);
+    assert_eq!(a.refused(), FlowRejection::QueueFull);
+}
+
+#[test]
+fn a_full_queue_sheds_the_heavy_tenant_for_a_light_one() {
+    let (m, _) = fleet(FlowConfig::new(2));
+    m.report(1, 0, &used(90)).unwrap();
+    let mut h1 = start(&m, &request("heavy", 1));
+    let mut h2 = start(&m, &request("heavy", 1));
+    h1.pending();
+    h2.pending();
+    let mut light = start(&m, &request("light", 1));
+    light.pending();
+    assert!(h2.woken() >= 1);
+    assert_eq!(h2.refused(), FlowRejection::QueueFull);
+    m.report(1, 0, &used(0)).unwrap();
+    // The worker frees: h1 (the older, same counters) goes first.
+    drop(h1.sent());
+    drop(light.sent());
+}
+
+#[test]
+fn many_threads_dispatching_at_once_never_exceed_the_capacity() {
+    // Two workers, each busy at one booking of 60 blocks: at most two
+    // requests run; 8 threads × 50 requests all get through.
+    let (m, _) = fleet(FlowConfig::new(64));
+    m.add_worker(M, 2, spec(1, 100)).unwrap();
+    let m = Arc::new(m);
+    let running = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let (m, running) = (m.clone(), running.clone());
+            std::thread::spawn(move || {
+                let tenant = format!("t{i}");
+                for _ in 0..50 {
+                    let d = block_on(m.dispatch(M, &request(&tenant, 60))).unwrap();
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    assert!(now <= 2, "{now} running on two workers");
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    d.complete(1);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(blocks_on(&m, 1) + blocks_on(&m, 2), 0);
+}
+
+/// Runs a future on this thread, parking between polls until it is woken;
+/// a future left without a wake for 30 s fails (a lost wakeup).
+fn block_on<F: Future>(fut: F) -> F::Output {
+    struct Unpark {
+        thread: std::thread::Thread,
+        woken: std::sync::atomic::AtomicBool,
+    }
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.woken.store(true, Ordering::SeqCst);
+            self.thread.unpark();
+        }
+    }
+    let unpark = Arc::new(Unpark {
+        thread: std::thread::current(),
+        woken: false.into(),
+    });
+    let waker = Waker::from(unpark.clone());
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+            return v;
+        }
+        let since = std::time::Instant::now();
+        while !unpark.woken.swap(false, Ordering::SeqCst) {
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "a waiting dispatch was never woken"
+            );
+            std::thread::park_timeout(Duration::from_millis(100));
+        }
+    }
+}
