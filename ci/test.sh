@@ -49,7 +49,7 @@ LOADGATE_NO_SKIP=1 cargo test --workspace --features loadgate/nats,loadgate/scra
 
 step "loom models (release, LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:=2})"
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS \
-    cargo test -p loadgate --release --lib --test loom_gate --test loom_gate_counted --test loom_monitor
+    cargo test -p loadgate --release --lib --test loom_gate --test loom_gate_counted --test loom_monitor --test loom_flow
 prune target/loom
 
 

@@ -10,7 +10,7 @@ use super::flow::{After, FlowControl, Granted};
 use super::model::Model;
 use super::{Booking, Monitor};
 use crate::flow::{FlowRejection, Reservation};
-use crate::sync::{lock, Ordering};
+use crate::sync::lock;
 
 /// A request sent to a worker: its worker and booking, and what its tenant
 /// owes until it completes. Dropping it completes it with the output
@@ -129,7 +129,8 @@ impl Future for Dispatching<'_> {
             }
         };
         loop {
-            flow.kicked.store(false, Ordering::SeqCst);
+            // A kick before this follows its change (`flow.rs`, "Protocol").
+            lock(&flow.dispatcher).kicked = false;
             let mut after = After::default();
             let outcome = {
                 let mut st = lock(&flow.state);
@@ -159,8 +160,9 @@ impl Future for Dispatching<'_> {
                 flow.hand_over();
                 return Poll::Ready(outcome.map(|g| Dispatch::from_granted(g, &flow)));
             }
-            *lock(&flow.dispatcher) = Some(cx.waker().clone());
-            if !flow.kicked.load(Ordering::SeqCst) {
+            let mut d = lock(&flow.dispatcher);
+            if !std::mem::take(&mut d.kicked) {
+                d.waker = Some(cx.waker().clone());
                 return Poll::Pending;
             }
         }

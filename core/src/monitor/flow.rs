@@ -15,13 +15,17 @@
 //!   the queue's order is booked on it and its ticket resolved.
 //! * Capacity appears through the monitor's own calls: a report, a
 //!   booking's release, a worker joining, new thresholds, a sweep ending a
-//!   lease. Each ends with a *kick*: if requests wait, it sets `kicked` and
-//!   wakes the dispatcher, whose poll runs the loop. A kick takes no lock
-//!   the loop holds, so it may come from any call, even one the loop makes.
-//! * A waiting future's poll runs the loop, collects its own outcome, or
-//!   registers as the dispatcher and goes to sleep unless a kick came
-//!   meanwhile (it clears `kicked` before the loop and checks it after
-//!   registering: a kick is either seen there or finds the waker).
+//!   lease. Each ends with a *kick*: if requests wait, it takes the
+//!   dispatcher's waker and wakes it, whose poll runs the loop, or, with no
+//!   waker there, sets `kicked`. Both sit under a small mutex of their own,
+//!   never held with the queue's, so a kick may come from any call, even
+//!   one the loop makes.
+//! * A waiting future's poll clears `kicked`, runs the loop, and collects
+//!   its own outcome, or registers as the dispatcher and sleeps, unless a
+//!   kick came meanwhile (`kicked`, seen under the same mutex): then it
+//!   runs the loop again. A kick either finds the waker or is seen there,
+//!   and the loop after it follows the kicker's change (the mutex orders
+//!   them).
 //! * A kick that reads no waiting request while a request is being queued:
 //!   the kicker publishes its change, then (a `SeqCst` fence) reads the
 //!   count; the arrival stores the count, then (a `SeqCst` fence) picks.
@@ -40,7 +44,6 @@
 //! drives them: [`Monitor::expire_flow`] at [`Monitor::next_flow_deadline`],
 //! as for the gate.
 
-use std::sync::atomic::fence;
 use std::sync::Arc;
 use std::task::Waker;
 
@@ -52,7 +55,7 @@ use crate::flow::{
     FlowConfig, FlowConfigError, FlowQueue, FlowRejection, FlowRequest, QueueKey, Reservation,
     MAX_SHED,
 };
-use crate::sync::{lock, AtomicBool, AtomicU32, Mutex, Ordering};
+use crate::sync::{fence, lock, AtomicU32, Mutex, Ordering};
 
 /// One request to dispatch.
 #[derive(Debug, Clone, Copy)]
@@ -86,8 +89,8 @@ pub(crate) struct FlowControl {
     policy: Policy,
     /// Requests waiting, for kicks, which take no lock.
     waiting: AtomicU32,
-    pub(super) kicked: AtomicBool,
-    pub(super) dispatcher: Mutex<Option<Waker>>,
+    /// The dispatcher's waker, and whether a kick found none (module docs).
+    pub(super) dispatcher: Mutex<Dispatcher>,
 }
 
 pub(super) struct State {
@@ -108,6 +111,13 @@ pub(super) struct Ticket {
     blocks: u64,
     prefill: u64,
     pub(super) outcome: Option<Result<Granted, FlowRejection>>,
+}
+
+/// The dispatcher's waker, and whether a kick came while there was none.
+#[derive(Default)]
+pub(super) struct Dispatcher {
+    pub(super) waker: Option<Waker>,
+    pub(super) kicked: bool,
 }
 
 /// A dispatch made for a queued request, not collected yet.
@@ -170,8 +180,7 @@ impl FlowControl {
             }),
             policy: config.policy,
             waiting: AtomicU32::new(0),
-            kicked: AtomicBool::new(false),
-            dispatcher: Mutex::new(None),
+            dispatcher: Mutex::new(Dispatcher::default()),
         })
     }
 
@@ -182,8 +191,11 @@ impl FlowControl {
         if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
-        self.kicked.store(true, Ordering::SeqCst);
-        let waker = lock(&self.dispatcher).take();
+        let waker = {
+            let mut d = lock(&self.dispatcher);
+            d.kicked = d.waker.is_none();
+            d.waker.take()
+        };
         if let Some(w) = waker {
             w.wake();
         }
