@@ -5,6 +5,7 @@
 //!   one method per operation, each returning what the real monitor must
 //!   answer;
 //! * [`reference_gate`]: the admission gate as a `VecDeque` and counters;
+//! * [`reference_flow`]: the frontend queue as a list and a map of tenants;
 //! * [`gate_pair`]: the real gate and the reference gate driven side by
 //!   side, one method per operation, for the gate's differential drivers;
 //! * [`alloc`]: a counting global allocator, to prove that a hot path
@@ -16,5 +17,6 @@
 #[allow(unsafe_code)] // the `GlobalAlloc` implementation, and nothing else
 pub mod alloc;
 pub mod gate_pair;
+pub mod reference_flow;
 pub mod reference_gate;
 pub mod reference_monitor;

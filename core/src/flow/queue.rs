@@ -89,7 +89,9 @@ pub struct FlowQueue<T> {
     tenants: Tenants,
     /// Each tenant slot's waiting tokens (indexed as the table's slots).
     waiting: Vec<Waiting>,
-    deadlines: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    /// Each waiting request's deadline, arrival order, slot and generation:
+    /// earliest deadline first, the older first among equal deadlines.
+    deadlines: BinaryHeap<Reverse<(u64, u64, u32, u32)>>,
     plan: Vec<Planned>,
     queued: u32,
     queued_tokens: u128,
@@ -189,7 +191,8 @@ impl<T> FlowQueue<T> {
             Ok(t) => t,
             Err(e) => return Err((e, payload)),
         };
-        if !self.fits(0, cost) && !self.plan_shedding(tenant, band, cost) {
+        if !self.fits(0, cost) && !self.plan_shedding(tenant, band, (request.prompt_tokens, output))
+        {
             return Err((FlowRejection::QueueFull, payload));
         }
         self.shed_planned(shed);
@@ -229,8 +232,8 @@ impl<T> FlowQueue<T> {
         }
     }
 
-    /// Tenant `t`'s counter plus its weighted waiting cost, less `freed`
-    /// weighted tokens the plan takes from it.
+    /// Tenant `t`'s counter plus its weighted waiting cost with `extra`
+    /// (prompt, output) tokens more, less what the plan takes from it.
     fn heaviness(&self, t: u32, extra: (u128, u128)) -> f64 {
         let x = self.tenants.get(t);
         let w = self.waiting[t as usize];
@@ -258,47 +261,48 @@ impl<T> FlowQueue<T> {
     }
 
     /// Plans which waiting requests leave so that an arrival of `tenant`,
-    /// `band` and `cost` fits (module docs of `flow`, "Fair shedding").
-    /// False if the arrival is the one refused; nothing has changed then.
-    fn plan_shedding(&mut self, tenant: u32, band: usize, cost: u128) -> bool {
+    /// `band` and sizes `(prompt, output)` fits (module docs of `flow`,
+    /// "Fair shedding"). Among equally heavy tenants, the one whose
+    /// request is newest loses it. False if the arrival is the one refused;
+    /// nothing has changed then.
+    fn plan_shedding(&mut self, tenant: u32, band: usize, sizes: (u64, u64)) -> bool {
         self.plan.clear();
+        let cost = u128::from(sizes.0) + u128::from(sizes.1);
         let mut freed = 0u128;
+        let mut victims = 0;
         while !self.fits(freed, cost) {
-            if self.plan.len() == MAX_SHED {
-                self.plan.clear();
-                return false;
-            }
-            // The least important band with requests not yet planned.
-            let Some(victim_band) = (0..MAX_BANDS).rev().find(|&b| self.unplanned(b) > 0) else {
+            // The least important band with requests not yet planned, if it
+            // is not more important than the arrival's.
+            let victim_band = (0..MAX_BANDS).rev().find(|&b| self.unplanned(b) > 0);
+            let Some(victim_band) = victim_band.filter(|&b| b >= band && victims < MAX_SHED) else {
                 self.plan.clear();
                 return false;
             };
-            if victim_band < band {
-                self.plan.clear();
-                return false;
-            }
             let arrival = if victim_band == band {
-                self.heaviness(tenant, (cost, 0))
+                self.heaviness(tenant, (u128::from(sizes.0), u128::from(sizes.1)))
             } else {
                 f64::NEG_INFINITY
             };
-            let mut best: Option<(u32, f64)> = None;
+            let mut best: Option<(u32, f64, u64)> = None;
             let mut f = self.bands[victim_band].0;
             while f != NONE {
-                if self.planned_tail(f) != NONE {
+                let tail = self.planned_tail(f);
+                if tail != NONE {
                     let h = self.heaviness(self.flows[f as usize].tenant, (0, 0));
-                    if best.is_none_or(|(_, b)| h > b) {
-                        best = Some((f, h));
+                    let seq = self.entries[tail as usize].seq;
+                    if best.is_none_or(|(_, b, s)| h > b || (h == b && seq > s)) {
+                        best = Some((f, h, seq));
                     }
                 }
                 f = self.flows[f as usize].next;
             }
-            let Some((flow, _)) = best.filter(|&(_, h)| h > arrival) else {
+            let Some((flow, _, _)) = best.filter(|&(_, h, _)| h > arrival) else {
                 self.plan.clear();
                 return false;
             };
             let tail = self.planned_tail(flow);
             freed += self.entries[tail as usize].cost();
+            victims += 1;
             match self.plan.iter_mut().find(|p| p.flow == flow) {
                 Some(p) => p.taken += 1,
                 None => self.plan.push(Planned {
@@ -351,7 +355,8 @@ impl<T> FlowQueue<T> {
         };
         entry.flow = flow;
         entry.prev = self.flows[flow as usize].tail;
-        let (prompt, output, deadline) = (entry.prompt, entry.output, entry.deadline);
+        let (prompt, output, deadline, seq) =
+            (entry.prompt, entry.output, entry.deadline, entry.seq);
         self.queued_tokens += entry.cost();
         let index = match self.free_entry {
             NONE => {
@@ -382,11 +387,11 @@ impl<T> FlowQueue<T> {
         let gen = self.entries[index as usize].gen;
         if self.deadlines.len() == self.deadlines.capacity() {
             let entries = &self.entries;
-            self.deadlines.retain(|Reverse((_, i, g))| {
+            self.deadlines.retain(|Reverse((_, _, i, g))| {
                 entries[*i as usize].gen == *g && entries[*i as usize].flow != NONE
             });
         }
-        self.deadlines.push(Reverse((deadline, index, gen)));
+        self.deadlines.push(Reverse((deadline, seq, index, gen)));
         QueueKey { index, gen }
     }
 
@@ -610,7 +615,7 @@ impl<T> FlowQueue<T> {
     /// queue, handing each payload to `expired`; how many.
     pub fn expire(&mut self, now: u64, mut expired: impl FnMut(T)) -> usize {
         let mut n = 0;
-        while let Some(&Reverse((deadline, index, gen))) = self.deadlines.peek() {
+        while let Some(&Reverse((deadline, _, index, gen))) = self.deadlines.peek() {
             if deadline > now {
                 break;
             }
@@ -631,13 +636,13 @@ impl<T> FlowQueue<T> {
         if deadline > now {
             return None;
         }
-        let Reverse((_, index, _)) = self.deadlines.pop()?;
+        let Reverse((_, _, index, _)) = self.deadlines.pop()?;
         Some(self.remove(index))
     }
 
     /// The earliest deadline of a waiting request (clock nanoseconds).
     pub fn next_deadline(&mut self) -> Option<u64> {
-        while let Some(&Reverse((deadline, index, gen))) = self.deadlines.peek() {
+        while let Some(&Reverse((deadline, _, index, gen))) = self.deadlines.peek() {
             let e = &self.entries[index as usize];
             if e.gen == gen && e.flow != NONE {
                 return Some(deadline);
