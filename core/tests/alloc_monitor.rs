@@ -1,6 +1,8 @@
-//! Proves the monitor's hot paths allocate nothing: a counting global
-//! allocator (`loadgate-testkit`) in its own test binary, counting only the
-//! measuring thread.
+//! Proves the monitor's hot paths allocate nothing, and neither does
+//! dispatch through a model's queue (sent at once, queued, sent on a
+//! release, cancelled, completed) once its tenants are known: a counting
+//! global allocator (`loadgate-testkit`) in its own test binary, counting
+//! only the measuring thread.
 
 use loadgate::{
     LoadReport, ManualClock, Monitor, MonitorConfig, Policy, ThresholdUpdate, WorkerSpec,
@@ -85,4 +87,82 @@ fn hot_paths_allocate_nothing() {
         }
     });
     assert_eq!(n, 0, "hot paths allocated {n} times");
+}
+
+/// A request of tenant `t` booking 60 of a worker's 100 blocks.
+fn heavy(t: &str) -> loadgate::monitor::DispatchRequest<'_> {
+    loadgate::monitor::DispatchRequest {
+        flow: loadgate::flow::FlowRequest {
+            prompt_tokens: 100,
+            max_tokens: Some(50),
+            ..loadgate::flow::FlowRequest::new(t)
+        },
+        blocks: 60,
+        queue: true,
+    }
+}
+
+#[test]
+fn dispatch_queue_and_cancel_allocate_nothing_in_steady_state() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Noop;
+    impl Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+    let m = Monitor::with_config(MonitorConfig::default(), ManualClock::new()).unwrap();
+    let spec = WorkerSpec {
+        kv_total_blocks: Some(100),
+        ..Default::default()
+    };
+    m.add_worker("m", 1, spec).unwrap();
+    let decode = ThresholdUpdate {
+        active_decode_blocks_threshold: Some(0.5),
+        ..Default::default()
+    };
+    m.set_thresholds("m", &decode).unwrap();
+    let flow = loadgate::monitor::FlowControlConfig {
+        queue: loadgate::flow::FlowConfig::new(16),
+        policy: Policy::RoundRobin,
+    };
+    m.set_flow_control("m", Some(&flow)).unwrap();
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    // One round: a direct dispatch that fills the worker, two requests that
+    // queue, the first's release sending the second, a cancel of the third,
+    // output reported and everything completed.
+    let mut round = || {
+        let first = match pin!(m.dispatch("m", &heavy("a"))).poll(&mut cx) {
+            Poll::Ready(Ok(d)) => d,
+            other => panic!("{:?}", other.map(|r| r.err())),
+        };
+        let mut second = pin!(m.dispatch("m", &heavy("b")));
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        let mut sent = {
+            let mut third = pin!(m.dispatch("m", &heavy("c")));
+            assert!(third.as_mut().poll(&mut cx).is_pending());
+            first.complete(50);
+            match second.as_mut().poll(&mut cx) {
+                Poll::Ready(Ok(d)) => d,
+                other => panic!("{:?}", other.map(|r| r.err())),
+            }
+            // The third leaves the queue here, cancelled.
+        };
+        sent.prefill_done();
+        sent.report_output(20);
+        sent.complete(40);
+    };
+    // Warm up: tenants named, tickets and thread-locals made.
+    for _ in 0..4 {
+        round();
+    }
+    let (n, ()) = allocations(|| {
+        for _ in 0..1000 {
+            round();
+        }
+    });
+    assert_eq!(n, 0, "{n} allocations in 1000 rounds");
 }
