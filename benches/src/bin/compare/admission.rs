@@ -414,7 +414,11 @@ fn contended_admit_release(budget: &Budget, threads: usize, per_op: bool) -> Vec
 /// One queued admission on the Mutex gate and its handoff: queue behind the
 /// holder, release the holder, take the slot.
 #[inline]
-fn mutex_handoff<'g>(mg: &'g MutexGate, holder: &mut Option<MutexPermit<'g>>, waker: &Waker) {
+pub(crate) fn mutex_handoff<'g>(
+    mg: &'g MutexGate,
+    holder: &mut Option<MutexPermit<'g>>,
+    waker: &Waker,
+) {
     let MutexAdmission::Queued(mut w) = mg.admit() else {
         panic!("queues")
     };

@@ -28,10 +28,12 @@ use loadgate_testkit::alloc::CountingAlloc;
 static ALLOC: CountingAlloc = CountingAlloc;
 
 mod admission;
+mod flow;
 mod monitor;
 mod rows;
 
 use admission::{admission_cases, clock_cases};
+use flow::flow_cases;
 use monitor::{monitor_cases, routing_cases};
 use rows::{machine, read_block, table, write_block, Compared, Row, Target};
 
@@ -189,6 +191,7 @@ const HANDOFF_FUTURE: &[Design] = &[
     ("Mutex gate + oneshot", Target::Faster(0.67)),
     ("Semaphore + channel + dispatcher task", Target::None),
 ];
+const FLOW_DISPATCH: &[Design] = &[("Mutex gate + oneshot", Target::Under(10_000.0))];
 const HANDOFF_CALLBACK: &[Design] = &[("Mutex gate + oneshot", Target::Faster(0.67))];
 const HANDOFF_BLOCKING: &[Design] = &[("Mutex gate + oneshot blocking_recv", Target::Faster(3.0))];
 const HANDOFF_THROUGHPUT: &[Design] = &[
@@ -310,6 +313,7 @@ fn main() {
     monitor_cases(&mut run);
     clock_cases(&mut run);
     admission_cases(&mut run);
+    flow_cases(&mut run);
 
     let intro = format!(
         "loadgate compare ({mode} mode, {} rounds × {:?}) on {header}; os {}; one clock read \

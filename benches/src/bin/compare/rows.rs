@@ -27,6 +27,8 @@ pub(crate) enum Target {
     Floor(f64),
     /// loadgate's throughput at least this many times the design's.
     Throughput(f64),
+    /// loadgate's p50 at most this many nanoseconds, whatever the design's.
+    Under(f64),
 }
 
 pub(crate) struct Compared {
@@ -80,6 +82,7 @@ impl Compared {
                 (format!("{r:.2}× throughput"), Some(r >= x))
             }
             Target::Faster(x) => (format!("{faster:.2}× faster"), Some(faster >= x)),
+            Target::Under(x) => (format!("{faster:.2}× faster"), Some(lg.p50() <= x)),
             Target::None if throughput => {
                 let r = lg.throughput() / self.series.throughput().max(1e-9);
                 (format!("{r:.2}× throughput"), None)
@@ -99,6 +102,7 @@ impl Compared {
             Target::WithinOf(x) => format!("≤ {x}× floor"),
             Target::Floor(x) => format!("≤ {x}× floor meets the rows above"),
             Target::Throughput(x) => format!("≥ {x}× throughput"),
+            Target::Under(x) => format!("loadgate ≤ {}", ns(x)),
         }
     }
 }
