@@ -27,11 +27,16 @@ pub enum Reason {
     /// A queued request gave its place to a more important one that arrived
     /// while the worker's queue was full.
     Displaced,
+    /// The model's frontend queue was full, and this request was the one
+    /// turned away (`crate::flow`).
+    QueueFull,
+    /// The request waited in the model's frontend queue until its deadline.
+    QueueDeadline,
 }
 
 impl Reason {
     /// Every reason, in a stable order (for metrics).
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 9] = [
         Reason::AllWorkersBusy,
         Reason::NoWorkers,
         Reason::WorkerOverloaded,
@@ -39,6 +44,8 @@ impl Reason {
         Reason::QueueTimeout,
         Reason::Closed,
         Reason::Displaced,
+        Reason::QueueFull,
+        Reason::QueueDeadline,
     ];
 
     /// Parses a machine-readable name.
@@ -111,6 +118,9 @@ reason_texts! {
     Closed => "closed", "Service is shutting down: admission gate closed";
     Displaced => "displaced",
         "Server overloaded: request displaced from the queue by a more important request";
+    QueueFull => "queue_full", "Server overloaded: the model's request queue is full";
+    QueueDeadline => "queue_deadline",
+        "Server overloaded: request waited in the model's queue until its deadline";
 }
 
 /// A NUL-terminated literal as a C string; evaluated at compile time by its

@@ -4,7 +4,10 @@
   which workers are busy by per-model thresholds, routes around them, and
   raises :class:`Overloaded` (529) or :class:`Unavailable` (503) when it
   cannot route. ``monitor.route(model)`` gives a :class:`Route` handle
-  whose ``select()`` skips the model lookup on every request.
+  whose ``select()`` skips the model lookup on every request. With
+  ``monitor.set_flow_control(model, queue_limit=...)``, ``await
+  monitor.dispatch(model, tenant=...)`` waits in the model's queue instead,
+  shared fairly between tenants by tokens (a :class:`FlowTicket`).
 * :class:`AdmissionGate` (workers) caps a worker's own concurrency at exactly
   ``limit`` running plus ``queue`` waiting and raises :class:`AtCapacity`
   for the rest; wait for a slot with ``await gate.admit()`` (asyncio) or
@@ -32,6 +35,7 @@ from ._errors import (
     Unavailable,
     WorkerOverloaded,
 )
+from ._flow import FlowTicket
 from ._loadgate import (
     ERROR_STYLES,
     MAX_BUSY_THRESHOLD_BODY,
@@ -71,6 +75,7 @@ __all__ = [
     "Route",
     "ControlAuth",
     "Booking",
+    "FlowTicket",
     "Subscription",
     "Scrape",
     "Discovery",

@@ -21,12 +21,16 @@ from typing import (
     overload,
 )
 
+from ._flow import FlowTicket
+
 __all__ = [
     "__version__",
     "REASON_HEADER",
     "MAX_BUSY_THRESHOLD_BODY",
     "ERROR_STYLES",
     "_PRIORITY_HEADER",
+    "_FlowDispatch",
+    "_FlowTicket",
     "overload_status_code",
     "_reason_info",
     "_check_status_code",
@@ -120,6 +124,34 @@ class Monitor:
     def thresholds(self, model: str) -> Dict[str, Any]: ...
     def set_staleness(self, model: str, staleness: str, stale_after: Optional[float] = None) -> None: ...
     def sweep(self) -> int: ...
+    def set_flow_control(
+        self,
+        model: str,
+        *,
+        queue_limit: int,
+        queue_tokens: Optional[int] = None,
+        deadline: float = 60.0,
+        prompt_weight: float = 1.0,
+        output_weight: float = 2.0,
+        tenant_weights: Optional[Mapping[str, float]] = None,
+        output_estimate: int = 256,
+        max_tenants: int = 4096,
+        policy: str = "round_robin",
+    ) -> None: ...
+    def dispatch(
+        self,
+        model: str,
+        *,
+        tenant: Optional[str] = None,
+        priority: int = 0,
+        prompt_tokens: int = 0,
+        max_tokens: Optional[int] = None,
+        deadline: Optional[float] = None,
+        queue: bool = True,
+        blocks: Optional[int] = None,
+    ) -> _FlowDispatch: ...
+    def expire_flow(self) -> int: ...
+    def time_to_next_flow_deadline(self) -> Optional[float]: ...
     def is_busy(self, worker_id: int) -> bool: ...
     def is_leased(self, worker_id: int) -> bool: ...
     def busy_workers(self, model: str) -> List[int]: ...
@@ -429,3 +461,19 @@ class ManualClock:
     def __new__(cls) -> ManualClock: ...
     def advance(self, seconds: float) -> None: ...
     def now(self) -> float: ...
+
+@final
+class _FlowDispatch:
+    def __await__(self) -> Generator[Any, None, FlowTicket]: ...
+    def _poll(self, fut: Any) -> Optional[_FlowTicket]: ...
+    def _cancel(self) -> None: ...
+
+@final
+class _FlowTicket:
+    @property
+    def worker(self) -> int: ...
+    @property
+    def completed(self) -> bool: ...
+    def report_output(self, tokens: int) -> None: ...
+    def prefill_done(self) -> None: ...
+    def complete(self, output_tokens: Optional[int] = None) -> None: ...

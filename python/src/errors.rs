@@ -19,7 +19,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyFloat, PyInt, PyString, PyType};
 
 /// The `loadgate` exception class raised for `reason`.
-fn class(py: Python<'_>, reason: Reason) -> PyResult<&Bound<'_, PyType>> {
+pub fn rejection_class(py: Python<'_>, reason: Reason) -> PyResult<&Bound<'_, PyType>> {
     static OVERLOADED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     static UNAVAILABLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     static WORKER_OVERLOADED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -28,11 +28,13 @@ fn class(py: Python<'_>, reason: Reason) -> PyResult<&Bound<'_, PyType>> {
     static CLOSED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     static DISPLACED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     let (cell, name) = match reason {
-        Reason::AllWorkersBusy => (&OVERLOADED, "Overloaded"),
+        // A full frontend queue raises the overload class, its deadline the
+        // queue-timeout class; `reason` tells them apart.
+        Reason::AllWorkersBusy | Reason::QueueFull => (&OVERLOADED, "Overloaded"),
         Reason::NoWorkers => (&UNAVAILABLE, "Unavailable"),
         Reason::WorkerOverloaded => (&WORKER_OVERLOADED, "WorkerOverloaded"),
         Reason::WorkerAtCapacity => (&AT_CAPACITY, "AtCapacity"),
-        Reason::QueueTimeout => (&QUEUE_TIMEOUT, "QueueTimeout"),
+        Reason::QueueTimeout | Reason::QueueDeadline => (&QUEUE_TIMEOUT, "QueueTimeout"),
         Reason::Closed => (&CLOSED, "Closed"),
         Reason::Displaced => (&DISPLACED, "Displaced"),
     };
@@ -46,7 +48,7 @@ pub fn rejection_value<'py>(
     reason: Reason,
     message: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let cls = class(py, reason)?;
+    let cls = rejection_class(py, reason)?;
     match message {
         Some(m) => cls.call1((m,)),
         None => cls.call0(),

@@ -29,6 +29,7 @@ mod cluster;
 mod control;
 mod discovery;
 mod errors;
+mod flow;
 mod gate;
 mod monitor;
 mod route;
@@ -153,6 +154,8 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cluster::Reporter>()?;
     m.add_class::<scrape::Scrape>()?;
     m.add_class::<discovery::Discovery>()?;
+    m.add_class::<flow::FlowDispatch>()?;
+    m.add_class::<flow::FlowTicket>()?;
     m.add_class::<gate::AdmissionGate>()?;
     m.add_class::<gate::PriorityClass>()?;
     m.add_class::<gate::Permit>()?;

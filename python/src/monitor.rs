@@ -34,7 +34,7 @@ use crate::route::Route;
 #[pyclass(frozen, module = "loadgate")]
 pub struct Monitor {
     // Shared with the subscribers `subscribe_nats` attaches.
-    inner: Arc<loadgate::Monitor>,
+    pub(crate) inner: Arc<loadgate::Monitor>,
 }
 
 /// The `policy=` and `endpoint=` arguments of `select`: round-robin when

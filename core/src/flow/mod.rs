@@ -97,6 +97,19 @@ pub enum FlowRejection {
 }
 
 impl FlowRejection {
+    /// The rejection reason a client is answered with (`None` for a bad
+    /// tenant id, which is bad input, not a rejection).
+    pub const fn reason(self) -> Option<crate::error::Reason> {
+        use crate::error::Reason;
+        match self {
+            Self::QueueFull => Some(Reason::QueueFull),
+            Self::QueueDeadline => Some(Reason::QueueDeadline),
+            Self::NoWorkers => Some(Reason::NoWorkers),
+            Self::AllWorkersBusy => Some(Reason::AllWorkersBusy),
+            Self::InvalidTenant => None,
+        }
+    }
+
     /// The machine-readable name, e.g. `queue_full`.
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -90,8 +90,26 @@ impl Drop for Dispatch {
 /// [`Monitor::dispatch`]'s future: a [`Dispatch`], or why not.
 #[must_use = "a dispatch that is not awaited is cancelled when dropped"]
 pub struct Dispatching<'a> {
-    pub(super) monitor: &'a Monitor,
+    pub(super) monitor: MonitorRef<'a>,
     pub(super) step: Step,
+}
+
+/// The monitor a [`Dispatching`] runs the dispatch loop on: borrowed
+/// ([`Monitor::dispatch`]) or shared ([`Monitor::dispatch_shared`]).
+pub(super) enum MonitorRef<'a> {
+    Borrowed(&'a Monitor),
+    Shared(Arc<Monitor>),
+}
+
+impl std::ops::Deref for MonitorRef<'_> {
+    type Target = Monitor;
+
+    fn deref(&self) -> &Monitor {
+        match self {
+            Self::Borrowed(m) => m,
+            Self::Shared(m) => m,
+        }
+    }
 }
 
 pub(super) enum Step {
@@ -108,9 +126,10 @@ pub(super) enum Step {
 impl Future for Dispatching<'_> {
     type Output = Result<Dispatch, FlowRejection>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let monitor = self.monitor;
-        let (model, flow, ticket) = match std::mem::replace(&mut self.step, Step::Done) {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let monitor = &*this.monitor;
+        let (model, flow, ticket) = match std::mem::replace(&mut this.step, Step::Done) {
             Step::Ready(outcome) => return Poll::Ready(outcome),
             Step::Done => panic!("Dispatching polled after it finished"),
             Step::Waiting {
@@ -119,7 +138,7 @@ impl Future for Dispatching<'_> {
                 ticket,
                 gen,
             } => {
-                self.step = Step::Waiting {
+                this.step = Step::Waiting {
                     model: Arc::clone(&model),
                     flow: Arc::clone(&flow),
                     ticket,
@@ -156,7 +175,7 @@ impl Future for Dispatching<'_> {
             };
             after.run();
             if let Some(outcome) = outcome {
-                self.step = Step::Done;
+                this.step = Step::Done;
                 flow.hand_over();
                 return Poll::Ready(outcome.map(|g| Dispatch::from_granted(g, &flow)));
             }

@@ -47,7 +47,7 @@
 use std::sync::Arc;
 use std::task::Waker;
 
-use super::dispatch::{Dispatch, Dispatching, Step};
+use super::dispatch::{Dispatch, Dispatching, MonitorRef, Step};
 use super::model::Model;
 use super::{Booking, Monitor, Policy};
 use crate::error::ThresholdError;
@@ -357,7 +357,20 @@ impl Monitor {
     /// refused at once with [`FlowRejection::AllWorkersBusy`].
     pub fn dispatch(&self, model: &str, request: &DispatchRequest<'_>) -> Dispatching<'_> {
         Dispatching {
-            monitor: self,
+            monitor: MonitorRef::Borrowed(self),
+            step: self.dispatch_step(model, request),
+        }
+    }
+
+    /// [`dispatch`](Self::dispatch) on a shared monitor: a future that
+    /// keeps the monitor alive instead of borrowing it (for bindings).
+    pub fn dispatch_shared(
+        self: &Arc<Self>,
+        model: &str,
+        request: &DispatchRequest<'_>,
+    ) -> Dispatching<'static> {
+        Dispatching {
+            monitor: MonitorRef::Shared(Arc::clone(self)),
             step: self.dispatch_step(model, request),
         }
     }
@@ -517,6 +530,15 @@ impl Monitor {
         n
     }
 
+    /// How long a client refused by `model`'s queue should wait before
+    /// trying again (`FlowQueue::retry_after`); `None` without flow
+    /// control.
+    pub fn flow_retry_after(&self, model: &str) -> Option<std::time::Duration> {
+        let flow = self.registry.load().models.get(model)?.flow.load_full()?;
+        let retry = lock(&flow.state).queue.retry_after();
+        Some(retry)
+    }
+
     /// The earliest deadline of a queued request, in any model (clock
     /// nanoseconds): when a host timer should call
     /// [`expire_flow`](Self::expire_flow).
@@ -527,6 +549,17 @@ impl Monitor {
             .filter_map(|m| m.flow.load_full())
             .filter_map(|f| lock(&f.state).queue.next_deadline())
             .min()
+    }
+}
+
+impl Monitor {
+    /// How long from now until [`next_flow_deadline`](Self::next_flow_deadline),
+    /// by the monitor's clock (zero if it has passed): what a host timer
+    /// should sleep before calling [`expire_flow`](Self::expire_flow).
+    pub fn time_to_next_flow_deadline(&self) -> Option<std::time::Duration> {
+        let at = self.next_flow_deadline()?;
+        let now = self.clock.now_nanos();
+        Some(std::time::Duration::from_nanos(at.saturating_sub(now)))
     }
 }
 

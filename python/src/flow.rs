@@ -1,0 +1,364 @@
+//! Frontend flow control for Python (docs/flow-control.md): the
+//! `Monitor`'s `set_flow_control`, `dispatch` (an awaitable over core's
+//! `Monitor::dispatch_shared`), `expire_flow` and
+//! `time_to_next_flow_deadline`, and the ticket of a dispatched request.
+//!
+//! The awaitable's loop is `loadgate._flow._drive`: it polls the core
+//! future with a waker that resolves an asyncio future on the caller's
+//! event loop (`loop.call_soon_threadsafe`, from whichever thread kicked
+//! the queue), awaits it, and calls `expire_flow` when the next deadline
+//! passes first. Cancelling the awaiting task drops the core future: the
+//! request leaves the queue at once, or, if it was dispatched meanwhile,
+//! its booking is released and its tenant settled.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use loadgate::flow::{FlowConfig, FlowRejection, FlowRequest};
+use loadgate::monitor::{Dispatch, DispatchRequest, Dispatching, FlowControlConfig};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyMapping};
+
+use crate::errors::{
+    f64_arg, opt_str_arg, opt_u64_arg, priority_arg, rejection_class, seconds_arg, str_ref,
+    threshold_error, u32_arg, u64_arg,
+};
+use crate::monitor::{select_args, Monitor};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// KV blocks booked per prompt when the caller gives none: the prompt's
+/// tokens in blocks of 16 (vLLM's default `block_size`).
+const DEFAULT_BLOCK: u64 = 16;
+
+#[pymethods]
+impl Monitor {
+    /// Turns `model`'s frontend queue on (`queue_limit` requests, 1 to
+    /// 1048576), or off with `queue_limit=0` (what waits is refused with
+    /// `queue_full`). `queue_tokens` bounds the estimated tokens waiting;
+    /// `deadline` is how long a request waits unless it gives its own
+    /// (seconds, default 60); `prompt_weight` and `output_weight` are VTC's
+    /// `w_p` and `w_q`; `tenant_weights` maps tenant ids to weights;
+    /// `output_estimate` is the output reserved for a request without
+    /// `max_tokens`; `policy` picks a free worker. Raises `KeyError` for an
+    /// unknown model and `ValueError` naming a bad setting.
+    #[pyo3(
+        signature = (model, *, queue_limit, queue_tokens = None, deadline = None, prompt_weight = None, output_weight = None, tenant_weights = None, output_estimate = None, max_tenants = None, policy = None),
+        text_signature = "(self, model, *, queue_limit, queue_tokens=None, deadline=60.0, prompt_weight=1.0, output_weight=2.0, tenant_weights=None, output_estimate=256, max_tenants=4096, policy='round_robin')"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn set_flow_control(
+        &self,
+        model: &Bound<'_, PyAny>,
+        queue_limit: &Bound<'_, PyAny>,
+        queue_tokens: Option<&Bound<'_, PyAny>>,
+        deadline: Option<&Bound<'_, PyAny>>,
+        prompt_weight: Option<&Bound<'_, PyAny>>,
+        output_weight: Option<&Bound<'_, PyAny>>,
+        tenant_weights: Option<&Bound<'_, PyAny>>,
+        output_estimate: Option<&Bound<'_, PyAny>>,
+        max_tenants: Option<&Bound<'_, PyAny>>,
+        policy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let model = str_ref(model, "model")?;
+        let limit = u32_arg(queue_limit, "queue_limit")?;
+        if limit == 0 {
+            return self.inner.set_flow_control(model, None).map_err(flow_error);
+        }
+        let mut queue = FlowConfig::new(limit);
+        queue.queue_tokens = opt_u64_arg(queue_tokens, "queue_tokens")?;
+        if let Some(d) = deadline.filter(|d| !d.is_none()) {
+            queue.deadline = seconds_arg(d, "deadline")?;
+        }
+        if let Some(w) = prompt_weight.filter(|w| !w.is_none()) {
+            queue.prompt_weight = f64_arg(w, "prompt_weight")?;
+        }
+        if let Some(w) = output_weight.filter(|w| !w.is_none()) {
+            queue.output_weight = f64_arg(w, "output_weight")?;
+        }
+        if let Some(n) = opt_u64_arg(output_estimate, "output_estimate")? {
+            queue.output_estimate = n;
+        }
+        if let Some(n) = opt_u64_arg(max_tenants, "max_tenants")? {
+            queue.max_tenants = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(map) = tenant_weights.filter(|m| !m.is_none()) {
+            queue.tenant_weights = weights_arg(map, queue.max_tenants)?;
+        }
+        let (policy, _) = select_args(policy.filter(|p| !p.is_none()), None)?;
+        let config = FlowControlConfig { queue, policy };
+        self.inner
+            .set_flow_control(model, Some(&config))
+            .map_err(flow_error)
+    }
+
+    /// Sends a request of `model` to a free worker, or waits in the model's
+    /// queue for one: `ticket = await monitor.dispatch(model, tenant=...,
+    /// prompt_tokens=..., max_tokens=...)`. `tenant` (default: the default
+    /// tenant), `priority` (0 the most important), `deadline` (seconds,
+    /// default the queue's), `queue=False` to be refused at once instead of
+    /// waiting, and `blocks`, the KV blocks to book on the worker (default:
+    /// the prompt in blocks of 16). Raises `Overloaded` (reason
+    /// `queue_full`, or `all_workers_busy` when not queueing), `QueueTimeout`
+    /// (reason `queue_deadline`) or `Unavailable` (`no_workers`), each with
+    /// `retry_after` from the queue's drain rate.
+    #[pyo3(
+        signature = (model, *, tenant = None, priority = None, prompt_tokens = None, max_tokens = None, deadline = None, queue = true, blocks = None),
+        text_signature = "(self, model, *, tenant=None, priority=0, prompt_tokens=0, max_tokens=None, deadline=None, queue=True, blocks=None)"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        slf: &Bound<'_, Self>,
+        model: &Bound<'_, PyAny>,
+        tenant: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
+        prompt_tokens: Option<&Bound<'_, PyAny>>,
+        max_tokens: Option<&Bound<'_, PyAny>>,
+        deadline: Option<&Bound<'_, PyAny>>,
+        queue: bool,
+        blocks: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<FlowDispatch> {
+        let model = str_ref(model, "model")?;
+        let tenant = opt_str_arg(tenant, "tenant")?;
+        let prompt = opt_u64_arg(prompt_tokens, "prompt_tokens")?.unwrap_or(0);
+        let deadline = match deadline.filter(|d| !d.is_none()) {
+            Some(d) => Some(seconds_arg(d, "deadline")?),
+            None => None,
+        };
+        let request = DispatchRequest {
+            flow: FlowRequest {
+                tenant: tenant.as_deref().unwrap_or(""),
+                priority: priority_arg(priority)?,
+                prompt_tokens: prompt,
+                max_tokens: opt_u64_arg(max_tokens, "max_tokens")?,
+                deadline,
+            },
+            blocks: match blocks.filter(|b| !b.is_none()) {
+                Some(b) => u64_arg(b, "blocks")?,
+                None => prompt.div_ceil(DEFAULT_BLOCK),
+            },
+            queue,
+        };
+        let future = slf.get().inner.dispatch_shared(model, &request);
+        Ok(FlowDispatch {
+            model: model.to_owned(),
+            monitor: slf.clone().unbind(),
+            future: Mutex::new(Some(future)),
+        })
+    }
+
+    /// Refuses every queued request whose deadline has passed; how many.
+    fn expire_flow(&self) -> usize {
+        self.inner.expire_flow()
+    }
+
+    /// Seconds until the earliest deadline of a queued request (0 if it has
+    /// passed), or `None` when nothing waits.
+    fn time_to_next_flow_deadline(&self) -> Option<f64> {
+        self.inner
+            .time_to_next_flow_deadline()
+            .map(|d| d.as_secs_f64())
+    }
+}
+
+/// `tenant_weights`: a mapping of tenant ids to numbers.
+fn weights_arg(obj: &Bound<'_, PyAny>, most: usize) -> PyResult<Vec<(String, f64)>> {
+    let map = obj
+        .cast::<PyMapping>()
+        .map_err(|_| PyValueError::new_err("tenant_weights must be a mapping of str to number"))?;
+    if map.len()? > most {
+        return Err(PyValueError::new_err(format!(
+            "tenant_weights has more than max_tenants ({most}) entries"
+        )));
+    }
+    let mut out = Vec::new();
+    for item in map.items()?.try_iter()? {
+        let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
+        let name = str_ref(&k, "a tenant_weights key")?.to_owned();
+        let w = f64_arg(&v, "a tenant weight")?;
+        out.push((name, w));
+    }
+    Ok(out)
+}
+
+fn flow_error(e: loadgate::monitor::FlowError) -> PyErr {
+    match e {
+        loadgate::monitor::FlowError::Model(t) => threshold_error(t),
+        loadgate::monitor::FlowError::Config(c) => PyValueError::new_err(c.to_string()),
+    }
+}
+
+/// The exception for a refused dispatch, with the queue's `Retry-After`.
+fn rejection(py: Python<'_>, e: FlowRejection, retry: Option<Duration>) -> PyErr {
+    let Some(reason) = e.reason() else {
+        return PyValueError::new_err(e.to_string());
+    };
+    let made = (|| {
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(intern!(py, "reason"), reason.as_str())?;
+        if let Some(r) = retry {
+            kwargs.set_item(intern!(py, "retry_after"), r.as_secs_f64())?;
+        }
+        rejection_class(py, reason)?.call((), Some(&kwargs))
+    })();
+    match made {
+        Ok(value) => PyErr::from_value(value),
+        Err(err) => err,
+    }
+}
+
+/// `monitor.dispatch(...)`: awaitable once (`loadgate._flow._drive`).
+#[pyclass(frozen, module = "loadgate", name = "_FlowDispatch")]
+pub struct FlowDispatch {
+    model: String,
+    monitor: Py<Monitor>,
+    future: Mutex<Option<Dispatching<'static>>>,
+}
+
+/// Wakes an asyncio future on its own loop, from any thread.
+struct AsyncioWaker(Py<PyAny>);
+
+impl Wake for AsyncioWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        Python::attach(|py| {
+            static WAKE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+            let fut = self.0.bind(py);
+            let woke = WAKE.import(py, "loadgate._flow", "_wake").and_then(|wake| {
+                let event_loop = fut.call_method0(intern!(py, "get_loop"))?;
+                event_loop.call_method1(intern!(py, "call_soon_threadsafe"), (wake, fut))
+            });
+            // A closed loop: its task is gone, and so is the wait.
+            drop(woke);
+        });
+    }
+}
+
+#[pymethods]
+impl FlowDispatch {
+    fn __await__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        static DRIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let py = slf.py();
+        let monitor = slf.get().monitor.clone_ref(py);
+        DRIVE
+            .import(py, "loadgate._flow", "_drive")?
+            .call1((slf, monitor))?
+            .call_method0(intern!(py, "__await__"))
+    }
+
+    /// Polls the dispatch once, with a waker that resolves `fut`: a
+    /// `FlowTicket` once sent, `None` while it waits; raises if refused.
+    fn _poll(&self, py: Python<'_>, fut: Bound<'_, PyAny>) -> PyResult<Option<FlowTicket>> {
+        let waker = Waker::from(Arc::new(AsyncioWaker(fut.unbind())));
+        let mut slot = lock(&self.future);
+        let Some(future) = slot.as_mut() else {
+            return Err(PyRuntimeError::new_err("this dispatch was already awaited"));
+        };
+        match Pin::new(future).poll(&mut Context::from_waker(&waker)) {
+            Poll::Pending => Ok(None),
+            Poll::Ready(outcome) => {
+                *slot = None;
+                drop(slot);
+                match outcome {
+                    Ok(d) => Ok(Some(FlowTicket::new(d))),
+                    Err(e) => {
+                        let monitor = self.monitor.borrow(py);
+                        Err(rejection(
+                            py,
+                            e,
+                            monitor.inner.flow_retry_after(&self.model),
+                        ))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives the request up: it leaves the queue (or its dispatch, if one
+    /// came meanwhile, is completed).
+    fn _cancel(&self) {
+        lock(&self.future).take();
+    }
+}
+
+/// A request sent to a worker: `worker`, `report_output(tokens)`,
+/// `prefill_done()` and `complete(output_tokens)`. Completing (or
+/// `async with`'s exit, or garbage collection) releases its booking and
+/// settles its tenant's tokens.
+#[pyclass(frozen, module = "loadgate", name = "_FlowTicket")]
+pub struct FlowTicket {
+    worker: u64,
+    dispatch: Mutex<Option<Dispatch>>,
+}
+
+impl FlowTicket {
+    fn new(d: Dispatch) -> Self {
+        Self {
+            worker: d.worker_id(),
+            dispatch: Mutex::new(Some(d)),
+        }
+    }
+}
+
+#[pymethods]
+impl FlowTicket {
+    /// The worker the request was sent to.
+    #[getter]
+    fn worker(&self) -> u64 {
+        self.worker
+    }
+
+    /// `tokens` more output tokens: charged to the tenant at once.
+    fn report_output(&self, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = u64_arg(tokens, "tokens")?;
+        if let Some(d) = lock(&self.dispatch).as_mut() {
+            d.report_output(n);
+        }
+        Ok(())
+    }
+
+    /// The first token came: the prompt stops counting as prefill.
+    fn prefill_done(&self) {
+        if let Some(d) = lock(&self.dispatch).as_mut() {
+            d.prefill_done();
+        }
+    }
+
+    /// The request finished with `output_tokens` in all (default: what was
+    /// reported). Idempotent.
+    #[pyo3(signature = (output_tokens = None))]
+    fn complete(&self, output_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let n = opt_u64_arg(output_tokens, "output_tokens")?;
+        if let Some(d) = lock(&self.dispatch).take() {
+            let total = n.unwrap_or_else(|| d.reported_output());
+            d.complete(total);
+        }
+        Ok(())
+    }
+
+    /// Whether it was completed.
+    #[getter]
+    fn completed(&self) -> bool {
+        lock(&self.dispatch).is_none()
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.completed() {
+            "completed"
+        } else {
+            "running"
+        };
+        format!("<loadgate.FlowTicket worker={} {state}>", self.worker)
+    }
+}
