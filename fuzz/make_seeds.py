@@ -186,6 +186,7 @@ def main():
     http()
     ops("monitor_ops")
     ops("gate_ops")
+    ops("flow_ops")
     ops("c_abi")
     ops("subscriber")
     findings()

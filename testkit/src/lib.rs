@@ -6,6 +6,7 @@
 //!   answer;
 //! * [`reference_gate`]: the admission gate as a `VecDeque` and counters;
 //! * [`reference_flow`]: the frontend queue as a list and a map of tenants;
+//! * [`flow_pair`]: the real queue and the reference driven side by side;
 //! * [`gate_pair`]: the real gate and the reference gate driven side by
 //!   side, one method per operation, for the gate's differential drivers;
 //! * [`alloc`]: a counting global allocator, to prove that a hot path
@@ -16,6 +17,7 @@
 
 #[allow(unsafe_code)] // the `GlobalAlloc` implementation, and nothing else
 pub mod alloc;
+pub mod flow_pair;
 pub mod gate_pair;
 pub mod reference_flow;
 pub mod reference_gate;
