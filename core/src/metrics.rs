@@ -8,6 +8,40 @@ use std::fmt::{self, Write};
 /// The default metric name prefix, as the reference system uses.
 pub const DEFAULT_PREFIX: &str = "dynamo";
 
+/// Upper bounds, in seconds, of the queue-wait histograms' buckets (the
+/// gate's and the frontend queue's).
+pub(crate) const WAIT_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// Writes one histogram's samples over [`WAIT_BUCKETS`]: the cumulative
+/// counts up to each bound, the total and the sum in nanoseconds, each
+/// sample labelled `labels` (its header is the caller's).
+pub(crate) fn wait_histogram(
+    out: &mut String,
+    prefix: &str,
+    name: &str,
+    labels: &[(&str, &dyn fmt::Display)],
+    cumulative: &[u64; 16],
+    total: u64,
+    sum_nanos: u64,
+) {
+    let bucket = format!("{name}_bucket");
+    let mut bucket_sample = |le: &dyn fmt::Display, count: u64| {
+        let mut l: Vec<(&str, &dyn fmt::Display)> = labels.to_vec();
+        l.push(("le", le));
+        sample(out, prefix, &bucket, &l, count);
+    };
+    for (bound, count) in WAIT_BUCKETS.iter().zip(cumulative) {
+        bucket_sample(bound, *count);
+    }
+    bucket_sample(&"+Inf", total);
+    let sum = sum_nanos as f64 / 1e9;
+    sample(out, prefix, &format!("{name}_sum"), labels, sum);
+    sample(out, prefix, &format!("{name}_count"), labels, total);
+}
+
 /// Writes `# HELP` and `# TYPE` lines for one metric family.
 pub(crate) fn header(out: &mut String, prefix: &str, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {prefix}_{name} {help}");

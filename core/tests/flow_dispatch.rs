@@ -328,3 +328,52 @@ fn block_on<F: Future>(fut: F) -> F::Output {
         }
     }
 }
+
+#[test]
+fn the_queue_is_counted_in_the_metrics() {
+    let (m, clock) = fleet(FlowConfig::new(2));
+    let first = start(&m, &request("a", 60)).sent();
+    let mut b = start(&m, &request("b", 60));
+    b.pending();
+    let mut c = start(&m, &request("c", 60));
+    c.pending();
+    // Full: d, less important than everything waiting, is refused.
+    let low = DispatchRequest {
+        flow: FlowRequest {
+            priority: 3,
+            ..request("d", 60).flow
+        },
+        ..request("d", 60)
+    };
+    assert_eq!(start(&m, &low).refused(), FlowRejection::QueueFull);
+    clock.advance(Duration::from_millis(30));
+    drop(first);
+    let second = b.sent();
+    let text = m.metrics_text();
+    for line in [
+        "dynamo_frontend_queue_requests{model=\"llama\"} 1",
+        "dynamo_frontend_queue_dispatched_total{model=\"llama\",path=\"direct\"} 1",
+        "dynamo_frontend_queue_dispatched_total{model=\"llama\",path=\"queued\"} 1",
+        "dynamo_frontend_queue_rejection_total{model=\"llama\",reason=\"queue_full\",priority=\"3\"} 1",
+        "dynamo_frontend_queue_rejection_total{model=\"llama\",reason=\"queue_full\",priority=\"0\"} 0",
+        "dynamo_frontend_queue_wait_seconds_bucket{model=\"llama\",le=\"0.025\"} 0",
+        "dynamo_frontend_queue_wait_seconds_bucket{model=\"llama\",le=\"0.05\"} 1",
+        "dynamo_frontend_queue_wait_seconds_count{model=\"llama\"} 1",
+        "dynamo_frontend_queue_tenant_requests{model=\"llama\",tenant=\"c\"} 1",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    drop(second);
+    drop(c.sent());
+    // Many tenants: only the top ten are shown.
+    for i in 0..30 {
+        let t = format!("t{i}");
+        drop(start(&m, &request(&t, 1)).sent());
+    }
+    let text = m.metrics_text();
+    let shown = text
+        .lines()
+        .filter(|l| l.starts_with("dynamo_frontend_queue_tenant_service{"))
+        .count();
+    assert_eq!(shown, 10);
+}

@@ -152,6 +152,12 @@ impl<T> FlowQueue<T> {
         self.tenants.len()
     }
 
+    /// The `k` remembered tenants with the most weighted service: name,
+    /// counter and requests waiting, the most served first (for metrics).
+    pub fn top_tenants(&self, k: usize) -> Vec<(String, f64, u32)> {
+        self.tenants.top(k)
+    }
+
     /// Tenant `name`'s virtual token counter, if it is remembered.
     pub fn counter(&self, name: &str) -> Option<f64> {
         self.tenant_slot(name).map(|t| self.tenants.get(t).counter)

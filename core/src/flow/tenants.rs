@@ -117,6 +117,21 @@ impl Tenants {
         self.index.get(name).copied()
     }
 
+    /// The `k` remembered tenants with the highest counters: name,
+    /// counter and requests waiting.
+    pub(super) fn top(&self, k: usize) -> Vec<(String, f64, u32)> {
+        let mut all: Vec<&Tenant> = self
+            .index
+            .values()
+            .map(|&t| &self.slots[t as usize])
+            .collect();
+        all.sort_unstable_by(|a, b| b.counter.total_cmp(&a.counter).then(a.name.cmp(&b.name)));
+        all.into_iter()
+            .take(k)
+            .map(|t| (t.name.to_string(), t.counter, t.queued))
+            .collect()
+    }
+
     /// Tenants remembered.
     pub(super) fn len(&self) -> usize {
         self.index.len()

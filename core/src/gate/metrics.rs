@@ -9,7 +9,7 @@ use crate::error::Reason;
 use crate::metrics;
 
 use super::stats::GateStats;
-use super::waits::{Waits, BUCKETS};
+use super::waits::Waits;
 
 /// The reasons a gate rejects for.
 const GATE_REASONS: [Reason; 4] = [
@@ -180,18 +180,9 @@ fn render_backend_admission(s: &GateStats, p: &str, out: &mut String) {
 
 fn render_wait_histogram(waits: &Waits, p: &str, out: &mut String) {
     let waits = waits.read();
-    let (counts, total, sum_nanos) = (waits.cumulative, waits.total, waits.sum_nanos);
     let name = "request_queue_wait_seconds";
     let help = "Time admitted requests spent queued.";
     metrics::header(out, p, name, "histogram", help);
-    let bucket = format!("{name}_bucket");
-    let mut le = String::new();
-    for (bound, count) in BUCKETS.iter().zip(counts) {
-        le.clear();
-        let _ = write!(le, "{bound}");
-        metrics::sample(out, p, &bucket, &[("le", &le)], count);
-    }
-    metrics::sample(out, p, &bucket, &[("le", &"+Inf")], total);
-    metrics::sample(out, p, &format!("{name}_sum"), &[], sum_nanos as f64 / 1e9);
-    metrics::sample(out, p, &format!("{name}_count"), &[], total);
+    let (cumulative, total, sum) = (&waits.cumulative, waits.total, waits.sum_nanos);
+    metrics::wait_histogram(out, p, name, &[], cumulative, total, sum);
 }

@@ -5,12 +5,7 @@
 //! checker explores.
 
 use crate::counter::ThreadCounters;
-
-/// Upper bounds, in seconds, of the histogram's buckets.
-pub(super) const BUCKETS: [f64; 16] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0,
-];
+use crate::metrics::WAIT_BUCKETS as BUCKETS;
 
 /// The bounds in nanoseconds.
 const BOUNDS_NANOS: [u64; 16] = {

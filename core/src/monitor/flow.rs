@@ -48,6 +48,7 @@ use std::sync::Arc;
 use std::task::Waker;
 
 use super::dispatch::{Dispatch, Dispatching, MonitorRef, Step};
+use super::flow_stats::FlowStats;
 use super::model::Model;
 use super::{Booking, Monitor, Policy};
 use crate::error::ThresholdError;
@@ -99,6 +100,7 @@ pub(super) struct State {
     free: Vec<u32>,
     /// Requests refused at their deadline, in all.
     expired: u64,
+    pub(super) stats: FlowStats,
 }
 
 /// One queued request's ticket: what to book, and its outcome once
@@ -110,6 +112,9 @@ pub(super) struct Ticket {
     pub(super) waker: Option<Waker>,
     blocks: u64,
     prefill: u64,
+    /// Its priority band and when it queued, for the statistics.
+    band: usize,
+    queued_at: u64,
     pub(super) outcome: Option<Result<Granted, FlowRejection>>,
 }
 
@@ -177,6 +182,7 @@ impl FlowControl {
                 tickets: Vec::new(),
                 free: Vec::new(),
                 expired: 0,
+                stats: FlowStats::default(),
             }),
             policy: config.policy,
             waiting: AtomicU32::new(0),
@@ -216,9 +222,21 @@ impl FlowControl {
         }
     }
 
-    /// Resolves ticket `t` with `outcome`.
-    fn resolve(st: &mut State, t: u32, outcome: Result<Granted, FlowRejection>, after: &mut After) {
+    /// Resolves ticket `t` with `outcome` at clock time `now`.
+    fn resolve(
+        st: &mut State,
+        t: u32,
+        outcome: Result<Granted, FlowRejection>,
+        now: u64,
+        after: &mut After,
+    ) {
         let ticket = &mut st.tickets[t as usize];
+        match &outcome {
+            Ok(_) => st
+                .stats
+                .sent_from_queue(now.saturating_sub(ticket.queued_at)),
+            Err(why) => st.stats.refused(*why, ticket.band),
+        }
         ticket.key = None;
         ticket.outcome = Some(outcome);
         after.wake(ticket.waker.take());
@@ -240,7 +258,7 @@ impl FlowControl {
                 break;
             };
             st.expired += 1;
-            Self::resolve(st, t, Err(FlowRejection::QueueDeadline), after);
+            Self::resolve(st, t, Err(FlowRejection::QueueDeadline), now, after);
         }
         while !after.full() {
             let Some(&t) = st.queue.peek() else { break };
@@ -251,7 +269,7 @@ impl FlowControl {
                         .key
                         .expect("a queued ticket has its key"),
                 );
-                Self::resolve(st, t, Err(FlowRejection::NoWorkers), after);
+                Self::resolve(st, t, Err(FlowRejection::NoWorkers), now, after);
                 continue;
             }
             let Some(slot) = model.pick(self.policy, &monitor.clock) else {
@@ -272,7 +290,7 @@ impl FlowControl {
                 booking,
                 reservation,
             };
-            Self::resolve(st, t, Ok(granted), after);
+            Self::resolve(st, t, Ok(granted), now, after);
         }
         self.publish_waiting(model, st);
         after.full()
@@ -286,14 +304,16 @@ impl FlowControl {
     }
 
     /// A ticket for a request about to queue.
-    fn ticket(st: &mut State, blocks: u64, prefill: u64) -> (u32, u32) {
+    fn ticket(st: &mut State, request: &DispatchRequest<'_>, now: u64) -> (u32, u32) {
         let t = st.free.pop().unwrap_or_else(|| {
             st.tickets.push(Ticket::default());
             (st.tickets.len() - 1) as u32
         });
         let ticket = &mut st.tickets[t as usize];
-        ticket.blocks = blocks;
-        ticket.prefill = prefill;
+        ticket.blocks = request.blocks;
+        ticket.prefill = request.flow.prompt_tokens;
+        ticket.band = usize::from(request.flow.priority);
+        ticket.queued_at = now;
         (t, ticket.gen)
     }
 
@@ -336,7 +356,7 @@ impl Monitor {
             let mut refused = Vec::new();
             st.queue.expire(u64::MAX, |t| refused.push(t));
             for t in refused {
-                FlowControl::resolve(&mut st, t, Err(FlowRejection::QueueFull), &mut after);
+                FlowControl::resolve(&mut st, t, Err(FlowRejection::QueueFull), 0, &mut after);
                 if after.full() {
                     drop(st);
                     std::mem::take(&mut after).run();
@@ -380,7 +400,6 @@ impl Monitor {
         let Some(m) = reg.models.get(model) else {
             return Step::Ready(Err(FlowRejection::NoWorkers));
         };
-        let prompt = request.flow.prompt_tokens;
         let Some(flow) = m.flow.load_full() else {
             return Step::Ready(self.send_now(m, Policy::RoundRobin, request, None));
         };
@@ -388,22 +407,28 @@ impl Monitor {
         let mut st = lock(&flow.state);
         let now = self.clock.now_nanos();
         flow.run(self, m, &mut st, now, &mut after);
+        let band = usize::from(request.flow.priority);
         if st.queue.is_empty() {
             let direct = self.send_now(m, flow.policy, request, Some((&flow, &mut st, now)));
             match direct {
                 Err(FlowRejection::AllWorkersBusy) if request.queue => {}
                 outcome => {
+                    match &outcome {
+                        Ok(_) => st.stats.sent_at_once(),
+                        Err(why) => st.stats.refused(*why, band),
+                    }
                     drop(st);
                     after.run();
                     return Step::Ready(outcome);
                 }
             }
         } else if !request.queue {
+            st.stats.refused(FlowRejection::AllWorkersBusy, band);
             drop(st);
             after.run();
             return Step::Ready(Err(FlowRejection::AllWorkersBusy));
         }
-        let (t, gen) = FlowControl::ticket(&mut st, request.blocks, prompt);
+        let (t, gen) = FlowControl::ticket(&mut st, request, now);
         let mut shed = [0u32; MAX_SHED];
         let mut n = 0;
         let pushed = st.queue.push(&request.flow, t, now, |v| {
@@ -411,7 +436,7 @@ impl Monitor {
             n += 1;
         });
         for &v in &shed[..n] {
-            FlowControl::resolve(&mut st, v, Err(FlowRejection::QueueFull), &mut after);
+            FlowControl::resolve(&mut st, v, Err(FlowRejection::QueueFull), now, &mut after);
         }
         let step = match pushed {
             Ok(key) => {
@@ -430,6 +455,7 @@ impl Monitor {
             }
             Err((reason, _)) => {
                 FlowControl::free_ticket(&mut st, t);
+                st.stats.refused(reason, band);
                 Step::Ready(Err(reason))
             }
         };

@@ -228,6 +228,7 @@ impl Monitor {
         for (kind, count) in self.refused_registrations() {
             metrics::sample(&mut out, p, name, &[("reason", &kind)], count);
         }
+        super::flow_stats::render(&models, p, &mut out);
         #[cfg(feature = "scrape")]
         self.scrapes.render(&mut out, p);
         out

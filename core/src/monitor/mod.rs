@@ -60,6 +60,7 @@ mod combine;
 mod config;
 mod dispatch;
 mod flow;
+mod flow_stats;
 mod metrics;
 mod model;
 mod pick;

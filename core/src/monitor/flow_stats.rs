@@ -1,0 +1,160 @@
+//! What a model's frontend queue counts, kept under its lock beside the
+//! queue (`flow.rs`), and its metrics at scrape time: requests and tokens
+//! waiting, dispatches by path, refusals by reason and priority band, the
+//! queue wait as a histogram, and the top tenants' service (only the top
+//! [`TOP_TENANTS`], so that label cardinality stays bounded whatever ids
+//! clients send).
+
+use std::sync::Arc;
+
+use super::model::Model;
+use crate::flow::{FlowRejection, MAX_BANDS};
+use crate::metrics::{self, WAIT_BUCKETS};
+use crate::sync::lock;
+
+/// Tenants shown in the per-tenant families, by weighted service.
+pub const TOP_TENANTS: usize = 10;
+
+/// The refusals counted, in the order of their rows.
+const REFUSALS: [FlowRejection; 5] = [
+    FlowRejection::QueueFull,
+    FlowRejection::QueueDeadline,
+    FlowRejection::NoWorkers,
+    FlowRejection::AllWorkersBusy,
+    FlowRejection::InvalidTenant,
+];
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(super) struct FlowStats {
+    /// Sent at once, and sent from the queue.
+    dispatched: [u64; 2],
+    /// Refusals, by [`REFUSALS`] row and priority band.
+    refused: [[u64; MAX_BANDS]; REFUSALS.len()],
+    /// Waits of the requests sent from the queue, by bucket (not
+    /// cumulative; the last past every bound), and their sum.
+    waits: [u64; WAIT_BUCKETS.len() + 1],
+    wait_nanos: u64,
+}
+
+impl FlowStats {
+    /// A request sent at once.
+    pub(super) fn sent_at_once(&mut self) {
+        self.dispatched[0] += 1;
+    }
+
+    /// A request sent after waiting `nanos`.
+    pub(super) fn sent_from_queue(&mut self, nanos: u64) {
+        self.dispatched[1] += 1;
+        let secs = nanos as f64 / 1e9;
+        let bucket = WAIT_BUCKETS.partition_point(|&b| b < secs);
+        self.waits[bucket] += 1;
+        self.wait_nanos = self.wait_nanos.saturating_add(nanos);
+    }
+
+    /// A request of priority band `band` refused for `why`.
+    pub(super) fn refused(&mut self, why: FlowRejection, band: usize) {
+        let row = REFUSALS.iter().position(|r| *r == why).unwrap_or(0);
+        self.refused[row][band.min(MAX_BANDS - 1)] += 1;
+    }
+}
+
+/// The flow-control families for `models` (those with a queue).
+pub(super) fn render(models: &[&Arc<Model>], p: &str, out: &mut String) {
+    let flows: Vec<(&str, Arc<super::flow::FlowControl>)> = models
+        .iter()
+        .filter_map(|m| m.flow.load_full().map(|f| (&*m.name, f)))
+        .collect();
+    let gauges = [
+        (
+            "frontend_queue_requests",
+            "Requests waiting in the model's queue.",
+        ),
+        (
+            "frontend_queue_tokens",
+            "Estimated tokens waiting in the model's queue (prompt plus reserved output).",
+        ),
+    ];
+    for (i, (name, help)) in gauges.into_iter().enumerate() {
+        metrics::header(out, p, name, "gauge", help);
+        for (model, flow) in &flows {
+            let st = lock(&flow.state);
+            let value = if i == 0 {
+                u128::from(st.queue.len())
+            } else {
+                st.queue.tokens()
+            };
+            metrics::sample(out, p, name, &[("model", model)], value);
+        }
+    }
+    let name = "frontend_queue_dispatched_total";
+    let help = "Requests sent to a worker, at once or from the queue.";
+    metrics::header(out, p, name, "counter", help);
+    for (model, flow) in &flows {
+        let d = lock(&flow.state).stats.dispatched;
+        for (path, n) in [("direct", d[0]), ("queued", d[1])] {
+            metrics::sample(out, p, name, &[("model", model), ("path", &path)], n);
+        }
+    }
+    let name = "frontend_queue_rejection_total";
+    let help = "Requests refused by the model's queue, by reason and priority band.";
+    metrics::header(out, p, name, "counter", help);
+    for (model, flow) in &flows {
+        let refused = lock(&flow.state).stats.refused;
+        for (why, bands) in REFUSALS.iter().zip(refused) {
+            for (band, n) in bands.iter().enumerate() {
+                let labels: [(&str, &dyn std::fmt::Display); 3] = [
+                    ("model", model),
+                    ("reason", &why.as_str()),
+                    ("priority", &band),
+                ];
+                metrics::sample(out, p, name, &labels, n);
+            }
+        }
+    }
+    let name = "frontend_queue_wait_seconds";
+    let help = "Time requests sent from the model's queue spent waiting.";
+    metrics::header(out, p, name, "histogram", help);
+    for (model, flow) in &flows {
+        let (waits, sum) = {
+            let st = lock(&flow.state);
+            (st.stats.waits, st.stats.wait_nanos)
+        };
+        let mut cumulative = [0u64; WAIT_BUCKETS.len()];
+        let mut running = 0;
+        for (c, n) in cumulative.iter_mut().zip(waits) {
+            running += n;
+            *c = running;
+        }
+        let total = waits.iter().sum();
+        metrics::wait_histogram(out, p, name, &[("model", model)], &cumulative, total, sum);
+    }
+    let families = [
+        (
+            "frontend_queue_tenant_service",
+            "Weighted tokens served to each of the top tenants (its virtual token counter).",
+        ),
+        (
+            "frontend_queue_tenant_requests",
+            "Requests of each of the top tenants waiting.",
+        ),
+    ];
+    let tops: Vec<_> = flows
+        .iter()
+        .map(|(model, flow)| (*model, lock(&flow.state).queue.top_tenants(TOP_TENANTS)))
+        .collect();
+    for (i, (name, help)) in families.into_iter().enumerate() {
+        metrics::header(out, p, name, "gauge", help);
+        for (model, top) in &tops {
+            for (tenant, service, waiting) in top {
+                let labels: [(&str, &dyn std::fmt::Display); 2] =
+                    [("model", model), ("tenant", tenant)];
+                if i == 0 {
+                    metrics::sample(out, p, name, &labels, service);
+                } else {
+                    metrics::sample(out, p, name, &labels, waiting);
+                }
+            }
+        }
+    }
+}
