@@ -1,0 +1,170 @@
+"""ASGI middleware for a frontend with flow control (docs/flow-control.md).
+
+:class:`FlowMiddleware` puts every HTTP request through
+``await monitor.dispatch(...)``: it waits in the model's queue when every
+worker is busy, and goes to the app once a worker is booked for it. The app
+finds its worker in ``scope["loadgate.worker"]`` and its
+:class:`~loadgate.FlowTicket` in ``scope["loadgate.ticket"]`` (to report
+output as it streams); the ticket completes when the response's last body
+message has been sent, or when the app fails.
+
+The request's own settings come from headers:
+
+* ``x-loadgate-tenant`` (configurable, e.g. ``x-llm-d-inference-fairness-id``):
+  its tenant;
+* ``x-loadgate-priority``: its priority band, as :class:`AdmissionMiddleware`
+  reads it (a number, or a name from ``priorities``);
+* ``x-loadgate-deadline-ms``: how long it may wait, in milliseconds;
+* ``x-loadgate-queue: never``: refused at once instead of waiting.
+
+Clients choose these headers: where they must not choose their tenant or
+band, set or strip them at a proxy you trust. A refusal is answered with the
+loadgate error (529 ``queue_full`` or ``queue_deadline``, 503
+``no_workers``, with ``Retry-After`` from the queue's drain rate and the
+``x-loadgate-reason`` header); a malformed header with 400.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Mapping, Optional, Tuple, Union
+
+from . import _loadgate
+from ._errors import LoadgateError
+from ._flow import FlowTicket
+from ._loadgate import Monitor
+from .asgi import (
+    PRIORITY_HEADER,
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    Style,
+    _check_style,
+    _class_number,
+    _raw_header,
+    _style_for,
+    send_error,
+)
+
+__all__ = ["FlowMiddleware", "TENANT_HEADER", "DEADLINE_HEADER", "QUEUE_HEADER"]
+
+#: The tenant's header by default.
+TENANT_HEADER = "x-loadgate-tenant"
+#: A request's own deadline, in milliseconds.
+DEADLINE_HEADER = "x-loadgate-deadline-ms"
+#: ``never`` refuses a request at once instead of queueing it.
+QUEUE_HEADER = "x-loadgate-queue"
+
+#: ``(prompt_tokens, max_tokens)`` of a request, from its scope.
+Cost = Callable[[Scope], Tuple[int, Optional[int]]]
+
+
+class _BadHeader(ValueError):
+    pass
+
+
+def _lower(name: str, what: str) -> bytes:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{what} must be a non-empty str")
+    return name.strip().lower().encode("latin-1")
+
+
+class FlowMiddleware:
+    """Dispatches every HTTP request of `app` through `monitor`'s queue for
+    `model` (a name, or a function of the scope). `cost` gives a request's
+    ``(prompt_tokens, max_tokens)`` when the frontend knows them (they
+    weigh its tenant's share and the queue's token bound); without it each
+    request costs the queue's output estimate. `blocks` is passed to
+    :meth:`Monitor.dispatch` as is (``None``: the prompt in blocks of 16).
+    See the module docs for the headers."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        monitor: Monitor,
+        *,
+        model: Union[str, Callable[[Scope], str]],
+        cost: Optional[Cost] = None,
+        tenant_header: str = TENANT_HEADER,
+        priority_header: str = PRIORITY_HEADER,
+        priorities: Optional[Mapping[str, int]] = None,
+        default_priority: int = 0,
+        unknown_priority: int = 255,
+        style: Style = "dynamo",
+    ) -> None:
+        _check_style(style)
+        names = {}
+        for name, number in (priorities or {}).items():
+            if not isinstance(name, str):
+                raise TypeError(f"priorities keys must be str, not {type(name).__name__}")
+            names[name.strip()] = _class_number(number, f"priorities[{name!r}]")
+        self.app = app
+        self.monitor = monitor
+        self.model = model
+        self.cost = cost
+        self.style = style
+        self._tenant = _lower(tenant_header, "tenant_header")
+        self._priority = _lower(priority_header, "priority_header")
+        self._names = _loadgate._PriorityNames(
+            list(names.items()),
+            _class_number(default_priority, "default_priority"),
+            _class_number(unknown_priority, "unknown_priority"),
+        )
+
+    def _settings(self, scope: Scope) -> dict:
+        tenant = _raw_header(scope, self._tenant)
+        deadline = _raw_header(scope, DEADLINE_HEADER.encode())
+        queue = _raw_header(scope, QUEUE_HEADER.encode())
+        settings: dict = {
+            "tenant": None if tenant is None else tenant.decode("latin-1").strip(),
+            "priority": self._names.class_of(_raw_header(scope, self._priority)),
+        }
+        if deadline is not None:
+            text = deadline.decode("latin-1").strip()
+            if not text.isdigit() or int(text) == 0:
+                raise _BadHeader(f"{DEADLINE_HEADER} must be a positive integer of milliseconds")
+            settings["deadline"] = int(text) / 1000
+        if queue is not None:
+            value = queue.decode("latin-1").strip().lower()
+            if value not in ("never", "wait"):
+                raise _BadHeader(f"{QUEUE_HEADER} must be 'never' or 'wait'")
+            settings["queue"] = value == "wait"
+        if self.cost is not None:
+            settings["prompt_tokens"], settings["max_tokens"] = self.cost(scope)
+        return settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        model = self.model(scope) if callable(self.model) else self.model
+        try:
+            ticket: FlowTicket = await self.monitor.dispatch(model, **self._settings(scope))
+        except LoadgateError as exc:
+            await send_error(send, exc, _style_for(self.style, scope))
+            return
+        except ValueError as exc:
+            await _bad_request(send, str(exc))
+            return
+        scope = {**scope, "loadgate.worker": ticket.worker, "loadgate.ticket": ticket}
+
+        async def send_then_complete(message: Message) -> None:
+            try:
+                await send(message)
+            finally:
+                if message["type"] == "http.response.body" and not message.get("more_body", False):
+                    ticket.complete()
+
+        try:
+            await self.app(scope, receive, send_then_complete)
+        finally:
+            ticket.complete()
+
+
+async def _bad_request(send: Send, message: str) -> None:
+    body = json.dumps({"message": message, "type": "Bad Request", "code": 400}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,102 @@
+"""`loadgate.flow_asgi.FlowMiddleware` in front of a real Starlette app under
+uvicorn, driven by httpx: requests wait in the model's queue while the one
+worker is busy and go in order, the app sees its worker and ticket, the
+headers choose the tenant, band, deadline and opt-out, a refusal is the
+loadgate error, and a malformed header is a 400."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, List
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from conftest import serve
+from loadgate import Monitor
+from loadgate.flow_asgi import FlowMiddleware
+
+
+def fleet(**flow: Any) -> Monitor:
+    m = Monitor()
+    m.add_worker("llama", 7, kv_total_blocks=100)
+    m.set_thresholds("llama", active_decode_blocks_threshold=0.5)
+    m.set_flow_control("llama", **{"queue_limit": 8, **flow})
+    return m
+
+
+def app(release: threading.Event, seen: List[str]) -> Any:
+    async def generate(request: Request) -> JSONResponse:
+        ticket = request.scope["loadgate.ticket"]
+        seen.append(request.headers.get("x-loadgate-tenant", ""))
+        # Hold the worker until the test lets go.
+        while not release.is_set():
+            await asyncio.sleep(0.005)
+        ticket.report_output(3)
+        return JSONResponse({"worker": request.scope["loadgate.worker"]})
+
+    return Starlette(routes=[Route("/v1/chat/completions", generate, methods=["POST"])])
+
+
+def test_requests_wait_for_the_worker_and_go_in_order() -> None:
+    m = fleet()
+    release = threading.Event()
+    seen: List[str] = []
+    # 60 blocks per request: one request fills the worker.
+    guarded = FlowMiddleware(app(release, seen), m, model="llama", cost=lambda scope: (960, 16))
+    with serve(guarded) as url, httpx.Client(base_url=url, timeout=20) as client:
+        results: dict = {}
+
+        def call(tenant: str) -> None:
+            r = client.post("/v1/chat/completions", headers={"x-loadgate-tenant": tenant}, json={})
+            results[tenant] = r
+
+        threads = []
+        for tenant in ("a", "b", "c"):
+            t = threading.Thread(target=call, args=(tenant,))
+            t.start()
+            threads.append(t)
+            # In order: each arrives while the first holds the worker.
+            limit = time.monotonic() + 10
+            while len(seen) < 1 and time.monotonic() < limit:
+                time.sleep(0.002)
+            time.sleep(0.05)
+        assert seen == ["a"], "b and c wait while a holds the worker"
+        release.set()
+        for t in threads:
+            t.join(20)
+        assert [results[t].status_code for t in ("a", "b", "c")] == [200, 200, 200]
+        assert results["a"].json() == {"worker": 7}
+        assert seen == ["a", "b", "c"]
+    assert not m.is_busy(7), "every ticket completed"
+
+
+def test_headers_choose_deadline_and_opt_out_and_refusals_are_loadgate_errors() -> None:
+    m = fleet()
+    m.report(7, kv_used_blocks=90)
+    release = threading.Event()
+    guarded = FlowMiddleware(app(release, []), m, model="llama")
+    with serve(guarded) as url, httpx.Client(base_url=url, timeout=20) as client:
+        r = client.post("/v1/chat/completions", headers={"x-loadgate-queue": "never"}, json={})
+        assert r.status_code == 529
+        assert r.headers["x-loadgate-reason"] == "all_workers_busy"
+        r = client.post("/v1/chat/completions", headers={"x-loadgate-deadline-ms": "30"}, json={})
+        assert r.status_code == 529
+        assert r.headers["x-loadgate-reason"] == "queue_deadline"
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json()["code"] == 529  # Dynamo 1.6.1's one overload body
+        for name, value in [("x-loadgate-deadline-ms", "soon"), ("x-loadgate-queue", "maybe")]:
+            r = client.post("/v1/chat/completions", headers={name: value}, json={})
+            assert r.status_code == 400
+            assert name in r.json()["message"]
+        r = client.post("/v1/chat/completions", headers={"x-loadgate-tenant": "x" * 300}, json={})
+        assert r.status_code == 400
+        m.remove_worker(7)
+        r = client.post("/v1/chat/completions", json={})
+        assert r.status_code == 503
+        assert r.headers["x-loadgate-reason"] == "no_workers"
