@@ -54,6 +54,12 @@
 #define LG_DISCOVERY_NO_TTL UINT64_MAX
 
 /**
+ * `max_tokens` of an lg_dispatch_request that gives none: the queue
+ * reserves its configured output estimate.
+ */
+#define LG_NO_MAX_TOKENS UINT64_MAX
+
+/**
  * "Wait as long as it takes" for lg_gate_admit(), and "no deadline" from
  * lg_gate_next_deadline().
  */
@@ -144,6 +150,17 @@ typedef enum lg_status {
    */
   LG_DISPLACED = 7009,
   /**
+   * The model's frontend queue was full and this request was the one
+   * turned away (lg_monitor_dispatch()). Answer the overload status
+   * (529).
+   */
+  LG_QUEUE_FULL = 7010,
+  /**
+   * The request waited in the model's frontend queue until its deadline.
+   * Answer the overload status (529).
+   */
+  LG_QUEUE_DEADLINE = 7011,
+  /**
    * An argument was NULL, out of range, of a bad length or not UTF-8, or
    * a value was refused (for instance a NaN threshold).
    */
@@ -204,6 +221,13 @@ typedef struct lg_control_auth lg_control_auth;
  * once.
  */
 typedef struct lg_discovery lg_discovery;
+
+/**
+ * A request sent to a worker: its worker, its booking and what its tenant
+ * owes until it completes. Complete it with lg_dispatch_complete() exactly
+ * once (that frees it).
+ */
+typedef struct lg_dispatch lg_dispatch;
 
 /**
  * A worker's admission gate: at most N requests run and at most Q wait, at
@@ -485,6 +509,130 @@ typedef struct lg_discovery_stats {
    */
   uint64_t refused_registration;
 } lg_discovery_stats;
+
+/**
+ * A routing policy for lg_monitor_select(): one of LG_POLICY_*.
+ */
+typedef uint32_t lg_policy;
+
+/**
+ * One tenant's weight (see lg_flow_config.tenant_weights).
+ */
+typedef struct lg_tenant_weight {
+  /**
+   * The tenant id, UTF-8, not NUL-terminated (at most 256 bytes).
+   */
+  const char *tenant;
+  /**
+   * Its length in bytes.
+   */
+  size_t tenant_len;
+  /**
+   * Its weight, 0.000001 to 1000000.
+   */
+  double weight;
+} lg_tenant_weight;
+
+/**
+ * A model's frontend queue (lg_monitor_set_flow_control()); start from
+ * lg_flow_config_default().
+ */
+typedef struct lg_flow_config {
+  /**
+   * Most requests waiting, 1 to 1048576.
+   */
+  uint32_t queue_limit;
+  /**
+   * Most estimated tokens waiting (prompt plus reserved output); 0: no
+   * token bound.
+   */
+  uint64_t queue_tokens;
+  /**
+   * How long a request waits unless it gives its own, in milliseconds
+   * (default 60000; at most 3600000).
+   */
+  uint64_t deadline_ms;
+  /**
+   * VTC's w_p: what a prompt token costs its tenant (default 1).
+   */
+  double prompt_weight;
+  /**
+   * VTC's w_q: what an output token costs its tenant (default 2).
+   */
+  double output_weight;
+  /**
+   * Output tokens reserved for a request without max_tokens (default
+   * 256).
+   */
+  uint64_t output_estimate;
+  /**
+   * Most tenants remembered (default 4096).
+   */
+  uint32_t max_tenants;
+  /**
+   * How a free worker is picked: one of LG_POLICY_* (default
+   * round-robin).
+   */
+  lg_policy policy;
+  /**
+   * Tenants' weights: tenant_weight_count entries, copied; NULL (with a
+   * count of 0) for none.
+   */
+  const struct lg_tenant_weight *tenant_weights;
+  /**
+   * Number of entries in tenant_weights.
+   */
+  size_t tenant_weight_count;
+} lg_flow_config;
+
+/**
+ * One request to dispatch; start from lg_dispatch_request_default().
+ */
+typedef struct lg_dispatch_request {
+  /**
+   * Its tenant id, UTF-8, not NUL-terminated; NULL (length 0) for the
+   * default tenant. At most 256 bytes.
+   */
+  const char *tenant;
+  /**
+   * Its length in bytes.
+   */
+  size_t tenant_len;
+  /**
+   * Its priority band: 0 the most important (past 7 counts as 7).
+   */
+  uint8_t priority;
+  /**
+   * Prompt tokens (the uncached part, when known).
+   */
+  uint64_t prompt_tokens;
+  /**
+   * Most output tokens; LG_NO_MAX_TOKENS for the queue's estimate.
+   */
+  uint64_t max_tokens;
+  /**
+   * How long it may wait, in milliseconds; 0 for the queue's default.
+   */
+  uint64_t deadline_ms;
+  /**
+   * Whether it may wait when no worker is free; false refuses it at once
+   * (LG_OVERLOADED).
+   */
+  bool queue;
+  /**
+   * KV blocks to book on the worker it is sent to.
+   */
+  uint64_t blocks;
+} lg_dispatch_request;
+
+/**
+ * A dispatch's outcome for a callback: LG_OK with a dispatch the callee
+ * owns (complete it with lg_dispatch_complete()), or the refusal with a
+ * NULL dispatch.
+ */
+typedef void (*lg_dispatch_callback)(void *user_data,
+                                     enum lg_status status,
+                                     struct lg_dispatch *dispatch);
 
 /**
  * One priority class of a gate (see lg_gate_config.classes). A zeroed
@@ -870,11 +1018,6 @@ typedef struct lg_thresholds {
    */
   uint64_t waiting_requests_threshold;
 } lg_thresholds;
-
-/**
- * A routing policy for lg_monitor_select(): one of LG_POLICY_*.
- */
-typedef uint32_t lg_policy;
 
 /**
  * Which engine's metrics a scrape reads.
@@ -1470,6 +1613,195 @@ enum lg_status lg_discovery_get_stats(const struct lg_discovery *discovery,
  * lg_monitor_discover_dynamo_etcd() and not freed yet.
  */
 void lg_discovery_free(struct lg_discovery *discovery);
+
+/**
+ * Fills `out` with the default queue of `queue_limit` requests: no token
+ * bound, 60 s deadline, weights 1 and 2, an output estimate of 256 tokens,
+ * 4096 tenants, round-robin, no tenant weights. The limit is checked by
+ * lg_monitor_set_flow_control().
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL out).
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `out` is NULL or valid for writes.
+ */
+enum lg_status lg_flow_config_default(uint32_t queue_limit,
+                                      struct lg_flow_config *out);
+
+/**
+ * Turns `model`'s frontend queue on with `config`, or off with a NULL
+ * config (requests waiting then get LG_QUEUE_FULL). A new config starts a
+ * new queue; the requests waiting in the old one get LG_QUEUE_FULL.
+ *
+ * Errors: LG_NOT_FOUND (unknown model), LG_INVALID_ARGUMENT (NULL monitor,
+ * bad model string, a setting out of range: the message names it).
+ * Ownership: the config and its tenant weights are copied.
+ * Thread safety: any thread. Blocking: never (takes the queue's lock).
+ *
+ * # Safety
+ * `monitor` is NULL or live; `model` is NULL or valid for `model_len`
+ * bytes; `config` is NULL or a valid lg_flow_config whose tenant_weights is
+ * NULL or valid for tenant_weight_count entries, each tenant valid for its
+ * length.
+ */
+enum lg_status lg_monitor_set_flow_control(const struct lg_monitor *monitor,
+                                           const char *model,
+                                           size_t model_len,
+                                           const struct lg_flow_config *config);
+
+/**
+ * Fills `out` with a request of the default tenant, priority 0, no
+ * tokens, the queue's estimate and deadline, allowed to wait, booking no
+ * blocks.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL out).
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `out` is NULL or valid for writes.
+ */
+enum lg_status lg_dispatch_request_default(struct lg_dispatch_request *out);
+
+/**
+ * Sends a request of `model` to a free worker, or waits in the model's
+ * queue for one, blocking the calling thread until it is sent, refused, or
+ * `timeout_ms` passes (LG_TIMEOUT_INFINITE: no limit of its own). Without
+ * flow control on the model, a request that finds no free worker is
+ * refused at once (LG_OVERLOADED).
+ *
+ * Errors: LG_QUEUE_FULL (the queue was full and this request was the one
+ * turned away), LG_QUEUE_DEADLINE (it waited until its deadline),
+ * LG_OVERLOADED (no free worker and it may not wait), LG_UNAVAILABLE (no
+ * worker serves the model), LG_TIMED_OUT (timeout_ms ran out first; the
+ * request left the queue), LG_INVALID_ARGUMENT (NULL monitor, request or
+ * out_dispatch, bad model or tenant string, a tenant over 256 bytes).
+ * Ownership: on LG_OK *out_dispatch owns the dispatch; complete it with
+ * lg_dispatch_complete() exactly once.
+ * Thread safety: any thread. Blocking: yes, up to timeout_ms and the
+ * request's deadline.
+ *
+ * # Safety
+ * `monitor` is NULL or live; `model` is NULL or valid for `model_len`
+ * bytes; `request` is NULL or valid, its tenant valid for its length;
+ * `out_dispatch` is NULL or valid for writes.
+ */
+enum lg_status lg_monitor_dispatch(const struct lg_monitor *monitor,
+                                   const char *model,
+                                   size_t model_len,
+                                   const struct lg_dispatch_request *request,
+                                   uint64_t timeout_ms,
+                                   struct lg_dispatch **out_dispatch);
+
+/**
+ * lg_monitor_dispatch() without blocking: the outcome goes to
+ * `callback(user_data, status, dispatch)` exactly once, LG_OK with a
+ * dispatch the callee owns (complete it with lg_dispatch_complete()), or
+ * LG_QUEUE_FULL, LG_QUEUE_DEADLINE, LG_OVERLOADED, LG_UNAVAILABLE or
+ * LG_INVALID_ARGUMENT (a bad tenant) with a NULL dispatch. It runs on this
+ * thread when the request is sent or refused at once; otherwise on the
+ * thread whose call freed a worker (a report, a completed dispatch, a
+ * worker added, thresholds set, a sweep) or expired the queue. Call
+ * lg_monitor_expire_flow() when lg_monitor_next_flow_deadline() says so,
+ * or expired requests are told only when the queue next moves.
+ *
+ * The callback must be quick, must not throw or unwind, and must not
+ * block on the monitor; it may complete its dispatch at once or dispatch
+ * again.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor, request or callback, bad model
+ * or tenant string); then the callback is never called.
+ * Ownership: `user_data` must stay valid until the callback has run.
+ * Thread safety: any thread; `user_data` must be usable from the thread
+ * the callback runs on. Blocking: never (allocates the task).
+ *
+ * # Safety
+ * As lg_monitor_dispatch(); `callback` is NULL or a function that is safe
+ * to call once with `user_data` from any thread.
+ */
+enum lg_status lg_monitor_dispatch_async(const struct lg_monitor *monitor,
+                                         const char *model,
+                                         size_t model_len,
+                                         const struct lg_dispatch_request *request,
+                                         lg_dispatch_callback callback,
+                                         void *user_data);
+
+/**
+ * The worker the request was sent to (0 for a NULL dispatch).
+ *
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `dispatch` is NULL or live.
+ */
+uint64_t lg_dispatch_worker(const struct lg_dispatch *dispatch);
+
+/**
+ * `tokens` more output tokens of the request: charged to its tenant at
+ * once.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL dispatch).
+ * Thread safety: one thread at a time per dispatch. Blocking: never (takes
+ * the queue's lock).
+ *
+ * # Safety
+ * `dispatch` is NULL or live, and not used by another thread meanwhile.
+ */
+enum lg_status lg_dispatch_report_output(struct lg_dispatch *dispatch,
+                                         uint64_t tokens);
+
+/**
+ * The request's first token came: its prompt stops counting as prefill on
+ * the worker.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL dispatch).
+ * Thread safety: one thread at a time per dispatch. Blocking: never.
+ *
+ * # Safety
+ * As lg_dispatch_report_output().
+ */
+enum lg_status lg_dispatch_prefill_done(struct lg_dispatch *dispatch);
+
+/**
+ * The request finished with `output_tokens` in all: its tenant is charged
+ * what was not reported, its booking released, and the dispatch freed.
+ * NULL is a no-op.
+ *
+ * Thread safety: any thread. Blocking: never (takes the queue's lock).
+ *
+ * # Safety
+ * `dispatch` is NULL or a live dispatch, not used again after this call.
+ */
+void lg_dispatch_complete(struct lg_dispatch *dispatch,
+                          uint64_t output_tokens);
+
+/**
+ * Refuses every queued request whose deadline has passed, in every model
+ * (LG_QUEUE_DEADLINE); `*out_expired` (may be NULL) gets how many.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor).
+ * Thread safety: any thread. Blocking: never (runs the callbacks of the
+ * expired requests on this thread).
+ *
+ * # Safety
+ * `monitor` is NULL or live; `out_expired` is NULL or valid for writes.
+ */
+enum lg_status lg_monitor_expire_flow(const struct lg_monitor *monitor,
+                                      size_t *out_expired);
+
+/**
+ * Milliseconds until the earliest deadline of a queued request, in any
+ * model (0 if it has passed): when to call lg_monitor_expire_flow(). With
+ * nothing queued, LG_TIMEOUT_INFINITE.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_ms).
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `monitor` is NULL or live; `out_ms` is NULL or valid for writes.
+ */
+enum lg_status lg_monitor_next_flow_deadline(const struct lg_monitor *monitor,
+                                             uint64_t *out_ms);
 
 /**
  * Fills `out` with the default settings for `limit` engine slots: queue 16,
@@ -2612,8 +2944,8 @@ const char *lg_status_str(int status);
 /**
  * The HTTP status a frontend should answer with for `status`: 200 for
  * LG_OK; the overload status for LG_OVERLOADED, LG_WORKER_OVERLOADED,
- * LG_AT_CAPACITY, LG_QUEUE_TIMEOUT, LG_DISPLACED, LG_WOULD_WAIT and
- * LG_TIMED_OUT (529
+ * LG_AT_CAPACITY, LG_QUEUE_TIMEOUT, LG_DISPLACED, LG_QUEUE_FULL,
+ * LG_QUEUE_DEADLINE, LG_WOULD_WAIT and LG_TIMED_OUT (529
  * unless DYN_HTTP_OVERLOAD_STATUS_CODE names another valid code, read once
  * per process); 503 for LG_UNAVAILABLE and LG_CLOSED; 400 for
  * LG_INVALID_ARGUMENT; 404 for LG_NOT_FOUND; 409 for LG_ALREADY_EXISTS and

@@ -48,6 +48,13 @@ pub enum lg_status {
     /// more important request (a higher priority class). Answer the overload
     /// status (529).
     LG_DISPLACED = 7009,
+    /// The model's frontend queue was full and this request was the one
+    /// turned away (lg_monitor_dispatch()). Answer the overload status
+    /// (529).
+    LG_QUEUE_FULL = 7010,
+    /// The request waited in the model's frontend queue until its deadline.
+    /// Answer the overload status (529).
+    LG_QUEUE_DEADLINE = 7011,
     /// An argument was NULL, out of range, of a bad length or not UTF-8, or
     /// a value was refused (for instance a NaN threshold).
     LG_INVALID_ARGUMENT = 7101,
@@ -70,7 +77,7 @@ pub enum lg_status {
 use lg_status::*;
 
 impl lg_status {
-    const ALL: [lg_status; 17] = [
+    const ALL: [lg_status; 19] = [
         LG_OK,
         LG_OVERLOADED,
         LG_UNAVAILABLE,
@@ -81,6 +88,8 @@ impl lg_status {
         LG_WOULD_WAIT,
         LG_TIMED_OUT,
         LG_DISPLACED,
+        LG_QUEUE_FULL,
+        LG_QUEUE_DEADLINE,
         LG_INVALID_ARGUMENT,
         LG_NOT_FOUND,
         LG_BUFFER_TOO_SMALL,
@@ -105,6 +114,8 @@ impl lg_status {
             LG_QUEUE_TIMEOUT | LG_TIMED_OUT => Some(Reason::QueueTimeout),
             LG_CLOSED => Some(Reason::Closed),
             LG_DISPLACED => Some(Reason::Displaced),
+            LG_QUEUE_FULL => Some(Reason::QueueFull),
+            LG_QUEUE_DEADLINE => Some(Reason::QueueDeadline),
             _ => None,
         }
     }
@@ -115,10 +126,12 @@ impl lg_status {
         match self {
             LG_OK => c"ok",
             LG_OVERLOADED | LG_UNAVAILABLE | LG_WORKER_OVERLOADED | LG_AT_CAPACITY
-            | LG_QUEUE_TIMEOUT | LG_CLOSED | LG_DISPLACED => match self.reason() {
-                Some(reason) => reason.c_message(),
-                None => c"",
-            },
+            | LG_QUEUE_TIMEOUT | LG_CLOSED | LG_DISPLACED | LG_QUEUE_FULL | LG_QUEUE_DEADLINE => {
+                match self.reason() {
+                    Some(reason) => reason.c_message(),
+                    None => c"",
+                }
+            }
             LG_WOULD_WAIT => TryAdmitError::WouldWait.c_message(),
             LG_TIMED_OUT => AdmitError::TimedOut.c_message(),
             LG_INVALID_ARGUMENT => c"invalid argument",
@@ -270,8 +283,8 @@ pub extern "C" fn lg_status_str(status: c_int) -> *const c_char {
 
 /// The HTTP status a frontend should answer with for `status`: 200 for
 /// LG_OK; the overload status for LG_OVERLOADED, LG_WORKER_OVERLOADED,
-/// LG_AT_CAPACITY, LG_QUEUE_TIMEOUT, LG_DISPLACED, LG_WOULD_WAIT and
-/// LG_TIMED_OUT (529
+/// LG_AT_CAPACITY, LG_QUEUE_TIMEOUT, LG_DISPLACED, LG_QUEUE_FULL,
+/// LG_QUEUE_DEADLINE, LG_WOULD_WAIT and LG_TIMED_OUT (529
 /// unless DYN_HTTP_OVERLOAD_STATUS_CODE names another valid code, read once
 /// per process); 503 for LG_UNAVAILABLE and LG_CLOSED; 400 for
 /// LG_INVALID_ARGUMENT; 404 for LG_NOT_FOUND; 409 for LG_ALREADY_EXISTS and
@@ -352,6 +365,8 @@ mod tests {
             (LG_QUEUE_TIMEOUT, Reason::QueueTimeout),
             (LG_CLOSED, Reason::Closed),
             (LG_DISPLACED, Reason::Displaced),
+            (LG_QUEUE_FULL, Reason::QueueFull),
+            (LG_QUEUE_DEADLINE, Reason::QueueDeadline),
         ] {
             assert_eq!(s.message(), r.message());
             assert_eq!(s.reason(), Some(r));

@@ -59,12 +59,17 @@ impl FlowStats {
     }
 }
 
-/// The flow-control families for `models` (those with a queue).
+/// The flow-control families for `models` (those with a queue; nothing
+/// when none has one).
 pub(super) fn render(models: &[&Arc<Model>], p: &str, out: &mut String) {
     let flows: Vec<(&str, Arc<super::flow::FlowControl>)> = models
         .iter()
         .filter_map(|m| m.flow.load_full().map(|f| (&*m.name, f)))
         .collect();
+    if flows.is_empty() {
+        // A monitor without flow control shows none of its families.
+        return;
+    }
     let gauges = [
         (
             "frontend_queue_requests",

@@ -14,7 +14,7 @@ use super::{
     lg_monitor, lg_policy, LG_POLICY_POWER_OF_TWO, LG_POLICY_RANDOM, LG_POLICY_ROUND_ROBIN,
 };
 
-fn policy(p: lg_policy) -> Result<Policy, Error> {
+pub(crate) fn policy(p: lg_policy) -> Result<Policy, Error> {
     match p {
         LG_POLICY_ROUND_ROBIN => Ok(Policy::RoundRobin),
         LG_POLICY_RANDOM => Ok(Policy::Random),

@@ -41,6 +41,7 @@ int main(void) {
     test_gate_wait_limit();
     test_gate_deadline();
     test_gate_classes();
+    test_flow();
     test_cluster_errors();
     test_nats_options_errors();
     const char *nats_url = getenv("LG_NATS_URL");

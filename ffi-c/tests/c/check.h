@@ -84,6 +84,9 @@ void test_gate_wait_limit(void);
 void test_gate_deadline(void);
 void test_gate_classes(void);
 
+/* api_flow.c: frontend flow control. */
+void test_flow(void);
+
 /* api_cluster.c: load reports across machines (NATS). */
 void test_cluster_errors(void);
 void test_nats_options_errors(void);

@@ -1,0 +1,653 @@
+//! Frontend flow control from C (docs/flow-control.md): a model's queue
+//! (lg_monitor_set_flow_control), dispatch through it, blocking with a
+//! timeout (lg_monitor_dispatch) or with a callback
+//! (lg_monitor_dispatch_async), the dispatched request's handle
+//! (`lg_dispatch`), and the queue's deadlines.
+//!
+//! The callback form drives core's dispatch future with its own waker: a
+//! wake polls the future again on the waking thread (the one whose report,
+//! release or new worker freed capacity), and the poll that finds it ready
+//! calls the callback. A small state word keeps polls from overlapping: a
+//! wake during a poll only marks the task, and the polling thread polls
+//! once more before it lets go.
+
+use std::ffi::{c_char, c_void};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use loadgate_core::flow::{FlowConfig, FlowRejection, FlowRequest, DEFAULT_OUTPUT_ESTIMATE};
+use loadgate_core::monitor::{
+    Dispatch, DispatchRequest, Dispatching, FlowControlConfig, FlowError,
+};
+
+use crate::ffi::{guard, input, optional, slice, string, Error, Out};
+use crate::gate::LG_TIMEOUT_INFINITE;
+use crate::monitor::{lg_monitor, lg_policy, policy, LG_POLICY_ROUND_ROBIN};
+use crate::status::lg_status;
+
+/// `max_tokens` of an lg_dispatch_request that gives none: the queue
+/// reserves its configured output estimate.
+pub const LG_NO_MAX_TOKENS: u64 = u64::MAX;
+
+/// One tenant's weight (see lg_flow_config.tenant_weights).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct lg_tenant_weight {
+    /// The tenant id, UTF-8, not NUL-terminated (at most 256 bytes).
+    pub tenant: *const c_char,
+    /// Its length in bytes.
+    pub tenant_len: usize,
+    /// Its weight, 0.000001 to 1000000.
+    pub weight: f64,
+}
+
+/// A model's frontend queue (lg_monitor_set_flow_control()); start from
+/// lg_flow_config_default().
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct lg_flow_config {
+    /// Most requests waiting, 1 to 1048576.
+    pub queue_limit: u32,
+    /// Most estimated tokens waiting (prompt plus reserved output); 0: no
+    /// token bound.
+    pub queue_tokens: u64,
+    /// How long a request waits unless it gives its own, in milliseconds
+    /// (default 60000; at most 3600000).
+    pub deadline_ms: u64,
+    /// VTC's w_p: what a prompt token costs its tenant (default 1).
+    pub prompt_weight: f64,
+    /// VTC's w_q: what an output token costs its tenant (default 2).
+    pub output_weight: f64,
+    /// Output tokens reserved for a request without max_tokens (default
+    /// 256).
+    pub output_estimate: u64,
+    /// Most tenants remembered (default 4096).
+    pub max_tenants: u32,
+    /// How a free worker is picked: one of LG_POLICY_* (default
+    /// round-robin).
+    pub policy: lg_policy,
+    /// Tenants' weights: tenant_weight_count entries, copied; NULL (with a
+    /// count of 0) for none.
+    pub tenant_weights: *const lg_tenant_weight,
+    /// Number of entries in tenant_weights.
+    pub tenant_weight_count: usize,
+}
+
+/// One request to dispatch; start from lg_dispatch_request_default().
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct lg_dispatch_request {
+    /// Its tenant id, UTF-8, not NUL-terminated; NULL (length 0) for the
+    /// default tenant. At most 256 bytes.
+    pub tenant: *const c_char,
+    /// Its length in bytes.
+    pub tenant_len: usize,
+    /// Its priority band: 0 the most important (past 7 counts as 7).
+    pub priority: u8,
+    /// Prompt tokens (the uncached part, when known).
+    pub prompt_tokens: u64,
+    /// Most output tokens; LG_NO_MAX_TOKENS for the queue's estimate.
+    pub max_tokens: u64,
+    /// How long it may wait, in milliseconds; 0 for the queue's default.
+    pub deadline_ms: u64,
+    /// Whether it may wait when no worker is free; false refuses it at once
+    /// (LG_OVERLOADED).
+    pub queue: bool,
+    /// KV blocks to book on the worker it is sent to.
+    pub blocks: u64,
+}
+
+/// A request sent to a worker: its worker, its booking and what its tenant
+/// owes until it completes. Complete it with lg_dispatch_complete() exactly
+/// once (that frees it).
+pub struct lg_dispatch {
+    dispatch: Dispatch,
+}
+
+impl lg_dispatch {
+    fn into_raw(dispatch: Dispatch) -> *mut lg_dispatch {
+        Box::into_raw(Box::new(lg_dispatch { dispatch }))
+    }
+}
+
+/// A dispatch's outcome for a callback: LG_OK with a dispatch the callee
+/// owns (complete it with lg_dispatch_complete()), or the refusal with a
+/// NULL dispatch.
+pub type lg_dispatch_callback = Option<
+    unsafe extern "C" fn(user_data: *mut c_void, status: lg_status, dispatch: *mut lg_dispatch),
+>;
+
+/// The status of a refused dispatch.
+pub(crate) fn flow_status(e: FlowRejection) -> lg_status {
+    match e {
+        FlowRejection::QueueFull => lg_status::LG_QUEUE_FULL,
+        FlowRejection::QueueDeadline => lg_status::LG_QUEUE_DEADLINE,
+        FlowRejection::NoWorkers => lg_status::LG_UNAVAILABLE,
+        FlowRejection::AllWorkersBusy => lg_status::LG_OVERLOADED,
+        FlowRejection::InvalidTenant => lg_status::LG_INVALID_ARGUMENT,
+    }
+}
+
+fn flow_error(e: FlowRejection) -> Error {
+    Error::new(flow_status(e), e)
+}
+
+impl From<FlowError> for Error {
+    fn from(e: FlowError) -> Self {
+        match e {
+            FlowError::Model(t) => t.into(),
+            FlowError::Config(c) => Error::invalid(c),
+        }
+    }
+}
+
+/// Fills `out` with the default queue of `queue_limit` requests: no token
+/// bound, 60 s deadline, weights 1 and 2, an output estimate of 256 tokens,
+/// 4096 tenants, round-robin, no tenant weights. The limit is checked by
+/// lg_monitor_set_flow_control().
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL out).
+/// Thread safety: any thread. Blocking: never.
+///
+/// # Safety
+/// `out` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_flow_config_default(
+    queue_limit: u32,
+    out: *mut lg_flow_config,
+) -> lg_status {
+    guard(|| {
+        let out = Out::new(out, "out")?;
+        let d = FlowConfig::new(queue_limit);
+        let config = lg_flow_config {
+            queue_limit,
+            queue_tokens: 0,
+            deadline_ms: d.deadline.as_millis() as u64,
+            prompt_weight: d.prompt_weight,
+            output_weight: d.output_weight,
+            output_estimate: DEFAULT_OUTPUT_ESTIMATE,
+            max_tenants: d.max_tenants as u32,
+            policy: LG_POLICY_ROUND_ROBIN,
+            tenant_weights: std::ptr::null(),
+            tenant_weight_count: 0,
+        };
+        // SAFETY: writable (contract).
+        unsafe { out.write(config) };
+        Ok(())
+    })
+}
+
+/// Turns `model`'s frontend queue on with `config`, or off with a NULL
+/// config (requests waiting then get LG_QUEUE_FULL). A new config starts a
+/// new queue; the requests waiting in the old one get LG_QUEUE_FULL.
+///
+/// Errors: LG_NOT_FOUND (unknown model), LG_INVALID_ARGUMENT (NULL monitor,
+/// bad model string, a setting out of range: the message names it).
+/// Ownership: the config and its tenant weights are copied.
+/// Thread safety: any thread. Blocking: never (takes the queue's lock).
+///
+/// # Safety
+/// `monitor` is NULL or live; `model` is NULL or valid for `model_len`
+/// bytes; `config` is NULL or a valid lg_flow_config whose tenant_weights is
+/// NULL or valid for tenant_weight_count entries, each tenant valid for its
+/// length.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_set_flow_control(
+    monitor: *const lg_monitor,
+    model: *const c_char,
+    model_len: usize,
+    config: *const lg_flow_config,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        // SAFETY: valid for model_len bytes (contract).
+        let model = unsafe { string(model, model_len, "model") }?;
+        // SAFETY: NULL or valid (contract).
+        let Some(c) = (unsafe { optional(config, "config") })? else {
+            return Ok(m.monitor.set_flow_control(model, None)?);
+        };
+        let mut queue = FlowConfig::new(c.queue_limit);
+        queue.queue_tokens = (c.queue_tokens != 0).then_some(c.queue_tokens);
+        queue.deadline = Duration::from_millis(c.deadline_ms);
+        queue.prompt_weight = c.prompt_weight;
+        queue.output_weight = c.output_weight;
+        queue.output_estimate = c.output_estimate;
+        queue.max_tenants = c.max_tenants as usize;
+        // SAFETY: valid for tenant_weight_count entries (contract).
+        let weights = unsafe { slice(c.tenant_weights, c.tenant_weight_count, "tenant_weights") }?;
+        for w in weights {
+            // SAFETY: each tenant is valid for its length (contract).
+            let name = unsafe { string(w.tenant, w.tenant_len, "tenant_weights[].tenant") }?;
+            queue.tenant_weights.push((name.to_owned(), w.weight));
+        }
+        let config = FlowControlConfig {
+            queue,
+            policy: policy(c.policy)?,
+        };
+        Ok(m.monitor.set_flow_control(model, Some(&config))?)
+    })
+}
+
+/// Fills `out` with a request of the default tenant, priority 0, no
+/// tokens, the queue's estimate and deadline, allowed to wait, booking no
+/// blocks.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL out).
+/// Thread safety: any thread. Blocking: never.
+///
+/// # Safety
+/// `out` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_dispatch_request_default(out: *mut lg_dispatch_request) -> lg_status {
+    guard(|| {
+        let out = Out::new(out, "out")?;
+        let r = lg_dispatch_request {
+            tenant: std::ptr::null(),
+            tenant_len: 0,
+            priority: 0,
+            prompt_tokens: 0,
+            max_tokens: LG_NO_MAX_TOKENS,
+            deadline_ms: 0,
+            queue: true,
+            blocks: 0,
+        };
+        // SAFETY: writable (contract).
+        unsafe { out.write(r) };
+        Ok(())
+    })
+}
+
+/// Core's dispatch future for `request`.
+///
+/// # Safety
+/// As lg_monitor_dispatch().
+unsafe fn start(
+    monitor: *const lg_monitor,
+    model: *const c_char,
+    model_len: usize,
+    request: *const lg_dispatch_request,
+) -> Result<Dispatching<'static>, Error> {
+    // SAFETY: NULL or live (contract).
+    let m = unsafe { input(monitor, "monitor") }?;
+    // SAFETY: valid for model_len bytes (contract).
+    let model = unsafe { string(model, model_len, "model") }?;
+    // SAFETY: NULL or valid (contract).
+    let r = unsafe { input(request, "request") }?;
+    let tenant = if r.tenant.is_null() && r.tenant_len == 0 {
+        ""
+    } else {
+        // SAFETY: valid for tenant_len bytes (contract).
+        unsafe { string(r.tenant, r.tenant_len, "tenant") }?
+    };
+    let request = DispatchRequest {
+        flow: FlowRequest {
+            tenant,
+            priority: r.priority,
+            prompt_tokens: r.prompt_tokens,
+            max_tokens: (r.max_tokens != LG_NO_MAX_TOKENS).then_some(r.max_tokens),
+            deadline: (r.deadline_ms != 0).then(|| Duration::from_millis(r.deadline_ms)),
+        },
+        blocks: r.blocks,
+        queue: r.queue,
+    };
+    Ok(m.monitor.dispatch_shared(model, &request))
+}
+
+/// Wakes a thread blocked in lg_monitor_dispatch().
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Sends a request of `model` to a free worker, or waits in the model's
+/// queue for one, blocking the calling thread until it is sent, refused, or
+/// `timeout_ms` passes (LG_TIMEOUT_INFINITE: no limit of its own). Without
+/// flow control on the model, a request that finds no free worker is
+/// refused at once (LG_OVERLOADED).
+///
+/// Errors: LG_QUEUE_FULL (the queue was full and this request was the one
+/// turned away), LG_QUEUE_DEADLINE (it waited until its deadline),
+/// LG_OVERLOADED (no free worker and it may not wait), LG_UNAVAILABLE (no
+/// worker serves the model), LG_TIMED_OUT (timeout_ms ran out first; the
+/// request left the queue), LG_INVALID_ARGUMENT (NULL monitor, request or
+/// out_dispatch, bad model or tenant string, a tenant over 256 bytes).
+/// Ownership: on LG_OK *out_dispatch owns the dispatch; complete it with
+/// lg_dispatch_complete() exactly once.
+/// Thread safety: any thread. Blocking: yes, up to timeout_ms and the
+/// request's deadline.
+///
+/// # Safety
+/// `monitor` is NULL or live; `model` is NULL or valid for `model_len`
+/// bytes; `request` is NULL or valid, its tenant valid for its length;
+/// `out_dispatch` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_dispatch(
+    monitor: *const lg_monitor,
+    model: *const c_char,
+    model_len: usize,
+    request: *const lg_dispatch_request,
+    timeout_ms: u64,
+    out_dispatch: *mut *mut lg_dispatch,
+) -> lg_status {
+    guard(|| {
+        let out = Out::new(out_dispatch, "out_dispatch")?;
+        // SAFETY: forwarded contract.
+        let mut fut = unsafe { start(monitor, model, model_len, request) }?;
+        // SAFETY: NULL-checked by `start`.
+        let m = unsafe { input(monitor, "monitor") }?;
+        let give_up = (timeout_ms != LG_TIMEOUT_INFINITE)
+            .then(|| Instant::now() + Duration::from_millis(timeout_ms));
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let dispatch = loop {
+            match Pin::new(&mut fut).poll(&mut cx) {
+                Poll::Ready(outcome) => break outcome.map_err(flow_error)?,
+                Poll::Pending => {}
+            }
+            let now = Instant::now();
+            if give_up.is_some_and(|g| now >= g) {
+                return Err(Error::new(
+                    lg_status::LG_TIMED_OUT,
+                    "timed out waiting for a worker; the request left the queue",
+                ));
+            }
+            // Sleep until woken, the queue's next deadline or our own limit;
+            // a deadline that came is expired before the next poll.
+            let wait = [
+                m.monitor.time_to_next_flow_deadline(),
+                give_up.map(|g| g - now),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            match wait {
+                Some(d) => std::thread::park_timeout(d),
+                None => std::thread::park(),
+            }
+            if m.monitor
+                .time_to_next_flow_deadline()
+                .is_some_and(|d| d.is_zero())
+            {
+                m.monitor.expire_flow();
+            }
+        };
+        // SAFETY: writable (contract).
+        unsafe { out.write(lg_dispatch::into_raw(dispatch)) };
+        Ok(())
+    })
+}
+
+/// A dispatch driven by its own waker (module docs).
+struct Task {
+    future: Mutex<Option<Dispatching<'static>>>,
+    callback: Mutex<Option<Target>>,
+    state: AtomicU8,
+}
+
+/// The C callback and its user data.
+struct Target {
+    callback: unsafe extern "C" fn(*mut c_void, lg_status, *mut lg_dispatch),
+    user_data: *mut c_void,
+}
+
+// SAFETY: the caller of lg_monitor_dispatch_async() promises that the
+// callback may be called with `user_data` from any thread.
+unsafe impl Send for Target {}
+
+/// A poll is running.
+const RUNNING: u8 = 1;
+/// Woken since the running poll began: poll again.
+const NOTIFIED: u8 = 2;
+
+impl Task {
+    /// Polls until the future waits with no wake pending, or is ready.
+    fn run(self: &Arc<Self>) {
+        // AcqRel: the poll after it sees what the waker's thread did.
+        if self.state.fetch_or(NOTIFIED, Ordering::AcqRel) & RUNNING != 0 {
+            return; // the running poll polls again
+        }
+        self.state.store(RUNNING, Ordering::Release);
+        let waker = Waker::from(Arc::clone(self));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            let outcome = {
+                let mut slot = self.future.lock().unwrap_or_else(PoisonError::into_inner);
+                match slot.as_mut().map(|f| Pin::new(f).poll(&mut cx)) {
+                    Some(Poll::Ready(outcome)) => {
+                        *slot = None;
+                        Some(outcome)
+                    }
+                    _ => None,
+                }
+            };
+            if let Some(outcome) = outcome {
+                self.finish(outcome);
+                return;
+            }
+            // Let go unless woken meanwhile. AcqRel: as above.
+            match self
+                .state
+                .compare_exchange(RUNNING, 0, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(_) => self.state.store(RUNNING, Ordering::Release),
+            }
+        }
+    }
+
+    fn finish(&self, outcome: Result<Dispatch, FlowRejection>) {
+        let target = self
+            .callback
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(t) = target else { return };
+        let (status, dispatch) = match outcome {
+            Ok(d) => (lg_status::LG_OK, lg_dispatch::into_raw(d)),
+            Err(e) => (flow_status(e), std::ptr::null_mut()),
+        };
+        // SAFETY: callable once with `user_data` from any thread (contract
+        // of lg_monitor_dispatch_async()).
+        unsafe { (t.callback)(t.user_data, status, dispatch) };
+    }
+}
+
+impl Wake for Task {
+    fn wake(self: Arc<Self>) {
+        self.run();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.run();
+    }
+}
+
+/// lg_monitor_dispatch() without blocking: the outcome goes to
+/// `callback(user_data, status, dispatch)` exactly once, LG_OK with a
+/// dispatch the callee owns (complete it with lg_dispatch_complete()), or
+/// LG_QUEUE_FULL, LG_QUEUE_DEADLINE, LG_OVERLOADED, LG_UNAVAILABLE or
+/// LG_INVALID_ARGUMENT (a bad tenant) with a NULL dispatch. It runs on this
+/// thread when the request is sent or refused at once; otherwise on the
+/// thread whose call freed a worker (a report, a completed dispatch, a
+/// worker added, thresholds set, a sweep) or expired the queue. Call
+/// lg_monitor_expire_flow() when lg_monitor_next_flow_deadline() says so,
+/// or expired requests are told only when the queue next moves.
+///
+/// The callback must be quick, must not throw or unwind, and must not
+/// block on the monitor; it may complete its dispatch at once or dispatch
+/// again.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor, request or callback, bad model
+/// or tenant string); then the callback is never called.
+/// Ownership: `user_data` must stay valid until the callback has run.
+/// Thread safety: any thread; `user_data` must be usable from the thread
+/// the callback runs on. Blocking: never (allocates the task).
+///
+/// # Safety
+/// As lg_monitor_dispatch(); `callback` is NULL or a function that is safe
+/// to call once with `user_data` from any thread.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_dispatch_async(
+    monitor: *const lg_monitor,
+    model: *const c_char,
+    model_len: usize,
+    request: *const lg_dispatch_request,
+    callback: lg_dispatch_callback,
+    user_data: *mut c_void,
+) -> lg_status {
+    guard(|| {
+        let callback = callback.ok_or_else(|| Error::invalid("callback must not be NULL"))?;
+        // SAFETY: forwarded contract.
+        let fut = unsafe { start(monitor, model, model_len, request) }?;
+        let task = Arc::new(Task {
+            future: Mutex::new(Some(fut)),
+            callback: Mutex::new(Some(Target {
+                callback,
+                user_data,
+            })),
+            state: AtomicU8::new(0),
+        });
+        task.run();
+        Ok(())
+    })
+}
+
+/// The worker the request was sent to (0 for a NULL dispatch).
+///
+/// Thread safety: any thread. Blocking: never.
+///
+/// # Safety
+/// `dispatch` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn lg_dispatch_worker(dispatch: *const lg_dispatch) -> u64 {
+    crate::ffi::boundary(0, || {
+        // SAFETY: NULL or live (contract).
+        unsafe { dispatch.as_ref() }.map_or(0, |d| d.dispatch.worker_id())
+    })
+}
+
+/// `tokens` more output tokens of the request: charged to its tenant at
+/// once.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL dispatch).
+/// Thread safety: one thread at a time per dispatch. Blocking: never (takes
+/// the queue's lock).
+///
+/// # Safety
+/// `dispatch` is NULL or live, and not used by another thread meanwhile.
+#[no_mangle]
+pub unsafe extern "C" fn lg_dispatch_report_output(
+    dispatch: *mut lg_dispatch,
+    tokens: u64,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live, ours alone (contract).
+        let d = unsafe { dispatch.as_mut() }
+            .ok_or_else(|| Error::invalid("dispatch must not be NULL"))?;
+        d.dispatch.report_output(tokens);
+        Ok(())
+    })
+}
+
+/// The request's first token came: its prompt stops counting as prefill on
+/// the worker.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL dispatch).
+/// Thread safety: one thread at a time per dispatch. Blocking: never.
+///
+/// # Safety
+/// As lg_dispatch_report_output().
+#[no_mangle]
+pub unsafe extern "C" fn lg_dispatch_prefill_done(dispatch: *mut lg_dispatch) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live, ours alone (contract).
+        let d = unsafe { dispatch.as_mut() }
+            .ok_or_else(|| Error::invalid("dispatch must not be NULL"))?;
+        d.dispatch.prefill_done();
+        Ok(())
+    })
+}
+
+/// The request finished with `output_tokens` in all: its tenant is charged
+/// what was not reported, its booking released, and the dispatch freed.
+/// NULL is a no-op.
+///
+/// Thread safety: any thread. Blocking: never (takes the queue's lock).
+///
+/// # Safety
+/// `dispatch` is NULL or a live dispatch, not used again after this call.
+#[no_mangle]
+pub unsafe extern "C" fn lg_dispatch_complete(dispatch: *mut lg_dispatch, output_tokens: u64) {
+    crate::ffi::boundary((), || {
+        if !dispatch.is_null() {
+            // SAFETY: live and ours to free (contract).
+            let d = unsafe { Box::from_raw(dispatch) };
+            d.dispatch.complete(output_tokens);
+        }
+    })
+}
+
+/// Refuses every queued request whose deadline has passed, in every model
+/// (LG_QUEUE_DEADLINE); `*out_expired` (may be NULL) gets how many.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor).
+/// Thread safety: any thread. Blocking: never (runs the callbacks of the
+/// expired requests on this thread).
+///
+/// # Safety
+/// `monitor` is NULL or live; `out_expired` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_expire_flow(
+    monitor: *const lg_monitor,
+    out_expired: *mut usize,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        let out = Out::optional(out_expired, "out_expired")?;
+        let n = m.monitor.expire_flow();
+        if let Some(out) = out {
+            // SAFETY: writable (contract).
+            unsafe { out.write(n) };
+        }
+        Ok(())
+    })
+}
+
+/// Milliseconds until the earliest deadline of a queued request, in any
+/// model (0 if it has passed): when to call lg_monitor_expire_flow(). With
+/// nothing queued, LG_TIMEOUT_INFINITE.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_ms).
+/// Thread safety: any thread. Blocking: never.
+///
+/// # Safety
+/// `monitor` is NULL or live; `out_ms` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_next_flow_deadline(
+    monitor: *const lg_monitor,
+    out_ms: *mut u64,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        let out = Out::new(out_ms, "out_ms")?;
+        let ms = m
+            .monitor
+            .time_to_next_flow_deadline()
+            .map_or(LG_TIMEOUT_INFINITE, |d| {
+                d.as_millis().min(u128::from(u64::MAX - 1)) as u64
+            });
+        // SAFETY: writable (contract).
+        unsafe { out.write(ms) };
+        Ok(())
+    })
+}
