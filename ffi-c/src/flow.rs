@@ -410,11 +410,24 @@ const NOTIFIED: u8 = 2;
 impl Task {
     /// Polls until the future waits with no wake pending, or is ready.
     fn run(self: &Arc<Self>) {
-        // AcqRel: the poll after it sees what the waker's thread did.
-        if self.state.fetch_or(NOTIFIED, Ordering::AcqRel) & RUNNING != 0 {
-            return; // the running poll polls again
+        // Either mark the running poll to poll again, or become it. AcqRel:
+        // the poll after it sees what the waker's thread did.
+        let mut s = self.state.load(Ordering::Acquire);
+        loop {
+            let (next, runs) = if s & RUNNING != 0 {
+                (s | NOTIFIED, false)
+            } else {
+                (RUNNING, true)
+            };
+            match self
+                .state
+                .compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) if runs => break,
+                Ok(_) => return,
+                Err(actual) => s = actual,
+            }
         }
-        self.state.store(RUNNING, Ordering::Release);
         let waker = Waker::from(Arc::clone(self));
         let mut cx = Context::from_waker(&waker);
         loop {
