@@ -104,6 +104,17 @@ fn block_on<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// A request polled once on this thread, so that it waits in the queue.
+fn queued(m: &Monitor) -> std::pin::Pin<Box<loadgate::monitor::Dispatching<'_>>> {
+    let mut fut = Box::pin(m.dispatch("m", &request(10)));
+    let waker = Waker::from(StdArc::new(Noop));
+    assert!(fut
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    fut
+}
+
 fn blocks(m: &Monitor) -> u64 {
     m.rank_load(1, 0).unwrap().active_decode_blocks
 }
@@ -128,12 +139,7 @@ fn a_queued_request_races_the_report_that_frees_its_worker() {
 fn a_cancel_races_the_report_that_frees_its_worker() {
     loom::model(|| {
         let (m, _) = monitor();
-        let mut fut = Box::pin(m.dispatch("m", &request(10)));
-        let waker = Waker::from(StdArc::new(Noop));
-        assert!(fut
-            .as_mut()
-            .poll(&mut Context::from_waker(&waker))
-            .is_pending());
+        let fut = queued(&m);
         let m1 = m.clone();
         let reporter = thread::spawn(move || m1.report(1, 0, &used(0)).unwrap());
         // The client leaves: dispatched meanwhile or not, nothing is left.
@@ -149,12 +155,7 @@ fn a_cancel_races_the_report_that_frees_its_worker() {
 fn a_deadline_races_the_report_that_frees_its_worker() {
     loom::model(|| {
         let (m, clock) = monitor();
-        let mut fut = Box::pin(m.dispatch("m", &request(10)));
-        let waker = Waker::from(StdArc::new(Noop));
-        assert!(fut
-            .as_mut()
-            .poll(&mut Context::from_waker(&waker))
-            .is_pending());
+        let fut = queued(&m);
         clock.advance(Duration::from_millis(10));
         let m1 = m.clone();
         let timer = thread::spawn(move || m1.expire_flow());
