@@ -27,7 +27,7 @@ loadgate error (529 ``queue_full`` or ``queue_deadline``, 503
 from __future__ import annotations
 
 import json
-from typing import Callable, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from . import _loadgate
 from ._errors import LoadgateError
@@ -95,7 +95,7 @@ class FlowMiddleware:
         style: Style = "dynamo",
     ) -> None:
         _check_style(style)
-        names = {}
+        names: Dict[str, int] = {}
         for name, number in (priorities or {}).items():
             if not isinstance(name, str):
                 raise TypeError(f"priorities keys must be str, not {type(name).__name__}")
@@ -113,11 +113,11 @@ class FlowMiddleware:
             _class_number(unknown_priority, "unknown_priority"),
         )
 
-    def _settings(self, scope: Scope) -> dict:
+    def _settings(self, scope: Scope) -> Dict[str, Any]:
         tenant = _raw_header(scope, self._tenant)
         deadline = _raw_header(scope, DEADLINE_HEADER.encode())
         queue = _raw_header(scope, QUEUE_HEADER.encode())
-        settings: dict = {
+        settings: Dict[str, Any] = {
             "tenant": None if tenant is None else tenant.decode("latin-1").strip(),
             "priority": self._names.class_of(_raw_header(scope, self._priority)),
         }
