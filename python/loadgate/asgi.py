@@ -389,6 +389,17 @@ def _class_number(value: object, name: str) -> int:
     return value
 
 
+def _priority_map(priorities: Optional[Mapping[str, int]]) -> Dict[str, int]:
+    """The `priorities` argument of the middlewares: names (surrounding
+    spaces ignored) to priority class numbers, each checked."""
+    names: Dict[str, int] = {}
+    for name, number in (priorities or {}).items():
+        if not isinstance(name, str):
+            raise TypeError(f"priorities keys must be str, not {type(name).__name__}")
+        names[name.strip()] = _class_number(number, f"priorities[{name!r}]")
+    return names
+
+
 class AdmissionMiddleware:
     """Guards `app` with a worker's admission gate: every HTTP request (or
     only those whose path starts with one of `paths`) waits for a slot,
@@ -439,11 +450,7 @@ class AdmissionMiddleware:
             if not priority_header.strip():
                 raise ValueError("priority_header must not be empty (use None to read no header)")
             header = priority_header.strip().lower().encode("latin-1")
-        names: Dict[str, int] = {}
-        for name, number in (priorities or {}).items():
-            if not isinstance(name, str):
-                raise TypeError(f"priorities keys must be str, not {type(name).__name__}")
-            names[name.strip()] = _class_number(number, f"priorities[{name!r}]")
+        names = _priority_map(priorities)
         self.app = app
         self.gate = gate
         self.paths = None if paths is None else tuple(paths)

@@ -43,6 +43,7 @@ from .asgi import (
     Style,
     _check_style,
     _class_number,
+    _priority_map,
     _raw_header,
     _style_for,
     send_error,
@@ -95,11 +96,7 @@ class FlowMiddleware:
         style: Style = "dynamo",
     ) -> None:
         _check_style(style)
-        names: Dict[str, int] = {}
-        for name, number in (priorities or {}).items():
-            if not isinstance(name, str):
-                raise TypeError(f"priorities keys must be str, not {type(name).__name__}")
-            names[name.strip()] = _class_number(number, f"priorities[{name!r}]")
+        names = _priority_map(priorities)
         self.app = app
         self.monitor = monitor
         self.model = model
