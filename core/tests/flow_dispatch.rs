@@ -113,6 +113,32 @@ fn a_free_worker_is_sent_at_once_and_booked() {
 }
 
 #[test]
+fn a_dispatch_books_its_output_on_the_rank_it_names() {
+    let (m, _) = monitor();
+    // Ranks 4 and 5 of worker 2; rank 4 already holds a booking, so the
+    // dispatch goes to the less loaded rank 5.
+    let spec = loadgate::WorkerSpec {
+        dp_start: 4,
+        ..spec(2, 100)
+    };
+    m.add_worker(M, 2, spec).unwrap();
+    let config = FlowControlConfig {
+        queue: FlowConfig::new(8),
+        policy: Policy::RoundRobin,
+    };
+    m.set_flow_control(M, Some(&config)).unwrap();
+    let held = m.book(2, 4, 7).unwrap();
+    let mut d = start(&m, &request("a", 3)).sent();
+    assert_eq!(d.dp_rank(), 5);
+    d.add_output_blocks(2);
+    assert_eq!(m.rank_load(2, 5).unwrap().active_decode_blocks, 5);
+    assert_eq!(m.rank_load(2, 4).unwrap().active_decode_blocks, 7);
+    drop(d);
+    assert_eq!(m.rank_load(2, 5).unwrap().active_decode_blocks, 0);
+    drop(held);
+}
+
+#[test]
 fn requests_wait_and_go_in_order_when_a_booking_is_released() {
     let (m, _) = fleet(FlowConfig::new(8));
     // 60 of 100 blocks: one request makes the worker busy.

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use loadgate::flow::FlowConfig;
+use loadgate::monitor::FlowControlConfig;
 use loadgate::{ClassConfig, GateConfig, Policy, Staleness, ThresholdUpdate};
 use serde::Serialize;
 
@@ -28,17 +30,26 @@ pub enum ArmKind {
     /// (f) An oracle that admits exactly `min(offered, capacity)`: a token
     /// bucket at the measured capacity `C*`, joined to the shortest queue.
     Oracle,
+    /// (g) Arm (e) with a frontend queue: a request that finds every worker
+    /// busy waits (priority bands, then first in, first out) and is sent
+    /// the moment one has room.
+    Queue,
+    /// (h) Arm (g) with each tenant's requests ordered and shed by virtual
+    /// token counters.
+    FairQueue,
 }
 
 impl ArmKind {
     /// Every arm, in report order.
-    pub const ALL: [ArmKind; 6] = [
+    pub const ALL: [ArmKind; 8] = [
         ArmKind::NoControl,
         ArmKind::EngineLimit,
         ArmKind::Seed,
         ArmKind::Saturation,
         ArmKind::Loadgate,
         ArmKind::Oracle,
+        ArmKind::Queue,
+        ArmKind::FairQueue,
     ];
 
     /// Short label, `(a)` to `(f)` with a name.
@@ -50,6 +61,8 @@ impl ArmKind {
             ArmKind::Saturation => "(d) llm-d saturation detector",
             ArmKind::Loadgate => "(e) loadgate, every feature",
             ArmKind::Oracle => "(f) oracle",
+            ArmKind::Queue => "(g) loadgate with the queue",
+            ArmKind::FairQueue => "(h) queue and fairness",
         }
     }
 
@@ -90,6 +103,20 @@ impl ArmKind {
                  not know which requests will still meet their SLO, so it admits retries whose first \
                  send is already too old."
             }
+            ArmKind::Queue => {
+                "arm (e) as tuned, with loadgate's frontend queue (`Monitor::dispatch`): a request \
+                 that finds every worker busy waits, priority band first and then in arrival order, \
+                 until a report, a finished request's released booking or a sweep shows a worker with \
+                 room, or until its queue deadline (refused with `Retry-After` from the queue's drain \
+                 rate); a full queue turns away its newest, least important request. Only the queue's \
+                 limit and deadline are tuned."
+            }
+            ArmKind::FairQueue => {
+                "arm (g) with its tuned knobs, each request carrying its tenant: within a band, the \
+                 tenant with the lowest virtual token counter (VTC: prompt tokens at dispatch, twice \
+                 the output tokens as they stream) goes first, and a full queue turns away the \
+                 heaviest tenant's newest request."
+            }
         }
     }
 
@@ -98,8 +125,36 @@ impl ArmKind {
     pub fn uses_monitor(self) -> bool {
         matches!(
             self,
-            ArmKind::Seed | ArmKind::Saturation | ArmKind::Loadgate
+            ArmKind::Seed
+                | ArmKind::Saturation
+                | ArmKind::Loadgate
+                | ArmKind::Queue
+                | ArmKind::FairQueue
         )
+    }
+}
+
+/// The frontend queue's knobs (`Monitor::set_flow_control`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct FlowKnobs {
+    /// Requests that may wait.
+    pub limit: u32,
+    /// How long a request may wait, seconds.
+    pub deadline_s: f64,
+    /// Requests carry their tenant (VTC order and shedding); without it
+    /// every request is of one tenant.
+    pub fair: bool,
+}
+
+impl FlowKnobs {
+    /// The monitor's flow-control configuration.
+    pub fn config(&self) -> FlowControlConfig {
+        let mut queue = FlowConfig::new(self.limit);
+        queue.deadline = Duration::from_secs_f64(self.deadline_s);
+        FlowControlConfig {
+            queue,
+            policy: Policy::RoundRobin,
+        }
     }
 }
 
@@ -181,6 +236,8 @@ pub struct Arm {
     /// gate refused it at once ("worker at capacity"; the worker is under
     /// an overload lease meanwhile), before answering 529.
     pub reroute: u32,
+    /// The frontend queue, if any.
+    pub flow: Option<FlowKnobs>,
 }
 
 impl Arm {
@@ -199,9 +256,27 @@ impl Arm {
             retry_after_s: None,
             oracle_rate: None,
             reroute: 0,
+            flow: None,
         };
         match kind {
             ArmKind::NoControl | ArmKind::EngineLimit | ArmKind::Oracle => arm,
+            // A prefill threshold keeps a queue from sending more prompts
+            // than a worker's step takes.
+            ArmKind::Queue | ArmKind::FairQueue => Self::queued(
+                &{
+                    let e = Self::base(ArmKind::Loadgate);
+                    Self {
+                        prefill_frac: Some(1.0),
+                        gate: e.gate.map(|g| GateKnobs { queue: 0, ..g }),
+                        ..e
+                    }
+                },
+                FlowKnobs {
+                    limit: 256,
+                    deadline_s: 1.5,
+                    fair: kind == ArmKind::FairQueue,
+                },
+            ),
             ArmKind::Seed => Self {
                 decode_threshold: Some(0.9),
                 book: true,
@@ -240,6 +315,67 @@ impl Arm {
         }
     }
 
+    /// Arm `from` (arm (e)) with a frontend queue of `flow`: arm (g), or
+    /// (h) when `flow.fair`.
+    pub fn queued(from: &Arm, flow: FlowKnobs) -> Arm {
+        Arm {
+            kind: if flow.fair {
+                ArmKind::FairQueue
+            } else {
+                ArmKind::Queue
+            },
+            flow: Some(flow),
+            ..from.clone()
+        }
+    }
+
+    /// The tuning grid of arm (g) over the tuned arm (e), `from`: the
+    /// queue's limit and deadline, and the frontend thresholds that decide
+    /// when a worker has room for a queued request.
+    pub fn queue_grid(from: &Arm, quick: bool) -> Vec<Arm> {
+        let mut out = Vec::new();
+        let gate = from.gate.expect("arm (e) has a worker gate");
+        for decode in [from.decode_threshold, Some(0.5)] {
+            for waiting in [from.waiting_threshold, None] {
+                for prefill in [from.prefill_frac, Some(1.0), Some(0.5)] {
+                    for (queue, wait_limit, gate_deadline) in [
+                        (gate.queue, gate.wait_limit, gate.deadline_s),
+                        (0, gate.wait_limit, gate.deadline_s),
+                        (32, None, gate.deadline_s),
+                        (64, Some(64), Some(2.0)),
+                        (256, None, None),
+                    ] {
+                        for limit in [256, 1024] {
+                            for deadline_s in [1.0, 0.5, 1.5] {
+                                let flow = FlowKnobs {
+                                    limit,
+                                    deadline_s,
+                                    fair: false,
+                                };
+                                out.push(Arm {
+                                    decode_threshold: decode,
+                                    waiting_threshold: waiting,
+                                    prefill_frac: prefill,
+                                    gate: Some(GateKnobs {
+                                        queue,
+                                        wait_limit,
+                                        deadline_s: gate_deadline,
+                                        ..gate
+                                    }),
+                                    ..Self::queued(from, flow)
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if quick {
+            out = out.into_iter().step_by(3).collect();
+        }
+        out
+    }
+
     /// The tuning grid of this arm's kind: every candidate the calibration
     /// scenario tries, the design's shipped defaults first (so that a tie
     /// keeps them). The oracle's rate is `C*`, set by the caller.
@@ -248,6 +384,8 @@ impl Arm {
         let mut out = Vec::new();
         match kind {
             ArmKind::NoControl | ArmKind::Oracle => out.push(base),
+            // Tuned over arm (e)'s winner instead (`queue_grid`).
+            ArmKind::Queue | ArmKind::FairQueue => out.push(base),
             ArmKind::EngineLimit => {
                 for n in [256, 128, 64, 32, 16, 8] {
                     out.push(Arm {
@@ -388,11 +526,21 @@ impl Arm {
             }
             parts.push(s);
         }
-        if self.reroute > 0 {
+        if self.flow.is_some() {
+            parts.push("a worker's refusal back into the queue".into());
+        } else if self.reroute > 0 {
             parts.push(format!(
                 "a worker's refusal routed again {} time{}",
                 self.reroute,
                 if self.reroute == 1 { "" } else { "s" }
+            ));
+        }
+        if let Some(f) = self.flow {
+            parts.push(format!(
+                "frontend queue of {} with a {} s deadline{}",
+                f.limit,
+                f.deadline_s,
+                if f.fair { ", tenants by VTC" } else { "" }
             ));
         }
         if let Some(r) = self.retry_after_s {

@@ -18,10 +18,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::arm::{Arm, ArmKind};
+use crate::arm::{Arm, ArmKind, FlowKnobs};
 use crate::record::Measured;
 use crate::sim::{run, Conditions};
-use crate::workload::{Arrivals, Client, Retry, WorkloadSpec};
+use crate::workload::{Arrivals, Client, RequestSpec, Retry, WorkloadSpec};
 
 /// How much to run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -119,6 +119,19 @@ pub struct Tuned {
     pub candidates: usize,
 }
 
+/// A light tenant of the tenants scenario, served alone and with the others.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Alone {
+    /// The arm.
+    pub arm: ArmKind,
+    /// The tenant's index.
+    pub tenant: usize,
+    /// Its goodput with only its own requests offered, requests/s.
+    pub alone_rps: f64,
+    /// Its goodput beside the others, requests/s.
+    pub shared_rps: f64,
+}
+
 /// Everything the matrix measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Matrix {
@@ -136,6 +149,9 @@ pub struct Matrix {
     pub scenarios: Vec<Scenario>,
     /// Every run, scenario by scenario, arm by arm.
     pub rows: Vec<Row>,
+    /// The light tenants of the tenants scenario run alone, for arms (e),
+    /// (g) and (h).
+    pub alone: Vec<Alone>,
     /// Simulations run, tuning included.
     pub runs: usize,
     /// Wall time, seconds.
@@ -397,7 +413,25 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
     let calib_reqs = calib.generate();
     let mut tuned = Vec::new();
     for kind in ArmKind::ALL {
-        let mut grid = Arm::grid(kind, options.quick);
+        let tuned_as = |k: ArmKind| {
+            tuned
+                .iter()
+                .find(|t: &&Tuned| t.arm.kind == k)
+                .map(|t| t.arm.clone())
+                .ok_or("arms (e) and (g) are tuned before the queue arms")
+        };
+        let mut grid = match kind {
+            // The queue added to arm (e) as tuned; fairness added to (g)
+            // as tuned (the calibration scenario has one tenant, so a
+            // search of its own would find the same knobs).
+            ArmKind::Queue => Arm::queue_grid(&tuned_as(ArmKind::Loadgate)?, options.quick),
+            ArmKind::FairQueue => {
+                let g = tuned_as(ArmKind::Queue)?;
+                let flow = g.flow.ok_or("arm (g) has a queue")?;
+                vec![Arm::queued(&g, FlowKnobs { fair: true, ..flow })]
+            }
+            _ => Arm::grid(kind, options.quick),
+        };
         for arm in &mut grid {
             if kind == ArmKind::Oracle {
                 arm.oracle_rate = Some(capacity);
@@ -466,6 +500,16 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
         })
     });
     let rows = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let alone = light_tenants_alone(
+        &scenarios,
+        &workloads,
+        &tuned,
+        &rows,
+        &conditions,
+        capacity,
+        options,
+    )?;
+    runs += alone.len();
     Ok(Matrix {
         options,
         conditions,
@@ -474,7 +518,53 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
         tuned,
         scenarios,
         rows,
+        alone,
         runs,
         wall_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Runs every light tenant of the tenants scenario (all but the first, the
+/// heavy one) with only its own requests, for arms (e), (g) and (h).
+fn light_tenants_alone(
+    scenarios: &[Scenario],
+    workloads: &[(WorkloadSpec, Vec<RequestSpec>)],
+    tuned: &[Tuned],
+    rows: &[Row],
+    conditions: &Conditions,
+    capacity: f64,
+    options: Options,
+) -> Result<Vec<Alone>, String> {
+    let Some(s) = scenarios.iter().position(|s| s.group == "tenants") else {
+        return Ok(Vec::new());
+    };
+    let (w, reqs) = &workloads[s];
+    let mut jobs = Vec::new();
+    for kind in [ArmKind::Loadgate, ArmKind::Queue, ArmKind::FairQueue] {
+        let Some(t) = tuned.iter().find(|t| t.arm.kind == kind) else {
+            continue;
+        };
+        for tenant in 1..w.tenants.len() {
+            jobs.push((t.arm.clone(), tenant));
+        }
+    }
+    let c = scenarios[s].conditions(conditions);
+    let results = parallel(options.threads, jobs, |(arm, tenant)| {
+        let own: Vec<RequestSpec> = reqs
+            .iter()
+            .filter(|r| usize::from(r.tenant) == *tenant)
+            .copied()
+            .collect();
+        let shared = rows
+            .iter()
+            .find(|r| r.group == "tenants" && r.arm == arm.kind)
+            .map_or(0.0, |r| r.measured.tenant_goodput_rps(*tenant));
+        run(arm, w, &own, &c, capacity).map(|r| Alone {
+            arm: arm.kind,
+            tenant: *tenant,
+            alone_rps: r.measured.tenant_goodput_rps(*tenant),
+            shared_rps: shared,
+        })
+    });
+    results.into_iter().collect()
 }

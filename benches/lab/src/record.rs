@@ -228,11 +228,13 @@ impl Recorder {
             *self.reasons.entry(why).or_default() += 1;
         }
         // A rejection while a less important request was admitted in the last
-        // 100 ms is a priority inversion.
+        // 100 ms is a priority inversion (a client's own local throttling is
+        // not the system's rejection).
         let recent = now.saturating_sub(100_000_000);
-        if self.last_admit[priority as usize + 1..]
-            .iter()
-            .any(|&t| t > 0 && t >= recent)
+        if !why.starts_with("client:")
+            && self.last_admit[priority as usize + 1..]
+                .iter()
+                .any(|&t| t > 0 && t >= recent)
         {
             self.inversions += 1;
         }
@@ -417,4 +419,15 @@ pub struct Measured {
     pub wasted_tokens: u64,
     /// Engine tokens computed.
     pub computed_tokens: u64,
+}
+
+impl Measured {
+    /// Tenant `t`'s goodput, requests per second (0 for a tenant the run
+    /// does not have).
+    pub fn tenant_goodput_rps(&self, t: usize) -> f64 {
+        let window_s = self.accounting.offered as f64 / self.offered_rps.max(1e-9);
+        self.tenants
+            .get(t)
+            .map_or(0.0, |x| x.good as f64 / window_s.max(1e-9))
+    }
 }

@@ -10,6 +10,8 @@ use plotters::prelude::*;
 use crate::arm::ArmKind;
 use crate::matrix::{Matrix, Row};
 
+mod flow;
+
 fn row<'a>(m: &'a Matrix, scenario: &str, arm: ArmKind) -> Option<&'a Row> {
     m.rows
         .iter()
@@ -107,14 +109,15 @@ fn targets(m: &Matrix) -> Vec<Target> {
                     "its admitted requests met the SLOs {} of the time, so the loss is in admission: it turned away {} of \
                      offered requests where the oracle turned away {} ({}). The frontend decides on reports up to one \
                      interval old: it finds every worker busy for a moment while one is about to free a slot, and a \
-                     worker's gate refuses when that worker is full although another has room{}. A frontend queue that \
-                     dispatches the moment any worker has room (frontend flow control) would close the gap",
+                     worker's gate refuses when that worker is full although another has room{}. Arm (g), the same with \
+                     loadgate's frontend queue, which sends a request the moment a worker has room, reached {} here",
                     pct(r.measured.attainment_admitted), pct(r.measured.reject_rate), pct(oracle),
                     reasons(&r.measured),
                     match m.tuned.iter().find(|t| t.arm.kind == e).map_or(0, |t| t.arm.reroute) {
                         0 => " (the frontend answers that refusal with a 529)".to_string(),
                         n => format!(" (the frontend routes a refused request {n} more time{}, then answers 529)", if n == 1 { "" } else { "s" }),
-                    })),
+                    },
+                    row(m, &name, ArmKind::Queue).map_or("–".into(), |g| pct(g.measured.goodput_frac)))),
             });
         }
     }
@@ -231,13 +234,15 @@ pub fn write_docs(m: &Matrix, docs: &Path) -> Result<(), String> {
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-const COLORS: [RGBColor; 6] = [
+const COLORS: [RGBColor; 8] = [
     RGBColor(120, 120, 120),
     RGBColor(170, 110, 40),
     RGBColor(60, 110, 200),
     RGBColor(150, 70, 170),
     RGBColor(200, 30, 30),
     RGBColor(30, 150, 60),
+    RGBColor(240, 140, 0),
+    RGBColor(0, 160, 170),
 ];
 
 fn plot_load(
@@ -434,6 +439,7 @@ fn markdown(m: &Matrix) -> String {
         w("\n".into());
     }
 
+    w(flow::section(m));
     w(format!(
         "## Conditions\n\n\
          **Fleet.** {} workers of {} data-parallel rank{}, one frontend. `C*` (the highest Poisson rate at which \
@@ -576,7 +582,7 @@ fn markdown(m: &Matrix) -> String {
             .into(),
     );
     w(table(m, "steady", "load", |r| reasons(&r.measured)));
-    w("\nPriority inversions (a rejection while a less important request entered an engine in the last 100 ms):\n\n".into());
+    w("\nPriority inversions (a rejection while a less important request entered an engine in the last 100 ms; a client's own local throttling is not counted):\n\n".into());
     w(table(m, "steady", "load", |r| {
         r.measured.inversions.to_string()
     }));
@@ -637,18 +643,8 @@ fn markdown(m: &Matrix) -> String {
        (requests/s):\n\n"
         .into());
     w(table(m, "tenants", "scenario", |r| {
-        let per: Vec<String> = r
-            .measured
-            .tenants
-            .iter()
-            .map(|t| {
-                format!(
-                    "{:.1}",
-                    t.good as f64
-                        / (r.measured.accounting.offered.max(1) as f64
-                            / r.measured.offered_rps.max(1e-9))
-                )
-            })
+        let per: Vec<String> = (0..r.measured.tenants.len())
+            .map(|t| format!("{:.1}", r.measured.tenant_goodput_rps(t)))
             .collect();
         format!("{:.3} / {}", r.jain.unwrap_or(0.0), per.join(" : "))
     }));

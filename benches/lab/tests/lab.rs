@@ -127,3 +127,80 @@ fn data_parallel_ranks_share_the_work() {
     );
     assert!(b.goodput_rps > a.goodput_rps);
 }
+
+/// Goodput of tenant `t`, requests per second.
+fn tenant_rps(r: &loadgate_lab::sim::RunResult, t: usize) -> f64 {
+    r.measured.tenant_goodput_rps(t)
+}
+
+#[test]
+fn the_fair_queue_keeps_light_tenants_whole_beside_a_heavy_one() {
+    let c = Conditions {
+        workers: 4,
+        ..conditions()
+    };
+    // About twice what four workers serve, one tenant sending ten times
+    // each of the others.
+    let mut w = WorkloadSpec::steady(260.0, 20.0, 13);
+    w.tenants = vec![10.0, 1.0, 1.0];
+    let reqs = w.generate();
+    let fifo = run(&Arm::base(ArmKind::Queue), &w, &reqs, &c, 65.0).expect("a run");
+    let fair = run(&Arm::base(ArmKind::FairQueue), &w, &reqs, &c, 65.0).expect("a run");
+    for t in [1, 2] {
+        let own: Vec<_> = reqs
+            .iter()
+            .filter(|r| usize::from(r.tenant) == t)
+            .copied()
+            .collect();
+        let alone = run(&Arm::base(ArmKind::FairQueue), &w, &own, &c, 65.0).expect("a run");
+        let (a, f, q) = (
+            tenant_rps(&alone, t),
+            tenant_rps(&fair, t),
+            tenant_rps(&fifo, t),
+        );
+        assert!(
+            f >= 0.9 * a,
+            "tenant {t}: {f} beside the heavy one, {a} alone"
+        );
+        // Without fairness the heavy tenant's flood takes its share.
+        assert!(q < 0.8 * a, "tenant {t}: {q} in arrival order, {a} alone");
+    }
+    // Bands come first whatever the tenants: no class-0 request is turned
+    // away while class 1 gets in.
+    assert_eq!(fair.measured.inversions, 0);
+    assert_eq!(fifo.measured.inversions, 0);
+    for r in [&fifo, &fair] {
+        let acc = r.measured.accounting;
+        assert_eq!(
+            acc.offered,
+            acc.completed + acc.rejected + acc.cancelled + acc.in_flight
+        );
+        // The queue, not the workers, turns requests away.
+        assert!(
+            r.measured
+                .rejections_by
+                .keys()
+                .all(|k| k.starts_with("frontend queue")),
+            "{:?}",
+            r.measured.rejections_by
+        );
+    }
+}
+
+#[test]
+fn the_queue_serves_a_burst_that_refusing_at_once_turns_away() {
+    let c = conditions();
+    let mut w = WorkloadSpec::steady(80.0, 20.0, 17);
+    w.arrivals = loadgate_lab::workload::Arrivals::Gamma { burstiness: 0.25 };
+    let reqs = w.generate();
+    let at_once = run(&Arm::base(ArmKind::Loadgate), &w, &reqs, &c, 65.0).expect("a run");
+    let queued = run(&Arm::base(ArmKind::Queue), &w, &reqs, &c, 65.0).expect("a run");
+    assert!(
+        queued.measured.reject_rate < at_once.measured.reject_rate,
+        "{} vs {}",
+        queued.measured.reject_rate,
+        at_once.measured.reject_rate
+    );
+    assert!(queued.measured.goodput_rps > at_once.measured.goodput_rps);
+    assert!(queued.measured.ttft_ms.p99 < 2000.0);
+}

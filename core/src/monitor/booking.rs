@@ -110,6 +110,11 @@ impl Booking {
         self.worker.id
     }
 
+    /// The data-parallel rank this booking is on.
+    pub fn dp_rank(&self) -> u32 {
+        self.worker.dp_start + self.rank as u32
+    }
+
     /// Frees the booked blocks and prompt tokens (same as dropping the
     /// booking).
     pub fn release(self) {}

@@ -44,11 +44,25 @@ impl Dispatch {
         self.worker_id
     }
 
+    /// The data-parallel rank of the worker it was booked on (the least
+    /// loaded by booked blocks when it was sent).
+    pub fn dp_rank(&self) -> u32 {
+        self.booking.as_ref().map_or(0, Booking::dp_rank)
+    }
+
     /// Its prefill is done (the first token came): its prompt tokens stop
     /// counting on the worker.
     pub fn prefill_done(&mut self) {
         if let Some(b) = &mut self.booking {
             b.prefill_done();
+        }
+    }
+
+    /// `n` more KV blocks of generated output, booked on its worker (as
+    /// [`Booking::add_output_blocks`]).
+    pub fn add_output_blocks(&mut self, n: u64) {
+        if let Some(b) = &mut self.booking {
+            b.add_output_blocks(n);
         }
     }
 

@@ -90,6 +90,9 @@ impl Sim<'_> {
     /// The frontend routes an attempt: to a worker, or back to the client
     /// with a rejection.
     pub(super) fn dispatch(&mut self, id: u32, attempt: u32) {
+        if self.arm.flow.is_some() {
+            return self.dispatch_flow(id, attempt);
+        }
         let now = self.now;
         match self.route(id) {
             Ok((worker, rank)) => {
@@ -136,7 +139,11 @@ impl Sim<'_> {
                     .unwrap_or(0);
                 Ok((w, self.shortest_rank(w)))
             }
-            ArmKind::Seed | ArmKind::Saturation | ArmKind::Loadgate => {
+            ArmKind::Seed
+            | ArmKind::Saturation
+            | ArmKind::Loadgate
+            | ArmKind::Queue
+            | ArmKind::FairQueue => {
                 let picked = match self.arm.routing() {
                     Policy::PowerOfTwo => self.power_of_two(),
                     policy => self
@@ -223,7 +230,7 @@ impl Sim<'_> {
         if r.stage == Stage::Done || r.attempt != attempt {
             return;
         }
-        r.booking = None;
+        r.let_go();
         let first = r.spec.at_ns;
         let waited = now - r.attempt_send;
         let network = u64::from(r.hops) * 2 * ns(self.c.net_delay_s);
@@ -267,6 +274,7 @@ impl Sim<'_> {
         }
         let (w, rank) = (r.worker as usize, r.rank as usize);
         match r.stage {
+            Stage::Waiting => r.waiting = None,
             Stage::Queued => {
                 if let Some(t) = r.ticket.take() {
                     t.cancel();
@@ -287,7 +295,7 @@ impl Sim<'_> {
         let r = &mut self.reqs[id as usize];
         r.stage = Stage::Done;
         r.ticket = None;
-        r.booking = None;
+        r.let_go();
         let permit = r.permit.take();
         let life = Life {
             first_send_ns: r.spec.at_ns,

@@ -16,6 +16,8 @@
 //! * this file: the run's state, its events and the event loop;
 //! * `frontend.rs`: the clients (sends, retries, giving up) and the arm's
 //!   frontend (routing, rejections);
+//! * `flow.rs`: the frontend queue of arms (g) and (h), driven through
+//!   `Monitor::dispatch_shared`'s futures;
 //! * `worker.rs`: the workers (the gate's outcomes, the engines' steps, the
 //!   load they publish).
 
@@ -28,6 +30,7 @@ use loadgate::cluster::{
     ClusterError, Handler, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
     Subscription, Transport,
 };
+use loadgate::monitor::{Dispatch, Dispatching};
 use loadgate::{
     AdmissionGate, AdmitError, Booking, CallbackTicket, ManualClock, Monitor, MonitorConfig,
     OwnedPermit, SharedClock, WorkerSpec,
@@ -36,6 +39,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
+mod flow;
 mod frontend;
 mod worker;
 
@@ -137,6 +141,8 @@ enum Ev {
     Heard(u32, u32, Option<f64>, &'static str),
     /// A worker's refusal is back at the frontend, which routes again.
     Reroute(u32, u32),
+    /// The frontend queue's next deadline.
+    FlowExpire,
 }
 
 struct Queued {
@@ -165,6 +171,8 @@ impl Ord for Queued {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     NotSent,
+    /// In the frontend queue.
+    Waiting,
     /// On its way to a worker.
     Travelling,
     /// Waiting in a worker's gate.
@@ -184,6 +192,8 @@ struct Req {
     /// refused).
     hops: u32,
     attempt_send: u64,
+    /// Queue arms: when the attempt first asked the frontend queue.
+    queued_since: u64,
     worker: u32,
     rank: u32,
     first_token: u64,
@@ -191,6 +201,21 @@ struct Req {
     permit: Option<OwnedPermit>,
     ticket: Option<CallbackTicket>,
     booking: Option<Booking>,
+    /// Queue arms: the dispatch it was sent with.
+    dispatch: Option<Dispatch>,
+    /// Queue arms: the attempt waiting in the frontend queue, and its
+    /// future.
+    waiting: Option<(u32, Dispatching<'static>)>,
+}
+
+impl Req {
+    /// Lets go of what the frontend holds for the request: its booking and
+    /// dispatch (released) and its place in the queue (left).
+    fn let_go(&mut self) {
+        self.booking = None;
+        self.dispatch = None;
+        self.waiting = None;
+    }
 }
 
 struct Worker {
@@ -238,6 +263,8 @@ struct Sim<'a> {
     subscriber: Option<Arc<Subscriber>>,
     bus: Arc<HeldBus>,
     inbox: Inbox,
+    woken: flow::Woken,
+    flow_expire_at: Option<u64>,
     rec: Recorder,
     rr: u32,
     rng: StdRng,
@@ -328,6 +355,10 @@ impl<'a> Sim<'a> {
                 m.set_staleness(MODEL, policy, after)
                     .map_err(|e| e.to_string())?;
             }
+            if let Some(flow) = arm.flow {
+                m.set_flow_control(MODEL, Some(&flow.config()))
+                    .map_err(|e| e.to_string())?;
+            }
         }
         let end = ns(workload.duration_s + c.drain_s);
         let rec = Recorder::new(
@@ -349,6 +380,7 @@ impl<'a> Sim<'a> {
                 attempt: 0,
                 hops: 0,
                 attempt_send: 0,
+                queued_since: 0,
                 worker: 0,
                 rank: 0,
                 first_token: 0,
@@ -356,6 +388,8 @@ impl<'a> Sim<'a> {
                 permit: None,
                 ticket: None,
                 booking: None,
+                dispatch: None,
+                waiting: None,
             })
             .collect();
         Ok(Self {
@@ -372,6 +406,8 @@ impl<'a> Sim<'a> {
             subscriber,
             bus,
             inbox: Arc::new(Mutex::new(Vec::new())),
+            woken: Arc::default(),
+            flow_expire_at: None,
             rec,
             rr: 0,
             rng: StdRng::seed_from_u64(workload.seed ^ 0x5EED),
@@ -422,6 +458,9 @@ impl<'a> Sim<'a> {
             self.clock.set_nanos(q.at);
             self.events += 1;
             self.handle(q.ev);
+            if self.arm.flow.is_some() {
+                self.flow_after();
+            }
         }
         let in_flight = self
             .reqs
@@ -484,6 +523,7 @@ impl<'a> Sim<'a> {
                 }
             }
             Ev::Heard(id, attempt, retry_after, why) => self.heard(id, attempt, retry_after, why),
+            Ev::FlowExpire => self.flow_expire(),
         }
     }
 }

@@ -62,11 +62,21 @@ impl Sim<'_> {
                                 let _ = m.mark_overloaded(worker);
                             }
                         }
-                        if e == AdmitError::AtCapacity && r.hops <= self.arm.reroute {
+                        // A refusal at once goes back to the frontend (the
+                        // refusing worker is under its lease) as many times
+                        // as the arm reroutes. With a frontend queue, every
+                        // refusal of a request that never started goes back
+                        // into it, until its deadline (`flow.rs`).
+                        let again = if self.arm.flow.is_some() {
+                            e != AdmitError::Closed
+                        } else {
+                            e == AdmitError::AtCapacity && r.hops <= self.arm.reroute
+                        };
+                        if again {
                             // Back to the frontend, which tries another
                             // worker (the refusing one is under its lease).
                             r.stage = Stage::Travelling;
-                            r.booking = None;
+                            r.let_go();
                             self.at(self.now + ns(self.c.net_delay_s), Ev::Reroute(id, attempt));
                             continue;
                         }
@@ -148,6 +158,15 @@ impl Sim<'_> {
             let r = &mut self.reqs[id as usize];
             if r.stage != Stage::Running {
                 continue;
+            }
+            if let Some(d) = &mut r.dispatch {
+                if t.generated == 1 {
+                    d.prefill_done();
+                }
+                d.report_output(1);
+                if (r.spec.prompt + t.generated) % block == 0 {
+                    d.add_output_blocks(1);
+                }
             }
             if t.generated == 1 {
                 r.first_token = now;

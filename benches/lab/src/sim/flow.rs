@@ -1,0 +1,162 @@
+//! The frontend queue of arms (g) and (h): each attempt is a
+//! [`Monitor::dispatch_shared`] future, polled when its waker fires and
+//! driven by the monitor's own kicks (reports, released bookings, sweeps)
+//! and by an expiry event at the queue's next deadline, as a host's timer
+//! would.
+//!
+//! A waker only notes its request's id; after each event the loop polls the
+//! noted futures (which may note more) until none is left, so every
+//! dispatch happens at the virtual instant the capacity appeared.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+use loadgate::flow::{FlowRejection, FlowRequest};
+use loadgate::monitor::{Dispatch, DispatchRequest};
+
+use super::{ns, Ev, Sim, Stage, MODEL};
+
+/// Ids of the requests whose dispatch futures were woken.
+pub(super) type Woken = Arc<Mutex<Vec<u32>>>;
+
+struct Note {
+    id: u32,
+    woken: Woken,
+}
+
+impl Wake for Note {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.lock().expect("woken").push(self.id);
+    }
+}
+
+impl Sim<'_> {
+    /// Attempt `attempt` of request `id` asks the monitor for a worker:
+    /// sent at once, queued, or refused.
+    pub(super) fn dispatch_flow(&mut self, id: u32, attempt: u32) {
+        let monitor = self.monitor.clone().expect("a queue arm has a monitor");
+        let knobs = self.arm.flow.expect("a queue arm");
+        let now = self.now;
+        let r = &mut self.reqs[id as usize];
+        let spec = r.spec;
+        // A worker's refusal brings the attempt back with the time it has
+        // waited already taken from its deadline.
+        if r.hops == 0 {
+            r.queued_since = now;
+        }
+        let left = ns(knobs.deadline_s).saturating_sub(now - r.queued_since);
+        if left == 0 {
+            r.stage = Stage::Backoff;
+            let retry_after = monitor.flow_retry_after(MODEL).map(|d| d.as_secs_f64());
+            self.at(
+                now,
+                Ev::Heard(id, attempt, retry_after, "frontend queue: deadline"),
+            );
+            return;
+        }
+        let fair = knobs.fair;
+        let tenant = if fair {
+            format!("tenant-{}", spec.tenant)
+        } else {
+            String::new()
+        };
+        let request = DispatchRequest {
+            flow: FlowRequest {
+                tenant: &tenant,
+                priority: spec.priority,
+                prompt_tokens: u64::from(spec.prompt),
+                max_tokens: None,
+                deadline: Some(std::time::Duration::from_nanos(left)),
+            },
+            blocks: u64::from(spec.prompt.div_ceil(self.c.engine.block_size)),
+            queue: true,
+        };
+        r.stage = Stage::Waiting;
+        r.waiting = Some((attempt, monitor.dispatch_shared(MODEL, &request)));
+        self.poll_flow(id);
+    }
+
+    /// Polls request `id`'s dispatch future, if it has one, and acts on its
+    /// outcome.
+    pub(super) fn poll_flow(&mut self, id: u32) {
+        let r = &mut self.reqs[id as usize];
+        let Some((attempt, fut)) = r.waiting.as_mut() else {
+            return;
+        };
+        let waker = Waker::from(Arc::new(Note {
+            id,
+            woken: self.woken.clone(),
+        }));
+        let Poll::Ready(outcome) = Pin::new(fut).poll(&mut Context::from_waker(&waker)) else {
+            return;
+        };
+        let attempt = *attempt;
+        r.waiting = None;
+        match outcome {
+            Ok(d) => self.sent(id, d),
+            Err(why) => {
+                let (retry_after, why) = match why {
+                    FlowRejection::QueueFull => (self.arm.retry_after_s, "frontend queue: full"),
+                    FlowRejection::QueueDeadline => (
+                        self.monitor
+                            .as_ref()
+                            .and_then(|m| m.flow_retry_after(MODEL))
+                            .map(|d| d.as_secs_f64()),
+                        "frontend queue: deadline",
+                    ),
+                    FlowRejection::NoWorkers => (self.arm.retry_after_s, "frontend: no workers"),
+                    _ => (self.arm.retry_after_s, "frontend: all workers busy"),
+                };
+                self.reqs[id as usize].stage = Stage::Backoff;
+                self.at(self.now, Ev::Heard(id, attempt, retry_after, why));
+            }
+        }
+    }
+
+    /// The monitor sent request `id` to a worker.
+    fn sent(&mut self, id: u32, d: Dispatch) {
+        let r = &mut self.reqs[id as usize];
+        r.worker = d.worker_id() as u32;
+        r.rank = d.dp_rank();
+        r.hops += 1;
+        r.stage = Stage::Travelling;
+        r.dispatch = Some(d);
+        let attempt = r.attempt;
+        self.at(self.now + ns(self.c.net_delay_s), Ev::AtWorker(id, attempt));
+    }
+
+    /// After each event of a queue arm: polls every woken dispatch, then
+    /// sets the expiry event for the queue's next deadline.
+    pub(super) fn flow_after(&mut self) {
+        loop {
+            let woken = std::mem::take(&mut *self.woken.lock().expect("woken"));
+            if woken.is_empty() {
+                break;
+            }
+            for id in woken {
+                self.poll_flow(id);
+            }
+        }
+        let Some(monitor) = &self.monitor else { return };
+        if let Some(at) = monitor.next_flow_deadline() {
+            if self.flow_expire_at.is_none_or(|t| at < t) {
+                self.flow_expire_at = Some(at);
+                self.at(at.max(self.now), Ev::FlowExpire);
+            }
+        }
+    }
+
+    /// The queue's deadline timer.
+    pub(super) fn flow_expire(&mut self) {
+        self.flow_expire_at = None;
+        if let Some(m) = &self.monitor {
+            m.expire_flow();
+        }
+    }
+}
