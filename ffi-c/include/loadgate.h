@@ -1737,6 +1737,31 @@ enum lg_status lg_monitor_dispatch_async(const struct lg_monitor *monitor,
 uint64_t lg_dispatch_worker(const struct lg_dispatch *dispatch);
 
 /**
+ * The data-parallel rank the request's blocks are booked on (0 for a NULL
+ * dispatch).
+ *
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `dispatch` is NULL or live.
+ */
+uint32_t lg_dispatch_dp_rank(const struct lg_dispatch *dispatch);
+
+/**
+ * `blocks` more KV blocks of the request's generated output, booked on
+ * its worker.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL dispatch).
+ * Thread safety: one thread at a time per dispatch. Blocking: never
+ * (lock-free).
+ *
+ * # Safety
+ * As lg_dispatch_report_output().
+ */
+enum lg_status lg_dispatch_add_output_blocks(struct lg_dispatch *dispatch,
+                                             uint64_t blocks);
+
+/**
  * `tokens` more output tokens of the request: charged to its tenant at
  * once.
  *

@@ -547,6 +547,44 @@ pub unsafe extern "C" fn lg_dispatch_worker(dispatch: *const lg_dispatch) -> u64
     })
 }
 
+/// The data-parallel rank the request's blocks are booked on (0 for a NULL
+/// dispatch).
+///
+/// Thread safety: any thread. Blocking: never.
+///
+/// # Safety
+/// `dispatch` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn lg_dispatch_dp_rank(dispatch: *const lg_dispatch) -> u32 {
+    crate::ffi::boundary(0, || {
+        // SAFETY: NULL or live (contract).
+        unsafe { dispatch.as_ref() }.map_or(0, |d| d.dispatch.dp_rank())
+    })
+}
+
+/// `blocks` more KV blocks of the request's generated output, booked on
+/// its worker.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL dispatch).
+/// Thread safety: one thread at a time per dispatch. Blocking: never
+/// (lock-free).
+///
+/// # Safety
+/// As lg_dispatch_report_output().
+#[no_mangle]
+pub unsafe extern "C" fn lg_dispatch_add_output_blocks(
+    dispatch: *mut lg_dispatch,
+    blocks: u64,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live, ours alone (contract).
+        let d = unsafe { dispatch.as_mut() }
+            .ok_or_else(|| Error::invalid("dispatch must not be NULL"))?;
+        d.dispatch.add_output_blocks(blocks);
+        Ok(())
+    })
+}
+
 /// `tokens` more output tokens of the request: charged to its tenant at
 /// once.
 ///

@@ -24,7 +24,8 @@ def _wake(fut: "asyncio.Future[None]") -> None:
 class FlowTicket:
     """A request sent to a worker by :meth:`Monitor.dispatch`.
 
-    ``worker`` is the worker it was sent to. Report output as it comes
+    ``worker`` is the worker it was sent to, ``dp_rank`` the rank its blocks
+    are booked on (grow them with :meth:`add_output_blocks`). Report output as it comes
     (:meth:`report_output`, charged to the tenant at once), mark the first
     token (:meth:`prefill_done`), and :meth:`complete` it with its output
     tokens: the worker's booking is released and the tenant settled. As an
@@ -42,9 +43,18 @@ class FlowTicket:
         return int(self._native.worker)
 
     @property
+    def dp_rank(self) -> int:
+        """The data-parallel rank of the worker it was booked on."""
+        return int(self._native.dp_rank)
+
+    @property
     def completed(self) -> bool:
         """Whether it was completed."""
         return bool(self._native.completed)
+
+    def add_output_blocks(self, n: int) -> None:
+        """``n`` more KV blocks of generated output, booked on the worker."""
+        self._native.add_output_blocks(n)
 
     def report_output(self, tokens: int) -> None:
         """``tokens`` more output tokens."""

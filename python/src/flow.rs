@@ -299,6 +299,7 @@ impl FlowDispatch {
 #[pyclass(frozen, module = "loadgate", name = "_FlowTicket")]
 pub struct FlowTicket {
     worker: u64,
+    dp_rank: u32,
     dispatch: Mutex<Option<Dispatch>>,
 }
 
@@ -306,6 +307,7 @@ impl FlowTicket {
     fn new(d: Dispatch) -> Self {
         Self {
             worker: d.worker_id(),
+            dp_rank: d.dp_rank(),
             dispatch: Mutex::new(Some(d)),
         }
     }
@@ -317,6 +319,21 @@ impl FlowTicket {
     #[getter]
     fn worker(&self) -> u64 {
         self.worker
+    }
+
+    /// The data-parallel rank it was booked on.
+    #[getter]
+    fn dp_rank(&self) -> u32 {
+        self.dp_rank
+    }
+
+    /// `n` more KV blocks of generated output, booked on its worker.
+    fn add_output_blocks(&self, n: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = u64_arg(n, "n")?;
+        if let Some(d) = lock(&self.dispatch).as_mut() {
+            d.add_output_blocks(n);
+        }
+        Ok(())
     }
 
     /// `tokens` more output tokens: charged to the tenant at once.

@@ -63,6 +63,30 @@ def test_a_free_worker_is_sent_at_once_and_completion_frees_it() -> None:
     run(main)
 
 
+def test_output_blocks_grow_the_booking_on_the_rank_the_ticket_names() -> None:
+    m = Monitor()
+    m.add_worker("m", 2, dp_start=4, dp_size=2, kv_total_blocks=100)
+    m.set_thresholds("m", active_decode_blocks_threshold=0.5)
+    m.set_flow_control("m", queue_limit=8)
+    held = m.book(2, 4, 60)  # rank 4 busy
+
+    async def main() -> None:
+        t = await m.dispatch("m", blocks=3)
+        assert t.dp_rank == 5, "the less loaded rank"
+        assert not m.is_busy(2)
+        t.add_output_blocks(48)
+        assert m.is_busy(2), "51 of 100 blocks booked on rank 5"
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            t.add_output_blocks(-1)
+        t.complete()
+        assert not m.is_busy(2)
+        t.add_output_blocks(60)  # completed: nothing is booked
+        assert not m.is_busy(2)
+
+    run(main)
+    held.release()
+
+
 def test_a_queued_request_goes_when_a_report_frees_the_worker() -> None:
     m = fleet()
     busy(m)

@@ -104,6 +104,8 @@ void test_flow(void) {
     lg_dispatch *d = NULL, *d2 = NULL;
     OK(lg_monitor_dispatch(m, S("m"), &r, LG_TIMEOUT_INFINITE, &d));
     CHECK(lg_dispatch_worker(d) == 1);
+    CHECK(lg_dispatch_dp_rank(d) == 0);
+    OK(lg_dispatch_add_output_blocks(d, 2));
     OK(lg_dispatch_report_output(d, 5));
     OK(lg_dispatch_prefill_done(d));
 
@@ -178,7 +180,9 @@ void test_flow(void) {
     INVALID(lg_monitor_next_flow_deadline(m, NULL));
     INVALID(lg_dispatch_report_output(NULL, 1));
     INVALID(lg_dispatch_prefill_done(NULL));
+    INVALID(lg_dispatch_add_output_blocks(NULL, 1));
     CHECK(lg_dispatch_worker(NULL) == 0);
+    CHECK(lg_dispatch_dp_rank(NULL) == 0);
     lg_dispatch_complete(NULL, 0);
 
     /* No workers: refused with 503's status. */
