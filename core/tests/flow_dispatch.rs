@@ -246,6 +246,61 @@ fn the_last_worker_leaving_refuses_the_waiting_requests() {
 }
 
 #[test]
+fn with_a_scale_up_limit_requests_wait_for_a_worker_to_join() {
+    let queue = FlowConfig {
+        scale_up_limit: 2,
+        deadline: Duration::from_secs(30),
+        ..FlowConfig::new(8)
+    };
+    let (m, clock) = fleet(queue);
+    m.report(1, 0, &used(90)).unwrap();
+    let mut a = start(&m, &request("a", 1));
+    a.pending();
+    // The last worker leaves: the waiting request stays.
+    m.remove_worker(1).unwrap();
+    a.pending();
+    let mut b = start(&m, &request("b", 1));
+    b.pending();
+    // Two wait for scale-up: the third is refused, as is one that would
+    // not wait.
+    assert_eq!(
+        start(&m, &request("c", 1)).refused(),
+        FlowRejection::NoWorkers
+    );
+    let mut now = request("d", 1);
+    now.queue = false;
+    assert_eq!(start(&m, &now).refused(), FlowRejection::NoWorkers);
+    // Their deadlines still hold.
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(m.expire_flow(), 0);
+    // A worker joins: both go to it, in order.
+    m.add_worker(M, 7, spec(1, 100)).unwrap();
+    let (da, db) = (a.sent(), b.sent());
+    assert_eq!((da.worker_id(), db.worker_id()), (7, 7));
+    // With a worker again, the queue's own limit applies.
+    m.report(7, 0, &used(90)).unwrap();
+    let mut waiting: Vec<_> = (0..8).map(|_| start(&m, &request("e", 1))).collect();
+    for w in &mut waiting {
+        w.pending();
+    }
+}
+
+#[test]
+fn a_scale_up_limit_is_at_most_the_queue_limit() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    let config = FlowControlConfig {
+        queue: FlowConfig {
+            scale_up_limit: 9,
+            ..FlowConfig::new(8)
+        },
+        policy: Policy::RoundRobin,
+    };
+    let e = m.set_flow_control(M, Some(&config)).unwrap_err();
+    assert!(e.to_string().contains("scale_up_limit"), "{e}");
+}
+
+#[test]
 fn an_opt_out_or_a_model_without_a_queue_is_refused_at_once() {
     let (m, _) = fleet(FlowConfig::new(8));
     m.report(1, 0, &used(90)).unwrap();

@@ -1,6 +1,7 @@
 //! Loom models of dispatch through a model's queue (`monitor/flow.rs`,
 //! "Protocol"): a queued request racing the report that frees its worker,
-//! its own cancel, its deadline, and a second request. A model fails if a
+//! its own cancel, its deadline, and a second request; a request waiting
+//! for scale-up racing the worker that joins. A model fails if a
 //! waiting future is never woken (loom reports the deadlock), if a booking
 //! is left behind, or if a request is both dispatched and refused.
 //!
@@ -193,5 +194,34 @@ fn two_waiting_requests_and_a_release_serve_both() {
         first.join().unwrap();
         second.join().unwrap();
         assert_eq!(blocks(&m), 0);
+    });
+}
+
+#[test]
+fn a_request_waiting_for_scale_up_races_the_worker_that_joins() {
+    loom::model(|| {
+        let (m, _) = monitor();
+        let flow = FlowControlConfig {
+            queue: FlowConfig {
+                scale_up_limit: 1,
+                ..FlowConfig::new(4)
+            },
+            policy: Policy::RoundRobin,
+        };
+        m.set_flow_control("m", Some(&flow)).unwrap();
+        m.remove_worker(1).unwrap();
+        let m1 = m.clone();
+        let waiter = thread::spawn(move || {
+            let d =
+                block_on(m1.dispatch("m", &request(10))).expect("dispatched once a worker joins");
+            assert_eq!(d.worker_id(), 2);
+        });
+        let spec = WorkerSpec {
+            kv_total_blocks: Some(100),
+            ..Default::default()
+        };
+        m.add_worker("m", 2, spec).unwrap();
+        waiter.join().unwrap();
+        assert_eq!(m.rank_load(2, 0).unwrap().active_decode_blocks, 0);
     });
 }

@@ -570,6 +570,12 @@ typedef struct lg_flow_config {
    */
   uint32_t max_tenants;
   /**
+   * Most requests that wait while the model has no workers, for one to
+   * join (at most queue_limit); 0 (the default) refuses them at once
+   * with LG_UNAVAILABLE.
+   */
+  uint32_t scale_up_limit;
+  /**
    * How a free worker is picked: one of LG_POLICY_* (default
    * round-robin).
    */

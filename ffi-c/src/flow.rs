@@ -67,6 +67,10 @@ pub struct lg_flow_config {
     pub output_estimate: u64,
     /// Most tenants remembered (default 4096).
     pub max_tenants: u32,
+    /// Most requests that wait while the model has no workers, for one to
+    /// join (at most queue_limit); 0 (the default) refuses them at once
+    /// with LG_UNAVAILABLE.
+    pub scale_up_limit: u32,
     /// How a free worker is picked: one of LG_POLICY_* (default
     /// round-robin).
     pub policy: lg_policy,
@@ -171,6 +175,7 @@ pub unsafe extern "C" fn lg_flow_config_default(
             output_weight: d.output_weight,
             output_estimate: DEFAULT_OUTPUT_ESTIMATE,
             max_tenants: d.max_tenants as u32,
+            scale_up_limit: 0,
             policy: LG_POLICY_ROUND_ROBIN,
             tenant_weights: std::ptr::null(),
             tenant_weight_count: 0,
@@ -218,6 +223,7 @@ pub unsafe extern "C" fn lg_monitor_set_flow_control(
         queue.output_weight = c.output_weight;
         queue.output_estimate = c.output_estimate;
         queue.max_tenants = c.max_tenants as usize;
+        queue.scale_up_limit = c.scale_up_limit;
         // SAFETY: valid for tenant_weight_count entries (contract).
         let weights = unsafe { slice(c.tenant_weights, c.tenant_weight_count, "tenant_weights") }?;
         for w in weights {

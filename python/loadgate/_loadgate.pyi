@@ -136,6 +136,7 @@ class Monitor:
         tenant_weights: Optional[Mapping[str, float]] = None,
         output_estimate: int = 256,
         max_tenants: int = 4096,
+        scale_up_limit: int = 0,
         policy: str = "round_robin",
     ) -> None: ...
     def dispatch(

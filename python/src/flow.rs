@@ -48,11 +48,13 @@ impl Monitor {
     /// (seconds, default 60); `prompt_weight` and `output_weight` are VTC's
     /// `w_p` and `w_q`; `tenant_weights` maps tenant ids to weights;
     /// `output_estimate` is the output reserved for a request without
-    /// `max_tokens`; `policy` picks a free worker. Raises `KeyError` for an
-    /// unknown model and `ValueError` naming a bad setting.
+    /// `max_tokens`; `scale_up_limit` is how many requests may wait while
+    /// the model has no workers, for one to join (0: refused at once);
+    /// `policy` picks a free worker. Raises `KeyError` for an unknown model
+    /// and `ValueError` naming a bad setting.
     #[pyo3(
-        signature = (model, *, queue_limit, queue_tokens = None, deadline = None, prompt_weight = None, output_weight = None, tenant_weights = None, output_estimate = None, max_tenants = None, policy = None),
-        text_signature = "(self, model, *, queue_limit, queue_tokens=None, deadline=60.0, prompt_weight=1.0, output_weight=2.0, tenant_weights=None, output_estimate=256, max_tenants=4096, policy='round_robin')"
+        signature = (model, *, queue_limit, queue_tokens = None, deadline = None, prompt_weight = None, output_weight = None, tenant_weights = None, output_estimate = None, max_tenants = None, scale_up_limit = None, policy = None),
+        text_signature = "(self, model, *, queue_limit, queue_tokens=None, deadline=60.0, prompt_weight=1.0, output_weight=2.0, tenant_weights=None, output_estimate=256, max_tenants=4096, scale_up_limit=0, policy='round_robin')"
     )]
     #[allow(clippy::too_many_arguments)]
     fn set_flow_control(
@@ -66,6 +68,7 @@ impl Monitor {
         tenant_weights: Option<&Bound<'_, PyAny>>,
         output_estimate: Option<&Bound<'_, PyAny>>,
         max_tenants: Option<&Bound<'_, PyAny>>,
+        scale_up_limit: Option<&Bound<'_, PyAny>>,
         policy: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let model = str_ref(model, "model")?;
@@ -89,6 +92,9 @@ impl Monitor {
         }
         if let Some(n) = opt_u64_arg(max_tenants, "max_tenants")? {
             queue.max_tenants = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = scale_up_limit.filter(|n| !n.is_none()) {
+            queue.scale_up_limit = u32_arg(n, "scale_up_limit")?;
         }
         if let Some(map) = tenant_weights.filter(|m| !m.is_none()) {
             queue.tenant_weights = weights_arg(map, queue.max_tenants)?;

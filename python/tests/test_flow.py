@@ -87,6 +87,27 @@ def test_output_blocks_grow_the_booking_on_the_rank_the_ticket_names() -> None:
     held.release()
 
 
+def test_with_a_scale_up_limit_requests_wait_for_a_worker_to_join() -> None:
+    m = fleet(scale_up_limit=1)
+    m.remove_worker(1)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(m.dispatch("m", tenant="a", blocks=1))
+        await asyncio.sleep(0.01)
+        assert not task.done()
+        with pytest.raises(Unavailable) as e:
+            await m.dispatch("m", tenant="b", blocks=1)
+        assert e.value.reason == "no_workers"
+        m.add_worker("m", 2, kv_total_blocks=100)
+        t = await task
+        assert t.worker == 2
+        t.complete()
+
+    run(main)
+    with pytest.raises(ValueError, match="scale_up_limit"):
+        m.set_flow_control("m", queue_limit=2, scale_up_limit=3)
+
+
 def test_a_queued_request_goes_when_a_report_frees_the_worker() -> None:
     m = fleet()
     busy(m)

@@ -55,11 +55,16 @@ pub struct FlowConfig {
     pub tenant_weights: Vec<(String, f64)>,
     /// Most tenants the queue remembers (1 to [`MAX_TENANTS_CEILING`]).
     pub max_tenants: usize,
+    /// Most requests that may wait while the model has no workers, for one
+    /// to join (at most `queue_limit`); 0 refuses them at once with
+    /// `no_workers`.
+    pub scale_up_limit: u32,
 }
 
 impl FlowConfig {
     /// A queue of `queue_limit` requests with every other setting at its
-    /// default: no token bound, a 60 s deadline, weights 1 and 2.
+    /// default: no token bound, a 60 s deadline, weights 1 and 2, no wait
+    /// for a worker to join.
     pub fn new(queue_limit: u32) -> Self {
         Self {
             queue_limit,
@@ -70,6 +75,7 @@ impl FlowConfig {
             output_estimate: DEFAULT_OUTPUT_ESTIMATE,
             tenant_weights: Vec::new(),
             max_tenants: DEFAULT_MAX_TENANTS,
+            scale_up_limit: 0,
         }
     }
 
@@ -104,6 +110,11 @@ impl FlowConfig {
             "max_tenants",
             (1..=MAX_TENANTS_CEILING).contains(&self.max_tenants),
             "an integer from 1 to 1048576",
+        )?;
+        range(
+            "scale_up_limit",
+            self.scale_up_limit <= self.queue_limit,
+            "an integer from 0 to queue_limit",
         )?;
         range(
             "tenant_weights",

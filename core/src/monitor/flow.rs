@@ -88,6 +88,8 @@ const WAKE_BATCH: usize = 16;
 pub(crate) struct FlowControl {
     pub(super) state: Mutex<State>,
     policy: Policy,
+    /// Requests that may wait while the model has no workers.
+    scale_up_limit: u32,
     /// Requests waiting, for kicks, which take no lock.
     waiting: AtomicU32,
     /// The dispatcher's waker, and whether a kick found none (module docs).
@@ -185,6 +187,7 @@ impl FlowControl {
                 stats: FlowStats::default(),
             }),
             policy: config.policy,
+            scale_up_limit: config.queue.scale_up_limit,
             waiting: AtomicU32::new(0),
             dispatcher: Mutex::new(Dispatcher::default()),
         })
@@ -264,6 +267,10 @@ impl FlowControl {
             let Some(&t) = st.queue.peek() else { break };
             // Relaxed: as `Model::routable`.
             if model.workers.load(Ordering::Relaxed) == 0 {
+                if self.scale_up_limit > 0 {
+                    // Waiting for a worker to join, whose kick runs this.
+                    break;
+                }
                 st.queue.cancel(
                     st.tickets[t as usize]
                         .key
@@ -411,7 +418,7 @@ impl Monitor {
         if st.queue.is_empty() {
             let direct = self.send_now(m, flow.policy, request, Some((&flow, &mut st, now)));
             match direct {
-                Err(FlowRejection::AllWorkersBusy) if request.queue => {}
+                Err(FlowRejection::AllWorkersBusy | FlowRejection::NoWorkers) if request.queue => {}
                 outcome => {
                     match &outcome {
                         Ok(_) => st.stats.sent_at_once(),
@@ -422,11 +429,22 @@ impl Monitor {
                     return Step::Ready(outcome);
                 }
             }
+        }
+        // Relaxed: as `Model::routable`. With no workers, only
+        // `scale_up_limit` requests wait for one to join.
+        let no_workers = m.workers.load(Ordering::Relaxed) == 0;
+        let refused = if no_workers && (!request.queue || st.queue.len() >= flow.scale_up_limit) {
+            Some(FlowRejection::NoWorkers)
         } else if !request.queue {
-            st.stats.refused(FlowRejection::AllWorkersBusy, band);
+            Some(FlowRejection::AllWorkersBusy)
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            st.stats.refused(why, band);
             drop(st);
             after.run();
-            return Step::Ready(Err(FlowRejection::AllWorkersBusy));
+            return Step::Ready(Err(why));
         }
         let (t, gen) = FlowControl::ticket(&mut st, request, now);
         let mut shed = [0u32; MAX_SHED];

@@ -188,5 +188,24 @@ void test_flow(void) {
     /* No workers: refused with 503's status. */
     OK(lg_monitor_remove_worker(m, 1));
     EXPECT(lg_monitor_dispatch(m, S("m"), &r, 0, &d2), LG_UNAVAILABLE);
+
+    /* Unless it may wait for a worker to join. */
+    OK(lg_flow_config_default(4, &f));
+    f.scale_up_limit = 1;
+    OK(lg_monitor_set_flow_control(m, S("m"), &f));
+    struct told joined = {0, LG_OK, NULL};
+    OK(lg_monitor_dispatch_async(m, S("m"), &r, on_dispatch, &joined));
+    EXPECT(lg_monitor_dispatch(m, S("m"), &r, 0, &d2), LG_UNAVAILABLE);
+    CHECK(joined.calls == 0);
+    lg_worker_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.dp_size = 1;
+    spec.has_kv_total_blocks = true;
+    spec.kv_total_blocks = 100;
+    OK(lg_monitor_add_worker(m, S("m"), 9, &spec));
+    CHECK(joined.calls == 1 && joined.status == LG_OK && lg_dispatch_worker(joined.dispatch) == 9);
+    lg_dispatch_complete(joined.dispatch, 0);
+    f.scale_up_limit = 5;
+    INVALID(lg_monitor_set_flow_control(m, S("m"), &f));
     lg_monitor_free(m);
 }
