@@ -14,9 +14,13 @@
 //!   [`ControlAuth`] bearer token, and returns the headers to send too
 //!   (`Content-Type`, `WWW-Authenticate: Bearer` with a 401, `Allow` with a
 //!   405).
+//! * [`PriorityNames`] and [`FlowHeaders`] read what a request asks for in
+//!   headers: its priority class, and its tenant, deadline and opt-out of
+//!   the frontend queue.
 
 mod auth;
 mod busy_threshold;
+mod flow;
 mod priority;
 
 use std::time::Duration;
@@ -34,6 +38,7 @@ pub use busy_threshold::{
     handle_busy_threshold, serve_busy_threshold, BusyThresholdRequest, BusyThresholdResponse,
     BUSY_THRESHOLD_METHODS, JSON_CONTENT_TYPE, MAX_BODY_BYTES, TEXT_CONTENT_TYPE,
 };
+pub use flow::{FlowHeaderError, FlowHeaders, DEADLINE_HEADER, QUEUE_HEADER, TENANT_HEADER};
 pub use priority::{PriorityNames, PRIORITY_HEADER};
 
 /// Header carrying the machine-readable rejection reason.

@@ -29,6 +29,10 @@ __all__ = [
     "MAX_BUSY_THRESHOLD_BODY",
     "ERROR_STYLES",
     "_PRIORITY_HEADER",
+    "_TENANT_HEADER",
+    "_DEADLINE_HEADER",
+    "_QUEUE_HEADER",
+    "_flow_headers",
     "_FlowDispatch",
     "_FlowTicket",
     "overload_status_code",
@@ -57,6 +61,13 @@ REASON_HEADER: str
 MAX_BUSY_THRESHOLD_BODY: int
 ERROR_STYLES: Tuple[str, ...]
 _PRIORITY_HEADER: str
+_TENANT_HEADER: str
+_DEADLINE_HEADER: str
+_QUEUE_HEADER: str
+
+def _flow_headers(
+    tenant: Optional[bytes], deadline_ms: Optional[bytes], queue: Optional[bytes]
+) -> Tuple[Optional[str], Optional[float], Optional[bool]]: ...
 
 def overload_status_code() -> int: ...
 def _reason_info(reason: str) -> Tuple[str, int]: ...

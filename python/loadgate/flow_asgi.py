@@ -52,18 +52,17 @@ from .asgi import (
 __all__ = ["FlowMiddleware", "TENANT_HEADER", "DEADLINE_HEADER", "QUEUE_HEADER"]
 
 #: The tenant's header by default.
-TENANT_HEADER = "x-loadgate-tenant"
+TENANT_HEADER = _loadgate._TENANT_HEADER
 #: A request's own deadline, in milliseconds.
-DEADLINE_HEADER = "x-loadgate-deadline-ms"
+DEADLINE_HEADER = _loadgate._DEADLINE_HEADER
 #: ``never`` refuses a request at once instead of queueing it.
-QUEUE_HEADER = "x-loadgate-queue"
+QUEUE_HEADER = _loadgate._QUEUE_HEADER
+
+_DEADLINE = DEADLINE_HEADER.encode()
+_QUEUE = QUEUE_HEADER.encode()
 
 #: ``(prompt_tokens, max_tokens)`` of a request, from its scope.
 Cost = Callable[[Scope], Tuple[int, Optional[int]]]
-
-
-class _BadHeader(ValueError):
-    pass
 
 
 def _lower(name: str, what: str) -> bytes:
@@ -111,23 +110,19 @@ class FlowMiddleware:
         )
 
     def _settings(self, scope: Scope) -> Dict[str, Any]:
-        tenant = _raw_header(scope, self._tenant)
-        deadline = _raw_header(scope, DEADLINE_HEADER.encode())
-        queue = _raw_header(scope, QUEUE_HEADER.encode())
+        tenant, deadline, queue = _loadgate._flow_headers(
+            _raw_header(scope, self._tenant),
+            _raw_header(scope, _DEADLINE),
+            _raw_header(scope, _QUEUE),
+        )
         settings: Dict[str, Any] = {
-            "tenant": None if tenant is None else tenant.decode("latin-1").strip(),
+            "tenant": tenant,
             "priority": self._names.class_of(_raw_header(scope, self._priority)),
         }
         if deadline is not None:
-            text = deadline.decode("latin-1").strip()
-            if not text.isdigit() or int(text) == 0:
-                raise _BadHeader(f"{DEADLINE_HEADER} must be a positive integer of milliseconds")
-            settings["deadline"] = int(text) / 1000
+            settings["deadline"] = deadline
         if queue is not None:
-            value = queue.decode("latin-1").strip().lower()
-            if value not in ("never", "wait"):
-                raise _BadHeader(f"{QUEUE_HEADER} must be 'never' or 'wait'")
-            settings["queue"] = value == "wait"
+            settings["queue"] = queue
         if self.cost is not None:
             settings["prompt_tokens"], settings["max_tokens"] = self.cost(scope)
         return settings

@@ -385,3 +385,22 @@ impl FlowTicket {
         format!("<loadgate.FlowTicket worker={} {state}>", self.worker)
     }
 }
+
+/// A request's flow-control headers (`loadgate::http::FlowHeaders`): the
+/// raw values of its tenant's, deadline and queue headers (`None` where
+/// absent) as `(tenant, deadline in seconds, may wait)`; `ValueError` names
+/// a malformed one.
+#[pyfunction]
+pub fn _flow_headers(
+    tenant: Option<&[u8]>,
+    deadline_ms: Option<&[u8]>,
+    queue: Option<&[u8]>,
+) -> PyResult<(Option<String>, Option<f64>, Option<bool>)> {
+    let h = loadgate::http::FlowHeaders::parse(tenant, deadline_ms, queue)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((
+        h.tenant.map(str::to_owned),
+        h.deadline.map(|d| d.as_secs_f64()),
+        h.queue,
+    ))
+}

@@ -149,6 +149,10 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<control::ControlAuth>()?;
     m.add_class::<control::PriorityNames>()?;
     m.add("_PRIORITY_HEADER", loadgate::http::PRIORITY_HEADER)?;
+    m.add_function(wrap_pyfunction!(flow::_flow_headers, m)?)?;
+    m.add("_TENANT_HEADER", loadgate::http::TENANT_HEADER)?;
+    m.add("_DEADLINE_HEADER", loadgate::http::DEADLINE_HEADER)?;
+    m.add("_QUEUE_HEADER", loadgate::http::QUEUE_HEADER)?;
     m.add_class::<booking::Booking>()?;
     m.add_class::<cluster::Subscription>()?;
     m.add_class::<cluster::Reporter>()?;

@@ -96,6 +96,9 @@ def test_headers_choose_deadline_and_opt_out_and_refusals_are_loadgate_errors() 
             assert name in r.json()["message"]
         r = client.post("/v1/chat/completions", headers={"x-loadgate-tenant": "x" * 300}, json={})
         assert r.status_code == 400
+        r = client.post("/v1/chat/completions", headers={"x-loadgate-tenant": b"\xff\xfe"}, json={})
+        assert r.status_code == 400
+        assert "tenant" in r.json()["message"]
         m.remove_worker(7)
         r = client.post("/v1/chat/completions", json={})
         assert r.status_code == 503

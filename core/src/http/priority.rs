@@ -67,7 +67,7 @@ impl PriorityNames {
 }
 
 /// `value` without the spaces and tabs around it.
-fn trim(value: &[u8]) -> &[u8] {
+pub(super) fn trim(value: &[u8]) -> &[u8] {
     let blank = |b: &u8| *b == b' ' || *b == b'\t';
     let start = value.iter().position(|b| !blank(b)).unwrap_or(value.len());
     let end = value
