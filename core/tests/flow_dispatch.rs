@@ -173,6 +173,25 @@ fn a_report_that_frees_the_worker_dispatches_the_next() {
 }
 
 #[test]
+fn a_finished_prefill_dispatches_the_next() {
+    let (m, _) = fleet(FlowConfig::new(8));
+    // Busy above 40 prefill tokens: one request's 32 plus the next's.
+    let prefill = loadgate::ThresholdUpdate {
+        active_prefill_tokens_threshold: Some(40),
+        ..Default::default()
+    };
+    m.set_thresholds(M, &prefill).unwrap();
+    let mut a = start(&m, &request("a", 1)).sent();
+    let mut b = start(&m, &request("b", 1)).sent();
+    let mut c = start(&m, &request("c", 1));
+    c.pending();
+    a.prefill_done();
+    assert!(c.woken() >= 1);
+    let _c = c.sent();
+    b.prefill_done();
+}
+
+#[test]
 fn a_joining_worker_and_new_thresholds_take_waiting_requests() {
     let (m, _) = fleet(FlowConfig::new(8));
     m.report(1, 0, &used(90)).unwrap();

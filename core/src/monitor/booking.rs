@@ -57,11 +57,7 @@ impl Booking {
     /// Books `blocks` and `prefill` prompt tokens on rank index `rank` of
     /// `worker` and re-evaluates it.
     pub(super) fn new(worker: Arc<Worker>, rank: usize, blocks: u64, prefill: u64) -> Self {
-        add_saturating(&worker.ranks[rank].active_decode_blocks, blocks);
-        if prefill != 0 {
-            add_prefill(&worker.ranks[rank].active_prefill_tokens, prefill);
-        }
-        worker.reevaluate();
+        shift(&worker, rank, (0, 0), (blocks, prefill));
         Self {
             worker,
             rank,
@@ -74,14 +70,8 @@ impl Booking {
     /// tokens stop counting in `active_prefill_tokens`; the blocks stay
     /// booked. Calling it again does nothing.
     pub fn prefill_done(&mut self) {
-        if self.prefill != 0 {
-            sub_prefill(
-                &self.worker.ranks[self.rank].active_prefill_tokens,
-                self.prefill,
-            );
-            self.prefill = 0;
-            self.worker.reevaluate();
-        }
+        let (blocks, prefill) = (self.blocks, std::mem::take(&mut self.prefill));
+        shift(&self.worker, self.rank, (blocks, prefill), (blocks, 0));
     }
 
     /// Prompt tokens still booked (0 once the prefill is done).
@@ -95,9 +85,14 @@ impl Booking {
             return;
         }
         let n = n.min(u64::MAX - self.blocks);
+        let (from, prefill) = (self.blocks, self.prefill);
         self.blocks += n;
-        add_saturating(&self.worker.ranks[self.rank].active_decode_blocks, n);
-        self.worker.reevaluate();
+        shift(
+            &self.worker,
+            self.rank,
+            (from, prefill),
+            (self.blocks, prefill),
+        );
     }
 
     /// Blocks currently booked.
@@ -120,18 +115,32 @@ impl Booking {
     pub fn release(self) {}
 }
 
+/// Moves rank index `rank` of `worker` from `from` to `to` booked (blocks,
+/// prefill tokens) and re-evaluates it; a lower count kicks the model's
+/// queue (capacity may have appeared). Every booking change goes through
+/// here, and so do the other frontends' bookings (`replicas.rs`).
+pub(super) fn shift(worker: &Worker, rank: usize, from: (u64, u64), to: (u64, u64)) {
+    let r = &worker.ranks[rank];
+    if to.0 > from.0 {
+        add_saturating(&r.active_decode_blocks, to.0 - from.0);
+    } else if to.0 < from.0 {
+        sub_saturating(&r.active_decode_blocks, from.0 - to.0);
+    }
+    if to.1 > from.1 {
+        add_prefill(&r.active_prefill_tokens, to.1 - from.1);
+    } else if to.1 < from.1 {
+        sub_prefill(&r.active_prefill_tokens, from.1 - to.1);
+    }
+    if from != to {
+        worker.reevaluate();
+        if to.0 < from.0 || to.1 < from.1 {
+            worker.model.kick_flow();
+        }
+    }
+}
+
 impl Drop for Booking {
     fn drop(&mut self) {
-        let rank = &self.worker.ranks[self.rank];
-        if self.prefill != 0 {
-            sub_prefill(&rank.active_prefill_tokens, self.prefill);
-        }
-        if self.blocks != 0 {
-            sub_saturating(&rank.active_decode_blocks, self.blocks);
-        }
-        if self.prefill != 0 || self.blocks != 0 {
-            self.worker.reevaluate();
-            self.worker.model.kick_flow();
-        }
+        shift(&self.worker, self.rank, (self.blocks, self.prefill), (0, 0));
     }
 }
