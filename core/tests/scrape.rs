@@ -3,14 +3,17 @@
 //! that scrapes them. Waits are for conditions, with a limit for hangs only.
 #![cfg(feature = "scrape")]
 
+mod support;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use loadgate::scrape::{Engine, Scrape, ScrapeConfig, ERROR_KINDS};
 use loadgate::{ManualClock, Monitor, MonitorConfig, Staleness, ThresholdUpdate};
+use support::wait_for;
 
 const LLAMA: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
@@ -167,15 +170,6 @@ fn sglang(model: &str, used: u64, usage: f64, queue: u64) -> String {
          sglang:gen_throughput{{{labels}}} 1502.3351440429688\n",
         used as f64, queue as f64
     )
-}
-
-/// Waits for `cond`, failing after 30 s (a limit for hangs, not a timing).
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn fast(engine: Engine) -> ScrapeConfig {

@@ -24,7 +24,8 @@
 //! routers' bookings a subscriber holds), `wire.rs` (the message format;
 //! `wire/dynamo.rs` the reference's event-plane envelope,
 //! `wire/forward_pass.rs` and `wire/sequences.rs` the topics it carries)
-//! and `nats.rs` (the NATS transport).
+//! `nats.rs` (the NATS transport), and `replicas.rs` (booking sync between
+//! frontend replicas; its snapshot format in `replicas/wire.rs`).
 //!
 //! [`LoadMessage`]: wire::LoadMessage
 //! [`Monitor`]: crate::Monitor
@@ -34,6 +35,7 @@ use std::sync::{Mutex, MutexGuard};
 
 mod bookings;
 mod publisher;
+pub mod replicas;
 mod subscriber;
 mod transport;
 pub mod wire;

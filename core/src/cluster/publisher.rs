@@ -305,7 +305,7 @@ fn unix_millis() -> u64 {
 }
 
 /// A process-unique, run-unique publisher instance id.
-fn instance_id() -> u64 {
+pub(super) fn instance_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

@@ -14,10 +14,34 @@ pub const DEFAULT_PREFIX: &str = "loadgate";
 /// Longest token of a subject prefix or namespace, in bytes.
 pub const MAX_TOKEN_LEN: usize = 256;
 
-/// The subjects one deployment uses: `{prefix}.{namespace}.load.{worker_id}`.
+/// The subjects one deployment uses: `{prefix}.{namespace}.load.{worker_id}`
+/// for load reports, `{prefix}.{namespace}.bookings.{frontend_id}` for the
+/// frontends' booking snapshots.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subjects {
     base: String,
+}
+
+/// Checks that `token` can stand as one NATS subject token: non-empty, at
+/// most [`MAX_TOKEN_LEN`] bytes, without whitespace, `.`, `*` or `>`;
+/// `what` names it in the error.
+pub(crate) fn check_token(token: &str, what: &str) -> Result<(), ClusterError> {
+    if token.len() > MAX_TOKEN_LEN {
+        return Err(ClusterError::InvalidSubject(format!(
+            "a token of {} bytes in {what} is too long: at most {MAX_TOKEN_LEN} bytes",
+            token.len()
+        )));
+    }
+    let bad = token.is_empty()
+        || token
+            .chars()
+            .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>'));
+    if bad {
+        return Err(ClusterError::InvalidSubject(format!(
+            "{token:?} in {what}: tokens must be non-empty without whitespace, '.', '*' or '>'"
+        )));
+    }
+    Ok(())
 }
 
 impl Subjects {
@@ -29,38 +53,33 @@ impl Subjects {
     /// Subjects under `prefix` (one or more dot-separated tokens). Each
     /// token is at most [`MAX_TOKEN_LEN`] bytes.
     pub fn with_prefix(prefix: &str, namespace: &str) -> Result<Self, ClusterError> {
+        let what = format!("prefix {prefix:?} / namespace {namespace:?}");
         for token in prefix.split('.').chain(std::iter::once(namespace)) {
-            if token.len() > MAX_TOKEN_LEN {
-                return Err(ClusterError::InvalidSubject(format!(
-                    "a token of {} bytes in the prefix or namespace is too long: at most \
-                     {MAX_TOKEN_LEN} bytes",
-                    token.len()
-                )));
-            }
-            let bad = token.is_empty()
-                || token
-                    .chars()
-                    .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>'));
-            if bad {
-                return Err(ClusterError::InvalidSubject(format!(
-                    "{token:?} in prefix {prefix:?} / namespace {namespace:?}: tokens must be non-empty \
-                     without whitespace, '.', '*' or '>'"
-                )));
-            }
+            check_token(token, &what)?;
         }
         Ok(Self {
-            base: format!("{prefix}.{namespace}.load"),
+            base: format!("{prefix}.{namespace}"),
         })
     }
 
     /// The subject one worker publishes on.
     pub fn load(&self, worker_id: u64) -> String {
-        format!("{}.{worker_id}", self.base)
+        format!("{}.load.{worker_id}", self.base)
     }
 
     /// The wildcard subject a frontend subscribes to.
     pub fn load_all(&self) -> String {
-        format!("{}.*", self.base)
+        format!("{}.load.*", self.base)
+    }
+
+    /// The subject one frontend publishes its booking snapshots on.
+    pub fn bookings(&self, frontend_id: &str) -> String {
+        format!("{}.bookings.{frontend_id}", self.base)
+    }
+
+    /// The wildcard subject of every frontend's booking snapshots.
+    pub fn bookings_all(&self) -> String {
+        format!("{}.bookings.*", self.base)
     }
 }
 

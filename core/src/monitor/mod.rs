@@ -67,6 +67,7 @@ mod pick;
 mod pick_cache;
 mod rank;
 mod registry;
+pub(crate) mod replicas;
 mod route;
 
 use std::fmt;

@@ -1,0 +1,577 @@
+//! Booking sync between frontend replicas, shared mode
+//! (docs/replicas.md).
+//!
+//! Each frontend's [`BookingSync`] publishes a [`Snapshot`] of its own
+//! bookings, per worker rank, and of its frontend queues, on
+//! `{prefix}.{namespace}.bookings.{frontend_id}`: at most one per
+//! `debounce` interval, when they changed, and every `heartbeat` when they
+//! did not. It applies the others' snapshots to its monitor: a frontend's
+//! view of a rank is the worker's own report, plus its own live bookings,
+//! plus every other frontend's latest snapshot.
+//!
+//! * **Nothing counted twice.** Bookings and a worker's report never add:
+//!   every frontend's bookings go into the router-owned fields
+//!   (`active_decode_blocks`, `active_prefill_tokens`), the report into the
+//!   worker-owned ones (`kv_used_blocks`, `waiting_requests`), and the busy
+//!   rule compares each against its line on its own. A request is counted
+//!   once in each: by the one frontend that booked it (its snapshot carries
+//!   only its own bookings, never what it learned from the others), and by
+//!   the worker once it holds it.
+//! * **Order and gaps.** Snapshots are ordered by `seq` within one
+//!   `instance` of a frontend; an older one is dropped, and a jump counts
+//!   the snapshots missed as gaps. Each snapshot is a full state, so the
+//!   next one repairs a gap.
+//! * **Joining.** A frontend's first snapshot says `hello`; every frontend
+//!   that hears it sends its own at its next tick, so a new frontend knows
+//!   the fleet's bookings within one debounce interval and a round trip.
+//! * **Expiry.** A frontend silent for `expire_after` (three heartbeats by
+//!   default) is forgotten: its bookings leave every rank.
+//! * **Hostile input.** A payload is checked for size before it is read; a
+//!   snapshot whose frontend is not its subject's last token is refused
+//!   (so per-subject NATS permissions bind a frontend to its own
+//!   snapshots); at most `max_frontends` are tracked; entries for workers
+//!   or ranks this monitor does not know are skipped (the next heartbeat
+//!   applies them once the worker is known). Every refusal is counted.
+//!
+//! A tick reads every rank's two router-side counters; the attached sync
+//! ticks every `debounce` interval on its own thread.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use foldhash::fast::RandomState;
+
+use super::publisher::instance_id;
+use super::transport::check_token;
+use super::wire::WireError;
+use super::{lock, ClusterError, Subjects, Subscription, Transport, DEFAULT_HEARTBEAT};
+use crate::clock::{nanos, SharedClock};
+use crate::fork::ForkGuard;
+use crate::monitor::replicas::{RankTotals, Shared};
+use crate::monitor::Monitor;
+
+mod wire;
+
+pub use wire::{QueueEntry, RankEntry, Snapshot, SNAPSHOT_VERSION};
+
+/// Default [`BookingSyncConfig::debounce`].
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(2);
+/// Default [`BookingSyncConfig::max_frontends`].
+pub const DEFAULT_MAX_FRONTENDS: usize = 64;
+/// Default [`BookingSyncConfig::max_payload`]: a snapshot takes about 30
+/// bytes per booked rank.
+pub const DEFAULT_SNAPSHOT_MAX_PAYLOAD: usize = 1 << 20;
+
+/// One frontend's sync settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BookingSyncConfig {
+    /// This frontend's id: one NATS token, unique among the frontends.
+    pub frontend_id: String,
+    /// At most one snapshot per interval (default 2 ms).
+    pub debounce: Duration,
+    /// An unchanged snapshot is sent again this often (default 1 s).
+    pub heartbeat: Duration,
+    /// A frontend silent this long is forgotten (default 3 s).
+    pub expire_after: Duration,
+    /// Most other frontends tracked (default 64).
+    pub max_frontends: usize,
+    /// Longest snapshot read (default 1 MiB); longer ones are refused
+    /// unread.
+    pub max_payload: usize,
+}
+
+impl BookingSyncConfig {
+    /// Settings for frontend `frontend_id`, every other one at its default.
+    pub fn new(frontend_id: impl Into<String>) -> Self {
+        Self {
+            frontend_id: frontend_id.into(),
+            debounce: DEFAULT_DEBOUNCE,
+            heartbeat: DEFAULT_HEARTBEAT,
+            expire_after: 3 * DEFAULT_HEARTBEAT,
+            max_frontends: DEFAULT_MAX_FRONTENDS,
+            max_payload: DEFAULT_SNAPSHOT_MAX_PAYLOAD,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ClusterError> {
+        check_token(&self.frontend_id, "frontend_id")?;
+        let invalid = |s: &str| Err(ClusterError::InvalidConfig(s.into()));
+        if self.debounce.is_zero() || self.heartbeat < self.debounce {
+            return invalid("debounce must be positive and heartbeat at least debounce");
+        }
+        if self.expire_after <= self.heartbeat {
+            return invalid("expire_after must be longer than heartbeat");
+        }
+        if self.max_frontends == 0 || self.max_payload == 0 {
+            return invalid("max_frontends and max_payload must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// What a received snapshot did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncApplied {
+    /// Applied.
+    Applied,
+    /// This frontend's own snapshot, come back: ignored.
+    Own,
+    /// Not newer than the last applied from its frontend: dropped.
+    OutOfOrder,
+}
+
+/// Why a received snapshot was refused; nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SyncError {
+    /// Longer than `max_payload`.
+    Oversized {
+        /// Its length.
+        len: usize,
+        /// The bound.
+        limit: usize,
+    },
+    /// Not a snapshot.
+    Wire(WireError),
+    /// Its frontend is not its subject's.
+    Spoofed {
+        /// The subject it came on.
+        subject: String,
+        /// The frontend it names.
+        frontend: String,
+    },
+    /// A new frontend beyond `max_frontends`.
+    TooManyFrontends {
+        /// The bound.
+        limit: usize,
+    },
+}
+
+impl fmt::Display for SyncError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Oversized { len, limit } => {
+                write!(f, "booking snapshot of {len} bytes: at most {limit}")
+            }
+            Self::Wire(e) => write!(f, "booking snapshot: {e}"),
+            Self::Spoofed { subject, frontend } => write!(
+                f,
+                "booking snapshot of frontend {frontend:?} on subject {subject:?}"
+            ),
+            Self::TooManyFrontends { limit } => {
+                write!(f, "booking snapshot of a new frontend beyond {limit}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SyncError {}
+
+/// What a sync has done so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SyncStats {
+    /// Snapshots sent.
+    pub sent: u64,
+    /// Others' snapshots applied.
+    pub received: u64,
+    /// Others' snapshots missed, by their sequence numbers.
+    pub gaps: u64,
+    /// Others' snapshots dropped as not newer.
+    pub out_of_order: u64,
+    /// Payloads refused (oversized, malformed, spoofed, too many
+    /// frontends).
+    pub refused: u64,
+    /// Frontends forgotten after their silence.
+    pub expired: u64,
+    /// Other frontends tracked now.
+    pub frontends: usize,
+    /// Bytes of the last snapshot sent.
+    pub last_size: usize,
+}
+
+/// Another frontend, as its latest snapshot left it.
+struct Peer {
+    instance: u64,
+    seq: u64,
+    last_heard: u64,
+    /// What its bookings added to each rank.
+    shared: HashMap<(u64, u32), Shared, RandomState>,
+    queues: Vec<QueueEntry>,
+}
+
+#[derive(Default)]
+struct State {
+    peers: HashMap<String, Peer, RandomState>,
+    seq: u64,
+    /// What the last snapshot sent carried, and when it was sent.
+    last: Option<(Vec<RankEntry>, Vec<QueueEntry>, u64)>,
+    /// A frontend said hello: send at the next tick.
+    reply_due: bool,
+    // Buffers reused by every tick.
+    totals: Vec<RankTotals>,
+    index: HashMap<(u64, u32), usize, RandomState>,
+    remote: Vec<(u64, u64)>,
+}
+
+const SENT: usize = 0;
+const RECEIVED: usize = 1;
+const GAPS: usize = 2;
+const OUT_OF_ORDER: usize = 3;
+const REFUSED: usize = 4;
+const EXPIRED: usize = 5;
+const LAST_SIZE: usize = 6;
+
+/// One frontend's side of booking sync (module docs).
+pub struct BookingSync {
+    monitor: Arc<Monitor>,
+    clock: SharedClock,
+    config: BookingSyncConfig,
+    instance: u64,
+    subject: String,
+    state: Mutex<State>,
+    counters: [AtomicU64; 7],
+}
+
+impl fmt::Debug for BookingSync {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BookingSync")
+            .field("frontend_id", &self.config.frontend_id)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl BookingSync {
+    /// The sync of frontend `config.frontend_id`, feeding `monitor` and
+    /// publishing under `subjects`, reading time from `clock`.
+    pub fn new(
+        monitor: Arc<Monitor>,
+        subjects: &Subjects,
+        config: BookingSyncConfig,
+        clock: SharedClock,
+    ) -> Result<Arc<Self>, ClusterError> {
+        config.validate()?;
+        Ok(Arc::new(Self {
+            monitor,
+            clock,
+            subject: subjects.bookings(&config.frontend_id),
+            config,
+            instance: instance_id(),
+            state: Mutex::default(),
+            counters: Default::default(),
+        }))
+    }
+
+    /// This frontend's id.
+    pub fn frontend_id(&self) -> &str {
+        &self.config.frontend_id
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> SyncStats {
+        let c = |i: usize| self.counters[i].load(Ordering::Relaxed);
+        SyncStats {
+            sent: c(SENT),
+            received: c(RECEIVED),
+            gaps: c(GAPS),
+            out_of_order: c(OUT_OF_ORDER),
+            refused: c(REFUSED),
+            expired: c(EXPIRED),
+            frontends: lock(&self.state).peers.len(),
+            last_size: c(LAST_SIZE) as usize,
+        }
+    }
+
+    /// The other frontends' queues: (frontend, model, requests, tokens).
+    pub fn remote_queues(&self) -> Vec<(String, QueueEntry)> {
+        let st = lock(&self.state);
+        let mut out: Vec<_> = st
+            .peers
+            .iter()
+            .flat_map(|(id, p)| p.queues.iter().map(|q| (id.clone(), q.clone())))
+            .collect();
+        out.sort_by(|a, b| (&a.0, &a.1.model).cmp(&(&b.0, &b.1.model)));
+        out
+    }
+
+    /// Forgets the frontends silent for `expire_after`, then sends this
+    /// frontend's snapshot on `transport` if it changed, a frontend said
+    /// hello, or the heartbeat is due. Whether it sent one.
+    pub fn tick(&self, transport: &dyn Transport) -> Result<bool, ClusterError> {
+        let now = self.clock.now_nanos();
+        let mut st = lock(&self.state);
+        self.expire(&mut st, now);
+        let (ranks, queues) = self.own(&mut st);
+        let due = match &st.last {
+            None => true,
+            Some((r, q, at)) => {
+                st.reply_due
+                    || *r != ranks
+                    || *q != queues
+                    || now.saturating_sub(*at) >= nanos(self.config.heartbeat)
+            }
+        };
+        if !due {
+            return Ok(false);
+        }
+        st.seq += 1;
+        let snapshot = Snapshot {
+            v: SNAPSHOT_VERSION,
+            frontend: self.config.frontend_id.clone(),
+            instance: self.instance,
+            seq: st.seq,
+            hello: st.last.is_none(),
+            ranks,
+            queues,
+        };
+        let payload = snapshot.to_msgpack();
+        let size = payload.len();
+        st.reply_due = false;
+        st.last = Some((snapshot.ranks, snapshot.queues, now));
+        drop(st);
+        transport.publish(&self.subject, payload)?;
+        self.counters[SENT].fetch_add(1, Ordering::Relaxed);
+        self.counters[LAST_SIZE].store(size as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// This frontend's own bookings (each rank's totals less what the
+    /// others' snapshots added) and queues, sorted.
+    fn own(&self, st: &mut State) -> (Vec<RankEntry>, Vec<QueueEntry>) {
+        let State {
+            peers,
+            totals,
+            index,
+            remote,
+            ..
+        } = st;
+        totals.clear();
+        self.monitor.rank_totals(totals);
+        index.clear();
+        index.extend(
+            totals
+                .iter()
+                .enumerate()
+                .map(|(i, t)| ((t.worker_id, t.dp_rank), i)),
+        );
+        remote.clear();
+        remote.resize(totals.len(), (0, 0));
+        for peer in peers.values() {
+            for (key, shared) in &peer.shared {
+                if let Some(&i) = index.get(key) {
+                    let (b, p) = shared.on(&totals[i]);
+                    remote[i].0 = remote[i].0.saturating_add(b);
+                    remote[i].1 = remote[i].1.saturating_add(p);
+                }
+            }
+        }
+        let mut ranks: Vec<RankEntry> = totals
+            .iter()
+            .zip(remote.iter())
+            .map(|(t, r)| RankEntry {
+                worker_id: t.worker_id,
+                dp_rank: t.dp_rank,
+                blocks: t.blocks.saturating_sub(r.0),
+                prefill: t.prefill.saturating_sub(r.1),
+            })
+            .filter(|e| e.blocks != 0 || e.prefill != 0)
+            .collect();
+        ranks.sort_unstable_by_key(|e| (e.worker_id, e.dp_rank));
+        let mut queues: Vec<QueueEntry> = self
+            .monitor
+            .queue_totals()
+            .into_iter()
+            .map(|q| QueueEntry {
+                model: q.model,
+                requests: q.requests,
+                tokens: q.tokens,
+            })
+            .collect();
+        queues.sort_by(|a, b| a.model.cmp(&b.model));
+        (ranks, queues)
+    }
+
+    fn expire(&self, st: &mut State, now: u64) {
+        let after = nanos(self.config.expire_after);
+        let silent: Vec<String> = st
+            .peers
+            .iter()
+            .filter(|(_, p)| now.saturating_sub(p.last_heard) >= after)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in silent {
+            if let Some(peer) = st.peers.remove(&id) {
+                self.unshare(peer.shared);
+                self.counters[EXPIRED].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Takes what `shared` added out of every rank.
+    fn unshare(&self, shared: HashMap<(u64, u32), Shared, RandomState>) {
+        for ((worker, rank), s) in shared {
+            let _ = self.monitor.shift_shared(worker, rank, &s, (0, 0));
+        }
+    }
+
+    /// Applies a snapshot that arrived on `subject`
+    /// (`{prefix}.{namespace}.bookings.{frontend_id}`). Errors are counted
+    /// and change nothing.
+    pub fn handle_on(&self, subject: &str, payload: &[u8]) -> Result<SyncApplied, SyncError> {
+        let result = self.receive(subject, payload);
+        let i = match &result {
+            Ok(SyncApplied::Applied) => RECEIVED,
+            Ok(SyncApplied::OutOfOrder) => OUT_OF_ORDER,
+            Ok(SyncApplied::Own) => return result,
+            Err(_) => REFUSED,
+        };
+        self.counters[i].fetch_add(1, Ordering::Relaxed);
+        result
+    }
+
+    fn receive(&self, subject: &str, payload: &[u8]) -> Result<SyncApplied, SyncError> {
+        if payload.len() > self.config.max_payload {
+            return Err(SyncError::Oversized {
+                len: payload.len(),
+                limit: self.config.max_payload,
+            });
+        }
+        let snapshot = Snapshot::decode(payload).map_err(SyncError::Wire)?;
+        if subject.rsplit('.').next() != Some(snapshot.frontend.as_str()) {
+            return Err(SyncError::Spoofed {
+                subject: subject.to_owned(),
+                frontend: snapshot.frontend,
+            });
+        }
+        if snapshot.frontend == self.config.frontend_id {
+            return Ok(SyncApplied::Own);
+        }
+        let now = self.clock.now_nanos();
+        let mut st = lock(&self.state);
+        let old = match st.peers.remove(&snapshot.frontend) {
+            Some(peer) if peer.instance == snapshot.instance => {
+                if snapshot.seq <= peer.seq {
+                    st.peers.insert(snapshot.frontend, peer);
+                    return Ok(SyncApplied::OutOfOrder);
+                }
+                let missed = snapshot.seq - peer.seq - 1;
+                self.counters[GAPS].fetch_add(missed, Ordering::Relaxed);
+                peer.shared
+            }
+            // A restarted frontend: a new order, its old bookings replaced.
+            Some(peer) => peer.shared,
+            None if st.peers.len() >= self.config.max_frontends => {
+                return Err(SyncError::TooManyFrontends {
+                    limit: self.config.max_frontends,
+                });
+            }
+            None => HashMap::default(),
+        };
+        st.reply_due |= snapshot.hello;
+        let shared = self.reshare(old, &snapshot.ranks);
+        st.peers.insert(
+            snapshot.frontend,
+            Peer {
+                instance: snapshot.instance,
+                seq: snapshot.seq,
+                last_heard: now,
+                shared,
+                queues: snapshot.queues,
+            },
+        );
+        Ok(SyncApplied::Applied)
+    }
+
+    /// Moves every rank from what `old` added to what `ranks` book; the
+    /// ranks this monitor does not know are skipped.
+    fn reshare(
+        &self,
+        mut old: HashMap<(u64, u32), Shared, RandomState>,
+        ranks: &[RankEntry],
+    ) -> HashMap<(u64, u32), Shared, RandomState> {
+        let mut shared = HashMap::with_capacity_and_hasher(ranks.len(), RandomState::default());
+        for e in ranks {
+            let key = (e.worker_id, e.dp_rank);
+            if shared.contains_key(&key) {
+                continue; // one entry per rank; a repeat is ignored
+            }
+            let from = old.remove(&key).unwrap_or_default();
+            if let Some(now) =
+                self.monitor
+                    .shift_shared(e.worker_id, e.dp_rank, &from, (e.blocks, e.prefill))
+            {
+                shared.insert(key, now);
+            }
+        }
+        self.unshare(old);
+        shared
+    }
+
+    /// Subscribes to every frontend's snapshots on `transport` and ticks
+    /// every `debounce` interval on a thread of its own, until the
+    /// returned handle is dropped.
+    pub fn attach(
+        self: &Arc<Self>,
+        transport: Arc<dyn Transport>,
+        subjects: &Subjects,
+    ) -> Result<SyncAttached, ClusterError> {
+        let me = self.clone();
+        let subscription = transport.subscribe(
+            &subjects.bookings_all(),
+            Arc::new(move |subject: &str, p: &[u8]| {
+                let _ = me.handle_on(subject, p);
+            }),
+        )?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (me, stopped) = (self.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("loadgate-booking-sync".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    // A failed send is tried again at the next tick.
+                    let _ = me.tick(&*transport);
+                    std::thread::park_timeout(me.config.debounce);
+                }
+            })
+            .map_err(|e| ClusterError::Transport(format!("cannot start the sync thread: {e}")))?;
+        Ok(SyncAttached {
+            _subscription: subscription,
+            stop,
+            thread: Some(thread),
+            made_in: ForkGuard::new(),
+        })
+    }
+}
+
+/// A sync attached to a transport; dropping it stops sending and
+/// receiving (the others forget this frontend after `expire_after`).
+pub struct SyncAttached {
+    _subscription: Subscription,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    /// The process that attached: a forked child has no sync thread.
+    made_in: ForkGuard,
+}
+
+impl fmt::Debug for SyncAttached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SyncAttached")
+    }
+}
+
+impl Drop for SyncAttached {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let Some(t) = self.thread.take() else { return };
+        if !self.made_in.same_process() {
+            // A forked child: the thread is not here to join.
+            std::mem::forget(t);
+            return;
+        }
+        t.thread().unpark();
+        let _ = t.join();
+    }
+}

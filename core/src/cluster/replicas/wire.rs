@@ -1,0 +1,140 @@
+//! The booking snapshot a frontend publishes: a msgpack named map (JSON
+//! accepted) carrying a schema version, the frontend's id, the instance of
+//! its process, a sequence number, and its whole state: every rank it has
+//! bookings on, and every flow-controlled model's queue. A snapshot
+//! replaces the last one from the same frontend, so a lost one is repaired
+//! by the next.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::wire::WireError;
+
+/// The snapshot schema version this crate writes and reads.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// One frontend's bookings and queues.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Schema version ([`SNAPSHOT_VERSION`]).
+    pub v: u32,
+    /// The frontend (also the last token of the subject it is sent on).
+    pub frontend: String,
+    /// One run of the frontend's process: sequence numbers are ordered
+    /// only within one instance, so a restarted frontend is accepted.
+    pub instance: u64,
+    /// Per-instance sequence number, one more with every snapshot.
+    pub seq: u64,
+    /// The frontend has just joined: every other frontend sends its own
+    /// snapshot at once.
+    #[serde(default)]
+    pub hello: bool,
+    /// Its bookings, one entry per rank that has any.
+    #[serde(default)]
+    pub ranks: Vec<RankEntry>,
+    /// Its queues, one entry per flow-controlled model.
+    #[serde(default)]
+    pub queues: Vec<QueueEntry>,
+}
+
+/// One rank's bookings made by one frontend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankEntry {
+    /// The worker.
+    pub worker_id: u64,
+    /// Its rank.
+    pub dp_rank: u32,
+    /// Booked KV blocks.
+    pub blocks: u64,
+    /// Booked prefill tokens.
+    #[serde(default)]
+    pub prefill: u64,
+}
+
+/// One model's frontend queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueEntry {
+    /// The model.
+    pub model: String,
+    /// Requests waiting.
+    pub requests: u32,
+    /// Estimated tokens waiting.
+    pub tokens: u64,
+}
+
+impl Snapshot {
+    /// Encodes as a msgpack named map.
+    pub fn to_msgpack(&self) -> Vec<u8> {
+        rmp_serde::to_vec_named(self).expect("a Snapshot always serializes")
+    }
+
+    /// Decodes msgpack or JSON (a payload starting with `{`). Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let s: Snapshot = if bytes.first() == Some(&b'{') {
+            serde_json::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))?
+        } else {
+            rmp_serde::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))?
+        };
+        if s.v != SNAPSHOT_VERSION {
+            return Err(WireError::UnsupportedVersion(u64::from(s.v)));
+        }
+        Ok(s)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            v: SNAPSHOT_VERSION,
+            frontend: "fe-1".into(),
+            instance: 7,
+            seq: 3,
+            hello: true,
+            ranks: vec![RankEntry {
+                worker_id: 1,
+                dp_rank: 0,
+                blocks: 40,
+                prefill: 512,
+            }],
+            queues: vec![QueueEntry {
+                model: "m".into(),
+                requests: 2,
+                tokens: 900,
+            }],
+        }
+    }
+
+    #[test]
+    fn msgpack_and_json_round_trip() {
+        let s = snapshot();
+        assert_eq!(Snapshot::decode(&s.to_msgpack()), Ok(s.clone()));
+        let json = serde_json::to_vec(&s).unwrap();
+        assert_eq!(Snapshot::decode(&json), Ok(s));
+    }
+
+    #[test]
+    fn bad_payloads_are_typed_errors() {
+        assert!(matches!(
+            Snapshot::decode(b"\xc1garbage"),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            Snapshot::decode(b""),
+            Err(WireError::Malformed(_))
+        ));
+        let mut s = snapshot();
+        s.v = 9;
+        assert_eq!(
+            Snapshot::decode(&s.to_msgpack()),
+            Err(WireError::UnsupportedVersion(9))
+        );
+        // A rank entry of the wrong type.
+        let json = br#"{"v":1,"frontend":"a","instance":1,"seq":1,"ranks":[{"worker_id":-1}]}"#;
+        assert!(matches!(
+            Snapshot::decode(json),
+            Err(WireError::Malformed(_))
+        ));
+    }
+}

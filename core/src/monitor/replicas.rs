@@ -1,0 +1,129 @@
+//! What booking sync between frontend replicas (`cluster::replicas`) reads
+//! and writes in a monitor: every rank's router-side totals, the other
+//! frontends' bookings added to them, and each flow-controlled model's
+//! queue totals.
+//!
+//! The other frontends' bookings go into the same router-owned fields as
+//! this frontend's own (`active_decode_blocks`, `active_prefill_tokens`),
+//! so the busy rule, routing and metrics see one total with no change on
+//! their paths. The sync remembers what it added per rank ([`Shared`]),
+//! with the worker it was added to: a worker removed and registered again
+//! starts from its own bookings, and nothing the old one held is taken
+//! from the new one.
+
+use std::sync::{Arc, Weak};
+
+use super::booking::shift;
+use super::rank::Worker;
+use super::Monitor;
+use crate::load::UNREPORTED;
+use crate::sync::{lock, Ordering};
+
+/// One rank's router-side totals, and the worker they were read from.
+#[derive(Debug, Clone)]
+pub(crate) struct RankTotals {
+    pub(crate) worker_id: u64,
+    pub(crate) dp_rank: u32,
+    /// Booked KV blocks (`active_decode_blocks`).
+    pub(crate) blocks: u64,
+    /// Booked prefill tokens (`active_prefill_tokens`; 0 unreported).
+    pub(crate) prefill: u64,
+    worker: Weak<Worker>,
+}
+
+/// Bookings the sync added to one rank: blocks and prefill tokens, on the
+/// worker they were added to.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Shared {
+    pub(crate) blocks: u64,
+    pub(crate) prefill: u64,
+    worker: Weak<Worker>,
+}
+
+impl Shared {
+    /// What of this is still on the worker `totals` were read from.
+    pub(crate) fn on(&self, totals: &RankTotals) -> (u64, u64) {
+        if self.worker.ptr_eq(&totals.worker) {
+            (self.blocks, self.prefill)
+        } else {
+            (0, 0)
+        }
+    }
+}
+
+/// One flow-controlled model's queue: requests and estimated tokens
+/// waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueTotals {
+    pub(crate) model: String,
+    pub(crate) requests: u32,
+    pub(crate) tokens: u64,
+}
+
+impl Monitor {
+    /// Appends every rank's router-side totals to `out`.
+    pub(crate) fn rank_totals(&self, out: &mut Vec<RankTotals>) {
+        let reg = self.registry.load();
+        for worker in reg.workers.values() {
+            for (i, rank) in worker.ranks.iter().enumerate() {
+                // Relaxed: a snapshot of counters, ordered by nothing.
+                let prefill = rank.active_prefill_tokens.load(Ordering::Relaxed);
+                out.push(RankTotals {
+                    worker_id: worker.id,
+                    dp_rank: worker.dp_start + i as u32,
+                    blocks: rank.active_decode_blocks.load(Ordering::Relaxed),
+                    prefill: if prefill == UNREPORTED { 0 } else { prefill },
+                    worker: Arc::downgrade(worker),
+                });
+            }
+        }
+    }
+
+    /// Moves what the sync added to rank `dp_rank` of `worker_id` from
+    /// `from` to `to` (blocks, prefill tokens); what it returns is what the
+    /// rank then holds from the sync. Nothing is added to a worker this
+    /// monitor does not know, or to an undeclared rank: the result is then
+    /// `None`.
+    pub(crate) fn shift_shared(
+        &self,
+        worker_id: u64,
+        dp_rank: u32,
+        from: &Shared,
+        to: (u64, u64),
+    ) -> Option<Shared> {
+        let reg = self.registry.load();
+        let worker = reg.workers.get(&worker_id)?;
+        let i = dp_rank.checked_sub(worker.dp_start)? as usize;
+        if i >= worker.ranks.len() {
+            return None;
+        }
+        let held = if from.worker.ptr_eq(&Arc::downgrade(worker)) {
+            (from.blocks, from.prefill)
+        } else {
+            (0, 0)
+        };
+        shift(worker, i, held, to);
+        Some(Shared {
+            blocks: to.0,
+            prefill: to.1,
+            worker: Arc::downgrade(worker),
+        })
+    }
+
+    /// Every flow-controlled model's queue totals.
+    pub(crate) fn queue_totals(&self) -> Vec<QueueTotals> {
+        let reg = self.registry.load();
+        reg.models
+            .values()
+            .filter_map(|m| {
+                let flow = m.flow.load_full()?;
+                let st = lock(&flow.state);
+                Some(QueueTotals {
+                    model: m.name.to_string(),
+                    requests: st.queue.len(),
+                    tokens: u64::try_from(st.queue.tokens()).unwrap_or(u64::MAX),
+                })
+            })
+            .collect()
+    }
+}
