@@ -114,6 +114,41 @@ mod tests {
         assert_eq!(Snapshot::decode(&json), Ok(s));
     }
 
+    /// The size docs/replicas.md gives: the default payload bound holds
+    /// every rank of a large fleet.
+    #[test]
+    fn a_snapshot_takes_under_fifty_bytes_per_booked_rank() {
+        let sized = |n: u64| {
+            let mut s = snapshot();
+            s.hello = false;
+            s.queues.clear();
+            s.ranks = (0..n)
+                .map(|i| RankEntry {
+                    worker_id: 1_000_000 + i,
+                    dp_rank: (i % 8) as u32,
+                    blocks: 25_000,
+                    prefill: 8192,
+                })
+                .collect();
+            s.to_msgpack().len()
+        };
+        let (empty, thousand) = (sized(0), sized(1000));
+        let per_rank = (thousand - empty) / 1000;
+        let mut s = snapshot();
+        s.ranks.clear();
+        s.queues[0].model.clear();
+        let one_queue = s.to_msgpack().len();
+        s.queues.clear();
+        let per_queue = one_queue - s.to_msgpack().len();
+        eprintln!(
+            "snapshot: {empty} bytes empty, {per_rank} bytes per booked rank, \
+             {per_queue} per queue plus its model's name"
+        );
+        assert!(per_rank < 50, "{per_rank}");
+        assert!(per_queue < 40, "{per_queue}");
+        assert!(sized(16_384) < super::super::DEFAULT_SNAPSHOT_MAX_PAYLOAD);
+    }
+
     #[test]
     fn bad_payloads_are_typed_errors() {
         assert!(matches!(

@@ -1,0 +1,261 @@
+//! The over-admission bound of shared booking sync (docs/replicas.md,
+//! "The bound"), checked on a simulated fleet: R frontends in front of one
+//! worker, each admitting a request only while its own view of the worker
+//! is below the line, their snapshots delayed and lost at random, on a
+//! virtual clock.
+//!
+//! At every admission by frontend `i` the fleet's true total may pass the
+//! line by at most the request's own blocks plus what the other frontends
+//! booked after the snapshot of theirs that `i` last applied. Without
+//! losses, that snapshot is at most `d = debounce + the longest delay` old,
+//! so the excess is at most the request plus the others' bookings within
+//! the last `d`: the bound the docs state.
+
+mod support;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig, SyncApplied};
+use loadgate::cluster::{ClusterError, Handler, Subjects, Subscription, Transport};
+use loadgate::{Booking, ManualClock, Monitor};
+use proptest::prelude::*;
+use support::monitor_fixture::{decode, monitor_with, spec, M};
+
+const MS: u64 = 1_000_000;
+/// The worker's KV blocks, and its line at a threshold of one half.
+const TOTAL: u64 = 1000;
+const LINE: u64 = TOTAL / 2;
+const DEBOUNCE_MS: u64 = 2;
+
+#[derive(Default)]
+struct Outbox(Mutex<Vec<(String, Vec<u8>)>>);
+
+impl Transport for Outbox {
+    fn publish(&self, subject: &str, payload: Vec<u8>) -> Result<(), ClusterError> {
+        self.0.lock().unwrap().push((subject.to_owned(), payload));
+        Ok(())
+    }
+
+    fn subscribe(&self, _: &str, _: Handler) -> Result<Subscription, ClusterError> {
+        unreachable!("the simulation delivers")
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Fleet {
+    replicas: usize,
+    steps_ms: u64,
+    /// Per frontend and millisecond, in thousandths.
+    arrival: u32,
+    release: u32,
+    max_delay_ms: u64,
+    /// Per message, in thousandths.
+    loss: u32,
+    seed: u64,
+}
+
+fn fleet() -> impl Strategy<Value = Fleet> {
+    (
+        2usize..=4,
+        100u64..400,
+        100u32..900,
+        0u32..300,
+        0u64..6,
+        prop_oneof![Just(0u32), 0u32..400],
+        any::<u64>(),
+    )
+        .prop_map(
+            |(replicas, steps_ms, arrival, release, max_delay_ms, loss, seed)| Fleet {
+                replicas,
+                steps_ms,
+                arrival,
+                release,
+                max_delay_ms,
+                loss,
+                seed,
+            },
+        )
+}
+
+/// A small deterministic generator (splitmix64), so a case replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, thousandths: u32) -> bool {
+        self.below(1000) < u64::from(thousandths)
+    }
+}
+
+struct Frontend {
+    monitor: Arc<Monitor>,
+    sync: Arc<BookingSync>,
+    out: Outbox,
+    held: Vec<Booking>,
+    /// (time, blocks booked so far), one entry per booking.
+    booked: Vec<(u64, u64)>,
+}
+
+impl Frontend {
+    /// Blocks this frontend booked after time `after`, up to now.
+    fn booked_after(&self, after: u64) -> u64 {
+        let total = self.booked.last().map_or(0, |b| b.1);
+        let before = self
+            .booked
+            .iter()
+            .rev()
+            .find(|b| b.0 <= after)
+            .map_or(0, |b| b.1);
+        total - before
+    }
+}
+
+/// Runs the fleet, checking the bound at every admission.
+fn simulate(f: &Fleet) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new();
+    let subjects = Subjects::new("sim").unwrap();
+    let mut rng = Rng(f.seed);
+    let mut fronts: Vec<Frontend> = (0..f.replicas)
+        .map(|i| {
+            let monitor = Arc::new(monitor_with(clock.clone()));
+            monitor.add_worker(M, 1, spec(1, TOTAL)).unwrap();
+            monitor.set_thresholds(M, &decode(0.5)).unwrap();
+            let mut config = BookingSyncConfig::new(format!("f{i}"));
+            config.debounce = Duration::from_millis(DEBOUNCE_MS);
+            config.heartbeat = Duration::from_millis(50);
+            config.expire_after = Duration::from_secs(3600);
+            let sync = BookingSync::new(monitor.clone(), &subjects, config, clock.clone()).unwrap();
+            Frontend {
+                monitor,
+                sync,
+                out: Outbox::default(),
+                held: Vec::new(),
+                booked: Vec::new(),
+            }
+        })
+        .collect();
+    // In flight: (arrival time, to, sent at, subject, payload).
+    let mut wire: VecDeque<(u64, usize, u64, String, Vec<u8>)> = VecDeque::new();
+    // seen[i][j]: when the snapshot of j that i last applied was built.
+    let mut seen = vec![vec![0u64; f.replicas]; f.replicas];
+    let d = (DEBOUNCE_MS + f.max_delay_ms + 1) * MS;
+    for ms in 0..f.steps_ms {
+        let now = ms * MS;
+        clock.set_nanos(now);
+        // Deliveries due.
+        let mut later = VecDeque::new();
+        while let Some((at, to, sent_at, subject, payload)) = wire.pop_front() {
+            if at > now {
+                later.push_back((at, to, sent_at, subject, payload));
+                continue;
+            }
+            let from: usize = subject.rsplit('.').next().unwrap()[1..].parse().unwrap();
+            if fronts[to].sync.handle_on(&subject, &payload) == Ok(SyncApplied::Applied) {
+                seen[to][from] = sent_at;
+            }
+        }
+        wire = later;
+        // Releases and arrivals.
+        for i in 0..f.replicas {
+            if !fronts[i].held.is_empty() && rng.chance(f.release) {
+                let k = rng.below(fronts[i].held.len() as u64) as usize;
+                fronts[i].held.swap_remove(k);
+            }
+            if !rng.chance(f.arrival) {
+                continue;
+            }
+            let blocks = 1 + rng.below(40);
+            if fronts[i].monitor.is_busy(1).unwrap() {
+                continue;
+            }
+            let b = fronts[i].monitor.book(1, 0, blocks).unwrap();
+            fronts[i].held.push(b);
+            let so_far = fronts[i].booked.last().map_or(0, |b| b.1) + blocks;
+            fronts[i].booked.push((now, so_far));
+            let truth: u64 = fronts
+                .iter()
+                .map(|x| x.held.iter().map(Booking::blocks).sum::<u64>())
+                .sum();
+            let unseen: u64 = (0..f.replicas)
+                .filter(|&j| j != i)
+                .map(|j| fronts[j].booked_after(seen[i][j]))
+                .sum();
+            prop_assert!(
+                truth <= LINE + blocks + unseen,
+                "{f:?}: at {ms} ms frontend {i} admitted {blocks}: {truth} booked in all, \
+                 {unseen} unseen"
+            );
+            if f.loss == 0 {
+                let within: u64 = (0..f.replicas)
+                    .filter(|&j| j != i)
+                    .map(|j| fronts[j].booked_after(now.saturating_sub(d)))
+                    .sum();
+                prop_assert!(
+                    truth <= LINE + blocks + within,
+                    "{f:?}: at {ms} ms frontend {i}: {truth} booked, {within} within d"
+                );
+            }
+        }
+        // Ticks, each a debounce interval apart.
+        if ms % DEBOUNCE_MS == 0 {
+            for (i, front) in fronts.iter().enumerate() {
+                front.sync.tick(&front.out).unwrap();
+                for (subject, payload) in std::mem::take(&mut *front.out.0.lock().unwrap()) {
+                    for to in (0..f.replicas).filter(|&to| to != i) {
+                        if rng.chance(f.loss) {
+                            continue;
+                        }
+                        let at = now + rng.below(f.max_delay_ms + 1) * MS;
+                        wire.push_back((at, to, now, subject.clone(), payload.clone()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn shared_sync_over_admits_at_most_the_unseen_bookings(f in fleet()) {
+        simulate(&f)?;
+    }
+}
+
+/// Without sync the same fleet over-admits by whole frontends' worth: the
+/// bound above is what the sync buys.
+#[test]
+fn without_sync_each_frontend_fills_the_line_alone() {
+    let clock = ManualClock::new();
+    let monitors: Vec<Monitor> = (0..3)
+        .map(|_| {
+            let m = monitor_with(clock.clone());
+            m.add_worker(M, 1, spec(1, TOTAL)).unwrap();
+            m.set_thresholds(M, &decode(0.5)).unwrap();
+            m
+        })
+        .collect();
+    let mut held = Vec::new();
+    for m in &monitors {
+        while !m.is_busy(1).unwrap() {
+            held.push(m.book(1, 0, 10).unwrap());
+        }
+    }
+    let truth: u64 = held.iter().map(Booking::blocks).sum();
+    assert!(truth >= 3 * LINE, "{truth}");
+}
