@@ -19,6 +19,8 @@
 Across machines, workers publish their load over NATS with :class:`Reporter`
 and each frontend feeds its monitor with :meth:`Monitor.subscribe_nats`
 (a :class:`Subscription`); every frontend converges on the same busy set.
+Frontend replicas share their bookings with :meth:`Monitor.sync_bookings`
+(a :class:`BookingSync`), so that together they admit what one would.
 
 Helpers: :mod:`loadgate.asgi` (middleware and the ``/busy_threshold`` and
 ``/metrics`` app), :mod:`loadgate.prometheus` (a ``prometheus_client``
@@ -43,6 +45,7 @@ from ._loadgate import (
     Admission,
     AdmissionGate,
     Booking,
+    BookingSync,
     ControlAuth,
     Discovery,
     ManualClock,
@@ -77,6 +80,7 @@ __all__ = [
     "Booking",
     "FlowTicket",
     "Subscription",
+    "BookingSync",
     "Scrape",
     "Discovery",
     "Reporter",

@@ -47,6 +47,7 @@ __all__ = [
     "_PriorityNames",
     "Booking",
     "Subscription",
+    "BookingSync",
     "Reporter",
     "Scrape",
     "Discovery",
@@ -201,6 +202,26 @@ class Monitor:
         tls_key: Optional[Union[str, PathLike[str]]] = None,
         connect_timeout: float = 2.0,
     ) -> Subscription: ...
+    def sync_bookings(
+        self,
+        url: str,
+        namespace: str = "default",
+        *,
+        frontend_id: str,
+        mode: str = "shared",
+        debounce: float = 0.002,
+        heartbeat: float = 1.0,
+        expire_after: float = 3.0,
+        max_frontends: int = 64,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        token: Optional[str] = None,
+        credentials: Optional[Union[str, PathLike[str]]] = None,
+        tls_ca: Optional[Union[str, PathLike[str]]] = None,
+        tls_cert: Optional[Union[str, PathLike[str]]] = None,
+        tls_key: Optional[Union[str, PathLike[str]]] = None,
+        connect_timeout: float = 2.0,
+    ) -> BookingSync: ...
     def scrape(
         self,
         model: Optional[str],
@@ -308,6 +329,22 @@ class Subscription:
     def refusals(self) -> Dict[str, int]: ...
     def metrics_text(self) -> str: ...
     def __enter__(self) -> Subscription: ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+        /,
+    ) -> bool: ...
+
+@final
+class BookingSync:
+    @property
+    def frontend_id(self) -> str: ...
+    def close(self) -> None: ...
+    def stats(self) -> Dict[str, int]: ...
+    def remote_queues(self) -> List[Tuple[str, str, int, int]]: ...
+    def __enter__(self) -> BookingSync: ...
     def __exit__(
         self,
         exc_type: Optional[Type[BaseException]],

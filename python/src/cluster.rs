@@ -41,7 +41,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The `namespace` argument (default `"default"`).
-fn namespace_arg(namespace: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+pub(crate) fn namespace_arg(namespace: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
     namespace.map_or(Ok("default".to_owned()), |n| {
         Ok(str_arg(n, "namespace")?.to_string())
     })
@@ -64,7 +64,7 @@ fn dynamo_arg(dynamo: Option<&Bound<'_, PyAny>>) -> PyResult<Option<(String, Str
 
 /// The subjects of `namespace`; `ValueError` naming it when it is not a
 /// plain NATS token.
-fn subjects(namespace: &str) -> PyResult<Subjects> {
+pub(crate) fn subjects(namespace: &str) -> PyResult<Subjects> {
     Subjects::new(namespace).map_err(|e| match e {
         ClusterError::InvalidSubject(_) => PyValueError::new_err(format!(
             "namespace = {namespace:?} is invalid: must be a non-empty NATS token without \
@@ -76,7 +76,7 @@ fn subjects(namespace: &str) -> PyResult<Subjects> {
 
 /// A core cluster error: `ValueError` for a setting, `ConnectionError`
 /// for the transport.
-fn cluster_error(e: ClusterError) -> PyErr {
+pub(crate) fn cluster_error(e: ClusterError) -> PyErr {
     match e {
         ClusterError::InvalidSubject(_) | ClusterError::InvalidConfig(_) => {
             PyValueError::new_err(e.to_string())
@@ -124,7 +124,7 @@ fn opt_path_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<P
 impl NatsArgs<'_, '_> {
     /// Core's options; `TypeError` naming an argument of the wrong type.
     /// Combinations and files are checked by core when connecting.
-    fn options(&self) -> PyResult<NatsOptions> {
+    pub(crate) fn options(&self) -> PyResult<NatsOptions> {
         let text = |v: Option<&Bound<'_, PyAny>>, name: &str| -> PyResult<Option<String>> {
             Ok(opt_str_arg(v, name)?.map(|s| s.to_string()))
         };
@@ -149,7 +149,7 @@ impl NatsArgs<'_, '_> {
 /// malformed URL or bad options, `ConnectionError` naming the URL when the
 /// server cannot be reached, refuses the credentials or fails the TLS
 /// handshake.
-fn connect(
+pub(crate) fn connect(
     py: Python<'_>,
     url: &Bound<'_, PyAny>,
     options: &NatsOptions,

@@ -32,6 +32,7 @@ mod errors;
 mod flow;
 mod gate;
 mod monitor;
+mod replicas;
 mod route;
 mod scrape;
 
@@ -155,6 +156,7 @@ fn _loadgate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("_QUEUE_HEADER", loadgate::http::QUEUE_HEADER)?;
     m.add_class::<booking::Booking>()?;
     m.add_class::<cluster::Subscription>()?;
+    m.add_class::<replicas::BookingSync>()?;
     m.add_class::<cluster::Reporter>()?;
     m.add_class::<scrape::Scrape>()?;
     m.add_class::<discovery::Discovery>()?;

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List, TypeVar
+from typing import Callable, Iterator, List, Optional, TypeVar
 
 import pytest
 
@@ -45,10 +45,11 @@ def nats_server_binary() -> str:
 
 
 @contextlib.contextmanager
-def running_nats_server(args: List[str], log: Path) -> Iterator[int]:
-    """A `nats-server` with `args` on a free loopback port: yields the port
-    once the server greets, and stops the server on exit."""
-    port = free_port()
+def running_nats_server(args: List[str], log: Path, port: Optional[int] = None) -> Iterator[int]:
+    """A `nats-server` with `args` on `port` (default: a free loopback
+    port): yields the port once the server greets, and stops the server on
+    exit."""
+    port = port or free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [nats_server_binary(), *args, "-a", "127.0.0.1", "-p", str(port)],
