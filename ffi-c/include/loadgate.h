@@ -204,6 +204,16 @@ typedef enum lg_status {
 typedef struct lg_booking lg_booking;
 
 /**
+ * A frontend's booking sync with the other replicas of a NATS namespace.
+ * Opaque; create with lg_monitor_sync_bookings(), free (which stops it)
+ * with lg_booking_sync_free().
+ *
+ * lg_booking_sync_get_stats() may be called from any number of threads at
+ * once.
+ */
+typedef struct lg_booking_sync lg_booking_sync;
+
+/**
  * The bearer token guarding /busy_threshold, and whether reads need it too.
  * Opaque; create with lg_control_auth_new(), free with
  * lg_control_auth_free(); pass it to lg_monitor_handle_busy_threshold_auth().
@@ -1024,6 +1034,69 @@ typedef struct lg_thresholds {
    */
   uint64_t waiting_requests_threshold;
 } lg_thresholds;
+
+/**
+ * A booking sync's settings; start from lg_booking_sync_config_default().
+ */
+typedef struct lg_booking_sync_config {
+  /**
+   * At most one snapshot per interval, in milliseconds (default 2).
+   */
+  uint64_t debounce_ms;
+  /**
+   * An unchanged snapshot is sent again this often, in milliseconds
+   * (default 1000; at least debounce_ms).
+   */
+  uint64_t heartbeat_ms;
+  /**
+   * A frontend silent this long is forgotten, in milliseconds (default
+   * 3000; longer than heartbeat_ms).
+   */
+  uint64_t expire_after_ms;
+  /**
+   * Most other frontends tracked (default 64).
+   */
+  uint32_t max_frontends;
+} lg_booking_sync_config;
+
+/**
+ * Counters of a booking sync.
+ */
+typedef struct lg_booking_sync_stats {
+  /**
+   * Snapshots sent.
+   */
+  uint64_t sent;
+  /**
+   * Other frontends' snapshots applied.
+   */
+  uint64_t received;
+  /**
+   * Other frontends' snapshots missed, by their sequence numbers.
+   */
+  uint64_t gaps;
+  /**
+   * Snapshots dropped as not newer.
+   */
+  uint64_t out_of_order;
+  /**
+   * Payloads refused (oversized, malformed, spoofed, too many
+   * frontends).
+   */
+  uint64_t refused;
+  /**
+   * Frontends forgotten after their silence.
+   */
+  uint64_t expired;
+  /**
+   * Other frontends tracked now.
+   */
+  uint64_t frontends;
+  /**
+   * Bytes of the last snapshot sent.
+   */
+  uint64_t last_size;
+} lg_booking_sync_stats;
 
 /**
  * Which engine's metrics a scrape reads.
@@ -2899,6 +2972,77 @@ void lg_permit_release(struct lg_permit *permit);
  * a permit from this library not released yet.
  */
 void lg_permit_first_response(struct lg_permit **permit);
+
+/**
+ * Writes the default settings into `out`.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL out).
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `out` is NULL or valid for writes.
+ */
+enum lg_status lg_booking_sync_config_default(struct lg_booking_sync_config *out);
+
+/**
+ * Shares `monitor`'s bookings with the other frontend replicas of
+ * `nats_namespace` on the NATS server at `url`, and adds theirs to it:
+ * `frontend_id` names this replica (unique among them, one NATS token).
+ * Snapshots go on loadgate.<nats_namespace>.bookings.<frontend_id>.
+ * `config` NULL takes the defaults; `options` NULL connects without
+ * authentication (see lg_nats_options_new()).
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_sync, a bad string, a
+ * frontend id or namespace that is not one NATS token, settings out of
+ * range: the message names them); LG_TRANSPORT_ERROR (the server cannot be
+ * reached, refuses the credentials or fails the TLS handshake).
+ * Ownership: on LG_OK *out_sync owns a new sync; free it with
+ * lg_booking_sync_free(). The strings, config and options are copied.
+ * Thread safety: any thread. Blocking: connects to the server; starts the
+ * sync's thread.
+ *
+ * # Safety
+ * `monitor` is NULL or live; the strings are NULL or valid for their
+ * lengths; `config` is NULL or a valid lg_booking_sync_config; `options` is
+ * NULL or a live lg_nats_options; `out_sync` is NULL or valid for writes.
+ */
+enum lg_status lg_monitor_sync_bookings(const struct lg_monitor *monitor,
+                                        const char *url,
+                                        size_t url_len,
+                                        const char *nats_namespace,
+                                        size_t nats_namespace_len,
+                                        const char *frontend_id,
+                                        size_t frontend_id_len,
+                                        const struct lg_booking_sync_config *config,
+                                        const struct lg_nats_options *options,
+                                        struct lg_booking_sync **out_sync);
+
+/**
+ * Reads a booking sync's counters.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL sync or out_stats).
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `sync` is NULL or live; `out_stats` is NULL or valid for writes.
+ */
+enum lg_status lg_booking_sync_get_stats(const struct lg_booking_sync *sync,
+                                         struct lg_booking_sync_stats *out_stats);
+
+/**
+ * Frees a booking sync: stops sending and receiving and closes its
+ * connection (the others forget this frontend after their expiry). The
+ * bookings it learned stay in the monitor until then. NULL is a no-op.
+ *
+ * Ownership: takes `sync`.
+ * Thread safety: no other thread may be using the sync.
+ * Blocking: joins the sync's thread (at most one tick).
+ *
+ * # Safety
+ * `sync` is NULL or was returned by lg_monitor_sync_bookings() and not
+ * freed yet.
+ */
+void lg_booking_sync_free(struct lg_booking_sync *sync);
 
 /**
  * Starts polling the engine at `url` ("http://host[:port][/path]"; the

@@ -77,7 +77,7 @@ pub struct lg_subscription_stats {
 }
 
 /// The subjects of `namespace` under the default prefix.
-fn subjects(namespace: &str) -> Result<Subjects, Error> {
+pub(crate) fn subjects(namespace: &str) -> Result<Subjects, Error> {
     Subjects::new(namespace).map_err(|e| match e {
         ClusterError::InvalidSubject(why) => {
             Error::invalid(format_args!("nats_namespace is invalid: {why}"))
@@ -212,7 +212,10 @@ pub unsafe extern "C" fn lg_reporter_new_with(
 
 /// Connects to `url` with `options` (NULL: the defaults); core checks the
 /// options before connecting.
-fn connect(url: &str, options: Option<&lg_nats_options>) -> Result<NatsTransport, Error> {
+pub(crate) fn connect(
+    url: &str,
+    options: Option<&lg_nats_options>,
+) -> Result<NatsTransport, Error> {
     let transport = match options {
         Some(o) => NatsTransport::connect_with(url, &o.options)?,
         None => NatsTransport::connect(url)?,

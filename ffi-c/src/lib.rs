@@ -28,6 +28,7 @@ mod http;
 mod monitor;
 mod nats_options;
 mod permit;
+mod replicas;
 mod scrape;
 mod status;
 mod ticket;

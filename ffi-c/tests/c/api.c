@@ -11,8 +11,8 @@
  * The program is this file's main(), which runs the tests in order, and
  * the files next to it, each a group of tests (check.h declares them and
  * the check macros; check.c holds the shared helpers): api_status.c,
- * api_monitor.c, api_discovery.c, api_busy_threshold.c, api_gate.c and
- * api_cluster.c.
+ * api_monitor.c, api_discovery.c, api_busy_threshold.c, api_gate.c,
+ * api_flow.c, api_cluster.c and api_replicas.c.
  *
  * Built as C11 with -Wall -Wextra -Wpedantic -Werror and run plain, under
  * valgrind memcheck and with ASan+UBSan by ffi-c/tests/run.sh. Exits 0 when
@@ -44,10 +44,12 @@ int main(void) {
     test_flow();
     test_cluster_errors();
     test_nats_options_errors();
+    test_replicas_errors();
     const char *nats_url = getenv("LG_NATS_URL");
     if (nats_url != NULL && nats_url[0] != '\0') {
         test_cluster_live(nats_url);
         test_cluster_dynamo_live(nats_url);
+        test_replicas_live(nats_url);
     } else {
         printf("c11 api: LG_NATS_URL is not set; the NATS round trip is skipped\n");
     }

@@ -184,17 +184,6 @@ void test_nats_options_errors(void) {
     lg_monitor_free(m);
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* How long a wait for another thread or process may take before the check
- * fails: far above what a loaded machine (or valgrind) needs, so it bounds a
- * hang, not a speed. */
-#define WAIT_MS 30000.0
-
 /* Polls lg_monitor_select on `model` every 5 ms for at most WAIT_MS until it
  * answers `want` (and, for LG_OK, the worker `want_id`); returns whether it
  * did. */
@@ -205,19 +194,6 @@ static int await_select(const lg_monitor *m, const char *model, lg_status want,
         uint64_t id = 0;
         lg_status got = lg_monitor_select(m, model, strlen(model), LG_POLICY_ROUND_ROBIN, &id);
         if (got == want && (want != LG_OK || id == want_id)) {
-            return 1;
-        }
-        sleep_ms(5);
-    } while (now_ms() < deadline);
-    return 0;
-}
-
-/* Polls lg_monitor_is_busy until it answers `want`, for at most WAIT_MS. */
-static int await_busy(const lg_monitor *m, uint64_t worker_id, bool want) {
-    double deadline = now_ms() + WAIT_MS;
-    do {
-        bool busy = !want;
-        if (lg_monitor_is_busy(m, worker_id, &busy) == LG_OK && busy == want) {
             return 1;
         }
         sleep_ms(5);

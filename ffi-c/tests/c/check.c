@@ -22,6 +22,24 @@ void sleep_ms(long ms) {
     nanosleep(&ts, NULL);
 }
 
+double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int await_busy(const lg_monitor *m, uint64_t worker_id, bool want) {
+    double deadline = now_ms() + WAIT_MS;
+    do {
+        bool busy = !want;
+        if (lg_monitor_is_busy(m, worker_id, &busy) == LG_OK && busy == want) {
+            return 1;
+        }
+        sleep_ms(5);
+    } while (now_ms() < deadline);
+    return 0;
+}
+
 lg_load_report kv_report(uint64_t used, uint64_t total) {
     lg_load_report r;
     memset(&r, 0, sizeof r);

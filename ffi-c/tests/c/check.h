@@ -57,6 +57,14 @@ extern int checks;
 int contains(const char *haystack, const char *needle);
 int last_error_contains(const char *needle);
 void sleep_ms(long ms);
+/* Milliseconds on the monotonic clock. */
+double now_ms(void);
+/* How long a wait for another thread or process may take before the check
+ * fails: far above what a loaded machine (or valgrind) needs, so it bounds a
+ * hang, not a speed. */
+#define WAIT_MS 30000.0
+/* Polls lg_monitor_is_busy until it answers `want`, for at most WAIT_MS. */
+int await_busy(const lg_monitor *m, uint64_t worker_id, bool want);
 lg_load_report kv_report(uint64_t used, uint64_t total);
 
 /* api_status.c: version, statuses, the last error, error responses. */
@@ -93,5 +101,9 @@ void test_nats_options_errors(void);
 void test_cluster_live(const char *url);
 void test_cluster_dynamo_live(const char *url);
 void test_cluster_auth_live(const char *url);
+
+/* api_replicas.c: booking sync between frontend replicas (NATS). */
+void test_replicas_errors(void);
+void test_replicas_live(const char *url);
 
 #endif /* LOADGATE_TEST_CHECK_H */
