@@ -122,6 +122,34 @@ fn each_frontend_sees_the_others_bookings_once_and_never_its_own_twice() {
 }
 
 #[test]
+fn a_report_that_overwrites_the_router_fields_never_travels() {
+    let clock = ManualClock::new();
+    let (a, b) = (Frontend::new("a", &clock), Frontend::new("b", &clock));
+    let mut x = a.monitor.book_with_prefill(1, 0, 10, 100).unwrap();
+    // A worker that reports the router-owned fields too (it should not):
+    // A's own view takes them, its snapshot does not.
+    let report = loadgate::LoadReport {
+        active_decode_blocks: Some(777),
+        active_prefill_tokens: Some(5000),
+        ..Default::default()
+    };
+    a.monitor.report(1, 0, &report).unwrap();
+    b.deliver(&a.send());
+    let load = b.monitor.rank_load(1, 0).unwrap();
+    assert_eq!(
+        (load.active_decode_blocks, load.active_prefill_tokens),
+        (10, Some(100))
+    );
+    x.prefill_done();
+    b.deliver(&a.send());
+    let load = b.monitor.rank_load(1, 0).unwrap();
+    assert_eq!(
+        (load.active_decode_blocks, load.active_prefill_tokens),
+        (10, Some(0))
+    );
+}
+
+#[test]
 fn the_busy_rule_sees_the_fleet_total() {
     let clock = ManualClock::new();
     let (a, b) = (Frontend::new("a", &clock), Frontend::new("b", &clock));

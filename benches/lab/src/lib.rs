@@ -15,6 +15,8 @@
 //! * [`sim`]: one run, event by event;
 //! * [`record`]: what a run measured, with vLLM `bench serve`'s definitions;
 //! * [`matrix`]: `C*`, the tuning, and every scenario;
+//! * [`replicas`]: many frontends in front of one fleet, sharing their
+//!   bookings or not;
 //! * [`report`]: docs/overload.md, its plots and `--json`.
 //!
 //! `cargo run --release -p loadgate-lab` runs the whole matrix.
@@ -23,6 +25,7 @@ pub mod arm;
 pub mod engine;
 pub mod matrix;
 pub mod record;
+pub mod replicas;
 pub mod report;
 pub mod serve;
 pub mod sim;

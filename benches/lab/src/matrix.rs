@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use crate::arm::{Arm, ArmKind, FlowKnobs};
 use crate::record::Measured;
+use crate::replicas::{run_replicas, ReplicaRow};
 use crate::sim::{run, Conditions};
 use crate::workload::{Arrivals, Client, RequestSpec, Retry, WorkloadSpec};
 
@@ -152,6 +153,8 @@ pub struct Matrix {
     /// The light tenants of the tenants scenario run alone, for arms (e),
     /// (g) and (h).
     pub alone: Vec<Alone>,
+    /// Many frontends in front of one fleet (`replicas.rs`).
+    pub replicas: Vec<ReplicaRow>,
     /// Simulations run, tuning included.
     pub runs: usize,
     /// Wall time, seconds.
@@ -159,7 +162,11 @@ pub struct Matrix {
 }
 
 /// Runs `jobs` on `threads` threads and returns the results in order.
-fn parallel<T: Sync, R: Send>(threads: usize, jobs: Vec<T>, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub(crate) fn parallel<T: Sync, R: Send>(
+    threads: usize,
+    jobs: Vec<T>,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
     let next = AtomicUsize::new(0);
     let out: Mutex<Vec<Option<R>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
     std::thread::scope(|s| {
@@ -510,6 +517,27 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
         options,
     )?;
     runs += alone.len();
+    let arm = |k: ArmKind| {
+        tuned
+            .iter()
+            .find(|t| t.arm.kind == k)
+            .map(|t| t.arm.clone())
+            .ok_or("every arm is tuned")
+    };
+    let queue = arm(ArmKind::Queue)?;
+    let designs = [
+        ("(e)", arm(ArmKind::Loadgate)?),
+        ("(g)", queue.clone()),
+        (
+            "(g), no worker gates",
+            Arm {
+                gate: None,
+                ..queue
+            },
+        ),
+    ];
+    let replicas = run_replicas(&designs, capacity, &conditions, options)?;
+    runs += replicas.len();
     Ok(Matrix {
         options,
         conditions,
@@ -519,6 +547,7 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
         scenarios,
         rows,
         alone,
+        replicas,
         runs,
         wall_s: started.elapsed().as_secs_f64(),
     })

@@ -115,6 +115,7 @@ pub struct Recorder {
     admitted_good: u64,
     attempts: u64,
     inversions: u64,
+    admissions: u64,
     last_admit: [u64; 8],
     e2e_sum_s: f64,
     reasons: BTreeMap<&'static str, u64>,
@@ -169,6 +170,7 @@ impl Recorder {
             admitted_good: 0,
             attempts: 0,
             inversions: 0,
+            admissions: 0,
             last_admit: [0; 8],
             e2e_sum_s: 0.0,
             reasons: BTreeMap::new(),
@@ -240,8 +242,12 @@ impl Recorder {
         }
     }
 
-    /// A request of class `priority` entered an engine at `now`.
-    pub fn admitted(&mut self, now: u64, priority: u8) {
+    /// A request of class `priority`, first sent at `first_send_ns`,
+    /// entered an engine at `now`.
+    pub fn admitted(&mut self, now: u64, priority: u8, first_send_ns: u64) {
+        if self.counts(first_send_ns) {
+            self.admissions += 1;
+        }
         self.last_admit[(priority as usize).min(7)] = now.max(1);
     }
 
@@ -333,6 +339,7 @@ impl Recorder {
             reject_beyond_network_ms: percentiles(&self.reject_beyond),
             mean_duration_s: self.e2e_sum_s / admitted,
             inversions: self.inversions,
+            admissions: self.admissions,
             rejections_by: self
                 .reasons
                 .iter()
@@ -399,6 +406,8 @@ pub struct Measured {
     /// Rejections while a less important request was admitted in the last
     /// 100 ms.
     pub inversions: u64,
+    /// Measured requests that entered an engine.
+    pub admissions: u64,
     /// Rejected attempts of measured requests, by where and why.
     pub rejections_by: BTreeMap<String, u64>,
     /// Per tenant.

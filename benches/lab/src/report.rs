@@ -11,6 +11,7 @@ use crate::arm::ArmKind;
 use crate::matrix::{Matrix, Row};
 
 mod flow;
+mod replicas;
 
 fn row<'a>(m: &'a Matrix, scenario: &str, arm: ArmKind) -> Option<&'a Row> {
     m.rows
@@ -440,6 +441,7 @@ fn markdown(m: &Matrix) -> String {
     }
 
     w(flow::section(m));
+    w(replicas::section(m));
     w(format!(
         "## Conditions\n\n\
          **Fleet.** {} workers of {} data-parallel rank{}, one frontend. `C*` (the highest Poisson rate at which \

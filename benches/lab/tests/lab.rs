@@ -204,3 +204,47 @@ fn the_queue_serves_a_burst_that_refusing_at_once_turns_away() {
     assert!(queued.measured.goodput_rps > at_once.measured.goodput_rps);
     assert!(queued.measured.ttft_ms.p99 < 2000.0);
 }
+
+#[test]
+fn replicas_without_worker_gates_need_booking_sync() {
+    // Four workers at about twice their capacity, behind four frontend
+    // replicas that decide alone (no worker gates).
+    let mut w = WorkloadSpec::steady(260.0, 20.0, 23);
+    w.tenants = vec![1.0];
+    let reqs = w.generate();
+    let arm = Arm {
+        gate: None,
+        ..Arm::base(ArmKind::Queue)
+    };
+    let base = Conditions {
+        workers: 4,
+        ..conditions()
+    };
+    let with = |frontends: u32, sync: Option<f64>| {
+        let c = Conditions {
+            frontends,
+            sync_debounce_s: sync,
+            ..base
+        };
+        run(&arm, &w, &reqs, &c, 130.0).expect("a run")
+    };
+    let (one, apart, shared) = (with(1, None), with(4, None), with(4, Some(0.002)));
+    let good = |r: &loadgate_lab::sim::RunResult| r.measured.goodput_rps;
+    assert!(
+        good(&apart) < 0.97 * good(&one),
+        "apart {} one {}",
+        good(&apart),
+        good(&one)
+    );
+    assert!(
+        good(&shared) > good(&apart),
+        "shared {} apart {}",
+        good(&shared),
+        good(&apart)
+    );
+    // At most one snapshot per replica per debounce interval, and a run is
+    // still a function of its seed.
+    let intervals = ((20.0 + base.drain_s) / 0.002) as u64 + 1;
+    assert!(shared.snapshots > 0 && shared.snapshots <= 4 * intervals);
+    assert_eq!(shared, with(4, Some(0.002)));
+}

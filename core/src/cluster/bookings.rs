@@ -27,7 +27,7 @@ use foldhash::fast::RandomState;
 use super::lock;
 use super::subscriber::{Applied, HandleError};
 use super::wire::{SequenceChange, SequenceEvent};
-use crate::monitor::{Booking, Monitor};
+use crate::monitor::{Booking, Monitor, Owner};
 
 /// One router's booking of one request.
 struct Held {
@@ -72,8 +72,16 @@ impl RouterBookings {
                 if held.len() >= self.max {
                     return Err(HandleError::BookingsFull { limit: self.max });
                 }
+                // Another router's: never published as this frontend's
+                // own (`replicas.rs`).
                 let booking = monitor
-                    .book_with_prefill(event.worker_id, event.dp_rank, blocks, prefill_tokens)
+                    .book_for(
+                        Owner::Shared,
+                        event.worker_id,
+                        event.dp_rank,
+                        blocks,
+                        prefill_tokens,
+                    )
                     .map_err(HandleError::Report)?;
                 held.insert(
                     key,

@@ -14,9 +14,11 @@
 //!   (`active_decode_blocks`, `active_prefill_tokens`), the report into the
 //!   worker-owned ones (`kv_used_blocks`, `waiting_requests`), and the busy
 //!   rule compares each against its line on its own. A request is counted
-//!   once in each: by the one frontend that booked it (its snapshot carries
-//!   only its own bookings, never what it learned from the others), and by
-//!   the worker once it holds it.
+//!   once in each: by the one frontend that booked it, and by the worker
+//!   once it holds it. A snapshot carries only its frontend's own
+//!   bookings, which the bookings count apart (`Rank::own_blocks`), so
+//!   neither what it learned from the others nor a report that overwrote
+//!   a router field ever travels on.
 //! * **Order and gaps.** Snapshots are ordered by `seq` within one
 //!   `instance` of a frontend; an older one is dropped, and a jump counts
 //!   the snapshots missed as gaps. Each snapshot is a full state, so the
@@ -33,7 +35,7 @@
 //!   or ranks this monitor does not know are skipped (the next heartbeat
 //!   applies them once the worker is known). Every refusal is counted.
 //!
-//! A tick reads every rank's two router-side counters; the attached sync
+//! A tick reads every rank's two own-booking counters; the attached sync
 //! ticks every `debounce` interval on its own thread.
 
 use std::collections::HashMap;
@@ -210,10 +212,8 @@ struct State {
     last: Option<(Vec<RankEntry>, Vec<QueueEntry>, u64)>,
     /// A frontend said hello: send at the next tick.
     reply_due: bool,
-    // Buffers reused by every tick.
+    /// A buffer reused by every tick.
     totals: Vec<RankTotals>,
-    index: HashMap<(u64, u32), usize, RandomState>,
-    remote: Vec<(u64, u64)>,
 }
 
 const SENT: usize = 0;
@@ -338,46 +338,19 @@ impl BookingSync {
         Ok(true)
     }
 
-    /// This frontend's own bookings (each rank's totals less what the
-    /// others' snapshots added) and queues, sorted.
+    /// This frontend's own bookings and queues, sorted.
     fn own(&self, st: &mut State) -> (Vec<RankEntry>, Vec<QueueEntry>) {
-        let State {
-            peers,
-            totals,
-            index,
-            remote,
-            ..
-        } = st;
-        totals.clear();
-        self.monitor.rank_totals(totals);
-        index.clear();
-        index.extend(
-            totals
-                .iter()
-                .enumerate()
-                .map(|(i, t)| ((t.worker_id, t.dp_rank), i)),
-        );
-        remote.clear();
-        remote.resize(totals.len(), (0, 0));
-        for peer in peers.values() {
-            for (key, shared) in &peer.shared {
-                if let Some(&i) = index.get(key) {
-                    let (b, p) = shared.on(&totals[i]);
-                    remote[i].0 = remote[i].0.saturating_add(b);
-                    remote[i].1 = remote[i].1.saturating_add(p);
-                }
-            }
-        }
-        let mut ranks: Vec<RankEntry> = totals
+        st.totals.clear();
+        self.monitor.own_bookings(&mut st.totals);
+        let mut ranks: Vec<RankEntry> = st
+            .totals
             .iter()
-            .zip(remote.iter())
-            .map(|(t, r)| RankEntry {
+            .map(|t| RankEntry {
                 worker_id: t.worker_id,
                 dp_rank: t.dp_rank,
-                blocks: t.blocks.saturating_sub(r.0),
-                prefill: t.prefill.saturating_sub(r.1),
+                blocks: t.blocks,
+                prefill: t.prefill,
             })
-            .filter(|e| e.blocks != 0 || e.prefill != 0)
             .collect();
         ranks.sort_unstable_by_key(|e| (e.worker_id, e.dp_rank));
         let mut queues: Vec<QueueEntry> = self

@@ -27,6 +27,7 @@ use crate::sync::{AtomicU64, Ordering};
 pub struct Booking {
     worker: Arc<Worker>,
     rank: usize,
+    owner: Owner,
     blocks: u64,
     prefill: u64,
 }
@@ -56,11 +57,18 @@ fn sub_prefill(a: &AtomicU64, n: u64) {
 impl Booking {
     /// Books `blocks` and `prefill` prompt tokens on rank index `rank` of
     /// `worker` and re-evaluates it.
-    pub(super) fn new(worker: Arc<Worker>, rank: usize, blocks: u64, prefill: u64) -> Self {
-        shift(&worker, rank, (0, 0), (blocks, prefill));
+    pub(super) fn new(
+        worker: Arc<Worker>,
+        rank: usize,
+        owner: Owner,
+        blocks: u64,
+        prefill: u64,
+    ) -> Self {
+        shift(&worker, rank, owner, (0, 0), (blocks, prefill));
         Self {
             worker,
             rank,
+            owner,
             blocks,
             prefill,
         }
@@ -71,7 +79,13 @@ impl Booking {
     /// booked. Calling it again does nothing.
     pub fn prefill_done(&mut self) {
         let (blocks, prefill) = (self.blocks, std::mem::take(&mut self.prefill));
-        shift(&self.worker, self.rank, (blocks, prefill), (blocks, 0));
+        shift(
+            &self.worker,
+            self.rank,
+            self.owner,
+            (blocks, prefill),
+            (blocks, 0),
+        );
     }
 
     /// Prompt tokens still booked (0 once the prefill is done).
@@ -87,12 +101,8 @@ impl Booking {
         let n = n.min(u64::MAX - self.blocks);
         let (from, prefill) = (self.blocks, self.prefill);
         self.blocks += n;
-        shift(
-            &self.worker,
-            self.rank,
-            (from, prefill),
-            (self.blocks, prefill),
-        );
+        let to = (self.blocks, prefill);
+        shift(&self.worker, self.rank, self.owner, (from, prefill), to);
     }
 
     /// Blocks currently booked.
@@ -115,17 +125,28 @@ impl Booking {
     pub fn release(self) {}
 }
 
+/// Whose bookings a [`shift`] moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// This monitor's own (counted in the rank's `own_*` too).
+    Own,
+    /// Another router's: another frontend's from booking sync, or a
+    /// reference router's (`cluster/bookings.rs`).
+    Shared,
+}
+
 /// Moves rank index `rank` of `worker` from `from` to `to` booked (blocks,
 /// prefill tokens) and re-evaluates it; a lower count kicks the model's
 /// queue (capacity may have appeared). Every booking change goes through
 /// here, and so do the other frontends' bookings (`replicas.rs`).
-pub(super) fn shift(worker: &Worker, rank: usize, from: (u64, u64), to: (u64, u64)) {
+pub(super) fn shift(worker: &Worker, rank: usize, owner: Owner, from: (u64, u64), to: (u64, u64)) {
     let r = &worker.ranks[rank];
-    if to.0 > from.0 {
-        add_saturating(&r.active_decode_blocks, to.0 - from.0);
-    } else if to.0 < from.0 {
-        sub_saturating(&r.active_decode_blocks, from.0 - to.0);
+    if owner == Owner::Own {
+        // Relaxed: counters the sync reads now and then, ordered by nothing.
+        move_counter(&r.own_blocks, from.0, to.0);
+        move_counter(&r.own_prefill, from.1, to.1);
     }
+    move_counter(&r.active_decode_blocks, from.0, to.0);
     if to.1 > from.1 {
         add_prefill(&r.active_prefill_tokens, to.1 - from.1);
     } else if to.1 < from.1 {
@@ -139,8 +160,18 @@ pub(super) fn shift(worker: &Worker, rank: usize, from: (u64, u64), to: (u64, u6
     }
 }
 
+/// Moves a counter from `from` to `to`, saturating.
+fn move_counter(a: &AtomicU64, from: u64, to: u64) {
+    if to > from {
+        add_saturating(a, to - from);
+    } else if to < from {
+        sub_saturating(a, from - to);
+    }
+}
+
 impl Drop for Booking {
     fn drop(&mut self) {
-        shift(&self.worker, self.rank, (self.blocks, self.prefill), (0, 0));
+        let (from, to) = ((self.blocks, self.prefill), (0, 0));
+        shift(&self.worker, self.rank, self.owner, from, to);
     }
 }

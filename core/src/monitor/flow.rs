@@ -546,7 +546,13 @@ impl Monitor {
         let rank = (0..worker.ranks.len())
             .min_by_key(|&i| worker.ranks[i].load().active_decode_blocks)
             .unwrap_or(0);
-        Ok(Booking::new(worker.clone(), rank, blocks, prefill))
+        Ok(Booking::new(
+            worker.clone(),
+            rank,
+            super::Owner::Own,
+            blocks,
+            prefill,
+        ))
     }
 
     /// Refuses every queued request whose deadline has passed, in every

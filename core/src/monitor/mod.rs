@@ -77,6 +77,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 pub use booking::Booking;
+pub(crate) use booking::Owner;
 pub use config::{
     MonitorConfig, MonitorConfigError, Policy, Staleness, ThresholdState, DEFAULT_ENDPOINT,
 };
@@ -249,12 +250,27 @@ impl Monitor {
         blocks: u64,
         prefill_tokens: u64,
     ) -> Result<Booking, ReportError> {
+        self.book_for(Owner::Own, worker_id, dp_rank, blocks, prefill_tokens)
+    }
+
+    /// [`book_with_prefill`](Self::book_with_prefill) for `owner`: another
+    /// router's booking is never published as this frontend's own
+    /// (`replicas.rs`).
+    pub(crate) fn book_for(
+        &self,
+        owner: Owner,
+        worker_id: u64,
+        dp_rank: u32,
+        blocks: u64,
+        prefill_tokens: u64,
+    ) -> Result<Booking, ReportError> {
         let reg = self.registry.load();
         let (worker, _) = Self::rank_of(&reg, worker_id, dp_rank)?;
         let rank_index = (dp_rank - worker.dp_start) as usize;
         Ok(Booking::new(
             worker.clone(),
             rank_index,
+            owner,
             blocks,
             prefill_tokens,
         ))

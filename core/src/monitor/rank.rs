@@ -46,6 +46,11 @@ pub(super) struct Rank {
     pub(super) stale: AtomicBool,
     /// Clock time of the sweep that last saw a report (or of the add).
     pub(super) last_seen: AtomicU64,
+    /// This monitor's own bookings on the rank, blocks and prefill tokens:
+    /// what booking sync publishes (`replicas.rs`). Only bookings write
+    /// them; reports and the other frontends' snapshots never do.
+    pub(super) own_blocks: AtomicU64,
+    pub(super) own_prefill: AtomicU64,
 }
 
 impl Rank {
@@ -63,6 +68,8 @@ impl Rank {
             seen: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             last_seen: AtomicU64::new(now),
+            own_blocks: AtomicU64::new(0),
+            own_prefill: AtomicU64::new(0),
         }
     }
 

@@ -6,29 +6,30 @@
 //! The other frontends' bookings go into the same router-owned fields as
 //! this frontend's own (`active_decode_blocks`, `active_prefill_tokens`),
 //! so the busy rule, routing and metrics see one total with no change on
-//! their paths. The sync remembers what it added per rank ([`Shared`]),
-//! with the worker it was added to: a worker removed and registered again
-//! starts from its own bookings, and nothing the old one held is taken
-//! from the new one.
+//! their paths. What the sync publishes is each rank's own bookings,
+//! counted apart by the bookings themselves (`Rank::own_blocks`,
+//! `own_prefill`): a report that overwrites the router fields, or the
+//! others' bookings in them, never reach it. The sync remembers what it
+//! added per rank ([`Shared`]), with the worker it was added to: a worker
+//! removed and registered again starts from its own bookings, and nothing
+//! the old one held is taken from the new one.
 
 use std::sync::{Arc, Weak};
 
-use super::booking::shift;
+use super::booking::{shift, Owner};
 use super::rank::Worker;
 use super::Monitor;
-use crate::load::UNREPORTED;
 use crate::sync::{lock, Ordering};
 
-/// One rank's router-side totals, and the worker they were read from.
-#[derive(Debug, Clone)]
+/// This monitor's own bookings on one rank.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct RankTotals {
     pub(crate) worker_id: u64,
     pub(crate) dp_rank: u32,
-    /// Booked KV blocks (`active_decode_blocks`).
+    /// Booked KV blocks.
     pub(crate) blocks: u64,
-    /// Booked prefill tokens (`active_prefill_tokens`; 0 unreported).
+    /// Booked prefill tokens.
     pub(crate) prefill: u64,
-    worker: Weak<Worker>,
 }
 
 /// Bookings the sync added to one rank: blocks and prefill tokens, on the
@@ -38,17 +39,6 @@ pub(crate) struct Shared {
     pub(crate) blocks: u64,
     pub(crate) prefill: u64,
     worker: Weak<Worker>,
-}
-
-impl Shared {
-    /// What of this is still on the worker `totals` were read from.
-    pub(crate) fn on(&self, totals: &RankTotals) -> (u64, u64) {
-        if self.worker.ptr_eq(&totals.worker) {
-            (self.blocks, self.prefill)
-        } else {
-            (0, 0)
-        }
-    }
 }
 
 /// One flow-controlled model's queue: requests and estimated tokens
@@ -61,20 +51,23 @@ pub(crate) struct QueueTotals {
 }
 
 impl Monitor {
-    /// Appends every rank's router-side totals to `out`.
-    pub(crate) fn rank_totals(&self, out: &mut Vec<RankTotals>) {
+    /// Appends this monitor's own bookings on every rank that has any to
+    /// `out`.
+    pub(crate) fn own_bookings(&self, out: &mut Vec<RankTotals>) {
         let reg = self.registry.load();
         for worker in reg.workers.values() {
             for (i, rank) in worker.ranks.iter().enumerate() {
                 // Relaxed: a snapshot of counters, ordered by nothing.
-                let prefill = rank.active_prefill_tokens.load(Ordering::Relaxed);
-                out.push(RankTotals {
-                    worker_id: worker.id,
-                    dp_rank: worker.dp_start + i as u32,
-                    blocks: rank.active_decode_blocks.load(Ordering::Relaxed),
-                    prefill: if prefill == UNREPORTED { 0 } else { prefill },
-                    worker: Arc::downgrade(worker),
-                });
+                let blocks = rank.own_blocks.load(Ordering::Relaxed);
+                let prefill = rank.own_prefill.load(Ordering::Relaxed);
+                if blocks != 0 || prefill != 0 {
+                    out.push(RankTotals {
+                        worker_id: worker.id,
+                        dp_rank: worker.dp_start + i as u32,
+                        blocks,
+                        prefill,
+                    });
+                }
             }
         }
     }
@@ -102,7 +95,7 @@ impl Monitor {
         } else {
             (0, 0)
         };
-        shift(worker, i, held, to);
+        shift(worker, i, Owner::Shared, held, to);
         Some(Shared {
             blocks: to.0,
             prefill: to.1,

@@ -40,7 +40,10 @@ impl Sim<'_> {
     /// Attempt `attempt` of request `id` asks the monitor for a worker:
     /// sent at once, queued, or refused.
     pub(super) fn dispatch_flow(&mut self, id: u32, attempt: u32) {
-        let monitor = self.monitor.clone().expect("a queue arm has a monitor");
+        let monitor = self
+            .monitor_of(id)
+            .expect("a queue arm has a monitor")
+            .clone();
         let knobs = self.arm.flow.expect("a queue arm");
         let now = self.now;
         let r = &mut self.reqs[id as usize];
@@ -104,8 +107,7 @@ impl Sim<'_> {
                 let (retry_after, why) = match why {
                     FlowRejection::QueueFull => (self.arm.retry_after_s, "frontend queue: full"),
                     FlowRejection::QueueDeadline => (
-                        self.monitor
-                            .as_ref()
+                        self.monitor_of(id)
                             .and_then(|m| m.flow_retry_after(MODEL))
                             .map(|d| d.as_secs_f64()),
                         "frontend queue: deadline",
@@ -143,8 +145,12 @@ impl Sim<'_> {
                 self.poll_flow(id);
             }
         }
-        let Some(monitor) = &self.monitor else { return };
-        if let Some(at) = monitor.next_flow_deadline() {
+        let next = self
+            .fronts
+            .iter()
+            .filter_map(|f| f.monitor.next_flow_deadline())
+            .min();
+        if let Some(at) = next {
             if self.flow_expire_at.is_none_or(|t| at < t) {
                 self.flow_expire_at = Some(at);
                 self.at(at.max(self.now), Ev::FlowExpire);
@@ -155,8 +161,8 @@ impl Sim<'_> {
     /// The queue's deadline timer.
     pub(super) fn flow_expire(&mut self) {
         self.flow_expire_at = None;
-        if let Some(m) = &self.monitor {
-            m.expire_flow();
+        for f in &self.fronts {
+            f.monitor.expire_flow();
         }
     }
 }

@@ -145,14 +145,13 @@ impl Sim<'_> {
             | ArmKind::Queue
             | ArmKind::FairQueue => {
                 let picked = match self.arm.routing() {
-                    Policy::PowerOfTwo => self.power_of_two(),
+                    Policy::PowerOfTwo => self.power_of_two(id),
                     policy => self
-                        .monitor
-                        .as_ref()
+                        .monitor_of(id)
                         .expect("a monitor")
                         .select(MODEL, policy),
                 };
-                let monitor = self.monitor.as_ref().expect("a monitor arm");
+                let monitor = self.monitor_of(id).expect("a monitor arm");
                 match picked {
                     Ok(w) => {
                         let rank = (0..self.c.dp_size)
@@ -178,14 +177,15 @@ impl Sim<'_> {
         }
     }
 
-    /// Power-of-two choices with the run's own generator. loadgate's
+    /// Power-of-two choices with the run's own generator, on the monitor of
+    /// the replica request `id` came through. loadgate's
     /// `Policy::PowerOfTwo` draws from a per-thread generator seeded at
     /// random, which would make runs differ; here the lab draws the two
     /// eligible candidates from the run's seed and `select_min_cost` picks
     /// between them by the score loadgate's own pick compares (per rank, the
     /// larger of booked and used KV blocks, plus prefill tokens / 16).
-    pub(super) fn power_of_two(&mut self) -> Result<u64, RouteError> {
-        let monitor = self.monitor.as_ref().expect("a monitor arm");
+    pub(super) fn power_of_two(&mut self, id: u32) -> Result<u64, RouteError> {
+        let monitor = self.monitor_of(id).expect("a monitor arm").clone();
         let eligible: Vec<u64> = (0..u64::from(self.c.workers))
             .filter(|&w| {
                 !monitor.is_busy(w).unwrap_or(true) && !monitor.is_leased(w).unwrap_or(true)
@@ -230,7 +230,8 @@ impl Sim<'_> {
         if r.stage == Stage::Done || r.attempt != attempt {
             return;
         }
-        r.let_go();
+        self.let_go(id);
+        let r = &mut self.reqs[id as usize];
         let first = r.spec.at_ns;
         let waited = now - r.attempt_send;
         let network = u64::from(r.hops) * 2 * ns(self.c.net_delay_s);
@@ -295,7 +296,8 @@ impl Sim<'_> {
         let r = &mut self.reqs[id as usize];
         r.stage = Stage::Done;
         r.ticket = None;
-        r.let_go();
+        self.let_go(id);
+        let r = &mut self.reqs[id as usize];
         let permit = r.permit.take();
         let life = Life {
             first_send_ns: r.spec.at_ns,

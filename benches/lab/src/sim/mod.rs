@@ -1,11 +1,12 @@
-//! One run: a fleet of emulated engines behind one frontend, an arm's
-//! admission design in front of and inside them, one workload, on a
-//! virtual clock.
+//! One run: a fleet of emulated engines behind one frontend (or several
+//! replicas), an arm's admission design in front of and inside them, one
+//! workload, on a virtual clock.
 //!
 //! loadgate's own code does the deciding: the arms with a frontend run a
-//! real [`Monitor`] fed by real [`Publisher`]s through a real
-//! [`Subscriber`] (the messages cross a transport that holds them for the
-//! transport delay), book requests with [`Monitor::book`], and the workers
+//! real [`Monitor`](loadgate::Monitor) fed by real [`Publisher`]s through a
+//! real [`Subscriber`](loadgate::cluster::Subscriber) (the messages cross a
+//! transport that holds them for the transport delay), book requests with
+//! [`Monitor::book`](loadgate::Monitor::book), and the workers
 //! run a real [`AdmissionGate`] in its callback form. Every one of them
 //! reads the run's [`ManualClock`], which the event loop sets to each
 //! event's time before handling it.
@@ -18,22 +19,22 @@
 //!   frontend (routing, rejections);
 //! * `flow.rs`: the frontend queue of arms (g) and (h), driven through
 //!   `Monitor::dispatch_shared`'s futures;
+//! * `fronts.rs`: one frontend or several replicas, and their booking
+//!   sync;
 //! * `worker.rs`: the workers (the gate's outcomes, the engines' steps, the
 //!   load they publish).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use loadgate::cluster::{
-    ClusterError, Handler, Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig,
-    Subscription, Transport,
+    ClusterError, Handler, Publisher, PublisherConfig, Subjects, Subscription, Transport,
 };
 use loadgate::monitor::{Dispatch, Dispatching};
 use loadgate::{
-    AdmissionGate, AdmitError, Booking, CallbackTicket, ManualClock, Monitor, MonitorConfig,
-    OwnedPermit, SharedClock, WorkerSpec,
+    AdmissionGate, AdmitError, Booking, CallbackTicket, ManualClock, OwnedPermit, SharedClock,
+    WorkerSpec,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -41,6 +42,7 @@ use serde::Serialize;
 
 mod flow;
 mod frontend;
+mod fronts;
 mod worker;
 
 use frontend::Throttle;
@@ -77,6 +79,12 @@ pub struct Conditions {
     pub drain_s: f64,
     /// Width of a time-series bin, seconds.
     pub bin_s: f64,
+    /// Frontend replicas behind the load balancer, each request to the
+    /// next in turn.
+    pub frontends: u32,
+    /// The replicas share their bookings (`BookingSync`) with this
+    /// debounce, seconds; `None`: they do not.
+    pub sync_debounce_s: Option<f64>,
 }
 
 impl Default for Conditions {
@@ -96,6 +104,8 @@ impl Default for Conditions {
             warmup_s: 5.0,
             drain_s: 20.0,
             bin_s: 1.0,
+            frontends: 1,
+            sync_debounce_s: None,
         }
     }
 }
@@ -143,6 +153,8 @@ enum Ev {
     Reroute(u32, u32),
     /// The frontend queue's next deadline.
     FlowExpire,
+    /// The replicas' booking syncs tick.
+    SyncTick,
 }
 
 struct Queued {
@@ -194,6 +206,8 @@ struct Req {
     attempt_send: u64,
     /// Queue arms: when the attempt first asked the frontend queue.
     queued_since: u64,
+    /// The replica it goes through.
+    frontend: u32,
     worker: u32,
     rank: u32,
     first_token: u64,
@@ -206,16 +220,6 @@ struct Req {
     /// Queue arms: the attempt waiting in the frontend queue, and its
     /// future.
     waiting: Option<(u32, Dispatching<'static>)>,
-}
-
-impl Req {
-    /// Lets go of what the frontend holds for the request: its booking and
-    /// dispatch (released) and its place in the queue (left).
-    fn let_go(&mut self) {
-        self.booking = None;
-        self.dispatch = None;
-        self.waiting = None;
-    }
 }
 
 struct Worker {
@@ -235,6 +239,12 @@ pub struct RunResult {
     pub measured: Measured,
     /// Events handled.
     pub events: u64,
+    /// Booking snapshots the replicas sent, in all (0 without sync).
+    pub snapshots: u64,
+    /// Their bytes, in all.
+    pub snapshot_bytes: u64,
+    /// The largest, bytes.
+    pub snapshot_max: usize,
 }
 
 /// Runs `arm` on `workload` under `conditions`; `capacity` is `C*` (for the
@@ -259,8 +269,10 @@ struct Sim<'a> {
     heap: BinaryHeap<Reverse<Queued>>,
     reqs: Vec<Req>,
     workers: Vec<Worker>,
-    monitor: Option<Arc<Monitor>>,
-    subscriber: Option<Arc<Subscriber>>,
+    /// The frontend replicas (none for the arms without a monitor).
+    fronts: Vec<fronts::Front>,
+    /// Booking snapshots sent: count, bytes, the largest.
+    snapshots: (u64, u64, usize),
     bus: Arc<HeldBus>,
     inbox: Inbox,
     woken: flow::Woken,
@@ -293,22 +305,12 @@ impl<'a> Sim<'a> {
         let shared: SharedClock = clock.clone();
         let bus = Arc::new(HeldBus::default());
         let subjects = Subjects::new("lab").map_err(|e| e.to_string())?;
-        let (monitor, subscriber) = if arm.kind.uses_monitor() {
-            let config = MonitorConfig {
-                stale_after: Duration::from_secs(3),
-                ..Default::default()
-            };
-            let monitor =
-                Arc::new(Monitor::with_config(config, shared.clone()).map_err(|e| e.to_string())?);
-            let sub_config = SubscriberConfig {
-                expire_after: Duration::from_secs(3600),
-                ..Default::default()
-            };
-            let sub = Subscriber::new(monitor.clone(), sub_config, shared.clone())
-                .map_err(|e| e.to_string())?;
-            (Some(monitor), Some(sub))
+        let fronts = if arm.kind.uses_monitor() {
+            (0..c.frontends.max(1))
+                .map(|i| fronts::Front::new(i, &shared, &subjects, c.sync_debounce_s))
+                .collect::<Result<Vec<_>, _>>()?
         } else {
-            (None, None)
+            Vec::new()
         };
         let mut workers = Vec::new();
         for w in 0..c.workers {
@@ -319,16 +321,19 @@ impl<'a> Sim<'a> {
                 )),
                 None => None,
             };
-            let publisher = match &monitor {
-                Some(m) => {
+            let publisher = match fronts.is_empty() {
+                false => {
                     let spec = WorkerSpec {
                         dp_start: 0,
                         dp_size: c.dp_size,
                         kv_total_blocks: Some(u64::from(engine.num_gpu_blocks)),
                         max_num_batched_tokens: Some(u64::from(engine.max_num_batched_tokens)),
                     };
-                    m.add_worker(MODEL, u64::from(w), spec)
-                        .map_err(|e| e.to_string())?;
+                    for f in &fronts {
+                        f.monitor
+                            .add_worker(MODEL, u64::from(w), spec)
+                            .map_err(|e| e.to_string())?;
+                    }
                     let mut pc = PublisherConfig::new(u64::from(w), MODEL);
                     pc.dp_size = c.dp_size;
                     pc.kv_total_blocks = spec.kv_total_blocks;
@@ -338,7 +343,7 @@ impl<'a> Sim<'a> {
                             .map_err(|e| e.to_string())?,
                     )
                 }
-                None => None,
+                true => None,
             };
             workers.push(Worker {
                 ranks: (0..c.dp_size).map(|_| Engine::new(engine)).collect(),
@@ -348,7 +353,8 @@ impl<'a> Sim<'a> {
                 expire_at: None,
             });
         }
-        if let Some(m) = &monitor {
+        for f in &fronts {
+            let m = &f.monitor;
             m.set_thresholds(MODEL, &arm.thresholds())
                 .map_err(|e| e.to_string())?;
             if let Some((policy, after)) = arm.stale() {
@@ -381,6 +387,7 @@ impl<'a> Sim<'a> {
                 hops: 0,
                 attempt_send: 0,
                 queued_since: 0,
+                frontend: 0,
                 worker: 0,
                 rank: 0,
                 first_token: 0,
@@ -402,8 +409,8 @@ impl<'a> Sim<'a> {
             heap: BinaryHeap::new(),
             reqs,
             workers,
-            monitor,
-            subscriber,
+            fronts,
+            snapshots: (0, 0, 0),
             bus,
             inbox: Arc::new(Mutex::new(Vec::new())),
             woken: Arc::default(),
@@ -442,12 +449,19 @@ impl<'a> Sim<'a> {
                 Ev::GiveUp(i as u32),
             );
         }
-        if self.monitor.is_some() {
+        let n = self.fronts.len().max(1) as u32;
+        for (i, r) in self.reqs.iter_mut().enumerate() {
+            r.frontend = i as u32 % n;
+        }
+        if !self.fronts.is_empty() {
             for w in 0..self.workers.len() {
                 self.at(0, Ev::Report(w as u32));
             }
             if self.arm.staleness.is_some() {
                 self.at(0, Ev::Sweep);
+            }
+            if self.c.sync_debounce_s.is_some() {
+                self.at(0, Ev::SyncTick);
             }
         }
         while let Some(Reverse(q)) = self.heap.pop() {
@@ -484,6 +498,9 @@ impl<'a> Sim<'a> {
         Ok(RunResult {
             measured,
             events: self.events,
+            snapshots: self.snapshots.0,
+            snapshot_bytes: self.snapshots.1,
+            snapshot_max: self.snapshots.2,
         })
     }
 
@@ -493,16 +510,10 @@ impl<'a> Sim<'a> {
             Ev::AtWorker(id, attempt) => self.at_worker(id, attempt),
             Ev::StepEnd(w, r) => self.step_end(w, r),
             Ev::Report(w) => self.report(w),
-            Ev::Deliver(subject, payload) => {
-                if let Some(s) = &self.subscriber {
-                    // A refusal is counted by the subscriber; the lab's own
-                    // messages are never refused.
-                    let _ = s.handle_on(&subject, &payload);
-                }
-            }
+            Ev::Deliver(subject, payload) => self.deliver(&subject, &payload),
             Ev::Sweep => {
-                if let Some(m) = &self.monitor {
-                    m.sweep();
+                for f in &self.fronts {
+                    f.monitor.sweep();
                 }
                 self.at(self.now + ns(self.c.sweep_interval_s), Ev::Sweep);
             }
@@ -524,6 +535,7 @@ impl<'a> Sim<'a> {
             }
             Ev::Heard(id, attempt, retry_after, why) => self.heard(id, attempt, retry_after, why),
             Ev::FlowExpire => self.flow_expire(),
+            Ev::SyncTick => self.sync_tick(),
         }
     }
 }

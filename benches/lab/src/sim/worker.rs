@@ -57,9 +57,9 @@ impl Sim<'_> {
                     Err(e) if current => {
                         r.ticket = None;
                         let worker = u64::from(r.worker);
-                        if let Some(m) = &self.monitor {
+                        if let Some(m) = self.fronts.get(r.frontend as usize) {
                             if e == AdmitError::AtCapacity {
-                                let _ = m.mark_overloaded(worker);
+                                let _ = m.monitor.mark_overloaded(worker);
                             }
                         }
                         // A refusal at once goes back to the frontend (the
@@ -76,7 +76,7 @@ impl Sim<'_> {
                             // Back to the frontend, which tries another
                             // worker (the refusing one is under its lease).
                             r.stage = Stage::Travelling;
-                            r.let_go();
+                            self.let_go(id);
                             self.at(self.now + ns(self.c.net_delay_s), Ev::Reroute(id, attempt));
                             continue;
                         }
@@ -122,7 +122,7 @@ impl Sim<'_> {
             output: r.spec.output,
         };
         r.stage = Stage::Running;
-        self.rec.admitted(now, r.spec.priority);
+        self.rec.admitted(now, r.spec.priority, r.spec.at_ns);
         if !self.workers[w as usize].ranks[rank as usize].add(request) {
             // Longer than the engine can ever hold: refused (none of the
             // workload's requests are).
@@ -209,11 +209,7 @@ impl Sim<'_> {
             }
             p.flush();
         }
-        let sent = std::mem::take(&mut *self.bus.outbox.lock().expect("outbox"));
-        let at = self.now + ns(self.c.transport_delay_s);
-        for (subject, payload) in sent {
-            self.at(at, Ev::Deliver(subject, payload));
-        }
+        self.send_bus();
         self.at(self.now + ns(self.c.report_interval_s), Ev::Report(w));
     }
 }

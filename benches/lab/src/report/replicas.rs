@@ -1,0 +1,175 @@
+//! The many-frontends section of docs/overload.md: four replicas of arms
+//! (e) and (g) with and without booking sync against one frontend, their
+//! targets checked.
+
+use super::{ms, pct, Target};
+use crate::matrix::Matrix;
+use crate::replicas::{ReplicaRow, DEBOUNCE_S, REPLICAS, WORKERS};
+
+fn find<'a>(
+    m: &'a Matrix,
+    design: &str,
+    load: f64,
+    frontends: u32,
+    sync: bool,
+) -> Option<&'a ReplicaRow> {
+    m.replicas.iter().find(|r| {
+        r.design == design && r.load == load && r.frontends == frontends && r.sync == sync
+    })
+}
+
+fn mode(r: &ReplicaRow) -> String {
+    match (r.frontends, r.sync) {
+        (1, _) => "one frontend".into(),
+        (n, false) => format!("{n} frontends, no sync"),
+        (n, true) => format!("{n} frontends, shared sync"),
+    }
+}
+
+/// The goodput target of `design`: with sync, four replicas keep 98 % of
+/// one frontend's goodput at 3 × capacity, within the SLO.
+fn target(m: &Matrix, design: &str) -> Option<Target> {
+    let slo = m.conditions.slo.ttft_s * 1e3;
+    let one = find(m, design, 3.0, 1, false)?;
+    let shared = find(m, design, 3.0, REPLICAS, true)?;
+    let of_one = |r: &ReplicaRow| r.measured.goodput_rps / one.measured.goodput_rps.max(1e-9);
+    let letter = design;
+    let (ratio, p99) = (of_one(shared), shared.measured.ttft_ms.p99);
+    let met = ratio >= 0.98 && p99 <= slo;
+    Some(Target {
+        what: format!(
+            "{letter}: {REPLICAS} frontends with sync at 3 × capacity, goodput ≥ 98 % of one \
+             frontend's, admitted p99 TTFT within the SLO"
+        ),
+        measured: format!("{}; p99 {} ms", pct(ratio), ms(p99)),
+        met,
+        why: (!met).then(|| {
+            format!(
+                "one frontend's admitted p99 TTFT was {} ms; the replicas' views lag the others' \
+                 bookings by up to a debounce interval and a transport delay, so a few more \
+                 requests wait in a fuller engine ({:+} admissions against one frontend's)",
+                ms(one.measured.ttft_ms.p99),
+                shared.over_admitted
+            )
+        }),
+    })
+}
+
+/// Whether the runs without sync show the damage: for some design, four
+/// replicas without sync lose goodput that sync wins back.
+fn damage(m: &Matrix, designs: &[&str]) -> Target {
+    let mut parts = Vec::new();
+    let mut shown = false;
+    for d in designs {
+        let (Some(one), Some(none), Some(shared)) = (
+            find(m, d, 3.0, 1, false),
+            find(m, d, 3.0, REPLICAS, false),
+            find(m, d, 3.0, REPLICAS, true),
+        ) else {
+            continue;
+        };
+        let of_one = |r: &ReplicaRow| r.measured.goodput_rps / one.measured.goodput_rps.max(1e-9);
+        shown |= of_one(none) < of_one(shared) - 0.01;
+        parts.push(format!(
+            "{d}: {} without sync, {} with (p99 {} / {} ms)",
+            pct(of_one(none)),
+            pct(of_one(shared)),
+            ms(none.measured.ttft_ms.p99),
+            ms(shared.measured.ttft_ms.p99)
+        ));
+    }
+    Target {
+        what: format!(
+            "without sync, the same runs show the damage (goodput of one frontend's at 3 × \
+             capacity, {REPLICAS} replicas)"
+        ),
+        measured: parts.join("; "),
+        met: shown,
+        why: (!shown).then(|| "no design lost goodput without sync".into()),
+    }
+}
+
+/// The section, in markdown.
+pub(super) fn section(m: &Matrix) -> String {
+    if m.replicas.is_empty() {
+        return String::new();
+    }
+    let mut s = format!(
+        "## Many frontends, one fleet\n\n{WORKERS} workers behind one frontend or {REPLICAS} \
+         replicas (a load balancer hands each request to the next), at 1.5 and 3 times the \
+         fleet's capacity (taken as twice `C*`: each worker is an engine of its own). The designs \
+         are arms (e) and (g) as tuned, and (g) without worker gates, where the frontends alone \
+         decide. With sync the replicas share their bookings ([replicas.md](replicas.md)): a \
+         snapshot every {} ms at most, crossing the transport like the load reports. \
+         Over-admissions are the requests the replicas let into an engine beyond what one \
+         frontend let in of the very same requests (negative: fewer). With worker gates, no \
+         replica can push a worker past its N + Q, so sync changes little; without them, sync \
+         is what holds the fleet to one frontend's decisions.\n\n\
+         | target | measured | |\n|---|---|---|\n",
+        DEBOUNCE_S * 1e3
+    );
+    let mut designs: Vec<&str> = m.replicas.iter().map(|r| r.design).collect();
+    designs.dedup();
+    let mut ts: Vec<Target> = designs.iter().filter_map(|d| target(m, d)).collect();
+    ts.push(damage(m, &designs));
+    let worst = m
+        .replicas
+        .iter()
+        .filter(|r| r.sync)
+        .map(|r| r.snapshots as f64 / r.snapshot_budget.max(1) as f64)
+        .fold(0.0f64, f64::max);
+    ts.push(Target {
+        what: format!(
+            "sync traffic: at most one snapshot per frontend per debounce interval ({} ms)",
+            DEBOUNCE_S * 1e3
+        ),
+        measured: format!("at most {} of that", pct(worst)),
+        met: worst <= 1.0,
+        why: (worst > 1.0).then(|| "more snapshots than debounce intervals".into()),
+    });
+    for t in &ts {
+        s += &format!(
+            "| {} | {} | {} |\n",
+            t.what,
+            t.measured,
+            if t.met { "met" } else { "**missed**" }
+        );
+    }
+    for t in ts.iter().filter(|t| !t.met) {
+        s += &format!(
+            "\n- **{}** is missed: {}.\n",
+            t.what,
+            t.why.clone().unwrap_or_default()
+        );
+    }
+    s += "\n| design | load | mode | goodput | admitted p99 TTFT (ms) | rejected | over-admissions | \
+          snapshots (mean / largest bytes) |\n|---|---|---|---|---|---|---|---|\n";
+    for r in &m.replicas {
+        let traffic = if r.sync {
+            format!(
+                "{} ({:.0} / {})",
+                r.snapshots,
+                r.snapshot_bytes as f64 / r.snapshots.max(1) as f64,
+                r.snapshot_max
+            )
+        } else {
+            "–".into()
+        };
+        s += &format!(
+            "| {} | {}× | {} | {} | {} | {} | {} | {traffic} |\n",
+            r.design,
+            r.load,
+            mode(r),
+            pct(r.measured.goodput_frac),
+            ms(r.measured.ttft_ms.p99),
+            pct(r.measured.reject_rate),
+            if r.frontends == 1 {
+                "–".to_string()
+            } else {
+                format!("{:+}", r.over_admitted)
+            },
+        );
+    }
+    s += "\n";
+    s
+}

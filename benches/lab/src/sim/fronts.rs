@@ -1,0 +1,124 @@
+//! The frontends of a run: one, or several replicas behind a load balancer
+//! that hands each request to one of them in turn. Each replica has its
+//! own `Monitor` fed by the same load reports; with booking sync each also
+//! runs a `BookingSync`, ticked every debounce interval, whose snapshots
+//! cross the run's transport like the load reports.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig};
+use loadgate::cluster::{Subjects, Subscriber, SubscriberConfig};
+use loadgate::{Monitor, MonitorConfig, SharedClock};
+
+use super::{ns, Ev, Sim};
+
+/// One frontend replica.
+pub(super) struct Front {
+    pub(super) monitor: Arc<Monitor>,
+    pub(super) subscriber: Arc<Subscriber>,
+    pub(super) sync: Option<Arc<BookingSync>>,
+}
+
+impl Front {
+    /// Replica `i` of a run, with booking sync when `debounce_s` is given.
+    pub(super) fn new(
+        i: u32,
+        clock: &SharedClock,
+        subjects: &Subjects,
+        debounce_s: Option<f64>,
+    ) -> Result<Self, String> {
+        let config = MonitorConfig {
+            stale_after: Duration::from_secs(3),
+            ..Default::default()
+        };
+        let monitor =
+            Arc::new(Monitor::with_config(config, clock.clone()).map_err(|e| e.to_string())?);
+        let sub_config = SubscriberConfig {
+            expire_after: Duration::from_secs(3600),
+            ..Default::default()
+        };
+        let subscriber = Subscriber::new(monitor.clone(), sub_config, clock.clone())
+            .map_err(|e| e.to_string())?;
+        let sync = match debounce_s {
+            Some(d) => {
+                let mut config = BookingSyncConfig::new(format!("frontend-{i}"));
+                config.debounce = Duration::from_secs_f64(d);
+                Some(
+                    BookingSync::new(monitor.clone(), subjects, config, clock.clone())
+                        .map_err(|e| e.to_string())?,
+                )
+            }
+            None => None,
+        };
+        Ok(Self {
+            monitor,
+            subscriber,
+            sync,
+        })
+    }
+}
+
+impl Sim<'_> {
+    /// The monitor of the replica that request `id` came through.
+    pub(super) fn monitor_of(&self, id: u32) -> Option<&Arc<Monitor>> {
+        self.fronts
+            .get(self.reqs[id as usize].frontend as usize)
+            .map(|f| &f.monitor)
+    }
+
+    /// A message reaches every replica: booking snapshots their syncs,
+    /// load reports their subscribers. A refusal is counted by the
+    /// receiver; the lab's own messages are never refused.
+    pub(super) fn deliver(&self, subject: &str, payload: &[u8]) {
+        let snapshot = subject.contains(".bookings.");
+        for f in &self.fronts {
+            match (&f.sync, snapshot) {
+                (Some(s), true) => {
+                    let _ = s.handle_on(subject, payload);
+                }
+                (_, false) => {
+                    let _ = f.subscriber.handle_on(subject, payload);
+                }
+                (None, true) => {}
+            }
+        }
+    }
+
+    /// Every replica's sync ticks, and what they send starts its trip.
+    pub(super) fn sync_tick(&mut self) {
+        for f in &self.fronts {
+            if let Some(s) = &f.sync {
+                let _ = s.tick(&*self.bus);
+            }
+        }
+        for (_, payload) in self.bus.outbox.lock().expect("outbox").iter() {
+            self.snapshots.0 += 1;
+            self.snapshots.1 += payload.len() as u64;
+            self.snapshots.2 = self.snapshots.2.max(payload.len());
+        }
+        self.send_bus();
+        if let Some(d) = self.c.sync_debounce_s {
+            self.at(self.now + ns(d), Ev::SyncTick);
+        }
+    }
+
+    /// Moves what the bus holds onto the transport: delivered after the
+    /// transport delay.
+    pub(super) fn send_bus(&mut self) {
+        let sent = std::mem::take(&mut *self.bus.outbox.lock().expect("outbox"));
+        let at = self.now + ns(self.c.transport_delay_s);
+        for (subject, payload) in sent {
+            self.at(at, Ev::Deliver(subject, payload));
+        }
+    }
+
+    /// Lets go of what the frontend holds for request `id`: its booking
+    /// and dispatch (released) and its place in the queue (left).
+    pub(super) fn let_go(&mut self, id: u32) {
+        let r = &mut self.reqs[id as usize];
+        r.booking = None;
+        r.dispatch = None;
+        r.waiting = None;
+    }
+}
