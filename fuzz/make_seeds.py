@@ -189,6 +189,7 @@ def main():
     ops("flow_ops")
     ops("c_abi")
     ops("subscriber")
+    ops("booking_sync")
     findings()
 
 

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use loadgate::cluster::replicas::{
-    BookingSync, BookingSyncConfig, RankEntry, Snapshot, SyncApplied, SyncError, SNAPSHOT_VERSION,
+    BookingSync, BookingSyncConfig, RankEntry, Snapshot, SyncApplied, SyncError, MAX_SHARED,
+    SNAPSHOT_VERSION,
 };
 use loadgate::cluster::{ClusterError, Handler, InProcessBus, Subjects, Subscription, Transport};
 use loadgate::{ManualClock, Monitor};
@@ -322,7 +323,7 @@ fn hostile_snapshots_are_refused_and_counted() {
     assert!(matches!(e, SyncError::Spoofed { .. }), "{e}");
     assert!(e.to_string().contains("\"x\""), "{e}");
     // Unknown workers and ranks are skipped; a repeated rank counts once;
-    // absurd counts saturate.
+    // an absurd count is cut.
     let ranks = vec![
         entry(1, 0, 5),
         entry(1, 0, 6),
@@ -334,7 +335,7 @@ fn hostile_snapshots_are_refused_and_counted() {
         b.sync.handle_on(&on("a"), &payload("a", 1, 1, ranks)),
         Ok(SyncApplied::Applied)
     );
-    assert_eq!((b.blocks(1), b.blocks(2)), (5, u64::MAX));
+    assert_eq!((b.blocks(1), b.blocks(2)), (5, MAX_SHARED));
     let e = b
         .sync
         .handle_on(&on("c"), &payload("c", 1, 1, vec![]))
@@ -372,6 +373,8 @@ fn bad_settings_are_refused() {
     bad.push(c.clone());
     c = BookingSyncConfig::new("a");
     c.max_frontends = 0;
+    bad.push(c.clone());
+    c.max_frontends = 4097;
     bad.push(c);
     for config in bad {
         let e = BookingSync::new(monitor.clone(), &subjects, config.clone(), clock.clone())

@@ -81,8 +81,9 @@ fuzz_target!(|data: &[u8]| {
                 None => assert!(status == 405 && text.is_empty(), "{status}: {text}"),
                 Some(TEXT_CONTENT_TYPE) => assert!(!text.is_empty(), "{status}: empty text"),
                 Some(_) => {
-                    let answer: Value = serde_json::from_str(text)
-                        .unwrap_or_else(|e| panic!("status {status} body is not JSON ({e}): {text}"));
+                    let answer: Value = serde_json::from_str(text).unwrap_or_else(|e| {
+                        panic!("status {status} body is not JSON ({e}): {text}")
+                    });
                     assert!(answer["error"].is_string(), "error body {text}");
                 }
             }

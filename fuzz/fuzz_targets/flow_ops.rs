@@ -70,7 +70,11 @@ impl<'a> Arbitrary<'a> for Op {
                 priority: u.arbitrary()?,
                 prompt: size(u)?,
                 max_tokens: if u.arbitrary()? { Some(size(u)?) } else { None },
-                deadline_ms: if u.arbitrary()? { Some(u.arbitrary()?) } else { None },
+                deadline_ms: if u.arbitrary()? {
+                    Some(u.arbitrary()?)
+                } else {
+                    None
+                },
             },
             4 | 5 => FlowOp::Pop,
             6 => FlowOp::Direct {

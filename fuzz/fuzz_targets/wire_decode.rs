@@ -125,7 +125,10 @@ fn round_trips(decoded: &Decoded) {
         }
         // Read, never written: a request id that fits the bound.
         Decoded::Sequence(e) => {
-            assert!(!e.request_id.is_empty() && e.request_id.len() <= MAX_REQUEST_ID, "{e:?}");
+            assert!(
+                !e.request_id.is_empty() && e.request_id.len() <= MAX_REQUEST_ID,
+                "{e:?}"
+            );
         }
     }
 }

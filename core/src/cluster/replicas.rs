@@ -33,7 +33,8 @@
 //!   (so per-subject NATS permissions bind a frontend to its own
 //!   snapshots); at most `max_frontends` are tracked; entries for workers
 //!   or ranks this monitor does not know are skipped (the next heartbeat
-//!   applies them once the worker is known). Every refusal is counted.
+//!   applies them once the worker is known); an absurd count is cut to
+//!   [`MAX_SHARED`]. Every refusal is counted.
 //!
 //! A tick reads every rank's two own-booking counters; the attached sync
 //! ticks every `debounce` interval on its own thread.
@@ -64,6 +65,13 @@ pub use wire::{QueueEntry, RankEntry, Snapshot, SNAPSHOT_VERSION};
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(2);
 /// Default [`BookingSyncConfig::max_frontends`].
 pub const DEFAULT_MAX_FRONTENDS: usize = 64;
+/// Largest [`BookingSyncConfig::max_frontends`].
+pub const MAX_FRONTENDS: usize = 4096;
+/// Most blocks or prefill tokens one frontend's snapshot adds to a rank;
+/// more is cut to it, so that the others' bookings summed never saturate a
+/// rank's count (at most [`MAX_FRONTENDS`] of them) and leave it exact when
+/// they go.
+pub const MAX_SHARED: u64 = 1 << 48;
 /// Default [`BookingSyncConfig::max_payload`]: a snapshot takes under 50
 /// bytes per booked rank, so 1 MiB holds over 20,000 of them.
 pub const DEFAULT_SNAPSHOT_MAX_PAYLOAD: usize = 1 << 20;
@@ -108,8 +116,8 @@ impl BookingSyncConfig {
         if self.expire_after <= self.heartbeat {
             return invalid("expire_after must be longer than heartbeat");
         }
-        if self.max_frontends == 0 || self.max_payload == 0 {
-            return invalid("max_frontends and max_payload must be at least 1");
+        if !(1..=MAX_FRONTENDS).contains(&self.max_frontends) || self.max_payload == 0 {
+            return invalid("max_frontends must be from 1 to 4096 and max_payload at least 1");
         }
         Ok(())
     }
@@ -472,10 +480,8 @@ impl BookingSync {
                 continue; // one entry per rank; a repeat is ignored
             }
             let from = old.remove(&key).unwrap_or_default();
-            if let Some(now) =
-                self.monitor
-                    .shift_shared(e.worker_id, e.dp_rank, &from, (e.blocks, e.prefill))
-            {
+            let to = (e.blocks.min(MAX_SHARED), e.prefill.min(MAX_SHARED));
+            if let Some(now) = self.monitor.shift_shared(e.worker_id, e.dp_rank, &from, to) {
                 shared.insert(key, now);
             }
         }

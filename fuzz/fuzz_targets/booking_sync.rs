@@ -1,0 +1,234 @@
+//! Booking snapshots from other frontends, hostile or not, driven through a
+//! frontend's `BookingSync` beside its own bookings (docs/replicas.md).
+//!
+//! Checks after every step:
+//! * nothing panics or aborts, whatever a payload holds;
+//! * every delivered payload is counted once: applied, out of order,
+//!   refused, or this frontend's own;
+//! * what this frontend sends carries exactly its own live bookings, never
+//!   what it learned from the others;
+//! * once every other frontend is forgotten, each rank holds exactly this
+//!   frontend's own bookings again.
+#![no_main]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use loadgate::cluster::replicas::{
+    BookingSync, BookingSyncConfig, QueueEntry, RankEntry, Snapshot, SyncApplied, SNAPSHOT_VERSION,
+};
+use loadgate::cluster::{ClusterError, Handler, Subjects, Subscription, Transport};
+use loadgate::{Booking, ManualClock, Monitor, MonitorConfig, WorkerSpec};
+
+const FRONTENDS: [&str; 5] = ["me", "a", "b", "c", "d"];
+
+#[derive(Default)]
+struct Outbox(Mutex<Vec<Vec<u8>>>);
+
+impl Transport for Outbox {
+    fn publish(&self, _: &str, payload: Vec<u8>) -> Result<(), ClusterError> {
+        self.0.lock().unwrap().push(payload);
+        Ok(())
+    }
+
+    fn subscribe(&self, _: &str, _: Handler) -> Result<Subscription, ClusterError> {
+        unreachable!()
+    }
+}
+
+fn count(u: &mut Unstructured<'_>) -> arbitrary::Result<u64> {
+    Ok(match u.arbitrary::<u8>()? {
+        0..=199 => u64::from(u.int_in_range(0u8..=50)?),
+        200..=239 => u.arbitrary()?,
+        n => u64::MAX - u64::from(n % 4),
+    })
+}
+
+#[derive(Debug)]
+enum Op {
+    /// A payload arriving on frontend `subject`'s subject.
+    Deliver {
+        subject: usize,
+        payload: Vec<u8>,
+    },
+    Book {
+        worker: u64,
+        rank: u32,
+        blocks: u64,
+        prefill: u64,
+    },
+    Release(usize),
+    Tick,
+    Advance(u16),
+    ReAdd(u64),
+}
+
+impl<'a> Arbitrary<'a> for Op {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(match u.int_in_range(0u8..=9)? {
+            0..=3 => {
+                let subject = u.int_in_range(0..=FRONTENDS.len() - 1)?;
+                let payload = if u.ratio(1u8, 8)? {
+                    u.arbitrary::<Vec<u8>>()?
+                } else {
+                    let frontend = if u.ratio(7u8, 8)? {
+                        FRONTENDS[subject].to_owned()
+                    } else {
+                        FRONTENDS[u.int_in_range(0..=FRONTENDS.len() - 1)?].to_owned()
+                    };
+                    let n = u.int_in_range(0u8..=6)?;
+                    let mut ranks = Vec::new();
+                    for _ in 0..n {
+                        ranks.push(RankEntry {
+                            worker_id: [1, 2, 9][usize::from(u.int_in_range(0u8..=2)?)],
+                            dp_rank: [0, 1, 7][usize::from(u.int_in_range(0u8..=2)?)],
+                            blocks: count(u)?,
+                            prefill: count(u)?,
+                        });
+                    }
+                    let snapshot = Snapshot {
+                        v: if u.ratio(15u8, 16)? {
+                            SNAPSHOT_VERSION
+                        } else {
+                            u.arbitrary()?
+                        },
+                        frontend,
+                        instance: u64::from(u.int_in_range(0u8..=2)?),
+                        seq: u64::from(u.int_in_range(0u8..=8)?),
+                        hello: u.arbitrary()?,
+                        ranks,
+                        queues: vec![QueueEntry {
+                            model: "m".into(),
+                            requests: u.arbitrary()?,
+                            tokens: u.arbitrary()?,
+                        }],
+                    };
+                    snapshot.to_msgpack()
+                };
+                Op::Deliver { subject, payload }
+            }
+            4..=5 => Op::Book {
+                worker: u64::from(u.int_in_range(1u8..=2)?),
+                rank: u.int_in_range(0..=1)?,
+                blocks: u64::from(u.int_in_range(0u16..=500)?),
+                prefill: u64::from(u.int_in_range(0u16..=500)?),
+            },
+            6 => Op::Release(u.arbitrary()?),
+            7 => Op::Tick,
+            8 => Op::Advance(u.arbitrary()?),
+            _ => Op::ReAdd(u64::from(u.int_in_range(1u8..=2)?)),
+        })
+    }
+}
+
+fn spec() -> WorkerSpec {
+    WorkerSpec {
+        dp_size: 2,
+        kv_total_blocks: Some(1000),
+        ..Default::default()
+    }
+}
+
+/// This frontend's own live bookings per rank.
+fn own(held: &[(u64, u32, Booking)]) -> BTreeMap<(u64, u32), (u64, u64)> {
+    let mut out = BTreeMap::new();
+    for (w, r, b) in held {
+        let e = out.entry((*w, *r)).or_insert((0, 0));
+        e.0 += b.blocks();
+        e.1 += b.prefill_tokens();
+    }
+    out.retain(|_, v| *v != (0, 0));
+    out
+}
+
+fuzz_target!(|ops: Vec<Op>| {
+    let clock = ManualClock::new();
+    let monitor = Arc::new(Monitor::with_config(MonitorConfig::default(), clock.clone()).unwrap());
+    for w in [1, 2] {
+        monitor.add_worker("m", w, spec()).unwrap();
+    }
+    let subjects = Subjects::new("fz").unwrap();
+    let mut config = BookingSyncConfig::new("me");
+    config.max_frontends = 2;
+    config.max_payload = 1024;
+    config.heartbeat = Duration::from_millis(100);
+    config.expire_after = Duration::from_millis(300);
+    let sync = BookingSync::new(monitor.clone(), &subjects, config, clock.clone()).unwrap();
+    let out = Outbox::default();
+    let mut held: Vec<(u64, u32, Booking)> = Vec::new();
+    let mut delivered = 0u64;
+    let mut own_echoes = 0u64;
+    for op in ops.into_iter().take(256) {
+        match op {
+            Op::Deliver { subject, payload } => {
+                let s = subjects.bookings(FRONTENDS[subject]);
+                delivered += 1;
+                if sync.handle_on(&s, &payload) == Ok(SyncApplied::Own) {
+                    own_echoes += 1;
+                }
+            }
+            Op::Book {
+                worker,
+                rank,
+                blocks,
+                prefill,
+            } => {
+                if let Ok(b) = monitor.book_with_prefill(worker, rank, blocks, prefill) {
+                    held.push((worker, rank, b));
+                }
+            }
+            Op::Release(i) => {
+                if !held.is_empty() {
+                    held.swap_remove(i % held.len());
+                }
+            }
+            Op::Tick => {
+                sync.tick(&out).unwrap();
+            }
+            Op::Advance(ms) => clock.advance(Duration::from_millis(u64::from(ms))),
+            Op::ReAdd(w) => {
+                held.retain(|(x, _, _)| *x != w);
+                monitor.remove_worker(w).unwrap();
+                monitor.add_worker("m", w, spec()).unwrap();
+            }
+        }
+        let st = sync.stats();
+        assert_eq!(
+            st.received + st.out_of_order + st.refused + own_echoes,
+            delivered
+        );
+        for payload in std::mem::take(&mut *out.0.lock().unwrap()) {
+            let sent = Snapshot::decode(&payload).unwrap();
+            let carried: BTreeMap<(u64, u32), (u64, u64)> = sent
+                .ranks
+                .iter()
+                .map(|e| ((e.worker_id, e.dp_rank), (e.blocks, e.prefill)))
+                .collect();
+            assert_eq!(
+                carried,
+                own(&held),
+                "a snapshot carries exactly its own bookings"
+            );
+        }
+    }
+    // Forget every other frontend: each rank holds exactly its own again.
+    clock.advance(Duration::from_secs(1));
+    sync.tick(&out).unwrap();
+    assert_eq!(sync.stats().frontends, 0);
+    let mine = own(&held);
+    for w in [1, 2] {
+        for r in 0..2 {
+            let load = monitor.rank_load(w, r).unwrap();
+            let (blocks, prefill) = mine.get(&(w, r)).copied().unwrap_or((0, 0));
+            assert_eq!(load.active_decode_blocks, blocks, "rank {w}/{r}");
+            assert_eq!(
+                load.active_prefill_tokens.unwrap_or(0),
+                prefill,
+                "rank {w}/{r}"
+            );
+        }
+    }
+});
