@@ -6,37 +6,17 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate::cluster::replicas::{
     BookingSync, BookingSyncConfig, RankEntry, Snapshot, SyncApplied, SyncError, MAX_SHARED,
     SNAPSHOT_VERSION,
 };
-use loadgate::cluster::{ClusterError, Handler, InProcessBus, Subjects, Subscription, Transport};
+use loadgate::cluster::{InProcessBus, Subjects, Transport};
 use loadgate::{ManualClock, Monitor};
 use support::monitor_fixture::{decode, monitor_with, spec, M};
-
-/// A transport that keeps what is published, for the test to deliver.
-#[derive(Default)]
-struct Outbox(Mutex<Vec<(String, Vec<u8>)>>);
-
-impl Transport for Outbox {
-    fn publish(&self, subject: &str, payload: Vec<u8>) -> Result<(), ClusterError> {
-        self.0.lock().unwrap().push((subject.to_owned(), payload));
-        Ok(())
-    }
-
-    fn subscribe(&self, _: &str, _: Handler) -> Result<Subscription, ClusterError> {
-        unreachable!("the test delivers")
-    }
-}
-
-impl Outbox {
-    fn take(&self) -> Vec<(String, Vec<u8>)> {
-        std::mem::take(&mut self.0.lock().unwrap())
-    }
-}
+use support::Outbox;
 
 /// One frontend: a monitor with workers 1 and 2 (one rank of 100 blocks
 /// each), its sync and its outbox.

@@ -14,34 +14,21 @@
 mod support;
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig, SyncApplied};
-use loadgate::cluster::{ClusterError, Handler, Subjects, Subscription, Transport};
+use loadgate::cluster::Subjects;
 use loadgate::{Booking, ManualClock, Monitor};
 use proptest::prelude::*;
 use support::monitor_fixture::{decode, monitor_with, spec, M};
+use support::Outbox;
 
 const MS: u64 = 1_000_000;
 /// The worker's KV blocks, and its line at a threshold of one half.
 const TOTAL: u64 = 1000;
 const LINE: u64 = TOTAL / 2;
 const DEBOUNCE_MS: u64 = 2;
-
-#[derive(Default)]
-struct Outbox(Mutex<Vec<(String, Vec<u8>)>>);
-
-impl Transport for Outbox {
-    fn publish(&self, subject: &str, payload: Vec<u8>) -> Result<(), ClusterError> {
-        self.0.lock().unwrap().push((subject.to_owned(), payload));
-        Ok(())
-    }
-
-    fn subscribe(&self, _: &str, _: Handler) -> Result<Subscription, ClusterError> {
-        unreachable!("the simulation delivers")
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Fleet {
@@ -213,7 +200,7 @@ fn simulate(f: &Fleet) -> Result<(), TestCaseError> {
         if ms % DEBOUNCE_MS == 0 {
             for (i, front) in fronts.iter().enumerate() {
                 front.sync.tick(&front.out).unwrap();
-                for (subject, payload) in std::mem::take(&mut *front.out.0.lock().unwrap()) {
+                for (subject, payload) in front.out.take() {
                     for to in (0..f.replicas).filter(|&to| to != i) {
                         if rng.chance(f.loss) {
                             continue;

@@ -93,6 +93,27 @@ struct Target {
     why: Option<String>,
 }
 
+/// A targets table's rows, one per target: what, measured, met or not.
+fn target_rows(ts: &[Target]) -> String {
+    ts.iter()
+        .map(|t| {
+            let verdict = if t.met { "met" } else { "**missed**" };
+            format!("| {} | {} | {verdict} |\n", t.what, t.measured)
+        })
+        .collect()
+}
+
+/// The missed targets of `ts`, each with why.
+fn missed_list(ts: &[Target]) -> String {
+    ts.iter()
+        .filter(|t| !t.met)
+        .map(|t| {
+            let why = t.why.clone().unwrap_or_default();
+            format!("\n- **{}** is missed: {why}.\n", t.what)
+        })
+        .collect()
+}
+
 fn targets(m: &Matrix) -> Vec<Target> {
     let e = ArmKind::Loadgate;
     let mut out = Vec::new();
@@ -418,14 +439,7 @@ fn markdown(m: &Matrix) -> String {
 
     w("## Arm (e)'s targets\n\n| target | measured | |\n|---|---|---|\n".into());
     let ts = targets(m);
-    for t in &ts {
-        w(format!(
-            "| {} | {} | {} |\n",
-            t.what,
-            t.measured,
-            if t.met { "met" } else { "**missed**" }
-        ));
-    }
+    w(target_rows(&ts));
     w("\n".into());
     let missed: Vec<_> = ts.iter().filter(|t| !t.met).collect();
     if !missed.is_empty() {

@@ -17,3 +17,35 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A transport that keeps what is published, for a test to deliver itself.
+#[derive(Default)]
+#[allow(dead_code)] // not every including binary delivers
+pub struct Outbox(std::sync::Mutex<Vec<(String, Vec<u8>)>>);
+
+impl loadgate::cluster::Transport for Outbox {
+    fn publish(
+        &self,
+        subject: &str,
+        payload: Vec<u8>,
+    ) -> Result<(), loadgate::cluster::ClusterError> {
+        self.0.lock().unwrap().push((subject.to_owned(), payload));
+        Ok(())
+    }
+
+    fn subscribe(
+        &self,
+        _: &str,
+        _: loadgate::cluster::Handler,
+    ) -> Result<loadgate::cluster::Subscription, loadgate::cluster::ClusterError> {
+        unreachable!("the test delivers")
+    }
+}
+
+impl Outbox {
+    /// Everything published since the last call.
+    #[allow(dead_code)] // not every including binary delivers
+    pub fn take(&self) -> Vec<(String, Vec<u8>)> {
+        std::mem::take(&mut self.0.lock().unwrap())
+    }
+}

@@ -2,7 +2,7 @@
 //! against arm (e) on bursty arrivals, the tenants' fairness and the light
 //! tenants served alone, and priority inversions, each target checked.
 
-use super::{ms, pct, row, Target};
+use super::{missed_list, ms, pct, row, target_rows, Target};
 use crate::arm::ArmKind;
 use crate::matrix::Matrix;
 
@@ -116,21 +116,8 @@ pub(super) fn section(m: &Matrix) -> String {
         "## Arms (g) and (h): the frontend queue's targets\n\n| target | measured | |\n|---|---|---|\n",
     );
     let ts = targets(m);
-    for t in &ts {
-        s += &format!(
-            "| {} | {} | {} |\n",
-            t.what,
-            t.measured,
-            if t.met { "met" } else { "**missed**" }
-        );
-    }
-    for t in ts.iter().filter(|t| !t.met) {
-        s += &format!(
-            "\n- **{}** is missed: {}.\n",
-            t.what,
-            t.why.clone().unwrap_or_default()
-        );
-    }
+    s += &target_rows(&ts);
+    s += &missed_list(&ts);
     s += "\nThe light tenants of the tenants scenario, each run again with only its own requests \
           (goodput, requests/s):\n\n| arm | tenant | alone | beside the others | kept |\n|---|---|---|---|---|\n";
     for a in &m.alone {

@@ -2,7 +2,7 @@
 //! (e) and (g) with and without booking sync against one frontend, their
 //! targets checked.
 
-use super::{ms, pct, Target};
+use super::{missed_list, ms, pct, target_rows, Target};
 use crate::matrix::Matrix;
 use crate::replicas::{ReplicaRow, DEBOUNCE_S, REPLICAS, WORKERS};
 
@@ -127,21 +127,8 @@ pub(super) fn section(m: &Matrix) -> String {
         met: worst <= 1.0,
         why: (worst > 1.0).then(|| "more snapshots than debounce intervals".into()),
     });
-    for t in &ts {
-        s += &format!(
-            "| {} | {} | {} |\n",
-            t.what,
-            t.measured,
-            if t.met { "met" } else { "**missed**" }
-        );
-    }
-    for t in ts.iter().filter(|t| !t.met) {
-        s += &format!(
-            "\n- **{}** is missed: {}.\n",
-            t.what,
-            t.why.clone().unwrap_or_default()
-        );
-    }
+    s += &target_rows(&ts);
+    s += &missed_list(&ts);
     s += "\n| design | load | mode | goodput | admitted p99 TTFT (ms) | rejected | over-admissions | \
           snapshots (mean / largest bytes) |\n|---|---|---|---|---|---|---|---|\n";
     for r in &m.replicas {
