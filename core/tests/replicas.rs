@@ -289,6 +289,7 @@ fn hostile_snapshots_are_refused_and_counted() {
     let mut config = BookingSyncConfig::new("b");
     config.max_frontends = 1;
     config.max_payload = 4096;
+    config.max_entries = 6;
     let b = Frontend::with(config, &clock);
     let on = |id: &str| format!("loadgate.test.bookings.{id}");
     let e = b.sync.handle_on(&on("a"), &vec![0x90; 5000]).unwrap_err();
@@ -321,6 +322,14 @@ fn hostile_snapshots_are_refused_and_counted() {
         .handle_on(&on("c"), &payload("c", 1, 1, vec![]))
         .unwrap_err();
     assert_eq!(e, SyncError::TooManyFrontends { limit: 1 });
+    // More entries than kept in all: refused, and a's stay as they were.
+    let many = (0..7).map(|i| entry(1, 0, i)).collect();
+    let e = b
+        .sync
+        .handle_on(&on("a"), &payload("a", 1, 5, many))
+        .unwrap_err();
+    assert_eq!(e, SyncError::TooManyEntries { limit: 6 });
+    assert_eq!((b.blocks(1), b.blocks(2)), (5, MAX_SHARED));
     assert_eq!(
         b.sync
             .handle_on(&on("b"), &payload("b", 1, 1, vec![entry(1, 0, 1)])),
@@ -328,7 +337,7 @@ fn hostile_snapshots_are_refused_and_counted() {
     );
     assert_eq!(b.blocks(1), 5);
     let stats = b.sync.stats();
-    assert_eq!((stats.refused, stats.received), (4, 1));
+    assert_eq!((stats.refused, stats.received), (5, 1));
     // The saturated rank comes back down exactly when a drops it.
     b.sync
         .handle_on(&on("a"), &payload("a", 1, 2, vec![]))
@@ -350,6 +359,9 @@ fn bad_settings_are_refused() {
     bad.push(c.clone());
     c = BookingSyncConfig::new("a");
     c.expire_after = c.heartbeat;
+    bad.push(c.clone());
+    c = BookingSyncConfig::new("a");
+    c.max_entries = 0;
     bad.push(c.clone());
     c = BookingSyncConfig::new("a");
     c.max_frontends = 0;

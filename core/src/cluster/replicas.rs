@@ -31,7 +31,8 @@
 //! * **Hostile input.** A payload is checked for size before it is read; a
 //!   snapshot whose frontend is not its subject's last token is refused
 //!   (so per-subject NATS permissions bind a frontend to its own
-//!   snapshots); at most `max_frontends` are tracked; entries for workers
+//!   snapshots); at most `max_frontends` are tracked, with at most
+//!   `max_entries` rank entries over all of them; entries for workers
 //!   or ranks this monitor does not know are skipped (the next heartbeat
 //!   applies them once the worker is known); an absurd count is cut to
 //!   [`MAX_SHARED`]. Every refusal is counted.
@@ -65,6 +66,8 @@ pub use wire::{QueueEntry, RankEntry, Snapshot, SNAPSHOT_VERSION};
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(2);
 /// Default [`BookingSyncConfig::max_frontends`].
 pub const DEFAULT_MAX_FRONTENDS: usize = 64;
+/// Default [`BookingSyncConfig::max_entries`].
+pub const DEFAULT_MAX_ENTRIES: usize = 1 << 18;
 /// Largest [`BookingSyncConfig::max_frontends`].
 pub const MAX_FRONTENDS: usize = 4096;
 /// Most blocks or prefill tokens one frontend's snapshot adds to a rank;
@@ -92,6 +95,9 @@ pub struct BookingSyncConfig {
     /// Longest snapshot read (default 1 MiB); longer ones are refused
     /// unread.
     pub max_payload: usize,
+    /// Most rank entries kept over every other frontend (default 262,144:
+    /// about 16 MiB); a snapshot that would pass it is refused.
+    pub max_entries: usize,
 }
 
 impl BookingSyncConfig {
@@ -104,6 +110,7 @@ impl BookingSyncConfig {
             expire_after: 3 * DEFAULT_HEARTBEAT,
             max_frontends: DEFAULT_MAX_FRONTENDS,
             max_payload: DEFAULT_SNAPSHOT_MAX_PAYLOAD,
+            max_entries: DEFAULT_MAX_ENTRIES,
         }
     }
 
@@ -116,8 +123,11 @@ impl BookingSyncConfig {
         if self.expire_after <= self.heartbeat {
             return invalid("expire_after must be longer than heartbeat");
         }
-        if !(1..=MAX_FRONTENDS).contains(&self.max_frontends) || self.max_payload == 0 {
-            return invalid("max_frontends must be from 1 to 4096 and max_payload at least 1");
+        if !(1..=MAX_FRONTENDS).contains(&self.max_frontends) {
+            return invalid("max_frontends must be from 1 to 4096");
+        }
+        if self.max_payload == 0 || self.max_entries == 0 {
+            return invalid("max_payload and max_entries must be at least 1");
         }
         Ok(())
     }
@@ -158,6 +168,11 @@ pub enum SyncError {
         /// The bound.
         limit: usize,
     },
+    /// More rank entries, over every other frontend, than `max_entries`.
+    TooManyEntries {
+        /// The bound.
+        limit: usize,
+    },
 }
 
 impl fmt::Display for SyncError {
@@ -174,6 +189,10 @@ impl fmt::Display for SyncError {
             Self::TooManyFrontends { limit } => {
                 write!(f, "booking snapshot of a new frontend beyond {limit}")
             }
+            Self::TooManyEntries { limit } => write!(
+                f,
+                "booking snapshot beyond {limit} rank entries over every frontend"
+            ),
         }
     }
 }
@@ -220,6 +239,8 @@ struct State {
     last: Option<(Vec<RankEntry>, Vec<QueueEntry>, u64)>,
     /// A frontend said hello: send at the next tick.
     reply_due: bool,
+    /// Rank entries kept over every other frontend.
+    entries: usize,
     /// A buffer reused by every tick.
     totals: Vec<RankTotals>,
 }
@@ -385,6 +406,7 @@ impl BookingSync {
             .collect();
         for id in silent {
             if let Some(peer) = st.peers.remove(&id) {
+                st.entries -= peer.shared.len();
                 self.unshare(peer.shared);
                 self.counters[EXPIRED].fetch_add(1, Ordering::Relaxed);
             }
@@ -432,6 +454,16 @@ impl BookingSync {
         }
         let now = self.clock.now_nanos();
         let mut st = lock(&self.state);
+        let held = st
+            .peers
+            .get(&snapshot.frontend)
+            .map_or(0, |p| p.shared.len());
+        let others = st.entries - held;
+        if others + snapshot.ranks.len() > self.config.max_entries {
+            return Err(SyncError::TooManyEntries {
+                limit: self.config.max_entries,
+            });
+        }
         let old = match st.peers.remove(&snapshot.frontend) {
             Some(peer) if peer.instance == snapshot.instance => {
                 if snapshot.seq <= peer.seq {
@@ -453,6 +485,7 @@ impl BookingSync {
         };
         st.reply_due |= snapshot.hello;
         let shared = self.reshare(old, &snapshot.ranks);
+        st.entries = others + shared.len();
         st.peers.insert(
             snapshot.frontend,
             Peer {
