@@ -2,6 +2,8 @@
 pub mod etcd_server;
 pub mod gates;
 pub mod monitor_fixture;
+#[cfg(feature = "nats")]
+pub mod nats_auth;
 pub mod nats_server;
 pub mod polling;
 pub mod recorded;
