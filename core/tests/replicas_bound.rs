@@ -97,15 +97,17 @@ struct Frontend {
 }
 
 impl Frontend {
-    /// Blocks this frontend booked after time `after`, up to now.
-    fn booked_after(&self, after: u64) -> u64 {
+    /// Blocks this frontend booked after time `after` (all of them for
+    /// `None`), up to now.
+    fn booked_after(&self, after: Option<u64>) -> u64 {
         let total = self.booked.last().map_or(0, |b| b.1);
-        let before = self
-            .booked
-            .iter()
-            .rev()
-            .find(|b| b.0 <= after)
-            .map_or(0, |b| b.1);
+        let before = after.map_or(0, |after| {
+            self.booked
+                .iter()
+                .rev()
+                .find(|b| b.0 <= after)
+                .map_or(0, |b| b.1)
+        });
         total - before
     }
 }
@@ -136,8 +138,9 @@ fn simulate(f: &Fleet) -> Result<(), TestCaseError> {
         .collect();
     // In flight: (arrival time, to, sent at, subject, payload).
     let mut wire: VecDeque<(u64, usize, u64, String, Vec<u8>)> = VecDeque::new();
-    // seen[i][j]: when the snapshot of j that i last applied was built.
-    let mut seen = vec![vec![0u64; f.replicas]; f.replicas];
+    // seen[i][j]: when the snapshot of j that i last applied was built
+    // (`None`: none yet).
+    let mut seen = vec![vec![None; f.replicas]; f.replicas];
     let d = (DEBOUNCE_MS + f.max_delay_ms + 1) * MS;
     for ms in 0..f.steps_ms {
         let now = ms * MS;
@@ -151,7 +154,7 @@ fn simulate(f: &Fleet) -> Result<(), TestCaseError> {
             }
             let from: usize = subject.rsplit('.').next().unwrap()[1..].parse().unwrap();
             if fronts[to].sync.handle_on(&subject, &payload) == Ok(SyncApplied::Applied) {
-                seen[to][from] = sent_at;
+                seen[to][from] = Some(sent_at);
             }
         }
         wire = later;
@@ -188,7 +191,7 @@ fn simulate(f: &Fleet) -> Result<(), TestCaseError> {
             if f.loss == 0 {
                 let within: u64 = (0..f.replicas)
                     .filter(|&j| j != i)
-                    .map(|j| fronts[j].booked_after(now.saturating_sub(d)))
+                    .map(|j| fronts[j].booked_after(now.checked_sub(d)))
                     .sum();
                 prop_assert!(
                     truth <= LINE + blocks + within,
