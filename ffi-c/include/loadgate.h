@@ -1054,9 +1054,13 @@ typedef struct lg_booking_sync_config {
    */
   uint64_t expire_after_ms;
   /**
-   * Most other frontends tracked (default 64).
+   * Most other frontends tracked (default 64; at most 4096).
    */
   uint32_t max_frontends;
+  /**
+   * Most rank entries kept over every other frontend (default 262144).
+   */
+  uint32_t max_entries;
 } lg_booking_sync_config;
 
 /**

@@ -39,8 +39,10 @@ pub struct lg_booking_sync_config {
     /// A frontend silent this long is forgotten, in milliseconds (default
     /// 3000; longer than heartbeat_ms).
     pub expire_after_ms: u64,
-    /// Most other frontends tracked (default 64).
+    /// Most other frontends tracked (default 64; at most 4096).
     pub max_frontends: u32,
+    /// Most rank entries kept over every other frontend (default 262144).
+    pub max_entries: u32,
 }
 
 /// Counters of a booking sync.
@@ -85,6 +87,7 @@ pub unsafe extern "C" fn lg_booking_sync_config_default(
             heartbeat_ms: d.heartbeat.as_millis() as u64,
             expire_after_ms: d.expire_after.as_millis() as u64,
             max_frontends: d.max_frontends as u32,
+            max_entries: d.max_entries as u32,
         };
         // SAFETY: writable (contract).
         unsafe { out.write(config) };
@@ -146,6 +149,7 @@ pub unsafe extern "C" fn lg_monitor_sync_bookings(
             settings.heartbeat = Duration::from_millis(c.heartbeat_ms);
             settings.expire_after = Duration::from_millis(c.expire_after_ms);
             settings.max_frontends = c.max_frontends as usize;
+            settings.max_entries = c.max_entries as usize;
         }
         let subjects = subjects(namespace)?;
         let sync = BookingSync::new(

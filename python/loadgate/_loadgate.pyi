@@ -213,6 +213,7 @@ class Monitor:
         heartbeat: float = 1.0,
         expire_after: float = 3.0,
         max_frontends: int = 64,
+        max_entries: int = 262144,
         user: Optional[str] = None,
         password: Optional[str] = None,
         token: Optional[str] = None,

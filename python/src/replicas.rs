@@ -27,14 +27,15 @@ impl Monitor {
     /// one NATS token); a snapshot goes out at most every `debounce` seconds
     /// when something changed and every `heartbeat` seconds when not; a
     /// replica silent for `expire_after` seconds is forgotten;
-    /// `max_frontends` bounds the replicas tracked. `mode` is `"shared"`.
+    /// `max_frontends` bounds the replicas tracked and `max_entries` the
+    /// rank entries kept over all of them. `mode` is `"shared"`.
     /// Takes the same authentication and TLS arguments as
     /// `subscribe_nats`. Returns a `BookingSync` whose `close()` stops it.
     /// Raises `ValueError` for a bad argument and `ConnectionError` when the
     /// server cannot be reached.
     #[pyo3(
-        signature = (url, namespace = None, *, frontend_id, mode = None, debounce = None, heartbeat = None, expire_after = None, max_frontends = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
-        text_signature = "($self, url, namespace='default', *, frontend_id, mode='shared', debounce=0.002, heartbeat=1.0, expire_after=3.0, max_frontends=64, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
+        signature = (url, namespace = None, *, frontend_id, mode = None, debounce = None, heartbeat = None, expire_after = None, max_frontends = None, max_entries = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
+        text_signature = "($self, url, namespace='default', *, frontend_id, mode='shared', debounce=0.002, heartbeat=1.0, expire_after=3.0, max_frontends=64, max_entries=262144, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn sync_bookings(
@@ -48,6 +49,7 @@ impl Monitor {
         heartbeat: Option<&Bound<'_, PyAny>>,
         expire_after: Option<&Bound<'_, PyAny>>,
         max_frontends: Option<&Bound<'_, PyAny>>,
+        max_entries: Option<&Bound<'_, PyAny>>,
         user: Option<&Bound<'_, PyAny>>,
         password: Option<&Bound<'_, PyAny>>,
         token: Option<&Bound<'_, PyAny>>,
@@ -90,6 +92,9 @@ impl Monitor {
         };
         if let Some(n) = max_frontends.filter(|n| !n.is_none()) {
             config.max_frontends = u32_arg(n, "max_frontends")? as usize;
+        }
+        if let Some(n) = max_entries.filter(|n| !n.is_none()) {
+            config.max_entries = u32_arg(n, "max_entries")? as usize;
         }
         let subjects = subjects(&namespace_arg(namespace)?)?;
         let sync = CoreSync::new(

@@ -219,6 +219,8 @@ def test_bad_arguments_are_refused_before_connecting() -> None:
         ({"frontend_id": "a", "mode": "leased2"}, ValueError),
         ({"frontend_id": "a", "debounce": 0}, ValueError),
         ({"frontend_id": "a", "heartbeat": 1.0, "expire_after": 0.5}, ValueError),
+        ({"frontend_id": "a", "max_frontends": 5000}, ValueError),
+        ({"frontend_id": "a", "max_entries": 0}, ValueError),
         ({"frontend_id": 7}, TypeError),
     ]:
         with pytest.raises(exc):

@@ -33,7 +33,7 @@ void test_replicas_errors(void) {
     INVALID(lg_booking_sync_config_default(NULL));
     OK(lg_booking_sync_config_default(&c));
     CHECK(c.debounce_ms == 2 && c.heartbeat_ms == 1000 && c.expire_after_ms == 3000);
-    CHECK(c.max_frontends == 64);
+    CHECK(c.max_frontends == 64 && c.max_entries == 262144);
 
     lg_monitor *m = frontend();
     lg_booking_sync *s = NULL;
@@ -48,6 +48,10 @@ void test_replicas_errors(void) {
     OK(lg_booking_sync_config_default(&c));
     c.expire_after_ms = c.heartbeat_ms;
     INVALID(lg_monitor_sync_bookings(m, UNREACHABLE, n, S("ns"), S("a"), &c, NULL, &s));
+    OK(lg_booking_sync_config_default(&c));
+    c.max_entries = 0;
+    INVALID(lg_monitor_sync_bookings(m, UNREACHABLE, n, S("ns"), S("a"), &c, NULL, &s));
+    CHECK(last_error_contains("max_entries"));
     EXPECT(lg_monitor_sync_bookings(m, UNREACHABLE, n, S("ns"), S("a"), NULL, NULL, &s),
            LG_TRANSPORT_ERROR);
     CHECK(s == NULL);
