@@ -10,12 +10,15 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loadgate::cluster::nats::NatsTransport;
-use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig, SyncAttached};
+use loadgate::cluster::nats::NatsOptions;
+use loadgate::cluster::replicas::{
+    BookingSync, BookingSyncConfig, RankEntry, Snapshot, SyncAttached, SNAPSHOT_VERSION,
+};
 use loadgate::cluster::{Subjects, Transport};
 use loadgate::{Monitor, MonotonicClock};
 use support::monitor_fixture::{spec, M};
-use support::nats_server::NatsServer;
+use support::nats_auth::{connect, user};
+use support::nats_server::{NatsServer, ScratchDir};
 use support::wait_for;
 
 struct Frontend {
@@ -25,6 +28,11 @@ struct Frontend {
 }
 
 fn frontend(url: &str, id: &str) -> Frontend {
+    frontend_with(url, id, &NatsOptions::default())
+}
+
+/// A frontend whose connection uses `options`.
+fn frontend_with(url: &str, id: &str, options: &NatsOptions) -> Frontend {
     let monitor = Arc::new(Monitor::new());
     for w in 1..=4 {
         monitor.add_worker(M, w, spec(1, 1000)).unwrap();
@@ -35,7 +43,7 @@ fn frontend(url: &str, id: &str) -> Frontend {
     config.expire_after = Duration::from_millis(400);
     let sync =
         BookingSync::new(monitor.clone(), &subjects, config, MonotonicClock::shared()).unwrap();
-    let transport: Arc<dyn Transport> = Arc::new(NatsTransport::connect(url).unwrap());
+    let transport: Arc<dyn Transport> = Arc::new(connect(url, options).unwrap());
     let attached = Some(sync.attach(transport, &subjects).unwrap());
     Frontend {
         monitor,
@@ -110,4 +118,57 @@ fn frontends_share_bookings_over_nats_and_recover() {
     let stats = a.sync.stats();
     eprintln!("a: {stats:?}");
     assert!(stats.sent > 0 && stats.received > 0 && stats.refused == 0);
+}
+
+/// With the permissions docs/nats.md recommends, each frontend may publish
+/// only its own snapshots: one that speaks for another is stopped by the
+/// server, and the others still share their bookings.
+#[test]
+fn per_frontend_permissions_bind_a_frontend_to_its_own_snapshots() {
+    let frontend_user = |id: &str| {
+        format!(
+            r#"{{ user: "{id}", password: "pw-{id}",
+                 permissions: {{ publish: ["loadgate.it.bookings.{id}"],
+                                 subscribe: ["loadgate.it.load.*", "loadgate.it.bookings.*"] }} }}"#
+        )
+    };
+    let config = format!(
+        "authorization {{\n  users = [\n    {}\n    {}\n  ]\n}}\n",
+        frontend_user("a"),
+        frontend_user("b")
+    );
+    let dir = ScratchDir::new("replicas-permissions");
+    let server = NatsServer::start_with_config(&dir, &config);
+    let url = server.url();
+    let a = frontend_with(&url, "a", &user("a", "pw-a"));
+    let b = frontend_with(&url, "b", &user("b", "pw-b"));
+    let _x = a.monitor.book(1, 0, 40).unwrap();
+    wait_for("b sees a's booking", || b.blocks(1) == 40);
+    // A publishes a snapshot of a third frontend on that frontend's
+    // subject: the server drops it, so nobody starts tracking a "c".
+    let spoof = Snapshot {
+        v: SNAPSHOT_VERSION,
+        frontend: "c".into(),
+        instance: 1,
+        seq: 1,
+        hello: false,
+        ranks: vec![RankEntry {
+            worker_id: 2,
+            dp_rank: 0,
+            blocks: 999,
+            prefill: 0,
+        }],
+        queues: Vec::new(),
+    };
+    let t = connect(&url, &user("a", "pw-a")).unwrap();
+    t.publish("loadgate.it.bookings.c", spoof.to_msgpack())
+        .unwrap();
+    t.flush().unwrap();
+    // B's next booking still reaches a, after the spoof would have.
+    let _y = b.monitor.book(3, 0, 7).unwrap();
+    wait_for("a sees b's booking", || a.blocks(3) == 7);
+    for f in [&a, &b] {
+        assert_eq!(f.blocks(2), 0);
+        assert_eq!(f.sync.stats().frontends, 1, "only the other one");
+    }
 }
