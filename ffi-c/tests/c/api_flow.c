@@ -13,21 +13,7 @@
 /* One worker (id 1) of 100 KV blocks, busy above half, with a queue of
  * `limit` whose requests wait at most 200 ms. */
 static lg_monitor *fleet(uint32_t limit) {
-    lg_monitor_config c;
-    lg_monitor *m = NULL;
-    OK(lg_monitor_config_default(&c));
-    OK(lg_monitor_new(&c, &m));
-    lg_worker_spec spec;
-    memset(&spec, 0, sizeof spec);
-    spec.dp_size = 1;
-    spec.has_kv_total_blocks = true;
-    spec.kv_total_blocks = 100;
-    OK(lg_monitor_add_worker(m, S("m"), 1, &spec));
-    lg_threshold_update u;
-    memset(&u, 0, sizeof u);
-    u.has_active_decode_blocks_threshold = true;
-    u.active_decode_blocks_threshold = 0.5;
-    OK(lg_monitor_set_thresholds(m, S("m"), &u, NULL));
+    lg_monitor *m = half_line_monitor();
     lg_flow_config f;
     OK(lg_flow_config_default(limit, &f));
     f.deadline_ms = 200;
@@ -197,11 +183,7 @@ void test_flow(void) {
     OK(lg_monitor_dispatch_async(m, S("m"), &r, on_dispatch, &joined));
     EXPECT(lg_monitor_dispatch(m, S("m"), &r, 0, &d2), LG_UNAVAILABLE);
     CHECK(joined.calls == 0);
-    lg_worker_spec spec;
-    memset(&spec, 0, sizeof spec);
-    spec.dp_size = 1;
-    spec.has_kv_total_blocks = true;
-    spec.kv_total_blocks = 100;
+    lg_worker_spec spec = one_rank(100);
     OK(lg_monitor_add_worker(m, S("m"), 9, &spec));
     CHECK(joined.calls == 1 && joined.status == LG_OK && lg_dispatch_worker(joined.dispatch) == 9);
     lg_dispatch_complete(joined.dispatch, 0);

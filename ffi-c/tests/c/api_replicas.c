@@ -10,24 +10,6 @@
 
 #define UNREACHABLE "nats://127.0.0.1:1"
 
-/* A frontend: worker 1 with 100 KV blocks, busy above half of them. */
-static lg_monitor *frontend(void) {
-    lg_monitor *m = NULL;
-    OK(lg_monitor_new(NULL, &m));
-    lg_worker_spec spec;
-    memset(&spec, 0, sizeof spec);
-    spec.dp_size = 1;
-    spec.has_kv_total_blocks = true;
-    spec.kv_total_blocks = 100;
-    OK(lg_monitor_add_worker(m, S("m"), 1, &spec));
-    lg_threshold_update u;
-    memset(&u, 0, sizeof u);
-    u.has_active_decode_blocks_threshold = true;
-    u.active_decode_blocks_threshold = 0.5;
-    OK(lg_monitor_set_thresholds(m, S("m"), &u, NULL));
-    return m;
-}
-
 void test_replicas_errors(void) {
     lg_booking_sync_config c;
     INVALID(lg_booking_sync_config_default(NULL));
@@ -35,7 +17,7 @@ void test_replicas_errors(void) {
     CHECK(c.debounce_ms == 2 && c.heartbeat_ms == 1000 && c.expire_after_ms == 3000);
     CHECK(c.max_frontends == 64 && c.max_entries == 262144);
 
-    lg_monitor *m = frontend();
+    lg_monitor *m = half_line_monitor();
     lg_booking_sync *s = NULL;
     const size_t n = strlen(UNREACHABLE);
     INVALID(lg_monitor_sync_bookings(NULL, UNREACHABLE, n, S("ns"), S("a"), NULL, NULL, &s));
@@ -64,7 +46,7 @@ void test_replicas_errors(void) {
 void test_replicas_live(const char *url) {
     double t0 = now_ms();
     const size_t url_len = strlen(url);
-    lg_monitor *a = frontend(), *b = frontend();
+    lg_monitor *a = half_line_monitor(), *b = half_line_monitor();
     lg_booking_sync_config c;
     OK(lg_booking_sync_config_default(&c));
     c.heartbeat_ms = 100;

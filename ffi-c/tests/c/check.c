@@ -40,6 +40,28 @@ int await_busy(const lg_monitor *m, uint64_t worker_id, bool want) {
     return 0;
 }
 
+lg_worker_spec one_rank(uint64_t kv_total) {
+    lg_worker_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.dp_size = 1;
+    spec.has_kv_total_blocks = true;
+    spec.kv_total_blocks = kv_total;
+    return spec;
+}
+
+lg_monitor *half_line_monitor(void) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_worker_spec spec = one_rank(100);
+    OK(lg_monitor_add_worker(m, S("m"), 1, &spec));
+    lg_threshold_update u;
+    memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.5;
+    OK(lg_monitor_set_thresholds(m, S("m"), &u, NULL));
+    return m;
+}
+
 lg_load_report kv_report(uint64_t used, uint64_t total) {
     lg_load_report r;
     memset(&r, 0, sizeof r);

@@ -66,6 +66,11 @@ double now_ms(void);
 /* Polls lg_monitor_is_busy until it answers `want`, for at most WAIT_MS. */
 int await_busy(const lg_monitor *m, uint64_t worker_id, bool want);
 lg_load_report kv_report(uint64_t used, uint64_t total);
+/* A worker of one rank (0) with `kv_total` KV blocks. */
+lg_worker_spec one_rank(uint64_t kv_total);
+/* A monitor of model "m" with worker 1 (one rank of 100 KV blocks), busy
+ * above half of them. */
+lg_monitor *half_line_monitor(void);
 
 /* api_status.c: version, statuses, the last error, error responses. */
 void test_version_and_status(void);
