@@ -198,6 +198,18 @@ pub enum ReportError {
         /// The value given.
         value: u64,
     },
+    /// Booking sync's leased mode (docs/replicas.md): this frontend's share
+    /// of the rank has no room for the booking (or its lease ran out).
+    NoShare {
+        /// The worker.
+        worker_id: u64,
+        /// The rank.
+        dp_rank: u32,
+        /// The blocks asked for.
+        blocks: u64,
+        /// What this frontend may book on the rank now, in all.
+        cap: u64,
+    },
     /// A publisher's report in a forked child of the process that started
     /// it: its connection and sending thread stayed in the parent, so the
     /// report could never be sent. Start a new publisher in this process.
@@ -216,6 +228,7 @@ impl ReportError {
             ReportError::UnknownWorker(_) => "unknown_worker",
             ReportError::UndeclaredRank { .. } => "undeclared_rank",
             ReportError::InvalidValue { .. } => "invalid_value",
+            ReportError::NoShare { .. } => "no_share",
             ReportError::OtherProcess => "other_process",
         }
     }
@@ -242,6 +255,16 @@ impl fmt::Display for ReportError {
                     u64::MAX
                 )
             }
+            ReportError::NoShare {
+                worker_id,
+                dp_rank,
+                blocks,
+                cap,
+            } => write!(
+                f,
+                "worker {worker_id} rank {dp_rank}: {blocks} blocks do not fit this frontend's \
+                 leased share ({cap} blocks in all)"
+            ),
             ReportError::OtherProcess => f.write_str(
                 "this reporter was started before the process forked and cannot send from the \
                  forked child; start a new one in this process",

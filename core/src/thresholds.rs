@@ -244,6 +244,17 @@ impl Thresholds {
         Ok(next)
     }
 
+    /// The most KV blocks a rank of `kv_total_blocks` holds before the
+    /// decode check calls it busy: `floor(t * kv_total_blocks)`, or all of
+    /// them without a decode threshold; 0 while its capacity is unknown.
+    /// Booking sync's leased mode splits this line between the frontends.
+    pub fn decode_line(&self, kv_total_blocks: u64) -> u64 {
+        match self.active_decode_blocks_threshold {
+            Some(t) => (t * kv_total_blocks as f64).floor() as u64,
+            None => kv_total_blocks,
+        }
+    }
+
     /// The busy rule for one rank (docs/behaviour.md#busy-rule), before
     /// staleness.
     ///

@@ -270,6 +270,7 @@ fn payload(frontend: &str, instance: u64, seq: u64, ranks: Vec<RankEntry>) -> Ve
         hello: false,
         ranks,
         queues: Vec::new(),
+        lease: None,
     }
     .to_msgpack()
 }

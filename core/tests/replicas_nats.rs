@@ -159,6 +159,7 @@ fn per_frontend_permissions_bind_a_frontend_to_its_own_snapshots() {
             prefill: 0,
         }],
         queues: Vec::new(),
+        lease: None,
     };
     let t = connect(&url, &user("a", "pw-a")).unwrap();
     t.publish("loadgate.it.bookings.c", spoof.to_msgpack())

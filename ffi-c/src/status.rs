@@ -177,6 +177,7 @@ impl From<ReportError> for Error {
             ReportError::UnknownWorker(_) | ReportError::UndeclaredRank { .. } => LG_NOT_FOUND,
             ReportError::InvalidValue { .. } => LG_INVALID_ARGUMENT,
             ReportError::OtherProcess => LG_TRANSPORT_ERROR,
+            ReportError::NoShare { .. } => LG_WORKER_OVERLOADED,
         };
         Error::new(status, e)
     }

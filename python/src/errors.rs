@@ -87,12 +87,18 @@ pub fn route_error(py: Python<'_>, e: RouteError) -> PyErr {
 }
 
 /// A refused report or booking: `KeyError` for an unknown worker,
-/// `ConnectionError` for a reporter used across a fork, `ValueError`
-/// otherwise.
+/// `ConnectionError` for a reporter used across a fork, `WorkerOverloaded`
+/// for a booking past a leased share, `ValueError` otherwise.
 pub fn report_error(e: ReportError) -> PyErr {
     match e {
         ReportError::UnknownWorker(_) => PyKeyError::new_err(e.to_string()),
         ReportError::OtherProcess => pyo3::exceptions::PyConnectionError::new_err(e.to_string()),
+        ReportError::NoShare { .. } => Python::attach(|py| {
+            match rejection_value(py, Reason::WorkerOverloaded, Some(&e.to_string())) {
+                Ok(value) => PyErr::from_value(value),
+                Err(err) => err,
+            }
+        }),
         _ => PyValueError::new_err(e.to_string()),
     }
 }

@@ -4,6 +4,8 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -20,6 +22,8 @@ use crate::runtime::{block_on, runtime};
 pub struct NatsTransport {
     client: async_nats::Client,
     outbox: mpsc::UnboundedSender<(String, bytes::Bytes)>,
+    /// Disconnections and slow-subscriber drops so far.
+    interruptions: Arc<AtomicU64>,
     /// The process that connected: a forked child cannot use the parent's
     /// connection (its tasks ran on the parent's runtime threads).
     made_in: ForkGuard,
@@ -348,8 +352,20 @@ impl NatsTransport {
             client_cert,
             timeout,
         } = checked;
+        let interruptions = Arc::new(AtomicU64::new(0));
+        let counted = interruptions.clone();
         let attempt = async move {
             let mut o = async_nats::ConnectOptions::new()
+                .event_callback(move |event| {
+                    if matches!(
+                        event,
+                        async_nats::Event::Disconnected | async_nats::Event::SlowConsumer(_)
+                    ) {
+                        // Relaxed: a count, read now and then.
+                        counted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    async {}
+                })
                 .name("loadgate")
                 .connection_timeout(timeout)
                 .max_reconnects(None)
@@ -399,6 +415,7 @@ impl NatsTransport {
         Ok(Self {
             client,
             outbox,
+            interruptions,
             made_in: ForkGuard::new(),
         })
     }
@@ -427,6 +444,13 @@ impl NatsTransport {
 }
 
 impl Transport for NatsTransport {
+    fn interruptions(&self) -> u64 {
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            return u64::MAX;
+        }
+        self.interruptions.load(Ordering::Relaxed)
+    }
+
     fn publish(&self, subject: &str, payload: Vec<u8>) -> Result<(), ClusterError> {
         self.check_process()?;
         self.outbox

@@ -58,10 +58,14 @@ use crate::fork::ForkGuard;
 use crate::monitor::replicas::{RankTotals, Shared};
 use crate::monitor::Monitor;
 
+mod lease;
 mod wire;
 
-pub use wire::{QueueEntry, RankEntry, Snapshot, SNAPSHOT_VERSION};
+use lease::Leases;
+pub use wire::{Heard, Lease, QueueEntry, RankEntry, Snapshot, SNAPSHOT_VERSION};
 
+/// Default [`BookingSyncConfig::lease`].
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(1);
 /// Default [`BookingSyncConfig::debounce`].
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(2);
 /// Default [`BookingSyncConfig::max_frontends`].
@@ -79,11 +83,33 @@ pub const MAX_SHARED: u64 = 1 << 48;
 /// bytes per booked rank, so 1 MiB holds over 20,000 of them.
 pub const DEFAULT_SNAPSHOT_MAX_PAYLOAD: usize = 1 << 20;
 
+/// How the frontends share the workers (docs/replicas.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// Each frontend sees the others' bookings and books by the busy rule
+    /// on the total: over-admission bounded by what the others book within
+    /// the sync delay.
+    #[default]
+    Shared,
+    /// Each frontend books only within its leased share of every rank's
+    /// line, and the shares in use never sum past the line: no
+    /// over-admission.
+    Leased,
+}
+
 /// One frontend's sync settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BookingSyncConfig {
     /// This frontend's id: one NATS token, unique among the frontends.
     pub frontend_id: String,
+    /// Shared (default) or leased.
+    pub mode: SyncMode,
+    /// Leased mode: how long a share outlives the last echo of this
+    /// frontend (default 1 s); snapshots go out at least every quarter
+    /// lease, and a new frontend waits one and a half leases before it
+    /// claims. At least four debounce intervals, at most half of
+    /// `expire_after`.
+    pub lease: Duration,
     /// At most one snapshot per interval (default 2 ms).
     pub debounce: Duration,
     /// An unchanged snapshot is sent again this often (default 1 s).
@@ -105,6 +131,8 @@ impl BookingSyncConfig {
     pub fn new(frontend_id: impl Into<String>) -> Self {
         Self {
             frontend_id: frontend_id.into(),
+            mode: SyncMode::Shared,
+            lease: DEFAULT_LEASE,
             debounce: DEFAULT_DEBOUNCE,
             heartbeat: DEFAULT_HEARTBEAT,
             expire_after: 3 * DEFAULT_HEARTBEAT,
@@ -128,6 +156,14 @@ impl BookingSyncConfig {
         }
         if self.max_payload == 0 || self.max_entries == 0 {
             return invalid("max_payload and max_entries must be at least 1");
+        }
+        if self.mode == SyncMode::Leased
+            && (self.lease < 4 * self.debounce || self.expire_after < 2 * self.lease)
+        {
+            return invalid(
+                "leased mode: lease must be at least four debounce intervals and at most half \
+                 of expire_after",
+            );
         }
         Ok(())
     }
@@ -219,6 +255,14 @@ pub struct SyncStats {
     pub frontends: usize,
     /// Bytes of the last snapshot sent.
     pub last_size: usize,
+    /// Leased mode: the share of every rank's line this frontend uses now,
+    /// in parts per million.
+    pub share: u32,
+    /// Leased mode: the share it claims (above `share` while a raise is
+    /// being confirmed).
+    pub claim: u32,
+    /// Leased mode: times its lease ran out while it held a share.
+    pub fenced: u64,
 }
 
 /// Another frontend, as its latest snapshot left it.
@@ -241,6 +285,12 @@ struct State {
     reply_due: bool,
     /// Rank entries kept over every other frontend.
     entries: usize,
+    /// Leased mode's protocol.
+    leases: Option<Leases>,
+    /// Bookings refused for want of share, as of the last tick.
+    refused_seen: u64,
+    /// The transport's interruptions, as of the last tick.
+    interruptions_seen: u64,
     /// A buffer reused by every tick.
     totals: Vec<RankTotals>,
 }
@@ -283,13 +333,21 @@ impl BookingSync {
         clock: SharedClock,
     ) -> Result<Arc<Self>, ClusterError> {
         config.validate()?;
+        let instance = instance_id();
+        let mut state = State::default();
+        if config.mode == SyncMode::Leased {
+            // No share until the join window has passed.
+            monitor.apply_share(0, u64::MAX);
+            let lease = nanos(config.lease);
+            state.leases = Some(Leases::new(&config.frontend_id, instance, lease));
+        }
         Ok(Arc::new(Self {
             monitor,
             clock,
             subject: subjects.bookings(&config.frontend_id),
             config,
-            instance: instance_id(),
-            state: Mutex::default(),
+            instance,
+            state: Mutex::new(state),
             counters: Default::default(),
         }))
     }
@@ -302,6 +360,11 @@ impl BookingSync {
     /// What it has done so far.
     pub fn stats(&self) -> SyncStats {
         let c = |i: usize| self.counters[i].load(Ordering::Relaxed);
+        let st = lock(&self.state);
+        let ((share, claim), fenced) = st
+            .leases
+            .as_ref()
+            .map_or(((0, 0), 0), |l| (l.shares(), l.fenced));
         SyncStats {
             sent: c(SENT),
             received: c(RECEIVED),
@@ -309,8 +372,11 @@ impl BookingSync {
             out_of_order: c(OUT_OF_ORDER),
             refused: c(REFUSED),
             expired: c(EXPIRED),
-            frontends: lock(&self.state).peers.len(),
+            frontends: st.peers.len(),
             last_size: c(LAST_SIZE) as usize,
+            share,
+            claim,
+            fenced,
         }
     }
 
@@ -333,20 +399,39 @@ impl BookingSync {
         let now = self.clock.now_nanos();
         let mut st = lock(&self.state);
         self.expire(&mut st, now);
+        let (mut heartbeat, mut lease_due) = (nanos(self.config.heartbeat), false);
+        let refused = self.monitor.share.refused();
+        let refused_since = std::mem::replace(&mut st.refused_seen, refused) != refused;
+        let interruptions = transport.interruptions();
+        let interrupted = std::mem::replace(&mut st.interruptions_seen, interruptions)
+            != interruptions
+            || interruptions == u64::MAX;
+        if let Some(leases) = &mut st.leases {
+            if interrupted {
+                leases.interrupted();
+            }
+            let before = leases.shares();
+            let d = leases.step(now, self.monitor.share_usage(), refused_since);
+            leases.settle(self.monitor.apply_share(d.used, d.deadline));
+            heartbeat = heartbeat.min(leases.renew());
+            lease_due = leases.due() || leases.shares() != before;
+        }
         let (ranks, queues) = self.own(&mut st);
         let due = match &st.last {
             None => true,
             Some((r, q, at)) => {
                 st.reply_due
+                    || lease_due
                     || *r != ranks
                     || *q != queues
-                    || now.saturating_sub(*at) >= nanos(self.config.heartbeat)
+                    || now.saturating_sub(*at) >= heartbeat
             }
         };
         if !due {
             return Ok(false);
         }
         st.seq += 1;
+        let lease = st.leases.as_mut().map(|l| l.section(now));
         let snapshot = Snapshot {
             v: SNAPSHOT_VERSION,
             frontend: self.config.frontend_id.clone(),
@@ -355,6 +440,7 @@ impl BookingSync {
             hello: st.last.is_none(),
             ranks,
             queues,
+            lease,
         };
         let payload = snapshot.to_msgpack();
         let size = payload.len();
@@ -405,6 +491,9 @@ impl BookingSync {
             .map(|(id, _)| id.clone())
             .collect();
         for id in silent {
+            if let Some(leases) = &mut st.leases {
+                leases.forget(&id);
+            }
             if let Some(peer) = st.peers.remove(&id) {
                 st.entries -= peer.shared.len();
                 self.unshare(peer.shared);
@@ -450,7 +539,18 @@ impl BookingSync {
             });
         }
         if snapshot.frontend == self.config.frontend_id {
+            if let (Some(leases), Some(lease), true) = (
+                &mut lock(&self.state).leases,
+                &snapshot.lease,
+                snapshot.instance == self.instance,
+            ) {
+                leases.came_back(snapshot.seq, lease.stamp);
+            }
             return Ok(SyncApplied::Own);
+        }
+        if let Some(lease) = &snapshot.lease {
+            Leases::check(lease, self.config.max_frontends)
+                .map_err(|e| SyncError::Wire(WireError::Invalid(e)))?;
         }
         let now = self.clock.now_nanos();
         let mut st = lock(&self.state);
@@ -484,6 +584,10 @@ impl BookingSync {
             None => HashMap::default(),
         };
         st.reply_due |= snapshot.hello;
+        if let Some(leases) = &mut st.leases {
+            let f = &snapshot.frontend;
+            st.reply_due |= leases.heard(f, snapshot.instance, snapshot.lease.as_ref());
+        }
         let shared = self.reshare(old, &snapshot.ranks);
         st.entries = others + shared.len();
         st.peers.insert(

@@ -156,6 +156,14 @@ pub trait Transport: Send + Sync {
     /// Calls `handler` for every message on `subject` (wildcards allowed)
     /// until the returned [`Subscription`] is dropped.
     fn subscribe(&self, subject: &str, handler: Handler) -> Result<Subscription, ClusterError>;
+    /// How many times so far this transport may have lost messages (lost
+    /// its connection, or dropped messages for a slow subscriber), or
+    /// `u64::MAX` while it is not connected. Booking sync's leased mode
+    /// starts its join window again after one. A transport that never
+    /// loses messages keeps the default, 0.
+    fn interruptions(&self) -> u64 {
+        0
+    }
 }
 
 /// An active subscription; dropping it unsubscribes.

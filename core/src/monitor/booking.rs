@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use super::rank::{add_saturating, sub_saturating, Worker};
+use crate::error::ReportError;
 use crate::load::UNREPORTED;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -56,22 +57,41 @@ fn sub_prefill(a: &AtomicU64, n: u64) {
 
 impl Booking {
     /// Books `blocks` and `prefill` prompt tokens on rank index `rank` of
-    /// `worker` and re-evaluates it.
+    /// `worker` and re-evaluates it. In leased mode (`share.rs`) this
+    /// frontend's own booking must fit its share of the rank, or nothing is
+    /// booked.
     pub(super) fn new(
         worker: Arc<Worker>,
         rank: usize,
         owner: Owner,
         blocks: u64,
         prefill: u64,
-    ) -> Self {
-        shift(&worker, rank, owner, (0, 0), (blocks, prefill));
-        Self {
+    ) -> Result<Self, ReportError> {
+        let moved = if owner == Owner::Own {
+            let r = &worker.ranks[rank];
+            let line = r.line(&worker.model.thresholds.load());
+            worker
+                .model
+                .share
+                .reserve(&r.own_blocks, blocks, line)
+                .map_err(|cap| ReportError::NoShare {
+                    worker_id: worker.id,
+                    dp_rank: worker.dp_start + rank as u32,
+                    blocks,
+                    cap,
+                })?;
+            Owner::Reserved
+        } else {
+            owner
+        };
+        shift(&worker, rank, moved, (0, 0), (blocks, prefill));
+        Ok(Self {
             worker,
             rank,
             owner,
             blocks,
             prefill,
-        }
+        })
     }
 
     /// The request's prefill is done (its first token came): its prompt
@@ -133,6 +153,9 @@ pub(crate) enum Owner {
     /// Another router's: another frontend's from booking sync, or a
     /// reference router's (`cluster/bookings.rs`).
     Shared,
+    /// This monitor's own, whose blocks its share already reserved in
+    /// `own_blocks` (`share.rs`): a new booking's first shift.
+    Reserved,
 }
 
 /// Moves rank index `rank` of `worker` from `from` to `to` booked (blocks,
@@ -142,8 +165,11 @@ pub(crate) enum Owner {
 pub(super) fn shift(worker: &Worker, rank: usize, owner: Owner, from: (u64, u64), to: (u64, u64)) {
     let r = &worker.ranks[rank];
     if owner == Owner::Own {
-        // Relaxed: counters the sync reads now and then, ordered by nothing.
+        // Relaxed: counters the sync reads now and then, ordered by nothing
+        // but a new booking's reservation (`share.rs`), which is not here.
         move_counter(&r.own_blocks, from.0, to.0);
+    }
+    if owner != Owner::Shared {
         move_counter(&r.own_prefill, from.1, to.1);
     }
     move_counter(&r.active_decode_blocks, from.0, to.0);

@@ -51,7 +51,7 @@ use super::dispatch::{Dispatch, Dispatching, MonitorRef, Step};
 use super::flow_stats::FlowStats;
 use super::model::Model;
 use super::{Booking, Monitor, Policy};
-use crate::error::ThresholdError;
+use crate::error::{ReportError, ThresholdError};
 use crate::flow::{
     FlowConfig, FlowConfigError, FlowQueue, FlowRejection, FlowRequest, QueueKey, Reservation,
     MAX_SHED,
@@ -83,6 +83,9 @@ pub struct FlowControlConfig {
 
 /// Wakers to wake once the lock is released: at most this many per pass.
 const WAKE_BATCH: usize = 16;
+/// Workers tried for one request before it waits, when this frontend's
+/// leased share has no room on the ones routing found free (`share.rs`).
+const NO_SHARE_TRIES: u32 = 4;
 
 /// A model's queue, its tickets and its dispatcher (module docs).
 pub(crate) struct FlowControl {
@@ -263,6 +266,7 @@ impl FlowControl {
             st.expired += 1;
             Self::resolve(st, t, Err(FlowRejection::QueueDeadline), now, after);
         }
+        let mut no_share = 0;
         while !after.full() {
             let Some(&t) = st.queue.peek() else { break };
             // Relaxed: as `Model::routable`.
@@ -285,10 +289,19 @@ impl FlowControl {
             // Relaxed: as in `Model::select`.
             let worker_id = model.ids[slot].load(Ordering::Relaxed);
             let ticket = &st.tickets[t as usize];
-            let Ok(booking) = monitor.book_least_loaded(worker_id, ticket.blocks, ticket.prefill)
-            else {
+            let booking = match monitor.book_least_loaded(worker_id, ticket.blocks, ticket.prefill)
+            {
+                Ok(b) => b,
+                // No room in this frontend's leased share of a worker
+                // routing found free: try a few others, then wait for a
+                // kick (a release or a larger share).
+                Err(ReportError::NoShare { .. }) if no_share < NO_SHARE_TRIES => {
+                    no_share += 1;
+                    continue;
+                }
+                Err(ReportError::NoShare { .. }) => break,
                 // Removed since the pick: pick again.
-                continue;
+                Err(_) => continue,
             };
             let (payload, reservation) = st.queue.pop(now).expect("the peeked request");
             debug_assert_eq!(payload, t);
@@ -501,17 +514,25 @@ impl Monitor {
             // tenant (and no booking is dropped under the lock).
             st.queue.check_tenant(request.flow.tenant)?;
         }
+        let mut no_share = 0;
         loop {
             let slot = m
                 .pick(policy, &self.clock)
                 .ok_or(FlowRejection::AllWorkersBusy)?;
             // Relaxed: as in `Model::select`.
             let worker_id = m.ids[slot].load(Ordering::Relaxed);
-            let Ok(booking) =
-                self.book_least_loaded(worker_id, request.blocks, request.flow.prompt_tokens)
-            else {
-                continue;
-            };
+            let booking =
+                match self.book_least_loaded(worker_id, request.blocks, request.flow.prompt_tokens)
+                {
+                    Ok(b) => b,
+                    // As in `FlowControl::run`.
+                    Err(ReportError::NoShare { .. }) if no_share < NO_SHARE_TRIES => {
+                        no_share += 1;
+                        continue;
+                    }
+                    Err(ReportError::NoShare { .. }) => return Err(FlowRejection::AllWorkersBusy),
+                    Err(_) => continue,
+                };
             let settle = match flow {
                 Some((flow, st, now)) => {
                     let r = st
@@ -537,22 +558,16 @@ impl Monitor {
         worker_id: u64,
         blocks: u64,
         prefill: u64,
-    ) -> Result<Booking, crate::error::ReportError> {
+    ) -> Result<Booking, ReportError> {
         let reg = self.registry.load();
         let worker = reg
             .workers
             .get(&worker_id)
-            .ok_or(crate::error::ReportError::UnknownWorker(worker_id))?;
+            .ok_or(ReportError::UnknownWorker(worker_id))?;
         let rank = (0..worker.ranks.len())
             .min_by_key(|&i| worker.ranks[i].load().active_decode_blocks)
             .unwrap_or(0);
-        Ok(Booking::new(
-            worker.clone(),
-            rank,
-            super::Owner::Own,
-            blocks,
-            prefill,
-        ))
+        Booking::new(worker.clone(), rank, super::Owner::Own, blocks, prefill)
     }
 
     /// Refuses every queued request whose deadline has passed, in every

@@ -69,6 +69,7 @@ mod rank;
 mod registry;
 pub(crate) mod replicas;
 mod route;
+pub(crate) mod share;
 
 use std::fmt;
 use std::sync::Arc;
@@ -118,6 +119,8 @@ pub struct Monitor {
     lease_nanos: u64,
     refused: [AtomicU64; 3],
     refused_workers: [AtomicU64; WorkerError::ADD_KINDS.len()],
+    /// Its leased share of every rank, in booking sync's leased mode.
+    pub(crate) share: Arc<share::Share>,
     /// This monitor's engine scrapes, for `metrics_text`.
     #[cfg(feature = "scrape")]
     pub(crate) scrapes: crate::scrape::Registered,
@@ -153,6 +156,7 @@ impl Monitor {
         Ok(Self {
             registry: ArcSwap::from_pointee(Registry::default()),
             writer: Mutex::new(()),
+            share: Arc::new(share::Share::new(clock.clone())),
             clock,
             lease_nanos: nanos(config.lease),
             config,
@@ -267,13 +271,7 @@ impl Monitor {
         let reg = self.registry.load();
         let (worker, _) = Self::rank_of(&reg, worker_id, dp_rank)?;
         let rank_index = (dp_rank - worker.dp_start) as usize;
-        Ok(Booking::new(
-            worker.clone(),
-            rank_index,
-            owner,
-            blocks,
-            prefill_tokens,
-        ))
+        Booking::new(worker.clone(), rank_index, owner, blocks, prefill_tokens)
     }
 
     // -- busy state (hot path) ---------------------------------------------

@@ -38,6 +38,7 @@ use super::busy_set::{AtomicBits, BitIter, BusySet};
 use super::config::{MonitorConfig, Policy, Staleness, ThresholdState};
 use super::flow::FlowControl;
 use super::pick_cache::{PickCache, Stamp};
+use super::share::Share;
 use crate::clock::{nanos, SharedClock};
 use crate::error::{Reason, RouteError};
 use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
@@ -153,6 +154,8 @@ pub(super) struct Model {
     /// Whether flow control is on, so that a kick costs one plain load
     /// without it.
     pub(super) flow_on: AtomicBool,
+    /// The monitor's leased share (`share.rs`).
+    pub(super) share: Arc<Share>,
 }
 
 /// Indices into `Model::rejected`.
@@ -163,7 +166,7 @@ pub(super) const REJECTED_REASONS: [Reason; 3] = [
 ];
 
 impl Model {
-    pub(super) fn new(name: &str, config: &MonitorConfig) -> Self {
+    pub(super) fn new(name: &str, config: &MonitorConfig, share: &Arc<Share>) -> Self {
         let cap = config.limits.max_workers_per_model;
         let atomics = || (0..cap).map(|_| AtomicU64::new(0)).collect::<Box<[_]>>();
         Self {
@@ -194,6 +197,7 @@ impl Model {
             flow: ArcSwapOption::empty(),
             flow_waiting: AtomicU32::new(0),
             flow_on: AtomicBool::new(false),
+            share: share.clone(),
         }
     }
 

@@ -73,6 +73,13 @@ impl Rank {
         }
     }
 
+    /// The rank's line under thresholds `t` (`Thresholds::decode_line`).
+    #[inline]
+    pub(super) fn line(&self, t: &crate::thresholds::Thresholds) -> u64 {
+        // Relaxed: as `load`.
+        t.decode_line(self.kv_total_blocks.load(Ordering::Relaxed))
+    }
+
     /// The rank's latest load. Relaxed loads: the publisher's combiner
     /// registration already made the inputs visible (module docs); metrics
     /// and `rank_load` read a value that may be a moment old.
@@ -159,7 +166,7 @@ impl Worker {
                 let rank_busy = match (staleness, rank.stale.load(Ordering::Relaxed)) {
                     (Staleness::Free, true) => false,
                     (Staleness::Busy, true) => true,
-                    _ => thresholds.rank_busy(&l),
+                    _ => thresholds.rank_busy(&l) || self.share_full(rank, &thresholds),
                 };
                 all_busy &= rank_busy;
             }
@@ -182,6 +189,16 @@ impl Worker {
                 model.busy_workers.fetch_sub(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether this frontend's own bookings fill its leased share of `rank`
+    /// (`share.rs`; never out of leased mode).
+    #[inline]
+    fn share_full(&self, rank: &Rank, t: &crate::thresholds::Thresholds) -> bool {
+        self.model.share.busy_cap(rank.line(t)).is_some_and(|cap| {
+            // Relaxed: an input, released by the combiner (module docs).
+            rank.own_blocks.load(Ordering::Relaxed) >= cap
+        })
     }
 
     /// Registers a change and returns; some thread publishes it.

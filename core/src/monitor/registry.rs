@@ -111,7 +111,7 @@ impl Monitor {
                         },
                     )?);
                 }
-                (Arc::new(Model::new(model, &self.config)), true)
+                (Arc::new(Model::new(model, &self.config, &self.share)), true)
             }
         };
         let slot = {

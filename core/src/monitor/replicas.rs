@@ -13,11 +13,15 @@
 //! added per rank ([`Shared`]), with the worker it was added to: a worker
 //! removed and registered again starts from its own bookings, and nothing
 //! the old one held is taken from the new one.
+//!
+//! In leased mode the sync also reads how much of its share this frontend
+//! uses and sets the share (`share.rs`).
 
 use std::sync::{Arc, Weak};
 
 use super::booking::{shift, Owner};
 use super::rank::Worker;
+use super::share::WHOLE;
 use super::Monitor;
 use crate::sync::{lock, Ordering};
 
@@ -101,6 +105,58 @@ impl Monitor {
             prefill: to.1,
             worker: Arc::downgrade(worker),
         })
+    }
+
+    /// The most of any rank's line that this monitor's own bookings hold,
+    /// in parts per million rounded up (a million for bookings on a rank
+    /// whose line is unknown).
+    pub(crate) fn share_usage(&self) -> u32 {
+        let reg = self.registry.load();
+        let mut most = 0u32;
+        for worker in reg.workers.values() {
+            let t = worker.model.thresholds.load();
+            for rank in worker.ranks.iter() {
+                // SeqCst: the sync's read after its store (`share.rs`).
+                let own = rank.own_blocks.load(Ordering::SeqCst);
+                if own == 0 {
+                    continue;
+                }
+                let line = u128::from(rank.line(&t));
+                let ppm = if line == 0 {
+                    WHOLE
+                } else {
+                    (u128::from(own) * u128::from(WHOLE))
+                        .div_ceil(line)
+                        .min(u128::from(WHOLE)) as u32
+                };
+                most = most.max(ppm);
+            }
+        }
+        most
+    }
+
+    /// Sets this frontend's leased share to `used` parts per million until
+    /// clock time `deadline`, and returns what its own bookings hold once
+    /// it is set (`share_usage`): a booking that raced the change either
+    /// fits the new share or is counted there (`share.rs`, "Orderings").
+    /// Every worker is re-evaluated when the share changed, and the queues
+    /// are kicked when it grew.
+    pub(crate) fn apply_share(&self, used: u32, deadline: u64) -> u32 {
+        let before = self.share.used();
+        self.share.set(used, deadline);
+        let usage = self.share_usage();
+        if before != Some(used) {
+            let reg = self.registry.load();
+            for worker in reg.workers.values() {
+                worker.reevaluate_and_wait();
+            }
+            if before.is_none_or(|b| used > b) {
+                for model in reg.models.values() {
+                    model.kick_flow();
+                }
+            }
+        }
+        usage
     }
 
     /// Every flow-controlled model's queue totals.

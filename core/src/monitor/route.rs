@@ -83,7 +83,7 @@ impl Monitor {
                         } else {
                             None
                         };
-                        let m = Arc::new(Model::new(model, &self.config));
+                        let m = Arc::new(Model::new(model, &self.config, &self.share));
                         let mut next = (*current).clone();
                         if let Some(name) = evict {
                             next.models.remove(&name);

@@ -23,7 +23,10 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 /// A transport that keeps what is published, for a test to deliver itself.
 #[derive(Default)]
 #[allow(dead_code)] // not every including binary delivers
-pub struct Outbox(std::sync::Mutex<Vec<(String, Vec<u8>)>>);
+pub struct Outbox(
+    std::sync::Mutex<Vec<(String, Vec<u8>)>>,
+    std::sync::atomic::AtomicU64,
+);
 
 impl loadgate::cluster::Transport for Outbox {
     fn publish(
@@ -42,6 +45,10 @@ impl loadgate::cluster::Transport for Outbox {
     ) -> Result<loadgate::cluster::Subscription, loadgate::cluster::ClusterError> {
         unreachable!("the test delivers")
     }
+
+    fn interruptions(&self) -> u64 {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Outbox {
@@ -49,5 +56,11 @@ impl Outbox {
     #[allow(dead_code)] // not every including binary delivers
     pub fn take(&self) -> Vec<(String, Vec<u8>)> {
         std::mem::take(&mut self.0.lock().unwrap())
+    }
+
+    /// Reports that messages may have been lost (`Transport::interruptions`).
+    #[allow(dead_code)] // not every including binary interrupts
+    pub fn interrupt(&self) {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -3,7 +3,8 @@
 //! its process, a sequence number, and its whole state: every rank it has
 //! bookings on, and every flow-controlled model's queue. A snapshot
 //! replaces the last one from the same frontend, so a lost one is repaired
-//! by the next.
+//! by the next. In leased mode a snapshot also carries the frontend's
+//! [`Lease`] section (`lease.rs`).
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +35,43 @@ pub struct Snapshot {
     /// Its queues, one entry per flow-controlled model.
     #[serde(default)]
     pub queues: Vec<QueueEntry>,
+    /// Leased mode's section; absent in shared mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+}
+
+/// A leased-mode frontend's claim on every rank's line, and what it has
+/// heard from the others (docs/replicas.md, "Leased mode").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The sender's clock when it sent this snapshot (its own monotonic
+    /// nanoseconds; only the sender compares them), rising with every
+    /// snapshot of an instance.
+    pub stamp: u64,
+    /// The share of every rank's line it may come to use, in parts per
+    /// million: never below what it uses.
+    pub claim: u32,
+    /// The share it uses now: at most its claim, which stays above it
+    /// while a raise is confirmed or bookings past a lowered share drain.
+    pub used: u32,
+    /// A raise of its claim is being confirmed: the others answer at once.
+    #[serde(default)]
+    pub raising: bool,
+    /// The share it would like.
+    pub want: u32,
+    /// Every frontend it hears: the latest stamp of each.
+    pub heard: Vec<Heard>,
+}
+
+/// The latest stamp one frontend heard from another.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heard {
+    /// The frontend heard.
+    pub frontend: String,
+    /// Its instance.
+    pub instance: u64,
+    /// Its latest stamp (0 for a frontend not in leased mode).
+    pub stamp: u64,
 }
 
 /// One rank's bookings made by one frontend.
@@ -103,6 +141,7 @@ mod tests {
                 requests: 2,
                 tokens: 900,
             }],
+            lease: None,
         }
     }
 
@@ -111,7 +150,21 @@ mod tests {
         let s = snapshot();
         assert_eq!(Snapshot::decode(&s.to_msgpack()), Ok(s.clone()));
         let json = serde_json::to_vec(&s).unwrap();
-        assert_eq!(Snapshot::decode(&json), Ok(s));
+        assert_eq!(Snapshot::decode(&json), Ok(s.clone()));
+        let mut leased = s;
+        leased.lease = Some(Lease {
+            stamp: 9,
+            claim: 300_000,
+            used: 250_000,
+            raising: true,
+            want: 1_000_000,
+            heard: vec![Heard {
+                frontend: "fe-2".into(),
+                instance: 4,
+                stamp: 77,
+            }],
+        });
+        assert_eq!(Snapshot::decode(&leased.to_msgpack()), Ok(leased));
     }
 
     /// The size docs/replicas.md gives: the default payload bound holds

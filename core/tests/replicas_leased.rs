@@ -1,0 +1,314 @@
+//! Leased mode never over-admits (docs/replicas.md, "Leased mode"),
+//! checked on a simulated fleet: R frontends in leased mode in front of two
+//! workers, joining late, killed, cut off from the others for a while, and
+//! restarted; their snapshots delayed at random; each frontend on a clock
+//! of its own (a different origin), on virtual time.
+//!
+//! At every admission the blocks the live frontends hold on the worker
+//! must fit its line. A killed frontend's bookings end with it (its
+//! connections to the workers close). An outage drops every message to
+//! and from a frontend; one that starts in its join window is reported by
+//! its transport (a NATS client sees its connection go), a later one only
+//! at random, and an outage may outlast the others' expiry of it. No
+//! request runs longer than `expire_after` less the lease, the condition
+//! under which even a cut-off frontend's requests in flight cannot meet
+//! the room the others take back from it.
+
+mod support;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig, SyncMode};
+use loadgate::cluster::Subjects;
+use loadgate::{Booking, ManualClock, Monitor, ReportError};
+use proptest::prelude::*;
+use support::monitor_fixture::{decode, monitor_with, spec, M};
+use support::Outbox;
+
+const MS: u64 = 1_000_000;
+const TOTAL: u64 = 1000;
+const LINE: u64 = TOTAL / 2;
+const WORKERS: u64 = 2;
+const DEBOUNCE_MS: u64 = 2;
+const LEASE_MS: u64 = 100;
+const EXPIRE_MS: u64 = 3 * LEASE_MS;
+/// The longest a request runs: `expire_after` less the lease.
+const LONGEST_MS: u64 = EXPIRE_MS - LEASE_MS;
+
+#[derive(Debug, Clone)]
+struct Fleet {
+    replicas: usize,
+    steps_ms: u64,
+    /// Per frontend and millisecond, in thousandths.
+    arrival: u32,
+    release: u32,
+    max_delay_ms: u64,
+    /// Per frontend and millisecond, in millionths: a kill, a restart, an
+    /// outage of up to `outage_ms`.
+    kill: u32,
+    outage: u32,
+    outage_ms: u64,
+    seed: u64,
+}
+
+fn fleet() -> impl Strategy<Value = Fleet> {
+    (
+        2usize..=4,
+        600u64..1500,
+        (100u32..900, 0u32..200),
+        prop_oneof![0u64..6, 0u64..25],
+        (0u32..2000, 0u32..3000, 1u64..600),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(
+                replicas,
+                steps_ms,
+                (arrival, release),
+                max_delay_ms,
+                (kill, outage, outage_ms),
+                seed,
+            )| {
+                Fleet {
+                    replicas,
+                    steps_ms,
+                    arrival,
+                    release,
+                    max_delay_ms,
+                    kill,
+                    outage,
+                    outage_ms,
+                    seed,
+                }
+            },
+        )
+}
+
+/// A small deterministic generator (splitmix64), so a case replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, per: u64, p: u32) -> bool {
+        self.below(per) < u64::from(p)
+    }
+}
+
+/// One run of a frontend process.
+struct Frontend {
+    clock: Arc<ManualClock>,
+    /// Its clock's origin on the fleet's time line.
+    offset: u64,
+    monitor: Arc<Monitor>,
+    sync: Arc<BookingSync>,
+    out: Outbox,
+    /// Each booking, with the millisecond it must end by.
+    held: Vec<(Booking, u64)>,
+    started: u64,
+}
+
+impl Frontend {
+    fn start(i: usize, now: u64, rng: &mut Rng, subjects: &Subjects) -> Self {
+        let offset = rng.below(1 << 40);
+        let clock = ManualClock::new();
+        clock.set_nanos(offset + now);
+        let monitor = Arc::new(monitor_with(clock.clone()));
+        for w in 1..=WORKERS {
+            monitor.add_worker(M, w, spec(1, TOTAL)).unwrap();
+        }
+        monitor.set_thresholds(M, &decode(0.5)).unwrap();
+        let mut config = BookingSyncConfig::new(format!("f{i}"));
+        config.mode = SyncMode::Leased;
+        config.debounce = Duration::from_millis(DEBOUNCE_MS);
+        config.lease = Duration::from_millis(LEASE_MS);
+        config.heartbeat = Duration::from_millis(LEASE_MS);
+        config.expire_after = Duration::from_millis(EXPIRE_MS);
+        let sync = BookingSync::new(monitor.clone(), subjects, config, clock.clone()).unwrap();
+        Self {
+            clock,
+            offset,
+            monitor,
+            sync,
+            out: Outbox::default(),
+            held: Vec::new(),
+            started: now,
+        }
+    }
+
+    fn on(&self, worker: u64) -> u64 {
+        self.held
+            .iter()
+            .filter(|b| b.0.worker_id() == worker)
+            .map(|b| b.0.blocks())
+            .sum()
+    }
+}
+
+/// What a run saw.
+#[derive(Debug, Default)]
+struct Run {
+    admitted: u64,
+    refused: u64,
+    /// The shares in use at the end, summed (parts per million).
+    final_share: u64,
+}
+
+/// Runs the fleet, checking at every admission that the live frontends'
+/// bookings fit the line.
+fn simulate(f: &Fleet) -> Result<Run, TestCaseError> {
+    let subjects = Subjects::new("sim").unwrap();
+    let mut rng = Rng(f.seed);
+    let mut run = Run::default();
+    // Frontend 0 starts at once, the others within the first 300 ms.
+    let starts: Vec<u64> = (0..f.replicas)
+        .map(|i| if i == 0 { 0 } else { rng.below(300) })
+        .collect();
+    let mut fronts: Vec<Option<Frontend>> = (0..f.replicas).map(|_| None).collect();
+    let mut down_until = vec![0u64; f.replicas];
+    let mut rates = vec![f.arrival; f.replicas];
+    // In flight: (arrival time, to, subject, payload).
+    let mut wire: VecDeque<(u64, usize, String, Vec<u8>)> = VecDeque::new();
+    // The last 300 ms are quiet: no kills or outages, so the shares settle.
+    let quiet = f.steps_ms.saturating_sub(300);
+    for ms in 0..f.steps_ms {
+        let now = ms * MS;
+        for (i, slot) in fronts.iter_mut().enumerate() {
+            if slot.is_none() && ms >= starts[i] && down_until[i] <= ms {
+                *slot = Some(Frontend::start(i, now, &mut rng, &subjects));
+            }
+            let Some(front) = slot else { continue };
+            front.clock.set_nanos(front.offset + now);
+            if ms < quiet && rng.chance(1_000_000, f.kill) {
+                // Killed: its bookings end with it; it restarts later.
+                *slot = None;
+                down_until[i] = ms + 1 + rng.below(4 * LEASE_MS);
+                continue;
+            }
+            if ms < quiet && down_until[i] <= ms && rng.chance(1_000_000, f.outage) {
+                down_until[i] = ms + 1 + rng.below(f.outage_ms);
+                let joining = now < front.started + (3 * LEASE_MS / 2 + DEBOUNCE_MS) * MS;
+                if joining || rng.chance(2, 1) {
+                    front.out.interrupt();
+                }
+            }
+        }
+        // Deliveries due; nothing reaches a frontend cut off or gone.
+        let mut later = VecDeque::new();
+        while let Some((at, to, subject, payload)) = wire.pop_front() {
+            if at > now {
+                later.push_back((at, to, subject, payload));
+                continue;
+            }
+            if let (Some(front), true) = (&fronts[to], down_until[to] <= ms) {
+                let _ = front.sync.handle_on(&subject, &payload);
+            }
+        }
+        wire = later;
+        // Each frontend's arrival rate changes every 50 ms, so that the
+        // shares move.
+        if ms % 50 == 0 {
+            for r in &mut rates {
+                *r = rng.below(u64::from(f.arrival) + 1) as u32;
+            }
+        }
+        // Releases and arrivals.
+        for i in 0..f.replicas {
+            if fronts[i].is_none() {
+                continue;
+            }
+            let front = fronts[i].as_mut().unwrap();
+            front.held.retain(|b| b.1 > ms);
+            if !front.held.is_empty() && rng.chance(1000, f.release) {
+                let k = rng.below(front.held.len() as u64) as usize;
+                front.held.swap_remove(k);
+            }
+            if !rng.chance(1000, rates[i]) {
+                continue;
+            }
+            let worker = 1 + rng.below(WORKERS);
+            let blocks = 1 + rng.below(20);
+            match front.monitor.book(worker, 0, blocks) {
+                Ok(b) => front.held.push((b, ms + 1 + rng.below(LONGEST_MS))),
+                Err(ReportError::NoShare { .. }) => {
+                    run.refused += 1;
+                    continue;
+                }
+                Err(e) => panic!("{e}"),
+            }
+            run.admitted += 1;
+            let truth: u64 = fronts.iter().flatten().map(|x| x.on(worker)).sum();
+            prop_assert!(
+                truth <= LINE,
+                "{f:?}: at {ms} ms frontend {i} admitted {blocks} on worker {worker}: \
+                 {truth} booked in all"
+            );
+        }
+        // Ticks, each a debounce interval apart; a cut-off frontend's
+        // snapshots are lost.
+        if ms % DEBOUNCE_MS == 0 {
+            for i in 0..f.replicas {
+                let Some(front) = &fronts[i] else { continue };
+                front.sync.tick(&front.out).unwrap();
+                for (subject, payload) in front.out.take() {
+                    if down_until[i] > ms {
+                        continue;
+                    }
+                    // Every frontend gets it, the sender too (as NATS echoes).
+                    for to in 0..f.replicas {
+                        let at = now + rng.below(f.max_delay_ms + 1) * MS;
+                        wire.push_back((at, to, subject.clone(), payload.clone()));
+                    }
+                }
+            }
+        }
+    }
+    run.final_share = fronts
+        .iter()
+        .flatten()
+        .map(|x| u64::from(x.sync.stats().share))
+        .sum();
+    Ok(run)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn leased_sync_never_over_admits(f in fleet()) {
+        simulate(&f)?;
+    }
+}
+
+/// A fleet left alone shares out most of the line, and admits.
+#[test]
+fn a_quiet_fleet_shares_out_the_line() {
+    let f = Fleet {
+        replicas: 3,
+        steps_ms: 1500,
+        arrival: 600,
+        release: 100,
+        max_delay_ms: 3,
+        kill: 0,
+        outage: 0,
+        outage_ms: 1,
+        seed: 7,
+    };
+    let run = simulate(&f).unwrap();
+    assert!(run.admitted > 400, "{run:?}");
+    assert!(run.refused > 0, "{run:?}");
+    assert!(run.final_share > 900_000, "{run:?}");
+    assert!(run.final_share <= 1_000_000, "{run:?}");
+}
