@@ -20,7 +20,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig, SyncMode};
+use loadgate::cluster::replicas::{
+    BookingSync, BookingSyncConfig, Heard, Lease, Snapshot, SyncError, SyncMode, SNAPSHOT_VERSION,
+};
 use loadgate::cluster::Subjects;
 use loadgate::{Booking, ManualClock, Monitor, ReportError};
 use proptest::prelude::*;
@@ -107,6 +109,17 @@ impl Rng {
     }
 }
 
+/// Frontend `i`'s settings: leased, with a lease of `LEASE_MS`.
+fn leased(i: usize) -> BookingSyncConfig {
+    let mut config = BookingSyncConfig::new(format!("f{i}"));
+    config.mode = SyncMode::Leased;
+    config.debounce = Duration::from_millis(DEBOUNCE_MS);
+    config.lease = Duration::from_millis(LEASE_MS);
+    config.heartbeat = Duration::from_millis(LEASE_MS);
+    config.expire_after = Duration::from_millis(EXPIRE_MS);
+    config
+}
+
 /// One run of a frontend process.
 struct Frontend {
     clock: Arc<ManualClock>,
@@ -121,22 +134,27 @@ struct Frontend {
 }
 
 impl Frontend {
+    /// Starts frontend `i` at fleet time `now`, on a clock of its own.
     fn start(i: usize, now: u64, rng: &mut Rng, subjects: &Subjects) -> Self {
         let offset = rng.below(1 << 40);
         let clock = ManualClock::new();
         clock.set_nanos(offset + now);
+        Self::on_clock(i, clock, offset, now, subjects)
+    }
+
+    fn on_clock(
+        i: usize,
+        clock: Arc<ManualClock>,
+        offset: u64,
+        now: u64,
+        subjects: &Subjects,
+    ) -> Self {
         let monitor = Arc::new(monitor_with(clock.clone()));
         for w in 1..=WORKERS {
             monitor.add_worker(M, w, spec(1, TOTAL)).unwrap();
         }
         monitor.set_thresholds(M, &decode(0.5)).unwrap();
-        let mut config = BookingSyncConfig::new(format!("f{i}"));
-        config.mode = SyncMode::Leased;
-        config.debounce = Duration::from_millis(DEBOUNCE_MS);
-        config.lease = Duration::from_millis(LEASE_MS);
-        config.heartbeat = Duration::from_millis(LEASE_MS);
-        config.expire_after = Duration::from_millis(EXPIRE_MS);
-        let sync = BookingSync::new(monitor.clone(), subjects, config, clock.clone()).unwrap();
+        let sync = BookingSync::new(monitor.clone(), subjects, leased(i), clock.clone()).unwrap();
         Self {
             clock,
             offset,
@@ -311,4 +329,190 @@ fn a_quiet_fleet_shares_out_the_line() {
     assert!(run.refused > 0, "{run:?}");
     assert!(run.final_share > 900_000, "{run:?}");
     assert!(run.final_share <= 1_000_000, "{run:?}");
+}
+
+/// Frontends on one clock, each ticked and heard by all (itself too)
+/// every debounce interval for `ms` milliseconds.
+fn run_for(clock: &ManualClock, fronts: &[&Frontend], ms: u64) {
+    for _ in 0..ms / DEBOUNCE_MS {
+        clock.advance(Duration::from_millis(DEBOUNCE_MS));
+        let sent: Vec<_> = fronts
+            .iter()
+            .flat_map(|f| {
+                f.sync.tick(&f.out).unwrap();
+                f.out.take()
+            })
+            .collect();
+        for f in fronts {
+            for (subject, payload) in &sent {
+                f.sync.handle_on(subject, payload).unwrap();
+            }
+        }
+    }
+}
+
+/// Frontend `i` on a clock shared with the test.
+fn on_clock(i: usize, clock: &Arc<ManualClock>) -> Frontend {
+    Frontend::on_clock(i, clock.clone(), 0, 0, &Subjects::new("sim").unwrap())
+}
+
+#[test]
+fn a_new_frontend_books_nothing_until_its_join_window_has_passed() {
+    let clock = ManualClock::new();
+    let a = on_clock(0, &clock);
+    run_for(&clock, &[&a], 100);
+    let e = a.monitor.book(1, 0, 1).unwrap_err();
+    assert!(matches!(e, ReportError::NoShare { cap: 0, .. }), "{e}");
+    // Alone, after one and a half leases of its own snapshots coming back,
+    // it claims the whole line and books up to it.
+    run_for(&clock, &[&a], 3 * LEASE_MS);
+    assert_eq!(a.sync.stats().share, 1_000_000);
+    let held: Vec<Booking> = (0..LINE / 10)
+        .map(|_| a.monitor.book(1, 0, 10).unwrap())
+        .collect();
+    let e = a.monitor.book(1, 0, 1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ReportError::NoShare {
+                blocks: 1,
+                cap: LINE,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(a.monitor.is_busy(1).unwrap());
+    drop(held);
+    assert!(!a.monitor.is_busy(1).unwrap());
+}
+
+#[test]
+fn a_second_frontend_gets_its_part_once_the_first_makes_room() {
+    let clock = ManualClock::new();
+    let (a, b) = (on_clock(0, &clock), on_clock(1, &clock));
+    run_for(&clock, &[&a], 3 * LEASE_MS);
+    // A holds most of the line on worker 1 when B arrives.
+    let held: Vec<Booking> = (0..40).map(|_| a.monitor.book(1, 0, 10).unwrap()).collect();
+    run_for(&clock, &[&a, &b], 3 * LEASE_MS);
+    let (sa, sb) = (a.sync.stats(), b.sync.stats());
+    // A's claim still covers what it holds; B waits for it.
+    assert!(u64::from(sa.claim) * LINE >= 400 * 1_000_000, "{sa:?}");
+    assert!(sa.claim + sb.claim <= 1_000_000, "{sa:?} {sb:?}");
+    drop(held);
+    run_for(&clock, &[&a, &b], 3 * LEASE_MS);
+    let (sa, sb) = (a.sync.stats(), b.sync.stats());
+    assert!(sb.share >= 400_000, "{sa:?} {sb:?}");
+    assert!(sa.claim + sb.claim <= 1_000_000, "{sa:?} {sb:?}");
+}
+
+#[test]
+fn a_frontend_that_hears_nothing_back_stops_booking_within_its_lease() {
+    let clock = ManualClock::new();
+    let (a, b) = (on_clock(0, &clock), on_clock(1, &clock));
+    run_for(&clock, &[&a, &b], 4 * LEASE_MS);
+    let share = a.sync.stats().share;
+    assert!(share > 0);
+    a.monitor.book(1, 0, 1).unwrap();
+    // A keeps sending, but nothing reaches anyone (its own snapshots do
+    // not come back, B's echoes stop).
+    for _ in 0..LEASE_MS / DEBOUNCE_MS {
+        clock.advance(Duration::from_millis(DEBOUNCE_MS));
+        a.sync.tick(&a.out).unwrap();
+        a.out.take();
+    }
+    let e = a.monitor.book(1, 0, 1).unwrap_err();
+    assert!(matches!(e, ReportError::NoShare { cap: 0, .. }), "{e}");
+    let st = a.sync.stats();
+    assert_eq!((st.share, st.fenced), (0, 1), "{st:?}");
+    // Heard again, it joins again and gets a share back.
+    run_for(&clock, &[&a, &b], 4 * LEASE_MS);
+    assert!(a.sync.stats().share > 0);
+}
+
+#[test]
+fn hostile_lease_sections_are_refused_and_change_nothing() {
+    let clock = ManualClock::new();
+    let a = on_clock(0, &clock);
+    run_for(&clock, &[&a], 3 * LEASE_MS);
+    let lease = |claim: u32, used: u32, heard: usize| Lease {
+        stamp: 1,
+        claim,
+        used,
+        raising: false,
+        want: 0,
+        heard: (0..heard)
+            .map(|i| Heard {
+                frontend: format!("x{i}"),
+                instance: 1,
+                stamp: 1,
+            })
+            .collect(),
+    };
+    for (i, bad) in [lease(1_000_001, 0, 0), lease(10, 20, 0), lease(0, 0, 65)]
+        .into_iter()
+        .enumerate()
+    {
+        let s = Snapshot {
+            v: SNAPSHOT_VERSION,
+            frontend: "evil".into(),
+            instance: 1,
+            seq: i as u64 + 1,
+            hello: false,
+            ranks: Vec::new(),
+            queues: Vec::new(),
+            lease: Some(bad),
+        };
+        let e = a
+            .sync
+            .handle_on("loadgate.sim.bookings.evil", &s.to_msgpack())
+            .unwrap_err();
+        assert!(matches!(e, SyncError::Wire(_)), "{e}");
+    }
+    let st = a.sync.stats();
+    assert_eq!((st.refused, st.frontends, st.share), (3, 0, 1_000_000));
+}
+
+#[test]
+fn leased_settings_are_checked() {
+    let clock = ManualClock::new();
+    let monitor = Arc::new(monitor_with(clock.clone()));
+    let subjects = Subjects::new("sim").unwrap();
+    let mut short = leased(0);
+    short.lease = Duration::from_millis(4);
+    let mut long = leased(0);
+    long.lease = Duration::from_millis(2 * EXPIRE_MS);
+    for config in [short, long] {
+        let e = BookingSync::new(monitor.clone(), &subjects, config, clock.clone()).unwrap_err();
+        assert!(e.to_string().contains("lease"), "{e}");
+    }
+}
+
+/// Concurrent bookings of one frontend never pass its share: each
+/// reserves its blocks against it in one step.
+#[test]
+fn concurrent_bookings_never_pass_the_share() {
+    let clock = ManualClock::new();
+    let a = on_clock(0, &clock);
+    run_for(&clock, &[&a], 3 * LEASE_MS);
+    assert_eq!(a.sync.stats().share, 1_000_000);
+    for _ in 0..20 {
+        let held: Vec<Vec<Booking>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..100)
+                            .filter_map(|_| a.monitor.book(1, 0, 7).ok())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let booked: u64 = held.iter().flatten().map(Booking::blocks).sum();
+        // Never past the line; a booking may fail while another's
+        // reservation is being taken back, so it need not fill exactly.
+        assert!(booked <= LINE, "{booked}");
+        assert!(booked > LINE / 2, "{booked}");
+    }
 }

@@ -17,13 +17,14 @@
 //! A booking adds its blocks to the rank's own counter, then reads the
 //! word, and takes the blocks back if they do not fit ([`Share::reserve`]);
 //! the sync stores the lower word, then reads every own counter
-//! ([`Monitor::lower_share`](super::Monitor)). All four accesses are
-//! `SeqCst`, so of a booking and a lowering that race, one sees the other
-//! (the store-buffer pattern): either the booking reads the lower word, or
-//! the sync counts its blocks and keeps the share above them.
+//! (`Monitor::apply_share`). Both sides put a `SeqCst` fence between their
+//! write and their read, so of a booking and a lowering that race, one
+//! sees the other (the store-buffer pattern): either the booking reads the
+//! lower word, or the sync counts its blocks and keeps its claim above
+//! them. The loom model below fails without the fences.
 
 use crate::clock::SharedClock;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{fence, AtomicU64, Ordering};
 
 /// One million: shares are parts per million of a rank's line.
 pub(crate) const WHOLE: u32 = 1_000_000;
@@ -66,8 +67,10 @@ impl Share {
     pub(crate) fn set(&self, used: u32, deadline: u64) {
         let units = (deadline >> UNIT_SHIFT).min(DEADLINE_BITS);
         let word = LEASED | (u64::from(used.min(WHOLE)) << USED_SHIFT) | units;
-        // SeqCst: see the module docs.
+        // SeqCst store, then a SeqCst fence before the sync reads the own
+        // bookings: see the module docs.
         self.word.store(word, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
     }
 
     /// What this frontend may book of a rank whose line is `line`, now:
@@ -121,6 +124,8 @@ impl Share {
             return refuse(self.cap(line).unwrap_or(0));
         }
         let before = add(own, blocks);
+        // The booking's side of the pairing (module docs).
+        fence(Ordering::SeqCst);
         match self.cap(line) {
             Some(cap) if before.saturating_add(blocks) > cap => {
                 let _ = own.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
@@ -172,5 +177,35 @@ mod tests {
         share.set(WHOLE, u64::MAX);
         clock.set_nanos(u64::MAX / 2);
         assert_eq!(share.cap(u64::MAX), Some(u64::MAX));
+    }
+}
+
+/// Loom model of the pairing in the module docs: a booking that races a
+/// lowering of the share either fits the lower share or is counted by the
+/// read after the lowering's store. Without the fences the model finds
+/// the booking that slips past both.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use loom::sync::Arc;
+
+    #[test]
+    fn a_booking_racing_a_lower_share_fits_it_or_is_counted() {
+        loom::model(|| {
+            let share = Arc::new(Share::new(ManualClock::new()));
+            share.set(WHOLE, u64::MAX);
+            let own = Arc::new(AtomicU64::new(0));
+            let (s, o) = (share.clone(), own.clone());
+            let booking = loom::thread::spawn(move || s.reserve(&o, 10, 10).is_ok());
+            // The sync lowers the share to nothing, then reads the bookings.
+            share.set(0, u64::MAX);
+            let counted = own.load(Ordering::SeqCst);
+            let booked = booking.join().unwrap();
+            assert!(
+                !booked || counted == 10,
+                "a booking passed a share of 0 unseen"
+            );
+        });
     }
 }
