@@ -93,6 +93,16 @@
 #define LG_CLEAR_WAITING_REQUESTS_THRESHOLD 8
 
 /**
+ * lg_booking_sync_config.mode: the frontends see each other's bookings.
+ */
+#define LG_SYNC_SHARED 0
+
+/**
+ * lg_booking_sync_config.mode: each frontend books within a leased share.
+ */
+#define LG_SYNC_LEASED 1
+
+/**
  * The result of every fallible loadgate call.
  *
  * LG_OK is 0; every other value is far from errno values. Rejections (the
@@ -1061,6 +1071,20 @@ typedef struct lg_booking_sync_config {
    * Most rank entries kept over every other frontend (default 262144).
    */
   uint32_t max_entries;
+  /**
+   * LG_SYNC_SHARED (default): book by the busy rule on the fleet's
+   * total. LG_SYNC_LEASED: book only within a leased share of every
+   * rank's line, so the frontends together never book past it; a booking
+   * past the share fails with LG_WORKER_OVERLOADED.
+   */
+  uint32_t mode;
+  /**
+   * Leased mode: how long a share outlives the last echo of this
+   * frontend, in milliseconds (default 1000; at least 4 debounce_ms, at
+   * most half of expire_after_ms). A new frontend books nothing for its
+   * first one and a half leases.
+   */
+  uint64_t lease_ms;
 } lg_booking_sync_config;
 
 /**
@@ -1100,6 +1124,19 @@ typedef struct lg_booking_sync_stats {
    * Bytes of the last snapshot sent.
    */
   uint64_t last_size;
+  /**
+   * Leased mode: the share of every rank's line this frontend uses, in
+   * parts per million.
+   */
+  uint32_t share_ppm;
+  /**
+   * Leased mode: the share it claims, in parts per million.
+   */
+  uint32_t claim_ppm;
+  /**
+   * Leased mode: times its lease ran out while it held a share.
+   */
+  uint64_t fenced;
 } lg_booking_sync_stats;
 
 /**

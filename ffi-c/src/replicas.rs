@@ -6,12 +6,12 @@ use std::ffi::c_char;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loadgate_core::cluster::replicas::{BookingSync, BookingSyncConfig, SyncAttached};
+use loadgate_core::cluster::replicas::{BookingSync, BookingSyncConfig, SyncAttached, SyncMode};
 use loadgate_core::cluster::Transport;
 use loadgate_core::MonotonicClock;
 
 use crate::cluster::{connect, subjects};
-use crate::ffi::{boundary, guard, input, optional, string, Out};
+use crate::ffi::{boundary, guard, input, optional, string, Error, Out};
 use crate::monitor::lg_monitor;
 use crate::nats_options::lg_nats_options;
 use crate::status::lg_status;
@@ -43,7 +43,22 @@ pub struct lg_booking_sync_config {
     pub max_frontends: u32,
     /// Most rank entries kept over every other frontend (default 262144).
     pub max_entries: u32,
+    /// LG_SYNC_SHARED (default): book by the busy rule on the fleet's
+    /// total. LG_SYNC_LEASED: book only within a leased share of every
+    /// rank's line, so the frontends together never book past it; a booking
+    /// past the share fails with LG_WORKER_OVERLOADED.
+    pub mode: u32,
+    /// Leased mode: how long a share outlives the last echo of this
+    /// frontend, in milliseconds (default 1000; at least 4 debounce_ms, at
+    /// most half of expire_after_ms). A new frontend books nothing for its
+    /// first one and a half leases.
+    pub lease_ms: u64,
 }
+
+/// lg_booking_sync_config.mode: the frontends see each other's bookings.
+pub const LG_SYNC_SHARED: u32 = 0;
+/// lg_booking_sync_config.mode: each frontend books within a leased share.
+pub const LG_SYNC_LEASED: u32 = 1;
 
 /// Counters of a booking sync.
 #[repr(C)]
@@ -66,6 +81,13 @@ pub struct lg_booking_sync_stats {
     pub frontends: u64,
     /// Bytes of the last snapshot sent.
     pub last_size: u64,
+    /// Leased mode: the share of every rank's line this frontend uses, in
+    /// parts per million.
+    pub share_ppm: u32,
+    /// Leased mode: the share it claims, in parts per million.
+    pub claim_ppm: u32,
+    /// Leased mode: times its lease ran out while it held a share.
+    pub fenced: u64,
 }
 
 /// Writes the default settings into `out`.
@@ -88,6 +110,8 @@ pub unsafe extern "C" fn lg_booking_sync_config_default(
             expire_after_ms: d.expire_after.as_millis() as u64,
             max_frontends: d.max_frontends as u32,
             max_entries: d.max_entries as u32,
+            mode: LG_SYNC_SHARED,
+            lease_ms: d.lease.as_millis() as u64,
         };
         // SAFETY: writable (contract).
         unsafe { out.write(config) };
@@ -150,6 +174,16 @@ pub unsafe extern "C" fn lg_monitor_sync_bookings(
             settings.expire_after = Duration::from_millis(c.expire_after_ms);
             settings.max_frontends = c.max_frontends as usize;
             settings.max_entries = c.max_entries as usize;
+            settings.mode = match c.mode {
+                LG_SYNC_SHARED => SyncMode::Shared,
+                LG_SYNC_LEASED => SyncMode::Leased,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "config.mode = {other}: must be LG_SYNC_SHARED or LG_SYNC_LEASED"
+                    )))
+                }
+            };
+            settings.lease = Duration::from_millis(c.lease_ms);
         }
         let subjects = subjects(namespace)?;
         let sync = BookingSync::new(
@@ -196,6 +230,9 @@ pub unsafe extern "C" fn lg_booking_sync_get_stats(
             expired: st.expired,
             frontends: st.frontends as u64,
             last_size: st.last_size as u64,
+            share_ppm: st.share,
+            claim_ppm: st.claim,
+            fenced: st.fenced,
         };
         // SAFETY: writable by the contract.
         unsafe { out.write(stats) };

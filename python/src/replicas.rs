@@ -4,7 +4,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use loadgate::cluster::replicas::{BookingSync as CoreSync, BookingSyncConfig, SyncAttached};
+use loadgate::cluster::replicas::{
+    BookingSync as CoreSync, BookingSyncConfig, SyncAttached, SyncMode,
+};
 use loadgate::cluster::Transport;
 use loadgate::MonotonicClock;
 use pyo3::exceptions::PyValueError;
@@ -28,14 +30,19 @@ impl Monitor {
     /// when something changed and every `heartbeat` seconds when not; a
     /// replica silent for `expire_after` seconds is forgotten;
     /// `max_frontends` bounds the replicas tracked and `max_entries` the
-    /// rank entries kept over all of them. `mode` is `"shared"`.
+    /// rank entries kept over all of them. `mode` is `"shared"` (see the
+    /// others' bookings and book by the busy rule on the total) or
+    /// `"leased"` (book only within a leased share of every rank's line,
+    /// so the frontends together never book past it; a booking past the
+    /// share raises `WorkerOverloaded`, and a new frontend books nothing
+    /// for its first one and a half `lease` seconds).
     /// Takes the same authentication and TLS arguments as
     /// `subscribe_nats`. Returns a `BookingSync` whose `close()` stops it.
     /// Raises `ValueError` for a bad argument and `ConnectionError` when the
     /// server cannot be reached.
     #[pyo3(
-        signature = (url, namespace = None, *, frontend_id, mode = None, debounce = None, heartbeat = None, expire_after = None, max_frontends = None, max_entries = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
-        text_signature = "($self, url, namespace='default', *, frontend_id, mode='shared', debounce=0.002, heartbeat=1.0, expire_after=3.0, max_frontends=64, max_entries=262144, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
+        signature = (url, namespace = None, *, frontend_id, mode = None, lease = None, debounce = None, heartbeat = None, expire_after = None, max_frontends = None, max_entries = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
+        text_signature = "($self, url, namespace='default', *, frontend_id, mode='shared', lease=1.0, debounce=0.002, heartbeat=1.0, expire_after=3.0, max_frontends=64, max_entries=262144, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn sync_bookings(
@@ -45,6 +52,7 @@ impl Monitor {
         namespace: Option<&Bound<'_, PyAny>>,
         frontend_id: &Bound<'_, PyAny>,
         mode: Option<&Bound<'_, PyAny>>,
+        lease: Option<&Bound<'_, PyAny>>,
         debounce: Option<&Bound<'_, PyAny>>,
         heartbeat: Option<&Bound<'_, PyAny>>,
         expire_after: Option<&Bound<'_, PyAny>>,
@@ -70,16 +78,21 @@ impl Monitor {
             connect_timeout,
         };
         let options = auth.options()?;
-        if let Some(m) = mode.filter(|m| !m.is_none()) {
-            let m = str_arg(m, "mode")?;
-            if &*m != "shared" {
-                return Err(PyValueError::new_err(format!(
-                    "mode = {:?} is invalid: must be 'shared'",
-                    &*m
-                )));
-            }
-        }
         let mut config = BookingSyncConfig::new(str_arg(frontend_id, "frontend_id")?.to_string());
+        if let Some(m) = mode.filter(|m| !m.is_none()) {
+            config.mode = match &*str_arg(m, "mode")? {
+                "shared" => SyncMode::Shared,
+                "leased" => SyncMode::Leased,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "mode = {other:?} is invalid: must be 'shared' or 'leased'"
+                    )))
+                }
+            };
+        }
+        if let Some(l) = lease.filter(|l| !l.is_none()) {
+            config.lease = seconds_arg(l, "lease")?;
+        }
         if let Some(d) = debounce.filter(|d| !d.is_none()) {
             config.debounce = seconds_arg(d, "debounce")?;
         }
@@ -133,7 +146,9 @@ impl BookingSync {
     }
 
     /// Stops sending and receiving; calling it again does nothing. The
-    /// bookings learned from the others stay until they are forgotten.
+    /// bookings learned from the others stay until they are forgotten. In
+    /// leased mode the monitor books nothing more once its lease has run
+    /// out.
     fn close(&self, py: Python<'_>) {
         let attached = lock(&self.attached).take();
         if attached.is_some() {
@@ -144,8 +159,11 @@ impl BookingSync {
     /// Counts so far: `sent`, `received`, `gaps` (others' snapshots missed),
     /// `out_of_order`, `refused` (oversized, malformed, spoofed, too many
     /// frontends), `expired` (frontends forgotten after their silence),
-    /// `frontends` (tracked now) and `last_size` (bytes of the last
-    /// snapshot sent).
+    /// `frontends` (tracked now), `last_size` (bytes of the last snapshot
+    /// sent); in leased mode also `share_ppm` (the share of every rank's
+    /// line this frontend uses, in parts per million), `claim_ppm` (the
+    /// share it claims) and `fenced` (times its lease ran out while it held
+    /// a share).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.sync.stats();
         let d = PyDict::new(py);
@@ -157,6 +175,9 @@ impl BookingSync {
         d.set_item("expired", s.expired)?;
         d.set_item("frontends", s.frontends)?;
         d.set_item("last_size", s.last_size)?;
+        d.set_item("share_ppm", s.share)?;
+        d.set_item("claim_ppm", s.claim)?;
+        d.set_item("fenced", s.fenced)?;
         Ok(d)
     }
 

@@ -1,7 +1,9 @@
 """Frontend replicas sharing their bookings over a real `nats-server`
 (docs/replicas.md): three frontend processes, four publishing workers, a
 paced burst from every frontend, the over-admission measured against the
-bound, a frontend killed mid-burst, a late joiner and a server restart.
+bound, a frontend killed mid-burst, a late joiner and a server restart; in
+shared mode, and again in leased mode, where nothing is booked past the
+line.
 
 Each frontend is a process of its own, driven over its stdin and stdout.
 Waits are for conditions, with a limit that only turns a hang into a
@@ -32,11 +34,11 @@ FRONTEND = r'''
 import json, re, sys, time
 import loadgate
 
-url, frontend_id = sys.argv[1], sys.argv[2]
+url, frontend_id, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 m = loadgate.Monitor()
 sub = m.subscribe_nats(url, "replicas")
-sync = m.sync_bookings(url, "replicas", frontend_id=frontend_id, heartbeat=0.2,
-                       expire_after=0.6)
+sync = m.sync_bookings(url, "replicas", frontend_id=frontend_id, mode=mode, lease=0.2,
+                       heartbeat=0.2, expire_after=0.6)
 held = []
 LINE = re.compile(r'^dynamo_frontend_worker_active_decode_blocks\{.*worker_id="(\d+)".*\} (\d+)$')
 
@@ -65,9 +67,9 @@ for command in sys.stdin:
             time.sleep(max(0.0, start + k * period - time.monotonic()))
             try:
                 w = m.select("m")
-            except loadgate.Overloaded:
+                held.append(m.book(w, 0, 20))
+            except (loadgate.Overloaded, loadgate.WorkerOverloaded):
                 continue
-            held.append(m.book(w, 0, 20))
             log.append((time.monotonic(), w))
         say(log)
     elif words[0] == "view":
@@ -83,10 +85,10 @@ for command in sys.stdin:
 
 
 class Frontend:
-    def __init__(self, url: str, frontend_id: str) -> None:
+    def __init__(self, url: str, frontend_id: str, mode: str = "shared") -> None:
         self.id = frontend_id
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", FRONTEND, url, frontend_id],
+            [sys.executable, "-c", FRONTEND, url, frontend_id, mode],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
         )
 
@@ -197,6 +199,92 @@ def test_three_frontends_admit_together_what_one_would(tmp_path: Path) -> None:
         server.close()
 
 
+def burst(fronts: List[Frontend], n: int) -> List[Tuple[float, int, int]]:
+    """A paced burst from every frontend at once, one request of 20 blocks
+    every 5 ms each: (time, frontend, worker) of every admission."""
+    for f in fronts:
+        assert f.proc.stdin
+        f.proc.stdin.write(f"burst {n} 0.005\n")
+        f.proc.stdin.flush()
+    logs = []
+    for i, f in enumerate(fronts):
+        assert f.proc.stdout
+        logs.extend((t, i, w) for t, w in json.loads(f.proc.stdout.readline()))
+    return logs
+
+
+def booked(logs: List[Tuple[float, int, int]], who: Any = None) -> Dict[int, int]:
+    """Blocks admitted per worker, by every frontend or by the ones in `who`."""
+    return {w: BLOCKS * sum(1 for _, i, x in logs if x == w and (who is None or i in who))
+            for w in WORKERS}
+
+
+def shares(fronts: List[Frontend]) -> int:
+    return sum(int(f.ask("stats")["share_ppm"]) for f in fronts)
+
+
+def test_leased_frontends_never_book_past_the_line(tmp_path: Path) -> None:
+    server = contextlib.ExitStack()
+    port = server.enter_context(running_nats_server([], tmp_path / "nats.log"))
+    url = f"nats://127.0.0.1:{port}"
+    _workers = reporters(url)
+    fronts = [Frontend(url, f"f{i}", "leased") for i in range(3)]
+    try:
+        for f in fronts:
+            wait_for(lambda: f.ask("workers"), lambda ws: sorted(ws) == WORKERS)
+            assert f.ask("thresholds") == "ok"
+        # Once joined, the three share out the whole line between them.
+        wait_for(lambda: shares(fronts), lambda s: s >= 900_000)
+
+        # A burst from all, more than the fleet holds: no worker is booked
+        # past its line, though each frontend alone would fill it.
+        logs = burst(fronts, 120)
+        admitted = booked(logs)
+        print(f"leased: admitted per worker {admitted} (line {LINE}); "
+              f"{sum(admitted.values()) / (LINE * len(WORKERS)):.0%} of the fleet's lines")
+        assert all(a <= LINE for a in admitted.values()), admitted
+        assert sum(admitted.values()) >= LINE * len(WORKERS) // 2
+
+        # A frontend killed mid-hold: its bookings end with it, and once the
+        # others forget it its share returns to them; a second burst fills
+        # the room, and still never past the line.
+        killed = fronts.pop()
+        before = shares(fronts)
+        killed.proc.kill()
+        killed.proc.wait(30)
+        killed.stop()
+        wait_for(lambda: shares(fronts), lambda s: s > before)
+        more = burst(fronts, 120)
+        now_held = {w: booked(logs, (0, 1))[w] + booked(more)[w] for w in WORKERS}
+        print(f"after the kill: held per worker {now_held}")
+        assert all(a <= LINE for a in now_held.values()), now_held
+        assert sum(now_held.values()) > sum(booked(logs, (0, 1)).values())
+
+        # A late frontend gets its part once the others make room.
+        late = Frontend(url, "late", "leased")
+        fronts.append(late)
+        wait_for(lambda: late.ask("workers"), lambda ws: sorted(ws) == WORKERS)
+        assert late.ask("thresholds") == "ok"
+        for f in fronts[:2]:
+            assert f.ask("release") == "ok"
+        wait_for(lambda: int(late.ask("stats")["share_ppm"]), lambda s: s >= 200_000)
+
+        # A server restart: every frontend drops its share (it may have
+        # missed a claim) and joins again.
+        server.close()
+        server.enter_context(running_nats_server([], tmp_path / "nats-again.log", port))
+        wait_for(lambda: shares(fronts), lambda s: s >= 900_000)
+        stats = [f.ask("stats") for f in fronts]
+        print(f"leased stats: {stats}")
+        assert all(s["fenced"] >= 1 and s["refused"] == 0 for s in stats)
+        logs = burst(fronts, 120)
+        assert all(a <= LINE for a in booked(logs).values()), booked(logs)
+    finally:
+        for f in fronts:
+            f.stop()
+        server.close()
+
+
 def excess(logs: List[Tuple[float, int, int]], d: float) -> int:
     """The most any admission passed the bound by with sync delay `d`: at
     each admission, the worker's total may pass the line by the request
@@ -217,6 +305,8 @@ def test_bad_arguments_are_refused_before_connecting() -> None:
         ({"frontend_id": "a.b"}, ValueError),
         ({"frontend_id": ""}, ValueError),
         ({"frontend_id": "a", "mode": "leased2"}, ValueError),
+        ({"frontend_id": "a", "mode": "leased", "lease": 0.001}, ValueError),
+        ({"frontend_id": "a", "mode": "leased", "lease": 2.0}, ValueError),
         ({"frontend_id": "a", "debounce": 0}, ValueError),
         ({"frontend_id": "a", "heartbeat": 1.0, "expire_after": 0.5}, ValueError),
         ({"frontend_id": "a", "max_frontends": 5000}, ValueError),
@@ -245,7 +335,11 @@ def test_sync_in_one_process_and_its_handle(fleet: Tuple[int, List[Reporter]]) -
         held.release()
         wait_for(lambda: (a.is_busy(1), b.is_busy(1)), lambda v: v == (False, False))
         stats = sa.stats()
-        assert set(stats) == {"sent", "received", "gaps", "out_of_order", "refused", "expired", "frontends", "last_size"}
+        assert set(stats) == {
+            "sent", "received", "gaps", "out_of_order", "refused", "expired", "frontends",
+            "last_size", "share_ppm", "claim_ppm", "fenced",
+        }
+        assert stats["share_ppm"] == stats["claim_ppm"] == stats["fenced"] == 0
         assert stats["sent"] > 0 and stats["received"] > 0 and stats["frontends"] == 1
         assert sa.remote_queues() == []
         keep.release()

@@ -7,7 +7,8 @@
 //! each worker is an engine of its own, and the load balancer spreads
 //! requests evenly. Over-admission is what the replicas admitted (requests
 //! that entered an engine) beyond what one frontend admitted of the very
-//! same requests.
+//! same requests; a line breach is an admission after which the blocks
+//! the replicas had admitted to a rank, and not let go, passed its line.
 
 use serde::Serialize;
 
@@ -24,6 +25,17 @@ pub const REPLICAS: u32 = 4;
 /// The sync's debounce, seconds (the default).
 pub const DEBOUNCE_S: f64 = 0.002;
 
+/// How the replicas share the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Sharing {
+    /// No booking sync.
+    None,
+    /// Shared booking sync.
+    Shared,
+    /// Leased booking sync.
+    Leased,
+}
+
 /// One run: a load, a number of frontends, with or without sync.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplicaRow {
@@ -33,8 +45,8 @@ pub struct ReplicaRow {
     pub load: f64,
     /// Frontend replicas.
     pub frontends: u32,
-    /// Whether they share their bookings.
-    pub sync: bool,
+    /// How they share their bookings.
+    pub sync: Sharing,
     /// Every figure.
     pub measured: Measured,
     /// Admissions beyond the one-frontend run's of the same design and
@@ -49,10 +61,20 @@ pub struct ReplicaRow {
     pub snapshot_bytes: u64,
     /// The largest snapshot, bytes.
     pub snapshot_max: usize,
+    /// Admissions that left a rank past its line.
+    pub line_breaches: u64,
+    /// The most a rank's admitted blocks passed its line by.
+    pub peak_over_line: u64,
 }
 
-/// The modes run at each load: one frontend, four without sync, four with.
-pub const MODES: [(u32, bool); 3] = [(1, false), (REPLICAS, false), (REPLICAS, true)];
+/// The modes run at each load: one frontend, four without sync, four
+/// with shared sync, four with leased sync.
+pub const MODES: [(u32, Sharing); 4] = [
+    (1, Sharing::None),
+    (REPLICAS, Sharing::None),
+    (REPLICAS, Sharing::Shared),
+    (REPLICAS, Sharing::Leased),
+];
 
 /// Runs each design (a name and an arm) in every mode at 1.5 and 3 times
 /// the fleet's capacity; `capacity` is the four-worker fleet's `C*`.
@@ -81,7 +103,8 @@ pub fn run_replicas(
             let c = Conditions {
                 workers: WORKERS,
                 frontends,
-                sync_debounce_s: sync.then_some(DEBOUNCE_S),
+                sync_debounce_s: (sync != Sharing::None).then_some(DEBOUNCE_S),
+                sync_leased: sync == Sharing::Leased,
                 ..*base
             };
             run(e, &w, &reqs, &c, fleet).map(|r| ReplicaRow {
@@ -92,13 +115,15 @@ pub fn run_replicas(
                 measured: r.measured,
                 over_admitted: 0,
                 snapshots: r.snapshots,
-                snapshot_budget: if sync {
+                snapshot_budget: if sync != Sharing::None {
                     u64::from(frontends) * ((duration_s + c.drain_s) / DEBOUNCE_S).ceil() as u64
                 } else {
                     0
                 },
                 snapshot_bytes: r.snapshot_bytes,
                 snapshot_max: r.snapshot_max,
+                line_breaches: r.line_breaches,
+                peak_over_line: r.peak_over_line,
             })
         },
     );

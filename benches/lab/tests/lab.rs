@@ -248,3 +248,32 @@ fn replicas_without_worker_gates_need_booking_sync() {
     assert!(shared.snapshots > 0 && shared.snapshots <= 4 * intervals);
     assert_eq!(shared, with(4, Some(0.002)));
 }
+
+#[test]
+fn leased_replicas_never_admit_past_a_line() {
+    // The same fleet, four replicas: with leased sync no admission leaves
+    // a rank's admitted blocks past its line; without sync they pass it.
+    let mut w = WorkloadSpec::steady(260.0, 20.0, 23);
+    w.tenants = vec![1.0];
+    let reqs = w.generate();
+    let arm = Arm {
+        gate: None,
+        decode_threshold: Some(0.5),
+        ..Arm::base(ArmKind::Queue)
+    };
+    let with = |sync: Option<f64>, leased: bool| {
+        let c = Conditions {
+            workers: 4,
+            frontends: 4,
+            sync_debounce_s: sync,
+            sync_leased: leased,
+            ..conditions()
+        };
+        run(&arm, &w, &reqs, &c, 130.0).expect("a run")
+    };
+    let (apart, leased) = (with(None, false), with(Some(0.002), true));
+    assert!(apart.line_breaches > 0, "{apart:?}");
+    assert_eq!(leased.line_breaches, 0, "{leased:?}");
+    assert!(leased.measured.goodput_rps > 0.8 * apart.measured.goodput_rps);
+    assert_eq!(leased, with(Some(0.002), true));
+}

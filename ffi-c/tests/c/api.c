@@ -50,6 +50,7 @@ int main(void) {
         test_cluster_live(nats_url);
         test_cluster_dynamo_live(nats_url);
         test_replicas_live(nats_url);
+        test_replicas_leased_live(nats_url);
     } else {
         printf("c11 api: LG_NATS_URL is not set; the NATS round trip is skipped\n");
     }

@@ -110,5 +110,6 @@ void test_cluster_auth_live(const char *url);
 /* api_replicas.c: booking sync between frontend replicas (NATS). */
 void test_replicas_errors(void);
 void test_replicas_live(const char *url);
+void test_replicas_leased_live(const char *url);
 
 #endif /* LOADGATE_TEST_CHECK_H */

@@ -123,6 +123,9 @@ impl Sim<'_> {
 
     /// The monitor sent request `id` to a worker.
     fn sent(&mut self, id: u32, d: Dispatch) {
+        let spec = self.reqs[id as usize].spec;
+        let blocks = u64::from(spec.prompt.div_ceil(self.c.engine.block_size));
+        self.admitted(id, d.worker_id() as u32, d.dp_rank(), blocks);
         let r = &mut self.reqs[id as usize];
         r.worker = d.worker_id() as u32;
         r.rank = d.dp_rank();

@@ -2,7 +2,7 @@
 //! routing decision, rejections heard, clients giving up, and how a request
 //! ends.
 
-use loadgate::{Policy, RouteError};
+use loadgate::{Policy, ReportError, RouteError};
 use rand::Rng;
 
 use super::{ns, Ev, Sim, Stage, MODEL};
@@ -164,7 +164,17 @@ impl Sim<'_> {
                         if self.arm.book {
                             let spec = self.reqs[id as usize].spec;
                             let blocks = u64::from(spec.prompt.div_ceil(self.c.engine.block_size));
-                            self.reqs[id as usize].booking = monitor.book(w, rank, blocks).ok();
+                            match monitor.book(w, rank, blocks) {
+                                Ok(b) => {
+                                    self.reqs[id as usize].booking = Some(b);
+                                    self.admitted(id, w as u32, rank, blocks);
+                                }
+                                // Leased mode: no room in this replica's share.
+                                Err(ReportError::NoShare { .. }) => {
+                                    return Err((self.arm.retry_after_s, "frontend: share full"));
+                                }
+                                Err(_) => {}
+                            }
                         }
                         Ok((w as u32, rank))
                     }

@@ -2,16 +2,24 @@
 //! that hands each request to one of them in turn. Each replica has its
 //! own `Monitor` fed by the same load reports; with booking sync each also
 //! runs a `BookingSync`, ticked every debounce interval, whose snapshots
-//! cross the run's transport like the load reports.
+//! cross the run's transport like the load reports (every replica hears
+//! its own come back, as NATS delivers them). The sim also keeps the
+//! blocks each admission took per rank, over every replica, to count the
+//! admissions that left a rank past its line.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig};
+use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig, SyncMode};
 use loadgate::cluster::{Subjects, Subscriber, SubscriberConfig};
 use loadgate::{Monitor, MonitorConfig, SharedClock};
 
-use super::{ns, Ev, Sim};
+use super::{ns, Conditions, Ev, Sim, MODEL};
+
+/// Leased mode's lease in the lab: a fifth of the default, so that the
+/// join window (one and a half leases, in which a replica admits nothing)
+/// takes 0.3 s of each run.
+const LAB_LEASE: Duration = Duration::from_millis(200);
 
 /// One frontend replica.
 pub(super) struct Front {
@@ -21,12 +29,12 @@ pub(super) struct Front {
 }
 
 impl Front {
-    /// Replica `i` of a run, with booking sync when `debounce_s` is given.
+    /// Replica `i` of a run, with booking sync when the conditions say.
     pub(super) fn new(
         i: u32,
         clock: &SharedClock,
         subjects: &Subjects,
-        debounce_s: Option<f64>,
+        c: &Conditions,
     ) -> Result<Self, String> {
         let config = MonitorConfig {
             stale_after: Duration::from_secs(3),
@@ -40,10 +48,14 @@ impl Front {
         };
         let subscriber = Subscriber::new(monitor.clone(), sub_config, clock.clone())
             .map_err(|e| e.to_string())?;
-        let sync = match debounce_s {
+        let sync = match c.sync_debounce_s {
             Some(d) => {
                 let mut config = BookingSyncConfig::new(format!("frontend-{i}"));
                 config.debounce = Duration::from_secs_f64(d);
+                if c.sync_leased {
+                    config.mode = SyncMode::Leased;
+                    config.lease = LAB_LEASE;
+                }
                 Some(
                     BookingSync::new(monitor.clone(), subjects, config, clock.clone())
                         .map_err(|e| e.to_string())?,
@@ -120,5 +132,38 @@ impl Sim<'_> {
         r.booking = None;
         r.dispatch = None;
         r.waiting = None;
+        self.let_go_admitted(id);
+    }
+
+    /// Request `id` was admitted to `rank` of worker `w` with `blocks`:
+    /// counts it on the rank, and a breach if the rank is then past its
+    /// line (`Thresholds::decode_line` of the first replica's monitor).
+    pub(super) fn admitted(&mut self, id: u32, w: u32, rank: u32, blocks: u64) {
+        self.let_go_admitted(id);
+        self.reqs[id as usize].admitted = Some((w, rank, blocks));
+        let n = self.inflight.entry((w, rank)).or_default();
+        *n += blocks;
+        let n = *n;
+        let Some(front) = self.fronts.first() else {
+            return;
+        };
+        let t = front
+            .monitor
+            .thresholds(MODEL)
+            .unwrap_or_default()
+            .thresholds;
+        let line = t.decode_line(u64::from(self.c.engine.num_gpu_blocks));
+        if n > line {
+            self.line_breaches += 1;
+            self.peak_over_line = self.peak_over_line.max(n - line);
+        }
+    }
+
+    fn let_go_admitted(&mut self, id: u32) {
+        if let Some((w, rank, blocks)) = self.reqs[id as usize].admitted.take() {
+            if let Some(n) = self.inflight.get_mut(&(w, rank)) {
+                *n -= blocks;
+            }
+        }
     }
 }

@@ -25,7 +25,7 @@
 //!   load they publish).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use loadgate::cluster::{
@@ -85,6 +85,9 @@ pub struct Conditions {
     /// The replicas share their bookings (`BookingSync`) with this
     /// debounce, seconds; `None`: they do not.
     pub sync_debounce_s: Option<f64>,
+    /// With sync: leased mode (each replica books within its share of the
+    /// line) rather than shared.
+    pub sync_leased: bool,
 }
 
 impl Default for Conditions {
@@ -106,6 +109,7 @@ impl Default for Conditions {
             bin_s: 1.0,
             frontends: 1,
             sync_debounce_s: None,
+            sync_leased: false,
         }
     }
 }
@@ -220,6 +224,8 @@ struct Req {
     /// Queue arms: the attempt waiting in the frontend queue, and its
     /// future.
     waiting: Option<(u32, Dispatching<'static>)>,
+    /// What its booking or dispatch admitted: (worker, rank, blocks).
+    admitted: Option<(u32, u32, u64)>,
 }
 
 struct Worker {
@@ -245,6 +251,11 @@ pub struct RunResult {
     pub snapshot_bytes: u64,
     /// The largest, bytes.
     pub snapshot_max: usize,
+    /// Admissions after which the blocks the replicas had admitted to a
+    /// rank, and not yet let go, passed its line.
+    pub line_breaches: u64,
+    /// The most those blocks passed a rank's line by.
+    pub peak_over_line: u64,
 }
 
 /// Runs `arm` on `workload` under `conditions`; `capacity` is `C*` (for the
@@ -273,6 +284,11 @@ struct Sim<'a> {
     fronts: Vec<fronts::Front>,
     /// Booking snapshots sent: count, bytes, the largest.
     snapshots: (u64, u64, usize),
+    /// Blocks admitted to each (worker, rank) and not let go yet, by every
+    /// replica; the admissions that left one past its line, and the most.
+    inflight: HashMap<(u32, u32), u64>,
+    line_breaches: u64,
+    peak_over_line: u64,
     bus: Arc<HeldBus>,
     inbox: Inbox,
     woken: flow::Woken,
@@ -307,7 +323,7 @@ impl<'a> Sim<'a> {
         let subjects = Subjects::new("lab").map_err(|e| e.to_string())?;
         let fronts = if arm.kind.uses_monitor() {
             (0..c.frontends.max(1))
-                .map(|i| fronts::Front::new(i, &shared, &subjects, c.sync_debounce_s))
+                .map(|i| fronts::Front::new(i, &shared, &subjects, c))
                 .collect::<Result<Vec<_>, _>>()?
         } else {
             Vec::new()
@@ -397,6 +413,7 @@ impl<'a> Sim<'a> {
                 booking: None,
                 dispatch: None,
                 waiting: None,
+                admitted: None,
             })
             .collect();
         Ok(Self {
@@ -411,6 +428,9 @@ impl<'a> Sim<'a> {
             workers,
             fronts,
             snapshots: (0, 0, 0),
+            inflight: HashMap::new(),
+            line_breaches: 0,
+            peak_over_line: 0,
             bus,
             inbox: Arc::new(Mutex::new(Vec::new())),
             woken: Arc::default(),
@@ -501,6 +521,8 @@ impl<'a> Sim<'a> {
             snapshots: self.snapshots.0,
             snapshot_bytes: self.snapshots.1,
             snapshot_max: self.snapshots.2,
+            line_breaches: self.line_breaches,
+            peak_over_line: self.peak_over_line,
         })
     }
 

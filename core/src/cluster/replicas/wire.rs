@@ -197,8 +197,36 @@ mod tests {
             "snapshot: {empty} bytes empty, {per_rank} bytes per booked rank, \
              {per_queue} per queue plus its model's name"
         );
+        // Leased mode's section, with the frontends heard.
+        let leased = |heard: usize| {
+            let mut s = snapshot();
+            s.ranks.clear();
+            s.queues.clear();
+            s.lease = Some(Lease {
+                stamp: u64::MAX / 3,
+                claim: 333_333,
+                used: 333_333,
+                raising: false,
+                want: 1_000_000,
+                heard: (0..heard)
+                    .map(|i| Heard {
+                        frontend: format!("frontend-{i:02}"),
+                        instance: u64::MAX / 5,
+                        stamp: u64::MAX / 7,
+                    })
+                    .collect(),
+            });
+            s.to_msgpack().len()
+        };
+        let section = leased(0) - empty;
+        let per_heard = (leased(64) - leased(0)) / 64;
+        eprintln!(
+            "lease section: {section} bytes, and {per_heard} per frontend heard (an id of 11 \
+             characters)"
+        );
         assert!(per_rank < 50, "{per_rank}");
         assert!(per_queue < 40, "{per_queue}");
+        assert!(section < 80 && per_heard < 60, "{section} {per_heard}");
         assert!(sized(16_384) < super::super::DEFAULT_SNAPSHOT_MAX_PAYLOAD);
     }
 
