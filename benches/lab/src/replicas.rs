@@ -65,6 +65,8 @@ pub struct ReplicaRow {
     pub line_breaches: u64,
     /// The most a rank's admitted blocks passed its line by.
     pub peak_over_line: u64,
+    /// Leased sync: times a replica's lease ran out while it held a share.
+    pub fenced: u64,
 }
 
 /// The modes run at each load: one frontend, four without sync, four
@@ -124,6 +126,7 @@ pub fn run_replicas(
                 snapshot_max: r.snapshot_max,
                 line_breaches: r.line_breaches,
                 peak_over_line: r.peak_over_line,
+                fenced: r.fenced,
             })
         },
     );

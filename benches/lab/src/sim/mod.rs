@@ -256,6 +256,8 @@ pub struct RunResult {
     pub line_breaches: u64,
     /// The most those blocks passed a rank's line by.
     pub peak_over_line: u64,
+    /// Leased sync: times a replica's lease ran out while it held a share.
+    pub fenced: u64,
 }
 
 /// Runs `arm` on `workload` under `conditions`; `capacity` is `C*` (for the
@@ -506,6 +508,12 @@ impl<'a> Sim<'a> {
         if a.offered != a.completed + a.rejected + a.cancelled + a.in_flight {
             return Err(format!("accounting does not balance: {a:?}"));
         }
+        let fenced = self
+            .fronts
+            .iter()
+            .filter_map(|f| f.sync.as_ref())
+            .map(|s| s.stats().fenced)
+            .sum();
         let mut measured = self.rec.summary(capacity);
         for w in &self.workers {
             for e in &w.ranks {
@@ -523,6 +531,7 @@ impl<'a> Sim<'a> {
             snapshot_max: self.snapshots.2,
             line_breaches: self.line_breaches,
             peak_over_line: self.peak_over_line,
+            fenced,
         })
     }
 
