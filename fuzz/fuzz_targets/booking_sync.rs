@@ -8,7 +8,9 @@
 //! * what this frontend sends carries exactly its own live bookings, never
 //!   what it learned from the others;
 //! * once every other frontend is forgotten, each rank holds exactly this
-//!   frontend's own bookings again.
+//!   frontend's own bookings again;
+//! * in leased mode, whatever the others' lease sections say, every claim
+//!   this frontend sends covers what it has booked on every rank.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -18,7 +20,8 @@ use std::time::Duration;
 use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use loadgate::cluster::replicas::{
-    BookingSync, BookingSyncConfig, QueueEntry, RankEntry, Snapshot, SyncApplied, SNAPSHOT_VERSION,
+    BookingSync, BookingSyncConfig, Heard, Lease, QueueEntry, RankEntry, Snapshot, SyncApplied,
+    SyncMode, SNAPSHOT_VERSION,
 };
 use loadgate::cluster::{ClusterError, Handler, Subjects, Subscription, Transport};
 use loadgate::{Booking, ManualClock, Monitor, MonitorConfig, WorkerSpec};
@@ -105,6 +108,11 @@ impl<'a> Arbitrary<'a> for Op {
                             requests: u.arbitrary()?,
                             tokens: u.arbitrary()?,
                         }],
+                        lease: if u.arbitrary()? {
+                            Some(lease(u)?)
+                        } else {
+                            None
+                        },
                     };
                     snapshot.to_msgpack()
                 };
@@ -122,6 +130,35 @@ impl<'a> Arbitrary<'a> for Op {
             _ => Op::ReAdd(u64::from(u.int_in_range(1u8..=2)?)),
         })
     }
+}
+
+/// A share: mostly in range, sometimes not.
+fn ppm(u: &mut Unstructured<'_>) -> arbitrary::Result<u32> {
+    Ok(if u.ratio(7u8, 8)? {
+        u.int_in_range(0..=1_000_000)?
+    } else {
+        u.arbitrary()?
+    })
+}
+
+fn lease(u: &mut Unstructured<'_>) -> arbitrary::Result<Lease> {
+    let n = u.int_in_range(0u8..=4)?;
+    let mut heard = Vec::new();
+    for _ in 0..n {
+        heard.push(Heard {
+            frontend: FRONTENDS[u.int_in_range(0..=FRONTENDS.len() - 1)?].to_owned(),
+            instance: u64::from(u.int_in_range(0u8..=2)?),
+            stamp: u.arbitrary()?,
+        });
+    }
+    Ok(Lease {
+        stamp: u.arbitrary()?,
+        claim: ppm(u)?,
+        used: ppm(u)?,
+        raising: u.arbitrary()?,
+        want: ppm(u)?,
+        heard,
+    })
 }
 
 fn spec() -> WorkerSpec {
@@ -144,7 +181,8 @@ fn own(held: &[(u64, u32, Booking)]) -> BTreeMap<(u64, u32), (u64, u64)> {
     out
 }
 
-fuzz_target!(|ops: Vec<Op>| {
+fuzz_target!(|input: (bool, Vec<Op>)| {
+    let (leased, ops) = input;
     let clock = ManualClock::new();
     let monitor = Arc::new(Monitor::with_config(MonitorConfig::default(), clock.clone()).unwrap());
     for w in [1, 2] {
@@ -156,6 +194,10 @@ fuzz_target!(|ops: Vec<Op>| {
     config.max_payload = 1024;
     config.heartbeat = Duration::from_millis(100);
     config.expire_after = Duration::from_millis(300);
+    if leased {
+        config.mode = SyncMode::Leased;
+        config.lease = Duration::from_millis(100);
+    }
     let sync = BookingSync::new(monitor.clone(), &subjects, config, clock.clone()).unwrap();
     let out = Outbox::default();
     let mut held: Vec<(u64, u32, Booking)> = Vec::new();
@@ -212,6 +254,16 @@ fuzz_target!(|ops: Vec<Op>| {
                 own(&held),
                 "a snapshot carries exactly its own bookings"
             );
+            if let Some(lease) = &sent.lease {
+                // Every rank's line is its 1000 KV blocks (no threshold).
+                let most = carried.values().map(|v| v.0).max().unwrap_or(0);
+                assert!(
+                    u64::from(lease.claim) * 1000 >= most * 1_000_000,
+                    "claim {} does not cover {most} of 1000 blocks",
+                    lease.claim
+                );
+                assert!(lease.used <= lease.claim);
+            }
         }
     }
     // Forget every other frontend: each rank holds exactly its own again.
