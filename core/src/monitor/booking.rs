@@ -69,7 +69,7 @@ impl Booking {
     ) -> Result<Self, ReportError> {
         let moved = if owner == Owner::Own {
             let r = &worker.ranks[rank];
-            let line = r.line(&worker.model.thresholds.load());
+            let line = || r.line(&worker.model.thresholds.load());
             worker
                 .model
                 .share

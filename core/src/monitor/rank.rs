@@ -195,10 +195,13 @@ impl Worker {
     /// (`share.rs`; never out of leased mode).
     #[inline]
     fn share_full(&self, rank: &Rank, t: &crate::thresholds::Thresholds) -> bool {
-        self.model.share.busy_cap(rank.line(t)).is_some_and(|cap| {
-            // Relaxed: an input, released by the combiner (module docs).
-            rank.own_blocks.load(Ordering::Relaxed) >= cap
-        })
+        self.model
+            .share
+            .busy_cap(|| rank.line(t))
+            .is_some_and(|cap| {
+                // Relaxed: an input, released by the combiner (module docs).
+                rank.own_blocks.load(Ordering::Relaxed) >= cap
+            })
     }
 
     /// Registers a change and returns; some thread publishes it.

@@ -91,19 +91,25 @@ impl Share {
 
     /// [`cap`](Self::cap) without the lease's deadline, for the busy rule
     /// (which runs on changes, not on time; the sync re-evaluates every
-    /// worker when it fences).
+    /// worker when it fences). `line` is computed only in leased mode.
     #[inline]
-    pub(crate) fn busy_cap(&self, line: u64) -> Option<u64> {
+    pub(crate) fn busy_cap(&self, line: impl FnOnce() -> u64) -> Option<u64> {
         // Relaxed: an input of the busy rule, released by the combiner.
         let word = self.word.load(Ordering::Relaxed);
-        (word & LEASED != 0).then(|| of_line(word, line))
+        (word & LEASED != 0).then(|| of_line(word, line()))
     }
 
-    /// Reserves `blocks` more of a rank whose line is `line` in `own`, its
-    /// own-booking counter, if they fit this frontend's cap; otherwise
-    /// changes nothing and returns the cap. Out of leased mode, only adds.
+    /// Reserves `blocks` more of a rank whose line is `line()` in `own`,
+    /// its own-booking counter, if they fit this frontend's cap; otherwise
+    /// changes nothing and returns the cap. Out of leased mode, only adds
+    /// (and computes no line).
     #[inline]
-    pub(crate) fn reserve(&self, own: &AtomicU64, blocks: u64, line: u64) -> Result<(), u64> {
+    pub(crate) fn reserve(
+        &self,
+        own: &AtomicU64,
+        blocks: u64,
+        line: impl FnOnce() -> u64,
+    ) -> Result<(), u64> {
         let add = |a: &AtomicU64, n: u64| {
             // SeqCst, add then read: see the module docs.
             a.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
@@ -111,10 +117,11 @@ impl Share {
             })
             .unwrap_or_default()
         };
-        if self.busy_cap(line).is_none() {
+        if self.busy_cap(|| 0).is_none() {
             add(own, blocks);
             return Ok(());
         }
+        let line = line();
         // Relaxed: a count the sync reads now and then.
         let refuse = |cap: u64| {
             self.refused.fetch_add(1, Ordering::Relaxed);
@@ -173,7 +180,7 @@ mod tests {
         assert_eq!(share.cap(1000), Some(250));
         clock.set_nanos(5_000_000_000);
         assert_eq!(share.cap(1000), Some(0));
-        assert_eq!(share.busy_cap(1000), Some(250));
+        assert_eq!(share.busy_cap(|| 1000), Some(250));
         share.set(WHOLE, u64::MAX);
         clock.set_nanos(u64::MAX / 2);
         assert_eq!(share.cap(u64::MAX), Some(u64::MAX));
@@ -197,7 +204,7 @@ mod loom_tests {
             share.set(WHOLE, u64::MAX);
             let own = Arc::new(AtomicU64::new(0));
             let (s, o) = (share.clone(), own.clone());
-            let booking = loom::thread::spawn(move || s.reserve(&o, 10, 10).is_ok());
+            let booking = loom::thread::spawn(move || s.reserve(&o, 10, || 10).is_ok());
             // The sync lowers the share to nothing, then reads the bookings.
             share.set(0, u64::MAX);
             let counted = own.load(Ordering::SeqCst);

@@ -166,6 +166,7 @@ const FLIP: [&[Design]; 2] = [
     &[("reference monitor + snapshot rebuild", Target::Faster(20.0))],
 ];
 const BOOK: &[Design] = &[("reference monitor, 2 events", Target::None)];
+const BOOK_LEASED: &[Design] = &[("loadgate without leased mode", Target::None)];
 const BUSY_CONTAINS: &[Design] = &[("bare AtomicU64 bit test", Target::None)];
 const BUSY_INSERT_REMOVE: &[Design] = &[("bare fetch_or + fetch_and", Target::None)];
 const BUSY_SNAPSHOT: &[Design] = &[("bare copy of 64 atomic words", Target::None)];

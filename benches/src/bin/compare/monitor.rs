@@ -10,8 +10,8 @@ use loadgate_benches::fixture::{free_kv, MonitorFixture, BUSY_KV, MODEL};
 use loadgate_benches::harness::{interleave, under_writes, Side, UnderWrites};
 
 use crate::{
-    each, Case, Run, BOOK, BUSY_CONTAINS, BUSY_INSERT_REMOVE, BUSY_SNAPSHOT, CHECK, FLIP, MIN_COST,
-    REPORT, SELECT, THRESHOLD, UNDER_WRITES,
+    each, Case, Run, BOOK, BOOK_LEASED, BUSY_CONTAINS, BUSY_INSERT_REMOVE, BUSY_SNAPSHOT, CHECK,
+    FLIP, MIN_COST, REPORT, SELECT, THRESHOLD, UNDER_WRITES,
 };
 
 // ---------------------------------------------------------------------------
@@ -178,6 +178,9 @@ pub(crate) fn monitor_cases(run: &mut Run) {
         }
     }
 
+    if run.wants_any("book") {
+        leased_book_case(run);
+    }
     busy_set_cases(run);
 
     let name = "threshold update, 4096 workers × 8 ranks";
@@ -332,4 +335,50 @@ pub(crate) fn busy_set_cases(run: &mut Run) {
             interleave(budget, &mut sides)
         },
     );
+}
+
+/// Booking in leased mode (docs/replicas.md) against booking without it,
+/// on 64 workers: a lone frontend whose sync runs on its own thread over
+/// the in-process bus, once it holds the whole line.
+fn leased_book_case(run: &mut Run) {
+    use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig, SyncMode};
+    use loadgate::cluster::{InProcessBus, Subjects, Transport};
+    use loadgate::{Monitor, MonotonicClock, WorkerSpec};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let n = 64u64;
+    let make = || {
+        let m = Arc::new(Monitor::new());
+        for id in 1..=n {
+            let spec = WorkerSpec {
+                kv_total_blocks: Some(1 << 20),
+                ..Default::default()
+            };
+            m.add_worker(MODEL, id, spec).expect("a worker");
+        }
+        m
+    };
+    let (leased, plain) = (make(), make());
+    let subjects = Subjects::new("bench").expect("subjects");
+    let mut config = BookingSyncConfig::new("bench");
+    config.mode = SyncMode::Leased;
+    config.lease = Duration::from_millis(20);
+    let sync = BookingSync::new(leased.clone(), &subjects, config, MonotonicClock::shared())
+        .expect("a sync");
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let _attached = sync.attach(bus, &subjects).expect("attached");
+    let start = Instant::now();
+    while sync.stats().share < 1_000_000 {
+        assert!(start.elapsed() < Duration::from_secs(30), "never joined");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let name = format!("book + release blocks, leased share, {n} workers");
+    run.measure(Case::hot(name, BOOK_LEASED), |budget| {
+        let mut sides = [
+            each(|| leased.book(7, 0, 4).expect("book").blocks()),
+            each(|| plain.book(7, 0, 4).expect("book").blocks()),
+        ];
+        interleave(budget, &mut sides)
+    });
 }
