@@ -70,11 +70,13 @@ pub struct ReplicaRow {
 }
 
 /// The modes run at each load: one frontend, four without sync, four
-/// with shared sync, four with leased sync.
-pub const MODES: [(u32, Sharing); 4] = [
+/// with shared sync, two and four with leased sync (how its cost grows
+/// with the split).
+pub const MODES: [(u32, Sharing); 5] = [
     (1, Sharing::None),
     (REPLICAS, Sharing::None),
     (REPLICAS, Sharing::Shared),
+    (2, Sharing::Leased),
     (REPLICAS, Sharing::Leased),
 ];
 

@@ -57,10 +57,13 @@ fn target(m: &Matrix, design: &str, sync: Sharing) -> Option<Target> {
                     "the replicas' leases held all run (fenced {} times), and the refusals were \
                      queue deadlines ({}): each replica's queue dispatches only into its own \
                      share of a worker's line, a quarter while all four are busy, so the \
-                     capacity one frontend's single queue pools is split four ways ({over:+} \
-                     admissions against one frontend's)",
+                     capacity one frontend's single queue pools is split four ways; the cost \
+                     grows with the split: {} of one frontend's goodput with 2 leased replicas \
+                     ({over:+} admissions against one frontend's with 4)",
                     shared.fenced,
                     pct(deadline_share(shared)),
+                    find(m, design, 3.0, 2, Sharing::Leased)
+                        .map_or("–".into(), |two| pct(of_one(two))),
                 ),
                 Sharing::Leased => format!(
                     "goodput met; the admitted p99 TTFT passes the SLO, where one frontend's \
