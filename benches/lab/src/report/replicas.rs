@@ -55,11 +55,13 @@ fn target(m: &Matrix, design: &str, sync: Sharing) -> Option<Target> {
             match sync {
                 Sharing::Leased if ratio < 0.98 => format!(
                     "the replicas' leases held all run (fenced {} times), and the refusals were \
-                     queue deadlines ({}): each replica's queue dispatches only into its own \
-                     share of a worker's line, a quarter while all four are busy, so the \
-                     capacity one frontend's single queue pools is split four ways; the cost \
-                     grows with the split: {} of one frontend's goodput with 2 leased replicas \
-                     ({over:+} admissions against one frontend's with 4)",
+                     queue deadlines ({}): a replica dispatches a request only if it fits whole \
+                     within its own share of a worker's line, a quarter while all four are busy, \
+                     where one frontend dispatches while a worker is at or below its whole line, \
+                     so with the line split four ways a request at the head of a queue waits \
+                     for room longer; the cost grows with the split: {} of one frontend's \
+                     goodput with 2 leased replicas ({over:+} admissions against one frontend's \
+                     with 4)",
                     shared.fenced,
                     pct(deadline_share(shared)),
                     find(m, design, 3.0, 2, Sharing::Leased)
