@@ -22,6 +22,7 @@ use loadgate::cluster::Subjects;
 use loadgate::{Booking, ManualClock, Monitor};
 use proptest::prelude::*;
 use support::monitor_fixture::{decode, monitor_with, spec, M};
+use support::rng::Rng;
 use support::Outbox;
 
 const MS: u64 = 1_000_000;
@@ -64,27 +65,6 @@ fn fleet() -> impl Strategy<Value = Fleet> {
                 seed,
             },
         )
-}
-
-/// A small deterministic generator (splitmix64), so a case replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, thousandths: u32) -> bool {
-        self.below(1000) < u64::from(thousandths)
-    }
 }
 
 struct Frontend {
@@ -160,11 +140,11 @@ fn simulate(f: &Fleet) -> Result<(), TestCaseError> {
         wire = later;
         // Releases and arrivals.
         for i in 0..f.replicas {
-            if !fronts[i].held.is_empty() && rng.chance(f.release) {
+            if !fronts[i].held.is_empty() && rng.chance(1000, f.release) {
                 let k = rng.below(fronts[i].held.len() as u64) as usize;
                 fronts[i].held.swap_remove(k);
             }
-            if !rng.chance(f.arrival) {
+            if !rng.chance(1000, f.arrival) {
                 continue;
             }
             let blocks = 1 + rng.below(40);
@@ -205,7 +185,7 @@ fn simulate(f: &Fleet) -> Result<(), TestCaseError> {
                 front.sync.tick(&front.out).unwrap();
                 for (subject, payload) in front.out.take() {
                     for to in (0..f.replicas).filter(|&to| to != i) {
-                        if rng.chance(f.loss) {
+                        if rng.chance(1000, f.loss) {
                             continue;
                         }
                         let at = now + rng.below(f.max_delay_ms + 1) * MS;

@@ -27,6 +27,7 @@ use loadgate::cluster::Subjects;
 use loadgate::{Booking, ManualClock, Monitor, ReportError};
 use proptest::prelude::*;
 use support::monitor_fixture::{decode, monitor_with, spec, M};
+use support::rng::Rng;
 use support::Outbox;
 
 const MS: u64 = 1_000_000;
@@ -86,27 +87,6 @@ fn fleet() -> impl Strategy<Value = Fleet> {
                 }
             },
         )
-}
-
-/// A small deterministic generator (splitmix64), so a case replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, per: u64, p: u32) -> bool {
-        self.below(per) < u64::from(p)
-    }
 }
 
 /// Frontend `i`'s settings: leased, with a lease of `LEASE_MS`.

@@ -7,6 +7,7 @@ pub mod nats_auth;
 pub mod nats_server;
 pub mod polling;
 pub mod recorded;
+pub mod rng;
 
 use std::time::{Duration, Instant};
 
