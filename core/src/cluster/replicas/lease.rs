@@ -37,6 +37,7 @@ use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
 
+use super::super::transport::check_token;
 use super::wire::{Heard, Lease};
 use crate::monitor::share::WHOLE;
 
@@ -138,6 +139,9 @@ impl Leases {
                 "lease hears {} frontends: at most {max_frontends}",
                 lease.heard.len()
             ));
+        }
+        for h in &lease.heard {
+            check_token(&h.frontend, "a lease's frontend heard").map_err(|e| e.to_string())?;
         }
         Ok(())
     }
