@@ -496,3 +496,24 @@ fn concurrent_bookings_never_pass_the_share() {
         assert!(booked > LINE / 2, "{booked}");
     }
 }
+
+/// A frontend whose transport may have lost messages stops booking and
+/// joins again, but its claim keeps covering what it has booked, so the
+/// others never take that room meanwhile.
+#[test]
+fn an_interrupted_frontend_keeps_claiming_what_it_holds() {
+    let clock = ManualClock::new();
+    let a = on_clock(0, &clock);
+    run_for(&clock, &[&a], 3 * LEASE_MS);
+    let held = a.monitor.book(1, 0, 100).unwrap();
+    a.out.interrupt();
+    run_for(&clock, &[&a], 2 * DEBOUNCE_MS);
+    let st = a.sync.stats();
+    assert_eq!((st.share, st.fenced), (0, 1), "{st:?}");
+    // 100 of the line's 500 blocks.
+    assert!(st.claim >= 200_000, "{st:?}");
+    assert!(a.monitor.book(1, 0, 1).is_err());
+    drop(held);
+    run_for(&clock, &[&a], 3 * LEASE_MS);
+    assert_eq!(a.sync.stats().share, 1_000_000);
+}

@@ -14,6 +14,7 @@
 #![no_main]
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,8 +29,9 @@ use loadgate::{Booking, ManualClock, Monitor, MonitorConfig, WorkerSpec};
 
 const FRONTENDS: [&str; 5] = ["me", "a", "b", "c", "d"];
 
+/// What the frontend sent, and the interruptions its transport reports.
 #[derive(Default)]
-struct Outbox(Mutex<Vec<Vec<u8>>>);
+struct Outbox(Mutex<Vec<Vec<u8>>>, AtomicU64);
 
 impl Transport for Outbox {
     fn publish(&self, _: &str, payload: Vec<u8>) -> Result<(), ClusterError> {
@@ -39,6 +41,10 @@ impl Transport for Outbox {
 
     fn subscribe(&self, _: &str, _: Handler) -> Result<Subscription, ClusterError> {
         unreachable!()
+    }
+
+    fn interruptions(&self) -> u64 {
+        self.1.load(Ordering::Relaxed)
     }
 }
 
@@ -65,13 +71,17 @@ enum Op {
     },
     Release(usize),
     Tick,
+    /// This frontend's own last snapshot comes back through the transport.
+    Echo,
+    /// The transport reports it may have lost messages.
+    Interrupt,
     Advance(u16),
     ReAdd(u64),
 }
 
 impl<'a> Arbitrary<'a> for Op {
     fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
-        Ok(match u.int_in_range(0u8..=9)? {
+        Ok(match u.int_in_range(0u8..=11)? {
             0..=3 => {
                 let subject = u.int_in_range(0..=FRONTENDS.len() - 1)?;
                 let payload = if u.ratio(1u8, 8)? {
@@ -127,6 +137,8 @@ impl<'a> Arbitrary<'a> for Op {
             6 => Op::Release(u.arbitrary()?),
             7 => Op::Tick,
             8 => Op::Advance(u.arbitrary()?),
+            9 => Op::Echo,
+            10 => Op::Interrupt,
             _ => Op::ReAdd(u64::from(u.int_in_range(1u8..=2)?)),
         })
     }
@@ -203,6 +215,7 @@ fuzz_target!(|input: (bool, Vec<Op>)| {
     let mut held: Vec<(u64, u32, Booking)> = Vec::new();
     let mut delivered = 0u64;
     let mut own_echoes = 0u64;
+    let mut last_sent: Option<Vec<u8>> = None;
     for op in ops.into_iter().take(256) {
         match op {
             Op::Deliver { subject, payload } => {
@@ -230,6 +243,17 @@ fuzz_target!(|input: (bool, Vec<Op>)| {
             Op::Tick => {
                 sync.tick(&out).unwrap();
             }
+            Op::Echo => {
+                if let Some(last) = &last_sent {
+                    delivered += 1;
+                    if sync.handle_on(&subjects.bookings("me"), last) == Ok(SyncApplied::Own) {
+                        own_echoes += 1;
+                    }
+                }
+            }
+            Op::Interrupt => {
+                out.1.fetch_add(1, Ordering::Relaxed);
+            }
             Op::Advance(ms) => clock.advance(Duration::from_millis(u64::from(ms))),
             Op::ReAdd(w) => {
                 held.retain(|(x, _, _)| *x != w);
@@ -244,6 +268,7 @@ fuzz_target!(|input: (bool, Vec<Op>)| {
         );
         for payload in std::mem::take(&mut *out.0.lock().unwrap()) {
             let sent = Snapshot::decode(&payload).unwrap();
+            last_sent = Some(payload.clone());
             let carried: BTreeMap<(u64, u32), (u64, u64)> = sent
                 .ranks
                 .iter()

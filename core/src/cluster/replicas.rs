@@ -309,11 +309,9 @@ impl BookingSync {
             != interruptions
             || interruptions == u64::MAX;
         if let Some(leases) = &mut st.leases {
-            if interrupted {
-                leases.interrupted();
-            }
             let before = leases.shares();
-            let d = leases.step(now, self.monitor.share_usage(), refused_since);
+            let usage = self.monitor.share_usage();
+            let d = leases.step(now, usage, refused_since, interrupted);
             leases.settle(self.monitor.apply_share(d.used, d.deadline));
             heartbeat = heartbeat.min(leases.renew());
             lease_due = leases.due() || leases.shares() != before;

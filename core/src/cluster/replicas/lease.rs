@@ -4,34 +4,36 @@
 //!
 //! * **Claims.** A frontend publishes its `claim` (parts per million) and
 //!   never books past its `used` share, which is at most its claim. It
-//!   lowers both at once (never below what it has booked); it raises in two
-//!   steps: it publishes the higher claim in a snapshot stamped `at`, waits
-//!   until every frontend it knows has sent a snapshot that echoes a stamp
-//!   of its at or after `at`, and uses the raise only if the claims in
-//!   those snapshots and its own sum to at most a million; otherwise it
-//!   drops the raise. Of two raises that overlap, the later one's check
-//!   sees the earlier (its echo was sent after the earlier raise was
-//!   published, and a claim stays up while it is used), so the shares in
-//!   use never sum past a million.
+//!   lowers its share at once, and its claim only as far as what its
+//!   bookings hold (`settle`). It raises in two steps: it publishes the
+//!   higher claim in a snapshot stamped `at`, waits until every frontend it
+//!   knows has sent a snapshot that echoes a stamp of its at or after
+//!   `at`, and uses the raise only if the claims in those snapshots and its
+//!   own sum to at most a million; otherwise it drops the raise. Of two
+//!   raises that overlap, the later one's check sees the earlier (its echo
+//!   was sent after the earlier raise was published, and a claim stays up
+//!   while it is used), so the shares in use never sum past a million.
 //! * **Leases.** A frontend uses its share only while its lease holds:
 //!   until `lease` after the oldest of the latest stamps of its own that
-//!   each other frontend echoed, and never longer than `lease` after its
-//!   own last snapshot. Another frontend forgets it only after
-//!   `expire_after` (at least twice the lease) of silence, so by then it
-//!   has stopped booking; a frontend whose lease ran out drops its claim to
-//!   zero and raises again from there.
-//! * **Joining.** A new frontend claims nothing for a join window of one
-//!   and a half leases, in which it hears every frontend that still holds
-//!   a lease (they send at least every quarter lease). It also learns the
-//!   frontends the others hear, and a raise waits for their echoes too. A
-//!   frontend whose transport may have lost messages (a disconnection, a
-//!   slow subscriber) drops its share and joins again.
-//! * **Sharing out.** Each frontend wants twice the share it uses, plus
-//!   one percent (all of it while its share is full); every frontend
-//!   computes the same water-filling split of the line from the wants it
-//!   hears, lowers to its part, and raises towards it. A raise waits while
-//!   a frontend with a lower id is raising, so raises do not collide
-//!   forever.
+//!   each other frontend echoed, and never longer than `lease` after the
+//!   last of its own snapshots that came back through the transport.
+//!   Another frontend forgets it only after `expire_after` (at least twice
+//!   the lease) of silence, so by then it has stopped booking. A frontend
+//!   whose lease ran out stops using its share, brings its claim down to
+//!   what its bookings hold, and joins again.
+//! * **Joining.** A frontend claims nothing until its own snapshots have
+//!   come back without a gap for a join window of one and a half leases,
+//!   in which it hears every frontend that still holds a lease (they send
+//!   at least every quarter lease). It also learns the frontends the
+//!   others hear, and a raise waits for their echoes too. A frontend whose
+//!   transport may have lost messages (a disconnection, a slow subscriber)
+//!   drops its share and joins again.
+//! * **Sharing out.** Each frontend wants twice the share its bookings use
+//!   plus one percent (twice its share when a booking found no room);
+//!   every frontend computes the same water-filling split of the line from
+//!   the wants it hears, lowers to its part, and raises towards it. A raise
+//!   waits while a frontend with a lower id is raising, so raises do not
+//!   collide forever.
 
 use std::collections::HashMap;
 
@@ -147,8 +149,7 @@ impl Leases {
     }
 
     /// Takes in a checked snapshot from `frontend`; whether it asks for an
-    /// answer at once (it is raising, and has not heard this frontend's
-    /// latest stamp).
+    /// answer at once (it is raising, and waits for the echoes).
     pub(super) fn heard(&mut self, frontend: &str, instance: u64, lease: Option<&Lease>) -> bool {
         let peer = self.peers.entry(frontend.to_owned()).or_default();
         if peer.instance != instance {
@@ -192,13 +193,6 @@ impl Leases {
         }
         self.own_seq = seq;
         self.own_heard = self.own_heard.max(stamp.min(self.last_stamp));
-    }
-
-    /// The transport may have lost messages (`Transport::interruptions`):
-    /// a frontend this one could not hear may have claimed meanwhile, so it
-    /// stops using its share and joins again.
-    pub(super) fn interrupted(&mut self) {
-        self.fence();
     }
 
     /// Stops using the share and ends the run, so that it joins again; the
@@ -253,13 +247,21 @@ impl Leases {
     }
 
     /// One step at `now`, with `usage` the most of any rank's line this
-    /// frontend has booked (parts per million, rounded up) and `refused`
-    /// whether a booking found no room in its share since the last step:
-    /// runs out the lease, settles a raise, and moves the claim towards
-    /// this frontend's part.
-    pub(super) fn step(&mut self, now: u64, usage: u32, refused: bool) -> Decision {
+    /// frontend has booked (parts per million, rounded up), `refused`
+    /// whether a booking found no room in its share since the last step,
+    /// and `interrupted` whether the transport may have lost messages since
+    /// (`Transport::interruptions`: a frontend this one could not hear may
+    /// have claimed meanwhile). Runs out the lease, settles a raise, and
+    /// moves the claim towards this frontend's part.
+    pub(super) fn step(
+        &mut self,
+        now: u64,
+        usage: u32,
+        refused: bool,
+        interrupted: bool,
+    ) -> Decision {
         self.claim_before = self.claim;
-        if self.run_from.is_some() && self.deadline() <= now {
+        if interrupted || (self.run_from.is_some() && self.deadline() <= now) {
             self.fence();
         }
         if let Some(at) = self.raise_at {
