@@ -9,7 +9,9 @@
 //! connections to the workers close). An outage drops every message to
 //! and from a frontend; one that starts in its join window is reported by
 //! its transport (a NATS client sees its connection go), a later one only
-//! at random, and an outage may outlast the others' expiry of it. No
+//! at random, and an outage may outlast the others' expiry of it. Single
+//! snapshots are lost at random too, each loss reported by the receiver's
+//! transport (a NATS client's slow-consumer event). No
 //! request runs longer than `expire_after` less the lease, the condition
 //! under which even a cut-off frontend's requests in flight cannot meet
 //! the room the others take back from it.
@@ -48,8 +50,11 @@ struct Fleet {
     arrival: u32,
     release: u32,
     max_delay_ms: u64,
-    /// Per frontend and millisecond, in millionths: a kill, a restart, an
-    /// outage of up to `outage_ms`.
+    /// Per message, in thousandths: lost on its way to one frontend, whose
+    /// transport reports it (as a NATS client reports a slow consumer).
+    loss: u32,
+    /// Per frontend and millisecond, in millionths: a kill (the frontend
+    /// restarts later), an outage of up to `outage_ms`.
     kill: u32,
     outage: u32,
     outage_ms: u64,
@@ -61,7 +66,10 @@ fn fleet() -> impl Strategy<Value = Fleet> {
         2usize..=4,
         600u64..1500,
         (100u32..900, 0u32..200),
-        prop_oneof![0u64..6, 0u64..25],
+        (
+            prop_oneof![0u64..6, 0u64..25],
+            prop_oneof![Just(0u32), 0u32..50],
+        ),
         (0u32..2000, 0u32..3000, 1u64..600),
         any::<u64>(),
     )
@@ -70,7 +78,7 @@ fn fleet() -> impl Strategy<Value = Fleet> {
                 replicas,
                 steps_ms,
                 (arrival, release),
-                max_delay_ms,
+                (max_delay_ms, loss),
                 (kill, outage, outage_ms),
                 seed,
             )| {
@@ -80,6 +88,7 @@ fn fleet() -> impl Strategy<Value = Fleet> {
                     arrival,
                     release,
                     max_delay_ms,
+                    loss,
                     kill,
                     outage,
                     outage_ms,
@@ -211,7 +220,11 @@ fn simulate(f: &Fleet) -> Result<Run, TestCaseError> {
                 continue;
             }
             if let (Some(front), true) = (&fronts[to], down_until[to] <= ms) {
-                let _ = front.sync.handle_on(&subject, &payload);
+                if ms < quiet && rng.chance(1000, f.loss) {
+                    front.out.interrupt();
+                } else {
+                    let _ = front.sync.handle_on(&subject, &payload);
+                }
             }
         }
         wire = later;
@@ -299,6 +312,7 @@ fn a_quiet_fleet_shares_out_the_line() {
         arrival: 600,
         release: 100,
         max_delay_ms: 3,
+        loss: 0,
         kill: 0,
         outage: 0,
         outage_ms: 1,
