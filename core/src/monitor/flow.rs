@@ -266,7 +266,6 @@ impl FlowControl {
             st.expired += 1;
             Self::resolve(st, t, Err(FlowRejection::QueueDeadline), now, after);
         }
-        let mut no_share = 0;
         while !after.full() {
             let Some(&t) = st.queue.peek() else { break };
             // Relaxed: as `Model::routable`.
@@ -283,25 +282,13 @@ impl FlowControl {
                 Self::resolve(st, t, Err(FlowRejection::NoWorkers), now, after);
                 continue;
             }
-            let Some(slot) = model.pick(self.policy, &monitor.clock) else {
-                break;
-            };
-            // Relaxed: as in `Model::select`.
-            let worker_id = model.ids[slot].load(Ordering::Relaxed);
             let ticket = &st.tickets[t as usize];
-            let booking = match monitor.book_least_loaded(worker_id, ticket.blocks, ticket.prefill)
-            {
-                Ok(b) => b,
-                // No room in this frontend's leased share of a worker
-                // routing found free: try a few others, then wait for a
-                // kick (a release or a larger share).
-                Err(ReportError::NoShare { .. }) if no_share < NO_SHARE_TRIES => {
-                    no_share += 1;
-                    continue;
-                }
-                Err(ReportError::NoShare { .. }) => break,
-                // Removed since the pick: pick again.
-                Err(_) => continue,
+            let Some((worker_id, booking)) =
+                monitor.pick_and_book(model, self.policy, ticket.blocks, ticket.prefill)
+            else {
+                // Nothing free (or no room in this frontend's leased
+                // share): wait for a kick.
+                break;
             };
             let (payload, reservation) = st.queue.pop(now).expect("the peeked request");
             debug_assert_eq!(payload, t);
@@ -514,40 +501,51 @@ impl Monitor {
             // tenant (and no booking is dropped under the lock).
             st.queue.check_tenant(request.flow.tenant)?;
         }
+        let (worker_id, booking) = self
+            .pick_and_book(m, policy, request.blocks, request.flow.prompt_tokens)
+            .ok_or(FlowRejection::AllWorkersBusy)?;
+        let settle = match flow {
+            Some((flow, st, now)) => {
+                let r = st
+                    .queue
+                    .admit_direct(&request.flow, now)
+                    .expect("the tenant was checked under the same lock");
+                Some((Arc::clone(flow), r))
+            }
+            None => None,
+        };
+        Ok(Dispatch {
+            worker_id,
+            booking: Some(booking),
+            settle,
+        })
+    }
+
+    /// Picks a free worker of `m` by `policy` and books `blocks` and
+    /// `prefill` tokens on its least loaded rank: the worker and its
+    /// booking, or `None` when no worker is free. A worker removed since
+    /// the pick is picked again; one where this frontend's leased share has
+    /// no room for the request (`share.rs`) is passed over, and after a few
+    /// such the request is left to wait (a release or a larger share kicks
+    /// the queue).
+    fn pick_and_book(
+        &self,
+        m: &Model,
+        policy: Policy,
+        blocks: u64,
+        prefill: u64,
+    ) -> Option<(u64, Booking)> {
         let mut no_share = 0;
         loop {
-            let slot = m
-                .pick(policy, &self.clock)
-                .ok_or(FlowRejection::AllWorkersBusy)?;
+            let slot = m.pick(policy, &self.clock)?;
             // Relaxed: as in `Model::select`.
             let worker_id = m.ids[slot].load(Ordering::Relaxed);
-            let booking =
-                match self.book_least_loaded(worker_id, request.blocks, request.flow.prompt_tokens)
-                {
-                    Ok(b) => b,
-                    // As in `FlowControl::run`.
-                    Err(ReportError::NoShare { .. }) if no_share < NO_SHARE_TRIES => {
-                        no_share += 1;
-                        continue;
-                    }
-                    Err(ReportError::NoShare { .. }) => return Err(FlowRejection::AllWorkersBusy),
-                    Err(_) => continue,
-                };
-            let settle = match flow {
-                Some((flow, st, now)) => {
-                    let r = st
-                        .queue
-                        .admit_direct(&request.flow, now)
-                        .expect("the tenant was checked under the same lock");
-                    Some((Arc::clone(flow), r))
-                }
-                None => None,
-            };
-            return Ok(Dispatch {
-                worker_id,
-                booking: Some(booking),
-                settle,
-            });
+            match self.book_least_loaded(worker_id, blocks, prefill) {
+                Ok(booking) => return Some((worker_id, booking)),
+                Err(ReportError::NoShare { .. }) if no_share < NO_SHARE_TRIES => no_share += 1,
+                Err(ReportError::NoShare { .. }) => return None,
+                Err(_) => {}
+            }
         }
     }
 
