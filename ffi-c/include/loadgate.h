@@ -1291,7 +1291,8 @@ const char *lg_last_error_message(void);
  * busy state) until the booking is freed.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_booking), LG_NOT_FOUND
- * (unknown worker or undeclared rank).
+ * (unknown worker or undeclared rank), LG_WORKER_OVERLOADED (in booking
+ * sync's leased mode: no room in this frontend's share of the rank).
  * Ownership: on LG_OK *out_booking owns a new booking; free it with
  * lg_booking_free().
  * Thread safety: any thread. Blocking: never (lock-free; allocates the
@@ -1316,7 +1317,8 @@ enum lg_status lg_monitor_book(const struct lg_monitor *monitor,
  * report overwrites the count). 0 books no prefill.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_booking), LG_NOT_FOUND
- * (unknown worker or undeclared rank).
+ * (unknown worker or undeclared rank), LG_WORKER_OVERLOADED (in booking
+ * sync's leased mode: no room in this frontend's share of the rank).
  * Ownership: on LG_OK *out_booking owns a new booking; free it with
  * lg_booking_free().
  * Thread safety: any thread. Blocking: never (lock-free; allocates the

@@ -22,7 +22,8 @@ pub struct lg_booking {
 /// busy state) until the booking is freed.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_booking), LG_NOT_FOUND
-/// (unknown worker or undeclared rank).
+/// (unknown worker or undeclared rank), LG_WORKER_OVERLOADED (in booking
+/// sync's leased mode: no room in this frontend's share of the rank).
 /// Ownership: on LG_OK *out_booking owns a new booking; free it with
 /// lg_booking_free().
 /// Thread safety: any thread. Blocking: never (lock-free; allocates the
@@ -59,7 +60,8 @@ pub unsafe extern "C" fn lg_monitor_book(
 /// report overwrites the count). 0 books no prefill.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_booking), LG_NOT_FOUND
-/// (unknown worker or undeclared rank).
+/// (unknown worker or undeclared rank), LG_WORKER_OVERLOADED (in booking
+/// sync's leased mode: no room in this frontend's share of the rank).
 /// Ownership: on LG_OK *out_booking owns a new booking; free it with
 /// lg_booking_free().
 /// Thread safety: any thread. Blocking: never (lock-free; allocates the

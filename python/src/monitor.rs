@@ -445,7 +445,9 @@ impl Monitor {
     /// Books `blocks` KV blocks of a routed request on a worker rank; they
     /// count in its `active_decode_blocks` until the booking is released.
     /// `prefill_tokens` (the request's prompt tokens) count in the rank's
-    /// `active_prefill_tokens` until `prefill_done()` or the release.
+    /// `active_prefill_tokens` until `prefill_done()` or the release. In
+    /// booking sync's leased mode, raises `WorkerOverloaded` when the
+    /// blocks do not fit this frontend's share of the rank.
     #[pyo3(signature = (worker_id, dp_rank, blocks, *, prefill_tokens = None))]
     fn book(
         &self,

@@ -234,7 +234,9 @@ impl Monitor {
     /// Books `blocks` KV blocks of a routed request on a worker rank (the
     /// router-side `active_decode_blocks`). Add generated output with
     /// [`Booking::add_output_blocks`]; the blocks are freed when the booking
-    /// is released or dropped.
+    /// is released or dropped. In booking sync's leased mode
+    /// (docs/replicas.md) a booking that does not fit this frontend's share
+    /// of the rank is refused with [`ReportError::NoShare`].
     pub fn book(&self, worker_id: u64, dp_rank: u32, blocks: u64) -> Result<Booking, ReportError> {
         self.book_with_prefill(worker_id, dp_rank, blocks, 0)
     }
