@@ -7,7 +7,8 @@
 //! atomic.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Waker;
 use std::time::Duration;
 
 /// A source of monotonic time in nanoseconds since an arbitrary origin.
@@ -15,6 +16,19 @@ pub trait Clock: Send + Sync + 'static {
     /// Current time in nanoseconds. Never goes backwards (on one thread;
     /// see [`MonotonicClock`] for readings across cores).
     fn now_nanos(&self) -> u64;
+
+    /// Whether the clock follows real time, so that a thread may sleep
+    /// until one of its readings. `false` for a clock moved by hand.
+    fn real_time(&self) -> bool {
+        true
+    }
+
+    /// Wakes `waker` each time the clock is moved by hand, so that a
+    /// thread waiting for one of its readings looks again (a real-time
+    /// clock drops it: sleeping serves).
+    fn wake_on_advance(&self, waker: Waker) {
+        drop(waker);
+    }
 }
 
 /// The shared clock handle every loadgate object holds.
@@ -65,10 +79,14 @@ impl Clock for MonotonicClock {
     }
 }
 
-/// A clock that only moves when told to; for tests and simulations.
+/// A clock that only moves when told to; for tests and simulations. A
+/// monitor's maintenance (expiring queue deadlines, marking silent ranks
+/// stale) runs when it is moved.
 #[derive(Debug, Default)]
 pub struct ManualClock {
     nanos: AtomicU64,
+    /// Woken after every move ([`Clock::wake_on_advance`]).
+    wakers: Mutex<Vec<Waker>>,
 }
 
 impl ManualClock {
@@ -81,11 +99,18 @@ impl ManualClock {
     pub fn advance(&self, by: Duration) {
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         self.nanos.fetch_add(by, Ordering::SeqCst);
+        self.moved();
     }
 
     /// Sets the time to `nanos` if that is not earlier than now.
     pub fn set_nanos(&self, nanos: u64) {
         self.nanos.fetch_max(nanos, Ordering::SeqCst);
+        self.moved();
+    }
+
+    fn moved(&self) {
+        let wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+        wakers.iter().for_each(Waker::wake_by_ref);
     }
 }
 
@@ -93,6 +118,15 @@ impl Clock for ManualClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
         self.nanos.load(Ordering::SeqCst)
+    }
+
+    fn real_time(&self) -> bool {
+        false
+    }
+
+    fn wake_on_advance(&self, waker: Waker) {
+        let mut wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+        wakers.push(waker);
     }
 }
 

@@ -15,26 +15,33 @@
 //! Dynamo's discovery store ([`discovery`]) and their load from Dynamo's
 //! event plane ([`cluster`]).
 //!
-//! Hot paths (reporting load, checking and selecting workers, and the gate's
-//! direct admission, release, rejection, and a queued future's poll and
-//! cancel) are lock-free and allocation-free. A gate without adaptive LIFO
-//! (with or without priority classes or a wait limit) queues without a lock
-//! too (enqueue, handoff to a waiter, cancel, expiry, close); a gate with
-//! adaptive LIFO queues under a short mutex. Neither allocates. Cold paths (adding workers,
-//! changing thresholds and limits, rendering metrics) may lock and allocate.
+//! Hot paths (reporting load, booking, checking and selecting workers, and
+//! the gate's direct admission, release, rejection, and a queued future's
+//! poll and cancel) are lock-free and allocation-free, with or without
+//! requests waiting in a frontend queue: a report or booking change that
+//! frees a worker only raises the monitor's signal, and the monitor's
+//! maintenance thread dispatches what waits (`monitor/duty.rs`). A gate
+//! without adaptive LIFO (with or without priority classes or a wait limit)
+//! queues without a lock too (enqueue, handoff to a waiter, cancel, expiry,
+//! close); a gate with adaptive LIFO queues under a short mutex. Neither
+//! allocates. Cold paths (adding workers, changing thresholds and limits,
+//! rendering metrics) and dispatch through a frontend queue may lock and
+//! allocate.
 //!
 //! # Unsafe code
 //!
-//! The crate denies `unsafe_code`; only three parts of the gate are allowed
-//! it, for three things safe Rust cannot say without a cost on the hot
-//! path: the raw-pointer round trip of an owned permit through the C ABI
+//! The crate denies `unsafe_code`; four places are allowed it, for things
+//! safe Rust cannot say without a cost on the hot path: three in the gate —
+//! the raw-pointer round trip of an owned permit through the C ABI
 //! (`gate/permit.rs`), the callback a queued cell of the lock-free queue
 //! holds (`gate/tell.rs`), and the waker it holds (`gate/fifo.rs` and
 //! `gate/fifo/storage.rs`), each handed from its enqueuer to the one thread
-//! that resolves the cell by the cell's status word.
-//! Every `unsafe` block there carries a `// SAFETY:` comment. The monitor,
-//! the cluster code and everything else are safe Rust, checked by the
-//! compiler.
+//! that resolves the cell by the cell's status word — and the I/O runtime
+//! shared by NATS, scraping and etcd (`runtime.rs`: the process's runtime
+//! entry, leaked once and read through an `AtomicPtr`, so a forked child
+//! can start its own without a lock). Every `unsafe` block carries a
+//! `// SAFETY:` comment. The monitor, the cluster code and everything else
+//! are safe Rust, checked by the compiler.
 
 #![deny(unsafe_code)]
 
@@ -70,7 +77,7 @@ pub use gate::{
 pub use limits::Limits;
 pub use load::{LoadReport, WorkerSpec};
 pub use monitor::busy_set::BusySet;
-pub use monitor::{Booking, Monitor, MonitorConfig, Policy, Route, Staleness};
+pub use monitor::{Booking, Maintenance, Monitor, MonitorConfig, Policy, Route, Staleness};
 pub use thresholds::{ThresholdField, ThresholdFields, ThresholdUpdate, Thresholds};
 
 #[cfg(doctest)]

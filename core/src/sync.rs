@@ -54,6 +54,23 @@ pub(crate) use std::thread::{current as current_thread, park, Thread};
 #[cfg(loom)]
 pub(crate) use loom::thread::{current as current_thread, park, Thread};
 
+/// Starts a thread named `name` running `f`; whether it started. Under
+/// loom, a model thread.
+#[cfg(not(loom))]
+pub(crate) fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> bool {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(f)
+        .is_ok()
+}
+
+#[cfg(loom)]
+pub(crate) fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> bool {
+    let _ = name;
+    drop(loom::thread::spawn(f));
+    true
+}
+
 /// Parks the current thread for at most `dur` (spurious wakeups happen; the
 /// caller re-checks). Under loom, parks until unparked.
 #[inline]

@@ -97,7 +97,7 @@ fn heavy(t: &str) -> loadgate::monitor::DispatchRequest<'_> {
             max_tokens: Some(50),
             ..loadgate::flow::FlowRequest::new(t)
         },
-        blocks: 60,
+        blocks: Some(60),
         queue: true,
     }
 }
@@ -113,7 +113,12 @@ fn dispatch_queue_and_cancel_allocate_nothing_in_steady_state() {
     impl Wake for Noop {
         fn wake(self: Arc<Self>) {}
     }
-    let m = Monitor::with_config(MonitorConfig::default(), ManualClock::new()).unwrap();
+    // The host's maintenance, so that every step runs on this thread.
+    let config = MonitorConfig {
+        maintenance: loadgate::Maintenance::Manual,
+        ..MonitorConfig::default()
+    };
+    let m = Monitor::with_config(config, ManualClock::new()).unwrap();
     let spec = WorkerSpec {
         kv_total_blocks: Some(100),
         ..Default::default()
@@ -145,6 +150,7 @@ fn dispatch_queue_and_cancel_allocate_nothing_in_steady_state() {
             let mut third = pin!(m.dispatch("m", &heavy("c")));
             assert!(third.as_mut().poll(&mut cx).is_pending());
             first.complete(50);
+            m.maintain();
             match second.as_mut().poll(&mut cx) {
                 Poll::Ready(Ok(d)) => d,
                 other => panic!("{:?}", other.map(|r| r.err())),

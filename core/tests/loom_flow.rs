@@ -1,41 +1,50 @@
-//! Loom models of dispatch through a model's queue (`monitor/flow.rs`,
-//! "Protocol"): a queued request racing the report that frees its worker,
-//! its own cancel, its deadline, and a second request; a request waiting
-//! for scale-up racing the worker that joins. A model fails if a
-//! waiting future is never woken (loom reports the deadlock), if a booking
-//! is left behind, or if a request is both dispatched and refused.
+//! Loom models of dispatch through a model's queue (`monitor/flow/mod.rs`,
+//! "Protocol").
+//!
+//! The monitors run with the host's maintenance (`Maintenance::Manual`),
+//! which runs only the queues that were kicked (or reached a deadline). So
+//! each model ends with one `maintain()` after its threads joined: a kick
+//! lost between an arrival and the report that freed a worker leaves the
+//! request unresolved there, and the model fails. The maintenance
+//! thread's own wake-up (raise, take, park) is the `Signal` model in
+//! `loom_signal.rs`.
+//!
+//! Modelled: a queued request racing the report that frees its worker,
+//! its own cancel racing the maintenance that sends it, its deadline
+//! racing the report, two requests and a release, a request waiting for
+//! scale-up racing the worker that joins. A model also fails if a booking
+//! is left behind, or a request is both sent and refused.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loadgate
 //! --release --test loom_flow`
 #![cfg(loom)]
 
-#[path = "support/loom_gate.rs"]
-mod models;
-
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc as StdArc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
 
 use loadgate::flow::{FlowConfig, FlowRejection, FlowRequest};
-use loadgate::monitor::{DispatchRequest, FlowControlConfig};
-use models::Noop;
+use loadgate::monitor::{Dispatch, DispatchRequest, Dispatching, FlowControlConfig};
 
 use loadgate::{
-    LoadReport, ManualClock, Monitor, MonitorConfig, Policy, ThresholdUpdate, WorkerSpec,
+    LoadReport, Maintenance, ManualClock, Monitor, MonitorConfig, Policy, ThresholdUpdate,
+    WorkerSpec,
 };
 
 /// One worker of 100 blocks, busy above half, busy now (90 used), with a
-/// queue whose requests wait 10 ms.
+/// queue whose requests wait 10 ms; the host's maintenance.
 fn monitor() -> (Arc<Monitor>, StdArc<ManualClock>) {
     let config = MonitorConfig {
         limits: loadgate::Limits {
             max_workers_per_model: 64,
             ..loadgate::Limits::default()
         },
+        maintenance: Maintenance::Manual,
         ..Default::default()
     };
     let clock = ManualClock::new();
@@ -76,44 +85,29 @@ fn request(blocks: u64) -> DispatchRequest<'static> {
             max_tokens: Some(1),
             ..FlowRequest::new("t")
         },
-        blocks,
+        blocks: Some(blocks),
         queue: true,
     }
 }
 
-/// Runs a future on this loom thread until it is woken. The wake is kept
-/// in a flag besides the thread's unpark: loom forgets an unpark when the
-/// thread then blocks on a mutex, which a std thread does not.
-fn block_on<F: Future>(f: F) -> F::Output {
-    struct Flag(std::sync::atomic::AtomicBool, thread::Thread);
-    impl std::task::Wake for Flag {
-        fn wake(self: StdArc<Self>) {
-            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-            self.1.unpark();
-        }
-    }
-    let flag = StdArc::new(Flag(false.into(), thread::current()));
-    let waker = Waker::from(flag.clone());
-    let mut f = std::pin::pin!(f);
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut Context::from_waker(&waker)) {
-            return v;
-        }
-        while !flag.0.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            thread::park();
-        }
-    }
+/// Polls a dispatch once.
+fn poll(fut: &mut Pin<Box<Dispatching>>) -> Poll<Result<Dispatch, FlowRejection>> {
+    fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
 }
 
-/// A request polled once on this thread, so that it waits in the queue.
-fn queued(m: &Monitor) -> std::pin::Pin<Box<loadgate::monitor::Dispatching<'_>>> {
-    let mut fut = Box::pin(m.dispatch("m", &request(10)));
-    let waker = Waker::from(StdArc::new(Noop));
-    assert!(fut
-        .as_mut()
-        .poll(&mut Context::from_waker(&waker))
-        .is_pending());
-    fut
+/// A request that arrives (and waits, or is sent at once).
+fn arrive(m: &Monitor, blocks: u64) -> Pin<Box<Dispatching>> {
+    Box::pin(m.dispatch("m", &request(blocks)))
+}
+
+/// The outcome a request has after the host's maintenance ran once: it
+/// must have one.
+fn decided(m: &Monitor, fut: &mut Pin<Box<Dispatching>>) -> Result<Dispatch, FlowRejection> {
+    m.maintain();
+    match poll(fut) {
+        Poll::Ready(outcome) => outcome,
+        Poll::Pending => panic!("a kick was lost: the request still waits"),
+    }
 }
 
 fn blocks(m: &Monitor) -> u64 {
@@ -125,30 +119,34 @@ fn a_queued_request_races_the_report_that_frees_its_worker() {
     loom::model(|| {
         let (m, _) = monitor();
         let m1 = m.clone();
-        let waiter = thread::spawn(move || {
-            let d = block_on(m1.dispatch("m", &request(10)))
-                .expect("dispatched once the worker is free");
-            assert_eq!(d.worker_id(), 1);
-        });
+        let waiter = thread::spawn(move || arrive(&m1, 10));
         m.report(1, 0, &used(0)).unwrap();
-        waiter.join().unwrap();
+        let mut fut = waiter.join().unwrap();
+        let d = decided(&m, &mut fut).expect("sent once the worker is free");
+        assert_eq!(d.worker_id(), 1);
+        drop(d);
         assert_eq!(blocks(&m), 0, "its booking is released");
     });
 }
 
 #[test]
-fn a_cancel_races_the_report_that_frees_its_worker() {
+fn a_cancel_races_the_maintenance_that_sends_it() {
     loom::model(|| {
         let (m, _) = monitor();
-        let fut = queued(&m);
+        let mut fut = arrive(&m, 10);
+        assert!(poll(&mut fut).is_pending());
+        m.report(1, 0, &used(0)).unwrap();
         let m1 = m.clone();
-        let reporter = thread::spawn(move || m1.report(1, 0, &used(0)).unwrap());
-        // The client leaves: dispatched meanwhile or not, nothing is left.
+        let maintenance = thread::spawn(move || {
+            m1.maintain();
+        });
+        // The client leaves: sent meanwhile or not, nothing is left.
         drop(fut);
-        reporter.join().unwrap();
+        maintenance.join().unwrap();
         assert_eq!(blocks(&m), 0, "no booking left behind");
-        let d = block_on(m.dispatch("m", &request(10))).unwrap();
-        assert_eq!(d.worker_id(), 1, "the worker is free for the next");
+        let mut next = arrive(&m, 10);
+        let d = decided(&m, &mut next).expect("the worker is free for the next");
+        assert_eq!(d.worker_id(), 1);
     });
 }
 
@@ -156,19 +154,18 @@ fn a_cancel_races_the_report_that_frees_its_worker() {
 fn a_deadline_races_the_report_that_frees_its_worker() {
     loom::model(|| {
         let (m, clock) = monitor();
-        let fut = queued(&m);
+        let mut fut = arrive(&m, 10);
+        assert!(poll(&mut fut).is_pending());
         clock.advance(Duration::from_millis(10));
         let m1 = m.clone();
-        let timer = thread::spawn(move || m1.expire_flow());
+        let maintenance = thread::spawn(move || {
+            m1.maintain();
+        });
         m.report(1, 0, &used(0)).unwrap();
-        let expired = timer.join().unwrap();
-        // Dispatched or refused at its deadline: exactly one.
-        let outcome = block_on(fut);
-        match outcome {
-            Ok(d) => {
-                assert_eq!(expired, 0);
-                drop(d);
-            }
+        maintenance.join().unwrap();
+        // Sent or refused at its deadline: exactly one.
+        match decided(&m, &mut fut) {
+            Ok(d) => drop(d),
             Err(e) => assert_eq!(e, FlowRejection::QueueDeadline),
         }
         assert_eq!(blocks(&m), 0);
@@ -181,18 +178,18 @@ fn two_waiting_requests_and_a_release_serve_both() {
         let (m, _) = monitor();
         // 60 blocks: one request makes the worker busy again.
         let m1 = m.clone();
-        let first = thread::spawn(move || {
-            let d = block_on(m1.dispatch("m", &request(60))).unwrap();
-            drop(d);
-        });
-        let m2 = m.clone();
-        let second = thread::spawn(move || {
-            let d = block_on(m2.dispatch("m", &request(60))).unwrap();
-            drop(d);
-        });
+        let second = thread::spawn(move || arrive(&m1, 60));
+        let mut first = arrive(&m, 60);
         m.report(1, 0, &used(0)).unwrap();
-        first.join().unwrap();
-        second.join().unwrap();
+        let mut second = second.join().unwrap();
+        // One is sent; its release sends the other.
+        m.maintain();
+        let (sent, mut other) = match poll(&mut first) {
+            Poll::Ready(d) => (d.unwrap(), second),
+            Poll::Pending => (decided(&m, &mut second).unwrap(), first),
+        };
+        drop(sent);
+        drop(decided(&m, &mut other).unwrap());
         assert_eq!(blocks(&m), 0);
     });
 }
@@ -211,17 +208,16 @@ fn a_request_waiting_for_scale_up_races_the_worker_that_joins() {
         m.set_flow_control("m", Some(&flow)).unwrap();
         m.remove_worker(1).unwrap();
         let m1 = m.clone();
-        let waiter = thread::spawn(move || {
-            let d =
-                block_on(m1.dispatch("m", &request(10))).expect("dispatched once a worker joins");
-            assert_eq!(d.worker_id(), 2);
-        });
+        let waiter = thread::spawn(move || arrive(&m1, 10));
         let spec = WorkerSpec {
             kv_total_blocks: Some(100),
             ..Default::default()
         };
         m.add_worker("m", 2, spec).unwrap();
-        waiter.join().unwrap();
+        let mut fut = waiter.join().unwrap();
+        let d = decided(&m, &mut fut).expect("sent once a worker joins");
+        assert_eq!(d.worker_id(), 2);
+        drop(d);
         assert_eq!(m.rank_load(2, 0).unwrap().active_decode_blocks, 0);
     });
 }

@@ -60,6 +60,12 @@
 #define LG_NO_MAX_TOKENS UINT64_MAX
 
 /**
+ * `blocks` of an lg_dispatch_request that gives none: its prompt in
+ * blocks of 16 tokens (the default everywhere).
+ */
+#define LG_PROMPT_BLOCKS UINT64_MAX
+
+/**
  * "Wait as long as it takes" for lg_gate_admit(), and "no deadline" from
  * lg_gate_next_deadline().
  */
@@ -646,7 +652,8 @@ typedef struct lg_dispatch_request {
    */
   bool queue;
   /**
-   * KV blocks to book on the worker it is sent to.
+   * KV blocks to book on the worker it is sent to; LG_PROMPT_BLOCKS
+   * (the default) for its prompt in blocks of 16 tokens.
    */
   uint64_t blocks;
 } lg_dispatch_request;
@@ -1774,8 +1781,8 @@ enum lg_status lg_monitor_set_flow_control(const struct lg_monitor *monitor,
 
 /**
  * Fills `out` with a request of the default tenant, priority 0, no
- * tokens, the queue's estimate and deadline, allowed to wait, booking no
- * blocks.
+ * tokens, the queue's estimate and deadline, allowed to wait, booking its
+ * prompt's blocks (LG_PROMPT_BLOCKS).
  *
  * Errors: LG_INVALID_ARGUMENT (NULL out).
  * Thread safety: any thread. Blocking: never.
@@ -1821,11 +1828,12 @@ enum lg_status lg_monitor_dispatch(const struct lg_monitor *monitor,
  * dispatch the callee owns (complete it with lg_dispatch_complete()), or
  * LG_QUEUE_FULL, LG_QUEUE_DEADLINE, LG_OVERLOADED, LG_UNAVAILABLE or
  * LG_INVALID_ARGUMENT (a bad tenant) with a NULL dispatch. It runs on this
- * thread when the request is sent or refused at once; otherwise on the
- * thread whose call freed a worker (a report, a completed dispatch, a
- * worker added, thresholds set, a sweep) or expired the queue. Call
- * lg_monitor_expire_flow() when lg_monitor_next_flow_deadline() says so,
- * or expired requests are told only when the queue next moves.
+ * thread, before this returns, when the request is sent or refused at
+ * once; otherwise on the monitor's maintenance thread, which sends
+ * waiting requests when a report, a completed dispatch, a worker added,
+ * new thresholds or an ended lease frees a worker, and refuses them at
+ * their deadlines. It never runs on the thread of a report or of another
+ * request's call, and callbacks never nest.
  *
  * The callback must be quick, must not throw or unwind, and must not
  * block on the monitor; it may complete its dispatch at once or dispatch
@@ -1921,34 +1929,6 @@ enum lg_status lg_dispatch_prefill_done(struct lg_dispatch *dispatch);
  */
 void lg_dispatch_complete(struct lg_dispatch *dispatch,
                           uint64_t output_tokens);
-
-/**
- * Refuses every queued request whose deadline has passed, in every model
- * (LG_QUEUE_DEADLINE); `*out_expired` (may be NULL) gets how many.
- *
- * Errors: LG_INVALID_ARGUMENT (NULL monitor).
- * Thread safety: any thread. Blocking: never (runs the callbacks of the
- * expired requests on this thread).
- *
- * # Safety
- * `monitor` is NULL or live; `out_expired` is NULL or valid for writes.
- */
-enum lg_status lg_monitor_expire_flow(const struct lg_monitor *monitor,
-                                      size_t *out_expired);
-
-/**
- * Milliseconds until the earliest deadline of a queued request, in any
- * model (0 if it has passed): when to call lg_monitor_expire_flow(). With
- * nothing queued, LG_TIMEOUT_INFINITE.
- *
- * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_ms).
- * Thread safety: any thread. Blocking: never.
- *
- * # Safety
- * `monitor` is NULL or live; `out_ms` is NULL or valid for writes.
- */
-enum lg_status lg_monitor_next_flow_deadline(const struct lg_monitor *monitor,
-                                             uint64_t *out_ms);
 
 /**
  * Fills `out` with the default settings for `limit` engine slots: queue 16,
@@ -2664,11 +2644,12 @@ enum lg_status lg_monitor_set_staleness(const struct lg_monitor *monitor,
                                         uint64_t stale_after_ms);
 
 /**
- * The off-hot-path sweep: marks ranks silent for stale_after as stale
- * (models whose policy is not keep), re-evaluates the workers whose state
- * changed and ends expired overload leases. Call it periodically (every few
- * hundred milliseconds). `out_changed` (may be NULL) receives the number
- * of workers re-evaluated.
+ * The sweep, now: marks ranks silent for stale_after as stale (models
+ * whose policy is not keep), re-evaluates the workers whose state changed
+ * and ends expired overload leases. The monitor's maintenance thread
+ * sweeps by itself (at a quarter of stale_after, at least every second);
+ * this is for a check on demand. `out_changed` (may be NULL) receives the
+ * number of workers re-evaluated.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor).
  * Ownership: borrows its arguments for the call only; keeps none of them.

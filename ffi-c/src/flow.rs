@@ -1,28 +1,16 @@
 //! Frontend flow control from C (docs/flow-control.md): a model's queue
 //! (lg_monitor_set_flow_control), dispatch through it, blocking with a
 //! timeout (lg_monitor_dispatch) or with a callback
-//! (lg_monitor_dispatch_async), the dispatched request's handle
-//! (`lg_dispatch`), and the queue's deadlines.
-//!
-//! The callback form drives core's dispatch future with its own waker: a
-//! wake polls the future again on the waking thread (the one whose report,
-//! release or new worker freed capacity), and the poll that finds it ready
-//! calls the callback. A small state word keeps polls from overlapping: a
-//! wake during a poll only marks the task, and the polling thread polls
-//! once more before it lets go.
+//! (lg_monitor_dispatch_async), and the dispatched request's handle
+//! (`lg_dispatch`). Each is a thin call of core's `Monitor::dispatch_blocking`
+//! and `Monitor::dispatch_with_callback`; the monitor's maintenance thread
+//! sends what waits and keeps the deadlines.
 
 use std::ffi::{c_char, c_void};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use loadgate_core::flow::{FlowConfig, FlowRejection, FlowRequest, DEFAULT_OUTPUT_ESTIMATE};
-use loadgate_core::monitor::{
-    Dispatch, DispatchRequest, Dispatching, FlowControlConfig, FlowError,
-};
+use loadgate_core::monitor::{Dispatch, DispatchRequest, FlowControlConfig, FlowError};
 
 use crate::ffi::{guard, input, optional, slice, string, Error, Out};
 use crate::gate::LG_TIMEOUT_INFINITE;
@@ -32,6 +20,10 @@ use crate::status::lg_status;
 /// `max_tokens` of an lg_dispatch_request that gives none: the queue
 /// reserves its configured output estimate.
 pub const LG_NO_MAX_TOKENS: u64 = u64::MAX;
+
+/// `blocks` of an lg_dispatch_request that gives none: its prompt in
+/// blocks of 16 tokens (the default everywhere).
+pub const LG_PROMPT_BLOCKS: u64 = u64::MAX;
 
 /// One tenant's weight (see lg_flow_config.tenant_weights).
 #[repr(C)]
@@ -101,7 +93,8 @@ pub struct lg_dispatch_request {
     /// Whether it may wait when no worker is free; false refuses it at once
     /// (LG_OVERLOADED).
     pub queue: bool,
-    /// KV blocks to book on the worker it is sent to.
+    /// KV blocks to book on the worker it is sent to; LG_PROMPT_BLOCKS
+    /// (the default) for its prompt in blocks of 16 tokens.
     pub blocks: u64,
 }
 
@@ -133,6 +126,7 @@ pub(crate) fn flow_status(e: FlowRejection) -> lg_status {
         FlowRejection::NoWorkers => lg_status::LG_UNAVAILABLE,
         FlowRejection::AllWorkersBusy => lg_status::LG_OVERLOADED,
         FlowRejection::InvalidTenant => lg_status::LG_INVALID_ARGUMENT,
+        FlowRejection::TimedOut => lg_status::LG_TIMED_OUT,
     }
 }
 
@@ -240,8 +234,8 @@ pub unsafe extern "C" fn lg_monitor_set_flow_control(
 }
 
 /// Fills `out` with a request of the default tenant, priority 0, no
-/// tokens, the queue's estimate and deadline, allowed to wait, booking no
-/// blocks.
+/// tokens, the queue's estimate and deadline, allowed to wait, booking its
+/// prompt's blocks (LG_PROMPT_BLOCKS).
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL out).
 /// Thread safety: any thread. Blocking: never.
@@ -260,7 +254,7 @@ pub unsafe extern "C" fn lg_dispatch_request_default(out: *mut lg_dispatch_reque
             max_tokens: LG_NO_MAX_TOKENS,
             deadline_ms: 0,
             queue: true,
-            blocks: 0,
+            blocks: LG_PROMPT_BLOCKS,
         };
         // SAFETY: writable (contract).
         unsafe { out.write(r) };
@@ -268,16 +262,16 @@ pub unsafe extern "C" fn lg_dispatch_request_default(out: *mut lg_dispatch_reque
     })
 }
 
-/// Core's dispatch future for `request`.
+/// The monitor, model and request of a dispatch call.
 ///
 /// # Safety
 /// As lg_monitor_dispatch().
-unsafe fn start(
+unsafe fn inputs<'a>(
     monitor: *const lg_monitor,
     model: *const c_char,
     model_len: usize,
     request: *const lg_dispatch_request,
-) -> Result<Dispatching<'static>, Error> {
+) -> Result<(&'a lg_monitor, &'a str, DispatchRequest<'a>), Error> {
     // SAFETY: NULL or live (contract).
     let m = unsafe { input(monitor, "monitor") }?;
     // SAFETY: valid for model_len bytes (contract).
@@ -298,19 +292,10 @@ unsafe fn start(
             max_tokens: (r.max_tokens != LG_NO_MAX_TOKENS).then_some(r.max_tokens),
             deadline: (r.deadline_ms != 0).then(|| Duration::from_millis(r.deadline_ms)),
         },
-        blocks: r.blocks,
+        blocks: (r.blocks != LG_PROMPT_BLOCKS).then_some(r.blocks),
         queue: r.queue,
     };
-    Ok(m.monitor.dispatch_shared(model, &request))
-}
-
-/// Wakes a thread blocked in lg_monitor_dispatch().
-struct Unpark(std::thread::Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
+    Ok((m, model, request))
 }
 
 /// Sends a request of `model` to a free worker, or waits in the model's
@@ -346,56 +331,17 @@ pub unsafe extern "C" fn lg_monitor_dispatch(
     guard(|| {
         let out = Out::new(out_dispatch, "out_dispatch")?;
         // SAFETY: forwarded contract.
-        let mut fut = unsafe { start(monitor, model, model_len, request) }?;
-        // SAFETY: NULL-checked by `start`.
-        let m = unsafe { input(monitor, "monitor") }?;
-        let give_up = (timeout_ms != LG_TIMEOUT_INFINITE)
-            .then(|| Instant::now() + Duration::from_millis(timeout_ms));
-        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-        let mut cx = Context::from_waker(&waker);
-        let dispatch = loop {
-            match Pin::new(&mut fut).poll(&mut cx) {
-                Poll::Ready(outcome) => break outcome.map_err(flow_error)?,
-                Poll::Pending => {}
-            }
-            let now = Instant::now();
-            if give_up.is_some_and(|g| now >= g) {
-                return Err(Error::new(
-                    lg_status::LG_TIMED_OUT,
-                    "timed out waiting for a worker; the request left the queue",
-                ));
-            }
-            // Sleep until woken, the queue's next deadline or our own limit;
-            // a deadline that came is expired before the next poll.
-            let wait = [
-                m.monitor.time_to_next_flow_deadline(),
-                give_up.map(|g| g - now),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
-            match wait {
-                Some(d) => std::thread::park_timeout(d),
-                None => std::thread::park(),
-            }
-            if m.monitor
-                .time_to_next_flow_deadline()
-                .is_some_and(|d| d.is_zero())
-            {
-                m.monitor.expire_flow();
-            }
-        };
+        let (m, model, request) = unsafe { inputs(monitor, model, model_len, request) }?;
+        let timeout =
+            (timeout_ms != LG_TIMEOUT_INFINITE).then(|| Duration::from_millis(timeout_ms));
+        let dispatch = m
+            .monitor
+            .dispatch_blocking(model, &request, timeout)
+            .map_err(flow_error)?;
         // SAFETY: writable (contract).
         unsafe { out.write(lg_dispatch::into_raw(dispatch)) };
         Ok(())
     })
-}
-
-/// A dispatch driven by its own waker (module docs).
-struct Task {
-    future: Mutex<Option<Dispatching<'static>>>,
-    callback: Mutex<Option<Target>>,
-    state: AtomicU8,
 }
 
 /// The C callback and its user data.
@@ -408,84 +354,15 @@ struct Target {
 // callback may be called with `user_data` from any thread.
 unsafe impl Send for Target {}
 
-/// A poll is running.
-const RUNNING: u8 = 1;
-/// Woken since the running poll began: poll again.
-const NOTIFIED: u8 = 2;
-
-impl Task {
-    /// Polls until the future waits with no wake pending, or is ready.
-    fn run(self: &Arc<Self>) {
-        // Either mark the running poll to poll again, or become it. AcqRel:
-        // the poll after it sees what the waker's thread did.
-        let mut s = self.state.load(Ordering::Acquire);
-        loop {
-            let (next, runs) = if s & RUNNING != 0 {
-                (s | NOTIFIED, false)
-            } else {
-                (RUNNING, true)
-            };
-            match self
-                .state
-                .compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) if runs => break,
-                Ok(_) => return,
-                Err(actual) => s = actual,
-            }
-        }
-        let waker = Waker::from(Arc::clone(self));
-        let mut cx = Context::from_waker(&waker);
-        loop {
-            let outcome = {
-                let mut slot = self.future.lock().unwrap_or_else(PoisonError::into_inner);
-                match slot.as_mut().map(|f| Pin::new(f).poll(&mut cx)) {
-                    Some(Poll::Ready(outcome)) => {
-                        *slot = None;
-                        Some(outcome)
-                    }
-                    _ => None,
-                }
-            };
-            if let Some(outcome) = outcome {
-                self.finish(outcome);
-                return;
-            }
-            // Let go unless woken meanwhile. AcqRel: as above.
-            match self
-                .state
-                .compare_exchange(RUNNING, 0, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return,
-                Err(_) => self.state.store(RUNNING, Ordering::Release),
-            }
-        }
-    }
-
-    fn finish(&self, outcome: Result<Dispatch, FlowRejection>) {
-        let target = self
-            .callback
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let Some(t) = target else { return };
+impl Target {
+    fn call(self, outcome: Result<Dispatch, FlowRejection>) {
         let (status, dispatch) = match outcome {
             Ok(d) => (lg_status::LG_OK, lg_dispatch::into_raw(d)),
             Err(e) => (flow_status(e), std::ptr::null_mut()),
         };
         // SAFETY: callable once with `user_data` from any thread (contract
         // of lg_monitor_dispatch_async()).
-        unsafe { (t.callback)(t.user_data, status, dispatch) };
-    }
-}
-
-impl Wake for Task {
-    fn wake(self: Arc<Self>) {
-        self.run();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.run();
+        unsafe { (self.callback)(self.user_data, status, dispatch) };
     }
 }
 
@@ -494,11 +371,12 @@ impl Wake for Task {
 /// dispatch the callee owns (complete it with lg_dispatch_complete()), or
 /// LG_QUEUE_FULL, LG_QUEUE_DEADLINE, LG_OVERLOADED, LG_UNAVAILABLE or
 /// LG_INVALID_ARGUMENT (a bad tenant) with a NULL dispatch. It runs on this
-/// thread when the request is sent or refused at once; otherwise on the
-/// thread whose call freed a worker (a report, a completed dispatch, a
-/// worker added, thresholds set, a sweep) or expired the queue. Call
-/// lg_monitor_expire_flow() when lg_monitor_next_flow_deadline() says so,
-/// or expired requests are told only when the queue next moves.
+/// thread, before this returns, when the request is sent or refused at
+/// once; otherwise on the monitor's maintenance thread, which sends
+/// waiting requests when a report, a completed dispatch, a worker added,
+/// new thresholds or an ended lease frees a worker, and refuses them at
+/// their deadlines. It never runs on the thread of a report or of another
+/// request's call, and callbacks never nest.
 ///
 /// The callback must be quick, must not throw or unwind, and must not
 /// block on the monitor; it may complete its dispatch at once or dispatch
@@ -525,16 +403,17 @@ pub unsafe extern "C" fn lg_monitor_dispatch_async(
     guard(|| {
         let callback = callback.ok_or_else(|| Error::invalid("callback must not be NULL"))?;
         // SAFETY: forwarded contract.
-        let fut = unsafe { start(monitor, model, model_len, request) }?;
-        let task = Arc::new(Task {
-            future: Mutex::new(Some(fut)),
-            callback: Mutex::new(Some(Target {
-                callback,
-                user_data,
-            })),
-            state: AtomicU8::new(0),
-        });
-        task.run();
+        let (m, model, request) = unsafe { inputs(monitor, model, model_len, request) }?;
+        let target = Target {
+            callback,
+            user_data,
+        };
+        // The handle is dropped: the callback is called exactly once.
+        drop(m.monitor.dispatch_with_callback(
+            model,
+            &request,
+            Box::new(move |outcome| target.call(outcome)),
+        ));
         Ok(())
     })
 }
@@ -649,62 +528,5 @@ pub unsafe extern "C" fn lg_dispatch_complete(dispatch: *mut lg_dispatch, output
             let d = unsafe { Box::from_raw(dispatch) };
             d.dispatch.complete(output_tokens);
         }
-    })
-}
-
-/// Refuses every queued request whose deadline has passed, in every model
-/// (LG_QUEUE_DEADLINE); `*out_expired` (may be NULL) gets how many.
-///
-/// Errors: LG_INVALID_ARGUMENT (NULL monitor).
-/// Thread safety: any thread. Blocking: never (runs the callbacks of the
-/// expired requests on this thread).
-///
-/// # Safety
-/// `monitor` is NULL or live; `out_expired` is NULL or valid for writes.
-#[no_mangle]
-pub unsafe extern "C" fn lg_monitor_expire_flow(
-    monitor: *const lg_monitor,
-    out_expired: *mut usize,
-) -> lg_status {
-    guard(|| {
-        // SAFETY: NULL or live (contract).
-        let m = unsafe { input(monitor, "monitor") }?;
-        let out = Out::optional(out_expired, "out_expired")?;
-        let n = m.monitor.expire_flow();
-        if let Some(out) = out {
-            // SAFETY: writable (contract).
-            unsafe { out.write(n) };
-        }
-        Ok(())
-    })
-}
-
-/// Milliseconds until the earliest deadline of a queued request, in any
-/// model (0 if it has passed): when to call lg_monitor_expire_flow(). With
-/// nothing queued, LG_TIMEOUT_INFINITE.
-///
-/// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_ms).
-/// Thread safety: any thread. Blocking: never.
-///
-/// # Safety
-/// `monitor` is NULL or live; `out_ms` is NULL or valid for writes.
-#[no_mangle]
-pub unsafe extern "C" fn lg_monitor_next_flow_deadline(
-    monitor: *const lg_monitor,
-    out_ms: *mut u64,
-) -> lg_status {
-    guard(|| {
-        // SAFETY: NULL or live (contract).
-        let m = unsafe { input(monitor, "monitor") }?;
-        let out = Out::new(out_ms, "out_ms")?;
-        let ms = m
-            .monitor
-            .time_to_next_flow_deadline()
-            .map_or(LG_TIMEOUT_INFINITE, |d| {
-                d.as_millis().min(u128::from(u64::MAX - 1)) as u64
-            });
-        // SAFETY: writable (contract).
-        unsafe { out.write(ms) };
-        Ok(())
     })
 }

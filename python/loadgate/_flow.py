@@ -1,11 +1,12 @@
 """The awaitable side of :meth:`Monitor.dispatch` and its ticket.
 
-``await monitor.dispatch(...)`` runs :func:`_drive`: it polls the native
-dispatch with a fresh asyncio future each time (the core wakes it, from
-whichever thread freed a worker, through ``loop.call_soon_threadsafe``),
-awaits that future, and when the queue's next deadline comes first calls
-``monitor.expire_flow()`` before polling again. Cancelling the awaiting
-task gives the request up at once.
+``await monitor.dispatch(...)`` runs :func:`_drive`: a request sent or
+refused at once is answered without a trip through the event loop;
+otherwise it awaits the asyncio future that the monitor's maintenance
+thread settles (:func:`_settle`, through ``loop.call_soon_threadsafe``)
+when a worker frees up or the request's deadline comes. Cancelling the
+awaiting task gives the request up at once, or completes the dispatch
+that was made for it meanwhile.
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ from typing import Any, Optional, Type
 from . import _loadgate
 
 
-def _wake(fut: "asyncio.Future[None]") -> None:
-    if not fut.done():
-        fut.set_result(None)
+def _settle(fut: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
+    """Settles a waiting dispatch's future on its loop; a ticket that
+    arrives for a future already cancelled is completed."""
+    if fut.done():
+        if ok:
+            value.complete()
+    elif ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
 
 
 class FlowTicket:
@@ -83,21 +91,16 @@ class FlowTicket:
         return f"<loadgate.FlowTicket worker={self.worker} {state}>"
 
 
-async def _drive(handle: Any, monitor: Any) -> FlowTicket:
-    loop = asyncio.get_running_loop()
+async def _drive(handle: Any) -> FlowTicket:
+    ready, value = handle._start()
+    if ready:
+        return FlowTicket(value)
     try:
-        while True:
-            woken = loop.create_future()
-            native = handle._poll(woken)
-            if native is not None:
-                return FlowTicket(native)
-            wait = monitor.time_to_next_flow_deadline()
-            if wait is None:
-                await woken
-            else:
-                done, _ = await asyncio.wait({woken}, timeout=wait)
-                if not done:
-                    monitor.expire_flow()
-    except BaseException:
-        handle._cancel()
+        native = await value
+    except asyncio.CancelledError:
+        if not handle._cancel() and value.done() and not value.cancelled():
+            # Sent just before the cancel: nobody takes the ticket.
+            if value.exception() is None:
+                value.result().complete()
         raise
+    return FlowTicket(native)

@@ -1,24 +1,23 @@
 //! Frontend flow control for Python (docs/flow-control.md): the
-//! `Monitor`'s `set_flow_control`, `dispatch` (an awaitable over core's
-//! `Monitor::dispatch_shared`), `expire_flow` and
-//! `time_to_next_flow_deadline`, and the ticket of a dispatched request.
+//! `Monitor`'s `set_flow_control` and `dispatch` (an awaitable over core's
+//! `Monitor::dispatch_with_callback`), and the ticket of a dispatched
+//! request.
 //!
-//! The awaitable's loop is `loadgate._flow._drive`: it polls the core
-//! future with a waker that resolves an asyncio future on the caller's
-//! event loop (`loop.call_soon_threadsafe`, from whichever thread kicked
-//! the queue), awaits it, and calls `expire_flow` when the next deadline
-//! passes first. Cancelling the awaiting task drops the core future: the
-//! request leaves the queue at once, or, if it was dispatched meanwhile,
-//! its booking is released and its tenant settled.
+//! `dispatch` makes an asyncio future on the running loop, then asks core.
+//! An outcome decided at once (sent, or refused) is kept and returned by
+//! the first await without a trip through the loop. Otherwise core calls
+//! the callback later on the monitor's maintenance thread (which sends
+//! what waits and keeps the deadlines), and the callback settles the
+//! future on its loop (`loop.call_soon_threadsafe`). Only that thread
+//! takes the GIL for a waiting request: reports and bookings never do.
+//! Cancelling the awaiting task takes the request out of the queue, or,
+//! if it was sent meanwhile, completes its dispatch (`loadgate._flow`).
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use loadgate::flow::{FlowConfig, FlowRejection, FlowRequest};
-use loadgate::monitor::{Dispatch, DispatchRequest, Dispatching, FlowControlConfig};
+use loadgate::monitor::{Dispatch, DispatchHandle, DispatchRequest, FlowControlConfig};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -34,10 +33,6 @@ use crate::monitor::{select_args, Monitor};
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
-
-/// KV blocks booked per prompt when the caller gives none: the prompt's
-/// tokens in blocks of 16 (vLLM's default `block_size`).
-const DEFAULT_BLOCK: u64 = 16;
 
 #[pymethods]
 impl Monitor {
@@ -108,21 +103,23 @@ impl Monitor {
 
     /// Sends a request of `model` to a free worker, or waits in the model's
     /// queue for one: `ticket = await monitor.dispatch(model, tenant=...,
-    /// prompt_tokens=..., max_tokens=...)`. `tenant` (default: the default
-    /// tenant), `priority` (0 the most important), `deadline` (seconds,
-    /// default the queue's), `queue=False` to be refused at once instead of
-    /// waiting, and `blocks`, the KV blocks to book on the worker (default:
-    /// the prompt in blocks of 16). Raises `Overloaded` (reason
-    /// `queue_full`, or `all_workers_busy` when not queueing), `QueueTimeout`
-    /// (reason `queue_deadline`) or `Unavailable` (`no_workers`), each with
-    /// `retry_after` from the queue's drain rate.
+    /// prompt_tokens=..., max_tokens=...)`, called on a running event loop.
+    /// `tenant` (default: the default tenant), `priority` (0 the most
+    /// important), `deadline` (seconds, default the queue's), `queue=False`
+    /// to be refused at once instead of waiting, and `blocks`, the KV
+    /// blocks to book on the worker (default: the prompt in blocks of 16).
+    /// Raises `Overloaded` (reason `queue_full`, or `all_workers_busy` when
+    /// not queueing), `QueueTimeout` (reason `queue_deadline`) or
+    /// `Unavailable` (`no_workers`), each with `retry_after` from the
+    /// queue's drain rate.
     #[pyo3(
         signature = (model, *, tenant = None, priority = None, prompt_tokens = None, max_tokens = None, deadline = None, queue = true, blocks = None),
         text_signature = "(self, model, *, tenant=None, priority=0, prompt_tokens=0, max_tokens=None, deadline=None, queue=True, blocks=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn dispatch(
-        slf: &Bound<'_, Self>,
+        &self,
+        py: Python<'_>,
         model: &Bound<'_, PyAny>,
         tenant: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
@@ -134,7 +131,6 @@ impl Monitor {
     ) -> PyResult<FlowDispatch> {
         let model = str_ref(model, "model")?;
         let tenant = opt_str_arg(tenant, "tenant")?;
-        let prompt = opt_u64_arg(prompt_tokens, "prompt_tokens")?.unwrap_or(0);
         let deadline = match deadline.filter(|d| !d.is_none()) {
             Some(d) => Some(seconds_arg(d, "deadline")?),
             None => None,
@@ -143,36 +139,101 @@ impl Monitor {
             flow: FlowRequest {
                 tenant: tenant.as_deref().unwrap_or(""),
                 priority: priority_arg(priority)?,
-                prompt_tokens: prompt,
+                prompt_tokens: opt_u64_arg(prompt_tokens, "prompt_tokens")?.unwrap_or(0),
                 max_tokens: opt_u64_arg(max_tokens, "max_tokens")?,
                 deadline,
             },
-            blocks: match blocks.filter(|b| !b.is_none()) {
-                Some(b) => u64_arg(b, "blocks")?,
-                None => prompt.div_ceil(DEFAULT_BLOCK),
-            },
+            blocks: opt_u64_arg(blocks, "blocks")?,
             queue,
         };
-        let future = slf.get().inner.dispatch_shared(model, &request);
+        static GET_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let event_loop = GET_LOOP
+            .import(py, "asyncio", "get_running_loop")?
+            .call0()
+            .map_err(|_| PyRuntimeError::new_err("dispatch needs a running event loop"))?;
+        let fut = event_loop.call_method0(intern!(py, "create_future"))?;
+        let slot = Arc::new(Mutex::new(Slot::Arming(None)));
+        let callback = {
+            let slot = Arc::clone(&slot);
+            let monitor = Arc::downgrade(&self.inner);
+            let model = model.to_owned();
+            Box::new(move |outcome| deliver(&slot, &monitor, &model, outcome))
+        };
+        let handle = self.inner.dispatch_with_callback(model, &request, callback);
+        let armed = Slot::Armed(fut.clone().unbind());
+        let early = match std::mem::replace(&mut *lock(&slot), armed) {
+            Slot::Arming(early) => early,
+            Slot::Armed(_) => None,
+        };
         Ok(FlowDispatch {
-            model: model.to_owned(),
-            monitor: slf.clone().unbind(),
-            future: Mutex::new(Some(future)),
+            state: Mutex::new(match early {
+                Some(outcome) => Await::Ready(outcome),
+                None => Await::Waiting(fut.unbind(), handle),
+            }),
         })
     }
+}
 
-    /// Refuses every queued request whose deadline has passed; how many.
-    fn expire_flow(&self) -> usize {
-        self.inner.expire_flow()
-    }
+/// Where a dispatch's outcome goes: kept while `dispatch` is still arming
+/// (an outcome decided at once, or by the maintenance thread before the
+/// arm), then to the asyncio future.
+enum Slot {
+    Arming(Option<Outcome>),
+    Armed(Py<PyAny>),
+}
 
-    /// Seconds until the earliest deadline of a queued request (0 if it has
-    /// passed), or `None` when nothing waits.
-    fn time_to_next_flow_deadline(&self) -> Option<f64> {
-        self.inner
-            .time_to_next_flow_deadline()
-            .map(|d| d.as_secs_f64())
-    }
+/// A dispatch's outcome as Python sees it: a ticket, or the exception.
+type Outcome = Result<Py<FlowTicket>, PyErr>;
+
+/// The callback: builds the outcome's Python value (with the GIL, on the
+/// thread core calls it on) and settles the future on its loop.
+fn deliver(
+    slot: &Mutex<Slot>,
+    monitor: &Weak<loadgate::Monitor>,
+    model: &str,
+    outcome: Result<Dispatch, FlowRejection>,
+) {
+    Python::attach(|py| {
+        let value: Outcome = match outcome {
+            Ok(d) => Py::new(py, FlowTicket::new(d)),
+            Err(e) => {
+                let retry = monitor.upgrade().and_then(|m| m.flow_retry_after(model));
+                Err(rejection(py, e, retry))
+            }
+        };
+        let fut = {
+            let mut slot = lock(slot);
+            match &mut *slot {
+                Slot::Arming(early) => {
+                    *early = Some(value);
+                    return;
+                }
+                Slot::Armed(fut) => fut.clone_ref(py),
+            }
+        };
+        static SETTLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let fut = fut.bind(py);
+        let (ok, value) = match value {
+            Ok(ticket) => (true, ticket.into_any()),
+            Err(e) => (false, e.into_value(py).into_any()),
+        };
+        let settled = SETTLE
+            .import(py, "loadgate._flow", "_settle")
+            .and_then(|settle| {
+                let event_loop = fut.call_method0(intern!(py, "get_loop"))?;
+                event_loop.call_method1(
+                    intern!(py, "call_soon_threadsafe"),
+                    (settle, fut, ok, &value),
+                )
+            });
+        if settled.is_err() && ok {
+            // A closed loop: its task is gone. A ticket nobody will take
+            // is completed now.
+            if let Ok(ticket) = value.bind(py).cast::<FlowTicket>() {
+                ticket.get().complete_now();
+            }
+        }
+    });
 }
 
 /// `tenant_weights`: a mapping of tenant ids to numbers.
@@ -224,31 +285,16 @@ fn rejection(py: Python<'_>, e: FlowRejection, retry: Option<Duration>) -> PyErr
 /// `monitor.dispatch(...)`: awaitable once (`loadgate._flow._drive`).
 #[pyclass(frozen, module = "loadgate", name = "_FlowDispatch")]
 pub struct FlowDispatch {
-    model: String,
-    monitor: Py<Monitor>,
-    future: Mutex<Option<Dispatching<'static>>>,
+    state: Mutex<Await>,
 }
 
-/// Wakes an asyncio future on its own loop, from any thread.
-struct AsyncioWaker(Py<PyAny>);
-
-impl Wake for AsyncioWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        Python::attach(|py| {
-            static WAKE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-            let fut = self.0.bind(py);
-            let woke = WAKE.import(py, "loadgate._flow", "_wake").and_then(|wake| {
-                let event_loop = fut.call_method0(intern!(py, "get_loop"))?;
-                event_loop.call_method1(intern!(py, "call_soon_threadsafe"), (wake, fut))
-            });
-            // A closed loop: its task is gone, and so is the wait.
-            drop(woke);
-        });
-    }
+enum Await {
+    /// Decided at once.
+    Ready(Outcome),
+    /// Waiting: the future the callback settles, and the request's handle.
+    Waiting(Py<PyAny>, DispatchHandle),
+    /// Awaited.
+    Taken,
 }
 
 #[pymethods]
@@ -256,45 +302,47 @@ impl FlowDispatch {
     fn __await__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         static DRIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         let py = slf.py();
-        let monitor = slf.get().monitor.clone_ref(py);
         DRIVE
             .import(py, "loadgate._flow", "_drive")?
-            .call1((slf, monitor))?
+            .call1((slf,))?
             .call_method0(intern!(py, "__await__"))
     }
 
-    /// Polls the dispatch once, with a waker that resolves `fut`: a
-    /// `FlowTicket` once sent, `None` while it waits; raises if refused.
-    fn _poll(&self, py: Python<'_>, fut: Bound<'_, PyAny>) -> PyResult<Option<FlowTicket>> {
-        let waker = Waker::from(Arc::new(AsyncioWaker(fut.unbind())));
-        let mut slot = lock(&self.future);
-        let Some(future) = slot.as_mut() else {
-            return Err(PyRuntimeError::new_err("this dispatch was already awaited"));
-        };
-        match Pin::new(future).poll(&mut Context::from_waker(&waker)) {
-            Poll::Pending => Ok(None),
-            Poll::Ready(outcome) => {
-                *slot = None;
-                drop(slot);
-                match outcome {
-                    Ok(d) => Ok(Some(FlowTicket::new(d))),
-                    Err(e) => {
-                        let monitor = self.monitor.borrow(py);
-                        Err(rejection(
-                            py,
-                            e,
-                            monitor.inner.flow_retry_after(&self.model),
-                        ))
-                    }
-                }
+    /// `(True, ticket)` if it was sent at once (raises if it was refused
+    /// at once), else `(False, future)`, the asyncio future to await;
+    /// raises if awaited before.
+    fn _start(&self, py: Python<'_>) -> PyResult<(bool, Py<PyAny>)> {
+        let mut state = lock(&self.state);
+        match std::mem::replace(&mut *state, Await::Taken) {
+            Await::Ready(Ok(ticket)) => Ok((true, ticket.into_any())),
+            Await::Ready(Err(e)) => Err(e),
+            Await::Waiting(fut, handle) => {
+                let awaited = fut.clone_ref(py);
+                *state = Await::Waiting(fut, handle);
+                Ok((false, awaited))
             }
+            Await::Taken => Err(PyRuntimeError::new_err("this dispatch was already awaited")),
         }
     }
 
-    /// Gives the request up: it leaves the queue (or its dispatch, if one
-    /// came meanwhile, is completed).
-    fn _cancel(&self) {
-        lock(&self.future).take();
+    /// Gives the request up: whether it still waited (it left the queue).
+    /// `False` when its outcome was decided: then it is on its way to the
+    /// future, and `_settle` completes a ticket nobody takes.
+    fn _cancel(&self) -> bool {
+        match std::mem::replace(&mut *lock(&self.state), Await::Taken) {
+            Await::Waiting(_, handle) => handle.cancel(),
+            _ => false,
+        }
+    }
+}
+
+impl Drop for FlowDispatch {
+    fn drop(&mut self) {
+        // Never awaited: the request leaves the queue.
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Await::Waiting(_, handle) = state {
+            handle.cancel();
+        }
     }
 }
 
@@ -316,6 +364,11 @@ impl FlowTicket {
             dp_rank: d.dp_rank(),
             dispatch: Mutex::new(Some(d)),
         }
+    }
+
+    /// Completes it with the output reported so far.
+    fn complete_now(&self) {
+        lock(&self.dispatch).take();
     }
 }
 

@@ -106,8 +106,8 @@ fn threshold_dict<'py>(
 impl Monitor {
     #[new]
     #[pyo3(
-        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None, max_models = None, max_workers = None, max_workers_per_model = None, max_ranks_per_worker = None, max_ranks = None, max_name_len = None, clock = None),
-        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo', max_models=256, max_workers=16384, max_workers_per_model=4096, max_ranks_per_worker=1024, max_ranks=65536, max_name_len=256, clock=None)"
+        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None, max_models = None, max_workers = None, max_workers_per_model = None, max_ranks_per_worker = None, max_ranks = None, max_name_len = None, clock = None, maintenance = None),
+        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo', max_models=256, max_workers=16384, max_workers_per_model=4096, max_ranks_per_worker=1024, max_ranks=65536, max_name_len=256, clock=None, maintenance='background')"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -122,8 +122,16 @@ impl Monitor {
         max_ranks: Option<&Bound<'_, PyAny>>,
         max_name_len: Option<&Bound<'_, PyAny>>,
         clock: Option<&Bound<'_, PyAny>>,
+        maintenance: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = MonitorConfig::default();
+        if let Some(name) = opt_str_arg(maintenance, "maintenance")? {
+            config.maintenance = loadgate::Maintenance::from_name(&name).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "maintenance must be 'background' or 'manual', not {name:?}"
+                ))
+            })?;
+        }
         let l = &mut config.limits;
         for (slot, arg, name) in [
             (&mut l.max_models, max_models, "max_models"),
@@ -331,10 +339,22 @@ impl Monitor {
     }
 
     /// Marks ranks silent for `stale_after` as stale, ends expired overload
-    /// leases, and returns how many workers were re-evaluated. Call it
-    /// periodically when a staleness policy is in use.
-    fn sweep(&self) -> usize {
-        self.inner.sweep()
+    /// leases, and returns how many workers were re-evaluated, now. The
+    /// monitor's maintenance sweeps by itself; this is for a check on
+    /// demand.
+    fn sweep(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.inner.sweep())
+    }
+
+    /// Does the monitor's maintenance now, on this thread: sends queued
+    /// requests where workers are free, refuses what reached its deadline,
+    /// sweeps for staleness, ends expired leases. With
+    /// `maintenance="manual"` the host calls it; otherwise a thread of the
+    /// monitor's own does. Returns the clock time (seconds) at which it
+    /// next has work, or `None`.
+    fn maintain(&self, py: Python<'_>) -> Option<f64> {
+        py.detach(|| self.inner.maintain())
+            .map(|ns| ns as f64 / 1e9)
     }
 
     /// Whether the worker is busy by its model's thresholds (leases aside).

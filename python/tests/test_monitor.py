@@ -352,9 +352,27 @@ def test_check_and_overload_lease() -> None:
             call(-5)
 
 
-def test_staleness_and_sweep() -> None:
+def test_staleness_acts_with_no_sweep_call() -> None:
+    # The monitor's own maintenance follows its clock.
     clock = ManualClock()
     m = Monitor(staleness="busy", stale_after=2, clock=clock)
+    m.add_worker("m", 1)
+    m.report(1, kv_used_blocks=0)
+    assert not m.is_busy(1)
+    # Time passes with no report (the clock moves on until the worker
+    # counts as busy; nothing here calls sweep).
+    deadline = time.monotonic() + 30
+    while not m.is_busy(1):
+        assert time.monotonic() < deadline, "the silent worker never counted as busy"
+        clock.advance(0.5)
+        time.sleep(0.005)
+    assert clock.now() >= 2
+
+
+def test_staleness_and_sweep() -> None:
+    # The host's own sweeps, with nothing running between them.
+    clock = ManualClock()
+    m = Monitor(staleness="busy", stale_after=2, clock=clock, maintenance="manual")
     m.add_worker("m", 1)
     m.report(1, kv_used_blocks=0)
     assert m.sweep() == 0  # saw a report: not stale
@@ -369,6 +387,8 @@ def test_staleness_and_sweep() -> None:
     assert m.sweep() == 1 and m.is_busy(1)
     m.set_staleness("m", "keep")
     assert not m.is_busy(1)
+    with pytest.raises(ValueError, match="maintenance"):
+        Monitor(maintenance="sometimes")
     with pytest.raises(ValueError, match="staleness"):
         m.set_staleness("m", "maybe")
     with pytest.raises(ValueError, match="stale_after"):

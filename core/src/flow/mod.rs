@@ -94,6 +94,9 @@ pub enum FlowRejection {
     AllWorkersBusy,
     /// The tenant id is longer than 256 bytes.
     InvalidTenant,
+    /// The caller's own timeout ran out first (a blocking dispatch); the
+    /// request left the queue.
+    TimedOut,
 }
 
 impl FlowRejection {
@@ -107,6 +110,7 @@ impl FlowRejection {
             Self::NoWorkers => Some(Reason::NoWorkers),
             Self::AllWorkersBusy => Some(Reason::AllWorkersBusy),
             Self::InvalidTenant => None,
+            Self::TimedOut => Some(Reason::QueueDeadline),
         }
     }
 
@@ -118,6 +122,7 @@ impl FlowRejection {
             Self::NoWorkers => "no_workers",
             Self::AllWorkersBusy => "all_workers_busy",
             Self::InvalidTenant => "invalid_tenant",
+            Self::TimedOut => "timed_out",
         }
     }
 }
@@ -130,6 +135,7 @@ impl fmt::Display for FlowRejection {
             Self::NoWorkers => "no worker serves the model",
             Self::AllWorkersBusy => "every worker of the model is busy",
             Self::InvalidTenant => "the tenant id is longer than 256 bytes",
+            Self::TimedOut => "timed out waiting for a worker; the request left the queue",
         })
     }
 }

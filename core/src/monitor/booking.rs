@@ -67,6 +67,29 @@ impl Booking {
         blocks: u64,
         prefill: u64,
     ) -> Result<Self, ReportError> {
+        Self::make(worker, rank, owner, (blocks, prefill), false)
+    }
+
+    /// [`new`](Self::new), returning only once the worker's busy state
+    /// counts the booking (another thread may be publishing it): what a
+    /// dispatch loop needs before it picks a worker for the next request.
+    pub(super) fn new_published(
+        worker: Arc<Worker>,
+        rank: usize,
+        owner: Owner,
+        blocks: u64,
+        prefill: u64,
+    ) -> Result<Self, ReportError> {
+        Self::make(worker, rank, owner, (blocks, prefill), true)
+    }
+
+    fn make(
+        worker: Arc<Worker>,
+        rank: usize,
+        owner: Owner,
+        (blocks, prefill): (u64, u64),
+        wait: bool,
+    ) -> Result<Self, ReportError> {
         let moved = if owner == Owner::Own {
             let r = &worker.ranks[rank];
             let line = || r.line(&worker.model.thresholds.load());
@@ -85,6 +108,9 @@ impl Booking {
             owner
         };
         shift(&worker, rank, moved, (0, 0), (blocks, prefill));
+        if wait {
+            worker.reevaluate_and_wait();
+        }
         Ok(Self {
             worker,
             rank,
@@ -159,8 +185,8 @@ pub(crate) enum Owner {
 }
 
 /// Moves rank index `rank` of `worker` from `from` to `to` booked (blocks,
-/// prefill tokens) and re-evaluates it; a lower count kicks the model's
-/// queue (capacity may have appeared). Every booking change goes through
+/// prefill tokens) and re-evaluates it (a publication that leaves the
+/// worker free kicks the model's queue). Every booking change goes through
 /// here, and so do the other frontends' bookings (`replicas.rs`).
 pub(super) fn shift(worker: &Worker, rank: usize, owner: Owner, from: (u64, u64), to: (u64, u64)) {
     let r = &worker.ranks[rank];
@@ -180,9 +206,6 @@ pub(super) fn shift(worker: &Worker, rank: usize, owner: Owner, from: (u64, u64)
     }
     if from != to {
         worker.reevaluate();
-        if to.0 < from.0 || to.1 < from.1 {
-            worker.model.kick_flow();
-        }
     }
 }
 

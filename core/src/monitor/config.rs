@@ -74,6 +74,30 @@ impl Staleness {
     }
 }
 
+/// Who does the monitor's maintenance: dispatching queued requests when
+/// workers free up, queue deadlines, staleness sweeps, lease ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Maintenance {
+    /// A thread of the monitor's own, started by the first setting that
+    /// needs it and ended with the monitor.
+    #[default]
+    Background,
+    /// The host, by calling `Monitor::maintain` (a simulation that owns
+    /// time; nothing happens between its calls).
+    Manual,
+}
+
+impl Maintenance {
+    /// Parses `background` or `manual`.
+    pub fn from_name(name: &str) -> Option<Maintenance> {
+        match name {
+            "background" => Some(Maintenance::Background),
+            "manual" => Some(Maintenance::Manual),
+            _ => None,
+        }
+    }
+}
+
 /// Monitor settings.
 #[derive(Debug, Clone)]
 pub struct MonitorConfig {
@@ -87,6 +111,8 @@ pub struct MonitorConfig {
     pub limits: Limits,
     /// Metric name prefix.
     pub metrics_prefix: String,
+    /// Who does the maintenance.
+    pub maintenance: Maintenance,
 }
 
 impl Default for MonitorConfig {
@@ -97,6 +123,7 @@ impl Default for MonitorConfig {
             stale_after: Duration::from_secs(3),
             limits: Limits::default(),
             metrics_prefix: metrics::DEFAULT_PREFIX.to_owned(),
+            maintenance: Maintenance::Background,
         }
     }
 }

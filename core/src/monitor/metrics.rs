@@ -228,7 +228,11 @@ impl Monitor {
         for (kind, count) in self.refused_registrations() {
             metrics::sample(&mut out, p, name, &[("reason", &kind)], count);
         }
-        super::flow_stats::render(&models, p, &mut out);
+        let flows: Vec<_> = models
+            .iter()
+            .filter_map(|m| m.flow.load_full().map(|f| (&*m.name, f)))
+            .collect();
+        super::flow::render_metrics(&flows, p, &mut out);
         #[cfg(feature = "scrape")]
         self.scrapes.render(&mut out, p);
         out

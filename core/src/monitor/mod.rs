@@ -37,11 +37,17 @@
 //! * `pick.rs`: the round-robin, random and power-of-two picks;
 //! * `registry.rs`: the RCU registry, adding and removing workers;
 //! * `route.rs`, `booking.rs`: the [`Route`] and [`Booking`] handles;
-//! * `flow.rs`, `dispatch.rs`: dispatch through a model's frontend queue
-//!   (`crate::flow`): [`Monitor::dispatch`], the kicks that run it when
-//!   capacity appears, and the [`Dispatch`] handle;
+//! * `share.rs`, `replicas.rs`: this frontend's leased share, and the
+//!   monitor's side of booking sync (`crate::cluster::replicas`);
+//! * `signal.rs`: how the hot paths tell the maintenance it has work;
+//! * `flow/`: dispatch through a model's frontend queue (`crate::flow`):
+//!   [`Monitor::dispatch`] and its blocking and callback forms, the kicks
+//!   that say capacity appeared, and the [`Dispatch`] handle;
+//! * `duty.rs`: the maintenance (dispatching what waits, queue deadlines,
+//!   the staleness sweep, lease ends), on a thread of its own or the
+//!   host's [`Monitor::maintain`];
 //! * `metrics.rs`: counters and the Prometheus rendering;
-//! * this file: the [`Monitor`] type and its hot paths, thresholds and sweep.
+//! * this file: the [`Monitor`] type and its hot paths and thresholds.
 //!
 //! # Orderings in this file
 //!
@@ -54,13 +60,12 @@
 //! [`BusySet`]: crate::BusySet
 //! [`Thresholds::rank_busy`]: crate::Thresholds::rank_busy
 
-mod booking;
+pub(crate) mod booking;
 pub(crate) mod busy_set;
 mod combine;
-mod config;
-mod dispatch;
+pub(crate) mod config;
+mod duty;
 mod flow;
-mod flow_stats;
 mod metrics;
 mod model;
 mod pick;
@@ -70,6 +75,7 @@ mod registry;
 pub(crate) mod replicas;
 mod route;
 pub(crate) mod share;
+pub(crate) mod signal;
 
 use std::fmt;
 use std::sync::Arc;
@@ -80,13 +86,16 @@ use arc_swap::ArcSwap;
 pub use booking::Booking;
 pub(crate) use booking::Owner;
 pub use config::{
-    MonitorConfig, MonitorConfigError, Policy, Staleness, ThresholdState, DEFAULT_ENDPOINT,
+    Maintenance, MonitorConfig, MonitorConfigError, Policy, Staleness, ThresholdState,
+    DEFAULT_ENDPOINT,
 };
-pub use dispatch::{Dispatch, Dispatching};
-pub use flow::{DispatchRequest, FlowControlConfig, FlowError};
+pub use flow::{
+    Dispatch, DispatchCallback, DispatchHandle, DispatchRequest, Dispatching, FlowControlConfig,
+    FlowError, DEFAULT_BLOCK_TOKENS,
+};
 pub use route::Route;
 
-use busy_set::BitIter;
+use duty::Duty;
 use model::Model;
 use rank::{Rank, Worker};
 use registry::Registry;
@@ -112,7 +121,8 @@ use crate::thresholds::{RankLoad, ThresholdUpdate};
 /// thread's publication lands. Threshold updates, removals and sweeps wait
 /// for their publication before returning.
 pub struct Monitor {
-    registry: ArcSwap<Registry>,
+    /// Shared with the maintenance's thread (`duty.rs`).
+    registry: Arc<ArcSwap<Registry>>,
     writer: Mutex<()>,
     clock: SharedClock,
     config: MonitorConfig,
@@ -121,6 +131,8 @@ pub struct Monitor {
     refused_workers: [AtomicU64; WorkerError::ADD_KINDS.len()],
     /// Its leased share of every rank, in booking sync's leased mode.
     pub(crate) share: Arc<share::Share>,
+    /// Its maintenance (`duty.rs`).
+    duty: Arc<Duty>,
     /// This monitor's engine scrapes, for `metrics_text`.
     #[cfg(feature = "scrape")]
     pub(crate) scrapes: crate::scrape::Registered,
@@ -153,8 +165,15 @@ impl Monitor {
         clock: SharedClock,
     ) -> Result<Self, MonitorConfigError> {
         config.validate()?;
+        let registry = Arc::new(ArcSwap::from_pointee(Registry::default()));
+        let background = config.maintenance == Maintenance::Background;
+        let duty = Duty::new(Arc::clone(&registry), clock.clone(), background);
+        if config.staleness != Staleness::Keep {
+            duty.start();
+        }
         Ok(Self {
-            registry: ArcSwap::from_pointee(Registry::default()),
+            registry,
+            duty,
             writer: Mutex::new(()),
             share: Arc::new(share::Share::new(clock.clone())),
             clock,
@@ -195,10 +214,11 @@ impl Monitor {
             let model = &worker.model;
             // Relaxed hint: a lease set while this report lands ends at its
             // deadline or at the next report instead.
+            // A publication that leaves the worker free kicks the model's
+            // queue, and so does ending its lease (`flow/mod.rs`).
             if model.leases_out.load(Ordering::Relaxed) != 0 && !model.busy.contains(worker.slot) {
                 model.end_lease(worker.slot);
             }
-            model.kick_flow();
             Ok(())
         });
         if let Err(e) = &result {
@@ -516,65 +536,10 @@ impl Monitor {
             }
         }
         drop(reg);
+        if policy != Staleness::Keep {
+            self.duty.start();
+        }
         self.sweep();
         Ok(())
-    }
-
-    /// The off-hot-path sweep: marks ranks silent for `stale_after` as stale
-    /// (for models whose policy is not `keep`), un-marks ranks that reported,
-    /// re-evaluates the workers whose state changed, and ends expired leases.
-    /// Call it periodically (e.g. every few hundred milliseconds); a rank is
-    /// stale once it missed reports for `stale_after` plus at most one period.
-    /// Returns the number of workers re-evaluated.
-    pub fn sweep(&self) -> usize {
-        let now = self.clock.now_nanos();
-        let reg = self.registry.load_full();
-        let mut changed_workers = 0;
-        for w in reg.workers.values() {
-            let m = &w.model;
-            let policy = m.staleness();
-            // Relaxed: a setting (see `set_staleness`).
-            let after = m.stale_after.load(Ordering::Relaxed);
-            let mut changed = false;
-            for rank in w.ranks.iter() {
-                // Relaxed `seen` and `last_seen`: flags for the sweep that
-                // order nothing; a report racing this swap is seen next time.
-                let stale = if rank.seen.swap(false, Ordering::Relaxed) {
-                    rank.last_seen.store(now, Ordering::Relaxed);
-                    false
-                } else {
-                    policy != Staleness::Keep
-                        && now.saturating_sub(rank.last_seen.load(Ordering::Relaxed)) >= after
-                };
-                // Relaxed: an input released by `reevaluate_and_wait` below.
-                if rank.stale.swap(stale, Ordering::Relaxed) != stale {
-                    changed = true;
-                }
-            }
-            if changed {
-                w.reevaluate_and_wait();
-                changed_workers += 1;
-            }
-        }
-        for m in reg
-            .models
-            .values()
-            // Relaxed hint: a lease set meanwhile is swept next time.
-            .filter(|m| m.leases_out.load(Ordering::Relaxed) != 0)
-        {
-            for w in 0..m.words_in_use() {
-                for b in BitIter(m.leased.word(w)) {
-                    let slot = w * 64 + b;
-                    // Relaxed: ordered by the Acquire load of the lease word.
-                    if m.lease_deadline[slot].load(Ordering::Relaxed) <= now {
-                        m.end_lease(slot);
-                    }
-                }
-            }
-        }
-        for m in reg.models.values() {
-            m.kick_flow();
-        }
-        changed_workers
     }
 }

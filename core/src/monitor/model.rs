@@ -41,7 +41,7 @@ use super::pick_cache::{PickCache, Stamp};
 use super::share::Share;
 use crate::clock::{nanos, SharedClock};
 use crate::error::{Reason, RouteError};
-use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::thresholds::Thresholds;
 
 /// Thresholds as the hot path reads them: one atomic per field. A `None`
@@ -147,10 +147,8 @@ pub(super) struct Model {
     pub(super) endpoints: ArcSwap<Vec<Arc<EndpointCounter>>>,
     pub(super) rejected: [AtomicU64; 3],
     pub(super) cold: Mutex<ModelCold>,
-    /// The model's flow control, if on (`flow.rs`).
+    /// The model's flow control, if on (`flow/mod.rs`).
     pub(super) flow: ArcSwapOption<FlowControl>,
-    /// Its requests waiting, mirrored for kicks (`flow.rs`).
-    pub(super) flow_waiting: AtomicU32,
     /// Whether flow control is on, so that a kick costs one plain load
     /// without it.
     pub(super) flow_on: AtomicBool,
@@ -195,28 +193,23 @@ impl Model {
                 thresholds: ThresholdState::default(),
             }),
             flow: ArcSwapOption::empty(),
-            flow_waiting: AtomicU32::new(0),
             flow_on: AtomicBool::new(false),
             share: share.clone(),
         }
     }
 
-    /// Capacity may have appeared: kicks the model's queue if requests
-    /// wait (`flow.rs`, "Protocol"). Without flow control, one load.
+    /// Capacity may have appeared: kicks the model's queue, which tells
+    /// the maintenance if requests wait (`flow/mod.rs`, "Protocol").
+    /// Without flow control, one load.
     #[inline]
     pub(super) fn kick_flow(&self) {
-        // Relaxed: a setting; see `flow.rs`, "Protocol", for the moment it
-        // is turned on.
+        // Relaxed: a setting; see `flow/mod.rs`, "Protocol", for the
+        // moment it is turned on.
         if !self.flow_on.load(Ordering::Relaxed) {
             return;
         }
-        // SeqCst, after the caller's change was published: the kicker's
-        // side of the pairing in `flow.rs`.
-        crate::sync::fence(Ordering::SeqCst);
-        if self.flow_waiting.load(Ordering::SeqCst) != 0 {
-            if let Some(flow) = self.flow.load().as_ref() {
-                flow.kick();
-            }
+        if let Some(flow) = self.flow.load().as_ref() {
+            flow.kick();
         }
     }
 
@@ -263,13 +256,15 @@ impl Model {
         self.endpoints.store(Arc::new(next));
     }
 
-    /// Ends the lease on `slot` if one is set.
+    /// Ends the lease on `slot` if one is set, and kicks the queue: the
+    /// worker may be free now.
     #[inline]
     pub(super) fn end_lease(&self, slot: usize) {
         if self.leased.clear(slot) {
             // Relaxed: `leases_out` is a hint that lets routers skip the
             // lease words; the bit itself is the truth.
             self.leases_out.fetch_sub(1, Ordering::Relaxed);
+            self.kick_flow();
         }
     }
 

@@ -189,6 +189,20 @@ impl Worker {
                 model.busy_workers.fetch_sub(1, Ordering::Relaxed);
             }
         }
+        // Published free: capacity may have appeared for the model's queue
+        // (`flow/mod.rs`, "Protocol"). Only the publisher knows the result,
+        // so the kick is made here, whichever change led to it.
+        if !busy {
+            model.kick_flow();
+        }
+    }
+
+    /// The rank index with the fewest booked blocks, where a request sent
+    /// to this worker is booked.
+    pub(super) fn least_loaded_rank(&self) -> usize {
+        (0..self.ranks.len())
+            .min_by_key(|&i| self.ranks[i].load().active_decode_blocks)
+            .unwrap_or(0)
     }
 
     /// Whether this frontend's own bookings fill its leased share of `rank`

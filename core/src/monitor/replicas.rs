@@ -23,7 +23,7 @@ use super::booking::{shift, Owner};
 use super::rank::Worker;
 use super::share::WHOLE;
 use super::Monitor;
-use crate::sync::{lock, Ordering};
+use crate::sync::Ordering;
 
 /// This monitor's own bookings on one rank.
 #[derive(Debug, Clone, Copy)]
@@ -166,11 +166,11 @@ impl Monitor {
             .values()
             .filter_map(|m| {
                 let flow = m.flow.load_full()?;
-                let st = lock(&flow.state);
+                let (requests, tokens) = flow.totals();
                 Some(QueueTotals {
                     model: m.name.to_string(),
-                    requests: st.queue.len(),
-                    tokens: u64::try_from(st.queue.tokens()).unwrap_or(u64::MAX),
+                    requests,
+                    tokens: u64::try_from(tokens).unwrap_or(u64::MAX),
                 })
             })
             .collect()

@@ -160,11 +160,12 @@ pub unsafe extern "C" fn lg_monitor_set_staleness(
     })
 }
 
-/// The off-hot-path sweep: marks ranks silent for stale_after as stale
-/// (models whose policy is not keep), re-evaluates the workers whose state
-/// changed and ends expired overload leases. Call it periodically (every few
-/// hundred milliseconds). `out_changed` (may be NULL) receives the number
-/// of workers re-evaluated.
+/// The sweep, now: marks ranks silent for stale_after as stale (models
+/// whose policy is not keep), re-evaluates the workers whose state changed
+/// and ends expired overload leases. The monitor's maintenance thread
+/// sweeps by itself (at a quarter of stale_after, at least every second);
+/// this is for a check on demand. `out_changed` (may be NULL) receives the
+/// number of workers re-evaluated.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor).
 /// Ownership: borrows its arguments for the call only; keeps none of them.

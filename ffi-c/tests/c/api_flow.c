@@ -1,14 +1,17 @@
 /*
  * Frontend flow control from C: a model's queue (lg_monitor_set_flow_control),
- * dispatch at once, blocking with a timeout, with a callback, woken from
- * another thread, refused at its deadline, when full, when asked, with no
- * workers, and bad input.
+ * dispatch at once, blocking with a timeout, with a callback (called on the
+ * monitor's maintenance thread), woken from another thread, refused at its
+ * deadline with no call from the program, when full, when asked, with no
+ * workers, and bad input; 20,000 waiting callbacks released by one report
+ * (and by one threshold raise) made on a thread with a 256 KiB stack.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "check.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 /* One worker (id 1) of 100 KV blocks, busy above half, with a queue of
  * `limit` whose requests wait at most 200 ms. */
@@ -21,18 +24,36 @@ static lg_monitor *fleet(uint32_t limit) {
     return m;
 }
 
-/* What a dispatch callback was told. */
+/* What a dispatch callback was told: `calls` is stored last, with release
+ * order, so a thread that reads it with acquire order sees the rest. */
 struct told {
-    int calls;
+    _Atomic int calls;
     lg_status status;
     lg_dispatch *dispatch;
 };
 
 static void on_dispatch(void *user_data, lg_status status, lg_dispatch *dispatch) {
     struct told *t = user_data;
-    t->calls++;
     t->status = status;
     t->dispatch = dispatch;
+    atomic_fetch_add_explicit(&t->calls, 1, memory_order_release);
+}
+
+static int calls(struct told *t) {
+    return atomic_load_explicit(&t->calls, memory_order_acquire);
+}
+
+/* Waits until the callback was called `n` times in all, for at most
+ * WAIT_MS. */
+static int await_calls(struct told *t, int n) {
+    double deadline = now_ms() + WAIT_MS;
+    while (calls(t) < n) {
+        if (now_ms() > deadline) {
+            return 0;
+        }
+        sleep_ms(1);
+    }
+    return calls(t) == n;
 }
 
 /* Completes a dispatch after 50 ms, from another thread. */
@@ -71,6 +92,93 @@ static void test_flow_config(void) {
     lg_monitor_free(m);
 }
 
+/* How many requests a burst releases. */
+#define BURST 20000
+
+/* Counts the burst's callbacks, each of which completes its dispatch at
+ * once (as the header allows), and the deepest nesting seen. */
+static _Atomic int burst_done, burst_depth, burst_deepest;
+
+static void on_burst(void *user_data, lg_status status, lg_dispatch *dispatch) {
+    (void)user_data;
+    int depth = atomic_fetch_add(&burst_depth, 1) + 1;
+    int deepest = atomic_load(&burst_deepest);
+    while (depth > deepest && !atomic_compare_exchange_weak(&burst_deepest, &deepest, depth)) {
+    }
+    if (status == LG_OK) {
+        lg_dispatch_complete(dispatch, 0);
+    }
+    atomic_fetch_sub(&burst_depth, 1);
+    atomic_fetch_add_explicit(&burst_done, status == LG_OK ? 1 : 1000000, memory_order_release);
+}
+
+struct freer {
+    lg_monitor *m;
+    bool raise;
+};
+
+/* Frees the busy worker with one report, or one threshold raise. */
+static void *free_worker(void *arg) {
+    struct freer *f = arg;
+    if (f->raise) {
+        lg_threshold_update u;
+        memset(&u, 0, sizeof u);
+        u.has_active_decode_blocks_threshold = true;
+        u.active_decode_blocks_threshold = 1.0;
+        OK(lg_monitor_set_thresholds(f->m, S("m"), &u, NULL));
+    } else {
+        lg_load_report free_now = kv_report(0, BURST * 2);
+        OK(lg_monitor_report(f->m, 1, 0, &free_now));
+    }
+    return NULL;
+}
+
+/* BURST requests wait behind one busy worker; one call on a thread with a
+ * 256 KiB stack frees it. The call returns, every callback runs once, none
+ * inside another, and the worker ends free. */
+static void test_flow_burst(bool raise) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_worker_spec spec = one_rank(BURST * 2);
+    OK(lg_monitor_add_worker(m, S("m"), 1, &spec));
+    lg_threshold_update u;
+    memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.5;
+    OK(lg_monitor_set_thresholds(m, S("m"), &u, NULL));
+    lg_flow_config f;
+    OK(lg_flow_config_default(BURST, &f));
+    OK(lg_monitor_set_flow_control(m, S("m"), &f));
+    lg_load_report busy = kv_report(BURST * 2 - 1, BURST * 2);
+    OK(lg_monitor_report(m, 1, 0, &busy));
+    lg_dispatch_request r;
+    OK(lg_dispatch_request_default(&r));
+    r.blocks = 1;
+    atomic_store(&burst_done, 0);
+    atomic_store(&burst_deepest, 0);
+    for (int i = 0; i < BURST; i++) {
+        OK(lg_monitor_dispatch_async(m, S("m"), &r, on_burst, NULL));
+    }
+    CHECK(atomic_load(&burst_done) == 0);
+    pthread_attr_t attr;
+    CHECK(pthread_attr_init(&attr) == 0);
+    CHECK(pthread_attr_setstacksize(&attr, 256 * 1024) == 0);
+    struct freer fr = {m, raise};
+    pthread_t th;
+    CHECK(pthread_create(&th, &attr, free_worker, &fr) == 0);
+    CHECK(pthread_join(th, NULL) == 0);
+    pthread_attr_destroy(&attr);
+    double deadline = now_ms() + WAIT_MS;
+    while (atomic_load_explicit(&burst_done, memory_order_acquire) < BURST && now_ms() < deadline) {
+        sleep_ms(1);
+    }
+    CHECK(atomic_load(&burst_done) == BURST);
+    CHECK(atomic_load(&burst_deepest) == 1);
+    /* Nothing stays booked: the worker is free again. */
+    CHECK(await_busy(m, 1, false));
+    lg_monitor_free(m);
+}
+
 void test_flow(void) {
     test_flow_config();
     CHECK(contains(lg_status_str(LG_QUEUE_FULL), "queue is full"));
@@ -104,23 +212,16 @@ void test_flow(void) {
     /* A callback: queued, then sent when the running request completes. */
     struct told t = {0, LG_OK, NULL};
     OK(lg_monitor_dispatch_async(m, S("m"), &r, on_dispatch, &t));
-    CHECK(t.calls == 0);
+    CHECK(calls(&t) == 0);
     lg_dispatch_complete(d, 10);
-    CHECK(t.calls == 1 && t.status == LG_OK && lg_dispatch_worker(t.dispatch) == 1);
+    CHECK(await_calls(&t, 1));
+    CHECK(t.status == LG_OK && lg_dispatch_worker(t.dispatch) == 1);
 
-    /* A callback refused at its deadline, expired by the host. */
+    /* A callback refused at its deadline (200 ms), with no call from us. */
     struct told late = {0, LG_OK, NULL};
     OK(lg_monitor_dispatch_async(m, S("m"), &r, on_dispatch, &late));
-    uint64_t ms = 0;
-    OK(lg_monitor_next_flow_deadline(m, &ms));
-    CHECK(ms <= 200);
-    sleep_ms(250);
-    size_t expired = 0;
-    OK(lg_monitor_expire_flow(m, &expired));
-    CHECK(expired == 1 && late.calls == 1 && late.status == LG_QUEUE_DEADLINE);
-    CHECK(late.dispatch == NULL);
-    OK(lg_monitor_next_flow_deadline(m, &ms));
-    CHECK(ms == LG_TIMEOUT_INFINITE);
+    CHECK(await_calls(&late, 1));
+    CHECK(late.status == LG_QUEUE_DEADLINE && late.dispatch == NULL);
 
     /* A blocking dispatch woken by a completion on another thread. */
     pthread_t th;
@@ -142,10 +243,10 @@ void test_flow(void) {
     r.tenant = "light";
     r.prompt_tokens = 1;
     OK(lg_monitor_dispatch_async(m, S("m"), &r, on_dispatch, &light));
-    CHECK(heavy.calls == 1 && heavy.status == LG_QUEUE_FULL);
-    CHECK(light.calls == 0);
+    CHECK(await_calls(&heavy, 1) && heavy.status == LG_QUEUE_FULL);
+    CHECK(calls(&light) == 0);
     lg_dispatch_complete(d2, 0);
-    CHECK(light.calls == 1 && light.status == LG_OK);
+    CHECK(await_calls(&light, 1) && light.status == LG_OK);
     lg_dispatch_complete(light.dispatch, 0);
 
     /* Bad input. */
@@ -162,8 +263,6 @@ void test_flow(void) {
     INVALID(lg_monitor_dispatch(m, S("m"), NULL, 0, &d2));
     INVALID(lg_monitor_dispatch(m, S("m"), &r, 0, NULL));
     INVALID(lg_monitor_dispatch_async(m, S("m"), &r, NULL, NULL));
-    INVALID(lg_monitor_expire_flow(NULL, NULL));
-    INVALID(lg_monitor_next_flow_deadline(m, NULL));
     INVALID(lg_dispatch_report_output(NULL, 1));
     INVALID(lg_dispatch_prefill_done(NULL));
     INVALID(lg_dispatch_add_output_blocks(NULL, 1));
@@ -182,12 +281,16 @@ void test_flow(void) {
     struct told joined = {0, LG_OK, NULL};
     OK(lg_monitor_dispatch_async(m, S("m"), &r, on_dispatch, &joined));
     EXPECT(lg_monitor_dispatch(m, S("m"), &r, 0, &d2), LG_UNAVAILABLE);
-    CHECK(joined.calls == 0);
+    CHECK(calls(&joined) == 0);
     lg_worker_spec spec = one_rank(100);
     OK(lg_monitor_add_worker(m, S("m"), 9, &spec));
-    CHECK(joined.calls == 1 && joined.status == LG_OK && lg_dispatch_worker(joined.dispatch) == 9);
+    CHECK(await_calls(&joined, 1));
+    CHECK(joined.status == LG_OK && lg_dispatch_worker(joined.dispatch) == 9);
     lg_dispatch_complete(joined.dispatch, 0);
     f.scale_up_limit = 5;
     INVALID(lg_monitor_set_flow_control(m, S("m"), &f));
     lg_monitor_free(m);
+
+    test_flow_burst(false);
+    test_flow_burst(true);
 }

@@ -1,11 +1,13 @@
 //! The frontend queue of arms (g) and (h): each attempt is a
-//! [`Monitor::dispatch_shared`] future, polled when its waker fires and
-//! driven by the monitor's own kicks (reports, released bookings, sweeps)
-//! and by an expiry event at the queue's next deadline, as a host's timer
-//! would.
+//! [`Monitor::dispatch`] future, polled when its waker fires. The monitors
+//! run with the host's maintenance (`Maintenance::Manual`): after each
+//! event the loop calls [`Monitor::maintain`], which dispatches what the
+//! event's kicks (reports, released bookings, sweeps) made room for, and
+//! sets an event at the time it returns (the queue's next deadline), as
+//! the monitor's own thread would wake.
 //!
-//! A waker only notes its request's id; after each event the loop polls the
-//! noted futures (which may note more) until none is left, so every
+//! A waker only notes its request's id; the loop polls the noted futures
+//! (which may note more) and maintains again until nothing moves, so every
 //! dispatch happens at the virtual instant the capacity appeared.
 
 use std::future::Future;
@@ -77,11 +79,11 @@ impl Sim<'_> {
                 max_tokens: None,
                 deadline: Some(std::time::Duration::from_nanos(left)),
             },
-            blocks: u64::from(spec.prompt.div_ceil(self.c.engine.block_size)),
+            blocks: Some(u64::from(spec.prompt.div_ceil(self.c.engine.block_size))),
             queue: true,
         };
         r.stage = Stage::Waiting;
-        r.waiting = Some((attempt, monitor.dispatch_shared(MODEL, &request)));
+        r.waiting = Some((attempt, monitor.dispatch(MODEL, &request)));
         self.poll_flow(id);
     }
 
@@ -136,10 +138,17 @@ impl Sim<'_> {
         self.at(self.now + ns(self.c.net_delay_s), Ev::AtWorker(id, attempt));
     }
 
-    /// After each event of a queue arm: polls every woken dispatch, then
-    /// sets the expiry event for the queue's next deadline.
+    /// After each event of a queue arm: maintains every monitor and polls
+    /// every woken dispatch until nothing moves, then sets the expiry
+    /// event for the monitors' next deadline.
     pub(super) fn flow_after(&mut self) {
+        let mut next;
         loop {
+            next = self
+                .fronts
+                .iter()
+                .filter_map(|f| f.monitor.maintain())
+                .min();
             let woken = std::mem::take(&mut *self.woken.lock().expect("woken"));
             if woken.is_empty() {
                 break;
@@ -148,11 +157,6 @@ impl Sim<'_> {
                 self.poll_flow(id);
             }
         }
-        let next = self
-            .fronts
-            .iter()
-            .filter_map(|f| f.monitor.next_flow_deadline())
-            .min();
         if let Some(at) = next {
             if self.flow_expire_at.is_none_or(|t| at < t) {
                 self.flow_expire_at = Some(at);
@@ -161,11 +165,9 @@ impl Sim<'_> {
         }
     }
 
-    /// The queue's deadline timer.
+    /// The queue's deadline timer: the maintenance that follows each event
+    /// (`flow_after`) refuses what reached its deadline.
     pub(super) fn flow_expire(&mut self) {
         self.flow_expire_at = None;
-        for f in &self.fronts {
-            f.monitor.expire_flow();
-        }
     }
 }

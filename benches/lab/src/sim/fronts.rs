@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use loadgate::cluster::replicas::{BookingSync, BookingSyncConfig, SyncMode};
 use loadgate::cluster::{Subjects, Subscriber, SubscriberConfig};
-use loadgate::{Monitor, MonitorConfig, SharedClock};
+use loadgate::{Maintenance, Monitor, MonitorConfig, SharedClock};
 
 use super::{ns, Conditions, Ev, Sim, MODEL};
 
@@ -36,8 +36,11 @@ impl Front {
         subjects: &Subjects,
         c: &Conditions,
     ) -> Result<Self, String> {
+        // The simulation owns time: the monitor's maintenance runs after
+        // each event (`flow.rs`), not on a thread.
         let config = MonitorConfig {
             stale_after: Duration::from_secs(3),
+            maintenance: Maintenance::Manual,
             ..Default::default()
         };
         let monitor =

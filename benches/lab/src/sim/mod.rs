@@ -18,7 +18,7 @@
 //! * `frontend.rs`: the clients (sends, retries, giving up) and the arm's
 //!   frontend (routing, rejections);
 //! * `flow.rs`: the frontend queue of arms (g) and (h), driven through
-//!   `Monitor::dispatch_shared`'s futures;
+//!   `Monitor::dispatch`'s futures;
 //! * `fronts.rs`: one frontend or several replicas, and their booking
 //!   sync;
 //! * `worker.rs`: the workers (the gate's outcomes, the engines' steps, the
@@ -223,7 +223,7 @@ struct Req {
     dispatch: Option<Dispatch>,
     /// Queue arms: the attempt waiting in the frontend queue, and its
     /// future.
-    waiting: Option<(u32, Dispatching<'static>)>,
+    waiting: Option<(u32, Dispatching)>,
     /// What its booking or dispatch admitted: (worker, rank, blocks).
     admitted: Option<(u32, u32, u64)>,
 }

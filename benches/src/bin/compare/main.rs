@@ -193,6 +193,8 @@ const HANDOFF_FUTURE: &[Design] = &[
     ("Semaphore + channel + dispatcher task", Target::None),
 ];
 const FLOW_DISPATCH: &[Design] = &[("Mutex gate + oneshot", Target::Under(10_000.0))];
+/// Requests waiting cost a report or a booking nothing.
+const WITH_QUEUE: &[Design] = &[("the same monitor without a queue", Target::WithinOf(1.1))];
 const HANDOFF_CALLBACK: &[Design] = &[("Mutex gate + oneshot", Target::Faster(0.67))];
 const HANDOFF_BLOCKING: &[Design] = &[("Mutex gate + oneshot blocking_recv", Target::Faster(3.0))];
 const HANDOFF_THROUGHPUT: &[Design] = &[

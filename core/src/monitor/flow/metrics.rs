@@ -1,5 +1,5 @@
 //! What a model's frontend queue counts, kept under its lock beside the
-//! queue (`flow.rs`), and its metrics at scrape time: requests and tokens
+//! queue (`control.rs`), and its metrics at scrape time: requests and tokens
 //! waiting, dispatches by path, refusals by reason and priority band, the
 //! queue wait as a histogram, and the top tenants' service (only the top
 //! [`TOP_TENANTS`], so that label cardinality stays bounded whatever ids
@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::model::Model;
+use super::control::FlowControl;
 use crate::flow::{FlowRejection, MAX_BANDS};
 use crate::metrics::{self, WAIT_BUCKETS};
 use crate::sync::lock;
@@ -59,13 +59,9 @@ impl FlowStats {
     }
 }
 
-/// The flow-control families for `models` (those with a queue; nothing
-/// when none has one).
-pub(super) fn render(models: &[&Arc<Model>], p: &str, out: &mut String) {
-    let flows: Vec<(&str, Arc<super::flow::FlowControl>)> = models
-        .iter()
-        .filter_map(|m| m.flow.load_full().map(|f| (&*m.name, f)))
-        .collect();
+/// The flow-control families for `flows`, each model's name and queue
+/// (nothing when no model has one).
+pub(crate) fn render(flows: &[(&str, Arc<FlowControl>)], p: &str, out: &mut String) {
     if flows.is_empty() {
         // A monitor without flow control shows none of its families.
         return;
@@ -82,7 +78,7 @@ pub(super) fn render(models: &[&Arc<Model>], p: &str, out: &mut String) {
     ];
     for (i, (name, help)) in gauges.into_iter().enumerate() {
         metrics::header(out, p, name, "gauge", help);
-        for (model, flow) in &flows {
+        for (model, flow) in flows {
             let st = lock(&flow.state);
             let value = if i == 0 {
                 u128::from(st.queue.len())
@@ -95,7 +91,7 @@ pub(super) fn render(models: &[&Arc<Model>], p: &str, out: &mut String) {
     let name = "frontend_queue_dispatched_total";
     let help = "Requests sent to a worker, at once or from the queue.";
     metrics::header(out, p, name, "counter", help);
-    for (model, flow) in &flows {
+    for (model, flow) in flows {
         let d = lock(&flow.state).stats.dispatched;
         for (path, n) in [("direct", d[0]), ("queued", d[1])] {
             metrics::sample(out, p, name, &[("model", model), ("path", &path)], n);
@@ -104,7 +100,7 @@ pub(super) fn render(models: &[&Arc<Model>], p: &str, out: &mut String) {
     let name = "frontend_queue_rejection_total";
     let help = "Requests refused by the model's queue, by reason and priority band.";
     metrics::header(out, p, name, "counter", help);
-    for (model, flow) in &flows {
+    for (model, flow) in flows {
         let refused = lock(&flow.state).stats.refused;
         for (why, bands) in REFUSALS.iter().zip(refused) {
             for (band, n) in bands.iter().enumerate() {
@@ -120,7 +116,7 @@ pub(super) fn render(models: &[&Arc<Model>], p: &str, out: &mut String) {
     let name = "frontend_queue_wait_seconds";
     let help = "Time requests sent from the model's queue spent waiting.";
     metrics::header(out, p, name, "histogram", help);
-    for (model, flow) in &flows {
+    for (model, flow) in flows {
         let (waits, sum) = {
             let st = lock(&flow.state);
             (st.stats.waits, st.stats.wait_nanos)

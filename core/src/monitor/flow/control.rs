@@ -1,0 +1,380 @@
+//! A model's dispatcher: its queue, the tickets of the requests that wait,
+//! and the dispatch loop that sends them to free workers (the protocol is
+//! in `flow/mod.rs`).
+//!
+//! This layer knows nothing of the monitor: the loop is handed the model's
+//! worker count and a function that picks a free worker and books it.
+
+use std::sync::Arc;
+use std::task::Waker;
+
+use super::metrics::FlowStats;
+use crate::flow::{FlowConfig, FlowConfigError, FlowQueue, FlowRejection, Reservation, MAX_SHED};
+use crate::monitor::booking::Booking;
+use crate::monitor::config::Policy;
+use crate::monitor::signal::Signal;
+use crate::sync::{fence, AtomicBool, AtomicU32, AtomicUsize, Mutex, Ordering};
+
+/// Notifications gathered under the lock and delivered after it: at most
+/// this many per pass of the loop.
+const BATCH: usize = 16;
+
+/// A request's callback (the callback form): called once, off the lock,
+/// with its outcome and its model's dispatcher.
+pub(crate) type Callback =
+    Box<dyn FnOnce(Result<Granted, FlowRejection>, &Arc<FlowControl>) + Send + 'static>;
+
+/// A model's queue, its tickets and its signal (module docs).
+pub(crate) struct FlowControl {
+    pub(super) state: Mutex<State>,
+    pub(super) policy: Policy,
+    /// Requests that may wait while the model has no workers.
+    pub(super) scale_up_limit: u32,
+    /// Requests waiting: what a kick reads, without the lock.
+    waiting: AtomicU32,
+    /// Kicked since the maintenance last ran this queue's loop.
+    kicked: AtomicBool,
+    /// The monitor's maintenance, which runs the loop.
+    signal: Arc<Signal>,
+}
+
+pub(crate) struct State {
+    pub(super) queue: FlowQueue<u32>,
+    pub(super) tickets: Vec<Ticket>,
+    free: Vec<u32>,
+    /// Notifications owed by a call that is not the maintenance's (a
+    /// request shed by an arrival): delivered by the next loop.
+    owed: Vec<Note>,
+    /// Requests refused at their deadline, in all.
+    pub(super) expired: u64,
+    pub(super) stats: FlowStats,
+}
+
+/// Who hears of a queued request's outcome.
+#[derive(Default)]
+pub(super) enum Notify {
+    /// Nobody yet (a future not polled since it queued).
+    #[default]
+    Nobody,
+    /// A future's waker: the outcome waits in the ticket for its poll.
+    Waker(Waker),
+    /// A callback, called with the outcome; the ticket is freed at once.
+    Callback(Callback),
+}
+
+/// One queued request's ticket: what to book, and its outcome once
+/// resolved.
+#[derive(Default)]
+pub(super) struct Ticket {
+    pub(super) gen: u32,
+    pub(super) key: Option<crate::flow::QueueKey>,
+    pub(super) notify: Notify,
+    blocks: u64,
+    prefill: u64,
+    /// Its priority band and when it queued, for the statistics.
+    band: usize,
+    queued_at: u64,
+    pub(super) outcome: Option<Result<Granted, FlowRejection>>,
+}
+
+/// A dispatch made for a queued request, not delivered yet.
+pub(crate) struct Granted {
+    pub(super) worker_id: u64,
+    pub(super) booking: Booking,
+    pub(super) reservation: Reservation,
+}
+
+/// One notification to deliver off the lock.
+pub(super) enum Note {
+    Wake(Waker),
+    Call(Callback, Result<Granted, FlowRejection>),
+}
+
+/// Notifications to deliver once the lock is released: a pass of the loop
+/// stops at [`BATCH`], and an arrival may shed up to `MAX_SHED` more.
+pub(super) struct After {
+    notes: [Option<Note>; BATCH + MAX_SHED],
+    len: usize,
+}
+
+impl Default for After {
+    fn default() -> Self {
+        Self {
+            notes: std::array::from_fn(|_| None),
+            len: 0,
+        }
+    }
+}
+
+impl After {
+    fn push(&mut self, note: Note) {
+        self.notes[self.len] = Some(note);
+        self.len += 1;
+    }
+
+    fn full(&self) -> bool {
+        self.len >= BATCH
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Delivers the notifications, on this thread. A callback that panics
+    /// is reported and the others still run.
+    pub(super) fn deliver(self, flow: &Arc<FlowControl>) {
+        for note in self.notes.into_iter().flatten() {
+            match note {
+                Note::Wake(w) => w.wake(),
+                Note::Call(callback, outcome) => {
+                    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        callback(outcome, flow);
+                    }));
+                    if called.is_err() {
+                        eprintln!("loadgate: a dispatch callback panicked; the panic was caught");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for FlowControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlowControl")
+            .field("policy", &self.policy)
+            .field("waiting", &self.waiting)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FlowControl {
+    pub(super) fn new(
+        queue: &FlowConfig,
+        policy: Policy,
+        signal: Arc<Signal>,
+    ) -> Result<Self, FlowConfigError> {
+        Ok(Self {
+            state: Mutex::new(State {
+                queue: FlowQueue::new(queue)?,
+                tickets: Vec::new(),
+                free: Vec::new(),
+                owed: Vec::new(),
+                expired: 0,
+                stats: FlowStats::default(),
+            }),
+            policy,
+            scale_up_limit: queue.scale_up_limit,
+            waiting: AtomicU32::new(0),
+            kicked: AtomicBool::new(false),
+            signal,
+        })
+    }
+
+    /// Capacity may have appeared (`flow/mod.rs`, "Protocol"): if requests
+    /// wait, marks the queue and raises the maintenance's signal. One
+    /// fence and one load when nothing waits; never a lock, never host
+    /// code.
+    #[inline]
+    pub(crate) fn kick(&self) {
+        // SeqCst, after the caller's change was published: the kicker's
+        // side of the pairing.
+        fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.wake_maintenance();
+    }
+
+    /// Asks the maintenance to run this queue's loop.
+    pub(super) fn wake_maintenance(&self) {
+        // Release: the maintenance's swap acquires what preceded the kick.
+        self.kicked.store(true, Ordering::Release);
+        self.signal.raise();
+    }
+
+    /// Takes the queue's kick: whether it was kicked since the last take.
+    pub(super) fn take_kick(&self) -> bool {
+        self.kicked.swap(false, Ordering::AcqRel)
+    }
+
+    /// Resolves ticket `t` with `outcome` at clock time `now`: the outcome
+    /// goes to its callback (freeing the ticket) or waits in it for its
+    /// future, whose waker is woken.
+    pub(super) fn resolve(
+        st: &mut State,
+        t: u32,
+        outcome: Result<Granted, FlowRejection>,
+        now: u64,
+        after: &mut After,
+    ) {
+        let ticket = &mut st.tickets[t as usize];
+        match &outcome {
+            Ok(_) => st
+                .stats
+                .sent_from_queue(now.saturating_sub(ticket.queued_at)),
+            Err(why) => st.stats.refused(*why, ticket.band),
+        }
+        ticket.key = None;
+        match std::mem::take(&mut ticket.notify) {
+            Notify::Callback(callback) => {
+                Self::free_ticket(st, t);
+                after.push(Note::Call(callback, outcome));
+            }
+            Notify::Waker(waker) => {
+                ticket.outcome = Some(outcome);
+                after.push(Note::Wake(waker));
+            }
+            Notify::Nobody => ticket.outcome = Some(outcome),
+        }
+    }
+
+    /// Hands what an arrival resolved (requests it shed) to the
+    /// maintenance, which delivers it: a caller's thread never runs
+    /// another request's callback.
+    pub(super) fn owe(&self, st: &mut State, after: After) {
+        if after.is_empty() {
+            return;
+        }
+        st.owed.extend(after.notes.into_iter().flatten());
+        self.wake_maintenance();
+    }
+
+    /// The dispatch loop, at clock time `now`: delivers what is owed,
+    /// expires due requests, then, while a request waits and `book` finds
+    /// a free worker for it, sends the next request in the queue's order.
+    /// `workers` is the model's worker count. Stops early when `after` is
+    /// full; whether it did.
+    pub(super) fn run(
+        &self,
+        st: &mut State,
+        now: u64,
+        workers: &AtomicUsize,
+        book: &mut dyn FnMut(u64, u64) -> Option<(u64, Booking)>,
+        after: &mut After,
+    ) -> bool {
+        while !after.full() {
+            let Some(note) = st.owed.pop() else { break };
+            after.push(note);
+        }
+        while !after.full() {
+            let Some(t) = st.queue.expire_one(now) else {
+                break;
+            };
+            st.expired += 1;
+            Self::resolve(st, t, Err(FlowRejection::QueueDeadline), now, after);
+        }
+        self.send_waiting(st, now, workers, book, after);
+        after.full() || !st.owed.is_empty()
+    }
+
+    /// The loop's last part: while a request waits and `book` finds a free
+    /// worker for it, sends the next request in the queue's order.
+    pub(super) fn send_waiting(
+        &self,
+        st: &mut State,
+        now: u64,
+        workers: &AtomicUsize,
+        book: &mut dyn FnMut(u64, u64) -> Option<(u64, Booking)>,
+        after: &mut After,
+    ) {
+        while !after.full() {
+            let Some(&t) = st.queue.peek() else { break };
+            // Relaxed: a hint; a worker joining kicks the queue.
+            if workers.load(Ordering::Relaxed) == 0 {
+                if self.scale_up_limit > 0 {
+                    // Waiting for a worker to join, whose kick runs this.
+                    break;
+                }
+                let key = st.tickets[t as usize]
+                    .key
+                    .expect("a queued ticket has its key");
+                st.queue.cancel(key);
+                Self::resolve(st, t, Err(FlowRejection::NoWorkers), now, after);
+                continue;
+            }
+            let ticket = &st.tickets[t as usize];
+            let Some((worker_id, booking)) = book(ticket.blocks, ticket.prefill) else {
+                // Nothing free (or no room in this frontend's leased
+                // share): wait for a kick.
+                break;
+            };
+            let (payload, reservation) = st.queue.pop(now).expect("the peeked request");
+            debug_assert_eq!(payload, t);
+            let granted = Granted {
+                worker_id,
+                booking,
+                reservation,
+            };
+            Self::resolve(st, t, Ok(granted), now, after);
+        }
+        self.publish_waiting(st);
+    }
+
+    /// Publishes the number of requests waiting, for kicks.
+    pub(super) fn publish_waiting(&self, st: &State) {
+        // SeqCst: the arrival's side of the pairing (`flow/mod.rs`).
+        self.waiting.store(st.queue.len(), Ordering::SeqCst);
+    }
+
+    /// Requests and estimated tokens waiting.
+    pub(crate) fn totals(&self) -> (u32, u128) {
+        let st = crate::sync::lock(&self.state);
+        (st.queue.len(), st.queue.tokens())
+    }
+
+    /// A ticket for a request about to queue: its index and generation.
+    pub(super) fn ticket(
+        st: &mut State,
+        blocks: u64,
+        prefill: u64,
+        band: usize,
+        now: u64,
+    ) -> (u32, u32) {
+        let t = st.free.pop().unwrap_or_else(|| {
+            st.tickets.push(Ticket::default());
+            (st.tickets.len() - 1) as u32
+        });
+        let ticket = &mut st.tickets[t as usize];
+        ticket.blocks = blocks;
+        ticket.prefill = prefill;
+        ticket.band = band;
+        ticket.queued_at = now;
+        (t, ticket.gen)
+    }
+
+    pub(super) fn free_ticket(st: &mut State, t: u32) {
+        let ticket = &mut st.tickets[t as usize];
+        ticket.gen = ticket.gen.wrapping_add(1);
+        ticket.key = None;
+        ticket.notify = Notify::Nobody;
+        ticket.outcome = None;
+        st.free.push(t);
+    }
+
+    /// Refuses every request that waits with `why` (the queue was turned
+    /// off or replaced), delivering the outcomes on this thread.
+    pub(super) fn close(self: &Arc<Self>, why: FlowRejection) {
+        let mut refused = Vec::new();
+        let mut st = crate::sync::lock(&self.state);
+        st.queue.expire(u64::MAX, |t| refused.push(t));
+        let owed = std::mem::take(&mut st.owed);
+        let mut after = After::default();
+        for t in refused {
+            Self::resolve(&mut st, t, Err(why), 0, &mut after);
+            if after.full() {
+                drop(st);
+                std::mem::take(&mut after).deliver(self);
+                st = crate::sync::lock(&self.state);
+            }
+        }
+        self.publish_waiting(&st);
+        drop(st);
+        after.deliver(self);
+        for note in owed {
+            let mut one = After::default();
+            one.push(note);
+            one.deliver(self);
+        }
+    }
+}

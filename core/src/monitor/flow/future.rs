@@ -1,0 +1,256 @@
+//! The handles of a dispatch: [`Dispatch`] (a request sent to a worker),
+//! [`Dispatching`] (the future of one that may wait) and
+//! [`DispatchHandle`] (one waiting with a callback).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::control::{FlowControl, Granted, Notify};
+use crate::flow::{FlowRejection, Reservation};
+use crate::monitor::booking::Booking;
+use crate::sync::lock;
+
+/// A request sent to a worker: its worker and booking, and what its tenant
+/// owes until it completes. Dropping it completes it with the output
+/// reported so far.
+///
+/// `Send` and `Sync`: complete it from any thread.
+#[must_use = "dropping a dispatch completes it at once"]
+pub struct Dispatch {
+    pub(super) worker_id: u64,
+    pub(super) booking: Option<Booking>,
+    pub(super) settle: Option<(Arc<FlowControl>, Reservation)>,
+}
+
+impl std::fmt::Debug for Dispatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatch")
+            .field("worker_id", &self.worker_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dispatch {
+    pub(super) fn from_granted(g: Granted, flow: &Arc<FlowControl>) -> Self {
+        Self {
+            worker_id: g.worker_id,
+            booking: Some(g.booking),
+            settle: Some((Arc::clone(flow), g.reservation)),
+        }
+    }
+
+    /// The worker it was sent to.
+    pub fn worker_id(&self) -> u64 {
+        self.worker_id
+    }
+
+    /// The data-parallel rank of the worker it was booked on (the least
+    /// loaded by booked blocks when it was sent).
+    pub fn dp_rank(&self) -> u32 {
+        self.booking.as_ref().map_or(0, Booking::dp_rank)
+    }
+
+    /// Its prefill is done (the first token came): its prompt tokens stop
+    /// counting on the worker.
+    pub fn prefill_done(&mut self) {
+        if let Some(b) = &mut self.booking {
+            b.prefill_done();
+        }
+    }
+
+    /// `n` more KV blocks of generated output, booked on its worker (as
+    /// [`Booking::add_output_blocks`]).
+    pub fn add_output_blocks(&mut self, n: u64) {
+        if let Some(b) = &mut self.booking {
+            b.add_output_blocks(n);
+        }
+    }
+
+    /// `tokens` more output tokens: charged to its tenant at once.
+    pub fn report_output(&mut self, tokens: u64) {
+        if let Some((flow, r)) = &mut self.settle {
+            lock(&flow.state).queue.report_output(r, tokens);
+        }
+    }
+
+    /// Output tokens reported so far.
+    pub fn reported_output(&self) -> u64 {
+        self.settle.as_ref().map_or(0, |(_, r)| r.reported_output())
+    }
+
+    /// The request finished with `output_tokens` in all: its tenant is
+    /// charged what was not reported yet, its reservation released, and its
+    /// booking freed.
+    pub fn complete(mut self, output_tokens: u64) {
+        self.finish(output_tokens);
+    }
+
+    fn finish(&mut self, output_tokens: u64) {
+        if let Some((flow, r)) = self.settle.take() {
+            lock(&flow.state).queue.settle(r, output_tokens);
+        }
+        // Dropping the booking frees its blocks (and kicks the queue when
+        // that leaves its worker free).
+        self.booking = None;
+    }
+}
+
+impl Drop for Dispatch {
+    fn drop(&mut self) {
+        let reported = self.reported_output();
+        self.finish(reported);
+    }
+}
+
+/// [`Monitor::dispatch`](crate::Monitor::dispatch)'s future: a
+/// [`Dispatch`], or why not. The monitor's maintenance sends a waiting
+/// request and wakes the future's task; dropping the future gives the
+/// request up.
+///
+/// `Send` and `Sync`: a multi-threaded runtime may move the task. It
+/// holds no borrow of the monitor.
+#[must_use = "a dispatch that is not awaited is cancelled when dropped"]
+pub struct Dispatching {
+    pub(super) step: Step,
+}
+
+impl std::fmt::Debug for Dispatching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.step {
+            Step::Ready(_) => "ready",
+            Step::Waiting(_) => "waiting",
+            Step::Done => "done",
+        };
+        f.debug_struct("Dispatching")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+pub(super) enum Step {
+    Ready(Result<Dispatch, FlowRejection>),
+    Waiting(Waiting),
+    Done,
+}
+
+/// A request waiting in a queue: its dispatcher, ticket and the ticket's
+/// generation (a ticket is reused once freed).
+pub(super) struct Waiting {
+    pub(super) flow: Arc<FlowControl>,
+    pub(super) ticket: u32,
+    pub(super) gen: u32,
+}
+
+impl Waiting {
+    /// Gives the request up: it leaves the queue, or the dispatch made for
+    /// it meanwhile is completed. Whether it was still waiting (for a
+    /// callback: whether the callback will never be called).
+    pub(super) fn cancel(&self) -> bool {
+        let (was_queued, granted) = {
+            let mut st = lock(&self.flow.state);
+            let t = &mut st.tickets[self.ticket as usize];
+            if t.gen != self.gen {
+                // Resolved and delivered to its callback already.
+                return false;
+            }
+            let key = t.key.take();
+            let outcome = t.outcome.take();
+            if let Some(key) = key {
+                st.queue.cancel(key);
+            }
+            FlowControl::free_ticket(&mut st, self.ticket);
+            self.flow.publish_waiting(&st);
+            (key.is_some(), outcome.and_then(Result::ok))
+        };
+        // A dispatch made for it and never collected is completed, off the
+        // lock.
+        if let Some(g) = granted {
+            drop(Dispatch::from_granted(g, &self.flow));
+        }
+        was_queued
+    }
+}
+
+impl Future for Dispatching {
+    type Output = Result<Dispatch, FlowRejection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let w = match std::mem::replace(&mut this.step, Step::Done) {
+            Step::Ready(outcome) => return Poll::Ready(outcome),
+            Step::Done => panic!("Dispatching polled after it finished"),
+            Step::Waiting(w) => w,
+        };
+        let outcome = {
+            let mut st = lock(&w.flow.state);
+            let t = &mut st.tickets[w.ticket as usize];
+            debug_assert_eq!(t.gen, w.gen);
+            match t.outcome.take() {
+                Some(outcome) => {
+                    FlowControl::free_ticket(&mut st, w.ticket);
+                    Some(outcome)
+                }
+                None => {
+                    match &mut t.notify {
+                        Notify::Waker(old) if old.will_wake(cx.waker()) => {}
+                        n => *n = Notify::Waker(cx.waker().clone()),
+                    }
+                    None
+                }
+            }
+        };
+        match outcome {
+            Some(outcome) => Poll::Ready(outcome.map(|g| Dispatch::from_granted(g, &w.flow))),
+            None => {
+                this.step = Step::Waiting(w);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Dispatching {
+    fn drop(&mut self) {
+        if let Step::Waiting(w) = std::mem::replace(&mut self.step, Step::Done) {
+            w.cancel();
+        }
+    }
+}
+
+/// A request waiting with a callback
+/// ([`Monitor::dispatch_with_callback`](crate::Monitor::dispatch_with_callback)).
+/// Dropping the handle does not cancel the request: its callback is still
+/// called exactly once.
+#[derive(Debug)]
+pub struct DispatchHandle {
+    pub(super) waiting: Option<Waiting>,
+}
+
+impl std::fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiting")
+            .field("ticket", &self.ticket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DispatchHandle {
+    /// Takes the request out of the queue if it still waits: then its
+    /// callback is dropped without being called, and `true` is returned.
+    /// `false` when its outcome was decided (its callback has run, runs, or
+    /// will run with it).
+    pub fn cancel(&self) -> bool {
+        self.waiting.as_ref().is_some_and(Waiting::cancel)
+    }
+
+    /// Whether the request still waits in the queue.
+    pub fn is_waiting(&self) -> bool {
+        self.waiting.as_ref().is_some_and(|w| {
+            let st = lock(&w.flow.state);
+            let t = &st.tickets[w.ticket as usize];
+            t.gen == w.gen && t.key.is_some()
+        })
+    }
+}

@@ -1,0 +1,569 @@
+//! Dispatch through a model's frontend queue: the monitor's side of flow
+//! control (the queue itself is `crate::flow`).
+//!
+//! # Protocol
+//!
+//! A model with flow control holds a `FlowControl` (`control.rs`): its
+//! queue and the tickets of the requests that wait, under one mutex, and
+//! the count of requests waiting in an atomic.
+//!
+//! * **Arrival.** [`Monitor::dispatch`] (and its blocking and callback
+//!   forms) takes the lock. If nothing waits it picks a free worker and
+//!   books it at once. Otherwise, or if none is free, the request queues
+//!   (or is refused). A request that queues into an empty queue publishes
+//!   the count and then tries once more to pick: see "Kicks".
+//! * **Kicks.** Capacity appears through the monitor's own calls: a
+//!   publication that leaves a worker not busy (a report, a booking's
+//!   release, new thresholds, a sweep), a lease that ends, a worker that
+//!   joins. Each *kicks* the model's queue: if requests wait, it marks the
+//!   queue and raises the monitor's signal (`signal.rs`). That is a fence,
+//!   a load, a store, a swap and at most an unpark: a kick never takes a
+//!   lock and never runs the waiting requests' code.
+//! * **Dispatching.** The monitor's maintenance (`duty.rs`: its own thread,
+//!   or the host's [`Monitor::maintain`]) takes the signal, then runs the
+//!   *dispatch loop* of each kicked queue: expire due requests, then, while
+//!   a request waits and a worker is free, book the next request in the
+//!   queue's order and resolve its ticket. Wakers are woken and callbacks
+//!   called after the lock is released, in batches, on the maintenance's
+//!   thread: never nested in another request's call, never on a thread
+//!   that reports load.
+//! * **The pairing.** A kick that reads no waiting request while one is
+//!   being queued: the kicker publishes its change, then (a `SeqCst`
+//!   fence) reads the count; the arrival stores the count, then (a
+//!   `SeqCst` fence) picks again. One of the two sees the other. A queue
+//!   that already had requests needs no pairing: every kick sees them. A
+//!   model without flow control skips the fence on a plain load of its
+//!   `flow_on` flag; a kick that reads the flag a moment before it is
+//!   first set is not paired, and the request queued then is dispatched by
+//!   the next kick. Turn flow control on before traffic to avoid the
+//!   window.
+//! * **Outcomes.** A ticket's outcome goes to its callback at once (the
+//!   ticket is freed), or waits in the ticket for its future's next poll.
+//!   A request an arrival sheds (fair shedding, `crate::flow`) is resolved
+//!   under the arrival's lock, and its notification handed to the
+//!   maintenance to deliver.
+//!
+//! Deadlines are kept by the maintenance too: it wakes at the earliest
+//! queue deadline, on the monitor's clock (an arrival whose deadline is
+//! earlier than every other raises the signal, so that it sets its wake-up
+//! again).
+//!
+//! # Files
+//!
+//! `control.rs`: the queue, its tickets and the dispatch loop, which knows
+//! nothing of the monitor (it is handed a pick function); `future.rs`: the
+//! handles ([`Dispatch`], [`Dispatching`], [`DispatchHandle`]);
+//! `metrics.rs`: what a queue counts; this file: the monitor's API over
+//! them and the pick that books a worker.
+
+mod control;
+mod future;
+mod metrics;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+
+pub(crate) use control::FlowControl;
+use control::{After, Notify, State};
+pub use future::{Dispatch, DispatchHandle, Dispatching};
+use future::{Step, Waiting};
+pub(crate) use metrics::render as render_metrics;
+
+use super::model::Model;
+use super::registry::Registry;
+use super::{Booking, Monitor, Owner, Policy};
+use crate::clock::SharedClock;
+use crate::error::{ReportError, ThresholdError};
+use crate::flow::{FlowConfig, FlowConfigError, FlowRejection, FlowRequest, MAX_SHED};
+use crate::sync::{fence, lock, Ordering};
+
+/// One request to dispatch.
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchRequest<'a> {
+    /// Its tenant, priority, tokens and deadline.
+    pub flow: FlowRequest<'a>,
+    /// KV blocks to book on the worker it is sent to (the worker rank's
+    /// router-side `active_decode_blocks`; its prompt tokens are booked as
+    /// prefill too, until [`Dispatch::prefill_done`]). `None`: the prompt
+    /// in blocks of [`DEFAULT_BLOCK_TOKENS`] tokens.
+    pub blocks: Option<u64>,
+    /// Whether it may wait when no worker is free; `false` refuses it at
+    /// once with [`FlowRejection::AllWorkersBusy`].
+    pub queue: bool,
+}
+
+/// Tokens per KV block when a request gives no `blocks` (vLLM's and
+/// SGLang's default block size).
+pub const DEFAULT_BLOCK_TOKENS: u64 = 16;
+
+impl<'a> DispatchRequest<'a> {
+    /// A request of `flow` that may wait, booking its prompt's blocks.
+    pub fn new(flow: FlowRequest<'a>) -> Self {
+        Self {
+            flow,
+            blocks: None,
+            queue: true,
+        }
+    }
+
+    /// The KV blocks it books.
+    fn blocks(&self) -> u64 {
+        self.blocks
+            .unwrap_or_else(|| self.flow.prompt_tokens.div_ceil(DEFAULT_BLOCK_TOKENS))
+    }
+}
+
+/// How a model's requests are dispatched (`Monitor::set_flow_control`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowControlConfig {
+    /// The queue.
+    pub queue: FlowConfig,
+    /// How a free worker is picked.
+    pub policy: Policy,
+}
+
+/// The callback form's callback ([`Monitor::dispatch_with_callback`]):
+/// called exactly once, with the dispatch or why not.
+pub type DispatchCallback = Box<dyn FnOnce(Result<Dispatch, FlowRejection>) + Send + 'static>;
+
+/// Workers tried for one request before it waits, when this frontend's
+/// leased share has no room on the ones routing found free (`share.rs`).
+const NO_SHARE_TRIES: u32 = 4;
+
+impl Monitor {
+    /// Turns flow control on for `model` with `config`, or off with `None`
+    /// (requests waiting then are refused with
+    /// [`FlowRejection::QueueFull`]). A new config starts a new queue: the
+    /// requests waiting in the old one are refused the same way, and their
+    /// callbacks run on this thread.
+    pub fn set_flow_control(
+        &self,
+        model: &str,
+        config: Option<&FlowControlConfig>,
+    ) -> Result<(), FlowError> {
+        let reg = self.registry.load();
+        let m = reg
+            .models
+            .get(model)
+            .ok_or_else(|| FlowError::Model(ThresholdError::UnknownModel(model.to_owned())))?;
+        let new = config
+            .map(|c| FlowControl::new(&c.queue, c.policy, Arc::clone(&self.duty.signal)))
+            .transpose()
+            .map_err(FlowError::Config)?
+            .map(Arc::new);
+        if new.is_some() {
+            self.duty.start();
+        }
+        // Relaxed: a setting (module docs, "Protocol").
+        m.flow_on.store(new.is_some(), Ordering::Relaxed);
+        if let Some(old) = m.flow.swap(new) {
+            old.close(FlowRejection::QueueFull);
+        }
+        Ok(())
+    }
+
+    /// Sends a request of `model` to a free worker, or waits in the model's
+    /// queue for one (when the model has flow control and the request may
+    /// wait). Without flow control, a request that finds no free worker is
+    /// refused at once with [`FlowRejection::AllWorkersBusy`]. The future
+    /// holds no borrow of the monitor.
+    pub fn dispatch(&self, model: &str, request: &DispatchRequest<'_>) -> Dispatching {
+        let step = match self.arrive(model, request, &mut None) {
+            Arrival::Ready(outcome) => Step::Ready(outcome),
+            Arrival::Waiting(w) => Step::Waiting(w),
+        };
+        Dispatching { step }
+    }
+
+    /// [`dispatch`](Self::dispatch), blocking this thread until the request
+    /// is sent or refused, or `timeout` runs out (`None`: no limit of its
+    /// own): then the request leaves the queue and
+    /// [`FlowRejection::TimedOut`] is returned.
+    pub fn dispatch_blocking(
+        &self,
+        model: &str,
+        request: &DispatchRequest<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<Dispatch, FlowRejection> {
+        /// Unparks the blocked thread.
+        struct Unpark(std::thread::Thread);
+        impl Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let give_up = timeout.and_then(|d| Instant::now().checked_add(d));
+        let mut fut = self.dispatch(model, request);
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(outcome) = std::pin::Pin::new(&mut fut).poll(&mut cx) {
+                return outcome;
+            }
+            match give_up {
+                None => std::thread::park(),
+                Some(at) => {
+                    let now = Instant::now();
+                    if now >= at {
+                        // Dropping the future gives the request up.
+                        return Err(FlowRejection::TimedOut);
+                    }
+                    std::thread::park_timeout(at - now);
+                }
+            }
+        }
+    }
+
+    /// [`dispatch`](Self::dispatch) with a callback instead of a future,
+    /// for hosts that cannot poll one (C, an event loop). `callback` is
+    /// called exactly once: on this thread, before this returns, when the
+    /// request is sent or refused at once; otherwise on the monitor's
+    /// maintenance thread (or in the host's [`Monitor::maintain`]), never
+    /// inside another request's call and never on a thread that reports
+    /// load. It must be quick and must not block on the monitor; it may
+    /// complete its dispatch or dispatch again. A callback that panics is
+    /// caught and reported on stderr.
+    pub fn dispatch_with_callback(
+        &self,
+        model: &str,
+        request: &DispatchRequest<'_>,
+        callback: DispatchCallback,
+    ) -> DispatchHandle {
+        let mut callback = Some(callback);
+        match self.arrive(model, request, &mut callback) {
+            Arrival::Ready(outcome) => {
+                if let Some(callback) = callback {
+                    callback(outcome);
+                }
+                DispatchHandle { waiting: None }
+            }
+            Arrival::Waiting(w) => DispatchHandle { waiting: Some(w) },
+        }
+    }
+
+    /// A request's arrival (module docs). `callback`, if given, is taken
+    /// when the request queues, and left when it is decided at once.
+    fn arrive(
+        &self,
+        model: &str,
+        request: &DispatchRequest<'_>,
+        callback: &mut Option<DispatchCallback>,
+    ) -> Arrival {
+        let reg = self.registry.load();
+        let Some(m) = reg.models.get(model) else {
+            return Arrival::Ready(Err(FlowRejection::NoWorkers));
+        };
+        let Some(flow) = m.flow.load_full() else {
+            return Arrival::Ready(self.send_now(m, Policy::RoundRobin, request, None));
+        };
+        let mut st = lock(&flow.state);
+        let now = self.clock.now_nanos();
+        let band = usize::from(request.flow.priority);
+        let was_empty = st.queue.is_empty();
+        if was_empty {
+            match self.send_now(m, flow.policy, request, Some((&flow, &mut st, now))) {
+                Err(FlowRejection::AllWorkersBusy | FlowRejection::NoWorkers) if request.queue => {}
+                outcome => {
+                    match &outcome {
+                        Ok(_) => st.stats.sent_at_once(),
+                        Err(why) => st.stats.refused(*why, band),
+                    }
+                    return Arrival::Ready(outcome);
+                }
+            }
+        }
+        // Relaxed: a hint, as `Model::routable`. With no workers, only
+        // `scale_up_limit` requests wait for one to join.
+        let no_workers = m.workers.load(Ordering::Relaxed) == 0;
+        let refused = if no_workers && (!request.queue || st.queue.len() >= flow.scale_up_limit) {
+            Some(FlowRejection::NoWorkers)
+        } else if !request.queue {
+            Some(FlowRejection::AllWorkersBusy)
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            st.stats.refused(why, band);
+            return Arrival::Ready(Err(why));
+        }
+        let (t, gen) = FlowControl::ticket(
+            &mut st,
+            request.blocks(),
+            request.flow.prompt_tokens,
+            band,
+            now,
+        );
+        let mut shed = [0u32; MAX_SHED];
+        let mut n = 0;
+        let earliest = st.queue.next_deadline();
+        let pushed = st.queue.push(&request.flow, t, now, |v| {
+            shed[n] = v;
+            n += 1;
+        });
+        let mut after = After::default();
+        for &v in &shed[..n] {
+            FlowControl::resolve(&mut st, v, Err(FlowRejection::QueueFull), now, &mut after);
+        }
+        flow.owe(&mut st, after);
+        let key = match pushed {
+            Ok(key) => key,
+            Err((reason, _)) => {
+                FlowControl::free_ticket(&mut st, t);
+                st.stats.refused(reason, band);
+                return Arrival::Ready(Err(reason));
+            }
+        };
+        let ticket = &mut st.tickets[t as usize];
+        ticket.key = Some(key);
+        if let Some(callback) = callback.take() {
+            ticket.notify = Notify::Callback(Box::new(move |outcome, flow| {
+                callback(outcome.map(|g| Dispatch::from_granted(g, flow)));
+            }));
+        }
+        flow.publish_waiting(&st);
+        // A deadline earlier than the maintenance knows of: it sets its
+        // wake-up again.
+        if st.queue.next_deadline() < earliest || earliest.is_none() {
+            flow.wake_maintenance();
+        }
+        // The arrival's side of the pairing (module docs). Into an empty
+        // queue this request is the head, and the only one the loop below
+        // can send; its outcome is delivered here, off the lock.
+        fence(Ordering::SeqCst);
+        if was_empty {
+            let mut own = After::default();
+            flow.send_waiting(
+                &mut st,
+                now,
+                &m.workers,
+                &mut |blocks, prefill| {
+                    pick_and_book(&self.registry, m, &self.clock, flow.policy, blocks, prefill)
+                },
+                &mut own,
+            );
+            drop(st);
+            own.deliver(&flow);
+        } else {
+            drop(st);
+        }
+        Arrival::Waiting(Waiting {
+            flow,
+            ticket: t,
+            gen,
+        })
+    }
+
+    /// Picks a free worker of `m` for `request` and books it; with flow
+    /// control, charges its tenant.
+    fn send_now(
+        &self,
+        m: &Model,
+        policy: Policy,
+        request: &DispatchRequest<'_>,
+        flow: Option<(&Arc<FlowControl>, &mut State, u64)>,
+    ) -> Result<Dispatch, FlowRejection> {
+        // Relaxed: as `Model::routable`.
+        if m.workers.load(Ordering::Relaxed) == 0 {
+            return Err(FlowRejection::NoWorkers);
+        }
+        let mut flow = flow;
+        if let Some((_, st, _)) = &mut flow {
+            // Before booking, so that nothing is booked for a refused
+            // tenant (and no booking is dropped under the lock).
+            st.queue.check_tenant(request.flow.tenant)?;
+        }
+        let (worker_id, booking) = pick_and_book(
+            &self.registry,
+            m,
+            &self.clock,
+            policy,
+            request.blocks(),
+            request.flow.prompt_tokens,
+        )
+        .ok_or(FlowRejection::AllWorkersBusy)?;
+        let settle = match flow {
+            Some((flow, st, now)) => {
+                let r = st
+                    .queue
+                    .admit_direct(&request.flow, now)
+                    .expect("the tenant was checked under the same lock");
+                Some((Arc::clone(flow), r))
+            }
+            None => None,
+        };
+        Ok(Dispatch {
+            worker_id,
+            booking: Some(booking),
+            settle,
+        })
+    }
+
+    /// How long a client refused by `model`'s queue should wait before
+    /// trying again (`FlowQueue::retry_after`); `None` without flow
+    /// control.
+    pub fn flow_retry_after(&self, model: &str) -> Option<Duration> {
+        let flow = self.registry.load().models.get(model)?.flow.load_full()?;
+        let retry = lock(&flow.state).queue.retry_after();
+        Some(retry)
+    }
+}
+
+/// What an arrival came to.
+enum Arrival {
+    Ready(Result<Dispatch, FlowRejection>),
+    Waiting(Waiting),
+}
+
+/// Runs the dispatch loop of every queue that was kicked or whose earliest
+/// deadline came, delivering the outcomes on this thread; the earliest
+/// deadline left, in clock nanoseconds.
+pub(super) fn run_queues(registry: &ArcSwap<Registry>, clock: &SharedClock) -> Option<u64> {
+    let reg = registry.load_full();
+    let mut next: Option<u64> = None;
+    for m in reg.models.values() {
+        let Some(flow) = m.flow.load_full() else {
+            continue;
+        };
+        let kicked = flow.take_kick();
+        let now = clock.now_nanos();
+        let mut st = lock(&flow.state);
+        let due = st.queue.next_deadline().is_some_and(|d| d <= now);
+        if kicked || due {
+            loop {
+                let mut after = After::default();
+                let more = flow.run(
+                    &mut st,
+                    now,
+                    &m.workers,
+                    &mut |blocks, prefill| {
+                        pick_and_book(registry, m, clock, flow.policy, blocks, prefill)
+                    },
+                    &mut after,
+                );
+                drop(st);
+                after.deliver(&flow);
+                st = lock(&flow.state);
+                if !more {
+                    break;
+                }
+            }
+        }
+        if let Some(d) = st.queue.next_deadline() {
+            next = Some(next.map_or(d, |n| n.min(d)));
+        }
+    }
+    next
+}
+
+/// Picks a free worker of `m` by `policy` and books `blocks` and `prefill`
+/// tokens on its least loaded rank: the worker and its booking, or `None`
+/// when no worker is free. It returns once the worker's busy state counts
+/// the booking, so the next pick of a loop sees it. A worker removed since the pick is picked
+/// again; one where this frontend's leased share has no room for the
+/// request (`share.rs`) is passed over, and after a few such the request is
+/// left to wait (a release or a larger share kicks the queue).
+fn pick_and_book(
+    registry: &ArcSwap<Registry>,
+    m: &Model,
+    clock: &SharedClock,
+    policy: Policy,
+    blocks: u64,
+    prefill: u64,
+) -> Option<(u64, Booking)> {
+    let mut no_share = 0;
+    loop {
+        let slot = m.pick(policy, clock)?;
+        // Relaxed: as in `Model::select`.
+        let worker_id = m.ids[slot].load(Ordering::Relaxed);
+        let reg = registry.load();
+        let booked = match reg.workers.get(&worker_id) {
+            Some(worker) => {
+                let rank = worker.least_loaded_rank();
+                Booking::new_published(worker.clone(), rank, Owner::Own, blocks, prefill)
+            }
+            None => Err(ReportError::UnknownWorker(worker_id)),
+        };
+        match booked {
+            Ok(booking) => return Some((worker_id, booking)),
+            Err(ReportError::NoShare { .. }) if no_share < NO_SHARE_TRIES => no_share += 1,
+            Err(ReportError::NoShare { .. }) => return None,
+            Err(_) => {}
+        }
+    }
+}
+
+/// A flow-control setting that was refused; nothing changed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FlowError {
+    /// The model is unknown.
+    Model(ThresholdError),
+    /// The queue's settings are out of range.
+    Config(FlowConfigError),
+}
+
+impl std::fmt::Display for FlowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Model(e) => e.fmt(f),
+            Self::Config(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for FlowError {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{LoadReport, Maintenance, ManualClock, MonitorConfig, ThresholdUpdate, WorkerSpec};
+
+    fn used(n: u64) -> LoadReport {
+        LoadReport {
+            kv_used_blocks: Some(n),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_report_that_leaves_the_worker_free_kicks_the_queue() {
+        let config = MonitorConfig {
+            maintenance: Maintenance::Manual,
+            ..MonitorConfig::default()
+        };
+        let m = Monitor::with_config(config, ManualClock::new()).unwrap();
+        let spec = WorkerSpec {
+            kv_total_blocks: Some(100),
+            ..Default::default()
+        };
+        m.add_worker("m", 1, spec).unwrap();
+        let decode = ThresholdUpdate {
+            active_decode_blocks_threshold: Some(0.5),
+            ..Default::default()
+        };
+        m.set_thresholds("m", &decode).unwrap();
+        let flow = FlowControlConfig {
+            queue: FlowConfig::new(8),
+            policy: Policy::RoundRobin,
+        };
+        m.set_flow_control("m", Some(&flow)).unwrap();
+        m.report(1, 0, &used(90)).unwrap();
+        let request = DispatchRequest::new(FlowRequest::new("t"));
+        let waiting = m.dispatch("m", &request);
+        let queue = m.registry.load().models["m"].flow.load_full().unwrap();
+        queue.take_kick();
+        for busier in [95, 80, 60] {
+            m.report(1, 0, &used(busier)).unwrap();
+            assert!(
+                !queue.take_kick(),
+                "a report leaving it busy ({busier}) kicked"
+            );
+        }
+        m.report(1, 0, &used(10)).unwrap();
+        assert!(queue.take_kick(), "the report that freed it kicked");
+        drop(waiting);
+    }
+}
