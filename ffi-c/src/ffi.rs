@@ -15,7 +15,7 @@ use std::io::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 
-use crate::status::lg_status;
+use crate::status_code::lg_status;
 
 /// Why a call failed: the status to return and the message for
 /// `lg_last_error_message()`.

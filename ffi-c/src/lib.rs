@@ -31,6 +31,7 @@ mod permit;
 mod replicas;
 mod scrape;
 mod status;
+mod status_code;
 mod ticket;
 
 use std::ffi::c_char;

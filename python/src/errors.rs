@@ -11,7 +11,7 @@ use std::fmt::Display;
 use std::time::Duration;
 
 use loadgate::gate::ConfigError;
-use loadgate::{AdmitError, Reason, ReportError, RouteError, ThresholdError, WorkerError};
+use loadgate::{AdmitError, Policy, Reason, ReportError, RouteError, ThresholdError, WorkerError};
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
@@ -293,4 +293,33 @@ pub fn opt_str_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Optio
         Some(o) if !o.is_none() => str_arg(o, name).map(Some),
         _ => Ok(None),
     }
+}
+
+/// The `policy=` and `endpoint=` arguments of `select`: round-robin when
+/// `policy` is absent or `None` (nothing parsed), and the endpoint borrowed
+/// without a copy.
+#[inline]
+pub(crate) fn select_args<'a>(
+    policy: Option<&Bound<'_, PyAny>>,
+    endpoint: Option<&'a Bound<'_, PyAny>>,
+) -> PyResult<(Policy, Option<&'a str>)> {
+    let policy = match policy {
+        None => Policy::RoundRobin,
+        Some(p) => policy_arg(str_ref(p, "policy")?)?,
+    };
+    let endpoint = match endpoint.filter(|e| !e.is_none()) {
+        None => None,
+        Some(e) => Some(str_ref(e, "endpoint")?),
+    };
+    Ok((policy, endpoint))
+}
+
+fn policy_arg(name: &str) -> PyResult<Policy> {
+    Policy::from_name(name).ok_or_else(|| {
+        bad_value(
+            "policy",
+            format!("{name:?}"),
+            "one of 'round_robin', 'random', 'power_of_two'",
+        )
+    })
 }

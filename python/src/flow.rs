@@ -24,11 +24,12 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyMapping};
 
+use crate::errors::select_args;
 use crate::errors::{
     f64_arg, opt_str_arg, opt_u64_arg, priority_arg, rejection_class, seconds_arg, str_ref,
     threshold_error, u32_arg, u64_arg,
 };
-use crate::monitor::{select_args, Monitor};
+use crate::monitor::Monitor;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

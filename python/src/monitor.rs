@@ -5,7 +5,7 @@ use std::sync::Arc;
 use loadgate::http::{serve_busy_threshold, BusyThresholdRequest};
 use loadgate::monitor::ThresholdState;
 use loadgate::{
-    LoadReport, MonitorConfig, Policy, Staleness, ThresholdFields, ThresholdUpdate, WorkerSpec,
+    LoadReport, MonitorConfig, Staleness, ThresholdFields, ThresholdUpdate, WorkerSpec,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -18,7 +18,7 @@ use crate::cluster::Subscription;
 use crate::control::ControlAuth;
 use crate::errors::{
     bad_value, f64_arg, opt_f64_arg, opt_str_arg, opt_u64_arg, report_error, route_error,
-    seconds_arg, str_arg, str_ref, threshold_error, u32_arg, u64_arg, worker_error,
+    seconds_arg, select_args, str_arg, str_ref, threshold_error, u32_arg, u64_arg, worker_error,
 };
 use crate::route::Route;
 
@@ -35,35 +35,6 @@ use crate::route::Route;
 pub struct Monitor {
     // Shared with the subscribers `subscribe_nats` attaches.
     pub(crate) inner: Arc<loadgate::Monitor>,
-}
-
-/// The `policy=` and `endpoint=` arguments of `select`: round-robin when
-/// `policy` is absent or `None` (nothing parsed), and the endpoint borrowed
-/// without a copy.
-#[inline]
-pub(crate) fn select_args<'a>(
-    policy: Option<&Bound<'_, PyAny>>,
-    endpoint: Option<&'a Bound<'_, PyAny>>,
-) -> PyResult<(Policy, Option<&'a str>)> {
-    let policy = match policy {
-        None => Policy::RoundRobin,
-        Some(p) => policy_arg(str_ref(p, "policy")?)?,
-    };
-    let endpoint = match endpoint.filter(|e| !e.is_none()) {
-        None => None,
-        Some(e) => Some(str_ref(e, "endpoint")?),
-    };
-    Ok((policy, endpoint))
-}
-
-fn policy_arg(name: &str) -> PyResult<Policy> {
-    Policy::from_name(name).ok_or_else(|| {
-        bad_value(
-            "policy",
-            format!("{name:?}"),
-            "one of 'round_robin', 'random', 'power_of_two'",
-        )
-    })
 }
 
 fn staleness_arg(name: &str) -> PyResult<Staleness> {

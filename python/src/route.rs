@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 
 use crate::errors::route_error;
-use crate::monitor::select_args;
+use crate::errors::select_args;
 
 /// A routing handle for one model, from `Monitor.route(model)`:
 /// `select()` picks like `Monitor.select(model)` without taking or looking

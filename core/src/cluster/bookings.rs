@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use foldhash::fast::RandomState;
 
 use super::lock;
-use super::subscriber::{Applied, HandleError};
+use super::subscriber::outcome::{Applied, HandleError};
 use super::wire::{SequenceChange, SequenceEvent};
 use crate::monitor::{Booking, Monitor, Owner};
 

@@ -44,7 +44,7 @@ use crate::load::{LoadReport, WorkerSpec};
 use crate::metrics;
 use crate::monitor::Monitor;
 
-mod outcome;
+pub(super) mod outcome;
 
 use outcome::{
     refusal_reasons, ANNOUNCED, APPLIED, EXPIRED, MALFORMED, OUT_OF_ORDER, REFUSAL_COUNT, REFUSED,

@@ -29,6 +29,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::busy_set::BitIter;
+use super::flow::Flows;
 use super::registry::Registry;
 use super::signal::Signal;
 use super::{Monitor, Staleness};
@@ -43,6 +44,7 @@ const SWEEP_PERIOD_MAX: Duration = Duration::from_secs(1);
 /// What the maintenance works on, shared with its thread.
 pub(super) struct Duty {
     registry: Arc<ArcSwap<Registry>>,
+    flows: Arc<Flows>,
     clock: SharedClock,
     pub(super) signal: Arc<Signal>,
     /// Clock time of the next staleness sweep.
@@ -58,11 +60,13 @@ pub(super) struct Duty {
 impl Duty {
     pub(super) fn new(
         registry: Arc<ArcSwap<Registry>>,
+        flows: Arc<Flows>,
         clock: SharedClock,
         background: bool,
     ) -> Arc<Self> {
         Arc::new(Self {
             registry,
+            flows,
             clock,
             signal: Arc::new(Signal::new()),
             next_sweep: AtomicU64::new(0),
@@ -135,7 +139,7 @@ impl Duty {
             self.next_sweep
                 .store(now.saturating_add(p), Ordering::Relaxed);
         }
-        let queues = super::flow::run_queues(&self.registry, &self.clock);
+        let queues = super::flow::run_queues(&self.flows, &self.registry, &self.clock);
         let sweep = period.map(|_| self.next_sweep.load(Ordering::Relaxed));
         min(min(queues, sweep), self.next_lease())
     }

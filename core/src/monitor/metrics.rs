@@ -228,11 +228,10 @@ impl Monitor {
         for (kind, count) in self.refused_registrations() {
             metrics::sample(&mut out, p, name, &[("reason", &kind)], count);
         }
-        let flows: Vec<_> = models
-            .iter()
-            .filter_map(|m| m.flow.load_full().map(|f| (&*m.name, f)))
-            .collect();
-        super::flow::render_metrics(&flows, p, &mut out);
+        let flows = self.flows.load_full();
+        let mut queues: Vec<_> = flows.iter().map(|(n, f)| (&**n, f.snapshot())).collect();
+        queues.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        super::flow::render_metrics(&queues, p, &mut out);
         #[cfg(feature = "scrape")]
         self.scrapes.render(&mut out, p);
         out

@@ -123,6 +123,9 @@ use crate::thresholds::{RankLoad, ThresholdUpdate};
 pub struct Monitor {
     /// Shared with the maintenance's thread (`duty.rs`).
     registry: Arc<ArcSwap<Registry>>,
+    /// The flow-controlled models' queues (`flow/mod.rs`), shared with it
+    /// too.
+    flows: Arc<flow::Flows>,
     writer: Mutex<()>,
     clock: SharedClock,
     config: MonitorConfig,
@@ -135,7 +138,7 @@ pub struct Monitor {
     duty: Arc<Duty>,
     /// This monitor's engine scrapes, for `metrics_text`.
     #[cfg(feature = "scrape")]
-    pub(crate) scrapes: crate::scrape::Registered,
+    pub(crate) scrapes: crate::scrape::stats::Registered,
 }
 
 impl fmt::Debug for Monitor {
@@ -167,12 +170,19 @@ impl Monitor {
         config.validate()?;
         let registry = Arc::new(ArcSwap::from_pointee(Registry::default()));
         let background = config.maintenance == Maintenance::Background;
-        let duty = Duty::new(Arc::clone(&registry), clock.clone(), background);
+        let flows = Arc::new(flow::Flows::default());
+        let duty = Duty::new(
+            Arc::clone(&registry),
+            Arc::clone(&flows),
+            clock.clone(),
+            background,
+        );
         if config.staleness != Staleness::Keep {
             duty.start();
         }
         Ok(Self {
             registry,
+            flows,
             duty,
             writer: Mutex::new(()),
             share: Arc::new(share::Share::new(clock.clone())),

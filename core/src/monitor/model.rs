@@ -31,17 +31,17 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
 use super::busy_set::{AtomicBits, BitIter, BusySet};
 use super::config::{MonitorConfig, Policy, Staleness, ThresholdState};
-use super::flow::FlowControl;
 use super::pick_cache::{PickCache, Stamp};
 use super::share::Share;
+use super::signal::Signal;
 use crate::clock::{nanos, SharedClock};
 use crate::error::{Reason, RouteError};
-use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::thresholds::Thresholds;
 
 /// Thresholds as the hot path reads them: one atomic per field. A `None`
@@ -147,11 +147,15 @@ pub(super) struct Model {
     pub(super) endpoints: ArcSwap<Vec<Arc<EndpointCounter>>>,
     pub(super) rejected: [AtomicU64; 3],
     pub(super) cold: Mutex<ModelCold>,
-    /// The model's flow control, if on (`flow/mod.rs`).
-    pub(super) flow: ArcSwapOption<FlowControl>,
     /// Whether flow control is on, so that a kick costs one plain load
-    /// without it.
+    /// without it (the queue itself is the monitor's, `flow/mod.rs`).
     pub(super) flow_on: AtomicBool,
+    /// Requests waiting in its queue: what a kick reads.
+    pub(super) flow_waiting: AtomicU32,
+    /// Kicked since the maintenance last ran its queue's loop.
+    pub(super) flow_kicked: AtomicBool,
+    /// The monitor's maintenance, which runs the loop (`signal.rs`).
+    pub(super) signal: Arc<Signal>,
     /// The monitor's leased share (`share.rs`).
     pub(super) share: Arc<Share>,
 }
@@ -164,7 +168,12 @@ pub(super) const REJECTED_REASONS: [Reason; 3] = [
 ];
 
 impl Model {
-    pub(super) fn new(name: &str, config: &MonitorConfig, share: &Arc<Share>) -> Self {
+    pub(super) fn new(
+        name: &str,
+        config: &MonitorConfig,
+        share: &Arc<Share>,
+        signal: &Arc<Signal>,
+    ) -> Self {
         let cap = config.limits.max_workers_per_model;
         let atomics = || (0..cap).map(|_| AtomicU64::new(0)).collect::<Box<[_]>>();
         Self {
@@ -192,15 +201,18 @@ impl Model {
                 next: 0,
                 thresholds: ThresholdState::default(),
             }),
-            flow: ArcSwapOption::empty(),
             flow_on: AtomicBool::new(false),
+            flow_waiting: AtomicU32::new(0),
+            flow_kicked: AtomicBool::new(false),
+            signal: Arc::clone(signal),
             share: share.clone(),
         }
     }
 
-    /// Capacity may have appeared: kicks the model's queue, which tells
-    /// the maintenance if requests wait (`flow/mod.rs`, "Protocol").
-    /// Without flow control, one load.
+    /// Capacity may have appeared: kicks the model's queue (`flow/mod.rs`,
+    /// "Protocol"): if requests wait, marks it and raises the maintenance's
+    /// signal. Without flow control, one load; with it and nothing
+    /// waiting, a fence and a load. Never a lock, never host code.
     #[inline]
     pub(super) fn kick_flow(&self) {
         // Relaxed: a setting; see `flow/mod.rs`, "Protocol", for the
@@ -208,9 +220,19 @@ impl Model {
         if !self.flow_on.load(Ordering::Relaxed) {
             return;
         }
-        if let Some(flow) = self.flow.load().as_ref() {
-            flow.kick();
+        // SeqCst, after the caller's change was published: the kicker's
+        // side of the pairing.
+        crate::sync::fence(Ordering::SeqCst);
+        if self.flow_waiting.load(Ordering::SeqCst) != 0 {
+            self.wake_flow();
         }
+    }
+
+    /// Asks the maintenance to run the queue's loop.
+    pub(super) fn wake_flow(&self) {
+        // Release: the maintenance's swap acquires what preceded the kick.
+        self.flow_kicked.store(true, Ordering::Release);
+        self.signal.raise();
     }
 
     /// The staleness policy. Relaxed: a setting; `set_staleness` re-sweeps

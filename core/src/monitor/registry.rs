@@ -111,7 +111,15 @@ impl Monitor {
                         },
                     )?);
                 }
-                (Arc::new(Model::new(model, &self.config, &self.share)), true)
+                (
+                    Arc::new(Model::new(
+                        model,
+                        &self.config,
+                        &self.share,
+                        &self.duty.signal,
+                    )),
+                    true,
+                )
             }
         };
         let slot = {
@@ -188,7 +196,7 @@ impl Monitor {
                     && m.staleness() == self.config.staleness
                     && m.stale_after.load(Ordering::Relaxed) == nanos(self.config.stale_after)
                     && lock(&m.cold).thresholds.version == 0
-                    && m.flow.load().is_none()
+                    && !m.flow_on.load(Ordering::Relaxed)
             })
             .map(|(name, _)| name.clone())
     }

@@ -161,17 +161,16 @@ impl Monitor {
 
     /// Every flow-controlled model's queue totals.
     pub(crate) fn queue_totals(&self) -> Vec<QueueTotals> {
-        let reg = self.registry.load();
-        reg.models
-            .values()
-            .filter_map(|m| {
-                let flow = m.flow.load_full()?;
+        self.flows
+            .load()
+            .iter()
+            .map(|(model, flow)| {
                 let (requests, tokens) = flow.totals();
-                Some(QueueTotals {
-                    model: m.name.to_string(),
+                QueueTotals {
+                    model: model.to_string(),
                     requests,
                     tokens: u64::try_from(tokens).unwrap_or(u64::MAX),
-                })
+                }
             })
             .collect()
     }

@@ -83,7 +83,12 @@ impl Monitor {
                         } else {
                             None
                         };
-                        let m = Arc::new(Model::new(model, &self.config, &self.share));
+                        let m = Arc::new(Model::new(
+                            model,
+                            &self.config,
+                            &self.share,
+                            &self.duty.signal,
+                        ));
                         let mut next = (*current).clone();
                         if let Some(name) = evict {
                             next.models.remove(&name);

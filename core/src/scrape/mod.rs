@@ -28,19 +28,20 @@
 
 mod engines;
 mod http;
+pub(crate) mod stats;
 mod text;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 pub use engines::Engine;
+pub use stats::{ScrapeStats, ERROR_KINDS};
 
 use self::engines::MapError;
 use self::http::{Connection, FetchError, Target};
 use crate::fork::ForkGuard;
 use crate::load::{LoadReport, WorkerSpec};
-use crate::metrics;
 use crate::monitor::Monitor;
 use crate::runtime::runtime;
 
@@ -106,39 +107,6 @@ impl fmt::Display for ScrapeError {
 
 impl std::error::Error for ScrapeError {}
 
-/// Failed scrapes by cause, in [`ScrapeStats::errors_by_kind`] order.
-pub const ERROR_KINDS: [&str; 8] = [
-    "connect",
-    "timeout",
-    "http",
-    "too_large",
-    "malformed",
-    "missing",
-    "too_many_ranks",
-    "refused",
-];
-
-/// What one worker's scrape has done so far.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ScrapeStats {
-    /// Successful scrapes (applied to the monitor).
-    pub scrapes: u64,
-    /// Failed scrapes, every cause.
-    pub errors: u64,
-    /// Failed scrapes by cause, in [`ERROR_KINDS`] order.
-    pub errors_by_kind: [u64; ERROR_KINDS.len()],
-    /// HTTP connections opened (1 while the first one lasts).
-    pub connections: u64,
-    /// Whether the worker is registered in the monitor now.
-    pub registered: bool,
-    /// Duration of the last scrape, successful or not.
-    pub last_latency: Duration,
-    /// Total duration of all scrapes (divide by `scrapes + errors`).
-    pub total_latency: Duration,
-    /// Why the last failed scrape failed.
-    pub last_error: Option<String>,
-}
-
 /// Why one scrape failed.
 #[derive(Debug)]
 enum Failure {
@@ -201,6 +169,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl stats::Source for Shared {
+    fn worker_id(&self) -> u64 {
+        self.worker_id
+    }
+
+    fn snapshot(&self) -> (ScrapeStats, bool) {
+        self.stats_now()
+    }
+
+    fn same_process(&self) -> bool {
+        self.made_in.same_process()
+    }
+}
+
 impl Shared {
     /// Locks `m`, one of this scrape's mutexes. In a forked child, a mutex
     /// that the parent's I/O thread held at the fork stays held for ever
@@ -220,7 +202,7 @@ impl Shared {
     /// This scrape's statistics, with whether its worker is registered now,
     /// and whether the scrape was closed. (In a forked child, what the
     /// parent's scrape had at the fork, or nothing if a lock was held.)
-    fn snapshot(&self) -> (ScrapeStats, bool) {
+    fn stats_now(&self) -> (ScrapeStats, bool) {
         let (registered, closed) = self
             .lock_here(&self.state)
             .map_or((false, false), |st| (st.registered.is_some(), st.closed));
@@ -306,122 +288,6 @@ impl Shared {
     }
 }
 
-/// A monitor's scrapes, held weakly, so that its `metrics_text` renders
-/// theirs: a scrape that is closed or dropped leaves the text. Locked only
-/// when a scrape starts and when metrics are rendered.
-#[derive(Debug, Default)]
-pub(crate) struct Registered(Mutex<Vec<Weak<Shared>>>);
-
-impl Registered {
-    fn add(&self, scrape: &Arc<Shared>) {
-        let mut all = lock(&self.0);
-        all.retain(|s| s.upgrade().is_some_and(|s| s.made_in.same_process()));
-        all.push(Arc::downgrade(scrape));
-    }
-
-    /// Appends the running scrapes' families, under `prefix`:
-    /// `frontend_scrapes_total{worker_id,outcome}` (`ok` or the failure's
-    /// [`ERROR_KINDS`] name), `frontend_scrape_duration_seconds{worker_id}`
-    /// (a summary: `_sum` and `_count`) and
-    /// `frontend_scrape_registered{worker_id}`. Two scrapes reporting as one
-    /// worker id are summed into one series. A forked child leaves out the
-    /// parent's scrapes, which do not run there.
-    pub(crate) fn render(&self, out: &mut String, prefix: &str) {
-        let mut workers: Vec<(u64, ScrapeStats)> = Vec::new();
-        let running = lock(&self.0)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|s| s.made_in.same_process())
-            .collect::<Vec<_>>();
-        for shared in running {
-            let (stats, closed) = shared.snapshot();
-            if !closed {
-                workers.push((shared.worker_id, stats));
-            }
-        }
-        workers.sort_unstable_by_key(|(id, _)| *id);
-        workers.dedup_by(|(id, later), (kept_id, kept)| {
-            let same = id == kept_id;
-            if same {
-                kept.add(later);
-            }
-            same
-        });
-        let name = "frontend_scrapes_total";
-        metrics::header(
-            out,
-            prefix,
-            name,
-            "counter",
-            "Engine metrics scrapes, by outcome: ok or why it failed.",
-        );
-        for (id, s) in &workers {
-            metrics::sample(
-                out,
-                prefix,
-                name,
-                &[("worker_id", id), ("outcome", &"ok")],
-                s.scrapes,
-            );
-            for (kind, n) in ERROR_KINDS.iter().zip(s.errors_by_kind) {
-                metrics::sample(
-                    out,
-                    prefix,
-                    name,
-                    &[("worker_id", id), ("outcome", kind)],
-                    n,
-                );
-            }
-        }
-        let name = "frontend_scrape_duration_seconds";
-        metrics::header(
-            out,
-            prefix,
-            name,
-            "summary",
-            "Time each engine metrics scrape took, successful or not.",
-        );
-        for (id, s) in &workers {
-            let labels: &[(&str, &dyn fmt::Display)] = &[("worker_id", id)];
-            let sum = format!("{name}_sum");
-            metrics::sample(out, prefix, &sum, labels, s.total_latency.as_secs_f64());
-            let count = format!("{name}_count");
-            metrics::sample(out, prefix, &count, labels, s.scrapes + s.errors);
-        }
-        let name = "frontend_scrape_registered";
-        metrics::header(
-            out,
-            prefix,
-            name,
-            "gauge",
-            "1 while a scraped worker is registered in the monitor.",
-        );
-        for (id, s) in &workers {
-            metrics::sample(
-                out,
-                prefix,
-                name,
-                &[("worker_id", id)],
-                u8::from(s.registered),
-            );
-        }
-    }
-}
-
-impl ScrapeStats {
-    /// Adds `other`'s counts to these (the last values stay).
-    fn add(&mut self, other: &ScrapeStats) {
-        self.scrapes += other.scrapes;
-        self.errors += other.errors;
-        for (a, b) in self.errors_by_kind.iter_mut().zip(other.errors_by_kind) {
-            *a += b;
-        }
-        self.connections += other.connections;
-        self.registered |= other.registered;
-        self.total_latency = self.total_latency.saturating_add(other.total_latency);
-    }
-}
-
 /// One worker's running scrape. Dropping it stops the scrape and removes
 /// the worker, as [`close`](Self::close) does.
 #[derive(Debug)]
@@ -457,7 +323,7 @@ impl Scrape {
             state: Mutex::new(State::default()),
             made_in: ForkGuard::new(),
         });
-        shared.monitor.scrapes.add(&shared);
+        shared.monitor.scrapes.add(shared.clone());
         let task = runtime().spawn(run(shared.clone(), target, config));
         Ok(Scrape {
             shared,
@@ -474,7 +340,7 @@ impl Scrape {
     /// parent started shows what it had done at the fork (all zero if the
     /// fork caught it updating them).
     pub fn stats(&self) -> ScrapeStats {
-        self.shared.snapshot().0
+        self.shared.stats_now().0
     }
 
     /// Stops scraping and removes the worker from the monitor (if this

@@ -2,18 +2,19 @@
 //! and the dispatch loop that sends them to free workers (the protocol is
 //! in `flow/mod.rs`).
 //!
-//! This layer knows nothing of the monitor: the loop is handed the model's
-//! worker count and a function that picks a free worker and books it.
+//! This layer knows nothing of the monitor: it holds its model (whose
+//! atomics the kicks read), and the loop is handed a function that picks a
+//! free worker and books it.
 
 use std::sync::Arc;
 use std::task::Waker;
 
-use super::metrics::FlowStats;
+use super::metrics::{FlowStats, Snapshot, TOP_TENANTS};
 use crate::flow::{FlowConfig, FlowConfigError, FlowQueue, FlowRejection, Reservation, MAX_SHED};
 use crate::monitor::booking::Booking;
 use crate::monitor::config::Policy;
-use crate::monitor::signal::Signal;
-use crate::sync::{fence, AtomicBool, AtomicU32, AtomicUsize, Mutex, Ordering};
+use crate::monitor::model::Model;
+use crate::sync::{Mutex, Ordering};
 
 /// Notifications gathered under the lock and delivered after it: at most
 /// this many per pass of the loop.
@@ -24,18 +25,15 @@ const BATCH: usize = 16;
 pub(crate) type Callback =
     Box<dyn FnOnce(Result<Granted, FlowRejection>, &Arc<FlowControl>) + Send + 'static>;
 
-/// A model's queue, its tickets and its signal (module docs).
+/// A model's queue and its tickets (module docs).
 pub(crate) struct FlowControl {
     pub(super) state: Mutex<State>,
+    /// Its model: the worker count, the pick, and the atomics a kick reads
+    /// (`Model::kick_flow`).
+    pub(super) model: Arc<Model>,
     pub(super) policy: Policy,
     /// Requests that may wait while the model has no workers.
     pub(super) scale_up_limit: u32,
-    /// Requests waiting: what a kick reads, without the lock.
-    waiting: AtomicU32,
-    /// Kicked since the maintenance last ran this queue's loop.
-    kicked: AtomicBool,
-    /// The monitor's maintenance, which runs the loop.
-    signal: Arc<Signal>,
 }
 
 pub(crate) struct State {
@@ -45,6 +43,9 @@ pub(crate) struct State {
     /// Notifications owed by a call that is not the maintenance's (a
     /// request shed by an arrival): delivered by the next loop.
     owed: Vec<Note>,
+    /// Turned off or replaced: an arrival that found this queue a moment
+    /// before is refused as the waiting requests were.
+    pub(super) closed: bool,
     /// Requests refused at their deadline, in all.
     pub(super) expired: u64,
     pub(super) stats: FlowStats,
@@ -142,17 +143,17 @@ impl After {
 impl std::fmt::Debug for FlowControl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FlowControl")
+            .field("model", &self.model.name)
             .field("policy", &self.policy)
-            .field("waiting", &self.waiting)
             .finish_non_exhaustive()
     }
 }
 
 impl FlowControl {
     pub(super) fn new(
+        model: Arc<Model>,
         queue: &FlowConfig,
         policy: Policy,
-        signal: Arc<Signal>,
     ) -> Result<Self, FlowConfigError> {
         Ok(Self {
             state: Mutex::new(State {
@@ -160,42 +161,24 @@ impl FlowControl {
                 tickets: Vec::new(),
                 free: Vec::new(),
                 owed: Vec::new(),
+                closed: false,
                 expired: 0,
                 stats: FlowStats::default(),
             }),
+            model,
             policy,
             scale_up_limit: queue.scale_up_limit,
-            waiting: AtomicU32::new(0),
-            kicked: AtomicBool::new(false),
-            signal,
         })
-    }
-
-    /// Capacity may have appeared (`flow/mod.rs`, "Protocol"): if requests
-    /// wait, marks the queue and raises the maintenance's signal. One
-    /// fence and one load when nothing waits; never a lock, never host
-    /// code.
-    #[inline]
-    pub(crate) fn kick(&self) {
-        // SeqCst, after the caller's change was published: the kicker's
-        // side of the pairing.
-        fence(Ordering::SeqCst);
-        if self.waiting.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        self.wake_maintenance();
     }
 
     /// Asks the maintenance to run this queue's loop.
     pub(super) fn wake_maintenance(&self) {
-        // Release: the maintenance's swap acquires what preceded the kick.
-        self.kicked.store(true, Ordering::Release);
-        self.signal.raise();
+        self.model.wake_flow();
     }
 
     /// Takes the queue's kick: whether it was kicked since the last take.
     pub(super) fn take_kick(&self) -> bool {
-        self.kicked.swap(false, Ordering::AcqRel)
+        self.model.flow_kicked.swap(false, Ordering::AcqRel)
     }
 
     /// Resolves ticket `t` with `outcome` at clock time `now`: the outcome
@@ -243,13 +226,11 @@ impl FlowControl {
     /// The dispatch loop, at clock time `now`: delivers what is owed,
     /// expires due requests, then, while a request waits and `book` finds
     /// a free worker for it, sends the next request in the queue's order.
-    /// `workers` is the model's worker count. Stops early when `after` is
-    /// full; whether it did.
+    /// Stops early when `after` is full; whether it did (or owes more).
     pub(super) fn run(
         &self,
         st: &mut State,
         now: u64,
-        workers: &AtomicUsize,
         book: &mut dyn FnMut(u64, u64) -> Option<(u64, Booking)>,
         after: &mut After,
     ) -> bool {
@@ -264,24 +245,25 @@ impl FlowControl {
             st.expired += 1;
             Self::resolve(st, t, Err(FlowRejection::QueueDeadline), now, after);
         }
-        self.send_waiting(st, now, workers, book, after);
+        self.send_waiting(st, now, book, after);
         after.full() || !st.owed.is_empty()
     }
 
     /// The loop's last part: while a request waits and `book` finds a free
-    /// worker for it, sends the next request in the queue's order.
+    /// worker for it, sends the next request in the queue's order (refused
+    /// with `NoWorkers` while the model has none, unless it may wait for
+    /// scale-up).
     pub(super) fn send_waiting(
         &self,
         st: &mut State,
         now: u64,
-        workers: &AtomicUsize,
         book: &mut dyn FnMut(u64, u64) -> Option<(u64, Booking)>,
         after: &mut After,
     ) {
         while !after.full() {
             let Some(&t) = st.queue.peek() else { break };
             // Relaxed: a hint; a worker joining kicks the queue.
-            if workers.load(Ordering::Relaxed) == 0 {
+            if self.model.workers.load(Ordering::Relaxed) == 0 {
                 if self.scale_up_limit > 0 {
                     // Waiting for a worker to join, whose kick runs this.
                     break;
@@ -314,7 +296,20 @@ impl FlowControl {
     /// Publishes the number of requests waiting, for kicks.
     pub(super) fn publish_waiting(&self, st: &State) {
         // SeqCst: the arrival's side of the pairing (`flow/mod.rs`).
-        self.waiting.store(st.queue.len(), Ordering::SeqCst);
+        self.model
+            .flow_waiting
+            .store(st.queue.len(), Ordering::SeqCst);
+    }
+
+    /// What the queue shows at scrape time (`metrics.rs`).
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let st = crate::sync::lock(&self.state);
+        Snapshot {
+            requests: st.queue.len(),
+            tokens: st.queue.tokens(),
+            stats: st.stats.clone(),
+            top: st.queue.top_tenants(TOP_TENANTS),
+        }
     }
 
     /// Requests and estimated tokens waiting.
@@ -353,10 +348,13 @@ impl FlowControl {
     }
 
     /// Refuses every request that waits with `why` (the queue was turned
-    /// off or replaced), delivering the outcomes on this thread.
+    /// off or replaced), delivering the outcomes on this thread; later
+    /// arrivals are refused too. The model's waiting count is the next
+    /// queue's to publish.
     pub(super) fn close(self: &Arc<Self>, why: FlowRejection) {
         let mut refused = Vec::new();
         let mut st = crate::sync::lock(&self.state);
+        st.closed = true;
         st.queue.expire(u64::MAX, |t| refused.push(t));
         let owed = std::mem::take(&mut st.owed);
         let mut after = After::default();
@@ -368,7 +366,6 @@ impl FlowControl {
                 st = crate::sync::lock(&self.state);
             }
         }
-        self.publish_waiting(&st);
         drop(st);
         after.deliver(self);
         for note in owed {

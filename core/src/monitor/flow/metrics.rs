@@ -5,12 +5,8 @@
 //! [`TOP_TENANTS`], so that label cardinality stays bounded whatever ids
 //! clients send).
 
-use std::sync::Arc;
-
-use super::control::FlowControl;
 use crate::flow::{FlowRejection, MAX_BANDS};
 use crate::metrics::{self, WAIT_BUCKETS};
-use crate::sync::lock;
 
 /// Tenants shown in the per-tenant families, by weighted service.
 pub const TOP_TENANTS: usize = 10;
@@ -25,8 +21,8 @@ const REFUSALS: [FlowRejection; 5] = [
 ];
 
 /// See the module docs.
-#[derive(Debug, Default)]
-pub(super) struct FlowStats {
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FlowStats {
     /// Sent at once, and sent from the queue.
     dispatched: [u64; 2],
     /// Refusals, by [`REFUSALS`] row and priority band.
@@ -59,10 +55,20 @@ impl FlowStats {
     }
 }
 
-/// The flow-control families for `flows`, each model's name and queue
+/// What one model's queue shows at scrape time, read under its lock at
+/// once (`FlowControl::snapshot`).
+pub(crate) struct Snapshot {
+    pub(crate) requests: u32,
+    pub(crate) tokens: u128,
+    pub(crate) stats: FlowStats,
+    /// The top tenants: id, weighted service, requests waiting.
+    pub(crate) top: Vec<(String, f64, u32)>,
+}
+
+/// The flow-control families for `queues`, each model's name and queue
 /// (nothing when no model has one).
-pub(crate) fn render(flows: &[(&str, Arc<FlowControl>)], p: &str, out: &mut String) {
-    if flows.is_empty() {
+pub(crate) fn render(queues: &[(&str, Snapshot)], p: &str, out: &mut String) {
+    if queues.is_empty() {
         // A monitor without flow control shows none of its families.
         return;
     }
@@ -78,12 +84,11 @@ pub(crate) fn render(flows: &[(&str, Arc<FlowControl>)], p: &str, out: &mut Stri
     ];
     for (i, (name, help)) in gauges.into_iter().enumerate() {
         metrics::header(out, p, name, "gauge", help);
-        for (model, flow) in flows {
-            let st = lock(&flow.state);
+        for (model, q) in queues {
             let value = if i == 0 {
-                u128::from(st.queue.len())
+                u128::from(q.requests)
             } else {
-                st.queue.tokens()
+                q.tokens
             };
             metrics::sample(out, p, name, &[("model", model)], value);
         }
@@ -91,8 +96,8 @@ pub(crate) fn render(flows: &[(&str, Arc<FlowControl>)], p: &str, out: &mut Stri
     let name = "frontend_queue_dispatched_total";
     let help = "Requests sent to a worker, at once or from the queue.";
     metrics::header(out, p, name, "counter", help);
-    for (model, flow) in flows {
-        let d = lock(&flow.state).stats.dispatched;
+    for (model, q) in queues {
+        let d = q.stats.dispatched;
         for (path, n) in [("direct", d[0]), ("queued", d[1])] {
             metrics::sample(out, p, name, &[("model", model), ("path", &path)], n);
         }
@@ -100,9 +105,8 @@ pub(crate) fn render(flows: &[(&str, Arc<FlowControl>)], p: &str, out: &mut Stri
     let name = "frontend_queue_rejection_total";
     let help = "Requests refused by the model's queue, by reason and priority band.";
     metrics::header(out, p, name, "counter", help);
-    for (model, flow) in flows {
-        let refused = lock(&flow.state).stats.refused;
-        for (why, bands) in REFUSALS.iter().zip(refused) {
+    for (model, q) in queues {
+        for (why, bands) in REFUSALS.iter().zip(q.stats.refused) {
             for (band, n) in bands.iter().enumerate() {
                 let labels: [(&str, &dyn std::fmt::Display); 3] = [
                     ("model", model),
@@ -116,11 +120,8 @@ pub(crate) fn render(flows: &[(&str, Arc<FlowControl>)], p: &str, out: &mut Stri
     let name = "frontend_queue_wait_seconds";
     let help = "Time requests sent from the model's queue spent waiting.";
     metrics::header(out, p, name, "histogram", help);
-    for (model, flow) in flows {
-        let (waits, sum) = {
-            let st = lock(&flow.state);
-            (st.stats.waits, st.stats.wait_nanos)
-        };
+    for (model, q) in queues {
+        let (waits, sum) = (q.stats.waits, q.stats.wait_nanos);
         let mut cumulative = [0u64; WAIT_BUCKETS.len()];
         let mut running = 0;
         for (c, n) in cumulative.iter_mut().zip(waits) {
@@ -140,14 +141,10 @@ pub(crate) fn render(flows: &[(&str, Arc<FlowControl>)], p: &str, out: &mut Stri
             "Requests of each of the top tenants waiting.",
         ),
     ];
-    let tops: Vec<_> = flows
-        .iter()
-        .map(|(model, flow)| (*model, lock(&flow.state).queue.top_tenants(TOP_TENANTS)))
-        .collect();
     for (i, (name, help)) in families.into_iter().enumerate() {
         metrics::header(out, p, name, "gauge", help);
-        for (model, top) in &tops {
-            for (tenant, service, waiting) in top {
+        for (model, q) in queues {
+            for (tenant, service, waiting) in &q.top {
                 let labels: [(&str, &dyn std::fmt::Display); 2] =
                     [("model", model), ("tenant", tenant)];
                 if i == 0 {

@@ -60,6 +60,7 @@ mod control;
 mod future;
 mod metrics;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -126,6 +127,11 @@ pub struct FlowControlConfig {
     pub policy: Policy,
 }
 
+/// Every flow-controlled model's queue, by model name: swapped whole when
+/// one is turned on or off (a cold path), read without a lock. Shared with
+/// the maintenance's thread.
+pub(super) type Flows = ArcSwap<HashMap<Box<str>, Arc<FlowControl>, foldhash::fast::RandomState>>;
+
 /// The callback form's callback ([`Monitor::dispatch_with_callback`]):
 /// called exactly once, with the dispatch or why not.
 pub type DispatchCallback = Box<dyn FnOnce(Result<Dispatch, FlowRejection>) + Send + 'static>;
@@ -151,17 +157,32 @@ impl Monitor {
             .get(model)
             .ok_or_else(|| FlowError::Model(ThresholdError::UnknownModel(model.to_owned())))?;
         let new = config
-            .map(|c| FlowControl::new(&c.queue, c.policy, Arc::clone(&self.duty.signal)))
+            .map(|c| FlowControl::new(Arc::clone(m), &c.queue, c.policy))
             .transpose()
             .map_err(FlowError::Config)?
             .map(Arc::new);
         if new.is_some() {
             self.duty.start();
         }
-        // Relaxed: a setting (module docs, "Protocol").
-        m.flow_on.store(new.is_some(), Ordering::Relaxed);
-        if let Some(old) = m.flow.swap(new) {
+        let old = {
+            let _writer = lock(&self.writer);
+            let mut next = HashMap::clone(&self.flows.load());
+            let old = match &new {
+                Some(flow) => next.insert(model.into(), Arc::clone(flow)),
+                None => next.remove(model),
+            };
+            // Relaxed: a setting (module docs, "Protocol").
+            m.flow_on.store(new.is_some(), Ordering::Relaxed);
+            self.flows.store(Arc::new(next));
+            old
+        };
+        if let Some(old) = old {
             old.close(FlowRejection::QueueFull);
+        }
+        match &new {
+            Some(flow) => flow.publish_waiting(&lock(&flow.state)),
+            // SeqCst: as `FlowControl::publish_waiting`.
+            None => m.flow_waiting.store(0, Ordering::SeqCst),
         }
         Ok(())
     }
@@ -253,14 +274,19 @@ impl Monitor {
         request: &DispatchRequest<'_>,
         callback: &mut Option<DispatchCallback>,
     ) -> Arrival {
-        let reg = self.registry.load();
-        let Some(m) = reg.models.get(model) else {
-            return Arrival::Ready(Err(FlowRejection::NoWorkers));
-        };
-        let Some(flow) = m.flow.load_full() else {
+        let Some(flow) = self.flows.load().get(model).cloned() else {
+            let reg = self.registry.load();
+            let Some(m) = reg.models.get(model) else {
+                return Arrival::Ready(Err(FlowRejection::NoWorkers));
+            };
             return Arrival::Ready(self.send_now(m, Policy::RoundRobin, request, None));
         };
+        let m = &*flow.model;
         let mut st = lock(&flow.state);
+        if st.closed {
+            // Turned off a moment ago: refused as the requests waiting were.
+            return Arrival::Ready(Err(FlowRejection::QueueFull));
+        }
         let now = self.clock.now_nanos();
         let band = usize::from(request.flow.priority);
         let was_empty = st.queue.is_empty();
@@ -339,7 +365,6 @@ impl Monitor {
             flow.send_waiting(
                 &mut st,
                 now,
-                &m.workers,
                 &mut |blocks, prefill| {
                     pick_and_book(&self.registry, m, &self.clock, flow.policy, blocks, prefill)
                 },
@@ -406,7 +431,7 @@ impl Monitor {
     /// trying again (`FlowQueue::retry_after`); `None` without flow
     /// control.
     pub fn flow_retry_after(&self, model: &str) -> Option<Duration> {
-        let flow = self.registry.load().models.get(model)?.flow.load_full()?;
+        let flow = self.flows.load().get(model).cloned()?;
         let retry = lock(&flow.state).queue.retry_after();
         Some(retry)
     }
@@ -421,13 +446,15 @@ enum Arrival {
 /// Runs the dispatch loop of every queue that was kicked or whose earliest
 /// deadline came, delivering the outcomes on this thread; the earliest
 /// deadline left, in clock nanoseconds.
-pub(super) fn run_queues(registry: &ArcSwap<Registry>, clock: &SharedClock) -> Option<u64> {
-    let reg = registry.load_full();
+pub(super) fn run_queues(
+    flows: &Flows,
+    registry: &ArcSwap<Registry>,
+    clock: &SharedClock,
+) -> Option<u64> {
+    let flows = flows.load_full();
     let mut next: Option<u64> = None;
-    for m in reg.models.values() {
-        let Some(flow) = m.flow.load_full() else {
-            continue;
-        };
+    for flow in flows.values() {
+        let m = &*flow.model;
         let kicked = flow.take_kick();
         let now = clock.now_nanos();
         let mut st = lock(&flow.state);
@@ -438,14 +465,13 @@ pub(super) fn run_queues(registry: &ArcSwap<Registry>, clock: &SharedClock) -> O
                 let more = flow.run(
                     &mut st,
                     now,
-                    &m.workers,
                     &mut |blocks, prefill| {
                         pick_and_book(registry, m, clock, flow.policy, blocks, prefill)
                     },
                     &mut after,
                 );
                 drop(st);
-                after.deliver(&flow);
+                after.deliver(flow);
                 st = lock(&flow.state);
                 if !more {
                     break;
@@ -553,7 +579,7 @@ mod tests {
         m.report(1, 0, &used(90)).unwrap();
         let request = DispatchRequest::new(FlowRequest::new("t"));
         let waiting = m.dispatch("m", &request);
-        let queue = m.registry.load().models["m"].flow.load_full().unwrap();
+        let queue = m.flows.load()["m"].clone();
         queue.take_kick();
         for busier in [95, 80, 60] {
             m.report(1, 0, &used(busier)).unwrap();
