@@ -339,17 +339,28 @@ fn a_scale_up_limit_is_at_most_the_queue_limit() {
 #[test]
 fn an_opt_out_or_a_model_without_a_queue_is_refused_at_once() {
     let (m, _) = fleet(FlowConfig::new(8));
+    let failures = |m: &Monitor| {
+        let text = m.metrics_text();
+        let line = text
+            .lines()
+            .find(|l| l.contains("failures_total{class=\"CapacityExhausted\",reason=\"capacity.pool_exhausted\"}"))
+            .map(str::to_owned);
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     m.report(1, 0, &used(90)).unwrap();
     let never = DispatchRequest {
         queue: false,
         ..request("a", 1)
     };
     assert_eq!(start(&m, &never).refused(), FlowRejection::AllWorkersBusy);
+    assert_eq!(failures(&m), 1, "counted as select counts");
     m.set_flow_control(M, None).unwrap();
     assert_eq!(
         start(&m, &request("a", 1)).refused(),
         FlowRejection::AllWorkersBusy
     );
+    assert_eq!(failures(&m), 2, "without a queue too");
     m.report(1, 0, &used(0)).unwrap();
     assert_eq!(start(&m, &request("a", 1)).sent().worker_id(), 1);
 }
@@ -475,6 +486,8 @@ fn the_queue_is_counted_in_the_metrics() {
         "dynamo_frontend_queue_wait_seconds_bucket{model=\"llama\",le=\"0.05\"} 1",
         "dynamo_frontend_queue_wait_seconds_count{model=\"llama\"} 1",
         "dynamo_frontend_queue_tenant_requests{model=\"llama\",tenant=\"c\"} 1",
+        // Counted as `select` counts its refusals, too.
+        "dynamo_frontend_failures_total{class=\"CapacityExhausted\",reason=\"capacity.pool_exhausted\"} 1",
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }

@@ -961,6 +961,13 @@ typedef struct lg_monitor_config {
    * Longest model name in bytes (default 256; at least 1).
    */
   size_t max_name_len;
+  /**
+   * Whether every model's default thresholds come from Dynamo's
+   * DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD, DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD
+   * and DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC, read when the monitor
+   * is made (default false).
+   */
+  bool dynamo_env;
 } lg_monitor_config;
 
 /**
@@ -1780,6 +1787,24 @@ enum lg_status lg_monitor_set_flow_control(const struct lg_monitor *monitor,
                                            const struct lg_flow_config *config);
 
 /**
+ * Sets the flow control every model created from now on starts with
+ * (NULL: none); models that exist keep theirs (lg_monitor_set_flow_control()
+ * changes one).
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor, a setting out of range: the
+ * message names it). A refused config changes nothing.
+ * Ownership: the config and its tenant weights are copied.
+ * Thread safety: any thread. Blocking: never (takes the defaults' lock).
+ *
+ * # Safety
+ * `monitor` is NULL or live; `config` is NULL or a valid lg_flow_config
+ * whose tenant_weights is NULL or valid for tenant_weight_count entries,
+ * each tenant valid for its length.
+ */
+enum lg_status lg_monitor_set_default_flow_control(const struct lg_monitor *monitor,
+                                                   const struct lg_flow_config *config);
+
+/**
  * Fills `out` with a request of the default tenant, priority 0, no
  * tokens, the queue's estimate and deadline, allowed to wait, booking its
  * prompt's blocks (LG_PROMPT_BLOCKS).
@@ -2494,7 +2519,9 @@ enum lg_status lg_monitor_config_default(struct lg_monitor_config *out);
  *
  * Errors: LG_INVALID_ARGUMENT if out_monitor is NULL or a setting is
  * invalid (zero lease or stale_after, a limit out of range,
- * bad staleness, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*).
+ * bad staleness, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*, a
+ * malformed DYN_ACTIVE_* variable with dynamo_env: the message names it
+ * and its value).
  * Ownership: on LG_OK *out_monitor owns a new monitor; free it with
  * lg_monitor_free(). The config is copied.
  * Thread safety: any thread. Blocking: never (allocates).
@@ -2580,6 +2607,28 @@ enum lg_status lg_monitor_report(const struct lg_monitor *monitor,
                                  uint64_t worker_id,
                                  uint32_t dp_rank,
                                  const struct lg_load_report *report);
+
+/**
+ * Sets the thresholds every model created from now on starts with (an
+ * update applied to the current defaults, as lg_monitor_set_thresholds()
+ * applies one to a model); models that exist keep theirs.
+ * `out_thresholds` (may be NULL) receives the defaults in force
+ * afterwards (version 0).
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or update, a value out of
+ * range as for lg_monitor_set_thresholds()). A refused update changes
+ * nothing.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: takes the defaults' lock (cold
+ * path).
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; `update` is NULL or points to a
+ * valid lg_threshold_update; `out_thresholds` is NULL or valid for writes.
+ */
+enum lg_status lg_monitor_set_default_thresholds(const struct lg_monitor *monitor,
+                                                 const struct lg_threshold_update *update,
+                                                 struct lg_thresholds *out_thresholds);
 
 /**
  * Validates and applies a threshold update to `model`, bumps its version

@@ -210,26 +210,67 @@ pub unsafe extern "C" fn lg_monitor_set_flow_control(
         let Some(c) = (unsafe { optional(config, "config") })? else {
             return Ok(m.monitor.set_flow_control(model, None)?);
         };
-        let mut queue = FlowConfig::new(c.queue_limit);
-        queue.queue_tokens = (c.queue_tokens != 0).then_some(c.queue_tokens);
-        queue.deadline = Duration::from_millis(c.deadline_ms);
-        queue.prompt_weight = c.prompt_weight;
-        queue.output_weight = c.output_weight;
-        queue.output_estimate = c.output_estimate;
-        queue.max_tenants = c.max_tenants as usize;
-        queue.scale_up_limit = c.scale_up_limit;
-        // SAFETY: valid for tenant_weight_count entries (contract).
-        let weights = unsafe { slice(c.tenant_weights, c.tenant_weight_count, "tenant_weights") }?;
-        for w in weights {
-            // SAFETY: each tenant is valid for its length (contract).
-            let name = unsafe { string(w.tenant, w.tenant_len, "tenant_weights[].tenant") }?;
-            queue.tenant_weights.push((name.to_owned(), w.weight));
-        }
-        let config = FlowControlConfig {
-            queue,
-            policy: policy(c.policy)?,
-        };
+        // SAFETY: its tenant weights are valid (contract).
+        let config = unsafe { config_of(c) }?;
         Ok(m.monitor.set_flow_control(model, Some(&config))?)
+    })
+}
+
+/// The core config an lg_flow_config asks for.
+///
+/// # Safety
+/// `c.tenant_weights` is NULL or valid for `c.tenant_weight_count`
+/// entries, each tenant valid for its length.
+unsafe fn config_of(c: &lg_flow_config) -> Result<FlowControlConfig, Error> {
+    let mut queue = FlowConfig::new(c.queue_limit);
+    queue.queue_tokens = (c.queue_tokens != 0).then_some(c.queue_tokens);
+    queue.deadline = Duration::from_millis(c.deadline_ms);
+    queue.prompt_weight = c.prompt_weight;
+    queue.output_weight = c.output_weight;
+    queue.output_estimate = c.output_estimate;
+    queue.max_tenants = c.max_tenants as usize;
+    queue.scale_up_limit = c.scale_up_limit;
+    // SAFETY: valid for tenant_weight_count entries (contract).
+    let weights = unsafe { slice(c.tenant_weights, c.tenant_weight_count, "tenant_weights") }?;
+    for w in weights {
+        // SAFETY: each tenant is valid for its length (contract).
+        let name = unsafe { string(w.tenant, w.tenant_len, "tenant_weights[].tenant") }?;
+        queue.tenant_weights.push((name.to_owned(), w.weight));
+    }
+    Ok(FlowControlConfig {
+        queue,
+        policy: policy(c.policy)?,
+    })
+}
+
+/// Sets the flow control every model created from now on starts with
+/// (NULL: none); models that exist keep theirs (lg_monitor_set_flow_control()
+/// changes one).
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor, a setting out of range: the
+/// message names it). A refused config changes nothing.
+/// Ownership: the config and its tenant weights are copied.
+/// Thread safety: any thread. Blocking: never (takes the defaults' lock).
+///
+/// # Safety
+/// `monitor` is NULL or live; `config` is NULL or a valid lg_flow_config
+/// whose tenant_weights is NULL or valid for tenant_weight_count entries,
+/// each tenant valid for its length.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_set_default_flow_control(
+    monitor: *const lg_monitor,
+    config: *const lg_flow_config,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        // SAFETY: NULL or valid (contract).
+        let config = match unsafe { optional(config, "config") }? {
+            // SAFETY: its tenant weights are valid (contract).
+            Some(c) => Some(unsafe { config_of(c) }?),
+            None => None,
+        };
+        Ok(m.monitor.set_default_flow_control(config.as_ref())?)
     })
 }
 

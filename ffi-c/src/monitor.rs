@@ -13,7 +13,7 @@ use std::ffi::c_char;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loadgate_core::monitor::{Monitor, MonitorConfig, Staleness};
+use loadgate_core::monitor::{ModelDefaults, Monitor, MonitorConfig, Staleness};
 use loadgate_core::thresholds::{ThresholdField, ThresholdFields};
 use loadgate_core::{Limits, LoadReport, MonotonicClock, WorkerSpec};
 
@@ -131,6 +131,11 @@ pub struct lg_monitor_config {
     pub max_ranks: usize,
     /// Longest model name in bytes (default 256; at least 1).
     pub max_name_len: usize,
+    /// Whether every model's default thresholds come from Dynamo's
+    /// DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD, DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD
+    /// and DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC, read when the monitor
+    /// is made (default false).
+    pub dynamo_env: bool,
 }
 
 /// How a worker is declared. A zeroed struct declares no ranks (such a
@@ -314,6 +319,7 @@ pub unsafe extern "C" fn lg_monitor_config_default(out: *mut lg_monitor_config) 
             max_ranks_per_worker: d.limits.max_ranks_per_worker,
             max_ranks: d.limits.max_ranks,
             max_name_len: d.limits.max_name_len,
+            dynamo_env: false,
         };
         // SAFETY: writable by the contract.
         unsafe { out.write(config) };
@@ -325,7 +331,9 @@ pub unsafe extern "C" fn lg_monitor_config_default(out: *mut lg_monitor_config) 
 ///
 /// Errors: LG_INVALID_ARGUMENT if out_monitor is NULL or a setting is
 /// invalid (zero lease or stale_after, a limit out of range,
-/// bad staleness, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*).
+/// bad staleness, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*, a
+/// malformed DYN_ACTIVE_* variable with dynamo_env: the message names it
+/// and its value).
 /// Ownership: on LG_OK *out_monitor owns a new monitor; free it with
 /// lg_monitor_free(). The config is copied.
 /// Thread safety: any thread. Blocking: never (allocates).
@@ -359,6 +367,9 @@ pub unsafe extern "C" fn lg_monitor_new(
                     },
                     ..MonitorConfig::default()
                 };
+                if c.dynamo_env {
+                    config.defaults = ModelDefaults::from_env()?;
+                }
                 // SAFETY: NULL or valid for metrics_prefix_len bytes.
                 if let Some(p) = unsafe {
                     optional_string(c.metrics_prefix, c.metrics_prefix_len, "metrics_prefix")

@@ -99,6 +99,7 @@ class Monitor:
         max_name_len: int = 256,
         clock: Optional[ManualClock] = None,
         maintenance: str = "background",
+        dynamo_env: bool = False,
     ) -> Monitor: ...
     def add_worker(
         self,
@@ -135,6 +136,15 @@ class Monitor:
         waiting_requests_threshold: Optional[int] = None,
         clear: Sequence[str] = (),
     ) -> Dict[str, Any]: ...
+    def set_default_thresholds(
+        self,
+        *,
+        active_decode_blocks_threshold: Optional[float] = None,
+        active_prefill_tokens_threshold: Optional[int] = None,
+        active_prefill_tokens_threshold_frac: Optional[float] = None,
+        waiting_requests_threshold: Optional[int] = None,
+        clear: Sequence[str] = (),
+    ) -> Dict[str, Any]: ...
     def thresholds(self, model: str) -> Dict[str, Any]: ...
     def set_staleness(self, model: str, staleness: str, stale_after: Optional[float] = None) -> None: ...
     def sweep(self) -> int: ...
@@ -142,6 +152,20 @@ class Monitor:
     def set_flow_control(
         self,
         model: str,
+        *,
+        queue_limit: int,
+        queue_tokens: Optional[int] = None,
+        deadline: float = 60.0,
+        prompt_weight: float = 1.0,
+        output_weight: float = 2.0,
+        tenant_weights: Optional[Mapping[str, float]] = None,
+        output_estimate: int = 256,
+        max_tenants: int = 4096,
+        scale_up_limit: int = 0,
+        policy: str = "round_robin",
+    ) -> None: ...
+    def set_default_flow_control(
+        self,
         *,
         queue_limit: int,
         queue_tokens: Optional[int] = None,

@@ -68,37 +68,58 @@ impl Monitor {
         policy: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let model = str_ref(model, "model")?;
-        let limit = u32_arg(queue_limit, "queue_limit")?;
-        if limit == 0 {
-            return self.inner.set_flow_control(model, None).map_err(flow_error);
-        }
-        let mut queue = FlowConfig::new(limit);
-        queue.queue_tokens = opt_u64_arg(queue_tokens, "queue_tokens")?;
-        if let Some(d) = deadline.filter(|d| !d.is_none()) {
-            queue.deadline = seconds_arg(d, "deadline")?;
-        }
-        if let Some(w) = prompt_weight.filter(|w| !w.is_none()) {
-            queue.prompt_weight = f64_arg(w, "prompt_weight")?;
-        }
-        if let Some(w) = output_weight.filter(|w| !w.is_none()) {
-            queue.output_weight = f64_arg(w, "output_weight")?;
-        }
-        if let Some(n) = opt_u64_arg(output_estimate, "output_estimate")? {
-            queue.output_estimate = n;
-        }
-        if let Some(n) = opt_u64_arg(max_tenants, "max_tenants")? {
-            queue.max_tenants = usize::try_from(n).unwrap_or(usize::MAX);
-        }
-        if let Some(n) = scale_up_limit.filter(|n| !n.is_none()) {
-            queue.scale_up_limit = u32_arg(n, "scale_up_limit")?;
-        }
-        if let Some(map) = tenant_weights.filter(|m| !m.is_none()) {
-            queue.tenant_weights = weights_arg(map, queue.max_tenants)?;
-        }
-        let (policy, _) = select_args(policy.filter(|p| !p.is_none()), None)?;
-        let config = FlowControlConfig { queue, policy };
+        let config = flow_config(FlowArgs {
+            queue_limit,
+            queue_tokens,
+            deadline,
+            prompt_weight,
+            output_weight,
+            tenant_weights,
+            output_estimate,
+            max_tenants,
+            scale_up_limit,
+            policy,
+        })?;
         self.inner
-            .set_flow_control(model, Some(&config))
+            .set_flow_control(model, config.as_ref())
+            .map_err(flow_error)
+    }
+
+    /// Sets the flow control every model created from now on starts with
+    /// (the same settings as `set_flow_control`; `queue_limit=0`: none).
+    /// Models that exist keep theirs.
+    #[pyo3(
+        signature = (*, queue_limit, queue_tokens = None, deadline = None, prompt_weight = None, output_weight = None, tenant_weights = None, output_estimate = None, max_tenants = None, scale_up_limit = None, policy = None),
+        text_signature = "(self, *, queue_limit, queue_tokens=None, deadline=60.0, prompt_weight=1.0, output_weight=2.0, tenant_weights=None, output_estimate=256, max_tenants=4096, scale_up_limit=0, policy='round_robin')"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn set_default_flow_control(
+        &self,
+        queue_limit: &Bound<'_, PyAny>,
+        queue_tokens: Option<&Bound<'_, PyAny>>,
+        deadline: Option<&Bound<'_, PyAny>>,
+        prompt_weight: Option<&Bound<'_, PyAny>>,
+        output_weight: Option<&Bound<'_, PyAny>>,
+        tenant_weights: Option<&Bound<'_, PyAny>>,
+        output_estimate: Option<&Bound<'_, PyAny>>,
+        max_tenants: Option<&Bound<'_, PyAny>>,
+        scale_up_limit: Option<&Bound<'_, PyAny>>,
+        policy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let config = flow_config(FlowArgs {
+            queue_limit,
+            queue_tokens,
+            deadline,
+            prompt_weight,
+            output_weight,
+            tenant_weights,
+            output_estimate,
+            max_tenants,
+            scale_up_limit,
+            policy,
+        })?;
+        self.inner
+            .set_default_flow_control(config.as_ref())
             .map_err(flow_error)
     }
 
@@ -235,6 +256,53 @@ fn deliver(
             }
         }
     });
+}
+
+/// `set_flow_control`'s keyword arguments.
+struct FlowArgs<'a, 'py> {
+    queue_limit: &'a Bound<'py, PyAny>,
+    queue_tokens: Option<&'a Bound<'py, PyAny>>,
+    deadline: Option<&'a Bound<'py, PyAny>>,
+    prompt_weight: Option<&'a Bound<'py, PyAny>>,
+    output_weight: Option<&'a Bound<'py, PyAny>>,
+    tenant_weights: Option<&'a Bound<'py, PyAny>>,
+    output_estimate: Option<&'a Bound<'py, PyAny>>,
+    max_tenants: Option<&'a Bound<'py, PyAny>>,
+    scale_up_limit: Option<&'a Bound<'py, PyAny>>,
+    policy: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// The flow control `a` asks for (`None`: `queue_limit=0`, off).
+fn flow_config(a: FlowArgs<'_, '_>) -> PyResult<Option<FlowControlConfig>> {
+    let limit = u32_arg(a.queue_limit, "queue_limit")?;
+    if limit == 0 {
+        return Ok(None);
+    }
+    let mut queue = FlowConfig::new(limit);
+    queue.queue_tokens = opt_u64_arg(a.queue_tokens, "queue_tokens")?;
+    if let Some(d) = a.deadline.filter(|d| !d.is_none()) {
+        queue.deadline = seconds_arg(d, "deadline")?;
+    }
+    if let Some(w) = a.prompt_weight.filter(|w| !w.is_none()) {
+        queue.prompt_weight = f64_arg(w, "prompt_weight")?;
+    }
+    if let Some(w) = a.output_weight.filter(|w| !w.is_none()) {
+        queue.output_weight = f64_arg(w, "output_weight")?;
+    }
+    if let Some(n) = opt_u64_arg(a.output_estimate, "output_estimate")? {
+        queue.output_estimate = n;
+    }
+    if let Some(n) = opt_u64_arg(a.max_tenants, "max_tenants")? {
+        queue.max_tenants = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if let Some(n) = a.scale_up_limit.filter(|n| !n.is_none()) {
+        queue.scale_up_limit = u32_arg(n, "scale_up_limit")?;
+    }
+    if let Some(map) = a.tenant_weights.filter(|m| !m.is_none()) {
+        queue.tenant_weights = weights_arg(map, queue.max_tenants)?;
+    }
+    let (policy, _) = select_args(a.policy.filter(|p| !p.is_none()), None)?;
+    Ok(Some(FlowControlConfig { queue, policy }))
 }
 
 /// `tenant_weights`: a mapping of tenant ids to numbers.

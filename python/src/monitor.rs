@@ -77,8 +77,8 @@ fn threshold_dict<'py>(
 impl Monitor {
     #[new]
     #[pyo3(
-        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None, max_models = None, max_workers = None, max_workers_per_model = None, max_ranks_per_worker = None, max_ranks = None, max_name_len = None, clock = None, maintenance = None),
-        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo', max_models=256, max_workers=16384, max_workers_per_model=4096, max_ranks_per_worker=1024, max_ranks=65536, max_name_len=256, clock=None, maintenance='background')"
+        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None, max_models = None, max_workers = None, max_workers_per_model = None, max_ranks_per_worker = None, max_ranks = None, max_name_len = None, clock = None, maintenance = None, dynamo_env = false),
+        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo', max_models=256, max_workers=16384, max_workers_per_model=4096, max_ranks_per_worker=1024, max_ranks=65536, max_name_len=256, clock=None, maintenance='background', dynamo_env=False)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -94,8 +94,13 @@ impl Monitor {
         max_name_len: Option<&Bound<'_, PyAny>>,
         clock: Option<&Bound<'_, PyAny>>,
         maintenance: Option<&Bound<'_, PyAny>>,
+        dynamo_env: bool,
     ) -> PyResult<Self> {
         let mut config = MonitorConfig::default();
+        if dynamo_env {
+            config.defaults = loadgate::monitor::ModelDefaults::from_env()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        }
         if let Some(name) = opt_str_arg(maintenance, "maintenance")? {
             config.maintenance = loadgate::Maintenance::from_name(&name).ok_or_else(|| {
                 PyValueError::new_err(format!(
@@ -235,47 +240,52 @@ impl Monitor {
         clear: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let model = str_arg(model, "model")?;
-        let mut update = ThresholdUpdate {
-            active_decode_blocks_threshold: opt_f64_arg(
-                active_decode_blocks_threshold,
-                "active_decode_blocks_threshold",
-            )?,
-            active_prefill_tokens_threshold: opt_u64_arg(
-                active_prefill_tokens_threshold,
-                "active_prefill_tokens_threshold",
-            )?,
-            active_prefill_tokens_threshold_frac: opt_f64_arg(
-                active_prefill_tokens_threshold_frac,
-                "active_prefill_tokens_threshold_frac",
-            )?,
-            waiting_requests_threshold: opt_u64_arg(
-                waiting_requests_threshold,
-                "waiting_requests_threshold",
-            )?,
-            clear: ThresholdFields::NONE,
-        };
-        if let Some(clear) = clear.filter(|c| !c.is_none()) {
-            if clear.is_instance_of::<PyString>() {
-                return Err(PyTypeError::new_err(
-                    "clear must be a sequence of field names, not a str",
-                ));
-            }
-            let items = clear
-                .try_iter()
-                .map_err(|_| PyTypeError::new_err("clear must be a sequence of field names"))?;
-            for item in items {
-                let item = item?;
-                let name: PyBackedStr = item.extract().map_err(|_| {
-                    PyTypeError::new_err("clear must be a sequence of field names (str)")
-                })?;
-                update.clear.insert_name(&name).map_err(threshold_error)?;
-            }
-        }
+        let update = threshold_update(
+            active_decode_blocks_threshold,
+            active_prefill_tokens_threshold,
+            active_prefill_tokens_threshold_frac,
+            waiting_requests_threshold,
+            clear,
+        )?;
         let state = self
             .inner
             .set_thresholds(&model, &update)
             .map_err(threshold_error)?;
         threshold_dict(py, &model, &state)
+    }
+
+    /// Sets the thresholds every model created from now on starts with
+    /// (the same fields as `set_thresholds`; models that exist keep
+    /// theirs), and returns the defaults now in force.
+    #[pyo3(
+        signature = (*, active_decode_blocks_threshold = None, active_prefill_tokens_threshold = None, active_prefill_tokens_threshold_frac = None, waiting_requests_threshold = None, clear = None),
+        text_signature = "($self, *, active_decode_blocks_threshold=None, active_prefill_tokens_threshold=None, active_prefill_tokens_threshold_frac=None, waiting_requests_threshold=None, clear=())"
+    )]
+    fn set_default_thresholds<'py>(
+        &self,
+        py: Python<'py>,
+        active_decode_blocks_threshold: Option<&Bound<'py, PyAny>>,
+        active_prefill_tokens_threshold: Option<&Bound<'py, PyAny>>,
+        active_prefill_tokens_threshold_frac: Option<&Bound<'py, PyAny>>,
+        waiting_requests_threshold: Option<&Bound<'py, PyAny>>,
+        clear: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let update = threshold_update(
+            active_decode_blocks_threshold,
+            active_prefill_tokens_threshold,
+            active_prefill_tokens_threshold_frac,
+            waiting_requests_threshold,
+            clear,
+        )?;
+        let thresholds = self
+            .inner
+            .set_default_thresholds(&update)
+            .map_err(threshold_error)?;
+        let state = ThresholdState {
+            thresholds,
+            version: 0,
+        };
+        threshold_dict(py, "", &state)
     }
 
     /// The thresholds of `model` (all `None` and version 0 for an unknown model).
@@ -643,4 +653,51 @@ impl Monitor {
     fn __repr__(&self) -> String {
         format!("<loadgate.Monitor models={:?}>", self.inner.models())
     }
+}
+
+/// A threshold update from `set_thresholds`' keyword arguments.
+fn threshold_update(
+    active_decode_blocks_threshold: Option<&Bound<'_, PyAny>>,
+    active_prefill_tokens_threshold: Option<&Bound<'_, PyAny>>,
+    active_prefill_tokens_threshold_frac: Option<&Bound<'_, PyAny>>,
+    waiting_requests_threshold: Option<&Bound<'_, PyAny>>,
+    clear: Option<&Bound<'_, PyAny>>,
+) -> PyResult<ThresholdUpdate> {
+    let mut update = ThresholdUpdate {
+        active_decode_blocks_threshold: opt_f64_arg(
+            active_decode_blocks_threshold,
+            "active_decode_blocks_threshold",
+        )?,
+        active_prefill_tokens_threshold: opt_u64_arg(
+            active_prefill_tokens_threshold,
+            "active_prefill_tokens_threshold",
+        )?,
+        active_prefill_tokens_threshold_frac: opt_f64_arg(
+            active_prefill_tokens_threshold_frac,
+            "active_prefill_tokens_threshold_frac",
+        )?,
+        waiting_requests_threshold: opt_u64_arg(
+            waiting_requests_threshold,
+            "waiting_requests_threshold",
+        )?,
+        clear: ThresholdFields::NONE,
+    };
+    if let Some(clear) = clear.filter(|c| !c.is_none()) {
+        if clear.is_instance_of::<PyString>() {
+            return Err(PyTypeError::new_err(
+                "clear must be a sequence of field names, not a str",
+            ));
+        }
+        let items = clear
+            .try_iter()
+            .map_err(|_| PyTypeError::new_err("clear must be a sequence of field names"))?;
+        for item in items {
+            let item = item?;
+            let name: PyBackedStr = item.extract().map_err(|_| {
+                PyTypeError::new_err("clear must be a sequence of field names (str)")
+            })?;
+            update.clear.insert_name(&name).map_err(threshold_error)?;
+        }
+    }
+    Ok(update)
 }

@@ -584,3 +584,49 @@ def test_limits_bound_models_workers_and_ranks() -> None:
 def test_limits_out_of_range(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Monitor(**kwargs)
+
+
+def test_dynamos_threshold_variables_set_every_new_models_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", " 0.5 ")
+    monkeypatch.setenv("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", "None")
+    m = Monitor(dynamo_env=True)
+    # The model comes with its first worker: its thresholds are there.
+    m.add_worker("m", 1, kv_total_blocks=100)
+    m.report(1, kv_used_blocks=90)
+    assert m.is_busy(1)
+    assert m.thresholds("m")["active_decode_blocks_threshold"] == 0.5
+    assert m.thresholds("m")["active_prefill_tokens_threshold"] is None
+    # Without dynamo_env the variables are not read.
+    plain = Monitor()
+    plain.add_worker("m", 1, kv_total_blocks=100)
+    plain.report(1, kv_used_blocks=90)
+    assert not plain.is_busy(1)
+    monkeypatch.setenv("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", "-1")
+    with pytest.raises(ValueError, match='DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC.*"-1"'):
+        Monitor(dynamo_env=True)
+
+
+def test_default_settings_reach_models_created_later() -> None:
+    m = Monitor()
+    m.add_worker("old", 1, kv_total_blocks=100)
+    d = m.set_default_thresholds(active_decode_blocks_threshold=0.5)
+    assert d["active_decode_blocks_threshold"] == 0.5
+    m.set_default_flow_control(queue_limit=4)
+    m.add_worker("new", 2, kv_total_blocks=100)
+    m.report(1, kv_used_blocks=90)
+    m.report(2, kv_used_blocks=90)
+    assert not m.is_busy(1), "a model that existed keeps its thresholds"
+    assert m.is_busy(2)
+    assert 'frontend_queue_requests{model="new"} 0' in m.metrics_text()
+    assert 'model="old"' not in "".join(
+        line for line in m.metrics_text().splitlines() if line.startswith("dynamo_frontend_queue_requests")
+    )
+    # Per-model settings override them.
+    m.set_thresholds("new", active_decode_blocks_threshold=0.95)
+    assert not m.is_busy(2)
+    with pytest.raises(ValueError, match="active_decode_blocks_threshold"):
+        m.set_default_thresholds(active_decode_blocks_threshold=3.0)
+    assert m.set_default_thresholds()["active_decode_blocks_threshold"] == 0.5
+    with pytest.raises(ValueError):
+        m.set_default_flow_control(queue_limit=4, prompt_weight=-1.0)
+    m.set_default_flow_control(queue_limit=0)

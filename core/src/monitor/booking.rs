@@ -90,7 +90,10 @@ impl Booking {
         (blocks, prefill): (u64, u64),
         wait: bool,
     ) -> Result<Self, ReportError> {
-        let moved = if owner == Owner::Own {
+        // Out of leased mode, an own booking is counted as it always was
+        // (one relaxed add in `shift`): the reservation's checked add is
+        // leased mode's alone.
+        let moved = if owner == Owner::Own && worker.model.share.is_leased() {
             let r = &worker.ranks[rank];
             let line = || r.line(&worker.model.thresholds.load());
             worker

@@ -9,6 +9,11 @@ use crate::limits::Limits;
 use crate::metrics;
 use crate::thresholds::Thresholds;
 
+/// Tokens per KV block where loadgate counts blocks it was not told (a
+/// dispatch's blocks by default, prefill tokens in a rank's load score):
+/// vLLM's and SGLang's default block size.
+pub const DEFAULT_BLOCK_TOKENS: u64 = 16;
+
 /// Endpoint label used when the caller names none.
 pub const DEFAULT_ENDPOINT: &str = "generate";
 
@@ -113,6 +118,9 @@ pub struct MonitorConfig {
     pub metrics_prefix: String,
     /// Who does the maintenance.
     pub maintenance: Maintenance,
+    /// What every model starts with (`defaults.rs`); later changes through
+    /// `Monitor::set_default_thresholds` and `set_default_flow_control`.
+    pub defaults: super::ModelDefaults,
 }
 
 impl Default for MonitorConfig {
@@ -124,6 +132,7 @@ impl Default for MonitorConfig {
             limits: Limits::default(),
             metrics_prefix: metrics::DEFAULT_PREFIX.to_owned(),
             maintenance: Maintenance::Background,
+            defaults: super::ModelDefaults::default(),
         }
     }
 }
@@ -147,7 +156,7 @@ impl MonitorConfig {
         if !metrics::valid_prefix(&self.metrics_prefix) {
             return Err(err("metrics_prefix", "must match [a-zA-Z_:][a-zA-Z0-9_:]*"));
         }
-        Ok(())
+        self.defaults.validate()
     }
 }
 

@@ -36,6 +36,7 @@
 //! * `rank.rs`: the load table (`Rank`, `Worker`) and the busy-rule publisher;
 //! * `pick.rs`: the round-robin, random and power-of-two picks;
 //! * `registry.rs`: the RCU registry, adding and removing workers;
+//! * `defaults.rs`: the settings every model starts with;
 //! * `route.rs`, `booking.rs`: the [`Route`] and [`Booking`] handles;
 //! * `share.rs`, `replicas.rs`: this frontend's leased share, and the
 //!   monitor's side of booking sync (`crate::cluster::replicas`);
@@ -64,6 +65,7 @@ pub(crate) mod booking;
 pub(crate) mod busy_set;
 mod combine;
 pub(crate) mod config;
+mod defaults;
 mod duty;
 mod flow;
 mod metrics;
@@ -87,11 +89,15 @@ pub use booking::Booking;
 pub(crate) use booking::Owner;
 pub use config::{
     Maintenance, MonitorConfig, MonitorConfigError, Policy, Staleness, ThresholdState,
-    DEFAULT_ENDPOINT,
+    DEFAULT_BLOCK_TOKENS, DEFAULT_ENDPOINT,
+};
+pub use defaults::{
+    ModelDefaults, ACTIVE_DECODE_BLOCKS_THRESHOLD_ENV, ACTIVE_PREFILL_TOKENS_THRESHOLD_ENV,
+    ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC_ENV,
 };
 pub use flow::{
     Dispatch, DispatchCallback, DispatchHandle, DispatchRequest, Dispatching, FlowControlConfig,
-    FlowError, DEFAULT_BLOCK_TOKENS,
+    FlowError,
 };
 pub use route::Route;
 
@@ -136,6 +142,8 @@ pub struct Monitor {
     pub(crate) share: Arc<share::Share>,
     /// Its maintenance (`duty.rs`).
     duty: Arc<Duty>,
+    /// What new models start with (`defaults.rs`).
+    defaults: Mutex<ModelDefaults>,
     /// This monitor's engine scrapes, for `metrics_text`.
     #[cfg(feature = "scrape")]
     pub(crate) scrapes: crate::scrape::stats::Registered,
@@ -184,6 +192,7 @@ impl Monitor {
             registry,
             flows,
             duty,
+            defaults: Mutex::new(config.defaults.clone()),
             writer: Mutex::new(()),
             share: Arc::new(share::Share::new(clock.clone())),
             clock,

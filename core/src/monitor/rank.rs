@@ -159,9 +159,7 @@ impl Worker {
             let mut load = 0u64;
             for rank in self.ranks.iter() {
                 let l = rank.load();
-                load = load
-                    .saturating_add(l.active_decode_blocks.max(l.kv_used_blocks))
-                    .saturating_add(l.active_prefill_tokens.unwrap_or(0) / 16);
+                load = load.saturating_add(load_score(&l));
                 // Relaxed: an input, released by the combiner (module docs).
                 let rank_busy = match (staleness, rank.stale.load(Ordering::Relaxed)) {
                     (Staleness::Free, true) => false,
@@ -197,11 +195,11 @@ impl Worker {
         }
     }
 
-    /// The rank index with the fewest booked blocks, where a request sent
+    /// The least loaded rank index ([`load_score`]), where a request sent
     /// to this worker is booked.
     pub(super) fn least_loaded_rank(&self) -> usize {
         (0..self.ranks.len())
-            .min_by_key(|&i| self.ranks[i].load().active_decode_blocks)
+            .min_by_key(|&i| load_score(&self.ranks[i].load()))
             .unwrap_or(0)
     }
 
@@ -228,6 +226,16 @@ impl Worker {
     pub(super) fn reevaluate_and_wait(&self) {
         self.combiner.run_and_wait(|| self.publish());
     }
+}
+
+/// How loaded a rank is: its KV blocks in use (the larger of booked and
+/// reported) plus its prefill tokens in blocks of 16. The one rule for
+/// every choice by load: power-of-two compares workers by the sum over
+/// their ranks, and a dispatch books the least loaded rank of its worker.
+pub(super) fn load_score(l: &RankLoad) -> u64 {
+    l.active_decode_blocks
+        .max(l.kv_used_blocks)
+        .saturating_add(l.active_prefill_tokens.unwrap_or(0) / super::config::DEFAULT_BLOCK_TOKENS)
 }
 
 /// Adds to a counter, saturating. Relaxed: the caller

@@ -111,15 +111,7 @@ impl Monitor {
                         },
                     )?);
                 }
-                (
-                    Arc::new(Model::new(
-                        model,
-                        &self.config,
-                        &self.share,
-                        &self.duty.signal,
-                    )),
-                    true,
-                )
+                (self.create_model(model), true)
             }
         };
         let slot = {
@@ -162,6 +154,7 @@ impl Monitor {
         next.ranks = ranks_after;
         if let Some(name) = evict {
             next.models.remove(&name);
+            self.drop_default_queue(&name);
         }
         if new_model {
             next.models.insert(model.name.clone(), model.clone());
@@ -186,17 +179,23 @@ impl Monitor {
     /// reader that holds a registry snapshot only makes the count higher, so
     /// the check errs on the side of keeping a model.
     pub(super) fn evictable_model(&self, reg: &Registry) -> Option<Box<str>> {
+        let flows = self.flows.load();
         reg.models
             .iter()
-            .find(|(_, m)| {
+            .find(|(name, m)| {
+                // A queue from the defaults, with nothing waiting, is no
+                // setting of the model's own; it holds one handle to it.
+                let queue = flows.get(*name);
+                let default_queue = queue.is_some_and(|q| q.from_defaults);
                 // Relaxed: `workers` changes only under the writer lock we
                 // hold; the settings are plain values compared, ordering nothing.
-                Arc::strong_count(m) == 1
+                Arc::strong_count(m) == 1 + usize::from(default_queue)
                     && m.workers.load(Ordering::Relaxed) == 0
                     && m.staleness() == self.config.staleness
                     && m.stale_after.load(Ordering::Relaxed) == nanos(self.config.stale_after)
                     && lock(&m.cold).thresholds.version == 0
-                    && !m.flow_on.load(Ordering::Relaxed)
+                    && (queue.is_none()
+                        || default_queue && m.flow_waiting.load(Ordering::Relaxed) == 0)
             })
             .map(|(name, _)| name.clone())
     }

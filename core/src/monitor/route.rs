@@ -83,15 +83,11 @@ impl Monitor {
                         } else {
                             None
                         };
-                        let m = Arc::new(Model::new(
-                            model,
-                            &self.config,
-                            &self.share,
-                            &self.duty.signal,
-                        ));
+                        let m = self.create_model(model);
                         let mut next = (*current).clone();
                         if let Some(name) = evict {
                             next.models.remove(&name);
+                            self.drop_default_queue(&name);
                         }
                         next.models.insert(m.name.clone(), m.clone());
                         self.registry.store(Arc::new(next));

@@ -99,6 +99,12 @@ impl Share {
         (word & LEASED != 0).then(|| of_line(word, line()))
     }
 
+    /// Whether this frontend books under a leased share.
+    #[inline]
+    pub(crate) fn is_leased(&self) -> bool {
+        self.busy_cap(|| 0).is_some()
+    }
+
     /// Reserves `blocks` more of a rank whose line is `line()` in `own`,
     /// its own-booking counter, if they fit this frontend's cap; otherwise
     /// changes nothing and returns the cap. Out of leased mode, only adds

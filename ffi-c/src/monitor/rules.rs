@@ -27,6 +27,75 @@ fn thresholds_out(state: loadgate_core::monitor::ThresholdState) -> lg_threshold
     }
 }
 
+/// The core update an lg_threshold_update asks for.
+fn update_of(u: &lg_threshold_update) -> Result<ThresholdUpdate, Error> {
+    let clear = ThresholdFields::from_bits(u.clear).map_err(|unknown| {
+        Error::invalid(format_args!(
+            "clear has unknown bits {unknown:#x} (use LG_CLEAR_* flags)"
+        ))
+    })?;
+    Ok(ThresholdUpdate {
+        active_decode_blocks_threshold: some_if(
+            u.has_active_decode_blocks_threshold,
+            u.active_decode_blocks_threshold,
+        ),
+        active_prefill_tokens_threshold: some_if(
+            u.has_active_prefill_tokens_threshold,
+            u.active_prefill_tokens_threshold,
+        ),
+        active_prefill_tokens_threshold_frac: some_if(
+            u.has_active_prefill_tokens_threshold_frac,
+            u.active_prefill_tokens_threshold_frac,
+        ),
+        waiting_requests_threshold: some_if(
+            u.has_waiting_requests_threshold,
+            u.waiting_requests_threshold,
+        ),
+        clear,
+    })
+}
+
+/// Sets the thresholds every model created from now on starts with (an
+/// update applied to the current defaults, as lg_monitor_set_thresholds()
+/// applies one to a model); models that exist keep theirs.
+/// `out_thresholds` (may be NULL) receives the defaults in force
+/// afterwards (version 0).
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor or update, a value out of
+/// range as for lg_monitor_set_thresholds()). A refused update changes
+/// nothing.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: any thread. Blocking: takes the defaults' lock (cold
+/// path).
+///
+/// # Safety
+/// `monitor` is NULL or a live monitor; `update` is NULL or points to a
+/// valid lg_threshold_update; `out_thresholds` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_set_default_thresholds(
+    monitor: *const lg_monitor,
+    update: *const lg_threshold_update,
+    out_thresholds: *mut lg_thresholds,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `monitor` is NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        // SAFETY: `update` is NULL or a valid lg_threshold_update (contract).
+        let u = unsafe { input(update, "update") }?;
+        let out = Out::optional(out_thresholds, "out_thresholds")?;
+        let thresholds = m.monitor.set_default_thresholds(&update_of(u)?)?;
+        if let Some(out) = out {
+            let state = loadgate_core::monitor::ThresholdState {
+                thresholds,
+                version: 0,
+            };
+            // SAFETY: writable by the contract.
+            unsafe { out.write(thresholds_out(state)) };
+        }
+        Ok(())
+    })
+}
+
 /// Validates and applies a threshold update to `model`, bumps its version
 /// and re-evaluates every worker of the model before returning. An update
 /// that sets and clears nothing is a read. `out_thresholds` (may be NULL)
@@ -61,30 +130,7 @@ pub unsafe extern "C" fn lg_monitor_set_thresholds(
         // SAFETY: `update` is NULL or a valid lg_threshold_update (contract).
         let u = unsafe { input(update, "update") }?;
         let out = Out::optional(out_thresholds, "out_thresholds")?;
-        let clear = ThresholdFields::from_bits(u.clear).map_err(|unknown| {
-            Error::invalid(format_args!(
-                "clear has unknown bits {unknown:#x} (use LG_CLEAR_* flags)"
-            ))
-        })?;
-        let update = ThresholdUpdate {
-            active_decode_blocks_threshold: some_if(
-                u.has_active_decode_blocks_threshold,
-                u.active_decode_blocks_threshold,
-            ),
-            active_prefill_tokens_threshold: some_if(
-                u.has_active_prefill_tokens_threshold,
-                u.active_prefill_tokens_threshold,
-            ),
-            active_prefill_tokens_threshold_frac: some_if(
-                u.has_active_prefill_tokens_threshold_frac,
-                u.active_prefill_tokens_threshold_frac,
-            ),
-            waiting_requests_threshold: some_if(
-                u.has_waiting_requests_threshold,
-                u.waiting_requests_threshold,
-            ),
-            clear,
-        };
+        let update = update_of(u)?;
         let state = m.monitor.set_thresholds(model, &update)?;
         if let Some(out) = out {
             // SAFETY: writable by the contract.

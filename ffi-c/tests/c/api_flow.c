@@ -179,7 +179,63 @@ static void test_flow_burst(bool raise) {
     lg_monitor_free(m);
 }
 
+/* Settings before the model exists: the defaults every new model starts
+ * with, from the program or from Dynamo's DYN_ACTIVE_* variables. */
+static void test_model_defaults(void) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_threshold_update u;
+    memset(&u, 0, sizeof u);
+    u.has_active_decode_blocks_threshold = true;
+    u.active_decode_blocks_threshold = 0.5;
+    lg_thresholds t;
+    OK(lg_monitor_set_default_thresholds(m, &u, &t));
+    CHECK(t.has_active_decode_blocks_threshold && t.active_decode_blocks_threshold == 0.5);
+    lg_flow_config f;
+    OK(lg_flow_config_default(4, &f));
+    OK(lg_monitor_set_default_flow_control(m, &f));
+    /* The model comes with its first worker: thresholds and queue are there. */
+    lg_worker_spec spec = one_rank(100);
+    OK(lg_monitor_add_worker(m, S("new"), 1, &spec));
+    lg_load_report busy = kv_report(90, 100);
+    OK(lg_monitor_report(m, 1, 0, &busy));
+    CHECK(await_busy(m, 1, true));
+    lg_dispatch_request r;
+    OK(lg_dispatch_request_default(&r));
+    lg_dispatch *d = NULL;
+    EXPECT(lg_monitor_dispatch(m, S("new"), &r, 0, &d), LG_TIMED_OUT); /* it waited */
+    /* A refused default changes nothing. */
+    u.active_decode_blocks_threshold = 2.0;
+    INVALID(lg_monitor_set_default_thresholds(m, &u, NULL));
+    CHECK(last_error_contains("active_decode_blocks_threshold"));
+    f.queue_limit = 0;
+    INVALID(lg_monitor_set_default_flow_control(m, &f));
+    OK(lg_monitor_set_default_flow_control(m, NULL));
+    INVALID(lg_monitor_set_default_thresholds(NULL, &u, NULL));
+    INVALID(lg_monitor_set_default_thresholds(m, NULL, NULL));
+    lg_monitor_free(m);
+
+    lg_monitor_config c;
+    OK(lg_monitor_config_default(&c));
+    CHECK(!c.dynamo_env);
+    c.dynamo_env = true;
+    CHECK(setenv("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", "0.25", 1) == 0);
+    OK(lg_monitor_new(&c, &m));
+    OK(lg_monitor_add_worker(m, S("m"), 1, &spec));
+    OK(lg_monitor_get_thresholds(m, S("m"), &t));
+    CHECK(t.has_active_decode_blocks_threshold && t.active_decode_blocks_threshold == 0.25);
+    lg_monitor_free(m);
+    CHECK(setenv("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", "lots", 1) == 0);
+    m = NULL;
+    INVALID(lg_monitor_new(&c, &m));
+    CHECK(m == NULL);
+    CHECK(last_error_contains("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD"));
+    CHECK(last_error_contains("lots"));
+    CHECK(unsetenv("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD") == 0);
+}
+
 void test_flow(void) {
+    test_model_defaults();
     test_flow_config();
     CHECK(contains(lg_status_str(LG_QUEUE_FULL), "queue is full"));
     CHECK(strcmp(lg_status_reason(LG_QUEUE_DEADLINE), "queue_deadline") == 0);

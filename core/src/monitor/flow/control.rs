@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::task::Waker;
 
 use super::metrics::{FlowStats, Snapshot, TOP_TENANTS};
+use crate::error::Reason;
 use crate::flow::{FlowConfig, FlowConfigError, FlowQueue, FlowRejection, Reservation, MAX_SHED};
 use crate::monitor::booking::Booking;
-use crate::monitor::config::Policy;
+use crate::monitor::config::{Policy, DEFAULT_ENDPOINT};
 use crate::monitor::model::Model;
 use crate::sync::{Mutex, Ordering};
 
@@ -34,6 +35,9 @@ pub(crate) struct FlowControl {
     pub(super) policy: Policy,
     /// Requests that may wait while the model has no workers.
     pub(super) scale_up_limit: u32,
+    /// Made from the monitor's defaults when its model was created (such a
+    /// model may be evicted while nothing waits).
+    pub(crate) from_defaults: bool,
 }
 
 pub(crate) struct State {
@@ -150,7 +154,7 @@ impl std::fmt::Debug for FlowControl {
 }
 
 impl FlowControl {
-    pub(super) fn new(
+    pub(crate) fn new(
         model: Arc<Model>,
         queue: &FlowConfig,
         policy: Policy,
@@ -168,6 +172,7 @@ impl FlowControl {
             model,
             policy,
             scale_up_limit: queue.scale_up_limit,
+            from_defaults: false,
         })
     }
 
@@ -185,19 +190,22 @@ impl FlowControl {
     /// goes to its callback (freeing the ticket) or waits in it for its
     /// future, whose waker is woken.
     pub(super) fn resolve(
+        &self,
         st: &mut State,
         t: u32,
         outcome: Result<Granted, FlowRejection>,
         now: u64,
         after: &mut After,
     ) {
-        let ticket = &mut st.tickets[t as usize];
+        let (band, queued_at) = {
+            let ticket = &st.tickets[t as usize];
+            (ticket.band, ticket.queued_at)
+        };
         match &outcome {
-            Ok(_) => st
-                .stats
-                .sent_from_queue(now.saturating_sub(ticket.queued_at)),
-            Err(why) => st.stats.refused(*why, ticket.band),
+            Ok(_) => st.stats.sent_from_queue(now.saturating_sub(queued_at)),
+            Err(why) => self.refused(st, *why, band),
         }
+        let ticket = &mut st.tickets[t as usize];
         ticket.key = None;
         match std::mem::take(&mut ticket.notify) {
             Notify::Callback(callback) => {
@@ -210,6 +218,15 @@ impl FlowControl {
             }
             Notify::Nobody => ticket.outcome = Some(outcome),
         }
+    }
+
+    /// Counts a refusal of priority band `band`: in the queue's own
+    /// families, and in the model's rejections, which `select` counts in
+    /// (`frontend_failures_total`: a queue's refusals as the pool's
+    /// exhaustion, as without a queue).
+    pub(super) fn refused(&self, st: &mut State, why: FlowRejection, band: usize) {
+        st.stats.refused(why, band);
+        count_refusal(&self.model, why);
     }
 
     /// Hands what an arrival resolved (requests it shed) to the
@@ -243,7 +260,7 @@ impl FlowControl {
                 break;
             };
             st.expired += 1;
-            Self::resolve(st, t, Err(FlowRejection::QueueDeadline), now, after);
+            self.resolve(st, t, Err(FlowRejection::QueueDeadline), now, after);
         }
         self.send_waiting(st, now, book, after);
         after.full() || !st.owed.is_empty()
@@ -272,7 +289,7 @@ impl FlowControl {
                     .key
                     .expect("a queued ticket has its key");
                 st.queue.cancel(key);
-                Self::resolve(st, t, Err(FlowRejection::NoWorkers), now, after);
+                self.resolve(st, t, Err(FlowRejection::NoWorkers), now, after);
                 continue;
             }
             let ticket = &st.tickets[t as usize];
@@ -288,7 +305,7 @@ impl FlowControl {
                 booking,
                 reservation,
             };
-            Self::resolve(st, t, Ok(granted), now, after);
+            self.resolve(st, t, Ok(granted), now, after);
         }
         self.publish_waiting(st);
     }
@@ -351,7 +368,7 @@ impl FlowControl {
     /// off or replaced), delivering the outcomes on this thread; later
     /// arrivals are refused too. The model's waiting count is the next
     /// queue's to publish.
-    pub(super) fn close(self: &Arc<Self>, why: FlowRejection) {
+    pub(crate) fn close(self: &Arc<Self>, why: FlowRejection) {
         let mut refused = Vec::new();
         let mut st = crate::sync::lock(&self.state);
         st.closed = true;
@@ -359,7 +376,7 @@ impl FlowControl {
         let owed = std::mem::take(&mut st.owed);
         let mut after = After::default();
         for t in refused {
-            Self::resolve(&mut st, t, Err(why), 0, &mut after);
+            self.resolve(&mut st, t, Err(why), 0, &mut after);
             if after.full() {
                 drop(st);
                 std::mem::take(&mut after).deliver(self);
@@ -374,4 +391,18 @@ impl FlowControl {
             one.deliver(self);
         }
     }
+}
+
+/// Counts a dispatch's refusal in `model`'s rejections, as `select` counts
+/// its own, under the default endpoint; bad input and a caller's own
+/// timeout are not refusals of the fleet.
+pub(super) fn count_refusal(model: &Model, why: FlowRejection) {
+    let reason = match why {
+        FlowRejection::NoWorkers => Reason::NoWorkers,
+        FlowRejection::AllWorkersBusy | FlowRejection::QueueFull | FlowRejection::QueueDeadline => {
+            Reason::AllWorkersBusy
+        }
+        FlowRejection::InvalidTenant | FlowRejection::TimedOut => return,
+    };
+    model.count_rejection(reason, DEFAULT_ENDPOINT);
 }

@@ -74,6 +74,7 @@ pub use future::{Dispatch, DispatchHandle, Dispatching};
 use future::{Step, Waiting};
 pub(crate) use metrics::render as render_metrics;
 
+use super::config::DEFAULT_BLOCK_TOKENS;
 use super::model::Model;
 use super::registry::Registry;
 use super::{Booking, Monitor, Owner, Policy};
@@ -96,10 +97,6 @@ pub struct DispatchRequest<'a> {
     /// once with [`FlowRejection::AllWorkersBusy`].
     pub queue: bool,
 }
-
-/// Tokens per KV block when a request gives no `blocks` (vLLM's and
-/// SGLang's default block size).
-pub const DEFAULT_BLOCK_TOKENS: u64 = 16;
 
 impl<'a> DispatchRequest<'a> {
     /// A request of `flow` that may wait, booking its prompt's blocks.
@@ -279,7 +276,11 @@ impl Monitor {
             let Some(m) = reg.models.get(model) else {
                 return Arrival::Ready(Err(FlowRejection::NoWorkers));
             };
-            return Arrival::Ready(self.send_now(m, Policy::RoundRobin, request, None));
+            let outcome = self.send_now(m, Policy::RoundRobin, request, None);
+            if let Err(why) = &outcome {
+                control::count_refusal(m, *why);
+            }
+            return Arrival::Ready(outcome);
         };
         let m = &*flow.model;
         let mut st = lock(&flow.state);
@@ -296,7 +297,7 @@ impl Monitor {
                 outcome => {
                     match &outcome {
                         Ok(_) => st.stats.sent_at_once(),
-                        Err(why) => st.stats.refused(*why, band),
+                        Err(why) => flow.refused(&mut st, *why, band),
                     }
                     return Arrival::Ready(outcome);
                 }
@@ -313,7 +314,7 @@ impl Monitor {
             None
         };
         if let Some(why) = refused {
-            st.stats.refused(why, band);
+            flow.refused(&mut st, why, band);
             return Arrival::Ready(Err(why));
         }
         let (t, gen) = FlowControl::ticket(
@@ -332,14 +333,14 @@ impl Monitor {
         });
         let mut after = After::default();
         for &v in &shed[..n] {
-            FlowControl::resolve(&mut st, v, Err(FlowRejection::QueueFull), now, &mut after);
+            flow.resolve(&mut st, v, Err(FlowRejection::QueueFull), now, &mut after);
         }
         flow.owe(&mut st, after);
         let key = match pushed {
             Ok(key) => key,
             Err((reason, _)) => {
                 FlowControl::free_ticket(&mut st, t);
-                st.stats.refused(reason, band);
+                flow.refused(&mut st, reason, band);
                 return Arrival::Ready(Err(reason));
             }
         };
