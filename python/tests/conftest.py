@@ -1,10 +1,12 @@
-"""Shared helpers: a real uvicorn server on a free loopback port, and Python
-subprocesses with a chosen environment."""
+"""Shared helpers: a real uvicorn server on a free loopback port, Python
+subprocesses with a chosen environment, and a model's frontend queue length
+as the monitor reports it."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -70,6 +72,14 @@ def run_python(
     return subprocess.run(
         [sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout
     )
+
+
+def flow_queued(monitor: Any, model: str) -> int:
+    """Requests waiting in `model`'s frontend queue, read from the monitor's
+    `frontend_queue_requests` gauge (0 while the model has no queue)."""
+    pattern = r'^\w*frontend_queue_requests\{model="%s"\} (\d+)$' % re.escape(model)
+    found = re.search(pattern, monitor.metrics_text(), re.MULTILINE)
+    return int(found.group(1)) if found else 0
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, List
+from typing import Any, Callable, List
 
 import httpx
 from starlette.applications import Starlette
@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from conftest import serve
+from conftest import flow_queued, serve
 from loadgate import Monitor
 from loadgate.flow_asgi import FlowMiddleware
 
@@ -43,6 +43,14 @@ def app(release: threading.Event, seen: List[str]) -> Any:
     return Starlette(routes=[Route("/v1/chat/completions", generate, methods=["POST"])])
 
 
+def until(cond: Callable[[], bool]) -> None:
+    """Waits until `cond()` holds; the limit only turns a hang into a failure."""
+    limit = time.monotonic() + 30
+    while not cond():
+        assert time.monotonic() < limit, "condition not reached"
+        time.sleep(0.002)
+
+
 def test_requests_wait_for_the_worker_and_go_in_order() -> None:
     m = fleet()
     release = threading.Event()
@@ -51,21 +59,24 @@ def test_requests_wait_for_the_worker_and_go_in_order() -> None:
     guarded = FlowMiddleware(app(release, seen), m, model="llama", cost=lambda scope: (960, 16))
     with serve(guarded) as url, httpx.Client(base_url=url, timeout=20) as client:
         results: dict = {}
+        threads = []
 
         def call(tenant: str) -> None:
             r = client.post("/v1/chat/completions", headers={"x-loadgate-tenant": tenant}, json={})
             results[tenant] = r
 
-        threads = []
-        for tenant in ("a", "b", "c"):
+        def send(tenant: str) -> None:
             t = threading.Thread(target=call, args=(tenant,))
             t.start()
             threads.append(t)
-            # In order: each arrives while the first holds the worker.
-            limit = time.monotonic() + 10
-            while len(seen) < 1 and time.monotonic() < limit:
-                time.sleep(0.002)
-            time.sleep(0.05)
+
+        # In order: a holds the worker, then b and then c join its queue.
+        send("a")
+        until(lambda: seen == ["a"])
+        send("b")
+        until(lambda: flow_queued(m, "llama") == 1)
+        send("c")
+        until(lambda: flow_queued(m, "llama") == 2)
         assert seen == ["a"], "b and c wait while a holds the worker"
         release.set()
         for t in threads:
