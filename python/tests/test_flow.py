@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 
+from conftest import flow_queued
 from loadgate import FlowTicket, Monitor, Overloaded, QueueTimeout, Unavailable
 
 
@@ -36,7 +37,17 @@ def free(m: Monitor) -> None:
     m.report(1, kv_used_blocks=0)
 
 
+def waiting(m: Monitor) -> int:
+    """Requests waiting in model m's queue."""
+    return flow_queued(m, "m")
+
+
 async def until(cond: Callable[[], bool]) -> None:
+    """Waits until `cond()` holds (the limit only turns a hang into a
+    failure). It first lets the loop run once, so that every task made
+    before the call has taken its first step: a dispatch wrapped in a task
+    has been polled and, if it waits, is parked until a wake-up."""
+    await asyncio.sleep(0)
     for _ in range(2000):
         if cond():
             return
@@ -93,7 +104,7 @@ def test_with_a_scale_up_limit_requests_wait_for_a_worker_to_join() -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(m.dispatch("m", tenant="a", blocks=1))
-        await asyncio.sleep(0.01)
+        await until(lambda: waiting(m) == 1)
         assert not task.done()
         with pytest.raises(Unavailable) as e:
             await m.dispatch("m", tenant="b", blocks=1)
@@ -114,7 +125,7 @@ def test_a_queued_request_goes_when_a_report_frees_the_worker() -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(m.dispatch("m", tenant="a", blocks=1))
-        await asyncio.sleep(0.01)
+        await until(lambda: waiting(m) == 1)
         assert not task.done()
         free(m)
         t = await task
@@ -130,7 +141,7 @@ def test_a_report_from_another_thread_wakes_the_loop() -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(m.dispatch("m", blocks=1))
-        await asyncio.sleep(0.01)
+        await until(lambda: waiting(m) == 1)
         threading.Thread(target=free, args=(m,)).start()
         t = await task
         t.complete()
@@ -144,9 +155,9 @@ def test_requests_wait_in_order_and_a_release_sends_the_next() -> None:
     async def main() -> None:
         first = await m.dispatch("m", tenant="a", blocks=60)
         b = asyncio.ensure_future(m.dispatch("m", tenant="b", blocks=60))
-        await asyncio.sleep(0.01)
+        await until(lambda: waiting(m) == 1)
         c = asyncio.ensure_future(m.dispatch("m", tenant="c", blocks=60))
-        await asyncio.sleep(0.01)
+        await until(lambda: waiting(m) == 2)
         assert not b.done() and not c.done()
         first.complete()
         second = await b
@@ -163,10 +174,11 @@ def test_a_cancelled_request_leaves_the_queue() -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(m.dispatch("m", blocks=1))
-        await asyncio.sleep(0.01)
+        await until(lambda: waiting(m) == 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        assert waiting(m) == 0
         free(m)
         # Nothing of it is left: the next request goes at once.
         t = await asyncio.wait_for(m.dispatch("m", blocks=1), 5)
@@ -201,7 +213,7 @@ def test_a_full_queue_sheds_the_heavy_tenant_for_a_light_one() -> None:
     async def main() -> None:
         h1 = asyncio.ensure_future(m.dispatch("m", tenant="heavy", blocks=1))
         h2 = asyncio.ensure_future(m.dispatch("m", tenant="heavy", blocks=1))
-        await asyncio.sleep(0.01)
+        await until(lambda: waiting(m) == 2)
         light = asyncio.ensure_future(m.dispatch("m", tenant="light", blocks=1))
         with pytest.raises(Overloaded) as e:
             await h2
@@ -224,18 +236,18 @@ def test_the_opt_out_no_workers_and_turning_the_queue_off() -> None:
         with pytest.raises(Overloaded) as e:
             await m.dispatch("m", queue=False)
         assert e.value.reason == "all_workers_busy"
-        waiting = asyncio.ensure_future(m.dispatch("m", blocks=1))
-        await asyncio.sleep(0.01)
+        pending = asyncio.ensure_future(m.dispatch("m", blocks=1))
+        await until(lambda: waiting(m) == 1)
         m.set_flow_control("m", queue_limit=0)
         with pytest.raises(Overloaded) as e:
-            await waiting
+            await pending
         assert e.value.reason == "queue_full"
         m.set_flow_control("m", queue_limit=4)
-        waiting = asyncio.ensure_future(m.dispatch("m", blocks=1))
-        await asyncio.sleep(0.01)
+        pending = asyncio.ensure_future(m.dispatch("m", blocks=1))
+        await until(lambda: waiting(m) == 1)
         m.remove_worker(1)
         with pytest.raises(Unavailable) as e2:
-            await waiting
+            await pending
         assert e2.value.reason == "no_workers"
         with pytest.raises(Unavailable):
             await m.dispatch("unknown-model")
