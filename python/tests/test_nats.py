@@ -160,21 +160,22 @@ def test_silent_worker_expires_then_select_is_unavailable(nats_url: str) -> None
             Reporter(nats_url, wid, "m", namespace="expiry", dp_size=2, heartbeat=0.1) for wid in (7, 8)
         ]
         wait_for(lambda: m.workers("m"), lambda w: w == [7, 8])
-        # Heartbeats keep both alive past expire_after. A negative check with
-        # no condition to wait for: the sleep gives a wrong expiry the chance
-        # to happen (heartbeats come every 0.1 s, expiry takes 0.5 s of
-        # silence). core/tests/cluster_nats.rs checks the same on a manual
-        # clock.
-        time.sleep(0.8)
+        # Heartbeats keep both alive past expire_after: once the subscriber
+        # has applied 40 more of them, neither worker has expired. A reporter
+        # sends at most one message per rank (two) per heartbeat (0.1 s), so
+        # 40 span at least ten heartbeats of one of them: longer than
+        # expire_after (0.5 s) plus a sweep. core/tests/cluster_nats.rs
+        # checks the bounds of expiry on a manual clock.
+        heard = sub.stats()["applied"]
+        wait_for(lambda: sub.stats()["applied"], lambda n: n >= heard + 40)
         assert m.workers("m") == [7, 8]
+        assert sub.stats()["expired"] == 0
 
         reporters[0].close()
         reporters[0].close()  # idempotent
         with pytest.raises(RuntimeError, match="closed"):
             reporters[0].report(kv_used_blocks=1)
-        closed_at = time.monotonic()
         wait_for(lambda: m.workers("m"), lambda w: w == [8])
-        assert time.monotonic() - closed_at >= 0.4  # not before expire_after
         assert m.select("m") == 8
         assert sub.stats()["expired"] == 1
 
@@ -190,16 +191,22 @@ def test_silent_worker_expires_then_select_is_unavailable(nats_url: str) -> None
 
 
 def test_namespaces_are_separate(nats_url: str) -> None:
-    m = Monitor()
-    with m.subscribe_nats(nats_url, "ns-a") as sub:
+    m, other = Monitor(), Monitor()
+    with m.subscribe_nats(nats_url, "ns-a") as sub, other.subscribe_nats(nats_url, "ns-b"):
         with Reporter(nats_url, 1, "m", namespace="ns-b", heartbeat=0.1), \
                 Reporter(nats_url, 2, "m", namespace="ns-a", heartbeat=0.1):
             wait_for(lambda: m.workers("m"), lambda w: w == [2])
-            # A negative check with no condition to wait for: the sleep gives
-            # worker 1's heartbeats (every 0.1 s) the chance to arrive wrongly.
-            time.sleep(0.3)
-            assert m.workers("m") == [2]
-        assert sub.stats()["announced"] == 1
+            # Worker 1's announcements have gone through the server: ns-b's
+            # monitor registered it.
+            wait_for(lambda: other.workers("m"), lambda w: w == [1])
+            # A worker that joins ns-a after that comes behind them: the
+            # server delivers to m's connection in order, and m registers
+            # new workers one at a time in arrival order. So once worker 3
+            # is registered, any of worker 1's that reached ns-a would be.
+            with Reporter(nats_url, 3, "m", namespace="ns-a", heartbeat=0.1):
+                wait_for(lambda: m.workers("m"), lambda w: 3 in w)
+                assert m.workers("m") == [2, 3]
+        assert sub.stats()["announced"] == 2
 
 
 def test_default_namespace(nats_url: str) -> None:
