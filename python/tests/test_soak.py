@@ -170,8 +170,22 @@ def test_soak_on_a_manual_clock() -> None:
     check_flat(middle, after)
 
 
+async def timers_passed(longest: float) -> None:
+    """Returns once every timer set on the running loop so far, none longer
+    than `longest` seconds, has had its time, and the loop has dropped it
+    (a cancelled timer handle holds the loop until then): a marker set now
+    for `longest` comes due after all of them, and the loop takes due
+    timers in order of their time."""
+    loop = asyncio.get_running_loop()
+    marker = loop.create_future()
+    loop.call_later(longest, marker.set_result, None)
+    await marker
+
+
 def test_soak_with_the_event_loop_deadline_timer() -> None:
-    gate = AdmissionGate(4, 16, classes=classes((0.002, 0.004, 0.008)))
+    timeouts = (0.002, 0.004, 0.008)
+    gate = AdmissionGate(4, 16, classes=classes(timeouts))
+    hold_tick = 0.003
 
     async def tick(rng: random.Random) -> None:
         await asyncio.sleep(0)
@@ -179,17 +193,20 @@ def test_soak_with_the_event_loop_deadline_timer() -> None:
     async def hold(ticks: int) -> None:
         # Held in real time, so that waiters reach their deadlines, which
         # the loop's timer expires.
-        await asyncio.sleep(ticks * 0.003)
+        await asyncio.sleep(ticks * hold_tick)
+
+    # The longest timer the soak sets: a hold of 3 ticks, or the gate's
+    # deadline timer, never later than the longest queue timeout.
+    longest = max(3 * hold_tick, *timeouts)
 
     async def main() -> Tuple[Counter[str], Tuple[int, ...], Tuple[int, ...]]:
         loop = asyncio.get_running_loop()
         soak = Soak(gate, 7, tick, hold)
         await soak.run(2_000)
-        # Cancelled timer handles hold the loop until their time comes.
-        await asyncio.sleep(0.05)
+        await timers_passed(longest)
         before = live(gate, loop)
         await soak.run(10_000)
-        await asyncio.sleep(0.05)
+        await timers_passed(longest)
         after = live(gate, loop)
         return soak.outcomes, before, after
 
