@@ -45,6 +45,7 @@ pub use http::*;
 pub use monitor::*;
 pub use nats_options::*;
 pub use permit::*;
+pub use replicas::*;
 pub use scrape::*;
 pub use status::*;
 pub use ticket::*;
