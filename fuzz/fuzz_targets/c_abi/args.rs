@@ -123,6 +123,7 @@ pub struct MonitorConfig {
     pub staleness: u32,
     pub max_workers: u8,
     pub prefix: Option<Str>,
+    pub dynamo_env: bool,
 }
 
 #[derive(Debug, Arbitrary)]

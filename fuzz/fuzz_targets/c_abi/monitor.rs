@@ -115,6 +115,7 @@ impl Call {
                         max_ranks_per_worker: u32::from(c.max_workers % 9),
                         max_ranks: usize::from(c.max_workers % 64),
                         max_name_len: usize::from(c.max_workers % 24),
+                        dynamo_env: c.dynamo_env,
                     }
                 });
                 let mut out: *mut lg_monitor = dangling();
