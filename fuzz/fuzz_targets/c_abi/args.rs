@@ -81,6 +81,23 @@ impl<'a> Arbitrary<'a> for Small {
     }
 }
 
+/// A count setting: small most of the time; at the ends of the documented
+/// ranges (1,048,576 requests or tenants, 4,096 frontends) or anything
+/// sometimes.
+#[derive(Debug, Clone, Copy)]
+pub struct Count(pub u32);
+
+impl<'a> Arbitrary<'a> for Count {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        const EDGES: [u32; 6] = [0, 1_048_575, 1_048_576, 1_048_577, 4096, 4097];
+        Ok(Count(match u.arbitrary::<u8>()? {
+            0..=199 => u32::from(u.int_in_range(0u8..=9)?),
+            200..=229 => EDGES[usize::from(u.int_in_range(0u8..=5)?)],
+            _ => u.arbitrary()?,
+        }))
+    }
+}
+
 /// A text buffer: NULL or `len` bytes (`len` may be 0 or too short).
 #[derive(Debug, Clone, Copy, Arbitrary)]
 pub struct Buf {

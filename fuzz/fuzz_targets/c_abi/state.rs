@@ -34,6 +34,7 @@ pub struct State {
     pub bookings: Vec<*mut lg_booking>,
     pub permits: Vec<*mut lg_permit>,
     pub tickets: Vec<*mut lg_ticket>,
+    pub dispatches: Vec<*mut lg_dispatch>,
     /// Each live gate's class reservations, by handle (absent: no
     /// classes), to tell when a blocking admit cannot wait.
     pub reserved: HashMap<usize, Vec<u32>>,
@@ -151,6 +152,7 @@ impl State {
             bookings: Vec::new(),
             permits: Vec::new(),
             tickets: Vec::new(),
+            dispatches: Vec::new(),
             reserved: HashMap::new(),
             log: Box::default(),
             seen: 0,
@@ -200,6 +202,10 @@ impl State {
         for t in std::mem::take(&mut self.tickets) {
             // SAFETY: `t` was taken out of `State::tickets`: a live ticket, freed once.
             unsafe { lg_ticket_free(t) };
+        }
+        for d in std::mem::take(&mut self.dispatches) {
+            // SAFETY: `d` was taken out of `State::dispatches`: a live dispatch, completed once.
+            unsafe { lg_dispatch_complete(d, 0) };
         }
         for b in std::mem::take(&mut self.bookings) {
             // SAFETY: `take` removes the handle from `State::bookings` (or gives NULL), so it is
