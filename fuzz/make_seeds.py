@@ -149,6 +149,10 @@ FINDINGS = {
     # admission finds the queue full with 47 overdue waiters.
     ("gate_ops", "finding-full-queue-expiry"):
         "f8002f2f00102f2f2f2f2f982f2f2f2f2f2f982f2f2f2f2f982f2f",
+    # A worker declared with no ranks, and a dispatch that picks it: it has
+    # nothing to book (a panic on an empty rank list before).
+    ("c_abi", "finding-dispatch-to-a-worker-without-ranks"):
+        "292c010000000000241a35cf2199165b49bf4141404048bfbfbf7ebf01000000bfffffffffff41404048bfbf7ebfbfbfbfbfaf",
 }
 
 

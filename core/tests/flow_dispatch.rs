@@ -505,3 +505,23 @@ fn the_queue_is_counted_in_the_metrics() {
         .count();
     assert_eq!(shown, 10);
 }
+
+#[test]
+fn a_worker_that_declared_no_ranks_takes_a_request_and_books_nothing() {
+    // A worker with no ranks is never busy: a dispatch sends to it and has
+    // nothing to book there.
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(0, 100)).unwrap();
+    let config = FlowControlConfig {
+        queue: FlowConfig::new(8),
+        policy: Policy::RoundRobin,
+    };
+    m.set_flow_control(M, Some(&config)).unwrap();
+    let mut d = start(&m, &request("a", 5)).sent();
+    assert_eq!((d.worker_id(), d.dp_rank()), (1, 0));
+    d.add_output_blocks(3);
+    d.prefill_done();
+    d.complete(1);
+    m.set_flow_control(M, None).unwrap();
+    drop(start(&m, &request("a", 5)).sent());
+}

@@ -531,3 +531,26 @@ fn an_interrupted_frontend_keeps_claiming_what_it_holds() {
     run_for(&clock, &[&a], 3 * LEASE_MS);
     assert_eq!(a.sync.stats().share, 1_000_000);
 }
+
+#[test]
+fn a_leased_sync_that_is_gone_leaves_its_monitor_out_of_leased_mode() {
+    // A sync that never ran (as one whose connection failed) must not leave
+    // the zero share of a joining frontend behind: every booking would be
+    // refused for ever.
+    let clock = ManualClock::new();
+    let m = Arc::new(monitor_with(clock.clone()));
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    let mut config = BookingSyncConfig::new("a");
+    config.mode = SyncMode::Leased;
+    let subjects = Subjects::new("ns").unwrap();
+    let sync = BookingSync::new(m.clone(), &subjects, config, clock).unwrap();
+    assert!(matches!(m.book(1, 0, 1), Err(ReportError::NoShare { .. })));
+    assert!(m.is_busy(1).unwrap(), "a full share counts as busy");
+    drop(sync);
+    let b = m
+        .book(1, 0, 1)
+        .expect("out of leased mode, booking is uncapped");
+    drop(b);
+    assert!(!m.is_busy(1).unwrap());
+}

@@ -578,6 +578,17 @@ impl fmt::Debug for SyncAttached {
     }
 }
 
+/// A leased sync that is gone leaves its monitor out of leased mode: with
+/// nothing left to renew the share, a zero share would refuse every
+/// booking for ever (as after a sync that failed to connect).
+impl Drop for BookingSync {
+    fn drop(&mut self) {
+        if self.config.mode == SyncMode::Leased {
+            self.monitor.leave_share();
+        }
+    }
+}
+
 impl Drop for SyncAttached {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);

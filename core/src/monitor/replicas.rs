@@ -159,6 +159,22 @@ impl Monitor {
         usage
     }
 
+    /// Leaves leased mode (its booking sync is gone): bookings are no
+    /// longer capped; every worker is re-evaluated and the queues kicked.
+    pub(crate) fn leave_share(&self) {
+        if self.share.used().is_none() {
+            return;
+        }
+        self.share.leave();
+        let reg = self.registry.load();
+        for worker in reg.workers.values() {
+            worker.reevaluate_and_wait();
+        }
+        for model in reg.models.values() {
+            model.kick_flow();
+        }
+    }
+
     /// Every flow-controlled model's queue totals.
     pub(crate) fn queue_totals(&self) -> Vec<QueueTotals> {
         self.flows

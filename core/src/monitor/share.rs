@@ -73,6 +73,13 @@ impl Share {
         fence(Ordering::SeqCst);
     }
 
+    /// Leaves leased mode: bookings are no longer capped.
+    pub(crate) fn leave(&self) {
+        // SeqCst: as `set`.
+        self.word.store(0, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
     /// What this frontend may book of a rank whose line is `line`, now:
     /// `None` out of leased mode, `Some(0)` once the lease ran out.
     #[inline]

@@ -85,7 +85,8 @@ pub(super) struct Ticket {
 /// A dispatch made for a queued request, not delivered yet.
 pub(crate) struct Granted {
     pub(super) worker_id: u64,
-    pub(super) booking: Booking,
+    /// `None` for a worker that declared no ranks (nothing to book).
+    pub(super) booking: Option<Booking>,
     pub(super) reservation: Reservation,
 }
 
@@ -248,7 +249,7 @@ impl FlowControl {
         &self,
         st: &mut State,
         now: u64,
-        book: &mut dyn FnMut(u64, u64) -> Option<(u64, Booking)>,
+        book: &mut dyn FnMut(u64, u64) -> Option<(u64, Option<Booking>)>,
         after: &mut After,
     ) -> bool {
         while !after.full() {
@@ -274,7 +275,7 @@ impl FlowControl {
         &self,
         st: &mut State,
         now: u64,
-        book: &mut dyn FnMut(u64, u64) -> Option<(u64, Booking)>,
+        book: &mut dyn FnMut(u64, u64) -> Option<(u64, Option<Booking>)>,
         after: &mut After,
     ) {
         while !after.full() {

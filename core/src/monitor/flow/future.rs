@@ -17,6 +17,25 @@ use crate::sync::lock;
 /// reported so far.
 ///
 /// `Send` and `Sync`: complete it from any thread.
+///
+/// ```
+/// fn send_sync<T: Send + Sync>() {}
+/// send_sync::<loadgate::monitor::Dispatch>();
+///
+/// fn once(d: loadgate::monitor::Dispatch) {
+///     d.complete(0);
+/// }
+/// ```
+///
+/// It is not `Clone`: a request completes once.
+///
+/// ```compile_fail,E0599
+/// fn twice(d: loadgate::monitor::Dispatch) {
+///     let copy = d.clone();
+///     d.complete(0);
+///     copy.complete(0);
+/// }
+/// ```
 #[must_use = "dropping a dispatch completes it at once"]
 pub struct Dispatch {
     pub(super) worker_id: u64,
@@ -36,7 +55,7 @@ impl Dispatch {
     pub(super) fn from_granted(g: Granted, flow: &Arc<FlowControl>) -> Self {
         Self {
             worker_id: g.worker_id,
-            booking: Some(g.booking),
+            booking: g.booking,
             settle: Some((Arc::clone(flow), g.reservation)),
         }
     }
@@ -111,6 +130,20 @@ impl Drop for Dispatch {
 ///
 /// `Send` and `Sync`: a multi-threaded runtime may move the task. It
 /// holds no borrow of the monitor.
+///
+/// ```
+/// fn send_sync_unpin<T: Send + Sync + Unpin + 'static>() {}
+/// send_sync_unpin::<loadgate::monitor::Dispatching>();
+/// ```
+///
+/// It is not `Clone`: a wait is given up once.
+///
+/// ```compile_fail,E0599
+/// fn twice(waiting: loadgate::monitor::Dispatching) {
+///     let copy = waiting.clone();
+///     drop((waiting, copy));
+/// }
+/// ```
 #[must_use = "a dispatch that is not awaited is cancelled when dropped"]
 pub struct Dispatching {
     pub(super) step: Step,

@@ -423,7 +423,7 @@ impl Monitor {
         };
         Ok(Dispatch {
             worker_id,
-            booking: Some(booking),
+            booking,
             settle,
         })
     }
@@ -487,8 +487,9 @@ pub(super) fn run_queues(
 }
 
 /// Picks a free worker of `m` by `policy` and books `blocks` and `prefill`
-/// tokens on its least loaded rank: the worker and its booking, or `None`
-/// when no worker is free. It returns once the worker's busy state counts
+/// tokens on its least loaded rank: the worker and its booking (none for a
+/// worker that declared no ranks: it is never busy, and has nothing to
+/// book), or `None` when no worker is free. It returns once the worker's busy state counts
 /// the booking, so the next pick of a loop sees it. A worker removed since the pick is picked
 /// again; one where this frontend's leased share has no room for the
 /// request (`share.rs`) is passed over, and after a few such the request is
@@ -500,7 +501,7 @@ fn pick_and_book(
     policy: Policy,
     blocks: u64,
     prefill: u64,
-) -> Option<(u64, Booking)> {
+) -> Option<(u64, Option<Booking>)> {
     let mut no_share = 0;
     loop {
         let slot = m.pick(policy, clock)?;
@@ -508,6 +509,7 @@ fn pick_and_book(
         let worker_id = m.ids[slot].load(Ordering::Relaxed);
         let reg = registry.load();
         let booked = match reg.workers.get(&worker_id) {
+            Some(worker) if worker.ranks.is_empty() => return Some((worker_id, None)),
             Some(worker) => {
                 let rank = worker.least_loaded_rank();
                 Booking::new_published(worker.clone(), rank, Owner::Own, blocks, prefill)
@@ -515,7 +517,7 @@ fn pick_and_book(
             None => Err(ReportError::UnknownWorker(worker_id)),
         };
         match booked {
-            Ok(booking) => return Some((worker_id, booking)),
+            Ok(booking) => return Some((worker_id, Some(booking))),
             Err(ReportError::NoShare { .. }) if no_share < NO_SHARE_TRIES => no_share += 1,
             Err(ReportError::NoShare { .. }) => return None,
             Err(_) => {}
