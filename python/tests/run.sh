@@ -2,7 +2,8 @@
 # Builds the Python module the way users do (`pip install ./python`) into a
 # virtualenv and runs its tests. Needs only python3 (with venv and pip), Rust
 # and PyPI; installs the test tools itself.
-# Usage: python/tests/run.sh [pytest arguments...]
+# Usage: python/tests/run.sh [pytest arguments...]  (test files or node ids
+#   given run alone; with options only, the whole suite runs)
 #   LOADGATE_VENV=/path  virtualenv to use (default python/.venv, created if missing)
 #   PYTHON=python3.X     interpreter that creates it
 set -euo pipefail
@@ -46,7 +47,15 @@ echo "pip install ./python: $((SECONDS - start)) s"
 # native module) is not importable in place of the installed package.
 start=$SECONDS
 set +e
-"$py" -m pytest -c python/pyproject.toml python/tests "$@"
+# Test files or node ids given run alone; options alone run the whole suite.
+targets=(python/tests)
+for arg in "$@"; do
+    case "$arg" in
+        -*) ;;
+        *) targets=() ;;
+    esac
+done
+"$py" -m pytest -c python/pyproject.toml "${targets[@]}" "$@"
 status=$?
 set -e
 echo "pytest: $((SECONDS - start)) s"
