@@ -132,9 +132,10 @@ pub(super) fn section(m: &Matrix) -> String {
     }
     s += "\nHow the queue arms use the queue: every request goes through `Monitor::dispatch`, which \
           sends it at once when a worker is free by the frontend thresholds and otherwise queues it; \
-          the dispatch happens at the virtual instant a report, a released booking or a sweep shows \
-          room, and an expiry event at `Monitor::next_flow_deadline` refuses what waited its deadline \
-          (as a host's timer would). A worker gate's refusal of a request that never started sends it \
+          the monitors' maintenance (`Monitor::maintain`, run after every event and at the time it \
+          returns, as the monitor's own thread would wake) sends what waits at the virtual instant \
+          a report, a released booking or a lease's end shows room, and refuses what waited its \
+          deadline. A worker gate's refusal of a request that never started sends it \
           back into the queue with what is left of its deadline, so the queue, not a worker, decides \
           who is turned away: by band, then (in (h)) by tenant. The queue picks free workers round \
           robin (the monitor's random pickers would make runs differ). Arm (g)'s queue limit and \
