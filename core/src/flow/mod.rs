@@ -31,7 +31,7 @@
 //!
 //! # Bounds
 //!
-//! The queue's storage is reserved when it is built ([`FlowQueue`]); the
+//! The queue's storage is reserved when it is built; the
 //! tenant table is bounded by `max_tenants`, and forgets idle tenants to
 //! make room without breaking the rejoin rule (`tenants.rs`). Token counts
 //! and deadlines from input saturate instead of overflowing.
@@ -46,6 +46,10 @@ pub use config::{
     DEFAULT_OUTPUT_ESTIMATE, MAX_BANDS, MAX_FLOW_DEADLINE, MAX_FLOW_QUEUE, MAX_TENANTS_CEILING,
     MAX_WEIGHT, MIN_WEIGHT,
 };
+// The queue itself is the monitor's: a host dispatches through
+// `Monitor::dispatch` and its forms. It stays reachable, hidden, for
+// loadgate's own differential tests and fuzz targets.
+#[doc(hidden)]
 pub use queue::{FlowQueue, MAX_SHED};
 
 use std::fmt;
@@ -142,8 +146,9 @@ impl fmt::Display for FlowRejection {
 
 impl std::error::Error for FlowRejection {}
 
-/// A queued request's place, for [`FlowQueue::cancel`]; stale once the
+/// A queued request's place, for `FlowQueue::cancel`; stale once the
 /// request has left (a later cancel finds nothing).
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QueueKey {
     index: u32,
@@ -151,8 +156,9 @@ pub struct QueueKey {
 }
 
 /// What a dispatched request owes its tenant's counter until it settles
-/// ([`FlowQueue::report_output`], [`FlowQueue::settle`]). Settle every
+/// (`FlowQueue::report_output`, `FlowQueue::settle`). Settle every
 /// reservation once: its tenant stays in the table until then.
+#[doc(hidden)]
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a reservation is settled with FlowQueue::settle"]
 pub struct Reservation {
