@@ -111,3 +111,42 @@ mod tests {
         assert!(!valid_prefix("a-b"));
     }
 }
+
+/// Families a part of loadgate adds to a monitor's metrics text when it
+/// registers with the monitor (a booking sync's fleet-wide queues), so
+/// that the monitor need not know it.
+pub(crate) trait Families: Send + Sync {
+    /// Appends the families, under `prefix`.
+    fn render(&self, out: &mut String, prefix: &str);
+}
+
+/// The parts registered with one monitor, held weakly: a part that is
+/// dropped leaves the text. Locked only to register and to render.
+#[derive(Default)]
+pub(crate) struct MoreFamilies(std::sync::Mutex<Vec<std::sync::Weak<dyn Families>>>);
+
+impl fmt::Debug for MoreFamilies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MoreFamilies")
+    }
+}
+
+impl MoreFamilies {
+    /// Registers `part`.
+    pub(crate) fn add(&self, part: std::sync::Weak<dyn Families>) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|p| p.strong_count() > 0);
+        all.push(part);
+    }
+
+    /// Appends every live part's families.
+    pub(crate) fn render(&self, out: &mut String, prefix: &str) {
+        let live: Vec<_> = {
+            let all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            all.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        for part in live {
+            part.render(out, prefix);
+        }
+    }
+}

@@ -389,3 +389,44 @@ fn attached_frontends_share_bookings_over_a_bus() {
     support::wait_for("both bookings", || (a.blocks(2), b.blocks(1)) == (4, 30));
     assert_eq!((a.blocks(1), b.blocks(2)), (30, 4));
 }
+
+#[test]
+fn the_fleets_queues_show_in_each_frontends_metrics() {
+    use loadgate::flow::{FlowConfig, FlowRequest};
+    use loadgate::monitor::{DispatchRequest, FlowControlConfig};
+    let clock = ManualClock::new();
+    let (a, b) = (Frontend::new("a", &clock), Frontend::new("b", &clock));
+    let gauge = |f: &Frontend| {
+        let text = f.monitor.metrics_text();
+        text.lines()
+            .find(|l| l.starts_with("dynamo_frontend_fleet_queue_requests{model=\"llama\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+    };
+    assert_eq!(gauge(&a), None, "no frontend has a queue");
+    for f in [&a, &b] {
+        f.monitor.set_thresholds(M, &decode(0.5)).unwrap();
+        let flow = FlowControlConfig {
+            queue: FlowConfig::new(8),
+            policy: loadgate::Policy::RoundRobin,
+        };
+        f.monitor.set_flow_control(M, Some(&flow)).unwrap();
+    }
+    // A's workers are full: three of its requests wait.
+    let held: Vec<_> = [1, 2].map(|w| a.monitor.book(w, 0, 90).unwrap()).into();
+    let request = DispatchRequest {
+        blocks: Some(1),
+        ..DispatchRequest::new(FlowRequest::new("t"))
+    };
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            a.monitor
+                .dispatch_with_callback(M, &request, Box::new(drop))
+        })
+        .collect();
+    assert!(waiting.iter().all(|h| h.is_waiting()));
+    exchange(&[&a, &b]);
+    assert_eq!(gauge(&a), Some(3), "its own");
+    assert_eq!(gauge(&b), Some(3), "its peer's, from the snapshot");
+    drop(waiting);
+    drop(held);
+}

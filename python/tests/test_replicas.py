@@ -357,6 +357,11 @@ def test_sync_in_one_process_and_its_handle(fleet: Tuple[int, List[Reporter]]) -
         assert stats["share_ppm"] == stats["claim_ppm"] == stats["fenced"] == 0
         assert stats["sent"] > 0 and stats["received"] > 0 and stats["frontends"] == 1
         assert sa.remote_queues() == []
+        # A queue on a shows in b's metrics, from a's snapshots.
+        a.set_flow_control("m", queue_limit=4)
+        line = 'dynamo_frontend_fleet_queue_requests{model="m"} 0'
+        wait_for(lambda: line in b.metrics_text(), lambda v: v)
+        assert [q[1] for q in sb.remote_queues()] == ["m"]
         keep.release()
     assert "closed" in repr(sa)
     sa.close()  # again: nothing

@@ -57,6 +57,7 @@ use super::wire::WireError;
 use super::{lock, ClusterError, Subjects, Subscription, Transport};
 use crate::clock::{nanos, SharedClock};
 use crate::fork::ForkGuard;
+use crate::metrics::{self, Families};
 use crate::monitor::replicas::{RankTotals, Shared};
 use crate::monitor::Monitor;
 
@@ -243,7 +244,7 @@ impl BookingSync {
             let lease = nanos(config.lease);
             state.leases = Some(Leases::new(&config.frontend_id, instance, lease));
         }
-        Ok(Arc::new(Self {
+        let sync = Arc::new(Self {
             monitor,
             clock,
             subject: subjects.bookings(&config.frontend_id),
@@ -251,7 +252,11 @@ impl BookingSync {
             instance,
             state: Mutex::new(state),
             counters: Default::default(),
-        }))
+        });
+        // The fleet's queues join the monitor's metrics (`render` below).
+        let part: Arc<dyn Families> = sync.clone();
+        sync.monitor.more_families.add(Arc::downgrade(&part));
+        Ok(sync)
     }
 
     /// This frontend's id.
@@ -575,6 +580,48 @@ pub struct SyncAttached {
 impl fmt::Debug for SyncAttached {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("SyncAttached")
+    }
+}
+
+/// The fleet's queues in the monitor's metrics text: per model, the
+/// requests and estimated tokens waiting in this frontend's queue now and in
+/// the others' as their latest snapshots tell (nothing when no frontend
+/// has a queue).
+impl Families for BookingSync {
+    fn render(&self, out: &mut String, prefix: &str) {
+        let mut fleet: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+        for q in self.monitor.queue_totals() {
+            let e = fleet.entry(q.model).or_default();
+            e.0 += u64::from(q.requests);
+            e.1 = e.1.saturating_add(q.tokens);
+        }
+        for (_, q) in self.remote_queues() {
+            let e = fleet.entry(q.model).or_default();
+            e.0 += u64::from(q.requests);
+            e.1 = e.1.saturating_add(q.tokens);
+        }
+        if fleet.is_empty() {
+            return;
+        }
+        for (i, (name, help)) in [
+            (
+                "frontend_fleet_queue_requests",
+                "Requests waiting in the model's queues of every frontend sharing bookings with this one (theirs as of their latest snapshots).",
+            ),
+            (
+                "frontend_fleet_queue_tokens",
+                "Estimated tokens waiting in the model's queues of every frontend sharing bookings with this one.",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            metrics::header(out, prefix, name, "gauge", help);
+            for (model, (requests, tokens)) in &fleet {
+                let value = if i == 0 { *requests } else { *tokens };
+                metrics::sample(out, prefix, name, &[("model", model)], value);
+            }
+        }
     }
 }
 

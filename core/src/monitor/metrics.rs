@@ -234,6 +234,7 @@ impl Monitor {
         super::flow::render_metrics(&queues, p, &mut out);
         #[cfg(feature = "scrape")]
         self.scrapes.render(&mut out, p);
+        self.more_families.render(&mut out, p);
         out
     }
 }

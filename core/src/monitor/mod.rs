@@ -144,6 +144,8 @@ pub struct Monitor {
     duty: Arc<Duty>,
     /// What new models start with (`defaults.rs`).
     defaults: Mutex<ModelDefaults>,
+    /// Families other parts add to `metrics_text` (a booking sync's).
+    pub(crate) more_families: crate::metrics::MoreFamilies,
     /// This monitor's engine scrapes, for `metrics_text`.
     #[cfg(feature = "scrape")]
     pub(crate) scrapes: crate::scrape::stats::Registered,
@@ -193,6 +195,7 @@ impl Monitor {
             flows,
             duty,
             defaults: Mutex::new(config.defaults.clone()),
+            more_families: Default::default(),
             writer: Mutex::new(()),
             share: Arc::new(share::Share::new(clock.clone())),
             clock,
