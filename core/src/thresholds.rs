@@ -314,6 +314,24 @@ pub struct RankLoad {
     pub waiting_requests: Option<u64>,
 }
 
+/// Tokens per KV block where loadgate counts blocks it was not told (a
+/// dispatch's blocks by default, prefill tokens in a rank's load score):
+/// vLLM's and SGLang's default block size.
+pub const DEFAULT_BLOCK_TOKENS: u64 = 16;
+
+impl RankLoad {
+    /// How loaded the rank is: its KV blocks in use (the larger of booked
+    /// and reported) plus its prefill tokens in blocks of
+    /// [`DEFAULT_BLOCK_TOKENS`]. The one rule for every choice by load:
+    /// power-of-two compares workers by the sum over their ranks, and a
+    /// dispatch books the least loaded rank of its worker.
+    pub fn load_score(&self) -> u64 {
+        self.active_decode_blocks
+            .max(self.kv_used_blocks)
+            .saturating_add(self.active_prefill_tokens.unwrap_or(0) / DEFAULT_BLOCK_TOKENS)
+    }
+}
+
 impl Default for RankLoad {
     fn default() -> Self {
         Self {

@@ -9,10 +9,7 @@ use crate::limits::Limits;
 use crate::metrics;
 use crate::thresholds::Thresholds;
 
-/// Tokens per KV block where loadgate counts blocks it was not told (a
-/// dispatch's blocks by default, prefill tokens in a rank's load score):
-/// vLLM's and SGLang's default block size.
-pub const DEFAULT_BLOCK_TOKENS: u64 = 16;
+pub use crate::thresholds::DEFAULT_BLOCK_TOKENS;
 
 /// Endpoint label used when the caller names none.
 pub const DEFAULT_ENDPOINT: &str = "generate";

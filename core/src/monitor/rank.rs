@@ -159,7 +159,7 @@ impl Worker {
             let mut load = 0u64;
             for rank in self.ranks.iter() {
                 let l = rank.load();
-                load = load.saturating_add(load_score(&l));
+                load = load.saturating_add(l.load_score());
                 // Relaxed: an input, released by the combiner (module docs).
                 let rank_busy = match (staleness, rank.stale.load(Ordering::Relaxed)) {
                     (Staleness::Free, true) => false,
@@ -195,11 +195,11 @@ impl Worker {
         }
     }
 
-    /// The least loaded rank index ([`load_score`]), where a request sent
-    /// to this worker is booked.
+    /// The least loaded rank index (`RankLoad::load_score`), where a
+    /// request sent to this worker is booked.
     pub(super) fn least_loaded_rank(&self) -> usize {
         (0..self.ranks.len())
-            .min_by_key(|&i| load_score(&self.ranks[i].load()))
+            .min_by_key(|&i| self.ranks[i].load().load_score())
             .unwrap_or(0)
     }
 
@@ -226,16 +226,6 @@ impl Worker {
     pub(super) fn reevaluate_and_wait(&self) {
         self.combiner.run_and_wait(|| self.publish());
     }
-}
-
-/// How loaded a rank is: its KV blocks in use (the larger of booked and
-/// reported) plus its prefill tokens in blocks of 16. The one rule for
-/// every choice by load: power-of-two compares workers by the sum over
-/// their ranks, and a dispatch books the least loaded rank of its worker.
-pub(super) fn load_score(l: &RankLoad) -> u64 {
-    l.active_decode_blocks
-        .max(l.kv_used_blocks)
-        .saturating_add(l.active_prefill_tokens.unwrap_or(0) / super::config::DEFAULT_BLOCK_TOKENS)
 }
 
 /// Adds to a counter, saturating. Relaxed: the caller

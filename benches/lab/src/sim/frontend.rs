@@ -155,11 +155,7 @@ impl Sim<'_> {
                 match picked {
                     Ok(w) => {
                         let rank = (0..self.c.dp_size)
-                            .min_by_key(|&r| {
-                                monitor
-                                    .rank_load(w, r)
-                                    .map_or(0, |l| l.active_decode_blocks.max(l.kv_used_blocks))
-                            })
+                            .min_by_key(|&r| monitor.rank_load(w, r).map_or(0, |l| l.load_score()))
                             .unwrap_or(0);
                         if self.arm.book {
                             let spec = self.reqs[id as usize].spec;
@@ -192,8 +188,8 @@ impl Sim<'_> {
     /// `Policy::PowerOfTwo` draws from a per-thread generator seeded at
     /// random, which would make runs differ; here the lab draws the two
     /// eligible candidates from the run's seed and `select_min_cost` picks
-    /// between them by the score loadgate's own pick compares (per rank, the
-    /// larger of booked and used KV blocks, plus prefill tokens / 16).
+    /// between them by the score loadgate's own pick compares (the sum of
+    /// its ranks' `RankLoad::load_score`).
     pub(super) fn power_of_two(&mut self, id: u32) -> Result<u64, RouteError> {
         let monitor = self.monitor_of(id).expect("a monitor arm").clone();
         let eligible: Vec<u64> = (0..u64::from(self.c.workers))
@@ -210,10 +206,7 @@ impl Sim<'_> {
         let score = |w: u64| {
             (0..self.c.dp_size)
                 .filter_map(|r| monitor.rank_load(w, r).ok())
-                .map(|l| {
-                    l.active_decode_blocks.max(l.kv_used_blocks)
-                        + l.active_prefill_tokens.unwrap_or(0) / 16
-                })
+                .map(|l| l.load_score())
                 .sum::<u64>() as f64
         };
         monitor.select_min_cost(MODEL, [(a, score(a)), (b, score(b))])
