@@ -359,3 +359,49 @@ fn a_loop_that_sends_one_request_sees_its_booking_before_the_next() {
         held.lock().unwrap().clear();
     }
 }
+
+/// A callback that completes its dispatch and dispatches again, answered at
+/// once each time: the next callback waits for the running one to return.
+fn chain(
+    m: Arc<Monitor>,
+    left: Arc<AtomicUsize>,
+    depth: Arc<AtomicUsize>,
+    deepest: Arc<AtomicUsize>,
+) {
+    let m2 = m.clone();
+    let handle = m.dispatch_with_callback(
+        M,
+        &request(1),
+        Box::new(move |outcome| {
+            let d = depth.fetch_add(1, Ordering::SeqCst) + 1;
+            deepest.fetch_max(d, Ordering::SeqCst);
+            drop(outcome.expect("a free worker"));
+            if left.fetch_sub(1, Ordering::SeqCst) > 1 {
+                chain(m2, left, depth.clone(), deepest);
+            }
+            depth.fetch_sub(1, Ordering::SeqCst);
+        }),
+    );
+    assert!(!handle.is_waiting());
+}
+
+#[test]
+fn callbacks_that_dispatch_again_never_nest() {
+    let (m, _) = monitor();
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    m.set_thresholds(M, &decode(0.5)).unwrap();
+    let m = Arc::new(m);
+    let left = Arc::new(AtomicUsize::new(20_000));
+    let (depth, deepest) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let runner = {
+        let (m, left, depth, deepest) = (m.clone(), left.clone(), depth.clone(), deepest.clone());
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || chain(m, left, depth, deepest))
+            .unwrap()
+    };
+    runner.join().expect("no stack overflow");
+    assert_eq!(left.load(Ordering::SeqCst), 0, "every link ran");
+    assert_eq!(deepest.load(Ordering::SeqCst), 1, "none nested");
+    assert_eq!(m.rank_load(1, 0).unwrap().active_decode_blocks, 0);
+}

@@ -126,19 +126,15 @@ impl After {
         self.len == 0
     }
 
-    /// Delivers the notifications, on this thread. A callback that panics
-    /// is reported and the others still run.
+    /// Delivers the notifications, on this thread: wakers are woken, and
+    /// callbacks called through the trampoline (never nested).
     pub(super) fn deliver(self, flow: &Arc<FlowControl>) {
         for note in self.notes.into_iter().flatten() {
             match note {
                 Note::Wake(w) => w.wake(),
                 Note::Call(callback, outcome) => {
-                    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        callback(outcome, flow);
-                    }));
-                    if called.is_err() {
-                        eprintln!("loadgate: a dispatch callback panicked; the panic was caught");
-                    }
+                    let flow = Arc::clone(flow);
+                    super::trampoline::call(move || callback(outcome, &flow));
                 }
             }
         }

@@ -59,6 +59,7 @@
 mod control;
 mod future;
 mod metrics;
+mod trampoline;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -241,10 +242,11 @@ impl Monitor {
     /// called exactly once: on this thread, before this returns, when the
     /// request is sent or refused at once; otherwise on the monitor's
     /// maintenance thread (or in the host's [`Monitor::maintain`]), never
-    /// inside another request's call and never on a thread that reports
-    /// load. It must be quick and must not block on the monitor; it may
-    /// complete its dispatch or dispatch again. A callback that panics is
-    /// caught and reported on stderr.
+    /// on a thread that reports load. Callbacks never nest: one called
+    /// while another runs on the same thread (a callback that dispatches
+    /// again) runs right after it returns. It must be quick and must not
+    /// block on the monitor; it may complete its dispatch or dispatch
+    /// again. A callback that panics is caught and reported on stderr.
     pub fn dispatch_with_callback(
         &self,
         model: &str,
@@ -255,7 +257,7 @@ impl Monitor {
         match self.arrive(model, request, &mut callback) {
             Arrival::Ready(outcome) => {
                 if let Some(callback) = callback {
-                    callback(outcome);
+                    trampoline::call(move || callback(outcome));
                 }
                 DispatchHandle { waiting: None }
             }
