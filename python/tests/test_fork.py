@@ -150,3 +150,53 @@ def test_the_parents_discovery_stays_in_the_parent(tmp_path: Path) -> None:
     card(store, 0x84074162003D704A).unlink()
     wait_for(lambda: len(monitor.workers("tiny")), lambda n: n == 1)
     parents.close()
+
+
+def maintenance_states() -> list[str]:
+    """The scheduler states of this process's monitor maintenance threads
+    (Linux cuts their name to 15 bytes)."""
+    states = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == "loadgate-monito":
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            pass
+    return states
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_a_forked_childs_queue_is_dispatched_by_its_own_maintenance() -> None:
+    monitor = Monitor()
+    monitor.add_worker("m", 1, kv_total_blocks=100)
+    monitor.set_thresholds("m", active_decode_blocks_threshold=0.5)
+    monitor.set_flow_control("m", queue_limit=4)
+    # The parent's maintenance thread runs (it has a queue) when it forks;
+    # it forks once that thread sleeps (a lock it held at the fork would
+    # stay held in the child: make such objects after a fork).
+    monitor.report(1, kv_used_blocks=90)
+    wait_for(maintenance_states, lambda states: bool(states) and all(s == "S" for s in states))
+
+    def child() -> None:
+        async def main() -> None:
+            waiting = asyncio.ensure_future(monitor.dispatch("m", blocks=1))
+            await asyncio.sleep(0)
+            assert not waiting.done()
+            # No thread of the parent's is here: the child's own sends it.
+            monitor.report(1, kv_used_blocks=0)
+            ticket = await asyncio.wait_for(waiting, WAIT)
+            assert ticket.worker == 1
+            ticket.complete()
+
+        asyncio.run(main())
+
+    run_in_child(child)
+
+    # The parent's own still works.
+    async def parent() -> None:
+        waiting = asyncio.ensure_future(monitor.dispatch("m", blocks=1))
+        await asyncio.sleep(0)
+        monitor.report(1, kv_used_blocks=0)
+        (await asyncio.wait_for(waiting, WAIT)).complete()
+
+    asyncio.run(parent())

@@ -285,6 +285,9 @@ impl Monitor {
             return Arrival::Ready(outcome);
         };
         let m = &*flow.model;
+        // A request may wait: the maintenance must run in this process (a
+        // forked child starts its own; a pid compare otherwise).
+        self.duty.start();
         let mut st = lock(&flow.state);
         if st.closed {
             // Turned off a moment ago: refused as the requests waiting were.
