@@ -29,10 +29,29 @@ fn request(blocks: u64) -> DispatchRequest<'static> {
     }
 }
 
+/// A callback that completes its dispatch and counts it, and the count.
+fn counted() -> (Arc<AtomicUsize>, loadgate::monitor::DispatchCallback) {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let s = sent.clone();
+    let callback = Box::new(
+        move |o: Result<loadgate::monitor::Dispatch, FlowRejection>| {
+            drop(o.expect("sent"));
+            s.fetch_add(1, Ordering::SeqCst);
+        },
+    );
+    (sent, callback)
+}
+
 /// One worker of `kv` blocks busy above half of them, busy now (90 %
 /// used), with a queue of `limit` requests.
 fn busy_fleet(kv: u64, limit: u32) -> (Arc<Monitor>, Arc<loadgate::ManualClock>) {
     let (m, clock) = monitor();
+    busy(&m, kv, limit);
+    (Arc::new(m), clock)
+}
+
+/// Makes `m` one worker of `kv` blocks, busy as in [`busy_fleet`].
+fn busy(m: &Monitor, kv: u64, limit: u32) {
     m.add_worker(M, 1, spec(1, kv)).unwrap();
     m.set_thresholds(M, &decode(0.5)).unwrap();
     let config = FlowControlConfig {
@@ -41,7 +60,6 @@ fn busy_fleet(kv: u64, limit: u32) -> (Arc<Monitor>, Arc<loadgate::ManualClock>)
     };
     m.set_flow_control(M, Some(&config)).unwrap();
     m.report(1, 0, &used(kv * 9 / 10)).unwrap();
-    (Arc::new(m), clock)
 }
 
 fn thread_name() -> String {
@@ -200,16 +218,8 @@ fn a_lease_that_ends_sends_what_waits() {
     };
     m.set_flow_control(M, Some(&config)).unwrap();
     m.mark_overloaded(1).unwrap();
-    let sent = Arc::new(AtomicUsize::new(0));
-    let s = sent.clone();
-    let handle = m.dispatch_with_callback(
-        M,
-        &request(1),
-        Box::new(move |outcome| {
-            drop(outcome.expect("sent"));
-            s.fetch_add(1, Ordering::SeqCst);
-        }),
-    );
+    let (sent, callback) = counted();
+    let handle = m.dispatch_with_callback(M, &request(1), callback);
     assert!(handle.is_waiting(), "the only worker is under its lease");
     clock.advance(m.config().lease);
     wait_until("the request is sent when the lease ends", || {
@@ -267,16 +277,8 @@ fn a_cancelled_callback_is_never_called() {
     assert!(!handle.is_waiting());
     assert!(!handle.cancel(), "once");
     // A later request is the only one sent.
-    let sent = Arc::new(AtomicUsize::new(0));
-    let s = sent.clone();
-    let _later = m.dispatch_with_callback(
-        M,
-        &request(1),
-        Box::new(move |o| {
-            drop(o.unwrap());
-            s.fetch_add(1, Ordering::SeqCst);
-        }),
-    );
+    let (sent, callback) = counted();
+    let _later = m.dispatch_with_callback(M, &request(1), callback);
     m.report(1, 0, &used(0)).unwrap();
     wait_until("the later request is sent", || {
         sent.load(Ordering::SeqCst) == 1
@@ -290,26 +292,10 @@ fn with_manual_maintenance_nothing_moves_between_the_hosts_calls() {
         maintenance: Maintenance::Manual,
         ..MonitorConfig::default()
     };
-    let clock = loadgate::ManualClock::new();
-    let m = Monitor::with_config(config, clock.clone()).unwrap();
-    m.add_worker(M, 1, spec(1, 100)).unwrap();
-    m.set_thresholds(M, &decode(0.5)).unwrap();
-    let flow = FlowControlConfig {
-        queue: FlowConfig::new(8),
-        policy: Policy::RoundRobin,
-    };
-    m.set_flow_control(M, Some(&flow)).unwrap();
-    m.report(1, 0, &used(90)).unwrap();
-    let sent = Arc::new(AtomicUsize::new(0));
-    let s = sent.clone();
-    let handle = m.dispatch_with_callback(
-        M,
-        &request(1),
-        Box::new(move |o| {
-            drop(o.unwrap());
-            s.fetch_add(1, Ordering::SeqCst);
-        }),
-    );
+    let m = Monitor::with_config(config, loadgate::ManualClock::new()).unwrap();
+    busy(&m, 100, 8);
+    let (sent, callback) = counted();
+    let handle = m.dispatch_with_callback(M, &request(1), callback);
     m.report(1, 0, &used(0)).unwrap();
     assert!(handle.is_waiting(), "no maintenance ran");
     assert_eq!(m.maintain(), None, "sent: nothing left to do");
