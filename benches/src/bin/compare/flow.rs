@@ -42,21 +42,7 @@ pub(crate) fn flow_cases(run: &mut Run) {
         // queue, runs the maintenance that sends the queued one (on this
         // thread, so that its work is measured, not a thread's wake-up),
         // and polls it to its dispatch.
-        let config = MonitorConfig {
-            maintenance: Maintenance::Manual,
-            ..MonitorConfig::default()
-        };
-        let m = Monitor::with_config(config, MonotonicClock::shared()).expect("a monitor");
-        let spec = WorkerSpec {
-            kv_total_blocks: Some(100),
-            ..Default::default()
-        };
-        m.add_worker("m", 1, spec).expect("worker");
-        let decode = ThresholdUpdate {
-            active_decode_blocks_threshold: Some(0.5),
-            ..Default::default()
-        };
-        m.set_thresholds("m", &decode).expect("thresholds");
+        let m = one_worker(Maintenance::Manual);
         let flow = FlowControlConfig {
             queue: FlowConfig::new(64),
             policy: Policy::RoundRobin,
@@ -90,10 +76,14 @@ pub(crate) fn flow_cases(run: &mut Run) {
     waiting_cases(run);
 }
 
-/// A monitor of one busy worker (90 of 100 blocks, busy above half), with
-/// `waiting` requests waiting in its queue (none: no flow control).
-fn busy_monitor(waiting: u32) -> (Monitor, Vec<loadgate::monitor::DispatchHandle>) {
-    let m = Monitor::new();
+/// A monitor of model "m" with one worker of 100 blocks, busy above half
+/// of them, maintained by `maintenance`.
+fn one_worker(maintenance: Maintenance) -> Monitor {
+    let config = MonitorConfig {
+        maintenance,
+        ..MonitorConfig::default()
+    };
+    let m = Monitor::with_config(config, MonotonicClock::shared()).expect("a monitor");
     let spec = WorkerSpec {
         kv_total_blocks: Some(100),
         ..Default::default()
@@ -104,6 +94,13 @@ fn busy_monitor(waiting: u32) -> (Monitor, Vec<loadgate::monitor::DispatchHandle
         ..Default::default()
     };
     m.set_thresholds("m", &decode).expect("thresholds");
+    m
+}
+
+/// A monitor of one busy worker (90 of 100 blocks, busy above half), with
+/// `waiting` requests waiting in its queue (none: no flow control).
+fn busy_monitor(waiting: u32) -> (Monitor, Vec<loadgate::monitor::DispatchHandle>) {
+    let m = one_worker(Maintenance::Background);
     m.report(1, 0, &used(90)).expect("report");
     let mut handles = Vec::new();
     if waiting > 0 {
