@@ -1,7 +1,8 @@
 //! The frontend queue against testkit's plain reference
 //! (`loadgate_testkit::reference_flow`, driven by `flow_pair`): random
 //! operation sequences (pushes with random tenants, priorities, sizes and
-//! deadlines; pops; direct dispatches; output reports; settles; cancels;
+//! deadlines; pops; direct dispatches; output reports; settles; requests
+//! put back; cancels;
 //! time passing), every outcome, every shed and expired request, the
 //! length, the tokens and every tenant's counter compared after each step.
 
@@ -23,6 +24,7 @@ fn op() -> impl Strategy<Value = FlowOp> {
         2 => (any::<usize>(), 0..100u64).prop_map(|(pick, tokens)| FlowOp::Report { pick, tokens }),
         2 => (any::<usize>(), 0..400u64).prop_map(|(pick, tokens)| FlowOp::Settle { pick, tokens }),
         1 => any::<usize>().prop_map(|pick| FlowOp::Cancel { pick }),
+        1 => any::<usize>().prop_map(|pick| FlowOp::Requeue { pick }),
         1 => (1..100u64).prop_map(|ms| FlowOp::Advance { ms }),
     ]
 }

@@ -429,3 +429,38 @@ fn a_tenants_weight_divides_its_charges() {
     // head), gold 2 (15), gold 3 (20): gold goes twice as often.
     assert_eq!(&order[..6], [0, 100, 1, 101, 2, 3]);
 }
+
+#[test]
+fn a_request_put_back_regains_its_place_and_is_charged_once() {
+    let mut q = queue(8);
+    push(&mut q, &req("a", 100, 0), 0);
+    push(&mut q, &req("a", 100, 0), 1);
+    push(&mut q, &req("b", 100, 0), 2);
+    let (id, r) = q.pop(0).unwrap();
+    assert_eq!(id, 0);
+    assert_eq!(q.counter("a"), Some(100.0));
+    // A worker refused it before it started: its charge is undone and it
+    // is next again, ahead of its tenant's later request.
+    q.requeue(r, 0, 1, |v| panic!("{v} shed")).unwrap();
+    assert_eq!(q.counter("a"), Some(0.0));
+    assert_eq!(drain(&mut q), [0, 2, 1]);
+    assert_eq!(q.counter("a"), Some(200.0), "charged twice");
+}
+
+#[test]
+fn a_request_put_back_keeps_its_deadline() {
+    let mut q = queue(8);
+    let r = FlowRequest {
+        deadline: Some(Duration::from_millis(10)),
+        ..req("a", 1, 1)
+    };
+    push(&mut q, &r, 0);
+    let (_, res) = q.pop(3 * MS).unwrap();
+    let (e, id) = q.requeue(res, 0, 10 * MS, |_| {}).unwrap_err();
+    assert_eq!((e, id), (FlowRejection::QueueDeadline, 0));
+    assert_eq!(q.counter("a"), Some(0.0), "a refused request costs nothing");
+    push(&mut q, &r, 1);
+    let (_, res) = q.pop(3 * MS).unwrap();
+    q.requeue(res, 1, 4 * MS, |_| {}).unwrap();
+    assert_eq!(q.next_deadline(), Some(10 * MS));
+}

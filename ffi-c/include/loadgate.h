@@ -968,6 +968,17 @@ typedef struct lg_monitor_config {
    * is made (default false).
    */
   bool dynamo_env;
+  /**
+   * How lg_monitor_dispatch() picks a worker for a model without flow
+   * control: one of LG_POLICY_* (default LG_POLICY_ROUND_ROBIN).
+   */
+  lg_policy routing;
+  /**
+   * How many times lg_monitor_redispatch() routes a request a worker
+   * refused to another worker, for a model without flow control
+   * (default 1; at most 16).
+   */
+  uint32_t reroutes;
 } lg_monitor_config;
 
 /**
@@ -1882,6 +1893,55 @@ enum lg_status lg_monitor_dispatch_async(const struct lg_monitor *monitor,
                                          void *user_data);
 
 /**
+ * Hands back a dispatch whose worker refused the request before it
+ * started (the worker answered 529 "at capacity", or the request reached
+ * its deadline in the worker's queue), blocking like
+ * lg_monitor_dispatch(). The refusing worker is put under its overload
+ * lease and the booking released. With flow control on the model the
+ * request goes back into its queue at its original place, with what is
+ * left of its deadline, and its tenant is charged once in all; without,
+ * it is routed once more to another free worker, at most
+ * lg_monitor_config.reroutes times (default 1), and otherwise refused with
+ * LG_OVERLOADED.
+ *
+ * Errors: as lg_monitor_dispatch(); LG_INVALID_ARGUMENT for a NULL
+ * monitor, dispatch or out_dispatch.
+ * Ownership: takes `dispatch` in every case (a NULL monitor or
+ * out_dispatch completes it); on LG_OK *out_dispatch owns the new
+ * dispatch.
+ * Thread safety: any thread. Blocking: yes, up to timeout_ms and the
+ * request's deadline.
+ *
+ * # Safety
+ * `monitor` is NULL or live; `dispatch` is NULL or a live dispatch not
+ * completed; `out_dispatch` is NULL or valid for writes.
+ */
+enum lg_status lg_monitor_redispatch(const struct lg_monitor *monitor,
+                                     struct lg_dispatch *dispatch,
+                                     uint64_t timeout_ms,
+                                     struct lg_dispatch **out_dispatch);
+
+/**
+ * lg_monitor_redispatch() without blocking: the outcome goes to
+ * `callback(user_data, status, dispatch)` exactly once, as for
+ * lg_monitor_dispatch_async().
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor, dispatch or callback); then
+ * the callback is never called.
+ * Ownership: takes `dispatch` in every case (a NULL monitor or callback
+ * completes it); `user_data` must stay valid until the callback has run.
+ * Thread safety: as lg_monitor_dispatch_async(). Blocking: never.
+ *
+ * # Safety
+ * As lg_monitor_redispatch(); `callback` as for
+ * lg_monitor_dispatch_async().
+ */
+enum lg_status lg_monitor_redispatch_async(const struct lg_monitor *monitor,
+                                           struct lg_dispatch *dispatch,
+                                           lg_dispatch_callback callback,
+                                           void *user_data);
+
+/**
  * The worker the request was sent to (0 for a NULL dispatch).
  *
  * Thread safety: any thread. Blocking: never.
@@ -2519,7 +2579,7 @@ enum lg_status lg_monitor_config_default(struct lg_monitor_config *out);
  *
  * Errors: LG_INVALID_ARGUMENT if out_monitor is NULL or a setting is
  * invalid (zero lease or stale_after, a limit out of range,
- * bad staleness, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*, a
+ * bad staleness or routing policy, reroutes over 16, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*, a
  * malformed DYN_ACTIVE_* variable with dynamo_env: the message names it
  * and its value).
  * Ownership: on LG_OK *out_monitor owns a new monitor; free it with

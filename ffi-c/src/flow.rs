@@ -459,6 +459,107 @@ pub unsafe extern "C" fn lg_monitor_dispatch_async(
     })
 }
 
+/// Takes `dispatch` back from the host, whatever the outcome: NULL, or
+/// live and not completed (contract).
+///
+/// # Safety
+/// As lg_monitor_redispatch().
+unsafe fn take_dispatch(dispatch: *mut lg_dispatch) -> Result<Dispatch, Error> {
+    if dispatch.is_null() {
+        return Err(Error::invalid("dispatch must not be NULL"));
+    }
+    // SAFETY: live and ours to take (contract).
+    Ok(unsafe { Box::from_raw(dispatch) }.dispatch)
+}
+
+/// Hands back a dispatch whose worker refused the request before it
+/// started (the worker answered 529 "at capacity", or the request reached
+/// its deadline in the worker's queue), blocking like
+/// lg_monitor_dispatch(). The refusing worker is put under its overload
+/// lease and the booking released. With flow control on the model the
+/// request goes back into its queue at its original place, with what is
+/// left of its deadline, and its tenant is charged once in all; without,
+/// it is routed once more to another free worker, at most
+/// lg_monitor_config.reroutes times (default 1), and otherwise refused with
+/// LG_OVERLOADED.
+///
+/// Errors: as lg_monitor_dispatch(); LG_UNAVAILABLE for a dispatch of
+/// another monitor or of a model removed since; LG_INVALID_ARGUMENT for a
+/// NULL monitor, dispatch or out_dispatch.
+/// Ownership: takes `dispatch` in every case (a NULL monitor or
+/// out_dispatch completes it); on LG_OK *out_dispatch owns the new
+/// dispatch.
+/// Thread safety: any thread. Blocking: yes, up to timeout_ms and the
+/// request's deadline.
+///
+/// # Safety
+/// `monitor` is NULL or live; `dispatch` is NULL or a live dispatch not
+/// completed; `out_dispatch` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_redispatch(
+    monitor: *const lg_monitor,
+    dispatch: *mut lg_dispatch,
+    timeout_ms: u64,
+    out_dispatch: *mut *mut lg_dispatch,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let dispatch = unsafe { take_dispatch(dispatch) }?;
+        let out = Out::new(out_dispatch, "out_dispatch")?;
+        // SAFETY: NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        let timeout =
+            (timeout_ms != LG_TIMEOUT_INFINITE).then(|| Duration::from_millis(timeout_ms));
+        let again = m
+            .monitor
+            .redispatch(dispatch)
+            .wait(timeout)
+            .map_err(flow_error)?;
+        // SAFETY: writable (contract).
+        unsafe { out.write(lg_dispatch::into_raw(again)) };
+        Ok(())
+    })
+}
+
+/// lg_monitor_redispatch() without blocking: the outcome goes to
+/// `callback(user_data, status, dispatch)` exactly once, as for
+/// lg_monitor_dispatch_async().
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor, dispatch or callback); then
+/// the callback is never called.
+/// Ownership: takes `dispatch` in every case (a NULL monitor or callback
+/// completes it); `user_data` must stay valid until the callback has run.
+/// Thread safety: as lg_monitor_dispatch_async(). Blocking: never.
+///
+/// # Safety
+/// As lg_monitor_redispatch(); `callback` as for
+/// lg_monitor_dispatch_async().
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_redispatch_async(
+    monitor: *const lg_monitor,
+    dispatch: *mut lg_dispatch,
+    callback: lg_dispatch_callback,
+    user_data: *mut c_void,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let dispatch = unsafe { take_dispatch(dispatch) }?;
+        let callback = callback.ok_or_else(|| Error::invalid("callback must not be NULL"))?;
+        // SAFETY: NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        let target = Target {
+            callback,
+            user_data,
+        };
+        // The handle is dropped: the callback is called exactly once.
+        drop(
+            m.monitor
+                .redispatch_with_callback(dispatch, Box::new(move |outcome| target.call(outcome))),
+        );
+        Ok(())
+    })
+}
+
 /// The worker the request was sent to (0 for a NULL dispatch).
 ///
 /// Thread safety: any thread. Blocking: never.

@@ -136,6 +136,13 @@ pub struct lg_monitor_config {
     /// and DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC, read when the monitor
     /// is made (default false).
     pub dynamo_env: bool,
+    /// How lg_monitor_dispatch() picks a worker for a model without flow
+    /// control: one of LG_POLICY_* (default LG_POLICY_ROUND_ROBIN).
+    pub routing: lg_policy,
+    /// How many times lg_monitor_redispatch() routes a request a worker
+    /// refused to another worker, for a model without flow control
+    /// (default 1; at most 16).
+    pub reroutes: u32,
 }
 
 /// How a worker is declared. A zeroed struct declares no ranks (such a
@@ -320,6 +327,8 @@ pub unsafe extern "C" fn lg_monitor_config_default(out: *mut lg_monitor_config) 
             max_ranks: d.limits.max_ranks,
             max_name_len: d.limits.max_name_len,
             dynamo_env: false,
+            routing: LG_POLICY_ROUND_ROBIN,
+            reroutes: d.reroutes,
         };
         // SAFETY: writable by the contract.
         unsafe { out.write(config) };
@@ -331,7 +340,7 @@ pub unsafe extern "C" fn lg_monitor_config_default(out: *mut lg_monitor_config) 
 ///
 /// Errors: LG_INVALID_ARGUMENT if out_monitor is NULL or a setting is
 /// invalid (zero lease or stale_after, a limit out of range,
-/// bad staleness, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*, a
+/// bad staleness or routing policy, reroutes over 16, metrics prefix not matching [a-zA-Z_:][a-zA-Z0-9_:]*, a
 /// malformed DYN_ACTIVE_* variable with dynamo_env: the message names it
 /// and its value).
 /// Ownership: on LG_OK *out_monitor owns a new monitor; free it with
@@ -365,6 +374,8 @@ pub unsafe extern "C" fn lg_monitor_new(
                         max_ranks: c.max_ranks,
                         max_name_len: c.max_name_len,
                     },
+                    routing: policy(c.routing)?,
+                    reroutes: c.reroutes,
                     ..MonitorConfig::default()
                 };
                 if c.dynamo_env {

@@ -1,5 +1,5 @@
 //! Frontend queue operation sequences (pushes, pops, direct dispatches,
-//! output reports, settles, cancels, time passing) through
+//! output reports, settles, requests put back, cancels, time passing) through
 //! `loadgate_testkit::flow_pair`: against the reference queue step by step,
 //! or, with a tenant table smaller than the tenant ids in play (a flood of
 //! invented ids), against the queue's invariants alone.
@@ -90,10 +90,11 @@ impl<'a> Arbitrary<'a> for Op {
                 tokens: size(u)?,
             },
             _ => {
+                let pick = u.arbitrary()?;
                 if u.arbitrary()? {
-                    FlowOp::Cancel {
-                        pick: u.arbitrary()?,
-                    }
+                    FlowOp::Cancel { pick }
+                } else if u.arbitrary()? {
+                    FlowOp::Requeue { pick }
                 } else {
                     FlowOp::Advance {
                         ms: u.int_in_range(0..=u64::from(u32::MAX))?,

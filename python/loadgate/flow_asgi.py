@@ -22,12 +22,25 @@ band, set or strip them at a proxy you trust. A refusal is answered with the
 loadgate error (529 ``queue_full`` or ``queue_deadline``, 503
 ``no_workers``, with ``Retry-After`` from the queue's drain rate and the
 ``x-loadgate-reason`` header); a malformed header with 400.
+
+A worker that refuses a request before starting it (the app answers with
+the overload status, 529 by default, and a worker's reason:
+``worker_at_capacity``, ``queue_timeout`` or ``displaced``, or no reason
+header, as a Dynamo worker's "Server overloaded") is not the client's
+answer: the middleware holds the refusal back and hands the request to
+:meth:`Monitor.redispatch`, which leases the refusing worker and puts the
+request back into its queue at its place (with flow control) or sends it
+to another free worker (without, at most the monitor's ``reroutes`` times);
+then the app runs again with the new worker and the same request body.
+Only when the monitor refuses it too does the client hear a 529. The
+request body is kept for that, up to ``max_replay_body`` bytes; a larger
+one is passed on once, and its worker's refusal answered as it is.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _loadgate
 from ._errors import LoadgateError
@@ -60,6 +73,9 @@ QUEUE_HEADER = _loadgate._QUEUE_HEADER
 
 _DEADLINE = DEADLINE_HEADER.encode()
 _QUEUE = QUEUE_HEADER.encode()
+_REASON = _loadgate.REASON_HEADER.lower().encode()
+#: A worker's reasons for refusing a request it never started.
+_WORKER_REFUSALS = frozenset({b"worker_at_capacity", b"queue_timeout", b"displaced"})
 
 #: ``(prompt_tokens, max_tokens)`` of a request, from its scope.
 Cost = Callable[[Scope], Tuple[int, Optional[int]]]
@@ -78,7 +94,9 @@ class FlowMiddleware:
     weigh its tenant's share and the queue's token bound); without it each
     request costs the queue's output estimate. `blocks` is passed to
     :meth:`Monitor.dispatch` as is (``None``: the prompt in blocks of 16).
-    See the module docs for the headers."""
+    A worker's refusal goes back to the monitor (module docs), with the
+    request body kept up to `max_replay_body` bytes. See the module docs
+    for the headers."""
 
     def __init__(
         self,
@@ -93,8 +111,12 @@ class FlowMiddleware:
         default_priority: int = 0,
         unknown_priority: int = 255,
         style: Style = "dynamo",
+        max_replay_body: int = 8 << 20,
     ) -> None:
         _check_style(style)
+        if not isinstance(max_replay_body, int) or max_replay_body < 0:
+            raise ValueError("max_replay_body must be an int >= 0")
+        self.max_replay_body = max_replay_body
         names = _priority_map(priorities)
         self.app = app
         self.monitor = monitor
@@ -140,19 +162,101 @@ class FlowMiddleware:
         except ValueError as exc:
             await _bad_request(send, str(exc))
             return
-        scope = {**scope, "loadgate.worker": ticket.worker, "loadgate.ticket": ticket}
-
-        async def send_then_complete(message: Message) -> None:
+        body = _Replay(receive, self.max_replay_body)
+        while True:
+            refusal = _HeldRefusal(send, ticket)
+            routed = {**scope, "loadgate.worker": ticket.worker, "loadgate.ticket": ticket}
             try:
-                await send(message)
-            finally:
-                if message["type"] == "http.response.body" and not message.get("more_body", False):
-                    ticket.complete()
+                await self.app(routed, body.receive, refusal.send)
+            except BaseException:
+                ticket.complete()
+                raise
+            if not refusal.held:
+                ticket.complete()
+                return
+            if not body.replayable:
+                ticket.complete()
+                await refusal.release()
+                return
+            try:
+                ticket = await self.monitor.redispatch(ticket)
+            except LoadgateError as exc:
+                await send_error(send, exc, _style_for(self.style, scope))
+                return
+            body.rewind()
 
+
+class _HeldRefusal:
+    """Wraps `send` for one try at a worker: a response that is the
+    worker's refusal of a request it never started is held back (`held`),
+    any other goes out, and the ticket completes with its last body
+    message."""
+
+    def __init__(self, send: Send, ticket: FlowTicket) -> None:
+        self._send = send
+        self._ticket = ticket
+        self.held = False
+        self._messages: List[Message] = []
+        self._started = False
+
+    async def send(self, message: Message) -> None:
+        if not self._started and message["type"] == "http.response.start":
+            self._started = True
+            self.held = _is_worker_refusal(message)
+        if self.held:
+            self._messages.append(message)
+            return
         try:
-            await self.app(scope, receive, send_then_complete)
+            await self._send(message)
         finally:
-            ticket.complete()
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self._ticket.complete()
+
+    async def release(self) -> None:
+        """Sends the held refusal as it was (it cannot be tried again)."""
+        for message in self._messages:
+            await self._send(message)
+
+
+def _is_worker_refusal(start: Message) -> bool:
+    if start.get("status") != _loadgate.overload_status_code():
+        return False
+    for name, value in start.get("headers", ()):
+        if bytes(name).lower() == _REASON:
+            return bytes(value).strip().lower() in _WORKER_REFUSALS
+    return True
+
+
+class _Replay:
+    """Keeps the request body the app reads, up to `limit` bytes, so that
+    the request can be sent to another worker: after `rewind`, `receive`
+    gives the kept messages again, then what the client sends next."""
+
+    def __init__(self, receive: Receive, limit: int) -> None:
+        self._receive = receive
+        self._limit = limit
+        self._kept: List[Message] = []
+        self._size = 0
+        self._next = 0
+        self.replayable = True
+
+    async def receive(self) -> Message:
+        if self._next < len(self._kept):
+            self._next += 1
+            return self._kept[self._next - 1]
+        message = await self._receive()
+        if message["type"] == "http.request" and self.replayable:
+            self._size += len(message.get("body", b""))
+            if self._size > self._limit:
+                self.replayable = False
+                self._kept.clear()
+            else:
+                self._kept.append(message)
+                self._next += 1
+        return message
+
+    def rewind(self) -> None:
+        self._next = 0
 
 
 async def _bad_request(send: Send, message: str) -> None:

@@ -168,32 +168,73 @@ impl Monitor {
             blocks: opt_u64_arg(blocks, "blocks")?,
             queue,
         };
-        static GET_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let event_loop = GET_LOOP
-            .import(py, "asyncio", "get_running_loop")?
-            .call0()
-            .map_err(|_| PyRuntimeError::new_err("dispatch needs a running event loop"))?;
-        let fut = event_loop.call_method0(intern!(py, "create_future"))?;
-        let slot = Arc::new(Mutex::new(Slot::Arming(None)));
-        let callback = {
-            let slot = Arc::clone(&slot);
-            let monitor = Arc::downgrade(&self.inner);
-            let model = model.to_owned();
-            Box::new(move |outcome| deliver(&slot, &monitor, &model, outcome))
-        };
-        let handle = self.inner.dispatch_with_callback(model, &request, callback);
-        let armed = Slot::Armed(fut.clone().unbind());
-        let early = match std::mem::replace(&mut *lock(&slot), armed) {
-            Slot::Arming(early) => early,
-            Slot::Armed(_) => None,
-        };
-        Ok(FlowDispatch {
-            state: Mutex::new(match early {
-                Some(outcome) => Await::Ready(outcome),
-                None => Await::Waiting(fut.unbind(), handle),
-            }),
+        awaitable(py, &self.inner, model, |callback| {
+            self.inner.dispatch_with_callback(model, &request, callback)
         })
     }
+
+    /// Hands back a ticket whose worker refused the request before it
+    /// started (it answered 529, or the request reached its deadline in
+    /// the worker's queue): `ticket = await monitor.redispatch(ticket)`.
+    /// The refusing worker is put under its overload lease and the booking
+    /// released. With flow control the request goes back into its model's
+    /// queue at its original place, with what is left of its deadline (its
+    /// tenant is charged once in all); without, it is sent to another free
+    /// worker at most `reroutes` times (the monitor's setting, default 1),
+    /// else refused. Raises as `dispatch` does, and `ValueError` for a
+    /// ticket completed or handed back already.
+    fn redispatch(&self, py: Python<'_>, ticket: &Bound<'_, PyAny>) -> PyResult<FlowDispatch> {
+        let native = match ticket.getattr(intern!(py, "_native")) {
+            Ok(n) => n,
+            Err(_) => ticket.clone(),
+        };
+        let native = native
+            .cast::<FlowTicket>()
+            .map_err(|_| PyValueError::new_err("redispatch takes a ticket from dispatch"))?;
+        let dispatch = lock(&native.get().dispatch).take().ok_or_else(|| {
+            PyValueError::new_err("the ticket was completed or handed back already")
+        })?;
+        let model = dispatch.model().to_owned();
+        awaitable(py, &self.inner, &model, |callback| {
+            self.inner.redispatch_with_callback(dispatch, callback)
+        })
+    }
+}
+
+/// The awaitable of a dispatch that `start` begins with the callback it is
+/// given: made on the running event loop, its outcome kept if decided at
+/// once.
+fn awaitable(
+    py: Python<'_>,
+    monitor: &Arc<loadgate::Monitor>,
+    model: &str,
+    start: impl FnOnce(loadgate::monitor::DispatchCallback) -> DispatchHandle,
+) -> PyResult<FlowDispatch> {
+    static GET_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let event_loop = GET_LOOP
+        .import(py, "asyncio", "get_running_loop")?
+        .call0()
+        .map_err(|_| PyRuntimeError::new_err("dispatch needs a running event loop"))?;
+    let fut = event_loop.call_method0(intern!(py, "create_future"))?;
+    let slot = Arc::new(Mutex::new(Slot::Arming(None)));
+    let callback = {
+        let slot = Arc::clone(&slot);
+        let monitor = Arc::downgrade(monitor);
+        let model = model.to_owned();
+        Box::new(move |outcome| deliver(&slot, &monitor, &model, outcome))
+    };
+    let handle = start(callback);
+    let armed = Slot::Armed(fut.clone().unbind());
+    let early = match std::mem::replace(&mut *lock(&slot), armed) {
+        Slot::Arming(early) => early,
+        Slot::Armed(_) => None,
+    };
+    Ok(FlowDispatch {
+        state: Mutex::new(match early {
+            Some(outcome) => Await::Ready(outcome),
+            None => Await::Waiting(fut.unbind(), handle),
+        }),
+    })
 }
 
 /// Where a dispatch's outcome goes: kept while `dispatch` is still arming

@@ -77,8 +77,8 @@ fn threshold_dict<'py>(
 impl Monitor {
     #[new]
     #[pyo3(
-        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None, max_models = None, max_workers = None, max_workers_per_model = None, max_ranks_per_worker = None, max_ranks = None, max_name_len = None, clock = None, maintenance = None, dynamo_env = false),
-        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo', max_models=256, max_workers=16384, max_workers_per_model=4096, max_ranks_per_worker=1024, max_ranks=65536, max_name_len=256, clock=None, maintenance='background', dynamo_env=False)"
+        signature = (*, lease_seconds = None, staleness = None, stale_after = None, metrics_prefix = None, max_models = None, max_workers = None, max_workers_per_model = None, max_ranks_per_worker = None, max_ranks = None, max_name_len = None, clock = None, maintenance = None, dynamo_env = false, routing = None, reroutes = None),
+        text_signature = "(*, lease_seconds=1.0, staleness='keep', stale_after=3.0, metrics_prefix='dynamo', max_models=256, max_workers=16384, max_workers_per_model=4096, max_ranks_per_worker=1024, max_ranks=65536, max_name_len=256, clock=None, maintenance='background', dynamo_env=False, routing='round_robin', reroutes=1)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -95,8 +95,14 @@ impl Monitor {
         clock: Option<&Bound<'_, PyAny>>,
         maintenance: Option<&Bound<'_, PyAny>>,
         dynamo_env: bool,
+        routing: Option<&Bound<'_, PyAny>>,
+        reroutes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = MonitorConfig::default();
+        (config.routing, _) = crate::errors::select_args(routing.filter(|p| !p.is_none()), None)?;
+        if let Some(n) = reroutes.filter(|n| !n.is_none()) {
+            config.reroutes = u32_arg(n, "reroutes")?;
+        }
         if dynamo_env {
             config.defaults = loadgate::monitor::ModelDefaults::from_env()
                 .map_err(|e| PyValueError::new_err(e.to_string()))?;

@@ -289,3 +289,55 @@ def test_awaiting_twice_and_bad_input() -> None:
         m.dispatch("m", prompt_tokens=-1)
     with pytest.raises(TypeError):
         m.dispatch("m", priority="high")
+
+
+def test_a_workers_refusal_is_routed_once_more_then_refused() -> None:
+    m = Monitor(reroutes=1)
+    for w in (1, 2):
+        m.add_worker("m", w, kv_total_blocks=100)
+    m.set_thresholds("m", active_decode_blocks_threshold=0.5)
+
+    async def main() -> None:
+        ticket = await m.dispatch("m", blocks=60)
+        refuser = ticket.worker
+        assert m.is_busy(refuser)
+        again = await m.redispatch(ticket)
+        assert again.worker != refuser
+        assert m.is_leased(refuser)
+        assert not m.is_busy(refuser), "the refuser keeps the booking"
+        assert m.is_busy(again.worker)
+        with pytest.raises(ValueError, match="handed back"):
+            m.redispatch(ticket)
+        with pytest.raises(Overloaded) as e:
+            await m.redispatch(again)
+        assert e.value.reason == "all_workers_busy"
+        assert not m.is_busy(1) and not m.is_busy(2)
+        with pytest.raises(ValueError, match="ticket"):
+            m.redispatch("not a ticket")
+
+    run(main)
+    with pytest.raises(ValueError, match="reroutes"):
+        Monitor(reroutes=17)
+    with pytest.raises(ValueError, match="policy"):
+        Monitor(routing="fastest")
+
+
+def test_a_workers_refusal_goes_back_into_the_queue_first() -> None:
+    m = fleet()
+
+    async def main() -> None:
+        ticket = await m.dispatch("m", tenant="a", blocks=60)
+        later = asyncio.ensure_future(m.dispatch("m", tenant="a", blocks=60))
+        await until(lambda: waiting(m) == 1)
+        back = asyncio.ensure_future(m.redispatch(ticket))
+        await until(lambda: waiting(m) == 2)
+        # The refuser's next report ends its lease: the refused request
+        # goes first, ahead of the one that came after it.
+        free(m)
+        sent = await back
+        assert sent.worker == 1
+        assert not later.done()
+        sent.complete()
+        (await later).complete()
+
+    run(main)

@@ -114,3 +114,93 @@ def test_headers_choose_deadline_and_opt_out_and_refusals_are_loadgate_errors() 
         r = client.post("/v1/chat/completions", json={})
         assert r.status_code == 503
         assert r.headers["x-loadgate-reason"] == "no_workers"
+
+
+def refusing_app(refusers: List[int], reason: str, bodies: List[bytes]) -> Any:
+    """A frontend's proxy whose workers in `refusers` answer 529 with
+    `reason` (as a worker's gate at capacity does); the others echo the
+    request body."""
+
+    async def generate(request: Request) -> Any:
+        body = await request.body()
+        bodies.append(body)
+        worker = request.scope["loadgate.worker"]
+        if worker in refusers:
+            return JSONResponse(
+                {"message": "Server overloaded", "code": 529},
+                status_code=529,
+                headers={"x-loadgate-reason": reason} if reason else {},
+            )
+        return JSONResponse({"worker": worker, "body": body.decode()})
+
+    return Starlette(routes=[Route("/v1/chat/completions", generate, methods=["POST"])])
+
+
+def two_workers(**config: Any) -> Monitor:
+    m = Monitor(**config)
+    for w in (7, 8):
+        m.add_worker("llama", w, kv_total_blocks=100)
+    return m
+
+
+def test_a_workers_refusal_is_sent_to_another_worker_with_its_body() -> None:
+    m = two_workers()
+    bodies: List[bytes] = []
+    guarded = FlowMiddleware(refusing_app([7], "worker_at_capacity", bodies), m, model="llama")
+    with serve(guarded) as url, httpx.Client(base_url=url, timeout=20) as client:
+        # Round-robin sends the first request to worker 7, which refuses.
+        r = client.post("/v1/chat/completions", content=b'{"prompt": "hi"}')
+        assert r.status_code == 200
+        assert r.json() == {"worker": 8, "body": '{"prompt": "hi"}'}
+        assert bodies == [b'{"prompt": "hi"}'] * 2
+        assert m.is_leased(7)
+
+
+def test_a_refusal_by_every_worker_is_the_clients_529() -> None:
+    m = two_workers()
+    guarded = FlowMiddleware(refusing_app([7, 8], "", []), m, model="llama")
+    with serve(guarded) as url, httpx.Client(base_url=url, timeout=20) as client:
+        r = client.post("/v1/chat/completions", json={})
+        assert r.status_code == 529
+        assert r.headers["x-loadgate-reason"] == "all_workers_busy"
+        assert m.is_leased(7) and m.is_leased(8)
+
+
+def test_a_529_that_is_not_a_workers_refusal_passes_through() -> None:
+    m = two_workers()
+    guarded = FlowMiddleware(refusing_app([7, 8], "queue_full", []), m, model="llama")
+    with serve(guarded) as url, httpx.Client(base_url=url, timeout=20) as client:
+        r = client.post("/v1/chat/completions", json={})
+        assert r.status_code == 529
+        assert r.headers["x-loadgate-reason"] == "queue_full"
+        assert not m.is_leased(7) and not m.is_leased(8)
+
+
+def test_with_the_queue_a_refusal_waits_for_the_worker_again() -> None:
+    m = fleet()
+    bodies: List[bytes] = []
+    refusers = [7]
+    guarded = FlowMiddleware(refusing_app(refusers, "queue_timeout", bodies), m, model="llama")
+    with serve(guarded) as url, httpx.Client(base_url=url, timeout=20) as client:
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.update(r=client.post("/v1/chat/completions", content=b"x")))
+        t.start()
+        # Refused once, the request waits in the queue while worker 7 is
+        # leased; its next report (free, and accepting again) sends it.
+        until(lambda: len(bodies) == 1 and flow_queued(m, "llama") == 1)
+        refusers.clear()
+        m.report(7, kv_used_blocks=0)
+        t.join(20)
+        assert result["r"].status_code == 200
+        assert result["r"].json() == {"worker": 7, "body": "x"}
+
+
+def test_a_body_over_the_replay_limit_is_answered_as_the_worker_refused() -> None:
+    m = two_workers()
+    guarded = FlowMiddleware(
+        refusing_app([7], "worker_at_capacity", []), m, model="llama", max_replay_body=4
+    )
+    with serve(guarded) as url, httpx.Client(base_url=url, timeout=20) as client:
+        r = client.post("/v1/chat/completions", content=b"too long")
+        assert r.status_code == 529
+        assert r.headers["x-loadgate-reason"] == "worker_at_capacity"

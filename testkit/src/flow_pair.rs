@@ -52,6 +52,12 @@ pub enum FlowOp {
         /// Its output tokens in all.
         tokens: u64,
     },
+    /// A running request put back (a worker refused it before it
+    /// started).
+    Requeue {
+        /// Which one (modulo how many run).
+        pick: usize,
+    },
     /// A waiting request cancelled.
     Cancel {
         /// Which one (modulo how many wait).
@@ -145,7 +151,11 @@ impl FlowPair {
                     ..FlowRequest::new(&name)
                 };
                 if let Ok(g) = self.q.admit_direct(&req, self.now) {
-                    let w = self.r.as_mut().map(|r| r.admit_direct(&name, prompt, None));
+                    let now = self.now;
+                    let w = self
+                        .r
+                        .as_mut()
+                        .map(|r| r.admit_direct(&name, 0, prompt, None, now));
                     self.running.push((g, w));
                 } else if self.r.is_some() {
                     return Err("a direct dispatch refused with an unbounded table".into());
@@ -164,6 +174,32 @@ impl FlowPair {
                 self.q.settle(g, tokens);
                 if let (Some(r), Some(w)) = (self.r.as_mut(), w) {
                     r.settle(w, tokens);
+                }
+            }
+            FlowOp::Requeue { pick } if !self.running.is_empty() => {
+                let (g, w) = self.running.swap_remove(pick % self.running.len());
+                let id = self.next_id;
+                self.next_id += 1;
+                let mut shed = Vec::new();
+                let got = self.q.requeue(g, id, self.now, |v| shed.push(v));
+                shed.sort_unstable();
+                if let (Some(r), Some(w)) = (self.r.as_mut(), w) {
+                    match (&got, r.requeue(id, w, self.now)) {
+                        (Ok(_), Some(mut want)) => {
+                            want.sort_unstable();
+                            if shed != want {
+                                return Err(format!("requeue shed: {shed:?} vs {want:?}"));
+                            }
+                        }
+                        (Err(_), None) => {}
+                        (got, want) => {
+                            return Err(format!("requeue: {:?} vs {want:?}", got.as_ref().err()));
+                        }
+                    }
+                }
+                self.keys.retain(|(i, _)| !shed.contains(i));
+                if let Ok(key) = got {
+                    self.keys.push((id, key));
                 }
             }
             FlowOp::Cancel { pick } if !self.keys.is_empty() => {

@@ -26,12 +26,16 @@ struct Tenant {
     inflight: u32,
 }
 
-/// A dispatched request's reservation.
+/// A dispatched request's reservation, and where it stood in the queue.
 #[derive(Debug, Clone)]
 pub struct RefReservation {
     tenant: String,
     output: u64,
     reported: u64,
+    band: usize,
+    seq: u64,
+    deadline: u64,
+    prompt: u64,
 }
 
 /// The reference queue.
@@ -169,21 +173,16 @@ impl ReferenceFlow {
         t.counter + (self.wp * p as f64 + self.wq * o as f64) / t.weight
     }
 
-    /// Queues request `id` (the ids shed for it, in the order they left),
-    /// or refuses it (`None`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn push(
+    /// Makes room for a request of `tenant`, `band` and sizes by the fair
+    /// rule: the ids shed, in the order they left, or `None` (refused;
+    /// nothing changed).
+    fn make_room(
         &mut self,
-        id: u32,
         tenant: &str,
-        priority: u8,
+        band: usize,
         prompt: u64,
-        max_tokens: Option<u64>,
-        deadline: Option<u64>,
-        now: u64,
+        output: u64,
     ) -> Option<Vec<u32>> {
-        let band = usize::from(priority).min(self.bands - 1);
-        let output = max_tokens.unwrap_or(self.estimate);
         let c = u128::from(prompt) + u128::from(output);
         if self.token_limit.is_some_and(|l| c > l) {
             return None;
@@ -264,6 +263,25 @@ impl ReferenceFlow {
                 shed.push(*id);
             }
         }
+        Some(shed)
+    }
+
+    /// Queues request `id` (the ids shed for it, in the order they left),
+    /// or refuses it (`None`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn push(
+        &mut self,
+        id: u32,
+        tenant: &str,
+        priority: u8,
+        prompt: u64,
+        max_tokens: Option<u64>,
+        deadline: Option<u64>,
+        now: u64,
+    ) -> Option<Vec<u32>> {
+        let band = usize::from(priority).min(self.bands - 1);
+        let output = max_tokens.unwrap_or(self.estimate);
+        let shed = self.make_room(tenant, band, prompt, output)?;
         self.rejoin(tenant);
         self.waiting.push(Waiting {
             id,
@@ -278,16 +296,54 @@ impl ReferenceFlow {
         Some(shed)
     }
 
-    fn charge(&mut self, name: &str, prompt: u64, output: u64) -> RefReservation {
+    /// Puts dispatched request `r` back as `id` (a worker refused it): its
+    /// charge undone, at its place with its deadline; the ids shed, or
+    /// `None` when refused (its deadline passed, or no room).
+    pub fn requeue(&mut self, id: u32, r: RefReservation, now: u64) -> Option<Vec<u32>> {
+        let (tenant, band, seq, deadline, prompt, output, reported) = (
+            r.tenant.clone(),
+            r.band,
+            r.seq,
+            r.deadline,
+            r.prompt,
+            r.output,
+            r.reported,
+        );
+        self.settle(r, reported);
+        let wp = self.wp;
+        let t = self.tenant(&tenant);
+        t.counter -= wp * prompt as f64 / t.weight;
+        if deadline <= now {
+            return None;
+        }
+        let shed = self.make_room(&tenant, band, prompt, output)?;
+        self.rejoin(&tenant);
+        self.waiting.push(Waiting {
+            id,
+            tenant,
+            band,
+            seq,
+            prompt,
+            output,
+            deadline,
+        });
+        Some(shed)
+    }
+
+    fn charge(&mut self, name: &str, w: &Waiting) -> RefReservation {
         let (wp, wq) = (self.wp, self.wq);
         let t = self.tenant(name);
-        t.counter += wp * prompt as f64 / t.weight;
-        t.provisional += wq * output as f64 / t.weight;
+        t.counter += wp * w.prompt as f64 / t.weight;
+        t.provisional += wq * w.output as f64 / t.weight;
         t.inflight += 1;
         RefReservation {
             tenant: name.to_owned(),
-            output,
+            output: w.output,
             reported: 0,
+            band: w.band,
+            seq: w.seq,
+            deadline: w.deadline,
+            prompt: w.prompt,
         }
     }
 
@@ -314,26 +370,34 @@ impl ReferenceFlow {
                     .total_cmp(&key(b))
                     .then(self.waiting[a].seq.cmp(&self.waiting[b].seq))
             })?;
-        let (name, prompt, output, id) = {
-            let w = &self.waiting[i];
-            (w.tenant.clone(), w.prompt, w.output, w.id)
-        };
-        let r = self.charge(&name, prompt, output);
+        let w = self.waiting[i].clone();
+        let r = self.charge(&w.tenant, &w);
         self.take(i);
-        Some((id, r))
+        Some((w.id, r))
     }
 
     /// A dispatch without queueing.
     pub fn admit_direct(
         &mut self,
         tenant: &str,
+        priority: u8,
         prompt: u64,
         max_tokens: Option<u64>,
+        now: u64,
     ) -> RefReservation {
         self.tenant(tenant);
         self.rejoin(tenant);
-        let output = max_tokens.unwrap_or(self.estimate);
-        self.charge(tenant, prompt, output)
+        let w = Waiting {
+            id: 0,
+            tenant: tenant.to_owned(),
+            band: usize::from(priority).min(self.bands - 1),
+            seq: self.seq,
+            prompt,
+            output: max_tokens.unwrap_or(self.estimate),
+            deadline: now.saturating_add(self.deadline),
+        };
+        self.seq += 1;
+        self.charge(tenant, &w)
     }
 
     /// Output reported.

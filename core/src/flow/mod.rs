@@ -167,6 +167,12 @@ pub struct Reservation {
     output: u64,
     /// Output tokens reported so far.
     reported: u64,
+    /// Where the request stood in the queue, for `FlowQueue::requeue`:
+    /// its band, arrival order, deadline (clock nanoseconds) and prompt.
+    band: u8,
+    seq: u64,
+    deadline: u64,
+    prompt: u64,
 }
 
 impl Reservation {
@@ -178,5 +184,10 @@ impl Reservation {
     /// Output tokens reported so far.
     pub fn reported_output(&self) -> u64 {
         self.reported
+    }
+
+    /// Its priority band.
+    pub fn band(&self) -> usize {
+        usize::from(self.band)
     }
 }

@@ -65,6 +65,17 @@ struct Planned {
     taken: u32,
 }
 
+/// Where a dispatched request stood, and what it reserved
+/// (`Reservation`).
+#[derive(Clone, Copy)]
+struct Place {
+    band: u8,
+    seq: u64,
+    deadline: u64,
+    prompt: u64,
+    output: u64,
+}
+
 /// What the queue keeps of a tenant's waiting requests beside the table.
 #[derive(Clone, Copy, Default)]
 struct Waiting {
@@ -202,9 +213,7 @@ impl<T> FlowQueue<T> {
             return Err((FlowRejection::QueueFull, payload));
         }
         self.shed_planned(shed);
-        let wait = request
-            .deadline
-            .map_or(self.deadline, |d| nanos(d.min(MAX_FLOW_DEADLINE)));
+        let wait = self.wait(request);
         let entry = Entry {
             payload: Some(payload),
             gen: 0,
@@ -360,7 +369,13 @@ impl<T> FlowQueue<T> {
             f => f,
         };
         entry.flow = flow;
-        entry.prev = self.flows[flow as usize].tail;
+        // After the newest entry older than it: the tail for an arrival,
+        // further forward for a request put back (`requeue`).
+        let mut prev = self.flows[flow as usize].tail;
+        while prev != NONE && self.entries[prev as usize].seq > entry.seq {
+            prev = self.entries[prev as usize].prev;
+        }
+        entry.prev = prev;
         let (prompt, output, deadline, seq) =
             (entry.prompt, entry.output, entry.deadline, entry.seq);
         self.queued_tokens += entry.cost();
@@ -377,13 +392,17 @@ impl<T> FlowQueue<T> {
                 i
             }
         };
-        let f = &mut self.flows[flow as usize];
-        if f.tail == NONE {
-            f.head = index;
+        let next = if prev == NONE {
+            std::mem::replace(&mut self.flows[flow as usize].head, index)
         } else {
-            self.entries[f.tail as usize].next = index;
+            std::mem::replace(&mut self.entries[prev as usize].next, index)
+        };
+        self.entries[index as usize].next = next;
+        if next == NONE {
+            self.flows[flow as usize].tail = index;
+        } else {
+            self.entries[next as usize].prev = index;
         }
-        f.tail = index;
         self.bands[band].1 += 1;
         self.queued += 1;
         let w = &mut self.waiting[tenant as usize];
@@ -492,14 +511,20 @@ impl<T> FlowQueue<T> {
     pub fn pop(&mut self, now: u64) -> Option<(T, Reservation)> {
         let flow = self.next_flow()?;
         let head = self.flows[flow as usize].head;
-        let (prompt, output) = {
+        let place = {
             let e = &self.entries[head as usize];
-            (e.prompt, e.output)
+            Place {
+                band: self.flows[flow as usize].band,
+                seq: e.seq,
+                deadline: e.deadline,
+                prompt: e.prompt,
+                output: e.output,
+            }
         };
         let tenant = self.flows[flow as usize].tenant;
         // Charged before it leaves the queue: if it was the last waiter,
         // the floor is the counter with this dispatch in it.
-        let reservation = self.charge(tenant, prompt, output);
+        let reservation = self.charge(tenant, place);
         let payload = self.remove(head);
         self.drain.record(now);
         Some((payload, reservation))
@@ -560,24 +585,93 @@ impl<T> FlowQueue<T> {
     ) -> Result<Reservation, FlowRejection> {
         let tenant = self.tenant_of(request.tenant)?;
         self.tenants.rejoin(tenant);
-        let output = request.max_tokens.unwrap_or(self.output_estimate);
         self.drain.record(now);
-        Ok(self.charge(tenant, request.prompt_tokens, output))
+        let place = Place {
+            band: request.priority.min(MAX_BANDS as u8 - 1),
+            seq: self.seq,
+            deadline: now.saturating_add(self.wait(request)),
+            prompt: request.prompt_tokens,
+            output: request.max_tokens.unwrap_or(self.output_estimate),
+        };
+        self.seq += 1;
+        Ok(self.charge(tenant, place))
     }
 
-    /// Charges tenant `t` a dispatch of `prompt` tokens and reserves
-    /// `output`.
-    fn charge(&mut self, tenant: u32, prompt: u64, output: u64) -> Reservation {
+    /// How long `request` may wait, in nanoseconds.
+    fn wait(&self, request: &FlowRequest<'_>) -> u64 {
+        request
+            .deadline
+            .map_or(self.deadline, |d| nanos(d.min(MAX_FLOW_DEADLINE)))
+    }
+
+    /// Charges tenant `t` a dispatch of `place.prompt` tokens and reserves
+    /// `place.output`.
+    fn charge(&mut self, tenant: u32, place: Place) -> Reservation {
         let (wp, wq) = (self.prompt_weight, self.output_weight);
         let x = self.tenants.get_mut(tenant);
-        x.counter += wp * prompt as f64 / x.weight;
-        x.provisional += wq * output as f64 / x.weight;
+        x.counter += wp * place.prompt as f64 / x.weight;
+        x.provisional += wq * place.output as f64 / x.weight;
         x.inflight += 1;
         Reservation {
             tenant,
-            output,
+            output: place.output,
             reported: 0,
+            band: place.band,
+            seq: place.seq,
+            deadline: place.deadline,
+            prompt: place.prompt,
         }
+    }
+
+    /// Puts a dispatched request back (a worker refused it before it
+    /// started) with `payload`, at time `now`: its tenant's charge is
+    /// undone, as if it had never left, and it rejoins its band and tenant
+    /// at its original place (its arrival order) with its original
+    /// deadline. Refused with [`FlowRejection::QueueDeadline`] when that
+    /// deadline has passed, or shed by the fair rule as an arrival would
+    /// be (`shed` as in [`push`](Self::push)); a refused request costs its
+    /// tenant nothing.
+    pub fn requeue(
+        &mut self,
+        r: Reservation,
+        payload: T,
+        now: u64,
+        shed: impl FnMut(T),
+    ) -> Result<QueueKey, (FlowRejection, T)> {
+        let (tenant, band, prompt, output, reported) = (
+            r.tenant,
+            usize::from(r.band),
+            r.prompt,
+            r.output,
+            r.reported,
+        );
+        let (seq, deadline) = (r.seq, r.deadline);
+        self.settle(r, reported);
+        let wp = self.prompt_weight;
+        let x = self.tenants.get_mut(tenant);
+        x.counter -= wp * prompt as f64 / x.weight;
+        if deadline <= now {
+            return Err((FlowRejection::QueueDeadline, payload));
+        }
+        let cost = u128::from(prompt) + u128::from(output);
+        if self.token_limit.is_some_and(|limit| cost > limit)
+            || (!self.fits(0, cost) && !self.plan_shedding(tenant, band, (prompt, output)))
+        {
+            return Err((FlowRejection::QueueFull, payload));
+        }
+        self.shed_planned(shed);
+        let entry = Entry {
+            payload: Some(payload),
+            gen: 0,
+            flow: NONE,
+            prev: NONE,
+            next: NONE,
+            seq,
+            deadline,
+            prompt,
+            output,
+        };
+        Ok(self.insert(tenant, band, entry))
     }
 
     /// Output tokens a dispatched request has produced so far (`tokens`

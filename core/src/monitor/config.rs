@@ -118,7 +118,18 @@ pub struct MonitorConfig {
     /// What every model starts with (`defaults.rs`); later changes through
     /// `Monitor::set_default_thresholds` and `set_default_flow_control`.
     pub defaults: super::ModelDefaults,
+    /// How `Monitor::dispatch` picks a worker for a model without flow
+    /// control (a model with flow control picks by its queue's policy).
+    pub routing: Policy,
+    /// How many times `Monitor::redispatch` routes a request again to
+    /// another worker after workers refused it, for a model without flow
+    /// control (at most [`MAX_REROUTES`]); then it is refused. With flow
+    /// control the request goes back into the queue instead.
+    pub reroutes: u32,
 }
+
+/// Most reroutes a monitor may be set to (`MonitorConfig::reroutes`).
+pub const MAX_REROUTES: u32 = 16;
 
 impl Default for MonitorConfig {
     fn default() -> Self {
@@ -130,6 +141,8 @@ impl Default for MonitorConfig {
             metrics_prefix: metrics::DEFAULT_PREFIX.to_owned(),
             maintenance: Maintenance::Background,
             defaults: super::ModelDefaults::default(),
+            routing: Policy::RoundRobin,
+            reroutes: 1,
         }
     }
 }
@@ -149,6 +162,9 @@ impl MonitorConfig {
         }
         if self.stale_after.is_zero() {
             return Err(err("stale_after", "must be longer than zero"));
+        }
+        if self.reroutes > MAX_REROUTES {
+            return Err(err("reroutes", "must be at most 16"));
         }
         if !metrics::valid_prefix(&self.metrics_prefix) {
             return Err(err("metrics_prefix", "must match [a-zA-Z_:][a-zA-Z0-9_:]*"));

@@ -89,7 +89,7 @@ pub use booking::Booking;
 pub(crate) use booking::Owner;
 pub use config::{
     Maintenance, MonitorConfig, MonitorConfigError, Policy, Staleness, ThresholdState,
-    DEFAULT_BLOCK_TOKENS, DEFAULT_ENDPOINT,
+    DEFAULT_BLOCK_TOKENS, DEFAULT_ENDPOINT, MAX_REROUTES,
 };
 pub use defaults::{
     ModelDefaults, ACTIVE_DECODE_BLOCKS_THRESHOLD_ENV, ACTIVE_PREFILL_TOKENS_THRESHOLD_ENV,
@@ -99,6 +99,7 @@ pub use flow::{
     Dispatch, DispatchCallback, DispatchHandle, DispatchRequest, Dispatching, FlowControlConfig,
     FlowError,
 };
+pub use pick::seed_picks;
 pub use route::Route;
 
 use duty::Duty;

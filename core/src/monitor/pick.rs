@@ -225,14 +225,25 @@ fn nth_set_bit(mut word: u64, n: u32) -> usize {
     word.trailing_zeros() as usize
 }
 
+std::thread_local! {
+    /// This thread's pick generator; 0 until it is first used or seeded.
+    static STATE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Seeds this thread's pick generator: the random and power-of-two picks
+/// this thread makes afterwards are a function of `seed` and the monitors'
+/// state, so a simulation on one thread repeats itself. Without it, each
+/// thread's generator starts from a seed of its own.
+pub fn seed_picks(seed: u64) {
+    // Any seed but 0, which marks an unseeded generator.
+    STATE.with(|s| s.set(seed.wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1));
+}
+
 /// A per-thread xorshift64* generator; no allocation, no shared state.
 #[inline]
 fn next_random() -> u64 {
     use std::cell::Cell;
-    thread_local! {
-        static STATE: Cell<u64> = const { Cell::new(0) };
-    }
-    STATE.with(|s| {
+    STATE.with(|s: &Cell<u64>| {
         let mut x = s.get();
         if x == 0 {
             // Seed from the thread-local's address and a global counter. A

@@ -234,8 +234,66 @@ static void test_model_defaults(void) {
     CHECK(unsetenv("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD") == 0);
 }
 
+/* A worker's refusal handed back: without flow control to the other worker
+ * once (the refuser leased), then LG_OVERLOADED; with flow control back into
+ * the queue, sent again when the refuser's next report ends its lease. */
+static void test_redispatch(void) {
+    lg_monitor_config c;
+    OK(lg_monitor_config_default(&c));
+    CHECK(c.reroutes == 1 && c.routing == LG_POLICY_ROUND_ROBIN);
+    c.reroutes = 17;
+    lg_monitor *m = NULL;
+    INVALID(lg_monitor_new(&c, &m));
+    CHECK(last_error_contains("reroutes"));
+    c.reroutes = 1;
+    OK(lg_monitor_new(&c, &m));
+    lg_worker_spec spec = one_rank(100);
+    OK(lg_monitor_add_worker(m, S("m"), 1, &spec));
+    OK(lg_monitor_add_worker(m, S("m"), 2, &spec));
+    lg_dispatch_request r;
+    OK(lg_dispatch_request_default(&r));
+    r.blocks = 10;
+    lg_dispatch *d = NULL, *again = NULL;
+    OK(lg_monitor_dispatch(m, S("m"), &r, 0, &d));
+    uint64_t refuser = lg_dispatch_worker(d);
+    OK(lg_monitor_redispatch(m, d, 0, &again));
+    CHECK(lg_dispatch_worker(again) != refuser);
+    bool leased = false;
+    OK(lg_monitor_is_leased(m, refuser, &leased));
+    CHECK(leased);
+    struct told t = {0, LG_OK, NULL};
+    OK(lg_monitor_redispatch_async(m, again, on_dispatch, &t));
+    CHECK(calls(&t) == 1 && t.status == LG_OVERLOADED && t.dispatch == NULL);
+    /* Reports that show the workers free end their leases. Bad input takes
+     * the dispatch all the same. */
+    lg_load_report idle = kv_report(0, 100);
+    OK(lg_monitor_report(m, 1, 0, &idle));
+    OK(lg_monitor_report(m, 2, 0, &idle));
+    OK(lg_monitor_dispatch(m, S("m"), &r, 0, &d));
+    INVALID(lg_monitor_redispatch(NULL, d, 0, &again));
+    INVALID(lg_monitor_redispatch(m, NULL, 0, &again));
+    OK(lg_monitor_dispatch(m, S("m"), &r, 0, &d));
+    INVALID(lg_monitor_redispatch_async(m, d, NULL, NULL));
+    lg_monitor_free(m);
+
+    m = fleet(4);
+    r.blocks = 60;
+    OK(lg_monitor_dispatch(m, S("m"), &r, 0, &d));
+    struct told back = {0, LG_OK, NULL};
+    OK(lg_monitor_redispatch_async(m, d, on_dispatch, &back));
+    sleep_ms(20);
+    CHECK(calls(&back) == 0); /* waits while the refuser is leased */
+    lg_load_report free_now = kv_report(0, 100);
+    OK(lg_monitor_report(m, 1, 0, &free_now));
+    CHECK(await_calls(&back, 1));
+    CHECK(back.status == LG_OK && lg_dispatch_worker(back.dispatch) == 1);
+    lg_dispatch_complete(back.dispatch, 0);
+    lg_monitor_free(m);
+}
+
 void test_flow(void) {
     test_model_defaults();
+    test_redispatch();
     test_flow_config();
     CHECK(contains(lg_status_str(LG_QUEUE_FULL), "queue is full"));
     CHECK(strcmp(lg_status_reason(LG_QUEUE_DEADLINE), "queue_deadline") == 0);

@@ -3,7 +3,9 @@
 //! ranges, tenant weights as an array or NULL with a count), dispatch
 //! through the blocking `lg_monitor_dispatch` with a zero timeout (so no
 //! call waits: a request that would queue gives up at once and leaves the
-//! queue), and the `lg_dispatch_*` calls on the dispatches it made. The
+//! queue), a worker's refusal handed back with `lg_monitor_redispatch`
+//! (any dispatch, on any monitor, also with a zero timeout), and the
+//! `lg_dispatch_*` calls on the dispatches it made. The
 //! callback form is not called: its callbacks run on the monitor's
 //! maintenance thread.
 
@@ -117,6 +119,13 @@ pub enum Call {
         m: Handle,
         model: Str,
         request: Option<Request>,
+        out_null: bool,
+    },
+    /// `lg_monitor_redispatch` with timeout_ms = 0 of a dispatch (NULL or
+    /// one of the live ones, which it takes), on any monitor.
+    Redispatch {
+        m: Handle,
+        d: Handle,
         out_null: bool,
     },
     /// A call on a dispatch (NULL or one of the live ones).
@@ -312,6 +321,31 @@ impl Call {
                     state.dispatches.push(out);
                 } else {
                     assert_eq!(out, dangling(), "dispatch written on failure");
+                }
+                // A request that gave up left the queue: nothing waits.
+                assert_no_waiting(m);
+            }
+            Call::Redispatch { m, d, out_null } => {
+                let m = pick(&state.monitors, *m);
+                let d = take(&mut state.dispatches, *d);
+                let mut out: *mut lg_dispatch = dangling();
+                let out_ptr = if *out_null { null_mut() } else { &mut out };
+                // SAFETY: `m` is NULL or live; `take` removed `d` from the
+                // state (or gave NULL), so the call takes it once; `out_ptr`
+                // is NULL or points at a local.
+                let st = checked("lg_monitor_redispatch", unsafe {
+                    lg_monitor_redispatch(m, d, 0, out_ptr)
+                });
+                refuses_null(
+                    "lg_monitor_redispatch",
+                    st,
+                    m.is_null() || d.is_null() || *out_null,
+                );
+                assert!(DISPATCH_STATUSES.contains(&st), "redispatch: {st:?}");
+                if st == lg_status::LG_OK {
+                    state.dispatches.push(out);
+                } else {
+                    assert_eq!(out, dangling(), "redispatch written on {st:?}");
                 }
                 // A request that gave up left the queue: nothing waits.
                 assert_no_waiting(m);

@@ -1,10 +1,16 @@
-//! The frontend queue of arms (g) and (h): each attempt is a
-//! [`Monitor::dispatch`] future, polled when its waker fires. The monitors
-//! run with the host's maintenance (`Maintenance::Manual`): after each
-//! event the loop calls [`Monitor::maintain`], which dispatches what the
-//! event's kicks (reports, released bookings, sweeps) made room for, and
-//! sets an event at the time it returns (the queue's next deadline), as
-//! the monitor's own thread would wake.
+//! The frontend decision of every arm with a monitor: each attempt is a
+//! [`Monitor::dispatch`] future, and a worker's refusal of a request it
+//! never started is handed back with [`Monitor::redispatch`] (the monitor
+//! leases the refusing worker, then routes the request again or puts it
+//! back into its queue). The lab decides nothing itself: which worker and
+//! rank, what is booked, whether a request waits, goes again or is refused
+//! are the monitor's answers, made with the arm's settings.
+//!
+//! The monitors run with the host's maintenance (`Maintenance::Manual`):
+//! after each event of a queue arm the loop calls [`Monitor::maintain`],
+//! which dispatches what the event's kicks (reports, released bookings,
+//! sweeps) made room for, and sets an event at the time it returns (the
+//! queue's next deadline), as the monitor's own thread would wake.
 //!
 //! A waker only notes its request's id; the loop polls the noted futures
 //! (which may note more) and maintains again until nothing moves, so every
@@ -40,50 +46,58 @@ impl Wake for Note {
 
 impl Sim<'_> {
     /// Attempt `attempt` of request `id` asks the monitor for a worker:
-    /// sent at once, queued, or refused.
-    pub(super) fn dispatch_flow(&mut self, id: u32, attempt: u32) {
-        let monitor = self
-            .monitor_of(id)
-            .expect("a queue arm has a monitor")
-            .clone();
-        let knobs = self.arm.flow.expect("a queue arm");
-        let now = self.now;
-        let r = &mut self.reqs[id as usize];
-        let spec = r.spec;
-        // A worker's refusal brings the attempt back with the time it has
-        // waited already taken from its deadline.
-        if r.hops == 0 {
-            r.queued_since = now;
-        }
-        let left = ns(knobs.deadline_s).saturating_sub(now - r.queued_since);
-        if left == 0 {
-            r.stage = Stage::Backoff;
-            let retry_after = monitor.flow_retry_after(MODEL).map(|d| d.as_secs_f64());
-            self.at(
-                now,
-                Ev::Heard(id, attempt, retry_after, "frontend queue: deadline"),
-            );
-            return;
-        }
-        let fair = knobs.fair;
+    /// sent at once, queued (queue arms), or refused. An arm that does not
+    /// book asks for a worker with nothing to book.
+    pub(super) fn dispatch_monitor(&mut self, id: u32, attempt: u32) {
+        let monitor = self.monitor_of(id).expect("a monitor arm").clone();
+        let spec = self.reqs[id as usize].spec;
+        let blocks = self.prompt_blocks(id);
+        let fair = self.arm.flow.is_some_and(|f| f.fair);
         let tenant = if fair {
             format!("tenant-{}", spec.tenant)
         } else {
             String::new()
         };
+        let book = self.arm.book;
         let request = DispatchRequest {
             flow: FlowRequest {
                 tenant: &tenant,
                 priority: spec.priority,
-                prompt_tokens: u64::from(spec.prompt),
+                prompt_tokens: if book { u64::from(spec.prompt) } else { 0 },
                 max_tokens: None,
-                deadline: Some(std::time::Duration::from_nanos(left)),
+                deadline: self
+                    .arm
+                    .flow
+                    .map(|f| std::time::Duration::from_secs_f64(f.deadline_s)),
             },
-            blocks: Some(u64::from(spec.prompt.div_ceil(self.c.engine.block_size))),
-            queue: true,
+            blocks: Some(if book { blocks } else { 0 }),
+            queue: self.arm.flow.is_some(),
         };
+        let r = &mut self.reqs[id as usize];
         r.stage = Stage::Waiting;
         r.waiting = Some((attempt, monitor.dispatch(MODEL, &request)));
+        self.poll_flow(id);
+    }
+
+    /// The KV blocks of request `id`'s prompt.
+    fn prompt_blocks(&self, id: u32) -> u64 {
+        let prompt = self.reqs[id as usize].spec.prompt;
+        u64::from(prompt.div_ceil(self.c.engine.block_size))
+    }
+
+    /// A worker's refusal of attempt `attempt` of request `id` is back at
+    /// the frontend: its dispatch goes back to the monitor.
+    pub(super) fn redispatch(&mut self, id: u32, attempt: u32) {
+        let r = &mut self.reqs[id as usize];
+        if r.stage != Stage::Travelling || r.attempt != attempt {
+            return;
+        }
+        let Some(d) = r.dispatch.take() else { return };
+        let monitor = self.monitor_of(id).expect("a monitor arm").clone();
+        self.let_go(id);
+        let r = &mut self.reqs[id as usize];
+        r.stage = Stage::Waiting;
+        r.waiting = Some((attempt, monitor.redispatch(d)));
         self.poll_flow(id);
     }
 
@@ -103,10 +117,16 @@ impl Sim<'_> {
         };
         let attempt = *attempt;
         r.waiting = None;
+        let refused_by = r.refused_by.take();
         match outcome {
             Ok(d) => self.sent(id, d),
             Err(why) => {
                 let (retry_after, why) = match why {
+                    // Refused again after a worker's refusal (no reroute
+                    // left, or no other worker free): the worker's reason.
+                    FlowRejection::AllWorkersBusy if refused_by.is_some() => {
+                        (self.arm.retry_after_s, refused_by.unwrap_or_default())
+                    }
                     FlowRejection::QueueFull => (self.arm.retry_after_s, "frontend queue: full"),
                     FlowRejection::QueueDeadline => (
                         self.monitor_of(id)
@@ -125,8 +145,11 @@ impl Sim<'_> {
 
     /// The monitor sent request `id` to a worker.
     fn sent(&mut self, id: u32, d: Dispatch) {
-        let spec = self.reqs[id as usize].spec;
-        let blocks = u64::from(spec.prompt.div_ceil(self.c.engine.block_size));
+        let blocks = if self.arm.book {
+            self.prompt_blocks(id)
+        } else {
+            0
+        };
         self.admitted(id, d.worker_id() as u32, d.dp_rank(), blocks);
         let r = &mut self.reqs[id as usize];
         r.worker = d.worker_id() as u32;

@@ -2,10 +2,7 @@
 //! routing decision, rejections heard, clients giving up, and how a request
 //! ends.
 
-use loadgate::{Policy, ReportError, RouteError};
-use rand::Rng;
-
-use super::{ns, Ev, Sim, Stage, MODEL};
+use super::{ns, Ev, Sim, Stage};
 use crate::arm::ArmKind;
 use crate::engine::Engine;
 use crate::record::{End, Life};
@@ -88,13 +85,13 @@ impl Sim<'_> {
     }
 
     /// The frontend routes an attempt: to a worker, or back to the client
-    /// with a rejection.
+    /// with a rejection. An arm with a monitor asks it (`flow.rs`).
     pub(super) fn dispatch(&mut self, id: u32, attempt: u32) {
-        if self.arm.flow.is_some() {
-            return self.dispatch_flow(id, attempt);
+        if self.arm.kind.uses_monitor() {
+            return self.dispatch_monitor(id, attempt);
         }
         let now = self.now;
-        match self.route(id) {
+        match self.route() {
             Ok((worker, rank)) => {
                 let r = &mut self.reqs[id as usize];
                 r.worker = worker;
@@ -110,16 +107,11 @@ impl Sim<'_> {
         }
     }
 
-    /// The arm's frontend decision: a worker and rank, or a rejection with
-    /// the `Retry-After` it carries.
-    pub(super) fn route(&mut self, id: u32) -> Result<(u32, u32), (Option<f64>, &'static str)> {
+    /// The frontend decision of an arm without a monitor (not loadgate's):
+    /// a worker and rank, or a rejection with the `Retry-After` it carries.
+    fn route(&mut self) -> Result<(u32, u32), (Option<f64>, &'static str)> {
         let n = self.workers.len() as u32;
         match self.arm.kind {
-            ArmKind::NoControl | ArmKind::EngineLimit => {
-                let w = self.rr % n;
-                self.rr = self.rr.wrapping_add(1);
-                Ok((w, self.shortest_rank(w)))
-            }
             ArmKind::Oracle => {
                 let rate = self.arm.oracle_rate.unwrap_or(f64::INFINITY);
                 // A token bucket of one tenth of a second of capacity.
@@ -139,77 +131,12 @@ impl Sim<'_> {
                     .unwrap_or(0);
                 Ok((w, self.shortest_rank(w)))
             }
-            ArmKind::Seed
-            | ArmKind::Saturation
-            | ArmKind::Loadgate
-            | ArmKind::Queue
-            | ArmKind::FairQueue => {
-                let picked = match self.arm.routing() {
-                    Policy::PowerOfTwo => self.power_of_two(id),
-                    policy => self
-                        .monitor_of(id)
-                        .expect("a monitor")
-                        .select(MODEL, policy),
-                };
-                let monitor = self.monitor_of(id).expect("a monitor arm");
-                match picked {
-                    Ok(w) => {
-                        let rank = (0..self.c.dp_size)
-                            .min_by_key(|&r| monitor.rank_load(w, r).map_or(0, |l| l.load_score()))
-                            .unwrap_or(0);
-                        if self.arm.book {
-                            let spec = self.reqs[id as usize].spec;
-                            let blocks = u64::from(spec.prompt.div_ceil(self.c.engine.block_size));
-                            match monitor.book(w, rank, blocks) {
-                                Ok(b) => {
-                                    self.reqs[id as usize].booking = Some(b);
-                                    self.admitted(id, w as u32, rank, blocks);
-                                }
-                                // Leased mode: no room in this replica's share.
-                                Err(ReportError::NoShare { .. }) => {
-                                    return Err((self.arm.retry_after_s, "frontend: share full"));
-                                }
-                                Err(_) => {}
-                            }
-                        }
-                        Ok((w as u32, rank))
-                    }
-                    Err(RouteError::Unavailable) => {
-                        Err((self.arm.retry_after_s, "frontend: no workers"))
-                    }
-                    Err(_) => Err((self.arm.retry_after_s, "frontend: all workers busy")),
-                }
+            _ => {
+                let w = self.rr % n;
+                self.rr = self.rr.wrapping_add(1);
+                Ok((w, self.shortest_rank(w)))
             }
         }
-    }
-
-    /// Power-of-two choices with the run's own generator, on the monitor of
-    /// the replica request `id` came through. loadgate's
-    /// `Policy::PowerOfTwo` draws from a per-thread generator seeded at
-    /// random, which would make runs differ; here the lab draws the two
-    /// eligible candidates from the run's seed and `select_min_cost` picks
-    /// between them by the score loadgate's own pick compares (the sum of
-    /// its ranks' `RankLoad::load_score`).
-    pub(super) fn power_of_two(&mut self, id: u32) -> Result<u64, RouteError> {
-        let monitor = self.monitor_of(id).expect("a monitor arm").clone();
-        let eligible: Vec<u64> = (0..u64::from(self.c.workers))
-            .filter(|&w| {
-                !monitor.is_busy(w).unwrap_or(true) && !monitor.is_leased(w).unwrap_or(true)
-            })
-            .collect();
-        if eligible.is_empty() {
-            // The monitor answers (and counts) the rejection itself.
-            return monitor.select(MODEL, Policy::RoundRobin);
-        }
-        let a = eligible[self.rng.gen_range(0..eligible.len())];
-        let b = eligible[self.rng.gen_range(0..eligible.len())];
-        let score = |w: u64| {
-            (0..self.c.dp_size)
-                .filter_map(|r| monitor.rank_load(w, r).ok())
-                .map(|l| l.load_score())
-                .sum::<u64>() as f64
-        };
-        monitor.select_min_cost(MODEL, [(a, score(a)), (b, score(b))])
     }
 
     pub(super) fn shortest_rank(&self, w: u32) -> u32 {

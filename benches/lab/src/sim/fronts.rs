@@ -15,6 +15,7 @@ use loadgate::cluster::{Subjects, Subscriber, SubscriberConfig};
 use loadgate::{Maintenance, Monitor, MonitorConfig, SharedClock};
 
 use super::{ns, Conditions, Ev, Sim, MODEL};
+use crate::arm::Arm;
 
 /// Leased mode's lease in the lab: a fifth of the default, so that the
 /// join window (one and a half leases, in which a replica admits nothing)
@@ -35,12 +36,16 @@ impl Front {
         clock: &SharedClock,
         subjects: &Subjects,
         c: &Conditions,
+        arm: &Arm,
     ) -> Result<Self, String> {
         // The simulation owns time: the monitor's maintenance runs after
-        // each event (`flow.rs`), not on a thread.
+        // each event (`flow.rs`), not on a thread. The arm's routing policy
+        // and reroutes are the monitor's own settings.
         let config = MonitorConfig {
             stale_after: Duration::from_secs(3),
             maintenance: Maintenance::Manual,
+            routing: arm.routing(),
+            reroutes: arm.reroute,
             ..Default::default()
         };
         let monitor =
@@ -128,11 +133,10 @@ impl Sim<'_> {
         }
     }
 
-    /// Lets go of what the frontend holds for request `id`: its booking
-    /// and dispatch (released) and its place in the queue (left).
+    /// Lets go of what the frontend holds for request `id`: its dispatch
+    /// (released) and its place in the queue (left).
     pub(super) fn let_go(&mut self, id: u32) {
         let r = &mut self.reqs[id as usize];
-        r.booking = None;
         r.dispatch = None;
         r.waiting = None;
         self.let_go_admitted(id);

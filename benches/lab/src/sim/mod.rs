@@ -17,8 +17,10 @@
 //! * this file: the run's state, its events and the event loop;
 //! * `frontend.rs`: the clients (sends, retries, giving up) and the arm's
 //!   frontend (routing, rejections);
-//! * `flow.rs`: the frontend queue of arms (g) and (h), driven through
-//!   `Monitor::dispatch`'s futures;
+//! * `flow.rs`: the frontend decision of every arm with a monitor,
+//!   `Monitor::dispatch` and, after a worker's refusal,
+//!   `Monitor::redispatch`, driven through their futures (the frontend
+//!   queue of arms (g) and (h) waits in them);
 //! * `fronts.rs`: one frontend or several replicas, and their booking
 //!   sync;
 //! * `worker.rs`: the workers (the gate's outcomes, the engines' steps, the
@@ -33,11 +35,8 @@ use loadgate::cluster::{
 };
 use loadgate::monitor::{Dispatch, Dispatching};
 use loadgate::{
-    AdmissionGate, AdmitError, Booking, CallbackTicket, ManualClock, OwnedPermit, SharedClock,
-    WorkerSpec,
+    AdmissionGate, AdmitError, CallbackTicket, ManualClock, OwnedPermit, SharedClock, WorkerSpec,
 };
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use serde::Serialize;
 
 mod flow;
@@ -153,7 +152,8 @@ enum Ev {
     /// A rejection reaches the client: request, attempt, `Retry-After`,
     /// where and why it was refused.
     Heard(u32, u32, Option<f64>, &'static str),
-    /// A worker's refusal is back at the frontend, which routes again.
+    /// A worker's refusal is back at the frontend, which hands it to its
+    /// monitor (`Monitor::redispatch`).
     Reroute(u32, u32),
     /// The frontend queue's next deadline.
     FlowExpire,
@@ -208,8 +208,6 @@ struct Req {
     /// refused).
     hops: u32,
     attempt_send: u64,
-    /// Queue arms: when the attempt first asked the frontend queue.
-    queued_since: u64,
     /// The replica it goes through.
     frontend: u32,
     worker: u32,
@@ -218,12 +216,14 @@ struct Req {
     last_token: u64,
     permit: Option<OwnedPermit>,
     ticket: Option<CallbackTicket>,
-    booking: Option<Booking>,
-    /// Queue arms: the dispatch it was sent with.
+    /// Monitor arms: the dispatch it was sent with.
     dispatch: Option<Dispatch>,
-    /// Queue arms: the attempt waiting in the frontend queue, and its
-    /// future.
+    /// Monitor arms: the attempt waiting for the monitor's answer (in the
+    /// frontend queue), and its future.
     waiting: Option<(u32, Dispatching)>,
+    /// Why the worker it was sent to refused it, while the monitor decides
+    /// again (`Monitor::redispatch`).
+    refused_by: Option<&'static str>,
     /// What its booking or dispatch admitted: (worker, rank, blocks).
     admitted: Option<(u32, u32, u64)>,
 }
@@ -297,7 +297,6 @@ struct Sim<'a> {
     flow_expire_at: Option<u64>,
     rec: Recorder,
     rr: u32,
-    rng: StdRng,
     bucket: (f64, u64),
     throttle: Option<Throttle>,
     tokens: Vec<Token>,
@@ -321,11 +320,13 @@ impl<'a> Sim<'a> {
         }
         let clock = ManualClock::new();
         let shared: SharedClock = clock.clone();
+        // The monitors' random and power-of-two picks repeat with the run.
+        loadgate::monitor::seed_picks(workload.seed ^ 0x5EED);
         let bus = Arc::new(HeldBus::default());
         let subjects = Subjects::new("lab").map_err(|e| e.to_string())?;
         let fronts = if arm.kind.uses_monitor() {
             (0..c.frontends.max(1))
-                .map(|i| fronts::Front::new(i, &shared, &subjects, c))
+                .map(|i| fronts::Front::new(i, &shared, &subjects, c, arm))
                 .collect::<Result<Vec<_>, _>>()?
         } else {
             Vec::new()
@@ -404,7 +405,6 @@ impl<'a> Sim<'a> {
                 attempt: 0,
                 hops: 0,
                 attempt_send: 0,
-                queued_since: 0,
                 frontend: 0,
                 worker: 0,
                 rank: 0,
@@ -412,9 +412,9 @@ impl<'a> Sim<'a> {
                 last_token: 0,
                 permit: None,
                 ticket: None,
-                booking: None,
                 dispatch: None,
                 waiting: None,
+                refused_by: None,
                 admitted: None,
             })
             .collect();
@@ -439,7 +439,6 @@ impl<'a> Sim<'a> {
             flow_expire_at: None,
             rec,
             rr: 0,
-            rng: StdRng::seed_from_u64(workload.seed ^ 0x5EED),
             bucket: (0.0, 0),
             throttle,
             tokens: Vec::new(),
@@ -558,12 +557,7 @@ impl<'a> Sim<'a> {
                 self.schedule_expiry(w);
             }
             Ev::GiveUp(id) => self.give_up(id),
-            Ev::Reroute(id, attempt) => {
-                let r = &self.reqs[id as usize];
-                if r.stage == Stage::Travelling && r.attempt == attempt {
-                    self.dispatch(id, attempt);
-                }
-            }
+            Ev::Reroute(id, attempt) => self.redispatch(id, attempt),
             Ev::Heard(id, attempt, retry_after, why) => self.heard(id, attempt, retry_after, why),
             Ev::FlowExpire => self.flow_expire(),
             Ev::SyncTick => self.sync_tick(),

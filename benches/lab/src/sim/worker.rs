@@ -56,32 +56,6 @@ impl Sim<'_> {
                     Ok(_) => {}
                     Err(e) if current => {
                         r.ticket = None;
-                        let worker = u64::from(r.worker);
-                        if let Some(m) = self.fronts.get(r.frontend as usize) {
-                            if e == AdmitError::AtCapacity {
-                                let _ = m.monitor.mark_overloaded(worker);
-                            }
-                        }
-                        // A refusal at once goes back to the frontend (the
-                        // refusing worker is under its lease) as many times
-                        // as the arm reroutes. With a frontend queue, every
-                        // refusal of a request that never started goes back
-                        // into it, until its deadline (`flow.rs`).
-                        let again = if self.arm.flow.is_some() {
-                            e != AdmitError::Closed
-                        } else {
-                            e == AdmitError::AtCapacity && r.hops <= self.arm.reroute
-                        };
-                        if again {
-                            // Back to the frontend, which tries another
-                            // worker (the refusing one is under its lease).
-                            r.stage = Stage::Travelling;
-                            self.let_go(id);
-                            self.at(self.now + ns(self.c.net_delay_s), Ev::Reroute(id, attempt));
-                            continue;
-                        }
-                        r.stage = Stage::Backoff;
-                        let retry_after = self.arm.retry_after_s;
                         let why = match e {
                             AdmitError::AtCapacity => "worker gate: at capacity",
                             AdmitError::QueueTimeout | AdmitError::TimedOut => {
@@ -90,6 +64,18 @@ impl Sim<'_> {
                             AdmitError::Displaced => "worker gate: displaced",
                             AdmitError::Closed => "worker gate: closed",
                         };
+                        // A request the worker never started goes back to
+                        // the frontend, which hands it to its monitor
+                        // (`Monitor::redispatch`: a lease on this worker,
+                        // then another worker or the queue, or a 529).
+                        if r.dispatch.is_some() && e != AdmitError::Closed {
+                            r.stage = Stage::Travelling;
+                            r.refused_by = Some(why);
+                            self.at(self.now + ns(self.c.net_delay_s), Ev::Reroute(id, attempt));
+                            continue;
+                        }
+                        r.stage = Stage::Backoff;
+                        let retry_after = self.arm.retry_after_s;
                         self.at(
                             self.now + ns(self.c.net_delay_s),
                             Ev::Heard(id, attempt, retry_after, why),
@@ -181,11 +167,6 @@ impl Sim<'_> {
                 self.rec.token_gap(r.spec.at_ns, gap);
             }
             r.last_token = now;
-            if let Some(b) = &mut r.booking {
-                if (r.spec.prompt + t.generated) % block == 0 {
-                    b.add_output_blocks(1);
-                }
-            }
             if t.finished {
                 self.finish(id, End::Completed);
             }

@@ -77,7 +77,7 @@ pub(super) struct Ticket {
     blocks: u64,
     prefill: u64,
     /// Its priority band and when it queued, for the statistics.
-    band: usize,
+    pub(super) band: usize,
     queued_at: u64,
     pub(super) outcome: Option<Result<Granted, FlowRejection>>,
 }
@@ -88,6 +88,9 @@ pub(crate) struct Granted {
     /// `None` for a worker that declared no ranks (nothing to book).
     pub(super) booking: Option<Booking>,
     pub(super) reservation: Reservation,
+    /// What it booked, should it be sent again.
+    pub(super) blocks: u64,
+    pub(super) prefill: u64,
 }
 
 /// One notification to deliver off the lock.
@@ -289,8 +292,11 @@ impl FlowControl {
                 self.resolve(st, t, Err(FlowRejection::NoWorkers), now, after);
                 continue;
             }
-            let ticket = &st.tickets[t as usize];
-            let Some((worker_id, booking)) = book(ticket.blocks, ticket.prefill) else {
+            let (blocks, prefill) = (
+                st.tickets[t as usize].blocks,
+                st.tickets[t as usize].prefill,
+            );
+            let Some((worker_id, booking)) = book(blocks, prefill) else {
                 // Nothing free (or no room in this frontend's leased
                 // share): wait for a kick.
                 break;
@@ -301,6 +307,8 @@ impl FlowControl {
                 worker_id,
                 booking,
                 reservation,
+                blocks,
+                prefill,
             };
             self.resolve(st, t, Ok(granted), now, after);
         }

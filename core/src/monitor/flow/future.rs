@@ -5,11 +5,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use super::control::{FlowControl, Granted, Notify};
 use crate::flow::{FlowRejection, Reservation};
 use crate::monitor::booking::Booking;
+use crate::monitor::model::Model;
 use crate::sync::lock;
 
 /// A request sent to a worker: its worker and booking, and what its tenant
@@ -41,6 +43,17 @@ pub struct Dispatch {
     pub(super) worker_id: u64,
     pub(super) booking: Option<Booking>,
     pub(super) settle: Option<(Arc<FlowControl>, Reservation)>,
+    pub(super) origin: Origin,
+}
+
+/// What a dispatch needs to be sent again after a worker refused it
+/// (`Monitor::redispatch`).
+pub(super) struct Origin {
+    pub(super) model: Arc<Model>,
+    pub(super) blocks: u64,
+    pub(super) prefill: u64,
+    /// Times it was routed again without a queue.
+    pub(super) reroutes: u32,
 }
 
 impl std::fmt::Debug for Dispatch {
@@ -57,7 +70,18 @@ impl Dispatch {
             worker_id: g.worker_id,
             booking: g.booking,
             settle: Some((Arc::clone(flow), g.reservation)),
+            origin: Origin {
+                model: Arc::clone(&flow.model),
+                blocks: g.blocks,
+                prefill: g.prefill,
+                reroutes: 0,
+            },
         }
+    }
+
+    /// The model it is a request of.
+    pub fn model(&self) -> &str {
+        &self.origin.model.name
     }
 
     /// The worker it was sent to.
@@ -203,6 +227,40 @@ impl Waiting {
             drop(Dispatch::from_granted(g, &self.flow));
         }
         was_queued
+    }
+}
+
+impl Dispatching {
+    /// Blocks this thread until the request is sent or refused, or
+    /// `timeout` runs out (`None`: no limit of its own): then the request
+    /// leaves the queue and [`FlowRejection::TimedOut`] is returned.
+    pub fn wait(mut self, timeout: Option<Duration>) -> Result<Dispatch, FlowRejection> {
+        /// Unparks the blocked thread.
+        struct Unpark(std::thread::Thread);
+        impl Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let give_up = timeout.and_then(|d| Instant::now().checked_add(d));
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(outcome) = Pin::new(&mut self).poll(&mut cx) {
+                return outcome;
+            }
+            match give_up {
+                None => std::thread::park(),
+                Some(at) => {
+                    let now = Instant::now();
+                    if now >= at {
+                        // Dropping the future gives the request up.
+                        return Err(FlowRejection::TimedOut);
+                    }
+                    std::thread::park_timeout(at - now);
+                }
+            }
+        }
     }
 }
 

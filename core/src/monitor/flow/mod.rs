@@ -62,10 +62,8 @@ mod metrics;
 mod trampoline;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -191,11 +189,7 @@ impl Monitor {
     /// refused at once with [`FlowRejection::AllWorkersBusy`]. The future
     /// holds no borrow of the monitor.
     pub fn dispatch(&self, model: &str, request: &DispatchRequest<'_>) -> Dispatching {
-        let step = match self.arrive(model, request, &mut None) {
-            Arrival::Ready(outcome) => Step::Ready(outcome),
-            Arrival::Waiting(w) => Step::Waiting(w),
-        };
-        Dispatching { step }
+        self.arrive(model, request, &mut None).into_future()
     }
 
     /// [`dispatch`](Self::dispatch), blocking this thread until the request
@@ -208,33 +202,7 @@ impl Monitor {
         request: &DispatchRequest<'_>,
         timeout: Option<Duration>,
     ) -> Result<Dispatch, FlowRejection> {
-        /// Unparks the blocked thread.
-        struct Unpark(std::thread::Thread);
-        impl Wake for Unpark {
-            fn wake(self: Arc<Self>) {
-                self.0.unpark();
-            }
-        }
-        let give_up = timeout.and_then(|d| Instant::now().checked_add(d));
-        let mut fut = self.dispatch(model, request);
-        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-        let mut cx = Context::from_waker(&waker);
-        loop {
-            if let Poll::Ready(outcome) = std::pin::Pin::new(&mut fut).poll(&mut cx) {
-                return outcome;
-            }
-            match give_up {
-                None => std::thread::park(),
-                Some(at) => {
-                    let now = Instant::now();
-                    if now >= at {
-                        // Dropping the future gives the request up.
-                        return Err(FlowRejection::TimedOut);
-                    }
-                    std::thread::park_timeout(at - now);
-                }
-            }
-        }
+        self.dispatch(model, request).wait(timeout)
     }
 
     /// [`dispatch`](Self::dispatch) with a callback instead of a future,
@@ -254,15 +222,42 @@ impl Monitor {
         callback: DispatchCallback,
     ) -> DispatchHandle {
         let mut callback = Some(callback);
-        match self.arrive(model, request, &mut callback) {
-            Arrival::Ready(outcome) => {
-                if let Some(callback) = callback {
-                    trampoline::call(move || callback(outcome));
-                }
-                DispatchHandle { waiting: None }
-            }
-            Arrival::Waiting(w) => DispatchHandle { waiting: Some(w) },
-        }
+        let arrival = self.arrive(model, request, &mut callback);
+        arrival.into_handle(callback)
+    }
+
+    /// Hands back a request a worker refused before it started (its gate
+    /// was at capacity, or the request reached its deadline in the gate's
+    /// queue): the refusing worker is put under its overload lease, the
+    /// booking is released, and
+    ///
+    /// * with flow control on the model, the request goes back into the
+    ///   model's queue at its original place in its band and tenant, with
+    ///   what is left of its deadline; its tenant's charge is undone, so it
+    ///   is charged once when it is sent again (refused with
+    ///   [`FlowRejection::QueueDeadline`] if its deadline has passed);
+    /// * without, it is routed once more to another free worker, at most
+    ///   [`MonitorConfig::reroutes`](crate::MonitorConfig::reroutes) times
+    ///   in its life (1 by default), and otherwise refused with
+    ///   [`FlowRejection::AllWorkersBusy`] (529).
+    ///
+    /// The future is the same as [`dispatch`](Self::dispatch)'s. A dispatch
+    /// made by another monitor, or of a model removed since, is refused
+    /// with [`FlowRejection::NoWorkers`] (and completed).
+    pub fn redispatch(&self, dispatch: Dispatch) -> Dispatching {
+        self.arrive_again(dispatch, &mut None).into_future()
+    }
+
+    /// [`redispatch`](Self::redispatch) with a callback, as
+    /// [`dispatch_with_callback`](Self::dispatch_with_callback).
+    pub fn redispatch_with_callback(
+        &self,
+        dispatch: Dispatch,
+        callback: DispatchCallback,
+    ) -> DispatchHandle {
+        let mut callback = Some(callback);
+        let arrival = self.arrive_again(dispatch, &mut callback);
+        arrival.into_handle(callback)
     }
 
     /// A request's arrival (module docs). `callback`, if given, is taken
@@ -278,13 +273,13 @@ impl Monitor {
             let Some(m) = reg.models.get(model) else {
                 return Arrival::Ready(Err(FlowRejection::NoWorkers));
             };
-            let outcome = self.send_now(m, Policy::RoundRobin, request, None);
+            let outcome = self.send_now(m, self.config.routing, request, None);
             if let Err(why) = &outcome {
                 control::count_refusal(m, *why);
             }
             return Arrival::Ready(outcome);
         };
-        let m = &*flow.model;
+        let m = &flow.model;
         // A request may wait: the maintenance must run in this process (a
         // forked child starts its own; a pid compare otherwise).
         self.duty.start();
@@ -329,15 +324,125 @@ impl Monitor {
             band,
             now,
         );
-        let mut shed = [0u32; MAX_SHED];
-        let mut n = 0;
+        let mut shed = Shed::default();
         let earliest = st.queue.next_deadline();
-        let pushed = st.queue.push(&request.flow, t, now, |v| {
-            shed[n] = v;
-            n += 1;
-        });
+        let pushed = st.queue.push(&request.flow, t, now, |v| shed.push(v));
+        self.wait_in(
+            &flow,
+            st,
+            (t, gen),
+            pushed,
+            shed,
+            earliest,
+            was_empty,
+            callback,
+        )
+    }
+
+    /// A refused request's second arrival (`redispatch`).
+    fn arrive_again(
+        &self,
+        mut dispatch: Dispatch,
+        callback: &mut Option<DispatchCallback>,
+    ) -> Arrival {
+        // A dispatch of another monitor, or of a model removed since: not
+        // this monitor's to route (its workers are not ours).
+        let ours = self
+            .registry
+            .load()
+            .models
+            .get(&*dispatch.origin.model.name)
+            .is_some_and(|m| Arc::ptr_eq(m, &dispatch.origin.model));
+        if !ours {
+            return Arrival::Ready(Err(FlowRejection::NoWorkers));
+        }
+        // The lease first, then the release: the refusing worker is not
+        // picked again for it.
+        let _ = self.mark_overloaded(dispatch.worker_id);
+        dispatch.booking = None;
+        let origin = &dispatch.origin;
+        let (blocks, prefill) = (origin.blocks, origin.prefill);
+        let Some((flow, reservation)) = dispatch.settle.take() else {
+            let m = Arc::clone(&origin.model);
+            let reroutes = origin.reroutes;
+            drop(dispatch);
+            let outcome = if reroutes >= self.config.reroutes {
+                Err(FlowRejection::AllWorkersBusy)
+            } else if m.workers.load(Ordering::Relaxed) == 0 {
+                // Relaxed: as `Model::routable`.
+                Err(FlowRejection::NoWorkers)
+            } else {
+                pick_and_book(
+                    &self.registry,
+                    &m,
+                    &self.clock,
+                    self.config.routing,
+                    blocks,
+                    prefill,
+                )
+                .map(|(worker_id, booking)| Dispatch {
+                    worker_id,
+                    booking,
+                    settle: None,
+                    origin: future::Origin {
+                        model: Arc::clone(&m),
+                        blocks,
+                        prefill,
+                        reroutes: reroutes + 1,
+                    },
+                })
+                .ok_or(FlowRejection::AllWorkersBusy)
+            };
+            if let Err(why) = &outcome {
+                control::count_refusal(&m, *why);
+            }
+            return Arrival::Ready(outcome);
+        };
+        drop(dispatch);
+        self.duty.start();
+        let mut st = lock(&flow.state);
+        let band = reservation.band();
+        if st.closed {
+            st.queue.settle(reservation, 0);
+            return Arrival::Ready(Err(FlowRejection::QueueFull));
+        }
+        let now = self.clock.now_nanos();
+        let was_empty = st.queue.is_empty();
+        let (t, gen) = FlowControl::ticket(&mut st, blocks, prefill, band, now);
+        let mut shed = Shed::default();
+        let earliest = st.queue.next_deadline();
+        let pushed = st.queue.requeue(reservation, t, now, |v| shed.push(v));
+        self.wait_in(
+            &flow,
+            st,
+            (t, gen),
+            pushed,
+            shed,
+            earliest,
+            was_empty,
+            callback,
+        )
+    }
+
+    /// The rest of a request's queueing, under the queue's lock `st`:
+    /// ticket `(t, gen)` was pushed (or refused), shedding `shed`.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_in(
+        &self,
+        flow: &Arc<FlowControl>,
+        mut st: crate::sync::MutexGuard<'_, State>,
+        (t, gen): (u32, u32),
+        pushed: Result<crate::flow::QueueKey, (FlowRejection, u32)>,
+        shed: Shed,
+        earliest: Option<u64>,
+        was_empty: bool,
+        callback: &mut Option<DispatchCallback>,
+    ) -> Arrival {
+        let m = &*flow.model;
+        let now = self.clock.now_nanos();
+        let band = st.tickets[t as usize].band;
         let mut after = After::default();
-        for &v in &shed[..n] {
+        for &v in shed.as_slice() {
             flow.resolve(&mut st, v, Err(FlowRejection::QueueFull), now, &mut after);
         }
         flow.owe(&mut st, after);
@@ -377,12 +482,12 @@ impl Monitor {
                 &mut own,
             );
             drop(st);
-            own.deliver(&flow);
+            own.deliver(flow);
         } else {
             drop(st);
         }
         Arrival::Waiting(Waiting {
-            flow,
+            flow: Arc::clone(flow),
             ticket: t,
             gen,
         })
@@ -392,7 +497,7 @@ impl Monitor {
     /// control, charges its tenant.
     fn send_now(
         &self,
-        m: &Model,
+        m: &Arc<Model>,
         policy: Policy,
         request: &DispatchRequest<'_>,
         flow: Option<(&Arc<FlowControl>, &mut State, u64)>,
@@ -430,6 +535,12 @@ impl Monitor {
             worker_id,
             booking,
             settle,
+            origin: future::Origin {
+                model: Arc::clone(m),
+                blocks: request.blocks(),
+                prefill: request.flow.prompt_tokens,
+                reroutes: 0,
+            },
         })
     }
 
@@ -447,6 +558,57 @@ impl Monitor {
 enum Arrival {
     Ready(Result<Dispatch, FlowRejection>),
     Waiting(Waiting),
+}
+
+impl Arrival {
+    /// The future form.
+    fn into_future(self) -> Dispatching {
+        let step = match self {
+            Arrival::Ready(outcome) => Step::Ready(outcome),
+            Arrival::Waiting(w) => Step::Waiting(w),
+        };
+        Dispatching { step }
+    }
+
+    /// The callback form: `callback` (left when the outcome was decided at
+    /// once) is called here with it.
+    fn into_handle(self, callback: Option<DispatchCallback>) -> DispatchHandle {
+        match self {
+            Arrival::Ready(outcome) => {
+                if let Some(callback) = callback {
+                    trampoline::call(move || callback(outcome));
+                }
+                DispatchHandle { waiting: None }
+            }
+            Arrival::Waiting(w) => DispatchHandle { waiting: Some(w) },
+        }
+    }
+}
+
+/// The requests an arrival shed, without allocating.
+struct Shed {
+    tickets: [u32; MAX_SHED],
+    len: usize,
+}
+
+impl Default for Shed {
+    fn default() -> Self {
+        Self {
+            tickets: [0; MAX_SHED],
+            len: 0,
+        }
+    }
+}
+
+impl Shed {
+    fn push(&mut self, t: u32) {
+        self.tickets[self.len] = t;
+        self.len += 1;
+    }
+
+    fn as_slice(&self) -> &[u32] {
+        &self.tickets[..self.len]
+    }
 }
 
 /// Runs the dispatch loop of every queue that was kicked or whose earliest
