@@ -6,6 +6,8 @@ use std::time::Duration;
 use loadgate::flow::FlowConfig;
 use loadgate::monitor::FlowControlConfig;
 use loadgate::{ClassConfig, GateConfig, Policy, Staleness, ThresholdUpdate};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use serde::Serialize;
 
 /// Which design an arm is.
@@ -14,22 +16,24 @@ pub enum ArmKind {
     /// (a) No admission control: the frontend routes round-robin, the engine
     /// queues everything.
     NoControl,
-    /// (b) The engine's own `max_num_seqs` as the only limit (tuned).
+    /// (b) The engine's own `max_num_seqs` as the only limit.
     EngineLimit,
-    /// (c) The seed design as Dynamo ships it: busy thresholds at the
-    /// frontend over the router's bookings, an `N + Q` FIFO gate at the
-    /// worker, no wait limit, no deadline, no `Retry-After`.
-    Seed,
-    /// (d) An llm-d-style saturation detector: a worker is saturated when its
-    /// waiting queue reaches 5 or its KV cache 0.8, or its metrics are stale;
-    /// all saturated means reject.
+    /// (c) Dynamo 1.6.1's request rejection, held to its own semantics: busy
+    /// thresholds at the frontend over worker-reported load and the
+    /// router's bookings (decode, absolute and fractional prefill), an
+    /// `N + Q` FIFO limit at the worker with `Q ≥ 2`, a worker's refusal
+    /// leased and answered 529, no deadline, no `Retry-After`.
+    Dynamo,
+    /// (d) An llm-d-style saturation detector: a worker is saturated when
+    /// its waiting queue or its KV cache reaches a threshold, or its
+    /// metrics are stale; all saturated means reject.
     Saturation,
     /// (e) loadgate with every feature it has: thresholds, gate, wait limit,
     /// deadlines, priority classes, `Retry-After`, stale-signal policy.
     Loadgate,
-    /// (f) An oracle that admits exactly `min(offered, capacity)`: a token
-    /// bucket at the measured capacity `C*`, joined to the shortest queue.
-    Oracle,
+    /// (f) A token bucket at the measured capacity `C*`, joined to the
+    /// shortest queue.
+    TokenBucket,
     /// (g) Arm (e) with a frontend queue: a request that finds every worker
     /// busy waits (priority bands, then first in, first out) and is sent
     /// the moment one has room.
@@ -44,23 +48,33 @@ impl ArmKind {
     pub const ALL: [ArmKind; 8] = [
         ArmKind::NoControl,
         ArmKind::EngineLimit,
-        ArmKind::Seed,
+        ArmKind::Dynamo,
         ArmKind::Saturation,
         ArmKind::Loadgate,
-        ArmKind::Oracle,
+        ArmKind::TokenBucket,
         ArmKind::Queue,
         ArmKind::FairQueue,
     ];
 
-    /// Short label, `(a)` to `(f)` with a name.
+    /// The arms whose knobs are searched (the others have none).
+    pub const TUNABLE: [ArmKind; 6] = [
+        ArmKind::EngineLimit,
+        ArmKind::Dynamo,
+        ArmKind::Saturation,
+        ArmKind::Loadgate,
+        ArmKind::Queue,
+        ArmKind::FairQueue,
+    ];
+
+    /// Short label, `(a)` to `(h)` with a name.
     pub fn label(self) -> &'static str {
         match self {
             ArmKind::NoControl => "(a) no control",
             ArmKind::EngineLimit => "(b) engine max_num_seqs",
-            ArmKind::Seed => "(c) seed (Dynamo as shipped)",
-            ArmKind::Saturation => "(d) llm-d saturation detector",
+            ArmKind::Dynamo => "(c) Dynamo's design",
+            ArmKind::Saturation => "(d) llm-d-style saturation",
             ArmKind::Loadgate => "(e) loadgate, every feature",
-            ArmKind::Oracle => "(f) oracle",
+            ArmKind::TokenBucket => "(f) token bucket at C*",
             ArmKind::Queue => "(g) loadgate with the queue",
             ArmKind::FairQueue => "(h) queue and fairness",
         }
@@ -74,48 +88,55 @@ impl ArmKind {
                  no admission layer)."
             }
             ArmKind::EngineLimit => {
-                "as (a), with the engine's own `max_num_seqs` as the only knob, tuned; the engines \
-                 still queue everything else."
+                "as (a), with the engine's own `max_num_seqs` as the only knob; the engines still queue \
+                 everything else. Its defaults are the engine's (256)."
             }
-            ArmKind::Seed => {
-                "Dynamo's request rejection as it ships, built from loadgate's parts: a decode \
-                 threshold at the frontend over worker-reported KV use and the router's own bookings, \
-                 round-robin routing, a worker refusal marks the worker for a lease, and an N + Q \
-                 FIFO gate at each worker with no wait limit, no deadline and no `Retry-After`."
+            ArmKind::Dynamo => {
+                "Dynamo 1.6.1's request rejection, held to its semantics and built from loadgate's parts \
+                 with Dynamo's settings: busy thresholds at the frontend (`active_decode_blocks_threshold`, \
+                 `active_prefill_tokens_threshold` in tokens and `active_prefill_tokens_threshold_frac` of \
+                 the step's token budget) over worker-reported KV use and the router's own bookings of \
+                 blocks and prompt tokens, round-robin routing, an `N + Q` FIFO limit at each worker with \
+                 `Q ≥ 2` (1.6.1 cannot express less) and no wait limit, deadline or `Retry-After`; a \
+                 worker's refusal leases that worker (`reroutes = 0`) and the client hears 529. Its \
+                 defaults are 1.6.1 as shipped: every threshold unset and no worker limit, so nothing is \
+                 ever refused. The lab sets thresholds once before traffic, so 1.6.1's lazy \
+                 re-evaluation of a changed threshold (at the next load event) does not arise here."
             }
             ArmKind::Saturation => {
-                "the saturation detector of llm-d and the Gateway API inference extension, built \
-                 from loadgate's monitor: a worker is saturated when its waiting queue reaches the \
-                 queue threshold (5 by default) or its KV use the KV threshold (0.8), or when its \
-                 metrics are older than 200 ms; all saturated means reject. No worker gate: the \
-                 engines queue what is admitted."
+                "a saturation detector in the style of llm-d and the Gateway API inference extension \
+                 (not its code: its scorers are not modelled), built from loadgate's monitor: a worker \
+                 is saturated when its waiting queue reaches the queue threshold (5 by default) or its KV \
+                 use the KV threshold (0.8), or when its metrics are older than 200 ms; all saturated \
+                 means reject; power-of-two routing. No worker gate: the engines queue what is admitted."
             }
             ArmKind::Loadgate => {
-                "loadgate with every feature it has: decode and waiting-requests thresholds, router \
-                 bookings, ranks stale for 3 s counted busy, the worker gate with a wait limit, a queue \
-                 deadline and two priority classes (reserved slots for class 0), a worker's refusal \
-                 put under an overload lease and (if the tuning keeps it) routed once more to another \
-                 worker, and `Retry-After` on every rejection."
+                "loadgate with every feature it has: decode, prefill and waiting-requests thresholds, \
+                 router bookings, ranks stale for 3 s counted busy, the worker gate with a wait limit, a \
+                 queue deadline and two priority classes (reserved slots for class 0), a worker's \
+                 refusal handed back to the monitor (`Monitor::redispatch`: leased, then routed again up \
+                 to the tuned number of times), and `Retry-After` on every rejection."
             }
-            ArmKind::Oracle => {
+            ArmKind::TokenBucket => {
                 "admits with a token bucket at `C*` (a tenth of a second deep) and sends each request \
-                 to the worker with the fewest requests in it, knowing every engine exactly; it does \
-                 not know which requests will still meet their SLO, so it admits retries whose first \
-                 send is already too old."
+                 to the worker with the fewest requests in it. Not an upper bound: it knows nothing of \
+                 bursts, retries or which requests will still meet their SLO. The reference for each \
+                 cell is instead the best goodput any arm reached when tuned on that cell."
             }
             ArmKind::Queue => {
-                "arm (e) as tuned, with loadgate's frontend queue (`Monitor::dispatch`): a request \
-                 that finds every worker busy waits, priority band first and then in arrival order, \
-                 until a report, a finished request's released booking or a sweep shows a worker with \
-                 room, or until its queue deadline (refused with `Retry-After` from the queue's drain \
-                 rate); a full queue turns away its newest, least important request. Only the queue's \
-                 limit and deadline are tuned."
+                "loadgate with its frontend queue (`Monitor::dispatch`): a request that finds every \
+                 worker busy waits, priority band first and then in arrival order, until a report, a \
+                 finished request's released booking or a sweep shows a worker with room, or until its \
+                 queue deadline (refused with `Retry-After` from the queue's drain rate); a full queue \
+                 turns away its newest, least important request; a worker's refusal goes back into the \
+                 queue at its place (`Monitor::redispatch`). Its own search covers arm (e)'s knobs and \
+                 the queue's."
             }
             ArmKind::FairQueue => {
-                "arm (g) with its tuned knobs, each request carrying its tenant: within a band, the \
-                 tenant with the lowest virtual token counter (VTC: prompt tokens at dispatch, twice \
-                 the output tokens as they stream) goes first, and a full queue turns away the \
-                 heaviest tenant's newest request."
+                "arm (g) with each request carrying its tenant: within a band, the tenant with the \
+                 lowest virtual token counter (VTC: prompt tokens at dispatch, twice the output tokens \
+                 as they stream) goes first, and a full queue turns away the heaviest tenant's newest \
+                 request. Its own search, over the same space as (g)."
             }
         }
     }
@@ -125,7 +146,7 @@ impl ArmKind {
     pub fn uses_monitor(self) -> bool {
         matches!(
             self,
-            ArmKind::Seed
+            ArmKind::Dynamo
                 | ArmKind::Saturation
                 | ArmKind::Loadgate
                 | ArmKind::Queue
@@ -218,11 +239,13 @@ pub struct Arm {
     pub decode_threshold: Option<f64>,
     /// Frontend waiting-requests threshold (busy above it).
     pub waiting_threshold: Option<u64>,
+    /// Frontend absolute prefill threshold, tokens.
+    pub prefill_tokens: Option<u64>,
     /// Frontend fractional prefill threshold.
     pub prefill_frac: Option<f64>,
     /// Staleness policy (`"busy"` or `"free"`) and its silence, seconds.
     pub staleness: Option<(&'static str, f64)>,
-    /// The router books each request's blocks on its worker.
+    /// The router books each request's blocks and prompt on its worker.
     pub book: bool,
     /// Routing policy name (`round_robin`, `power_of_two`).
     pub policy: &'static str,
@@ -230,65 +253,42 @@ pub struct Arm {
     pub gate: Option<GateKnobs>,
     /// `Retry-After` sent with each rejection, seconds.
     pub retry_after_s: Option<f64>,
-    /// Admission rate of the oracle (fleet, requests per second).
-    pub oracle_rate: Option<f64>,
-    /// How many times the frontend routes a request again after a worker's
-    /// gate refused it at once ("worker at capacity"; the worker is under
-    /// an overload lease meanwhile), before answering 529.
+    /// Admission rate of the token bucket (fleet, requests per second).
+    pub bucket_rate: Option<f64>,
+    /// How many times the monitor routes a request again after workers
+    /// refused it (`MonitorConfig::reroutes`; the worker is under an
+    /// overload lease meanwhile), before answering 529. With a frontend
+    /// queue the request goes back into it instead.
     pub reroute: u32,
     /// The frontend queue, if any.
     pub flow: Option<FlowKnobs>,
 }
 
 impl Arm {
-    /// An arm of `kind` with its untuned defaults.
+    /// An arm of `kind` with its defaults: what a user who installs the
+    /// design and tunes nothing runs.
     pub fn base(kind: ArmKind) -> Self {
         let arm = Self {
             kind,
             max_num_seqs: None,
             decode_threshold: None,
             waiting_threshold: None,
+            prefill_tokens: None,
             prefill_frac: None,
             staleness: None,
             book: false,
             policy: "round_robin",
             gate: None,
             retry_after_s: None,
-            oracle_rate: None,
+            bucket_rate: None,
             reroute: 0,
             flow: None,
         };
         match kind {
-            ArmKind::NoControl | ArmKind::EngineLimit | ArmKind::Oracle => arm,
-            // A prefill threshold keeps a queue from sending more prompts
-            // than a worker's step takes.
-            ArmKind::Queue | ArmKind::FairQueue => Self::queued(
-                &{
-                    let e = Self::base(ArmKind::Loadgate);
-                    Self {
-                        prefill_frac: Some(1.0),
-                        gate: e.gate.map(|g| GateKnobs { queue: 0, ..g }),
-                        ..e
-                    }
-                },
-                FlowKnobs {
-                    limit: 256,
-                    deadline_s: 1.5,
-                    fair: kind == ArmKind::FairQueue,
-                },
-            ),
-            ArmKind::Seed => Self {
-                decode_threshold: Some(0.9),
-                book: true,
-                gate: Some(GateKnobs {
-                    limit: 256,
-                    queue: 16,
-                    wait_limit: None,
-                    deadline_s: None,
-                    classes: None,
-                }),
-                ..arm
-            },
+            ArmKind::NoControl | ArmKind::EngineLimit | ArmKind::TokenBucket => arm,
+            // 1.6.1 as shipped: thresholds unset, no worker limit; the
+            // router books what it routes.
+            ArmKind::Dynamo => Self { book: true, ..arm },
             ArmKind::Saturation => Self {
                 decode_threshold: Some(0.8),
                 waiting_threshold: Some(4),
@@ -310,111 +310,96 @@ impl Arm {
                     classes: Some(8),
                 }),
                 retry_after_s: Some(1.0),
+                reroute: 1,
                 ..arm
             },
-        }
-    }
-
-    /// Arm `from` (arm (e)) with a frontend queue of `flow`: arm (g), or
-    /// (h) when `flow.fair`.
-    pub fn queued(from: &Arm, flow: FlowKnobs) -> Arm {
-        Arm {
-            kind: if flow.fair {
-                ArmKind::FairQueue
-            } else {
-                ArmKind::Queue
-            },
-            flow: Some(flow),
-            ..from.clone()
-        }
-    }
-
-    /// The tuning grid of arm (g) over the tuned arm (e), `from`: the
-    /// queue's limit and deadline, and the frontend thresholds that decide
-    /// when a worker has room for a queued request.
-    pub fn queue_grid(from: &Arm, quick: bool) -> Vec<Arm> {
-        let mut out = Vec::new();
-        let gate = from.gate.expect("arm (e) has a worker gate");
-        for decode in [from.decode_threshold, Some(0.5)] {
-            for waiting in [from.waiting_threshold, None] {
-                for prefill in [from.prefill_frac, Some(1.0), Some(0.5)] {
-                    for (queue, wait_limit, gate_deadline) in [
-                        (gate.queue, gate.wait_limit, gate.deadline_s),
-                        (0, gate.wait_limit, gate.deadline_s),
-                        (32, None, gate.deadline_s),
-                        (64, Some(64), Some(2.0)),
-                        (256, None, None),
-                    ] {
-                        for limit in [256, 1024] {
-                            for deadline_s in [1.0, 0.5, 1.5] {
-                                let flow = FlowKnobs {
-                                    limit,
-                                    deadline_s,
-                                    fair: false,
-                                };
-                                out.push(Arm {
-                                    decode_threshold: decode,
-                                    waiting_threshold: waiting,
-                                    prefill_frac: prefill,
-                                    gate: Some(GateKnobs {
-                                        queue,
-                                        wait_limit,
-                                        deadline_s: gate_deadline,
-                                        ..gate
-                                    }),
-                                    ..Self::queued(from, flow)
-                                });
-                            }
-                        }
-                    }
+            // A prefill threshold keeps a queue from sending more prompts
+            // than a worker's step takes.
+            ArmKind::Queue | ArmKind::FairQueue => {
+                let e = Self::base(ArmKind::Loadgate);
+                Self {
+                    kind,
+                    prefill_frac: Some(1.0),
+                    gate: e.gate.map(|g| GateKnobs { queue: 0, ..g }),
+                    flow: Some(FlowKnobs {
+                        limit: 256,
+                        deadline_s: 1.5,
+                        fair: kind == ArmKind::FairQueue,
+                    }),
+                    ..e
                 }
             }
         }
-        if quick {
-            out = out.into_iter().step_by(3).collect();
-        }
-        out
     }
 
-    /// The tuning grid of this arm's kind: every candidate the calibration
-    /// scenario tries, the design's shipped defaults first (so that a tie
-    /// keeps them). The oracle's rate is `C*`, set by the caller.
-    pub fn grid(kind: ArmKind, quick: bool) -> Vec<Arm> {
+    /// Every candidate of the design's own knob space (empty for the arms
+    /// with no knobs).
+    pub fn space(kind: ArmKind) -> Vec<Arm> {
         let base = Arm::base(kind);
         let mut out = Vec::new();
         match kind {
-            ArmKind::NoControl | ArmKind::Oracle => out.push(base),
-            // Tuned over arm (e)'s winner instead (`queue_grid`).
-            ArmKind::Queue | ArmKind::FairQueue => out.push(base),
+            ArmKind::NoControl | ArmKind::TokenBucket => {}
             ArmKind::EngineLimit => {
-                for n in [256, 128, 64, 32, 16, 8] {
+                for n in [4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256] {
                     out.push(Arm {
                         max_num_seqs: Some(n),
                         ..base.clone()
                     });
                 }
             }
-            ArmKind::Seed => {
-                for t in [0.9, 0.7, 0.5] {
-                    for n in [256, 192, 128, 64] {
-                        for q in [16, 0, 64] {
-                            let gate = GateKnobs {
-                                limit: n,
-                                queue: q,
-                                ..base.gate.expect("the seed arm has a gate")
-                            };
-                            out.push(Arm {
-                                decode_threshold: Some(t),
-                                gate: Some(gate),
-                                ..base.clone()
-                            });
+            ArmKind::Dynamo => {
+                let decode = [
+                    None,
+                    Some(0.5),
+                    Some(0.6),
+                    Some(0.7),
+                    Some(0.8),
+                    Some(0.9),
+                    Some(0.95),
+                ];
+                let tokens = [
+                    None,
+                    Some(2048),
+                    Some(4096),
+                    Some(8192),
+                    Some(16384),
+                    Some(32768),
+                ];
+                let frac = [None, Some(0.5), Some(1.0), Some(1.5), Some(2.0), Some(4.0)];
+                let limit = [None, Some(32), Some(64), Some(128), Some(192), Some(256)];
+                for d in decode {
+                    for t in tokens {
+                        for f in frac {
+                            for n in limit {
+                                // Q >= 2: Dynamo 1.6.1 cannot express less.
+                                let queues: &[u32] = if n.is_some() {
+                                    &[2, 4, 8, 16, 32, 64]
+                                } else {
+                                    &[0]
+                                };
+                                for &q in queues {
+                                    out.push(Arm {
+                                        decode_threshold: d,
+                                        prefill_tokens: t,
+                                        prefill_frac: f,
+                                        gate: n.map(|limit| GateKnobs {
+                                            limit,
+                                            queue: q,
+                                            wait_limit: None,
+                                            deadline_s: None,
+                                            classes: None,
+                                        }),
+                                        ..base.clone()
+                                    });
+                                }
+                            }
                         }
                     }
                 }
             }
             ArmKind::Saturation => {
-                for kv in [0.8, 0.6, 0.9] {
-                    for w in [4, 1, 9] {
+                for kv in [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95] {
+                    for w in [0, 1, 2, 4, 7, 11, 15] {
                         out.push(Arm {
                             decode_threshold: Some(kv),
                             waiting_threshold: Some(w),
@@ -423,33 +408,64 @@ impl Arm {
                     }
                 }
             }
-            ArmKind::Loadgate => {
-                for n in [128, 192, 256] {
-                    for w in [Some(8), Some(16), Some(32), None] {
-                        for q in [0, 8, 32] {
-                            for deadline in [0.5, 1.0] {
-                                for waiting in [4, 16] {
-                                    for (policy, reroute) in [
-                                        ("round_robin", 0),
-                                        ("round_robin", 1),
-                                        ("power_of_two", 0),
-                                        ("power_of_two", 1),
-                                    ] {
-                                        let gate = GateKnobs {
+            ArmKind::Loadgate => out = Self::loadgate_space(&base),
+            ArmKind::Queue | ArmKind::FairQueue => {
+                for arm in Self::loadgate_space(&base) {
+                    for limit in [64, 256, 1024] {
+                        for deadline_s in [0.5, 1.0, 1.5, 2.0] {
+                            let flow = FlowKnobs {
+                                limit,
+                                deadline_s,
+                                fair: kind == ArmKind::FairQueue,
+                            };
+                            out.push(Arm {
+                                flow: Some(flow),
+                                ..arm.clone()
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Arm (e)'s knob space, on `base` (arm (e), or a queue arm).
+    fn loadgate_space(base: &Arm) -> Vec<Arm> {
+        let mut out = Vec::new();
+        for decode in [0.7, 0.8, 0.9, 0.95] {
+            for waiting in [None, Some(1), Some(4), Some(16)] {
+                for prefill in [None, Some(0.5), Some(1.0), Some(2.0)] {
+                    for n in [64, 128, 192, 256] {
+                        for (q, w) in [
+                            (0, None),
+                            (8, Some(16)),
+                            (32, Some(32)),
+                            (32, None),
+                            (64, Some(64)),
+                        ] {
+                            for deadline in [0.5, 1.0, 2.0] {
+                                for (policy, reroute) in [
+                                    ("round_robin", 0),
+                                    ("round_robin", 1),
+                                    ("power_of_two", 0),
+                                    ("power_of_two", 1),
+                                ] {
+                                    out.push(Arm {
+                                        decode_threshold: Some(decode),
+                                        waiting_threshold: waiting,
+                                        prefill_frac: prefill,
+                                        gate: Some(GateKnobs {
                                             limit: n,
                                             queue: q,
                                             wait_limit: w,
                                             deadline_s: Some(deadline),
                                             classes: Some(n / 16),
-                                        };
-                                        out.push(Arm {
-                                            waiting_threshold: Some(waiting),
-                                            gate: Some(gate),
-                                            policy,
-                                            reroute,
-                                            ..base.clone()
-                                        });
-                                    }
+                                        }),
+                                        policy,
+                                        reroute,
+                                        ..base.clone()
+                                    });
                                 }
                             }
                         }
@@ -457,17 +473,30 @@ impl Arm {
                 }
             }
         }
-        if quick {
-            // CI's quick mode: every third candidate, always the first.
-            out = out.into_iter().step_by(3).collect();
-        }
         out
+    }
+
+    /// The candidates a search of `budget` tries for `kind`: the design's
+    /// defaults first (so that a tie keeps them), then candidates drawn
+    /// from its own knob space with `seed`, without repeats; the whole
+    /// space when it is smaller than the budget.
+    pub fn search(kind: ArmKind, budget: usize, seed: u64) -> Vec<Arm> {
+        let base = Arm::base(kind);
+        let mut space = Arm::space(kind);
+        space.retain(|a| *a != base);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ kind as u64);
+        space.shuffle(&mut rng);
+        std::iter::once(base)
+            .chain(space)
+            .take(budget.max(1))
+            .collect()
     }
 
     /// The frontend thresholds of this arm.
     pub fn thresholds(&self) -> ThresholdUpdate {
         ThresholdUpdate {
             active_decode_blocks_threshold: self.decode_threshold,
+            active_prefill_tokens_threshold: self.prefill_tokens,
             active_prefill_tokens_threshold_frac: self.prefill_frac,
             waiting_requests_threshold: self.waiting_threshold,
             ..Default::default()
@@ -501,8 +530,11 @@ impl Arm {
         if let Some(w) = self.waiting_threshold {
             parts.push(format!("busy above {w} waiting"));
         }
+        if let Some(t) = self.prefill_tokens {
+            parts.push(format!("prefill threshold {t} tokens"));
+        }
         if let Some(f) = self.prefill_frac {
-            parts.push(format!("prefill threshold {f}"));
+            parts.push(format!("prefill threshold {f} of the step budget"));
         }
         if let Some((p, s)) = self.staleness {
             parts.push(format!("stale after {s} s counts {p}"));
@@ -546,7 +578,7 @@ impl Arm {
         if let Some(r) = self.retry_after_s {
             parts.push(format!("Retry-After {r} s"));
         }
-        if let Some(r) = self.oracle_rate {
+        if let Some(r) = self.bucket_rate {
             parts.push(format!("admits {r:.1} req/s"));
         }
         if parts.is_empty() {

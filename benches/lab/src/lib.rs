@@ -8,6 +8,18 @@
 //! code decides (its `Monitor`, bookings, `AdmissionGate`, `Publisher` and
 //! `Subscriber`); only the engines and the clients are emulated.
 //!
+//! Every frontend and worker decision of an arm built on loadgate is a call
+//! into a shipped API, made with the arm's settings: the frontend asks
+//! `Monitor::dispatch` (which picks the worker and its rank, books it, and
+//! sends, queues or refuses the request), a worker's gate admits or
+//! refuses, and a refusal of a request the worker never started goes back
+//! through `Monitor::redispatch` (lease, then another worker or the queue,
+//! or a 529). The lab has no routing, booking, threshold or queue rule of
+//! its own; its test `every_refusal_of_a_loadgate_arm_is_the_monitors_answer`
+//! checks that each refusal such an arm's clients hear was counted by a
+//! monitor. Only the arms that are not loadgate's (no control, the engine's
+//! limit, the token bucket) route in the lab's code.
+//!
 //! * [`engine`]: the continuous-batching engine emulator;
 //! * [`serve`]: the same emulator over real HTTP (the `engine` binary);
 //! * [`workload`]: arrivals, lengths, tenants, priorities and clients;

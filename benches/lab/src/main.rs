@@ -103,9 +103,10 @@ fn main() -> ExitCode {
     );
     for r in m.rows.iter().filter(|r| r.group == "steady") {
         println!(
-            "{:12} {:32} goodput {:6.1} %  admitted p99 TTFT {:8.0} ms  rejected {:5.1} %",
+            "{:12} {:30}{:10} goodput {:6.1} %  admitted p99 TTFT {:8.0} ms  rejected {:5.1} %",
             r.scenario,
             r.arm.label(),
+            if r.defaults { " defaults" } else { "" },
             100.0 * r.measured.goodput_frac,
             r.measured.ttft_ms.p99,
             100.0 * r.measured.reject_rate

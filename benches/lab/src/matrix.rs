@@ -3,11 +3,18 @@
 //!
 //! * `C*` is the highest Poisson rate at which arm (a) meets the SLOs for at
 //!   least 99 % of offered requests (bisection).
-//! * Tuning: each arm's grid ([`Arm::grid`]) runs on one calibration
-//!   scenario (steady Poisson load at 2 × `C*`, a seed of its own); the
-//!   candidate with the highest goodput wins (in steps of 0.5 % of `C*`;
-//!   ties: lower admitted p99 TTFT, then lower p99 time to a 529) and is
-//!   frozen for every scenario.
+//! * Tuning: every tunable arm gets the same budget of candidates
+//!   ([`Arm::search`]: its defaults, then a seeded draw from its own knob
+//!   space), run on the calibration scenario alone (Poisson load stepping
+//!   through 1.5, 3 and 6 × `C*`, a seed of its own; no evaluation cell has
+//!   that shape); the candidate with the highest goodput wins (in steps of
+//!   0.5 % of `C*`; ties: lower admitted p99 TTFT, then lower p99 time to a
+//!   529) and is frozen for every scenario.
+//! * Every scenario runs every arm twice: as tuned, and with its defaults
+//!   (what a user who tunes nothing gets).
+//! * The reference of each scenario is the best goodput any arm reached
+//!   when its same candidates were run on that very scenario (tuned on the
+//!   cell, an oracle of tuning; arms without knobs count as they are).
 //! * Runs are independent and deterministic; two threads take them in turn
 //!   and the results keep the matrix's order.
 
@@ -18,7 +25,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::arm::{Arm, ArmKind, FlowKnobs};
+use crate::arm::{Arm, ArmKind};
 use crate::record::Measured;
 use crate::replicas::{run_replicas, ReplicaRow};
 use crate::sim::{run, Conditions};
@@ -95,6 +102,8 @@ pub struct Row {
     pub load: f64,
     /// The arm.
     pub arm: ArmKind,
+    /// With the design's defaults rather than its knobs as tuned.
+    pub defaults: bool,
     /// Every figure.
     pub measured: Measured,
     /// Seconds from the change until the smoothed goodput stays within 10 %
@@ -116,8 +125,25 @@ pub struct Tuned {
     pub arm: Arm,
     /// Its goodput on the calibration scenario, fraction of `C*`.
     pub goodput_frac: f64,
+    /// Its defaults' goodput there.
+    pub defaults_frac: f64,
     /// Candidates tried.
     pub candidates: usize,
+    /// Candidates in the design's whole knob space.
+    pub space: usize,
+}
+
+/// The best an arm did on one scenario when its candidates ran there.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CellBest {
+    /// The scenario's name.
+    pub scenario: String,
+    /// The arm.
+    pub arm: ArmKind,
+    /// Its best goodput there, fraction of `C*`.
+    pub goodput_frac: f64,
+    /// The knobs that reached it.
+    pub knobs: String,
 }
 
 /// A light tenant of the tenants scenario, served alone and with the others.
@@ -144,11 +170,18 @@ pub struct Matrix {
     pub capacity: f64,
     /// Bisection probes of `C*`: (rate, SLO attainment of arm (a)).
     pub capacity_probes: Vec<(f64, f64)>,
+    /// The calibration scenario the arms were tuned on.
+    pub calibration: Scenario,
+    /// Candidates per tunable arm.
+    pub budget: usize,
     /// Each arm as tuned.
     pub tuned: Vec<Tuned>,
+    /// Each tunable arm's best on each scenario, tuned there.
+    pub cell_best: Vec<CellBest>,
     /// The scenarios.
     pub scenarios: Vec<Scenario>,
-    /// Every run, scenario by scenario, arm by arm.
+    /// Every run, scenario by scenario, arm by arm: as tuned, then with the
+    /// defaults.
     pub rows: Vec<Row>,
     /// The light tenants of the tenants scenario run alone, for arms (e),
     /// (g) and (h).
@@ -295,6 +328,38 @@ pub fn scenarios(quick: bool) -> Vec<Scenario> {
     out
 }
 
+/// The calibration scenario: Poisson load stepping through 1.5, 3 and 6 ×
+/// `C*`, a third of the run each (no evaluation cell has that shape).
+pub fn calibration(quick: bool) -> Scenario {
+    let third = if quick { 7.0 } else { 20.0 };
+    Scenario {
+        name: "calibration: 1.5x, 3x, 6x".into(),
+        group: "calibration",
+        load: 6.0,
+        profile: vec![(0.0, 1.5), (third, 3.0), (2.0 * third, 6.0)],
+        duration_s: 3.0 * third,
+        arrivals: Arrivals::Poisson,
+        tenants: vec![1.0],
+        client: Client::default(),
+        signal_lag_s: None,
+        change_at_s: None,
+    }
+}
+
+/// The best of `measured`: the highest goodput, in steps of half a percent
+/// of `C*` (finer is the workload's noise); then the lower admitted p99
+/// TTFT; then the lower p99 time to a 529. The first wins a tie.
+fn best(measured: &[Measured]) -> Option<(usize, &Measured)> {
+    let key = |m: &Measured| {
+        (
+            Reverse((m.goodput_frac * 200.0).floor() as i64),
+            m.ttft_ms.p99.round() as i64,
+            m.time_to_reject_ms.p99.round() as i64,
+        )
+    };
+    measured.iter().enumerate().min_by_key(|(_, m)| key(m))
+}
+
 /// A five-bin moving average of the goodput series.
 fn smoothed(m: &Measured, i: usize) -> f64 {
     let n = m.series_goodput.len();
@@ -414,73 +479,58 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
     }
     let capacity = lo;
 
-    // Tuning on the calibration scenario.
-    let calib_s = if options.quick { 20.0 } else { 40.0 };
-    let calib = WorkloadSpec::steady(2.0 * capacity, calib_s, options.seed ^ 0x7E57);
+    // Tuning on the calibration scenario, the same budget for every arm.
+    let budget = if options.quick { 4 } else { 24 };
+    let calibration = calibration(options.quick);
+    let calib = calibration.workload(capacity, options.seed ^ 0x7E57);
     let calib_reqs = calib.generate();
+    let with_rate = |mut arm: Arm| {
+        if arm.kind == ArmKind::TokenBucket {
+            arm.bucket_rate = Some(capacity);
+        }
+        arm
+    };
+    let candidates: Vec<(ArmKind, Vec<Arm>)> = ArmKind::TUNABLE
+        .iter()
+        .map(|&k| (k, Arm::search(k, budget, options.seed ^ 0x5EA7C4)))
+        .collect();
+    let jobs: Vec<&Arm> = candidates.iter().flat_map(|(_, c)| c).collect();
+    let results = parallel(options.threads, jobs, |arm| {
+        run(arm, &calib, &calib_reqs, &conditions, capacity).map(|r| r.measured)
+    });
+    runs += results.len();
+    let mut results = results.into_iter();
     let mut tuned = Vec::new();
     for kind in ArmKind::ALL {
-        let tuned_as = |k: ArmKind| {
-            tuned
-                .iter()
-                .find(|t: &&Tuned| t.arm.kind == k)
-                .map(|t| t.arm.clone())
-                .ok_or("arms (e) and (g) are tuned before the queue arms")
+        let Some((_, grid)) = candidates.iter().find(|(k, _)| *k == kind) else {
+            // No knobs: as it is.
+            tuned.push(Tuned {
+                arm: with_rate(Arm::base(kind)),
+                goodput_frac: f64::NAN,
+                defaults_frac: f64::NAN,
+                candidates: 0,
+                space: 0,
+            });
+            continue;
         };
-        let mut grid = match kind {
-            // The queue added to arm (e) as tuned; fairness added to (g)
-            // as tuned (the calibration scenario has one tenant, so a
-            // search of its own would find the same knobs).
-            ArmKind::Queue => Arm::queue_grid(&tuned_as(ArmKind::Loadgate)?, options.quick),
-            ArmKind::FairQueue => {
-                let g = tuned_as(ArmKind::Queue)?;
-                let flow = g.flow.ok_or("arm (g) has a queue")?;
-                vec![Arm::queued(&g, FlowKnobs { fair: true, ..flow })]
-            }
-            _ => Arm::grid(kind, options.quick),
-        };
-        for arm in &mut grid {
-            if kind == ArmKind::Oracle {
-                arm.oracle_rate = Some(capacity);
-            }
-        }
-        let results = parallel(options.threads, grid.clone(), |arm| {
-            run(arm, &calib, &calib_reqs, &conditions, capacity)
-        });
-        runs += grid.len();
-        // Goodput first, in steps of half a percent of C* (finer is the
-        // workload's noise); then admitted p99 TTFT; then p99 time to a 529.
-        let key = |m: &Measured| {
-            (
-                Reverse((m.goodput_frac * 200.0).floor() as i64),
-                m.ttft_ms.p99.round() as i64,
-                m.time_to_reject_ms.p99.round() as i64,
-            )
-        };
-        let mut best: Option<(usize, Measured)> = None;
-        for (i, r) in results.into_iter().enumerate() {
-            let m = r?.measured;
-            if best.as_ref().is_none_or(|(_, b)| key(&m) < key(b)) {
-                best = Some((i, m));
-            }
-        }
-        let (i, m) = best.ok_or("an empty grid")?;
-        let goodput_frac = m.goodput_frac;
+        let measured = results
+            .by_ref()
+            .take(grid.len())
+            .collect::<Result<Vec<_>, _>>()?;
+        let (i, m) = best(&measured).ok_or("an empty search")?;
         tuned.push(Tuned {
             arm: grid[i].clone(),
-            goodput_frac,
+            goodput_frac: m.goodput_frac,
+            defaults_frac: measured[0].goodput_frac,
             candidates: grid.len(),
+            space: Arm::space(kind).len(),
         });
     }
 
-    // Every scenario, every arm, same workload per scenario.
+    // Every scenario, every arm as tuned and with its defaults, same
+    // workload per scenario; then every tunable arm's candidates on every
+    // scenario, for the reference.
     let scenarios = scenarios(options.quick);
-    let mut jobs = Vec::new();
-    for s in 0..scenarios.len() {
-        for t in &tuned {
-            jobs.push((s, t.arm.clone()));
-        }
-    }
     let workloads: Vec<_> = scenarios
         .iter()
         .map(|s| {
@@ -489,9 +539,18 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
             (w, reqs)
         })
         .collect();
+    let mut jobs = Vec::new();
+    for s in 0..scenarios.len() {
+        for t in &tuned {
+            jobs.push((s, t.arm.clone(), false));
+        }
+        for t in tuned.iter().filter(|t| t.candidates > 0) {
+            jobs.push((s, with_rate(Arm::base(t.arm.kind)), true));
+        }
+    }
     runs += jobs.len();
     let slo_ttft_ms = conditions.slo.ttft_s * 1e3;
-    let results = parallel(options.threads, jobs, |(s, arm)| {
+    let results = parallel(options.threads, jobs, |(s, arm, defaults)| {
         let scenario = &scenarios[*s];
         let (w, reqs) = &workloads[*s];
         let c = scenario.conditions(&conditions);
@@ -500,6 +559,7 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
             group: scenario.group,
             load: scenario.load,
             arm: arm.kind,
+            defaults: *defaults,
             settle_s: settle(&r.measured, scenario, slo_ttft_ms),
             recover_s: recover(&r.measured, scenario, capacity),
             jain: jain(&r.measured),
@@ -507,6 +567,37 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
         })
     });
     let rows = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut jobs = Vec::new();
+    for s in 0..scenarios.len() {
+        for (_, grid) in &candidates {
+            for arm in grid {
+                jobs.push((s, arm));
+            }
+        }
+    }
+    runs += jobs.len();
+    let results = parallel(options.threads, jobs, |(s, arm)| {
+        let (w, reqs) = &workloads[*s];
+        let c = scenarios[*s].conditions(&conditions);
+        run(arm, w, reqs, &c, capacity).map(|r| r.measured)
+    });
+    let mut results = results.into_iter();
+    let mut cell_best = Vec::new();
+    for scenario in &scenarios {
+        for (kind, grid) in &candidates {
+            let measured = results
+                .by_ref()
+                .take(grid.len())
+                .collect::<Result<Vec<_>, _>>()?;
+            let (i, m) = best(&measured).ok_or("an empty search")?;
+            cell_best.push(CellBest {
+                scenario: scenario.name.clone(),
+                arm: *kind,
+                goodput_frac: m.goodput_frac,
+                knobs: grid[i].knobs(),
+            });
+        }
+    }
     let alone = light_tenants_alone(
         &scenarios,
         &workloads,
@@ -543,7 +634,10 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
         conditions,
         capacity,
         capacity_probes: probes,
+        calibration,
+        budget,
         tuned,
+        cell_best,
         scenarios,
         rows,
         alone,
@@ -586,7 +680,7 @@ fn light_tenants_alone(
             .collect();
         let shared = rows
             .iter()
-            .find(|r| r.group == "tenants" && r.arm == arm.kind)
+            .find(|r| r.group == "tenants" && r.arm == arm.kind && !r.defaults)
             .map_or(0.0, |r| r.measured.tenant_goodput_rps(*tenant));
         run(arm, w, &own, &c, capacity).map(|r| Alone {
             arm: arm.kind,

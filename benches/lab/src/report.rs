@@ -13,29 +13,94 @@ use crate::matrix::{Matrix, Row};
 mod flow;
 mod replicas;
 
+/// Arm `arm` as tuned on `scenario`.
 fn row<'a>(m: &'a Matrix, scenario: &str, arm: ArmKind) -> Option<&'a Row> {
     m.rows
         .iter()
-        .find(|r| r.scenario == scenario && r.arm == arm)
+        .find(|r| r.scenario == scenario && r.arm == arm && !r.defaults)
+}
+
+/// Arm `arm` with its defaults on `scenario` (the arms without knobs: as
+/// they are).
+fn defaults_row<'a>(m: &'a Matrix, scenario: &str, arm: ArmKind) -> Option<&'a Row> {
+    m.rows
+        .iter()
+        .find(|r| r.scenario == scenario && r.arm == arm && r.defaults)
+        .or_else(|| {
+            let tunable = ArmKind::TUNABLE.contains(&arm);
+            (!tunable).then(|| row(m, scenario, arm)).flatten()
+        })
+}
+
+/// The best goodput any arm reached on `scenario` when tuned there (arms
+/// without knobs as they ran), and which arm.
+fn cell_best(m: &Matrix, scenario: &str) -> Option<(f64, ArmKind)> {
+    let tuned_there = m
+        .cell_best
+        .iter()
+        .filter(|c| c.scenario == scenario)
+        .map(|c| (c.goodput_frac, c.arm));
+    let fixed = m
+        .rows
+        .iter()
+        .filter(|r| r.scenario == scenario && !ArmKind::TUNABLE.contains(&r.arm))
+        .map(|r| (r.measured.goodput_frac, r.arm));
+    tuned_there.chain(fixed).max_by(|a, b| a.0.total_cmp(&b.0))
 }
 
 fn letter(k: ArmKind) -> &'static str {
     &k.label()[..3]
 }
 
+/// Which rows a table shows.
+#[derive(Clone, Copy, PartialEq)]
+enum Knobs {
+    /// The arms as tuned.
+    Tuned,
+    /// The arms as tuned, and a last column with the scenario's best
+    /// goodput when tuned on it.
+    TunedAndBest,
+    /// The arms with their defaults.
+    Defaults,
+}
+
 /// A table: one line per scenario of `group`, one column per arm.
 fn table(m: &Matrix, group: &str, head: &str, cell: impl Fn(&Row) -> String) -> String {
+    table_of(m, group, head, Knobs::Tuned, cell)
+}
+
+/// [`table`] of the rows `knobs` names.
+fn table_of(
+    m: &Matrix,
+    group: &str,
+    head: &str,
+    knobs: Knobs,
+    cell: impl Fn(&Row) -> String,
+) -> String {
     let mut s = format!("| {head} |");
     for k in ArmKind::ALL {
         let _ = write!(s, " {} |", letter(k));
     }
+    let best = knobs == Knobs::TunedAndBest;
+    if best {
+        s.push_str(" best tuned on the cell |");
+    }
     s.push_str("\n|---|");
-    s.push_str(&"---|".repeat(ArmKind::ALL.len()));
+    s.push_str(&"---|".repeat(ArmKind::ALL.len() + usize::from(best)));
     s.push('\n');
     for sc in m.scenarios.iter().filter(|s| s.group == group) {
         let _ = write!(s, "| {} |", sc.name);
         for k in ArmKind::ALL {
-            let c = row(m, &sc.name, k).map_or("–".into(), &cell);
+            let r = match knobs {
+                Knobs::Defaults => defaults_row(m, &sc.name, k),
+                _ => row(m, &sc.name, k),
+            };
+            let c = r.map_or("–".into(), &cell);
+            let _ = write!(s, " {c} |");
+        }
+        if best {
+            let c = cell_best(m, &sc.name)
+                .map_or("–".into(), |(g, k)| format!("{} {}", pct(g), letter(k)));
             let _ = write!(s, " {c} |");
         }
         s.push('\n');
@@ -122,18 +187,19 @@ fn targets(m: &Matrix) -> Vec<Target> {
         let name = format!("steady {load}x");
         if let Some(r) = row(m, &name, e) {
             let g = r.measured.goodput_frac;
-            let oracle = row(m, &name, ArmKind::Oracle).map_or(0.0, |o| o.measured.reject_rate);
+            let bucket =
+                row(m, &name, ArmKind::TokenBucket).map_or(0.0, |o| o.measured.reject_rate);
             out.push(Target {
                 what: format!("goodput at {load} × `C*` ≥ {}", pct(want)),
                 measured: pct(g),
                 met: g >= want,
                 why: (g < want).then(|| format!(
                     "its admitted requests met the SLOs {} of the time, so the loss is in admission: it turned away {} of \
-                     offered requests where the oracle turned away {} ({}). The frontend decides on reports up to one \
+                     offered requests where the token bucket at `C*` turned away {} ({}). The frontend decides on reports up to one \
                      interval old: it finds every worker busy for a moment while one is about to free a slot, and a \
                      worker's gate refuses when that worker is full although another has room{}. Arm (g), the same with \
                      loadgate's frontend queue, which sends a request the moment a worker has room, reached {} here",
-                    pct(r.measured.attainment_admitted), pct(r.measured.reject_rate), pct(oracle),
+                    pct(r.measured.attainment_admitted), pct(r.measured.reject_rate), pct(bucket),
                     reasons(&r.measured),
                     match m.tuned.iter().find(|t| t.arm.kind == e).map_or(0, |t| t.arm.reroute) {
                         0 => " (the frontend answers that refusal with a 529)".to_string(),
@@ -146,7 +212,7 @@ fn targets(m: &Matrix) -> Vec<Target> {
     let worst = m
         .rows
         .iter()
-        .filter(|r| r.arm == e && matches!(r.group, "steady" | "bursty"))
+        .filter(|r| r.arm == e && !r.defaults && matches!(r.group, "steady" | "bursty"))
         .max_by(|a, b| a.measured.ttft_ms.p99.total_cmp(&b.measured.ttft_ms.p99));
     if let Some(r) = worst {
         let v = r.measured.ttft_ms.p99;
@@ -164,7 +230,9 @@ fn targets(m: &Matrix) -> Vec<Target> {
     let worst = m
         .rows
         .iter()
-        .filter(|r| r.arm == e && r.group == "steady" && r.measured.reject_rate > 0.0)
+        .filter(|r| {
+            r.arm == e && !r.defaults && r.group == "steady" && r.measured.reject_rate > 0.0
+        })
         .max_by(|a, b| {
             let beyond = |r: &Row| r.measured.reject_beyond_network_ms.p99;
             beyond(a).total_cmp(&beyond(b))
@@ -194,7 +262,11 @@ fn targets(m: &Matrix) -> Vec<Target> {
         });
     }
     let mean = row(m, "steady 1x", e).map_or(0.0, |r| r.measured.mean_duration_s);
-    if let Some(r) = m.rows.iter().find(|r| r.arm == e && r.group == "step") {
+    if let Some(r) = m
+        .rows
+        .iter()
+        .find(|r| r.arm == e && !r.defaults && r.group == "step")
+    {
         let met = r.settle_s.is_some_and(|s| s <= mean);
         out.push(Target {
             what: format!("settles within one mean request duration ({mean:.1} s) after the 1.4 × step"),
@@ -204,7 +276,11 @@ fn targets(m: &Matrix) -> Vec<Target> {
                 "goodput is counted when requests complete, so a change shows only as the requests in flight at the step finish; the settling rule also needs ten seconds in a row within 10 % of the final level, which a one-second bin of about {:.0} completions misses by chance alone", m.capacity)),
         });
     }
-    for r in m.rows.iter().filter(|r| r.arm == e && r.group == "spike") {
+    for r in m
+        .rows
+        .iter()
+        .filter(|r| r.arm == e && !r.defaults && r.group == "spike")
+    {
         let met = r.recover_s.is_some_and(|s| s <= 2.0 * mean);
         out.push(Target {
             what: format!("back to 95 % of `min(offered, C*)` within two mean request durations ({:.1} s) after the spike, {}", 2.0 * mean, r.scenario.split(", ").nth(1).unwrap_or("")),
@@ -285,7 +361,11 @@ fn plot_load(
         .map(|s| s.load)
         .collect();
     let at = |load: f64| loads.iter().position(|&l| l == load).unwrap_or(0) as f64;
-    let steady: Vec<&Row> = m.rows.iter().filter(|r| r.group == "steady").collect();
+    let steady: Vec<&Row> = m
+        .rows
+        .iter()
+        .filter(|r| r.group == "steady" && !r.defaults)
+        .collect();
     let ymax = steady
         .iter()
         .filter_map(|r| value(r))
@@ -512,19 +592,43 @@ fn markdown(m: &Matrix) -> String {
         c.warmup_s,
     ));
 
-    w("## The arms, as tuned\n\n\
-       Each arm's knobs were searched on one calibration scenario (steady Poisson load at 2 × `C*`, a seed of its \
-       own) and the highest goodput won (in steps of 0.5 % of `C*`; ties went to the lower admitted p99 TTFT, then \
-       the faster 529); the winner is frozen for every scenario. No baseline is tuned down: each gets the same \
-       search.\n\n| arm | knobs | candidates | calibration goodput |\n|---|---|---|---|\n"
-        .into());
+    w(format!(
+        "## The arms, as tuned\n\n\
+         Every tunable arm had the same search: a budget of **{} candidates**, its defaults first and the rest \
+         drawn with a fixed seed from the design's own knob space (the whole space where it is smaller), run on \
+         the calibration scenario alone ({}: Poisson, a seed of its own; no evaluation cell has that shape). The \
+         highest goodput won (in steps of 0.5 % of `C*`; ties went to the lower admitted p99 TTFT, then the \
+         faster 529), and the winner is frozen for every scenario. No baseline is tuned down: each gets the same \
+         search. Every scenario also runs each design with its defaults, and the same candidates once more on \
+         that scenario, for the reference column \"best tuned on the cell\".\n\n\
+         | arm | knobs as tuned | candidates / space | calibration goodput, tuned / defaults |\n|---|---|---|---|\n",
+        m.budget, m.calibration.name,
+    ));
     for t in &m.tuned {
+        let (cands, goodput) = if t.candidates == 0 {
+            ("no knobs".to_string(), "–".to_string())
+        } else {
+            (
+                format!("{} / {}", t.candidates, t.space),
+                format!("{} / {}", pct(t.goodput_frac), pct(t.defaults_frac)),
+            )
+        };
         w(format!(
-            "| {} | {} | {} | {} |\n",
+            "| {} | {} | {cands} | {goodput} |\n",
             t.arm.kind.label(),
             t.arm.knobs(),
-            t.candidates,
-            pct(t.goodput_frac)
+        ));
+    }
+    w(
+        "\nThe defaults: what a user who installs a design and tunes nothing runs.\n\n\
+       | arm | defaults |\n|---|---|\n"
+            .into(),
+    );
+    for k in ArmKind::TUNABLE {
+        w(format!(
+            "| {} | {} |\n",
+            k.label(),
+            crate::arm::Arm::base(k).knobs()
         ));
     }
     w("\nWhat each arm is:\n\n".into());
@@ -533,8 +637,20 @@ fn markdown(m: &Matrix) -> String {
     }
     w("\n".into());
 
-    w("## Steady load\n\nGoodput, as a fraction of `C*`:\n\n".into());
-    w(table(m, "steady", "load", |r| pct(r.measured.goodput_frac)));
+    w("## Steady load\n\nGoodput, as a fraction of `C*`, each arm as tuned, and the best any arm reached \
+       when tuned on that very load:\n\n"
+        .into());
+    w(table_of(m, "steady", "load", Knobs::TunedAndBest, |r| {
+        pct(r.measured.goodput_frac)
+    }));
+    w("\nGoodput with each design's defaults (untuned):\n\n".into());
+    w(table_of(m, "steady", "load", Knobs::Defaults, |r| {
+        pct(r.measured.goodput_frac)
+    }));
+    w("\nAdmitted p99 TTFT with the defaults (ms):\n\n".into());
+    w(table_of(m, "steady", "load", Knobs::Defaults, |r| {
+        latency(r, |m| ms(m.ttft_ms.p99))
+    }));
     w("\nAdmitted p99 TTFT (ms):\n\n".into());
     w(table(m, "steady", "load", |r| {
         latency(r, |m| ms(m.ttft_ms.p99))
@@ -612,7 +728,21 @@ fn markdown(m: &Matrix) -> String {
         "\n## Bursty arrivals (gamma, burstiness 0.25)\n\nGoodput / admitted p99 TTFT (ms):\n\n"
             .into(),
     );
-    w(table(m, "bursty", "scenario", |r| {
+    w(table_of(
+        m,
+        "bursty",
+        "scenario",
+        Knobs::TunedAndBest,
+        |r| {
+            format!(
+                "{} / {}",
+                pct(r.measured.goodput_frac),
+                ms(r.measured.ttft_ms.p99)
+            )
+        },
+    ));
+    w("\nWith the defaults:\n\n".into());
+    w(table_of(m, "bursty", "scenario", Knobs::Defaults, |r| {
         format!(
             "{} / {}",
             pct(r.measured.goodput_frac),
@@ -623,7 +753,7 @@ fn markdown(m: &Matrix) -> String {
        level for ten seconds, admitted p99 TTFT within the SLO) / recovery (smoothed goodput at 95 % of \
        `min(offered, C*)`), measured from the step, or from the end of the spike:\n\n"
         .into());
-    w(table(m, "step", "scenario", |r| {
+    w(table_of(m, "step", "scenario", Knobs::TunedAndBest, |r| {
         format!(
             "{} / {} / {}",
             pct(r.measured.goodput_frac),
@@ -631,7 +761,7 @@ fn markdown(m: &Matrix) -> String {
             secs(r.recover_s)
         )
     }));
-    w(table(m, "spike", "scenario", |r| {
+    w(table_of(m, "spike", "scenario", Knobs::TunedAndBest, |r| {
         format!(
             "{} / {} / {}",
             pct(r.measured.goodput_frac),
@@ -647,7 +777,7 @@ fn markdown(m: &Matrix) -> String {
         format!("{:.2}", r.measured.attempts_per_request)
     }));
     w("\n## Stale signals (2 × `C*`)\n\nGoodput / admitted p99 TTFT (ms):\n\n".into());
-    w(table(m, "stale", "scenario", |r| {
+    w(table_of(m, "stale", "scenario", Knobs::TunedAndBest, |r| {
         format!(
             "{} / {}",
             pct(r.measured.goodput_frac),
@@ -658,12 +788,18 @@ fn markdown(m: &Matrix) -> String {
        Jain's index over served tokens relative to demand capped at a max-min fair share / each tenant's goodput \
        (requests/s):\n\n"
         .into());
-    w(table(m, "tenants", "scenario", |r| {
-        let per: Vec<String> = (0..r.measured.tenants.len())
-            .map(|t| format!("{:.1}", r.measured.tenant_goodput_rps(t)))
-            .collect();
-        format!("{:.3} / {}", r.jain.unwrap_or(0.0), per.join(" : "))
-    }));
+    w(table_of(
+        m,
+        "tenants",
+        "scenario",
+        Knobs::TunedAndBest,
+        |r| {
+            let per: Vec<String> = (0..r.measured.tenants.len())
+                .map(|t| format!("{:.1}", r.measured.tenant_goodput_rps(t)))
+                .collect();
+            format!("{:.3} / {}", r.jain.unwrap_or(0.0), per.join(" : "))
+        },
+    ));
 
     w("\n## The same engine over HTTP\n\n\
        `cargo run --release -p loadgate-lab --bin engine -- --model NAME --port P` serves the emulator over \

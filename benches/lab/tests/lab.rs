@@ -1,10 +1,27 @@
 //! The lab's own promises: a run is a function of its inputs and seed, every
-//! run balances its accounting, clients retry no more than they may, and
-//! the designs separate under overload the way the report says they do.
+//! run balances its accounting, every refusal a loadgate arm's client hears
+//! is the monitor's answer, clients retry no more than they may, and the
+//! designs separate under overload the way the report says they do.
 
-use loadgate_lab::arm::{Arm, ArmKind};
+use loadgate_lab::arm::{Arm, ArmKind, GateKnobs};
 use loadgate_lab::sim::{run, Conditions};
 use loadgate_lab::workload::{Client, Retry, WorkloadSpec};
+
+/// Dynamo's design with a decode threshold and a worker limit set (as
+/// shipped it has neither).
+fn dynamo() -> Arm {
+    Arm {
+        decode_threshold: Some(0.9),
+        gate: Some(GateKnobs {
+            limit: 256,
+            queue: 16,
+            wait_limit: None,
+            deadline_s: None,
+            classes: None,
+        }),
+        ..Arm::base(ArmKind::Dynamo)
+    }
+}
 
 fn conditions() -> Conditions {
     Conditions {
@@ -22,7 +39,7 @@ fn the_same_seed_gives_the_same_run_for_every_arm() {
     let reqs = w.generate();
     for kind in ArmKind::ALL {
         let mut arm = Arm::base(kind);
-        arm.oracle_rate = Some(60.0);
+        arm.bucket_rate = Some(60.0);
         let a = run(&arm, &w, &reqs, &c, 60.0).expect("a run");
         let b = run(&arm, &w, &reqs, &c, 60.0).expect("a run");
         assert_eq!(a, b, "{kind:?}");
@@ -36,6 +53,60 @@ fn the_same_seed_gives_the_same_run_for_every_arm() {
 }
 
 #[test]
+fn every_refusal_of_a_loadgate_arm_is_the_monitors_answer() {
+    // Overloaded, so that frontends refuse and workers' gates refuse what
+    // the frontends sent: each refusal a client hears must have been
+    // answered by a shipped call (dispatch, or redispatch after a worker
+    // refused), and so counted by the monitor.
+    let c = conditions();
+    let w = WorkloadSpec::steady(300.0, 10.0, 5);
+    let reqs = w.generate();
+    for arm in [
+        dynamo(),
+        Arm::base(ArmKind::Saturation),
+        Arm::base(ArmKind::Loadgate),
+        Arm::base(ArmKind::Queue),
+        Arm::base(ArmKind::FairQueue),
+    ] {
+        let r = run(&arm, &w, &reqs, &c, 60.0).expect("a run");
+        let kind = arm.kind;
+        assert!(r.refusals_heard > 100, "{kind:?}: {}", r.refusals_heard);
+        assert_eq!(r.refusals_heard, r.monitor_refusals, "{kind:?}");
+    }
+    // Dynamo 1.6.1 as shipped (no threshold, no worker limit) refuses
+    // nothing, however overloaded.
+    let shipped = run(&Arm::base(ArmKind::Dynamo), &w, &reqs, &c, 60.0).expect("a run");
+    assert_eq!(shipped.refusals_heard, 0);
+}
+
+#[test]
+fn every_tunable_arm_gets_the_same_budget_from_its_own_space() {
+    for kind in ArmKind::TUNABLE {
+        let space = Arm::space(kind);
+        let search = Arm::search(kind, 24, 9);
+        assert_eq!(search.len(), 24.min(space.len() + 1), "{kind:?}");
+        assert_eq!(search[0], Arm::base(kind), "{kind:?}: the defaults first");
+        for (i, a) in search.iter().enumerate().skip(1) {
+            assert!(space.contains(a), "{kind:?}: outside its space");
+            assert!(!search[..i].contains(a), "{kind:?}: a repeat");
+        }
+        assert_eq!(
+            search,
+            Arm::search(kind, 24, 9),
+            "{kind:?}: the seed repeats"
+        );
+        assert_ne!(search, Arm::search(kind, 24, 10), "{kind:?}: another seed");
+    }
+    // Dynamo 1.6.1 cannot express a worker queue under 2, nor a deadline.
+    for a in Arm::space(ArmKind::Dynamo) {
+        if let Some(g) = a.gate {
+            assert!(g.queue >= 2 && g.deadline_s.is_none() && g.wait_limit.is_none());
+        }
+        assert_eq!(a.reroute, 0);
+    }
+}
+
+#[test]
 fn retrying_clients_stop_at_their_cap() {
     let c = conditions();
     let mut w = WorkloadSpec::steady(300.0, 10.0, 3);
@@ -45,7 +116,7 @@ fn retrying_clients_stop_at_their_cap() {
         ..Client::default()
     };
     let reqs = w.generate();
-    let r = run(&Arm::base(ArmKind::Seed), &w, &reqs, &c, 60.0).expect("a run");
+    let r = run(&dynamo(), &w, &reqs, &c, 60.0).expect("a run");
     let m = &r.measured;
     assert!(m.reject_rate > 0.2, "overloaded: {m:?}");
     assert!(m.attempts_per_request > 1.0);
@@ -59,7 +130,7 @@ fn admission_control_keeps_goodput_where_none_collapses() {
     let w = WorkloadSpec::steady(200.0, 20.0, 11);
     let reqs = w.generate();
     let none = run(&Arm::base(ArmKind::NoControl), &w, &reqs, &c, 65.0).expect("a run");
-    let seed = run(&Arm::base(ArmKind::Seed), &w, &reqs, &c, 65.0).expect("a run");
+    let seed = run(&dynamo(), &w, &reqs, &c, 65.0).expect("a run");
     let lg = run(&Arm::base(ArmKind::Loadgate), &w, &reqs, &c, 65.0).expect("a run");
     for r in [&seed, &lg] {
         assert!(
@@ -81,9 +152,13 @@ fn admission_control_keeps_goodput_where_none_collapses() {
         lg.measured.ttft_ms
     );
     // No rejection waits longer than the gate's queue deadline plus one
-    // network round trip (1 ms): nobody hangs until the client gives up.
-    let gate = Arm::base(ArmKind::Loadgate).gate.expect("a gate");
-    let most = gate.deadline_s.expect("a deadline") * 1e3 + 1.0;
+    // network round trip (1 ms), once per worker it is routed to (a
+    // refusal is routed again `reroute` times): nobody hangs until the
+    // client gives up.
+    let arm = Arm::base(ArmKind::Loadgate);
+    let gate = arm.gate.expect("a gate");
+    let tries = f64::from(arm.reroute + 1);
+    let most = tries * (gate.deadline_s.expect("a deadline") * 1e3 + 1.0);
     assert!(
         lg.measured.time_to_reject_ms.p999 <= most * 1.001,
         "{:?}",

@@ -141,6 +141,10 @@ pub struct MonitorConfig {
     pub max_workers: u8,
     pub prefix: Option<Str>,
     pub dynamo_env: bool,
+    /// A policy, or (3) none that exists.
+    pub routing: u8,
+    /// Past 16 is refused.
+    pub reroutes: u8,
 }
 
 #[derive(Debug, Arbitrary)]

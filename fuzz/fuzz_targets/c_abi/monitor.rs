@@ -116,6 +116,8 @@ impl Call {
                         max_ranks: usize::from(c.max_workers % 64),
                         max_name_len: usize::from(c.max_workers % 24),
                         dynamo_env: c.dynamo_env,
+                        routing: u32::from(c.routing % 4),
+                        reroutes: u32::from(c.reroutes % 20),
                     }
                 });
                 let mut out: *mut lg_monitor = dangling();

@@ -42,12 +42,16 @@ fn targets(m: &Matrix) -> Vec<Target> {
     if let Some(h) = m
         .rows
         .iter()
-        .find(|r| r.group == "tenants" && r.arm == ArmKind::FairQueue)
+        .find(|r| r.group == "tenants" && r.arm == ArmKind::FairQueue && !r.defaults)
     {
         let jain = h.jain.unwrap_or(0.0);
         let others: Vec<String> = [ArmKind::Loadgate, ArmKind::Queue]
             .into_iter()
-            .filter_map(|k| m.rows.iter().find(|r| r.group == "tenants" && r.arm == k))
+            .filter_map(|k| {
+                m.rows
+                    .iter()
+                    .find(|r| r.group == "tenants" && r.arm == k && !r.defaults)
+            })
             .map(|r| format!("{} {:.3}", super::letter(r.arm), r.jain.unwrap_or(0.0)))
             .collect();
         out.push(Target {
@@ -101,7 +105,7 @@ fn targets(m: &Matrix) -> Vec<Target> {
 fn tenant_goodputs(m: &Matrix, arm: ArmKind) -> String {
     m.rows
         .iter()
-        .find(|r| r.group == "tenants" && r.arm == arm)
+        .find(|r| r.group == "tenants" && r.arm == arm && !r.defaults)
         .map_or("–".into(), |r| {
             (0..r.measured.tenants.len())
                 .map(|t| format!("{:.1}", r.measured.tenant_goodput_rps(t)))
@@ -135,14 +139,13 @@ pub(super) fn section(m: &Matrix) -> String {
           the monitors' maintenance (`Monitor::maintain`, run after every event and at the time it \
           returns, as the monitor's own thread would wake) sends what waits at the virtual instant \
           a report, a released booking or a lease's end shows room, and refuses what waited its \
-          deadline. A worker gate's refusal of a request that never started sends it \
-          back into the queue with what is left of its deadline, so the queue, not a worker, decides \
-          who is turned away: by band, then (in (h)) by tenant. The queue picks free workers round \
-          robin (the monitor's random pickers would make runs differ). Arm (g)'s queue limit and \
-          deadline and its frontend thresholds and worker gate were searched over arm (e)'s tuned \
-          knobs; arm (h) takes (g)'s knobs, since the calibration scenario has one tenant and (h) \
-          orders it exactly as (g) does. The queue spends part of the TTFT SLO waiting, so (g) and \
-          (h) run closer to the SLO at p99 than (e), which refuses at once.";
+          deadline. A worker gate's refusal of a request that never started goes back to the monitor \
+          (`Monitor::redispatch`), which puts it back into the queue at its place with what is left \
+          of its deadline, so the queue, not a worker, decides who is turned away: by band, then (in \
+          (h)) by tenant. The queue picks free workers round robin. Arms (g) and (h) each had their \
+          own search of the same budget over arm (e)'s knobs and the queue's limit and deadline, on \
+          the calibration scenario (one tenant). The queue spends part of the TTFT SLO waiting, so \
+          (g) and (h) run closer to the SLO at p99 than (e), which refuses at once.";
     let gate_queue = m
         .tuned
         .iter()

@@ -112,8 +112,8 @@ impl Sim<'_> {
     fn route(&mut self) -> Result<(u32, u32), (Option<f64>, &'static str)> {
         let n = self.workers.len() as u32;
         match self.arm.kind {
-            ArmKind::Oracle => {
-                let rate = self.arm.oracle_rate.unwrap_or(f64::INFINITY);
+            ArmKind::TokenBucket => {
+                let rate = self.arm.bucket_rate.unwrap_or(f64::INFINITY);
                 // A token bucket of one tenth of a second of capacity.
                 let depth = (rate * 0.1).max(1.0);
                 let (tokens, last) = self.bucket;
@@ -159,6 +159,9 @@ impl Sim<'_> {
         let r = &mut self.reqs[id as usize];
         if r.stage == Stage::Done || r.attempt != attempt {
             return;
+        }
+        if !why.starts_with("client:") {
+            self.refusals_heard += 1;
         }
         self.let_go(id);
         let r = &mut self.reqs[id as usize];

@@ -258,6 +258,13 @@ pub struct RunResult {
     pub peak_over_line: u64,
     /// Leased sync: times a replica's lease ran out while it held a share.
     pub fenced: u64,
+    /// Rejections the clients heard from the frontend or a worker (not
+    /// their own throttling), over the whole run.
+    pub refusals_heard: u64,
+    /// Rejections the monitors counted (`Monitor::rejections`), over every
+    /// replica: for an arm with a monitor, the same number, since every
+    /// refusal is the monitor's answer.
+    pub monitor_refusals: u64,
 }
 
 /// Runs `arm` on `workload` under `conditions`; `capacity` is `C*` (for the
@@ -301,6 +308,7 @@ struct Sim<'a> {
     throttle: Option<Throttle>,
     tokens: Vec<Token>,
     events: u64,
+    refusals_heard: u64,
     end: u64,
 }
 
@@ -443,6 +451,7 @@ impl<'a> Sim<'a> {
             throttle,
             tokens: Vec::new(),
             events: 0,
+            refusals_heard: 0,
             end,
         })
     }
@@ -522,8 +531,16 @@ impl<'a> Sim<'a> {
                 measured.computed_tokens += t.computed_tokens;
             }
         }
+        let monitor_refusals = self
+            .fronts
+            .iter()
+            .flat_map(|f| f.monitor.rejections(MODEL))
+            .map(|(_, n)| n)
+            .sum();
         Ok(RunResult {
             measured,
+            refusals_heard: self.refusals_heard,
+            monitor_refusals,
             events: self.events,
             snapshots: self.snapshots.0,
             snapshot_bytes: self.snapshots.1,
