@@ -13,8 +13,15 @@
 //!   tokens discarded, and it goes back to the head of the waiting queue,
 //!   to be prefilled again, prompt and generated tokens both), as vLLM
 //!   does. No waiting request is admitted in a step that preempted.
-//! * A step takes `a + b·(prefill tokens) + c·(running sequences) +
-//!   d·(KV tokens in use)` milliseconds, divided by `speedup_ratio`.
+//! * A step takes Dynamo's mocker's time (its polynomial model, as the
+//!   `ai-dynamo` 1.6.1 wheel runs it): `prefill(T) + decode(K)`
+//!   milliseconds, where `T` is the new prompt tokens the step computes
+//!   (`prefill(T) = p₂T² + p₁T + p₀`, nothing without any) and `K` the
+//!   context tokens (prompt and generated) of the requests that decode in
+//!   it (`decode(K) = max(floor, d₂u² + d₁u + d₀)` with `u = K` over the KV
+//!   capacity in tokens, at most 1; nothing without any), divided by
+//!   `speedup_ratio`. A request whose prompt finishes in a step is not one
+//!   of its decoders.
 //!
 //! A step is two calls: [`Engine::begin_step`] schedules the batch and
 //! returns how long it takes; [`Engine::end_step`] applies it and returns
@@ -28,27 +35,59 @@
 
 use std::collections::{HashMap, VecDeque};
 
-/// Step time model, in milliseconds: `a + b·prefill + c·running + d·kv`.
+/// Step time model, in milliseconds (module docs): Dynamo's mocker's
+/// polynomials (`aisimulate-core` 0.13.0, `engine/common/perf_model.rs`,
+/// which the `ai-dynamo-runtime` 1.6.1 wheel links).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct StepModel {
-    /// `a`: fixed cost of every step.
-    pub base_ms: f64,
-    /// `b`: per prefill token in the step.
-    pub prefill_token_ms: f64,
-    /// `c`: per running sequence.
-    pub running_seq_ms: f64,
-    /// `d`: per KV token in use.
-    pub kv_token_ms: f64,
+    /// `[p₀, p₁, p₂]`: prefill of `T` new prompt tokens,
+    /// `p₀ + p₁T + p₂T²`, paid once per step with any prefill.
+    pub prefill_ms: [f64; 3],
+    /// `[d₀, d₁, d₂]`: decode at KV use `u`, `d₀ + d₁u + d₂u²`.
+    pub decode_ms: [f64; 3],
+    /// Shortest decode.
+    pub decode_floor_ms: f64,
 }
 
 impl Default for StepModel {
     fn default() -> Self {
         Self {
-            base_ms: 5.74,
-            prefill_token_ms: 0.015_18,
-            running_seq_ms: 0.0,
-            kv_token_ms: 3.9e-5,
+            prefill_ms: [16.501_42, 1.518_344e-2, 4.209_989e-7],
+            decode_ms: [5.74, 54.01, -25.74],
+            decode_floor_ms: 1.0,
         }
+    }
+}
+
+impl StepModel {
+    /// Prefill of `tokens` new prompt tokens, ms (nothing without any).
+    pub fn prefill(&self, tokens: u64) -> f64 {
+        if tokens == 0 {
+            return 0.0;
+        }
+        let t = tokens as f64;
+        let [p0, p1, p2] = self.prefill_ms;
+        p0 + p1 * t + p2 * t * t
+    }
+
+    /// Decode of `decoders` requests holding `kv_tokens` context tokens,
+    /// on a rank of `capacity` KV tokens, ms (nothing without decoders).
+    pub fn decode(&self, decoders: u64, kv_tokens: u64, capacity: u64) -> f64 {
+        if decoders == 0 {
+            return 0.0;
+        }
+        let u = (kv_tokens as f64 / capacity.max(1) as f64).min(1.0);
+        let [d0, d1, d2] = self.decode_ms;
+        (d0 + d1 * u + d2 * u * u).max(self.decode_floor_ms)
+    }
+
+    /// Every coefficient, for checks.
+    fn coefficients(&self) -> impl Iterator<Item = f64> + '_ {
+        self.prefill_ms
+            .iter()
+            .chain(&self.decode_ms)
+            .copied()
+            .chain([self.decode_floor_ms])
     }
 }
 
@@ -83,6 +122,21 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// Dynamo's mocker's default engine (`ai-dynamo` 1.6.1, vLLM backend:
+    /// `aisimulate-core` 0.13.0 `engine/config.rs` and
+    /// `engine/common/protocols.rs`): 256 sequences, a budget of 8192
+    /// tokens, 16384 blocks of 64 tokens.
+    pub fn mocker() -> Self {
+        Self {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            block_size: 64,
+            num_gpu_blocks: 16_384,
+            speedup_ratio: 1.0,
+            step: StepModel::default(),
+        }
+    }
+
     /// The first parameter no engine can run with, if any.
     pub fn invalid(&self) -> Option<&'static str> {
         let s = &self.step;
@@ -96,28 +150,25 @@ impl EngineConfig {
             Some("num_gpu_blocks must be at least 1")
         } else if !(self.speedup_ratio.is_finite() && self.speedup_ratio > 0.0) {
             Some("speedup_ratio must be finite and above 0")
-        } else if [
-            s.base_ms,
-            s.prefill_token_ms,
-            s.running_seq_ms,
-            s.kv_token_ms,
-        ]
-        .iter()
-        .any(|v| !(v.is_finite() && *v >= 0.0))
+        } else if s.coefficients().any(|v| !v.is_finite()) {
+            Some("step model coefficients must be finite")
+        } else if s.prefill(1) < 0.0
+            || s.prefill(u64::from(self.max_num_batched_tokens)) < 0.0
+            || s.decode_floor_ms < 0.0
         {
-            Some("step model coefficients must be finite and at least 0")
+            Some("step model times must be at least 0")
         } else {
             None
         }
     }
 
-    /// Time of a step with these contents, in nanoseconds (at least 1).
-    pub fn step_nanos(&self, prefill_tokens: u64, running: u64, kv_tokens: u64) -> u64 {
-        let s = &self.step;
-        let ms = s.base_ms
-            + s.prefill_token_ms * prefill_tokens as f64
-            + s.running_seq_ms * running as f64
-            + s.kv_token_ms * kv_tokens as f64;
+    /// Time of a step that computes `prefill_tokens` new prompt tokens and
+    /// decodes `decoders` requests holding `decode_kv_tokens` context
+    /// tokens, in nanoseconds (at least 1).
+    pub fn step_nanos(&self, prefill_tokens: u64, decoders: u64, decode_kv_tokens: u64) -> u64 {
+        let capacity = u64::from(self.num_gpu_blocks) * u64::from(self.block_size);
+        let ms = self.step.prefill(prefill_tokens)
+            + self.step.decode(decoders, decode_kv_tokens, capacity);
         ((ms * 1e6 / self.speedup_ratio) as u64).max(1)
     }
 }
@@ -305,6 +356,7 @@ impl Engine {
         let mut budget = self.config.max_num_batched_tokens;
         let mut preempted = false;
         let mut prefill_tokens = 0u64;
+        let (mut decoders, mut decode_kv) = (0u64, 0u64);
         let mut scheduled_any = false;
         // Running requests first, oldest first; the newest is preempted
         // when blocks run out.
@@ -341,6 +393,10 @@ impl Engine {
             } else if want > 1 {
                 // Recomputing generated tokens after a preemption.
                 prefill_tokens += u64::from(want - 1);
+            } else {
+                // A decoder: its context is what it holds with this token.
+                decoders += 1;
+                decode_kv += u64::from(seq.computed + want);
             }
             budget -= want;
             scheduled_any = true;
@@ -384,15 +440,7 @@ impl Engine {
             .iter()
             .map(|s| u64::from(s.scheduled))
             .sum::<u64>();
-        let kv_tokens: u64 = self
-            .running
-            .iter()
-            .map(|s| u64::from(s.computed + s.scheduled))
-            .sum();
-        Some(
-            self.config
-                .step_nanos(prefill_tokens, self.running.len() as u64, kv_tokens),
-        )
+        Some(self.config.step_nanos(prefill_tokens, decoders, decode_kv))
     }
 
     /// Applies the step begun by [`begin_step`](Self::begin_step) and

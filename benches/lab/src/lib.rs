@@ -21,12 +21,17 @@
 //! limit, the token bucket) route in the lab's code.
 //!
 //! * [`engine`]: the continuous-batching engine emulator;
+//! * [`calibrate`]: the emulator against Dynamo's own mocker, on its
+//!   replay workload;
 //! * [`serve`]: the same emulator over real HTTP (the `engine` binary);
 //! * [`workload`]: arrivals, lengths, tenants, priorities and clients;
 //! * [`arm`]: the designs and their tuning grids;
 //! * [`sim`]: one run, event by event;
 //! * [`record`]: what a run measured, with vLLM `bench serve`'s definitions;
 //! * [`matrix`]: `C*`, the tuning, and every scenario;
+//! * [`scenario`]: the scenarios, evaluation and calibration;
+//! * [`shift`]: the off-calibration cells (the workload or the hardware
+//!   moved);
 //! * [`replicas`]: many frontends in front of one fleet, sharing their
 //!   bookings or not;
 //! * [`report`]: docs/overload.md, its plots and `--json`.
@@ -34,11 +39,14 @@
 //! `cargo run --release -p loadgate-lab` runs the whole matrix.
 
 pub mod arm;
+pub mod calibrate;
 pub mod engine;
 pub mod matrix;
 pub mod record;
 pub mod replicas;
 pub mod report;
+pub mod scenario;
 pub mod serve;
+pub mod shift;
 pub mod sim;
 pub mod workload;

@@ -11,12 +11,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use loadgate_lab::calibrate::run_calibration;
 use loadgate_lab::matrix::{run_matrix, Options};
-use loadgate_lab::report::write_docs;
+use loadgate_lab::report::{mocker_table, write_docs};
 use loadgate_lab::sim::Conditions;
 
 const USAGE: &str = "\
-usage: loadgate-lab [--quick] [--json FILE] [--docs DIR] [--seed N]
+usage: loadgate-lab [--quick] [--json FILE] [--docs DIR] [--seed N] [--dynamo-mocker]
                     [--workers N] [--data-parallel-size N]
                     [--report-interval S] [--transport-delay S] [--net-delay S]
 
@@ -28,7 +29,9 @@ usage: loadgate-lab [--quick] [--json FILE] [--docs DIR] [--seed N]
   --data-parallel-size N  ranks per worker (default 1)
   --report-interval S   seconds between a worker's load reports (default 0.1)
   --transport-delay S   publisher to subscriber, seconds (default 0.001)
-  --net-delay S         frontend to worker, one way, seconds (default 0.0005)";
+  --net-delay S         frontend to worker, one way, seconds (default 0.0005)
+  --dynamo-mocker       only the engine against Dynamo's mocker: its replay workload
+                        (2 mocker-default workers, 3000 requests of 1024/256 tokens)";
 
 /// Parses a number of `flag` within `lo..=hi`.
 fn number(flag: &str, v: &str, lo: f64, hi: f64) -> Result<f64, String> {
@@ -56,6 +59,18 @@ fn main() -> ExitCode {
             "--quick" => {
                 options.quick = true;
                 Ok(())
+            }
+            "--dynamo-mocker" => {
+                return match run_calibration(options.threads) {
+                    Ok(c) => {
+                        print!("{}", mocker_table(&c));
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("loadgate-lab: {e}");
+                        ExitCode::FAILURE
+                    }
+                };
             }
             "--json" => value("--json").map(|v| json = Some(v.into())),
             "--docs" => value("--docs").map(|v| docs = v.into()),

@@ -28,8 +28,10 @@ use serde::Serialize;
 use crate::arm::{Arm, ArmKind};
 use crate::record::Measured;
 use crate::replicas::{run_replicas, ReplicaRow};
+use crate::scenario::{calibration, scenarios, Scenario};
+use crate::shift::Shift;
 use crate::sim::{run, Conditions};
-use crate::workload::{Arrivals, Client, RequestSpec, Retry, WorkloadSpec};
+use crate::workload::{RequestSpec, WorkloadSpec};
 
 /// How much to run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -40,55 +42,6 @@ pub struct Options {
     pub seed: u64,
     /// Threads running simulations.
     pub threads: usize,
-}
-
-/// One scenario: a workload shape (rates in units of `C*`) and conditions.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Scenario {
-    /// Name, unique in the matrix.
-    pub name: String,
-    /// Group: `steady`, `bursty`, `step`, `spike`, `stale`, `tenants`.
-    pub group: &'static str,
-    /// Offered load (the highest of the profile) in units of `C*`.
-    pub load: f64,
-    /// Rate profile in units of `C*`.
-    pub profile: Vec<(f64, f64)>,
-    /// Arrivals stop here, seconds.
-    pub duration_s: f64,
-    /// Gap distribution.
-    pub arrivals: Arrivals,
-    /// Tenants' shares.
-    pub tenants: Vec<f64>,
-    /// Clients.
-    pub client: Client,
-    /// Report interval and transport delay, seconds, if not the default.
-    pub signal_lag_s: Option<f64>,
-    /// The time after which settling or recovery is measured, seconds.
-    pub change_at_s: Option<f64>,
-}
-
-impl Scenario {
-    fn workload(&self, capacity: f64, seed: u64) -> WorkloadSpec {
-        let mut w = WorkloadSpec::steady(1.0, self.duration_s, seed);
-        w.profile = self
-            .profile
-            .iter()
-            .map(|&(t, x)| (t, x * capacity))
-            .collect();
-        w.arrivals = self.arrivals;
-        w.tenants = self.tenants.clone();
-        w.client = self.client;
-        w
-    }
-
-    fn conditions(&self, base: &Conditions) -> Conditions {
-        let mut c = *base;
-        if let Some(lag) = self.signal_lag_s {
-            c.report_interval_s = lag;
-            c.transport_delay_s = lag / 2.0;
-        }
-        c
-    }
 }
 
 /// One arm on one scenario.
@@ -170,6 +123,10 @@ pub struct Matrix {
     pub capacity: f64,
     /// Bisection probes of `C*`: (rate, SLO attainment of arm (a)).
     pub capacity_probes: Vec<(f64, f64)>,
+    /// Each shift's own `C*`, requests/s.
+    pub shifted_capacity: Vec<(Shift, f64)>,
+    /// The engine against Dynamo's mocker, on its replay workload.
+    pub mocker: crate::calibrate::Calibration,
     /// The calibration scenario the arms were tuned on.
     pub calibration: Scenario,
     /// Candidates per tunable arm.
@@ -217,133 +174,6 @@ pub(crate) fn parallel<T: Sync, R: Send>(
         .into_iter()
         .map(|r| r.expect("every job ran"))
         .collect()
-}
-
-/// Every scenario of the matrix.
-pub fn scenarios(quick: bool) -> Vec<Scenario> {
-    let (steady_s, loads): (f64, &[f64]) = if quick {
-        (20.0, &[0.5, 1.0, 2.0, 4.0, 10.0])
-    } else {
-        (60.0, &[0.5, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 10.0])
-    };
-    let base = |name: String, group, load, profile, duration_s| Scenario {
-        name,
-        group,
-        load,
-        profile,
-        duration_s,
-        arrivals: Arrivals::Poisson,
-        tenants: vec![1.0],
-        client: Client::default(),
-        signal_lag_s: None,
-        change_at_s: None,
-    };
-    let mut out = Vec::new();
-    for &x in loads {
-        out.push(base(
-            format!("steady {x}x"),
-            "steady",
-            x,
-            vec![(0.0, x)],
-            steady_s,
-        ));
-    }
-    for x in [1.2, 2.0] {
-        out.push(Scenario {
-            arrivals: Arrivals::Gamma { burstiness: 0.25 },
-            ..base(
-                format!("bursty {x}x"),
-                "bursty",
-                x,
-                vec![(0.0, x)],
-                steady_s,
-            )
-        });
-    }
-    let t = if quick { 15.0 } else { 30.0 };
-    out.push(Scenario {
-        change_at_s: Some(t),
-        ..base(
-            "step 1.0x to 1.4x".into(),
-            "step",
-            1.4,
-            vec![(0.0, 1.0), (t, 1.4)],
-            3.0 * t,
-        )
-    });
-    let spike = if quick { 10.0 } else { 30.0 };
-    for (name, retry) in [
-        ("after Retry-After", Retry::AfterRetryAfter),
-        ("at once", Retry::Immediate),
-        (
-            "adaptive throttling",
-            Retry::Adaptive {
-                k: 2.0,
-                window_s: 120.0,
-            },
-        ),
-    ] {
-        out.push(Scenario {
-            client: Client {
-                retry,
-                ..Client::default()
-            },
-            change_at_s: Some(t + spike),
-            ..base(
-                format!("spike 0.8x to 4x, retry {name}"),
-                "spike",
-                4.0,
-                vec![(0.0, 0.8), (t, 4.0), (t + spike, 0.8)],
-                t + spike + 2.0 * t,
-            )
-        });
-    }
-    let lags: &[f64] = if quick {
-        &[1.0]
-    } else {
-        &[0.2, 0.5, 1.0, 2.0, 5.0]
-    };
-    for &lag in lags {
-        out.push(Scenario {
-            signal_lag_s: Some(lag),
-            ..base(
-                format!("stale signals {lag} s, 2x"),
-                "stale",
-                2.0,
-                vec![(0.0, 2.0)],
-                steady_s,
-            )
-        });
-    }
-    out.push(Scenario {
-        tenants: vec![10.0, 1.0, 1.0],
-        ..base(
-            "three tenants (10:1:1), 2x".into(),
-            "tenants",
-            2.0,
-            vec![(0.0, 2.0)],
-            steady_s,
-        )
-    });
-    out
-}
-
-/// The calibration scenario: Poisson load stepping through 1.5, 3 and 6 ×
-/// `C*`, a third of the run each (no evaluation cell has that shape).
-pub fn calibration(quick: bool) -> Scenario {
-    let third = if quick { 7.0 } else { 20.0 };
-    Scenario {
-        name: "calibration: 1.5x, 3x, 6x".into(),
-        group: "calibration",
-        load: 6.0,
-        profile: vec![(0.0, 1.5), (third, 3.0), (2.0 * third, 6.0)],
-        duration_s: 3.0 * third,
-        arrivals: Arrivals::Poisson,
-        tenants: vec![1.0],
-        client: Client::default(),
-        signal_lag_s: None,
-        change_at_s: None,
-    }
 }
 
 /// The best of `measured`: the highest goodput, in steps of half a percent
@@ -437,25 +267,35 @@ pub fn jain(m: &Measured) -> Option<f64> {
     Some(sum * sum / (x.len() as f64 * sq))
 }
 
-/// Runs the matrix.
-pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, String> {
-    let started = Instant::now();
-    let mut runs = 0;
+/// `C*` of the base fleet and workload, or of `shift`'s: the highest
+/// Poisson rate at which arm (a) meets the SLOs for at least 99 % of
+/// offered requests, by bisection from a bracket that holds; and the probes
+/// (rate, attainment).
+fn find_capacity(
+    base: &Conditions,
+    shift: Option<Shift>,
+    options: Options,
+) -> Result<(f64, Vec<(f64, f64)>), String> {
     let probe_s = if options.quick { 20.0 } else { 60.0 };
     let none = Arm::base(ArmKind::NoControl);
-    // C*: bisection on arm (a)'s SLO attainment, from a bracket that holds.
+    let mut conditions = *base;
+    if let Some(s) = shift {
+        s.apply_conditions(&mut conditions);
+    }
     let attainment = |rate: f64| -> Result<f64, String> {
-        let w = WorkloadSpec::steady(rate, probe_s, options.seed ^ 0xC0FFEE);
+        let mut w = WorkloadSpec::steady(rate, probe_s, options.seed ^ 0xC0FFEE);
+        if let Some(s) = shift {
+            s.apply_workload(&mut w);
+        }
         let reqs = w.generate();
         Ok(run(&none, &w, &reqs, &conditions, rate)?
             .measured
             .attainment_offered)
     };
     let mut probes = Vec::new();
-    let (mut lo, mut hi) = (1.0f64, 16.0f64);
+    let (mut lo, mut hi) = (0.25f64, 16.0f64);
     loop {
         let a = attainment(hi)?;
-        runs += 1;
         probes.push((hi, a));
         if a < 0.99 {
             break;
@@ -469,7 +309,6 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
     for _ in 0..if options.quick { 7 } else { 10 } {
         let mid = (lo + hi) / 2.0;
         let a = attainment(mid)?;
-        runs += 1;
         probes.push((mid, a));
         if a >= 0.99 {
             lo = mid;
@@ -477,10 +316,38 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
             hi = mid;
         }
     }
-    let capacity = lo;
+    Ok((lo, probes))
+}
+
+/// Runs the matrix.
+pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, String> {
+    let started = Instant::now();
+    let mut runs = 0;
+    let (capacity, probes) = find_capacity(&conditions, None, options)?;
+    runs += probes.len();
+    let mut shifted_capacity = Vec::new();
+    let shifts: Vec<Shift> = scenarios(options.quick)
+        .iter()
+        .filter_map(|s| s.shift)
+        .fold(Vec::new(), |mut v, s| {
+            if !v.contains(&s) {
+                v.push(s);
+            }
+            v
+        });
+    for shift in shifts {
+        let (c, p) = find_capacity(&conditions, Some(shift), options)?;
+        runs += p.len();
+        shifted_capacity.push((shift, c));
+    }
+    let capacity_of = |s: &Scenario| {
+        s.shift
+            .and_then(|x| shifted_capacity.iter().find(|(k, _)| *k == x))
+            .map_or(capacity, |(_, c)| *c)
+    };
 
     // Tuning on the calibration scenario, the same budget for every arm.
-    let budget = if options.quick { 4 } else { 24 };
+    let budget = if options.quick { 4 } else { 16 };
     let calibration = calibration(options.quick);
     let calib = calibration.workload(capacity, options.seed ^ 0x7E57);
     let calib_reqs = calib.generate();
@@ -534,7 +401,7 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
     let workloads: Vec<_> = scenarios
         .iter()
         .map(|s| {
-            let w = s.workload(capacity, options.seed);
+            let w = s.workload(capacity_of(s), options.seed);
             let reqs = w.generate();
             (w, reqs)
         })
@@ -554,6 +421,12 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
         let scenario = &scenarios[*s];
         let (w, reqs) = &workloads[*s];
         let c = scenario.conditions(&conditions);
+        let capacity = capacity_of(scenario);
+        // The token bucket admits at this cell's own `C*`.
+        let arm = &Arm {
+            bucket_rate: arm.bucket_rate.map(|_| capacity),
+            ..arm.clone()
+        };
         run(arm, w, reqs, &c, capacity).map(|r| Row {
             scenario: scenario.name.clone(),
             group: scenario.group,
@@ -579,7 +452,7 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
     let results = parallel(options.threads, jobs, |(s, arm)| {
         let (w, reqs) = &workloads[*s];
         let c = scenarios[*s].conditions(&conditions);
-        run(arm, w, reqs, &c, capacity).map(|r| r.measured)
+        run(arm, w, reqs, &c, capacity_of(&scenarios[*s])).map(|r| r.measured)
     });
     let mut results = results.into_iter();
     let mut cell_best = Vec::new();
@@ -629,11 +502,15 @@ pub fn run_matrix(options: Options, conditions: Conditions) -> Result<Matrix, St
     ];
     let replicas = run_replicas(&designs, capacity, &conditions, options)?;
     runs += replicas.len();
+    let mocker = crate::calibrate::run_calibration(options.threads)?;
+    runs += mocker.runs;
     Ok(Matrix {
         options,
         conditions,
         capacity,
         capacity_probes: probes,
+        shifted_capacity,
+        mocker,
         calibration,
         budget,
         tuned,

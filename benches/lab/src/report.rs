@@ -12,6 +12,11 @@ use crate::matrix::{Matrix, Row};
 
 mod flow;
 mod replicas;
+mod shifted;
+mod targets;
+
+pub use shifted::mocker_table;
+use targets::{missed_list, target_rows, targets, Target};
 
 /// Arm `arm` as tuned on `scenario`.
 fn row<'a>(m: &'a Matrix, scenario: &str, arm: ArmKind) -> Option<&'a Row> {
@@ -150,163 +155,6 @@ fn secs(x: Option<f64>) -> String {
     x.map_or("never".into(), |v| format!("{v:.0} s"))
 }
 
-/// One target of arm (e): what it asks, what was measured, met or not.
-struct Target {
-    what: String,
-    measured: String,
-    met: bool,
-    why: Option<String>,
-}
-
-/// A targets table's rows, one per target: what, measured, met or not.
-fn target_rows(ts: &[Target]) -> String {
-    ts.iter()
-        .map(|t| {
-            let verdict = if t.met { "met" } else { "**missed**" };
-            format!("| {} | {} | {verdict} |\n", t.what, t.measured)
-        })
-        .collect()
-}
-
-/// The missed targets of `ts`, each with why.
-fn missed_list(ts: &[Target]) -> String {
-    ts.iter()
-        .filter(|t| !t.met)
-        .map(|t| {
-            let why = t.why.clone().unwrap_or_default();
-            format!("\n- **{}** is missed: {why}.\n", t.what)
-        })
-        .collect()
-}
-
-fn targets(m: &Matrix) -> Vec<Target> {
-    let e = ArmKind::Loadgate;
-    let mut out = Vec::new();
-    let slo = m.conditions.slo.ttft_s * 1e3;
-    for (load, want) in [(2.0, 0.95), (4.0, 0.90), (10.0, 0.80)] {
-        let name = format!("steady {load}x");
-        if let Some(r) = row(m, &name, e) {
-            let g = r.measured.goodput_frac;
-            let bucket =
-                row(m, &name, ArmKind::TokenBucket).map_or(0.0, |o| o.measured.reject_rate);
-            out.push(Target {
-                what: format!("goodput at {load} × `C*` ≥ {}", pct(want)),
-                measured: pct(g),
-                met: g >= want,
-                why: (g < want).then(|| format!(
-                    "its admitted requests met the SLOs {} of the time, so the loss is in admission: it turned away {} of \
-                     offered requests where the token bucket at `C*` turned away {} ({}). The frontend decides on reports up to one \
-                     interval old: it finds every worker busy for a moment while one is about to free a slot, and a \
-                     worker's gate refuses when that worker is full although another has room{}. Arm (g), the same with \
-                     loadgate's frontend queue, which sends a request the moment a worker has room, reached {} here",
-                    pct(r.measured.attainment_admitted), pct(r.measured.reject_rate), pct(bucket),
-                    reasons(&r.measured),
-                    match m.tuned.iter().find(|t| t.arm.kind == e).map_or(0, |t| t.arm.reroute) {
-                        0 => " (the frontend answers that refusal with a 529)".to_string(),
-                        n => format!(" (the frontend routes a refused request {n} more time{}, then answers 529)", if n == 1 { "" } else { "s" }),
-                    },
-                    row(m, &name, ArmKind::Queue).map_or("–".into(), |g| pct(g.measured.goodput_frac)))),
-            });
-        }
-    }
-    let worst = m
-        .rows
-        .iter()
-        .filter(|r| r.arm == e && !r.defaults && matches!(r.group, "steady" | "bursty"))
-        .max_by(|a, b| a.measured.ttft_ms.p99.total_cmp(&b.measured.ttft_ms.p99));
-    if let Some(r) = worst {
-        let v = r.measured.ttft_ms.p99;
-        out.push(Target {
-            what: format!(
-                "admitted p99 TTFT within the SLO ({}) at every load",
-                ms(slo)
-            ),
-            measured: format!("worst {} ms ({})", ms(v), r.scenario),
-            met: v <= slo,
-            why: (v > slo)
-                .then(|| format!("in {} the admitted p99 TTFT was {} ms", r.scenario, ms(v))),
-        });
-    }
-    let worst = m
-        .rows
-        .iter()
-        .filter(|r| {
-            r.arm == e && !r.defaults && r.group == "steady" && r.measured.reject_rate > 0.0
-        })
-        .max_by(|a, b| {
-            let beyond = |r: &Row| r.measured.reject_beyond_network_ms.p99;
-            beyond(a).total_cmp(&beyond(b))
-        });
-    if let Some(r) = worst {
-        let beyond = r.measured.reject_beyond_network_ms.p99;
-        let deadline = r
-            .measured
-            .rejections_by
-            .get("worker gate: queue deadline")
-            .copied()
-            .unwrap_or(0);
-        let all: u64 = r.measured.rejections_by.values().sum();
-        out.push(Target {
-            what: "p99 time to a 529 under 1 ms beyond the network delay (each attempt's own trips \
-                   between frontend and workers)"
-                .into(),
-            measured: format!("worst {} ms beyond ({})", ms(beyond), r.scenario),
-            met: beyond < 1.0,
-            why: (beyond >= 1.0).then(|| format!(
-                "in {}, {} of the rejections came from the worker gate's queue deadline, after the request \
-                 had waited its deadline in the queue; every other rejection was heard within its network \
-                 time. The tuning kept a queue (Q > 0) because it raised goodput; a queue that hands a \
-                 request to whichever worker frees first (frontend flow control), with a deadline set from \
-                 the measured drain rate rather than a fixed one, would answer the hopeless ones at once",
-                r.scenario, pct(deadline as f64 / all.max(1) as f64))),
-        });
-    }
-    let mean = row(m, "steady 1x", e).map_or(0.0, |r| r.measured.mean_duration_s);
-    if let Some(r) = m
-        .rows
-        .iter()
-        .find(|r| r.arm == e && !r.defaults && r.group == "step")
-    {
-        let met = r.settle_s.is_some_and(|s| s <= mean);
-        out.push(Target {
-            what: format!("settles within one mean request duration ({mean:.1} s) after the 1.4 × step"),
-            measured: secs(r.settle_s),
-            met,
-            why: (!met).then(|| format!(
-                "goodput is counted when requests complete, so a change shows only as the requests in flight at the step finish; the settling rule also needs ten seconds in a row within 10 % of the final level, which a one-second bin of about {:.0} completions misses by chance alone", m.capacity)),
-        });
-    }
-    for r in m
-        .rows
-        .iter()
-        .filter(|r| r.arm == e && !r.defaults && r.group == "spike")
-    {
-        let met = r.recover_s.is_some_and(|s| s <= 2.0 * mean);
-        out.push(Target {
-            what: format!("back to 95 % of `min(offered, C*)` within two mean request durations ({:.1} s) after the spike, {}", 2.0 * mean, r.scenario.split(", ").nth(1).unwrap_or("")),
-            measured: secs(r.recover_s),
-            met,
-            why: (!met).then(|| "the clients' retries kept the offered load above capacity after the spike".into()),
-        });
-    }
-    if let (Some(a), Some(x)) = (
-        row(m, "steady 0.5x", ArmKind::NoControl),
-        row(m, "steady 0.5x", e),
-    ) {
-        let added50 = x.measured.ttft_ms.p50 / a.measured.ttft_ms.p50 - 1.0;
-        let added99 = x.measured.ttft_ms.p99 / a.measured.ttft_ms.p99 - 1.0;
-        let met = added50 <= 0.01 && added99 <= 0.01;
-        out.push(Target {
-            what: "at most 1 % added TTFT at 0.5 × (against arm (a))".into(),
-            measured: format!("p50 {:+.1} %, p99 {:+.1} %", 100.0 * added50, 100.0 * added99),
-            met,
-            why: (!met).then(|| format!(
-                "nothing is rejected at 0.5 ×; the difference is routing: arm (e) uses {} routing, which balances KV blocks, while TTFT follows the prefill queue that round-robin spreads evenly; a prefill-aware pick (router-side prefill bookings) would close it", m.tuned.iter().find(|t| t.arm.kind == e).map_or("", |t| t.arm.policy))),
-        });
-    }
-    out
-}
-
 /// Writes docs/overload.md and the plots into `docs`.
 pub fn write_docs(m: &Matrix, docs: &Path) -> Result<(), String> {
     let dir = docs.join("overload");
@@ -327,6 +175,7 @@ pub fn write_docs(m: &Matrix, docs: &Path) -> Result<(), String> {
         true,
     )?;
     plot_spike(m, &dir.join("spike.svg"))?;
+    shifted::plots(m, &dir)?;
     let text = markdown(m);
     let path = docs.join("overload.md");
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
@@ -343,6 +192,25 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(0, 160, 170),
 ];
 
+/// The cells of a plot: a group's scenarios, evenly spaced along x, each
+/// labelled.
+struct Cells<'a> {
+    group: &'a str,
+    label: &'a dyn Fn(&crate::scenario::Scenario) -> String,
+    x_desc: &'a str,
+    width: u32,
+}
+
+/// The steady loads, labelled with their value.
+fn steady_cells() -> Cells<'static> {
+    Cells {
+        group: "steady",
+        label: &|s| format!("{}×", s.load),
+        x_desc: "offered load (× C*)",
+        width: 720,
+    }
+}
+
 fn plot_load(
     m: &Matrix,
     path: &Path,
@@ -350,21 +218,31 @@ fn plot_load(
     value: impl Fn(&Row) -> Option<f64>,
     log: bool,
 ) -> Result<(), String> {
+    plot_cells(m, path, y_label, &steady_cells(), value, log)
+}
+
+fn plot_cells(
+    m: &Matrix,
+    path: &Path,
+    y_label: &str,
+    cells: &Cells<'_>,
+    value: impl Fn(&Row) -> Option<f64>,
+    log: bool,
+) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+    let root = SVGBackend::new(path, (cells.width, 440)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    // Loads are evenly spaced, labelled with their value.
-    let loads: Vec<f64> = m
+    let names: Vec<(&str, String)> = m
         .scenarios
         .iter()
-        .filter(|s| s.group == "steady")
-        .map(|s| s.load)
+        .filter(|s| s.group == cells.group)
+        .map(|s| (s.name.as_str(), (cells.label)(s)))
         .collect();
-    let at = |load: f64| loads.iter().position(|&l| l == load).unwrap_or(0) as f64;
+    let at = |name: &str| names.iter().position(|n| n.0 == name).unwrap_or(0) as f64;
     let steady: Vec<&Row> = m
         .rows
         .iter()
-        .filter(|r| r.group == "steady" && !r.defaults)
+        .filter(|r| r.group == cells.group && !r.defaults)
         .collect();
     let ymax = steady
         .iter()
@@ -375,16 +253,14 @@ fn plot_load(
         steady
             .iter()
             .filter(|r| r.arm == k)
-            .filter_map(|r| value(r).map(|v| (at(r.load), v)))
+            .filter_map(|r| value(r).map(|v| (at(&r.scenario), v)))
             .collect()
     };
-    let x_range = -0.3f64..(loads.len() as f64 - 0.7);
+    let x_range = -0.3f64..(names.len() as f64 - 0.7);
     let label = |x: &f64| {
         let i = x.round();
         if (x - i).abs() < 1e-6 && i >= 0.0 {
-            loads
-                .get(i as usize)
-                .map_or(String::new(), |l| format!("{l}×"))
+            names.get(i as usize).map_or(String::new(), |n| n.1.clone())
         } else {
             String::new()
         }
@@ -399,10 +275,10 @@ fn plot_load(
         ($chart:expr) => {{
             let mut c = $chart;
             c.configure_mesh()
-                .x_labels(loads.len())
+                .x_labels(names.len())
                 .x_label_formatter(&label)
                 .light_line_style(WHITE)
-                .x_desc("offered load (× C*)")
+                .x_desc(cells.x_desc)
                 .y_desc(y_label)
                 .draw()
                 .map_err(|e| err(&e))?;
@@ -535,6 +411,7 @@ fn markdown(m: &Matrix) -> String {
     }
 
     w(flow::section(m));
+    w(shifted::section(m));
     w(replicas::section(m));
     w(format!(
         "## Conditions\n\n\
@@ -547,11 +424,9 @@ fn markdown(m: &Matrix) -> String {
          | `max_num_batched_tokens` | {} | Dynamo mocker default; vLLM's default for online serving on H100-class GPUs |\n\
          | `block_size` | {} | vLLM's default |\n\
          | KV blocks | {} ({} tokens) | Llama-3.1-8B on one 80 GB H100: 16 GB of bf16 weights, 90 % memory use, 128 KiB of KV per token (32 layers × 8 KV heads × 128 × 2 × 2 bytes) |\n\
-         | step `a` | {} ms | Dynamo mocker's decode polynomial at an empty cache (5.74 ms; `lib/mocker/src/common/perf_model.rs`) |\n\
-         | step `b` | {} ms per prefill token | the linear term of the mocker's prefill polynomial (1.518e-2 ms/token) |\n\
-         | step `c` | {} ms per running sequence | the mocker has no batch-size term |\n\
-         | step `d` | {} ms per KV token | reading 128 KiB per token at the H100 SXM's 3.35 TB/s |\n\n\
-         **Workload** (`src/workload.rs`): open loop, each request timed from its intended send time. Poisson \
+         | step time | `prefill(T) + decode(K)` ms | Dynamo's mocker's polynomial model, as the `ai-dynamo` 1.6.1 wheel runs it (`aisimulate-core` 0.13.0, `engine/common/perf_model.rs`): `T` new prompt tokens in the step, `K` the context tokens of the requests decoding in it |\n\
+         | `prefill(T)` | {:.4e}·T² + {:.4e}·T + {:.3} ms, once per step with any prefill | the mocker's prefill polynomial |\n\
+         | `decode(K)` | max({}, {:.2}·u² + {:.2}·u + {:.2}) ms, u = K / KV capacity (at most 1) | the mocker's decode polynomial |\n\n         **Workload** (`src/workload.rs`): open loop, each request timed from its intended send time. Poisson \
          arrivals (gamma with burstiness 0.25 in the bursty rows, as vLLM's `bench serve --burstiness`). Lengths: 90 % \
          chat (lognormal prompts, median 500 tokens, σ 0.8, at most 4096; outputs median 200, σ 0.7, at most 1024: \
          ShareGPT-shaped) and 10 % long prompts (median 4000, σ 0.3; outputs median 150). A quarter of requests are \
@@ -578,10 +453,13 @@ fn markdown(m: &Matrix) -> String {
         e.block_size,
         e.num_gpu_blocks,
         u64::from(e.num_gpu_blocks) * u64::from(e.block_size),
-        e.step.base_ms,
-        e.step.prefill_token_ms,
-        e.step.running_seq_ms,
-        e.step.kv_token_ms,
+        e.step.prefill_ms[2],
+        e.step.prefill_ms[1],
+        e.step.prefill_ms[0],
+        e.step.decode_floor_ms,
+        e.step.decode_ms[2],
+        e.step.decode_ms[1],
+        e.step.decode_ms[0],
         crate::workload::Client::default().timeout_s,
         c.slo.ttft_s,
         c.slo.tpot_s * 1e3,
@@ -815,6 +693,20 @@ fn markdown(m: &Matrix) -> String {
        pieces (a scraping `Monitor`, `select`, an httpx proxy, the ASGI middleware) at three times their \
        measured capacity, open loop, and checks the accounting, that every 529 carries `Retry-After` and \
        that no admitted stream was cut; it prints goodput and admitted TTFT.\n"
+        .into());
+    w("\n## What the lab does not model\n\n\
+       - **The engines are emulated**: Dynamo's mocker's step time and vLLM's scheduler, with no \
+       prefix caching (the workload's prompts share no prefix), speculative decoding, CUDA graphs or \
+       interference between data-parallel ranks. Its KV shape is an 8B model on one 80 GB GPU.\n\
+       - **The network** is a fixed delay each way, with no loss and no reordering.\n\
+       - **Dynamo's design**: its thresholds are set once before traffic, so 1.6.1's lazy \
+       re-evaluation of a changed threshold never arises; its router's bookings count at once, \
+       where 1.6.1's frontend hears its own router's load through its event plane.\n\
+       - **llm-d**: only the saturation detector, not its scorers or prefix-aware routing.\n\
+       - **The fleet** serves one model, with no autoscaling and no failures beyond the stale-signal \
+       rows; every worker of a cell is alike but in the mixed-fleet cells.\n\
+       - **Clients** are open loop; they give up after 10 s without a first token and retry only \
+       as each scenario says.\n"
         .into());
     let total: u64 = m.rows.iter().map(|r| r.measured.accounting.offered).sum();
     w(format!(

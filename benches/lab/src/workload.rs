@@ -63,6 +63,28 @@ impl LengthClass {
         }
     }
 
+    /// Reasoning-style answers: the chat class's prompts with outputs five
+    /// times as long.
+    pub fn long_output() -> Self {
+        Self {
+            output_median: 1000.0,
+            output_max: 8192,
+            weight: 1.0,
+            ..Self::chat()
+        }
+    }
+
+    /// Retrieval: prompts of several thousand tokens, chat-sized answers.
+    pub fn retrieval() -> Self {
+        Self {
+            weight: 1.0,
+            prompt_median: 3000.0,
+            prompt_sigma: 0.5,
+            prompt_max: 16_000,
+            ..Self::chat()
+        }
+    }
+
     /// Long prompts (retrieval, summarization): around 4000 tokens in, 150
     /// out.
     pub fn long_prompt() -> Self {
@@ -142,6 +164,12 @@ pub struct WorkloadSpec {
     pub client: Client,
     /// Seed of every draw.
     pub seed: u64,
+    /// Arrivals stop after this many requests, if they have not stopped
+    /// at `duration_s` first.
+    pub max_requests: Option<usize>,
+    /// From this time (seconds) on, lengths are drawn from these classes
+    /// instead (a workload that changes mid-run).
+    pub lengths_after: Option<(f64, Vec<LengthClass>)>,
 }
 
 impl WorkloadSpec {
@@ -157,6 +185,8 @@ impl WorkloadSpec {
             priorities: vec![0.25, 0.75],
             client: Client::default(),
             seed,
+            max_requests: None,
+            lengths_after: None,
         }
     }
 
@@ -192,11 +222,15 @@ impl WorkloadSpec {
                     .sample(&mut rng),
             };
             t += gap;
-            if t >= self.duration_s {
+            if t >= self.duration_s || self.max_requests.is_some_and(|n| out.len() >= n) {
                 break;
             }
-            let class = pick(&mut rng, self.lengths.iter().map(|c| c.weight));
-            let c = &self.lengths[class];
+            let lengths = match &self.lengths_after {
+                Some((from, after)) if t >= *from => after,
+                _ => &self.lengths,
+            };
+            let class = pick(&mut rng, lengths.iter().map(|c| c.weight));
+            let c = &lengths[class];
             let prompt = lognormal(&mut rng, c.prompt_median, c.prompt_sigma, c.prompt_max);
             let output = lognormal(&mut rng, c.output_median, c.output_sigma, c.output_max);
             out.push(RequestSpec {

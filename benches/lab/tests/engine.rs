@@ -1,5 +1,6 @@
 //! The engine emulator against its model: a lone request's timing follows
-//! the step-time formula, the batch limits hold, KV exhaustion preempts and
+//! the step-time formula, the mocker's engine times steps as Dynamo's
+//! replay does, the batch limits hold, KV exhaustion preempts and
 //! the preempted work is redone, and a seed fixes a run.
 
 use loadgate_lab::engine::{Engine, EngineConfig, EngineRequest, StepModel, Token};
@@ -13,10 +14,9 @@ fn config() -> EngineConfig {
         num_gpu_blocks: 1000,
         speedup_ratio: 1.0,
         step: StepModel {
-            base_ms: 2.0,
-            prefill_token_ms: 0.5,
-            running_seq_ms: 0.25,
-            kv_token_ms: 0.01,
+            prefill_ms: [2.0, 0.5, 0.001],
+            decode_ms: [1.0, 8.0, -2.0],
+            decode_floor_ms: 0.5,
         },
     }
 }
@@ -53,10 +53,16 @@ fn a_lone_request_follows_the_step_time_model() {
     // samples the first token), then two decode steps.
     assert_eq!(steps.len(), 4);
     let s = c.step;
-    let t1 = s.base_ms + 64.0 * s.prefill_token_ms + s.running_seq_ms + 64.0 * s.kv_token_ms;
-    let t2 = s.base_ms + 36.0 * s.prefill_token_ms + s.running_seq_ms + 100.0 * s.kv_token_ms;
-    let t3 = s.base_ms + s.running_seq_ms + 101.0 * s.kv_token_ms;
-    let t4 = s.base_ms + s.running_seq_ms + 102.0 * s.kv_token_ms;
+    let capacity = 4000.0;
+    let decode = |k: f64| {
+        let u = k / capacity;
+        (s.decode_ms[0] + s.decode_ms[1] * u + s.decode_ms[2] * u * u).max(s.decode_floor_ms)
+    };
+    let prefill = |t: f64| s.prefill_ms[0] + s.prefill_ms[1] * t + s.prefill_ms[2] * t * t;
+    // Prefill steps have no decoder (the one finishing its prompt is not
+    // one); a decode step's context is the prompt and what was generated.
+    let (t1, t2) = (prefill(64.0), prefill(36.0));
+    let (t3, t4) = (decode(101.0), decode(102.0));
     assert!(steps[0].1.is_empty(), "no token from a partial prefill");
     assert_eq!(steps[1].0, ms(t1) + ms(t2), "TTFT is the two prefill steps");
     assert_eq!(steps[1].1[0].generated, 1);
@@ -74,6 +80,51 @@ fn speedup_divides_every_step() {
     fast.speedup_ratio = 4.0;
     let one = config().step_nanos(10, 2, 300);
     assert_eq!(fast.step_nanos(10, 2, 300), one / 4);
+}
+
+/// Step times of Dynamo 1.6.1's offline replay (`dynamo.replay.api.
+/// run_synthetic_trace_replay(1024, 4, n, num_workers=1,
+/// replay_concurrency=n)`, n prompts of 1024 tokens at once, the mocker's
+/// default engine), as docs/overload.md records them.
+#[test]
+fn the_mocker_engine_times_steps_as_dynamos_replay_does() {
+    let ms_of = |ns: u64| ns as f64 / 1e6;
+    for (n, ttft, first_gap) in [(1, 32.491, 5.793), (2, 49.363, 5.845), (8, 169.137, 6.161)] {
+        let mut e = Engine::new(EngineConfig::mocker());
+        for id in 0..n {
+            assert!(e.add(EngineRequest {
+                id,
+                prompt: 1024,
+                output: 4
+            }));
+        }
+        let steps = drain(&mut e);
+        assert!(
+            (ms_of(steps[0].0) - ttft).abs() < 0.001,
+            "n {n}: {:?}",
+            steps[0].0
+        );
+        let gap = ms_of(steps[1].0 - steps[0].0);
+        assert!((gap - first_gap).abs() < 0.001, "n {n}: {gap}");
+    }
+    // Nine: eight fill the 8192-token budget; the ninth's prefill rides in
+    // the next step with the eight decoding, and the two times add.
+    let mut e = Engine::new(EngineConfig::mocker());
+    for id in 0..9 {
+        e.add(EngineRequest {
+            id,
+            prompt: 1024,
+            output: 4,
+        });
+    }
+    let steps = drain(&mut e);
+    assert!((ms_of(steps[0].0) - 169.137).abs() < 0.001);
+    assert!(
+        (ms_of(steps[1].0) - 207.788).abs() < 0.001,
+        "{}",
+        ms_of(steps[1].0)
+    );
+    assert_eq!(steps[1].1.len(), 9, "eight second tokens and one first");
 }
 
 #[test]
@@ -216,7 +267,10 @@ fn invalid_configurations_are_named() {
     c.speedup_ratio = f64::NAN;
     assert!(c.invalid().unwrap().contains("speedup_ratio"));
     let mut c = config();
-    c.step.kv_token_ms = -1.0;
+    c.step.decode_floor_ms = -1.0;
+    assert!(c.invalid().unwrap().contains("step model"));
+    let mut c = config();
+    c.step.prefill_ms[1] = f64::INFINITY;
     assert!(c.invalid().unwrap().contains("step model"));
 }
 

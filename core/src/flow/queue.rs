@@ -208,24 +208,48 @@ impl<T> FlowQueue<T> {
             Ok(t) => t,
             Err(e) => return Err((e, payload)),
         };
-        if !self.fits(0, cost) && !self.plan_shedding(tenant, band, (request.prompt_tokens, output))
+        let place = Place {
+            band: band as u8,
+            seq: self.seq,
+            deadline: now.saturating_add(self.wait(request)),
+            prompt: request.prompt_tokens,
+            output,
+        };
+        let placed = self.place(tenant, place, payload, shed);
+        if placed.is_ok() {
+            self.seq += 1;
+        }
+        placed
+    }
+
+    /// Queues `payload` of `tenant` at `place` (its band, arrival order and
+    /// deadline), shedding by the fair rule to make room, or refuses it.
+    fn place(
+        &mut self,
+        tenant: u32,
+        place: Place,
+        payload: T,
+        shed: impl FnMut(T),
+    ) -> Result<QueueKey, (FlowRejection, T)> {
+        let (band, prompt, output) = (usize::from(place.band), place.prompt, place.output);
+        let cost = u128::from(prompt) + u128::from(output);
+        if self.token_limit.is_some_and(|limit| cost > limit)
+            || (!self.fits(0, cost) && !self.plan_shedding(tenant, band, (prompt, output)))
         {
             return Err((FlowRejection::QueueFull, payload));
         }
         self.shed_planned(shed);
-        let wait = self.wait(request);
         let entry = Entry {
             payload: Some(payload),
             gen: 0,
             flow: NONE,
             prev: NONE,
             next: NONE,
-            seq: self.seq,
-            deadline: now.saturating_add(wait),
-            prompt: request.prompt_tokens,
+            seq: place.seq,
+            deadline: place.deadline,
+            prompt,
             output,
         };
-        self.seq += 1;
         Ok(self.insert(tenant, band, entry))
     }
 
@@ -638,40 +662,23 @@ impl<T> FlowQueue<T> {
         now: u64,
         shed: impl FnMut(T),
     ) -> Result<QueueKey, (FlowRejection, T)> {
-        let (tenant, band, prompt, output, reported) = (
-            r.tenant,
-            usize::from(r.band),
-            r.prompt,
-            r.output,
-            r.reported,
-        );
-        let (seq, deadline) = (r.seq, r.deadline);
+        let tenant = r.tenant;
+        let place = Place {
+            band: r.band,
+            seq: r.seq,
+            deadline: r.deadline,
+            prompt: r.prompt,
+            output: r.output,
+        };
+        let reported = r.reported;
         self.settle(r, reported);
         let wp = self.prompt_weight;
         let x = self.tenants.get_mut(tenant);
-        x.counter -= wp * prompt as f64 / x.weight;
-        if deadline <= now {
+        x.counter -= wp * place.prompt as f64 / x.weight;
+        if place.deadline <= now {
             return Err((FlowRejection::QueueDeadline, payload));
         }
-        let cost = u128::from(prompt) + u128::from(output);
-        if self.token_limit.is_some_and(|limit| cost > limit)
-            || (!self.fits(0, cost) && !self.plan_shedding(tenant, band, (prompt, output)))
-        {
-            return Err((FlowRejection::QueueFull, payload));
-        }
-        self.shed_planned(shed);
-        let entry = Entry {
-            payload: Some(payload),
-            gen: 0,
-            flow: NONE,
-            prev: NONE,
-            next: NONE,
-            seq,
-            deadline,
-            prompt,
-            output,
-        };
-        Ok(self.insert(tenant, band, entry))
+        self.place(tenant, place, payload, shed)
     }
 
     /// Output tokens a dispatched request has produced so far (`tokens`

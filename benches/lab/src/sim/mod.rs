@@ -87,6 +87,9 @@ pub struct Conditions {
     /// With sync: leased mode (each replica books within its share of the
     /// line) rather than shared.
     pub sync_leased: bool,
+    /// Every other worker's engine runs at this speed-up instead (a fleet
+    /// of two GPU kinds); `None`: every worker alike.
+    pub odd_worker_speedup: Option<f64>,
 }
 
 impl Default for Conditions {
@@ -109,6 +112,7 @@ impl Default for Conditions {
             frontends: 1,
             sync_debounce_s: None,
             sync_leased: false,
+            odd_worker_speedup: None,
         }
     }
 }
@@ -372,8 +376,12 @@ impl<'a> Sim<'a> {
                 }
                 true => None,
             };
+            let mut own = engine;
+            if let Some(x) = c.odd_worker_speedup.filter(|_| w % 2 == 1) {
+                own.speedup_ratio *= x;
+            }
             workers.push(Worker {
-                ranks: (0..c.dp_size).map(|_| Engine::new(engine)).collect(),
+                ranks: (0..c.dp_size).map(|_| Engine::new(own)).collect(),
                 stepping: vec![false; c.dp_size as usize],
                 gate,
                 publisher,

@@ -317,26 +317,10 @@ impl Monitor {
             flow.refused(&mut st, why, band);
             return Arrival::Ready(Err(why));
         }
-        let (t, gen) = FlowControl::ticket(
-            &mut st,
-            request.blocks(),
-            request.flow.prompt_tokens,
-            band,
-            now,
-        );
-        let mut shed = Shed::default();
-        let earliest = st.queue.next_deadline();
-        let pushed = st.queue.push(&request.flow, t, now, |v| shed.push(v));
-        self.wait_in(
-            &flow,
-            st,
-            (t, gen),
-            pushed,
-            shed,
-            earliest,
-            was_empty,
-            callback,
-        )
+        let ticket = (request.blocks(), request.flow.prompt_tokens, band);
+        self.wait_in(&flow, st, ticket, was_empty, callback, |q, t, shed| {
+            q.push(&request.flow, t, now, shed)
+        })
     }
 
     /// A refused request's second arrival (`redispatch`).
@@ -408,39 +392,34 @@ impl Monitor {
         }
         let now = self.clock.now_nanos();
         let was_empty = st.queue.is_empty();
-        let (t, gen) = FlowControl::ticket(&mut st, blocks, prefill, band, now);
-        let mut shed = Shed::default();
-        let earliest = st.queue.next_deadline();
-        let pushed = st.queue.requeue(reservation, t, now, |v| shed.push(v));
-        self.wait_in(
-            &flow,
-            st,
-            (t, gen),
-            pushed,
-            shed,
-            earliest,
-            was_empty,
-            callback,
-        )
+        let ticket = (blocks, prefill, band);
+        self.wait_in(&flow, st, ticket, was_empty, callback, |q, t, shed| {
+            q.requeue(reservation, t, now, shed)
+        })
     }
 
-    /// The rest of a request's queueing, under the queue's lock `st`:
-    /// ticket `(t, gen)` was pushed (or refused), shedding `shed`.
-    #[allow(clippy::too_many_arguments)]
+    /// The rest of a request's queueing, under the queue's lock `st`: a
+    /// ticket for `(blocks, prefill, band)`, then `place` puts it into the
+    /// queue (or refuses it), shedding through the function it is given.
     fn wait_in(
         &self,
         flow: &Arc<FlowControl>,
         mut st: crate::sync::MutexGuard<'_, State>,
-        (t, gen): (u32, u32),
-        pushed: Result<crate::flow::QueueKey, (FlowRejection, u32)>,
-        shed: Shed,
-        earliest: Option<u64>,
+        (blocks, prefill, band): (u64, u64, usize),
         was_empty: bool,
         callback: &mut Option<DispatchCallback>,
+        place: impl FnOnce(
+            &mut crate::flow::FlowQueue<u32>,
+            u32,
+            &mut dyn FnMut(u32),
+        ) -> Result<crate::flow::QueueKey, (FlowRejection, u32)>,
     ) -> Arrival {
         let m = &*flow.model;
         let now = self.clock.now_nanos();
-        let band = st.tickets[t as usize].band;
+        let (t, gen) = FlowControl::ticket(&mut st, blocks, prefill, band, now);
+        let mut shed = Shed::default();
+        let earliest = st.queue.next_deadline();
+        let pushed = place(&mut st.queue, t, &mut |v| shed.push(v));
         let mut after = After::default();
         for &v in shed.as_slice() {
             flow.resolve(&mut st, v, Err(FlowRejection::QueueFull), now, &mut after);
