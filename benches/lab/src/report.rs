@@ -426,7 +426,7 @@ fn markdown(m: &Matrix) -> String {
          | KV blocks | {} ({} tokens) | Llama-3.1-8B on one 80 GB H100: 16 GB of bf16 weights, 90 % memory use, 128 KiB of KV per token (32 layers × 8 KV heads × 128 × 2 × 2 bytes) |\n\
          | step time | `prefill(T) + decode(K)` ms | Dynamo's mocker's polynomial model, as the `ai-dynamo` 1.6.1 wheel runs it (`aisimulate-core` 0.13.0, `engine/common/perf_model.rs`): `T` new prompt tokens in the step, `K` the context tokens of the requests decoding in it |\n\
          | `prefill(T)` | {:.4e}·T² + {:.4e}·T + {:.3} ms, once per step with any prefill | the mocker's prefill polynomial |\n\
-         | `decode(K)` | max({}, {:.2}·u² + {:.2}·u + {:.2}) ms, u = K / KV capacity (at most 1) | the mocker's decode polynomial |\n\n         **Workload** (`src/workload.rs`): open loop, each request timed from its intended send time. Poisson \
+         | `decode(K)` | max({}, {:.2}·u² + {:.2}·u + {:.2}) ms, u = K / KV capacity (at most 1) | the mocker's decode polynomial |\n\n**Workload** (`src/workload.rs`): open loop, each request timed from its intended send time. Poisson \
          arrivals (gamma with burstiness 0.25 in the bursty rows, as vLLM's `bench serve --burstiness`). Lengths: 90 % \
          chat (lognormal prompts, median 500 tokens, σ 0.8, at most 4096; outputs median 200, σ 0.7, at most 1024: \
          ShareGPT-shaped) and 10 % long prompts (median 4000, σ 0.3; outputs median 150). A quarter of requests are \
