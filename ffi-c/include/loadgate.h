@@ -1904,8 +1904,9 @@ enum lg_status lg_monitor_dispatch_async(const struct lg_monitor *monitor,
  * lg_monitor_config.reroutes times (default 1), and otherwise refused with
  * LG_OVERLOADED.
  *
- * Errors: as lg_monitor_dispatch(); LG_INVALID_ARGUMENT for a NULL
- * monitor, dispatch or out_dispatch.
+ * Errors: as lg_monitor_dispatch(); LG_UNAVAILABLE for a dispatch of
+ * another monitor or of a model removed since; LG_INVALID_ARGUMENT for a
+ * NULL monitor, dispatch or out_dispatch.
  * Ownership: takes `dispatch` in every case (a NULL monitor or
  * out_dispatch completes it); on LG_OK *out_dispatch owns the new
  * dispatch.

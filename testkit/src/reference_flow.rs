@@ -312,7 +312,7 @@ impl ReferenceFlow {
         self.settle(r, reported);
         let wp = self.wp;
         let t = self.tenant(&tenant);
-        t.counter -= wp * prompt as f64 / t.weight;
+        t.counter = (t.counter - wp * prompt as f64 / t.weight).max(0.0);
         if deadline <= now {
             return None;
         }

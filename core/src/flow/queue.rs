@@ -14,6 +14,8 @@ use std::collections::BinaryHeap;
 use std::time::Duration;
 
 use super::config::{FlowConfig, FlowConfigError, MAX_BANDS, MAX_FLOW_DEADLINE};
+
+mod shed;
 use super::drain::DrainRate;
 use super::tenants::{Tenants, NONE};
 use super::{FlowRejection, FlowRequest, QueueKey, Reservation};
@@ -253,137 +255,10 @@ impl<T> FlowQueue<T> {
         Ok(self.insert(tenant, band, entry))
     }
 
-    /// Whether a request of `cost` fits once `freed` tokens and the count
-    /// of the plan leave.
-    fn fits(&self, freed: u128, cost: u128) -> bool {
-        let count =
-            self.queued as usize - self.plan.iter().map(|p| p.taken as usize).sum::<usize>();
-        count < self.limit as usize
-            && self
-                .token_limit
-                .is_none_or(|limit| self.queued_tokens - freed + cost <= limit)
-    }
-
     /// Makes sure the per-tenant waiting tokens cover slot `t`.
     fn waiting_of(&mut self, t: u32) {
         if self.waiting.len() <= t as usize {
             self.waiting.resize(t as usize + 1, Waiting::default());
-        }
-    }
-
-    /// Tenant `t`'s counter plus its weighted waiting cost with `extra`
-    /// (prompt, output) tokens more, less what the plan takes from it.
-    fn heaviness(&self, t: u32, extra: (u128, u128)) -> f64 {
-        let x = self.tenants.get(t);
-        let w = self.waiting[t as usize];
-        let prompt = w.prompt + extra.0;
-        let output = w.output + extra.1;
-        let planned: (u128, u128) = self
-            .plan
-            .iter()
-            .filter(|p| self.flows[p.flow as usize].tenant == t)
-            .fold((0, 0), |acc, p| {
-                let mut e = self.flows[p.flow as usize].tail;
-                let mut sum = acc;
-                for _ in 0..p.taken {
-                    let entry = &self.entries[e as usize];
-                    sum.0 += u128::from(entry.prompt);
-                    sum.1 += u128::from(entry.output);
-                    e = entry.prev;
-                }
-                sum
-            });
-        x.counter
-            + (self.prompt_weight * (prompt - planned.0) as f64
-                + self.output_weight * (output - planned.1) as f64)
-                / x.weight
-    }
-
-    /// Plans which waiting requests leave so that an arrival of `tenant`,
-    /// `band` and sizes `(prompt, output)` fits (module docs of `flow`,
-    /// "Fair shedding"). Among equally heavy tenants, the one whose
-    /// request is newest loses it. False if the arrival is the one refused;
-    /// nothing has changed then.
-    fn plan_shedding(&mut self, tenant: u32, band: usize, sizes: (u64, u64)) -> bool {
-        self.plan.clear();
-        let cost = u128::from(sizes.0) + u128::from(sizes.1);
-        let mut freed = 0u128;
-        let mut victims = 0;
-        while !self.fits(freed, cost) {
-            // The least important band with requests not yet planned, if it
-            // is not more important than the arrival's.
-            let victim_band = (0..MAX_BANDS).rev().find(|&b| self.unplanned(b) > 0);
-            let Some(victim_band) = victim_band.filter(|&b| b >= band && victims < MAX_SHED) else {
-                self.plan.clear();
-                return false;
-            };
-            let arrival = if victim_band == band {
-                self.heaviness(tenant, (u128::from(sizes.0), u128::from(sizes.1)))
-            } else {
-                f64::NEG_INFINITY
-            };
-            let mut best: Option<(u32, f64, u64)> = None;
-            let mut f = self.bands[victim_band].0;
-            while f != NONE {
-                let tail = self.planned_tail(f);
-                if tail != NONE {
-                    let h = self.heaviness(self.flows[f as usize].tenant, (0, 0));
-                    let seq = self.entries[tail as usize].seq;
-                    if best.is_none_or(|(_, b, s)| h > b || (h == b && seq > s)) {
-                        best = Some((f, h, seq));
-                    }
-                }
-                f = self.flows[f as usize].next;
-            }
-            let Some((flow, _, _)) = best.filter(|&(_, h, _)| h > arrival) else {
-                self.plan.clear();
-                return false;
-            };
-            let tail = self.planned_tail(flow);
-            freed += self.entries[tail as usize].cost();
-            victims += 1;
-            match self.plan.iter_mut().find(|p| p.flow == flow) {
-                Some(p) => p.taken += 1,
-                None => self.plan.push(Planned {
-                    flow,
-                    tail: self.flows[flow as usize].tail,
-                    taken: 1,
-                }),
-            }
-        }
-        true
-    }
-
-    /// Band `b`'s requests not in the plan.
-    fn unplanned(&self, b: usize) -> u32 {
-        let planned: u32 = self
-            .plan
-            .iter()
-            .filter(|p| usize::from(self.flows[p.flow as usize].band) == b)
-            .map(|p| p.taken)
-            .sum();
-        self.bands[b].1 - planned
-    }
-
-    /// Flow `f`'s newest entry not in the plan (`NONE` if all are).
-    fn planned_tail(&self, f: u32) -> u32 {
-        let Some(p) = self.plan.iter().find(|p| p.flow == f) else {
-            return self.flows[f as usize].tail;
-        };
-        let mut e = p.tail;
-        for _ in 0..p.taken {
-            e = self.entries[e as usize].prev;
-        }
-        e
-    }
-
-    /// Turns away the planned requests, newest of each flow first.
-    fn shed_planned(&mut self, mut shed: impl FnMut(T)) {
-        while let Some(p) = self.plan.pop() {
-            for _ in 0..p.taken {
-                let e = self.flows[p.flow as usize].tail;
-                shed(self.remove(e));
-            }
         }
     }
 
@@ -674,7 +549,8 @@ impl<T> FlowQueue<T> {
         self.settle(r, reported);
         let wp = self.prompt_weight;
         let x = self.tenants.get_mut(tenant);
-        x.counter -= wp * place.prompt as f64 / x.weight;
+        // Never below zero, whatever the rounding of the charges between.
+        x.counter = (x.counter - wp * place.prompt as f64 / x.weight).max(0.0);
         if place.deadline <= now {
             return Err((FlowRejection::QueueDeadline, payload));
         }
