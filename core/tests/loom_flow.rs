@@ -9,7 +9,9 @@
 //! thread's own wake-up (raise, take, park) is the `Signal` model in
 //! `loom_signal.rs`.
 //!
-//! Modelled: a queued request racing the report that frees its worker,
+//! Modelled: a queued request racing the report that frees its worker, a
+//! request a worker refused going back into the queue (`redispatch`)
+//! racing the report that ends the lease,
 //! its own cancel racing the maintenance that sends it, its deadline
 //! racing the report, two requests and a release, a request waiting for
 //! scale-up racing the worker that joins. A model also fails if a booking
@@ -126,6 +128,42 @@ fn a_queued_request_races_the_report_that_frees_its_worker() {
         assert_eq!(d.worker_id(), 1);
         drop(d);
         assert_eq!(blocks(&m), 0, "its booking is released");
+    });
+}
+
+#[test]
+fn a_request_put_back_races_the_report_that_ends_its_lease() {
+    loom::model(|| {
+        let (m, clock) = monitor();
+        m.report(1, 0, &used(0)).unwrap();
+        let sent = poll(&mut arrive(&m, 10));
+        let Poll::Ready(Ok(d)) = sent else {
+            panic!("a free worker takes it at once")
+        };
+        // The worker refused it; its next report (free) races the request
+        // going back into the queue. A report after the lease ends it and
+        // kicks the queue; one before leaves the lease to run out, and its
+        // end kicks the queue.
+        let m1 = m.clone();
+        let back = thread::spawn(move || Box::pin(m1.redispatch(d)));
+        m.report(1, 0, &used(0)).unwrap();
+        let mut fut = back.join().unwrap();
+        m.maintain();
+        match poll(&mut fut) {
+            Poll::Ready(outcome) => {
+                let d = outcome.expect("sent again once the lease ended");
+                assert_eq!(d.worker_id(), 1);
+                assert_eq!(blocks(&m), 10, "booked once");
+            }
+            Poll::Pending => {
+                // Only a lease the report did not end may hold it back.
+                assert!(m.is_leased(1).unwrap(), "a kick was lost: free and waiting");
+                clock.advance(Duration::from_secs(1));
+                let refused = decided(&m, &mut fut).unwrap_err();
+                assert_eq!(refused, FlowRejection::QueueDeadline);
+            }
+        }
+        assert_eq!(blocks(&m), 0);
     });
 }
 

@@ -99,14 +99,16 @@ pub(super) enum Note {
     Call(Callback, Result<Granted, FlowRejection>),
 }
 
-/// Notifications to deliver once the lock is released: a pass of the loop
-/// stops at [`BATCH`], and an arrival may shed up to `MAX_SHED` more.
-pub(super) struct After {
-    notes: [Option<Note>; BATCH + MAX_SHED],
+/// At most `N` notifications to deliver once the lock is released: a pass
+/// of the loop stops at [`BATCH`]; an arrival's shedding holds up to
+/// `MAX_SHED` (`FlowControl::shed`). Kept on the stack, so its size is
+/// what the thread that gathers it must spare.
+pub(super) struct After<const N: usize = BATCH> {
+    notes: [Option<Note>; N],
     len: usize,
 }
 
-impl Default for After {
+impl<const N: usize> Default for After<N> {
     fn default() -> Self {
         Self {
             notes: std::array::from_fn(|_| None),
@@ -115,18 +117,14 @@ impl Default for After {
     }
 }
 
-impl After {
+impl<const N: usize> After<N> {
     fn push(&mut self, note: Note) {
         self.notes[self.len] = Some(note);
         self.len += 1;
     }
 
     fn full(&self) -> bool {
-        self.len >= BATCH
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len >= N
     }
 
     /// Delivers the notifications, on this thread: wakers are woken, and
@@ -189,13 +187,13 @@ impl FlowControl {
     /// Resolves ticket `t` with `outcome` at clock time `now`: the outcome
     /// goes to its callback (freeing the ticket) or waits in it for its
     /// future, whose waker is woken.
-    pub(super) fn resolve(
+    pub(super) fn resolve<const N: usize>(
         &self,
         st: &mut State,
         t: u32,
         outcome: Result<Granted, FlowRejection>,
         now: u64,
-        after: &mut After,
+        after: &mut After<N>,
     ) {
         let (band, queued_at) = {
             let ticket = &st.tickets[t as usize];
@@ -229,12 +227,18 @@ impl FlowControl {
         count_refusal(&self.model, why);
     }
 
-    /// Hands what an arrival resolved (requests it shed) to the
-    /// maintenance, which delivers it: a caller's thread never runs
-    /// another request's callback.
-    pub(super) fn owe(&self, st: &mut State, after: After) {
-        if after.is_empty() {
+    /// Refuses the requests an arrival shed (tickets `shed`) and hands
+    /// their notifications to the maintenance, which delivers them: a
+    /// caller's thread never runs another request's callback. Not inlined:
+    /// its batch of notifications lives on the stack only while it runs.
+    #[inline(never)]
+    pub(super) fn shed(&self, st: &mut State, shed: &[u32], now: u64) {
+        if shed.is_empty() {
             return;
+        }
+        let mut after = After::<MAX_SHED>::default();
+        for &t in shed {
+            self.resolve(st, t, Err(FlowRejection::QueueFull), now, &mut after);
         }
         st.owed.extend(after.notes.into_iter().flatten());
         self.wake_maintenance();
@@ -379,7 +383,7 @@ impl FlowControl {
         st.closed = true;
         st.queue.expire(u64::MAX, |t| refused.push(t));
         let owed = std::mem::take(&mut st.owed);
-        let mut after = After::default();
+        let mut after: After = After::default();
         for t in refused {
             self.resolve(&mut st, t, Err(why), 0, &mut after);
             if after.full() {
@@ -391,7 +395,7 @@ impl FlowControl {
         drop(st);
         after.deliver(self);
         for note in owed {
-            let mut one = After::default();
+            let mut one: After = After::default();
             one.push(note);
             one.deliver(self);
         }

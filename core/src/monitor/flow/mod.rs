@@ -420,11 +420,7 @@ impl Monitor {
         let mut shed = Shed::default();
         let earliest = st.queue.next_deadline();
         let pushed = place(&mut st.queue, t, &mut |v| shed.push(v));
-        let mut after = After::default();
-        for &v in shed.as_slice() {
-            flow.resolve(&mut st, v, Err(FlowRejection::QueueFull), now, &mut after);
-        }
-        flow.owe(&mut st, after);
+        flow.shed(&mut st, shed.as_slice(), now);
         let key = match pushed {
             Ok(key) => key,
             Err((reason, _)) => {
@@ -451,7 +447,7 @@ impl Monitor {
         // can send; its outcome is delivered here, off the lock.
         fence(Ordering::SeqCst);
         if was_empty {
-            let mut own = After::default();
+            let mut own: After = After::default();
             flow.send_waiting(
                 &mut st,
                 now,
@@ -608,7 +604,7 @@ pub(super) fn run_queues(
         let due = st.queue.next_deadline().is_some_and(|d| d <= now);
         if kicked || due {
             loop {
-                let mut after = After::default();
+                let mut after: After = After::default();
                 let more = flow.run(
                     &mut st,
                     now,
