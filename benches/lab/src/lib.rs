@@ -3,8 +3,9 @@
 //! One seeded, open-loop workload drives a fleet of emulated
 //! continuous-batching engines on a virtual clock, once per admission
 //! design ("arm"), in the same process: no control, the engine's own
-//! limit, the seed design as Dynamo ships it, an llm-d-style saturation
-//! detector, loadgate with every feature, and an oracle. loadgate's real
+//! limit, Dynamo's design (tuned, and as 1.6.1 ships it), an llm-d-style
+//! saturation detector, loadgate with every feature and with its frontend
+//! queue, and a token bucket at capacity. loadgate's real
 //! code decides (its `Monitor`, bookings, `AdmissionGate`, `Publisher` and
 //! `Subscriber`); only the engines and the clients are emulated.
 //!
