@@ -1,8 +1,9 @@
 //! Booking sync between frontend replicas, shared mode
 //! (`cluster/replicas.rs`): each frontend sees the others' bookings once,
 //! never its own twice, through lost, repeated, late, hostile and
-//! restarted snapshots; a joining frontend learns at once; a silent one is
-//! forgotten.
+//! restarted messages; a change carries only what changed, and a gap is
+//! repaired by the whole state asked for; a joining frontend learns at
+//! once; a silent one is forgotten.
 
 mod support;
 
@@ -10,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate::cluster::replicas::{
-    BookingSync, BookingSyncConfig, RankEntry, Snapshot, SyncApplied, SyncError, MAX_SHARED,
-    SNAPSHOT_VERSION,
+    BookingSync, BookingSyncConfig, QueueEntry, RankEntry, SyncApplied, SyncError, SyncMessage,
+    MAX_QUEUES, MAX_SHARED, SYNC_VERSION,
 };
 use loadgate::cluster::{InProcessBus, Subjects, Transport};
 use loadgate::{ManualClock, Monitor};
@@ -145,31 +146,141 @@ fn the_busy_rule_sees_the_fleet_total() {
     assert!(b.monitor.is_busy(1).unwrap());
 }
 
+/// What a message carries.
+fn read(sent: &[(String, Vec<u8>)]) -> SyncMessage {
+    assert_eq!(sent.len(), 1, "one message");
+    SyncMessage::decode(&sent[0].1).unwrap()
+}
+
 #[test]
-fn a_lost_snapshot_is_counted_and_repaired_by_the_next() {
+fn a_change_carries_only_the_ranks_that_changed() {
+    let clock = ManualClock::new();
+    let (a, b) = (Frontend::new("a", &clock), Frontend::new("b", &clock));
+    let _x = a.monitor.book(1, 0, 5).unwrap();
+    let _y = a.monitor.book(2, 0, 7).unwrap();
+    let first = a.send();
+    let m = read(&first);
+    assert!(m.full && m.hello && m.ranks.len() == 2, "{m:?}");
+    b.deliver(&first);
+    let z = a.monitor.book(2, 0, 1).unwrap();
+    let change = a.send();
+    let m = read(&change);
+    assert!(!m.full && !m.hello, "{m:?}");
+    assert_eq!(
+        m.ranks,
+        vec![entry(2, 0, 8)],
+        "the new total of the one rank"
+    );
+    assert!(change[0].1.len() < 80, "{} bytes", change[0].1.len());
+    b.deliver(&change);
+    assert_eq!((b.blocks(1), b.blocks(2)), (5, 8));
+    // Booked and released within one interval: nothing to send.
+    drop(z);
+    drop(a.monitor.book(1, 0, 3).unwrap());
+    assert_eq!(read(&a.send()).ranks, vec![entry(2, 0, 7)]);
+    assert!(a.send().is_empty());
+    drop(_x);
+    let gone = a.send();
+    assert_eq!(read(&gone).ranks, vec![entry(1, 0, 0)], "a rank left: zero");
+    b.deliver(&gone);
+    // b missed one change (the release of z): it is behind until asked.
+    assert_eq!((b.blocks(1), b.blocks(2)), (0, 8));
+    let stats = a.sync.stats();
+    assert_eq!((stats.sent, stats.snapshots_sent), (4, 1));
+}
+
+#[test]
+fn a_lost_change_is_counted_and_repaired_by_the_whole_state_asked_for() {
     let clock = ManualClock::new();
     let (a, b) = (Frontend::new("a", &clock), Frontend::new("b", &clock));
     let first = a.monitor.book(1, 0, 5).unwrap();
-    b.deliver(&a.send());
+    exchange(&[&a, &b]);
     let second = a.monitor.book(2, 0, 7).unwrap();
     let lost = a.send();
-    assert_eq!(lost.len(), 1);
     drop(first);
     let third = a.send();
-    // Late and repeated: dropped.
-    b.deliver(&third);
-    assert_eq!(
-        b.sync.handle_on(&lost[0].0, &lost[0].1),
-        Ok(SyncApplied::OutOfOrder)
-    );
+    assert_eq!(read(&third).ranks, vec![entry(1, 0, 0)]);
     assert_eq!(
         b.sync.handle_on(&third[0].0, &third[0].1),
-        Ok(SyncApplied::OutOfOrder)
+        Ok(SyncApplied::Behind),
+        "applied: a change is absolute"
+    );
+    assert_eq!(
+        (b.blocks(1), b.blocks(2)),
+        (0, 0),
+        "worker 2's change was lost"
+    );
+    // Late and repeated: dropped.
+    for m in [&lost, &third] {
+        assert_eq!(
+            b.sync.handle_on(&m[0].0, &m[0].1),
+            Ok(SyncApplied::OutOfOrder)
+        );
+    }
+    let stats = b.sync.stats();
+    assert_eq!((stats.gaps, stats.out_of_order, stats.behind), (1, 2, 1));
+    // b asks at its next tick; a answers with its whole state.
+    let ask = b.send();
+    assert_eq!(read(&ask).resync, vec!["a".to_string()]);
+    assert!(b.send().is_empty(), "asked once per heartbeat");
+    a.deliver(&ask);
+    let whole = a.send();
+    assert!(read(&whole).full);
+    assert_eq!(
+        b.sync.handle_on(&whole[0].0, &whole[0].1),
+        Ok(SyncApplied::Applied)
     );
     assert_eq!((b.blocks(1), b.blocks(2)), (0, 7));
     let stats = b.sync.stats();
-    assert_eq!((stats.gaps, stats.out_of_order, stats.received), (1, 2, 2));
+    assert_eq!((stats.behind, stats.resyncs), (0, 1));
     drop(second);
+}
+
+#[test]
+fn an_unanswered_ask_is_repeated_every_heartbeat() {
+    let clock = ManualClock::new();
+    let (a, b) = (Frontend::new("a", &clock), Frontend::new("b", &clock));
+    let _x = a.monitor.book(1, 0, 5).unwrap();
+    a.send(); // lost: b first hears a by a change
+    let _y = a.monitor.book(2, 0, 3).unwrap();
+    let change = a.send();
+    assert_eq!(
+        b.sync.handle_on(&change[0].0, &change[0].1),
+        Ok(SyncApplied::Behind)
+    );
+    assert_eq!((b.blocks(1), b.blocks(2)), (0, 3));
+    assert_eq!(read(&b.send()).resync, vec!["a".to_string()]); // lost too
+    clock.advance(Duration::from_millis(999));
+    assert!(b.send().is_empty());
+    clock.advance(Duration::from_millis(1));
+    let ask = b.send();
+    assert_eq!(read(&ask).resync, vec!["a".to_string()]);
+    a.deliver(&ask);
+    b.deliver(&a.send());
+    assert_eq!((b.blocks(1), b.blocks(2)), (5, 3));
+    assert_eq!(b.sync.stats().behind, 0);
+}
+
+#[test]
+fn the_whole_state_goes_every_snapshot_interval() {
+    let clock = ManualClock::new();
+    let mut config = BookingSyncConfig::new("a");
+    config.snapshot_every = Duration::from_secs(5);
+    let a = Frontend::with(config, &clock);
+    let _x = a.monitor.book(1, 0, 5).unwrap();
+    assert!(read(&a.send()).full);
+    let mut kinds = Vec::new();
+    for _ in 0..10 {
+        clock.advance(Duration::from_secs(1));
+        let m = read(&a.send());
+        kinds.push((m.full, m.ranks.len()));
+    }
+    let heartbeat = (false, 0);
+    let whole = (true, 1);
+    assert_eq!(
+        kinds,
+        [heartbeat, heartbeat, heartbeat, heartbeat, whole].repeat(2)
+    );
 }
 
 #[test]
@@ -177,13 +288,16 @@ fn nothing_changed_sends_nothing_until_the_heartbeat() {
     let clock = ManualClock::new();
     let a = Frontend::new("a", &clock);
     let _x = a.monitor.book(1, 0, 5).unwrap();
-    assert_eq!(a.send().len(), 1);
+    let whole = a.send();
+    assert_eq!(whole.len(), 1);
     for _ in 0..10 {
         clock.advance(Duration::from_millis(50));
         assert!(a.send().is_empty(), "unchanged within the heartbeat");
     }
     clock.advance(Duration::from_millis(500));
-    assert_eq!(a.send().len(), 1, "the heartbeat");
+    let heartbeat = a.send();
+    assert!(read(&heartbeat).ranks.is_empty(), "the heartbeat is empty");
+    assert!(heartbeat[0].1.len() < whole[0].1.len());
     let _y = a.monitor.book(1, 0, 1).unwrap();
     assert_eq!(a.send().len(), 1, "a change goes at the next tick");
     assert_eq!(a.sync.stats().sent, 3);
@@ -252,27 +366,38 @@ fn a_worker_registered_again_starts_from_nothing_shared() {
     b.monitor.remove_worker(1).unwrap();
     b.monitor.add_worker(M, 1, spec(1, 100)).unwrap();
     assert_eq!(b.blocks(1), 0);
-    // Unchanged, A's heartbeat puts its 20 blocks on the new worker whole.
+    // At b's next heartbeat tick, a's 20 blocks go on the new worker whole.
     clock.advance(Duration::from_secs(1));
-    b.deliver(&a.send());
+    b.send();
     assert_eq!(b.blocks(1), 20);
     drop(x);
     b.deliver(&a.send());
     assert_eq!(b.blocks(1), 0);
 }
 
+/// A whole state.
 fn payload(frontend: &str, instance: u64, seq: u64, ranks: Vec<RankEntry>) -> Vec<u8> {
-    Snapshot {
-        v: SNAPSHOT_VERSION,
+    SyncMessage {
+        v: SYNC_VERSION,
         frontend: frontend.into(),
         instance,
         seq,
         hello: false,
+        full: true,
         ranks,
         queues: Vec::new(),
+        resync: Vec::new(),
         lease: None,
     }
     .to_msgpack()
+}
+
+/// A change.
+fn change(frontend: &str, seq: u64, ranks: Vec<RankEntry>, queues: Vec<QueueEntry>) -> Vec<u8> {
+    let mut m = SyncMessage::decode(&payload(frontend, 1, seq, ranks)).unwrap();
+    m.full = false;
+    m.queues = queues;
+    m.to_msgpack()
 }
 
 fn entry(worker_id: u64, dp_rank: u32, blocks: u64) -> RankEntry {
@@ -304,8 +429,8 @@ fn hostile_snapshots_are_refused_and_counted() {
         .unwrap_err();
     assert!(matches!(e, SyncError::Spoofed { .. }), "{e}");
     assert!(e.to_string().contains("\"x\""), "{e}");
-    // Unknown workers and ranks are skipped; a repeated rank counts once;
-    // an absurd count is cut.
+    // Unknown workers and ranks are kept aside; of a repeated rank the
+    // last counts; an absurd count is cut.
     let ranks = vec![
         entry(1, 0, 5),
         entry(1, 0, 6),
@@ -317,7 +442,7 @@ fn hostile_snapshots_are_refused_and_counted() {
         b.sync.handle_on(&on("a"), &payload("a", 1, 1, ranks)),
         Ok(SyncApplied::Applied)
     );
-    assert_eq!((b.blocks(1), b.blocks(2)), (5, MAX_SHARED));
+    assert_eq!((b.blocks(1), b.blocks(2)), (6, MAX_SHARED));
     let e = b
         .sync
         .handle_on(&on("c"), &payload("c", 1, 1, vec![]))
@@ -330,20 +455,53 @@ fn hostile_snapshots_are_refused_and_counted() {
         .handle_on(&on("a"), &payload("a", 1, 5, many))
         .unwrap_err();
     assert_eq!(e, SyncError::TooManyEntries { limit: 6 });
-    assert_eq!((b.blocks(1), b.blocks(2)), (5, MAX_SHARED));
+    // So is a change that adds more (four held, three new).
+    let more = (3..6).map(|w| entry(w, 0, 1)).collect();
+    let e = b
+        .sync
+        .handle_on(&on("a"), &change("a", 2, more, vec![]))
+        .unwrap_err();
+    assert_eq!(e, SyncError::TooManyEntries { limit: 6 });
+    assert_eq!((b.blocks(1), b.blocks(2)), (6, MAX_SHARED));
     assert_eq!(
         b.sync
             .handle_on(&on("b"), &payload("b", 1, 1, vec![entry(1, 0, 1)])),
         Ok(SyncApplied::Own)
     );
-    assert_eq!(b.blocks(1), 5);
+    assert_eq!(b.blocks(1), 6);
+    // Queues past the bound, by changes: refused.
+    let queue = |i: usize| QueueEntry {
+        model: format!("m{i}"),
+        requests: 1,
+        tokens: 1,
+    };
+    let mut seq = 1;
+    for chunk in (0..MAX_QUEUES).collect::<Vec<_>>().chunks(64) {
+        seq += 1;
+        let queues = chunk.iter().map(|&i| queue(i)).collect();
+        assert_eq!(
+            b.sync
+                .handle_on(&on("a"), &change("a", seq, vec![], queues)),
+            Ok(SyncApplied::Applied),
+        );
+    }
+    let e = b
+        .sync
+        .handle_on(
+            &on("a"),
+            &change("a", seq + 1, vec![], vec![queue(MAX_QUEUES)]),
+        )
+        .unwrap_err();
+    assert_eq!(e, SyncError::TooManyQueues { limit: MAX_QUEUES });
+    assert_eq!(b.sync.remote_queues().len(), MAX_QUEUES);
     let stats = b.sync.stats();
-    assert_eq!((stats.refused, stats.received), (5, 1));
+    assert_eq!((stats.refused, stats.received), (7, 1 + seq - 1));
     // The saturated rank comes back down exactly when a drops it.
     b.sync
-        .handle_on(&on("a"), &payload("a", 1, 2, vec![]))
+        .handle_on(&on("a"), &payload("a", 1, seq + 1, vec![]))
         .unwrap();
     assert_eq!((b.blocks(1), b.blocks(2)), (0, 0));
+    assert!(b.sync.remote_queues().is_empty());
 }
 
 #[test]
@@ -360,6 +518,9 @@ fn bad_settings_are_refused() {
     bad.push(c.clone());
     c = BookingSyncConfig::new("a");
     c.expire_after = c.heartbeat;
+    bad.push(c.clone());
+    c = BookingSyncConfig::new("a");
+    c.snapshot_every = Duration::from_millis(999);
     bad.push(c.clone());
     c = BookingSyncConfig::new("a");
     c.max_entries = 0;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate::cluster::replicas::{
-    BookingSync, BookingSyncConfig, Heard, Lease, Snapshot, SyncError, SyncMode, SNAPSHOT_VERSION,
+    BookingSync, BookingSyncConfig, Heard, Lease, SyncError, SyncMessage, SyncMode, SYNC_VERSION,
 };
 use loadgate::cluster::Subjects;
 use loadgate::{Booking, ManualClock, Monitor, ReportError};
@@ -447,14 +447,16 @@ fn hostile_lease_sections_are_refused_and_change_nothing() {
         .into_iter()
         .enumerate()
     {
-        let s = Snapshot {
-            v: SNAPSHOT_VERSION,
+        let s = SyncMessage {
+            v: SYNC_VERSION,
             frontend: "evil".into(),
             instance: 1,
             seq: i as u64 + 1,
             hello: false,
+            full: true,
             ranks: Vec::new(),
             queues: Vec::new(),
+            resync: Vec::new(),
             lease: Some(bad),
         };
         let e = a

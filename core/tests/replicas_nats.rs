@@ -1,8 +1,11 @@
 //! Booking sync between frontend replicas over a real `nats-server`
 //! (docs/replicas.md): three frontends share their bookings, a late one
 //! learns them from the others' answers to its hello, a frontend that
-//! stops is forgotten, and everyone recovers from a server restart. Waits
-//! are for conditions, with a limit that only turns a hang into a failure.
+//! stops is forgotten, everyone recovers from a server restart, and a
+//! frontend whose client drops messages (a slow consumer) recovers by the
+//! whole states it asks for, never booking past a line in leased mode.
+//! Waits are for conditions, with a limit that only turns a hang into a
+//! failure.
 #![cfg(feature = "nats")]
 
 mod support;
@@ -12,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use loadgate::cluster::nats::NatsOptions;
 use loadgate::cluster::replicas::{
-    BookingSync, BookingSyncConfig, RankEntry, Snapshot, SyncAttached, SNAPSHOT_VERSION,
+    BookingSync, BookingSyncConfig, RankEntry, SyncAttached, SyncMessage, SyncMode, SYNC_VERSION,
 };
 use loadgate::cluster::{Subjects, Transport};
 use loadgate::{Monitor, MonotonicClock};
-use support::monitor_fixture::{spec, M};
+use support::monitor_fixture::{decode, spec, M};
 use support::nats_auth::{connect, user};
 use support::nats_server::{NatsServer, ScratchDir};
 use support::wait_for;
@@ -33,12 +36,20 @@ fn frontend(url: &str, id: &str) -> Frontend {
 
 /// A frontend whose connection uses `options`.
 fn frontend_with(url: &str, id: &str, options: &NatsOptions) -> Frontend {
+    frontend_in(url, id, options, SyncMode::Shared)
+}
+
+/// A frontend in `mode`; its workers' line is half their 1000 blocks.
+fn frontend_in(url: &str, id: &str, options: &NatsOptions, mode: SyncMode) -> Frontend {
     let monitor = Arc::new(Monitor::new());
     for w in 1..=4 {
         monitor.add_worker(M, w, spec(1, 1000)).unwrap();
     }
+    monitor.set_thresholds(M, &decode(0.5)).unwrap();
     let subjects = Subjects::new("it").unwrap();
     let mut config = BookingSyncConfig::new(id);
+    config.mode = mode;
+    config.lease = Duration::from_millis(200);
     config.heartbeat = Duration::from_millis(100);
     config.expire_after = Duration::from_millis(400);
     let sync =
@@ -146,12 +157,13 @@ fn per_frontend_permissions_bind_a_frontend_to_its_own_snapshots() {
     wait_for("b sees a's booking", || b.blocks(1) == 40);
     // A publishes a snapshot of a third frontend on that frontend's
     // subject: the server drops it, so nobody starts tracking a "c".
-    let spoof = Snapshot {
-        v: SNAPSHOT_VERSION,
+    let spoof = SyncMessage {
+        v: SYNC_VERSION,
         frontend: "c".into(),
         instance: 1,
         seq: 1,
         hello: false,
+        full: true,
         ranks: vec![RankEntry {
             worker_id: 2,
             dp_rank: 0,
@@ -159,6 +171,7 @@ fn per_frontend_permissions_bind_a_frontend_to_its_own_snapshots() {
             prefill: 0,
         }],
         queues: Vec::new(),
+        resync: Vec::new(),
         lease: None,
     };
     let t = connect(&url, &user("a", "pw-a")).unwrap();
@@ -172,4 +185,98 @@ fn per_frontend_permissions_bind_a_frontend_to_its_own_snapshots() {
         assert_eq!(f.blocks(2), 0);
         assert_eq!(f.sync.stats().frontends, 1, "only the other one");
     }
+}
+
+/// A client that holds one received message while its handler runs:
+/// most of a flood is dropped, and with it some of the others' messages.
+fn slow_consumer() -> NatsOptions {
+    NatsOptions {
+        subscription_capacity: Some(1),
+        ..NatsOptions::default()
+    }
+}
+
+/// Publishes a burst of junk on the bookings subjects from a connection of
+/// its own (every frontend refuses it; a slow consumer drops most of it).
+fn flood(raw: &loadgate::cluster::nats::NatsTransport) {
+    for _ in 0..400 {
+        raw.publish("loadgate.it.bookings.zz", vec![0xc1]).unwrap();
+    }
+}
+
+#[test]
+fn a_slow_consumer_that_drops_messages_recovers_by_whole_states() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let a = frontend(&url, "a");
+    let c = frontend_with(&url, "c", &slow_consumer());
+    let raw = connect(&url, &NatsOptions::default()).unwrap();
+    let mut held = Vec::new();
+    wait_for("c misses some of a's messages", || {
+        flood(&raw);
+        let w = 1 + held.len() as u64 % 4;
+        held.push(a.monitor.book(w, 0, 1).unwrap());
+        std::thread::sleep(Duration::from_millis(3));
+        c.sync.stats().gaps > 0
+    });
+    // Some of a's bookings released while c still drops.
+    held.truncate(held.len() / 2);
+    flood(&raw);
+    let truth = |w: u64| a.monitor.rank_load(w, 0).unwrap().active_decode_blocks;
+    wait_for("c's view of a is exact again", || {
+        c.sync.stats().behind == 0 && (1..=4).all(|w| c.blocks(w) == truth(w))
+    });
+    let (sc, sa) = (c.sync.stats(), a.sync.stats());
+    eprintln!("slow consumer c: {sc:?}\na: {sa:?}");
+    assert!(sc.gaps > 0 && sc.resyncs > 0, "{sc:?}");
+    assert!(
+        sa.snapshots_sent >= 2,
+        "a's join and at least one repair: {sa:?}"
+    );
+    assert!(
+        sa.snapshots_sent < sa.sent,
+        "most of what a sent were changes: {sa:?}"
+    );
+}
+
+/// Leased mode over the same slow consumer: three frontends book greedily
+/// on one worker while one of them drops messages, and the fleet's
+/// bookings never pass the worker's line (500 blocks).
+#[test]
+fn leased_mode_never_books_past_the_line_beside_a_slow_consumer() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let plain = NatsOptions::default();
+    let fronts = [
+        frontend_in(&url, "a", &plain, SyncMode::Leased),
+        frontend_in(&url, "b", &plain, SyncMode::Leased),
+        frontend_in(&url, "c", &slow_consumer(), SyncMode::Leased),
+    ];
+    let raw = connect(&url, &plain).unwrap();
+    let mut held: Vec<Vec<loadgate::Booking>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    let mut most = 0;
+    let started = Instant::now();
+    let mut round = 0u64;
+    while started.elapsed() < Duration::from_secs(3) || fronts[2].sync.stats().gaps == 0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no gap at c");
+        round += 1;
+        if round % 4 == 0 {
+            flood(&raw);
+        }
+        for (i, f) in fronts.iter().enumerate() {
+            // Book until refused, then release a third at random-ish.
+            while let Ok(b) = f.monitor.book(1, 0, 5) {
+                held[i].push(b);
+                let truth: u64 = held.iter().flatten().map(loadgate::Booking::blocks).sum();
+                most = most.max(truth);
+                assert!(truth <= 500, "the fleet booked {truth} of a line of 500");
+            }
+            let len = held[i].len();
+            held[i].truncate((len * 2 / 3 + round as usize % 2).min(len));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let stats: Vec<_> = fronts.iter().map(|f| f.sync.stats()).collect();
+    eprintln!("most booked at once: {most} of 500; {stats:?}");
+    assert!(most > 250, "the fleet used its line: {most}");
 }

@@ -1075,12 +1075,13 @@ typedef struct lg_thresholds {
  */
 typedef struct lg_booking_sync_config {
   /**
-   * At most one snapshot per interval, in milliseconds (default 2).
+   * At most one message per interval, in milliseconds (default 2): what
+   * changed goes out at the next tick.
    */
   uint64_t debounce_ms;
   /**
-   * An unchanged snapshot is sent again this often, in milliseconds
-   * (default 1000; at least debounce_ms).
+   * With nothing changed, an empty message goes out this often, in
+   * milliseconds (default 1000; at least debounce_ms).
    */
   uint64_t heartbeat_ms;
   /**
@@ -1110,6 +1111,12 @@ typedef struct lg_booking_sync_config {
    * first one and a half leases.
    */
   uint64_t lease_ms;
+  /**
+   * The whole state goes out this often, in milliseconds (default
+   * 10000; at least heartbeat_ms), besides on a join and when a frontend
+   * that missed a message asks.
+   */
+  uint64_t snapshot_every_ms;
 } lg_booking_sync_config;
 
 /**
@@ -1117,24 +1124,24 @@ typedef struct lg_booking_sync_config {
  */
 typedef struct lg_booking_sync_stats {
   /**
-   * Snapshots sent.
+   * Messages sent.
    */
   uint64_t sent;
   /**
-   * Other frontends' snapshots applied.
+   * Other frontends' messages applied.
    */
   uint64_t received;
   /**
-   * Other frontends' snapshots missed, by their sequence numbers.
+   * Other frontends' messages missed, by their sequence numbers.
    */
   uint64_t gaps;
   /**
-   * Snapshots dropped as not newer.
+   * Messages dropped as not newer.
    */
   uint64_t out_of_order;
   /**
    * Payloads refused (oversized, malformed, spoofed, too many
-   * frontends).
+   * frontends, entries or queues).
    */
   uint64_t refused;
   /**
@@ -1146,7 +1153,7 @@ typedef struct lg_booking_sync_stats {
    */
   uint64_t frontends;
   /**
-   * Bytes of the last snapshot sent.
+   * Bytes of the last message sent.
    */
   uint64_t last_size;
   /**
@@ -1162,6 +1169,26 @@ typedef struct lg_booking_sync_stats {
    * Leased mode: times its lease ran out while it held a share.
    */
   uint64_t fenced;
+  /**
+   * Of `sent`, whole states (joins, repairs asked for, snapshot_every).
+   */
+  uint64_t snapshots_sent;
+  /**
+   * Bytes sent.
+   */
+  uint64_t bytes_sent;
+  /**
+   * Bytes of the other frontends' messages applied.
+   */
+  uint64_t bytes_received;
+  /**
+   * Whole states asked of the others after a gap.
+   */
+  uint64_t resyncs;
+  /**
+   * Other frontends whose whole state is awaited after a gap.
+   */
+  uint64_t behind;
 } lg_booking_sync_stats;
 
 /**

@@ -31,10 +31,11 @@ pub struct lg_booking_sync {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct lg_booking_sync_config {
-    /// At most one snapshot per interval, in milliseconds (default 2).
+    /// At most one message per interval, in milliseconds (default 2): what
+    /// changed goes out at the next tick.
     pub debounce_ms: u64,
-    /// An unchanged snapshot is sent again this often, in milliseconds
-    /// (default 1000; at least debounce_ms).
+    /// With nothing changed, an empty message goes out this often, in
+    /// milliseconds (default 1000; at least debounce_ms).
     pub heartbeat_ms: u64,
     /// A frontend silent this long is forgotten, in milliseconds (default
     /// 3000; longer than heartbeat_ms).
@@ -53,6 +54,10 @@ pub struct lg_booking_sync_config {
     /// most half of expire_after_ms). A new frontend books nothing for its
     /// first one and a half leases.
     pub lease_ms: u64,
+    /// The whole state goes out this often, in milliseconds (default
+    /// 10000; at least heartbeat_ms), besides on a join and when a frontend
+    /// that missed a message asks.
+    pub snapshot_every_ms: u64,
 }
 
 /// lg_booking_sync_config.mode: the frontends see each other's bookings.
@@ -64,22 +69,22 @@ pub const LG_SYNC_LEASED: u32 = 1;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct lg_booking_sync_stats {
-    /// Snapshots sent.
+    /// Messages sent.
     pub sent: u64,
-    /// Other frontends' snapshots applied.
+    /// Other frontends' messages applied.
     pub received: u64,
-    /// Other frontends' snapshots missed, by their sequence numbers.
+    /// Other frontends' messages missed, by their sequence numbers.
     pub gaps: u64,
-    /// Snapshots dropped as not newer.
+    /// Messages dropped as not newer.
     pub out_of_order: u64,
     /// Payloads refused (oversized, malformed, spoofed, too many
-    /// frontends).
+    /// frontends, entries or queues).
     pub refused: u64,
     /// Frontends forgotten after their silence.
     pub expired: u64,
     /// Other frontends tracked now.
     pub frontends: u64,
-    /// Bytes of the last snapshot sent.
+    /// Bytes of the last message sent.
     pub last_size: u64,
     /// Leased mode: the share of every rank's line this frontend uses, in
     /// parts per million.
@@ -88,6 +93,16 @@ pub struct lg_booking_sync_stats {
     pub claim_ppm: u32,
     /// Leased mode: times its lease ran out while it held a share.
     pub fenced: u64,
+    /// Of `sent`, whole states (joins, repairs asked for, snapshot_every).
+    pub snapshots_sent: u64,
+    /// Bytes sent.
+    pub bytes_sent: u64,
+    /// Bytes of the other frontends' messages applied.
+    pub bytes_received: u64,
+    /// Whole states asked of the others after a gap.
+    pub resyncs: u64,
+    /// Other frontends whose whole state is awaited after a gap.
+    pub behind: u64,
 }
 
 /// Writes the default settings into `out`.
@@ -112,6 +127,7 @@ pub unsafe extern "C" fn lg_booking_sync_config_default(
             max_entries: d.max_entries as u32,
             mode: LG_SYNC_SHARED,
             lease_ms: d.lease.as_millis() as u64,
+            snapshot_every_ms: d.snapshot_every.as_millis() as u64,
         };
         // SAFETY: writable (contract).
         unsafe { out.write(config) };
@@ -184,6 +200,7 @@ pub unsafe extern "C" fn lg_monitor_sync_bookings(
                 }
             };
             settings.lease = Duration::from_millis(c.lease_ms);
+            settings.snapshot_every = Duration::from_millis(c.snapshot_every_ms);
         }
         let subjects = subjects(namespace)?;
         let sync = BookingSync::new(
@@ -233,6 +250,11 @@ pub unsafe extern "C" fn lg_booking_sync_get_stats(
             share_ppm: st.share,
             claim_ppm: st.claim,
             fenced: st.fenced,
+            snapshots_sent: st.snapshots_sent,
+            bytes_sent: st.bytes_sent,
+            bytes_received: st.bytes_received,
+            resyncs: st.resyncs,
+            behind: st.behind as u64,
         };
         // SAFETY: writable by the contract.
         unsafe { out.write(stats) };

@@ -240,6 +240,7 @@ class Monitor:
         lease: float = 1.0,
         debounce: float = 0.002,
         heartbeat: float = 1.0,
+        snapshot_every: float = 10.0,
         expire_after: float = 3.0,
         max_frontends: int = 64,
         max_entries: int = 262144,

@@ -141,6 +141,7 @@ impl NatsArgs<'_, '_> {
                 .filter(|t| !t.is_none())
                 .map(|t| seconds_arg(t, "connect_timeout"))
                 .transpose()?,
+            subscription_capacity: None,
         })
     }
 }

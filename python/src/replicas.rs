@@ -26,9 +26,11 @@ impl Monitor {
     /// Shares this frontend's bookings with the other frontend replicas of
     /// `namespace` on the NATS server at `url`, and adds theirs to this
     /// monitor (docs/replicas.md): `frontend_id` names this replica (unique,
-    /// one NATS token); a snapshot goes out at most every `debounce` seconds
-    /// when something changed and every `heartbeat` seconds when not; a
-    /// replica silent for `expire_after` seconds is forgotten;
+    /// one NATS token); what changed goes out at most every `debounce`
+    /// seconds, an empty message every `heartbeat` seconds when nothing
+    /// did, and the whole state on a join, when a replica that missed a
+    /// message asks, and every `snapshot_every` seconds; a replica silent
+    /// for `expire_after` seconds is forgotten;
     /// `max_frontends` bounds the replicas tracked and `max_entries` the
     /// rank entries kept over all of them. `mode` is `"shared"` (see the
     /// others' bookings and book by the busy rule on the total) or
@@ -41,8 +43,8 @@ impl Monitor {
     /// Raises `ValueError` for a bad argument and `ConnectionError` when the
     /// server cannot be reached.
     #[pyo3(
-        signature = (url, namespace = None, *, frontend_id, mode = None, lease = None, debounce = None, heartbeat = None, expire_after = None, max_frontends = None, max_entries = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
-        text_signature = "($self, url, namespace='default', *, frontend_id, mode='shared', lease=1.0, debounce=0.002, heartbeat=1.0, expire_after=3.0, max_frontends=64, max_entries=262144, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
+        signature = (url, namespace = None, *, frontend_id, mode = None, lease = None, debounce = None, heartbeat = None, snapshot_every = None, expire_after = None, max_frontends = None, max_entries = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
+        text_signature = "($self, url, namespace='default', *, frontend_id, mode='shared', lease=1.0, debounce=0.002, heartbeat=1.0, snapshot_every=10.0, expire_after=3.0, max_frontends=64, max_entries=262144, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn sync_bookings(
@@ -55,6 +57,7 @@ impl Monitor {
         lease: Option<&Bound<'_, PyAny>>,
         debounce: Option<&Bound<'_, PyAny>>,
         heartbeat: Option<&Bound<'_, PyAny>>,
+        snapshot_every: Option<&Bound<'_, PyAny>>,
         expire_after: Option<&Bound<'_, PyAny>>,
         max_frontends: Option<&Bound<'_, PyAny>>,
         max_entries: Option<&Bound<'_, PyAny>>,
@@ -98,6 +101,9 @@ impl Monitor {
         }
         if let Some(h) = heartbeat.filter(|h| !h.is_none()) {
             config.heartbeat = seconds_arg(h, "heartbeat")?;
+        }
+        if let Some(e) = snapshot_every.filter(|e| !e.is_none()) {
+            config.snapshot_every = seconds_arg(e, "snapshot_every")?;
         }
         config.expire_after = match expire_after.filter(|e| !e.is_none()) {
             Some(e) => seconds_arg(e, "expire_after")?,
@@ -156,11 +162,14 @@ impl BookingSync {
         }
     }
 
-    /// Counts so far: `sent`, `received`, `gaps` (others' snapshots missed),
-    /// `out_of_order`, `refused` (oversized, malformed, spoofed, too many
-    /// frontends), `expired` (frontends forgotten after their silence),
-    /// `frontends` (tracked now), `last_size` (bytes of the last snapshot
-    /// sent); in leased mode also `share_ppm` (the share of every rank's
+    /// Counts so far: `sent` (messages), `snapshots_sent` (of them, whole
+    /// states), `bytes_sent`, `received`, `bytes_received`, `gaps` (others'
+    /// messages missed), `out_of_order`, `resyncs` (whole states asked of
+    /// the others after a gap), `refused` (oversized, malformed, spoofed,
+    /// too many frontends, entries or queues), `expired` (frontends
+    /// forgotten after their silence), `frontends` (tracked now), `behind`
+    /// (of them, those whose whole state is awaited), `last_size` (bytes
+    /// of the last message sent); in leased mode also `share_ppm` (the share of every rank's
     /// line this frontend uses, in parts per million), `claim_ppm` (the
     /// share it claims) and `fenced` (times its lease ran out while it held
     /// a share).
@@ -168,12 +177,17 @@ impl BookingSync {
         let s = self.sync.stats();
         let d = PyDict::new(py);
         d.set_item("sent", s.sent)?;
+        d.set_item("snapshots_sent", s.snapshots_sent)?;
+        d.set_item("bytes_sent", s.bytes_sent)?;
         d.set_item("received", s.received)?;
+        d.set_item("bytes_received", s.bytes_received)?;
         d.set_item("gaps", s.gaps)?;
         d.set_item("out_of_order", s.out_of_order)?;
+        d.set_item("resyncs", s.resyncs)?;
         d.set_item("refused", s.refused)?;
         d.set_item("expired", s.expired)?;
         d.set_item("frontends", s.frontends)?;
+        d.set_item("behind", s.behind)?;
         d.set_item("last_size", s.last_size)?;
         d.set_item("share_ppm", s.share)?;
         d.set_item("claim_ppm", s.claim)?;

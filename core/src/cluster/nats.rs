@@ -81,7 +81,17 @@ pub struct NatsOptions {
     /// authentication) before it fails; `None` is
     /// [`DEFAULT_CONNECT_TIMEOUT`] (2 s). Longer than zero.
     pub connect_timeout: Option<Duration>,
+    /// How many received messages one subscription holds while its
+    /// handler is busy; past it the client drops the newest (a slow
+    /// consumer, counted in [`Transport::interruptions`]: load reports
+    /// are replaced by the next, and booking sync asks for whole states
+    /// after the gap). `None` is [`DEFAULT_SUBSCRIPTION_CAPACITY`]. At
+    /// least 1.
+    pub subscription_capacity: Option<usize>,
 }
+
+/// Default [`NatsOptions::subscription_capacity`]: what async-nats holds.
+pub const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 65_536;
 
 impl fmt::Debug for NatsOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -96,6 +106,7 @@ impl fmt::Debug for NatsOptions {
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
             .field("connect_timeout", &self.connect_timeout)
+            .field("subscription_capacity", &self.subscription_capacity)
             .finish()
     }
 }
@@ -127,6 +138,7 @@ struct Checked {
     tls_ca: Option<PathBuf>,
     client_cert: Option<(PathBuf, PathBuf)>,
     timeout: Duration,
+    capacity: usize,
 }
 
 fn invalid(why: String) -> ClusterError {
@@ -225,11 +237,18 @@ impl NatsOptions {
         if timeout.is_zero() {
             return Err(invalid("connect_timeout must be longer than zero".into()));
         }
+        let capacity = self
+            .subscription_capacity
+            .unwrap_or(DEFAULT_SUBSCRIPTION_CAPACITY);
+        if capacity == 0 {
+            return Err(invalid("subscription_capacity must be at least 1".into()));
+        }
         Ok(Checked {
             auth,
             tls_ca: self.tls_ca.clone(),
             client_cert,
             timeout,
+            capacity,
         })
     }
 }
@@ -351,6 +370,7 @@ impl NatsTransport {
             tls_ca,
             client_cert,
             timeout,
+            capacity,
         } = checked;
         let interruptions = Arc::new(AtomicU64::new(0));
         let counted = interruptions.clone();
@@ -367,6 +387,7 @@ impl NatsTransport {
                     async {}
                 })
                 .name("loadgate")
+                .subscription_capacity(capacity)
                 .connection_timeout(timeout)
                 .max_reconnects(None)
                 .reconnect_delay_callback(|attempts| {

@@ -1,50 +1,58 @@
 //! Booking sync between frontend replicas (docs/replicas.md).
 //!
-//! Each frontend's [`BookingSync`] publishes a [`Snapshot`] of its own
-//! bookings, per worker rank, and of its frontend queues, on
-//! `{prefix}.{namespace}.bookings.{frontend_id}`: at most one per
-//! `debounce` interval, when they changed, and every `heartbeat` when they
-//! did not. It applies the others' snapshots to its monitor: a frontend's
-//! view of a rank is the worker's own report, plus its own live bookings,
-//! plus every other frontend's latest snapshot.
+//! Each frontend's [`BookingSync`] publishes its own bookings, per worker
+//! rank, and its frontend queues, on `{prefix}.{namespace}.bookings.{frontend_id}`,
+//! and applies the others' to its monitor: a frontend's view of a rank is
+//! the worker's own report, plus its own live bookings, plus what every
+//! other frontend's messages say it books there.
 //!
+//! * **Traffic grows with changes.** A tick (every `debounce` interval)
+//!   sends what changed since the last message: each rank and queue whose
+//!   totals moved, with its new totals (`replicas/wire.rs` says why that
+//!   unit). The whole state goes only on a join, to a frontend that asks
+//!   for it, and every `snapshot_every`; with nothing changed, an empty
+//!   message every `heartbeat` keeps the frontend alive.
 //! * **Nothing counted twice.** Bookings and a worker's report never add:
 //!   every frontend's bookings go into the router-owned fields
 //!   (`active_decode_blocks`, `active_prefill_tokens`), the report into the
 //!   worker-owned ones (`kv_used_blocks`, `waiting_requests`), and the busy
 //!   rule compares each against its line on its own. A request is counted
 //!   once in each: by the one frontend that booked it, and by the worker
-//!   once it holds it. A snapshot carries only its frontend's own
+//!   once it holds it. A message carries only its frontend's own
 //!   bookings, which the bookings count apart (`Rank::own_blocks`), so
 //!   neither what it learned from the others nor a report that overwrote
 //!   a router field ever travels on.
-//! * **Order and gaps.** Snapshots are ordered by `seq` within one
-//!   `instance` of a frontend; an older one is dropped, and a jump counts
-//!   the snapshots missed as gaps. Each snapshot is a full state, so the
-//!   next one repairs a gap.
-//! * **Joining.** A frontend's first snapshot says `hello`; every frontend
-//!   that hears it sends its own at its next tick, so a new frontend knows
-//!   the fleet's bookings within one debounce interval and a round trip.
+//! * **Order, gaps and repair.** Messages are ordered by `seq` within one
+//!   `instance` of a frontend; an older or repeated one is dropped. A jump
+//!   counts the messages missed as gaps: the changes after it still apply
+//!   (they are absolute), the frontend is marked behind, and this one asks
+//!   for its whole state (naming it in `resync`, again every heartbeat
+//!   until it comes), which replaces everything it had said.
+//! * **Joining.** A frontend's first message is its whole state and says
+//!   `hello`; every frontend that hears it sends its whole state at its
+//!   next tick, so a new frontend knows the fleet's bookings within one
+//!   debounce interval and a round trip.
 //! * **Expiry.** A frontend silent for `expire_after` (three heartbeats by
 //!   default) is forgotten: its bookings leave every rank.
 //! * **Hostile input.** A payload is checked for size before it is read; a
-//!   snapshot whose frontend is not its subject's last token is refused
+//!   message whose frontend is not its subject's last token is refused
 //!   (so per-subject NATS permissions bind a frontend to its own
-//!   snapshots); at most `max_frontends` are tracked, with at most
-//!   `max_entries` rank entries over all of them; entries for workers
-//!   or ranks this monitor does not know are skipped (the next heartbeat
-//!   applies them once the worker is known); an absurd count is cut to
-//!   [`MAX_SHARED`]. Every refusal is counted.
+//!   messages); at most `max_frontends` are tracked, with at most
+//!   `max_entries` rank entries over all of them and [`MAX_QUEUES`] queues
+//!   each; an entry for a worker or rank this monitor does not know is
+//!   kept (within `max_entries`) and applied at the first heartbeat after
+//!   the worker is known; an absurd count is cut to [`MAX_SHARED`]. Every
+//!   refusal is counted and changes nothing.
 //!
-//! A tick reads every rank's two own-booking counters; the attached sync
-//! ticks every `debounce` interval on its own thread.
+//! A tick reads every rank's two own-booking counters and compares them
+//! with what it last sent; the attached sync ticks every `debounce`
+//! interval on its own thread.
 //!
-//! In leased mode ([`SyncMode::Leased`]) each snapshot also carries the
+//! In leased mode ([`SyncMode::Leased`]) every message also carries the
 //! frontend's claim on every rank's line, and each tick moves this
 //! frontend's share by the protocol in `replicas/lease.rs` and sets it in
 //! the monitor, whose bookings then stay within it (`monitor/share.rs`).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,32 +66,40 @@ use super::{lock, ClusterError, Subjects, Subscription, Transport};
 use crate::clock::{nanos, SharedClock};
 use crate::fork::ForkGuard;
 use crate::metrics::{self, Families};
-use crate::monitor::replicas::{RankTotals, Shared};
+use crate::monitor::replicas::RankTotals;
 use crate::monitor::Monitor;
 
 mod config;
 mod lease;
+mod peers;
 mod wire;
 
 pub use config::{
     BookingSyncConfig, SyncMode, DEFAULT_DEBOUNCE, DEFAULT_LEASE, DEFAULT_MAX_ENTRIES,
-    DEFAULT_MAX_FRONTENDS, DEFAULT_SNAPSHOT_MAX_PAYLOAD, MAX_FRONTENDS, MAX_SHARED,
+    DEFAULT_MAX_FRONTENDS, DEFAULT_SNAPSHOT_EVERY, DEFAULT_SNAPSHOT_MAX_PAYLOAD, MAX_FRONTENDS,
+    MAX_QUEUES, MAX_SHARED,
 };
 use lease::Leases;
-pub use wire::{Heard, Lease, QueueEntry, RankEntry, Snapshot, SNAPSHOT_VERSION};
+use peers::Peer;
+pub use wire::{Heard, Lease, QueueEntry, RankEntry, SyncMessage, MAX_RESYNC, SYNC_VERSION};
 
-/// What a received snapshot did.
+/// What a received message did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncApplied {
-    /// Applied.
+    /// Applied: this frontend's view of the sender is its state as of
+    /// the message.
     Applied,
-    /// This frontend's own snapshot, come back: ignored.
+    /// Applied, but a message of the sender was missed (or it is heard
+    /// for the first time by a change): ranks it changed last may be
+    /// stale until its whole state comes, which this frontend asks for.
+    Behind,
+    /// This frontend's own message, come back: ignored.
     Own,
     /// Not newer than the last applied from its frontend: dropped.
     OutOfOrder,
 }
 
-/// Why a received snapshot was refused; nothing changed.
+/// Why a received message was refused; nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SyncError {
     /// Longer than `max_payload`.
@@ -93,7 +109,7 @@ pub enum SyncError {
         /// The bound.
         limit: usize,
     },
-    /// Not a snapshot.
+    /// Not a booking sync message.
     Wire(WireError),
     /// Its frontend is not its subject's.
     Spoofed {
@@ -112,25 +128,34 @@ pub enum SyncError {
         /// The bound.
         limit: usize,
     },
+    /// More queues of one frontend than [`MAX_QUEUES`].
+    TooManyQueues {
+        /// The bound.
+        limit: usize,
+    },
 }
 
 impl fmt::Display for SyncError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Oversized { len, limit } => {
-                write!(f, "booking snapshot of {len} bytes: at most {limit}")
+                write!(f, "booking sync message of {len} bytes: at most {limit}")
             }
-            Self::Wire(e) => write!(f, "booking snapshot: {e}"),
+            Self::Wire(e) => write!(f, "booking sync message: {e}"),
             Self::Spoofed { subject, frontend } => write!(
                 f,
-                "booking snapshot of frontend {frontend:?} on subject {subject:?}"
+                "booking sync message of frontend {frontend:?} on subject {subject:?}"
             ),
             Self::TooManyFrontends { limit } => {
-                write!(f, "booking snapshot of a new frontend beyond {limit}")
+                write!(f, "booking sync message of a new frontend beyond {limit}")
             }
             Self::TooManyEntries { limit } => write!(
                 f,
-                "booking snapshot beyond {limit} rank entries over every frontend"
+                "booking sync message beyond {limit} rank entries over every frontend"
+            ),
+            Self::TooManyQueues { limit } => write!(
+                f,
+                "booking sync message beyond {limit} queues of one frontend"
             ),
         }
     }
@@ -141,22 +166,32 @@ impl std::error::Error for SyncError {}
 /// What a sync has done so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SyncStats {
-    /// Snapshots sent.
+    /// Messages sent.
     pub sent: u64,
-    /// Others' snapshots applied.
+    /// Of them, whole states (joins, repairs asked for, `snapshot_every`).
+    pub snapshots_sent: u64,
+    /// Bytes sent.
+    pub bytes_sent: u64,
+    /// Others' messages applied.
     pub received: u64,
-    /// Others' snapshots missed, by their sequence numbers.
+    /// Bytes of the others' messages applied.
+    pub bytes_received: u64,
+    /// Others' messages missed, by their sequence numbers.
     pub gaps: u64,
-    /// Others' snapshots dropped as not newer.
+    /// Others' messages dropped as not newer.
     pub out_of_order: u64,
+    /// Whole states asked of the others after a gap.
+    pub resyncs: u64,
     /// Payloads refused (oversized, malformed, spoofed, too many
-    /// frontends).
+    /// frontends, entries or queues).
     pub refused: u64,
     /// Frontends forgotten after their silence.
     pub expired: u64,
     /// Other frontends tracked now.
     pub frontends: usize,
-    /// Bytes of the last snapshot sent.
+    /// Of them, those whose whole state is awaited after a gap.
+    pub behind: usize,
+    /// Bytes of the last message sent.
     pub last_size: usize,
     /// Leased mode: the share of every rank's line this frontend uses now,
     /// in parts per million.
@@ -168,24 +203,25 @@ pub struct SyncStats {
     pub fenced: u64,
 }
 
-/// Another frontend, as its latest snapshot left it.
-struct Peer {
-    instance: u64,
-    seq: u64,
-    last_heard: u64,
-    /// What its bookings added to each rank.
-    shared: HashMap<(u64, u32), Shared, RandomState>,
+/// What the messages sent so far add up to.
+struct Sent {
+    ranks: Vec<RankEntry>,
     queues: Vec<QueueEntry>,
+    /// When the last message went, and the last whole state.
+    at: u64,
+    whole_at: u64,
 }
 
 #[derive(Default)]
 struct State {
-    peers: HashMap<String, Peer, RandomState>,
+    peers: std::collections::HashMap<String, Peer, RandomState>,
     seq: u64,
-    /// What the last snapshot sent carried, and when it was sent.
-    last: Option<(Vec<RankEntry>, Vec<QueueEntry>, u64)>,
-    /// A frontend said hello: send at the next tick.
+    last: Option<Sent>,
+    /// A frontend said hello or asked: send the whole state at the next
+    /// tick.
     reply_due: bool,
+    /// When the entries not applied were last tried again.
+    retried_at: u64,
     /// Rank entries kept over every other frontend.
     entries: usize,
     /// Leased mode's protocol.
@@ -205,6 +241,10 @@ const OUT_OF_ORDER: usize = 3;
 const REFUSED: usize = 4;
 const EXPIRED: usize = 5;
 const LAST_SIZE: usize = 6;
+const SNAPSHOTS_SENT: usize = 7;
+const BYTES_SENT: usize = 8;
+const BYTES_RECEIVED: usize = 9;
+const RESYNCS: usize = 10;
 
 /// One frontend's side of booking sync (module docs).
 pub struct BookingSync {
@@ -214,7 +254,7 @@ pub struct BookingSync {
     instance: u64,
     subject: String,
     state: Mutex<State>,
-    counters: [AtomicU64; 7],
+    counters: [AtomicU64; 11],
 }
 
 impl fmt::Debug for BookingSync {
@@ -274,12 +314,17 @@ impl BookingSync {
             .map_or(((0, 0), 0), |l| (l.shares(), l.fenced));
         SyncStats {
             sent: c(SENT),
+            snapshots_sent: c(SNAPSHOTS_SENT),
+            bytes_sent: c(BYTES_SENT),
             received: c(RECEIVED),
+            bytes_received: c(BYTES_RECEIVED),
             gaps: c(GAPS),
             out_of_order: c(OUT_OF_ORDER),
+            resyncs: c(RESYNCS),
             refused: c(REFUSED),
             expired: c(EXPIRED),
             frontends: st.peers.len(),
+            behind: st.peers.values().filter(|p| p.behind).count(),
             last_size: c(LAST_SIZE) as usize,
             share,
             claim,
@@ -299,13 +344,17 @@ impl BookingSync {
         out
     }
 
-    /// Forgets the frontends silent for `expire_after`, then sends this
-    /// frontend's snapshot on `transport` if it changed, a frontend said
-    /// hello, or the heartbeat is due. Whether it sent one.
+    /// Forgets the frontends silent for `expire_after`, then sends on
+    /// `transport` this frontend's whole state when it is due (its first
+    /// message, a frontend said hello or asked for it, `snapshot_every`),
+    /// else what changed since its last message, if anything did, it asks
+    /// a frontend for its whole state, or the heartbeat is due. Whether it
+    /// sent one.
     pub fn tick(&self, transport: &dyn Transport) -> Result<bool, ClusterError> {
         let now = self.clock.now_nanos();
-        let mut st = lock(&self.state);
-        self.expire(&mut st, now);
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
+        self.expire(st, now);
         let (mut heartbeat, mut lease_due) = (nanos(self.config.heartbeat), false);
         let refused = self.monitor.share.refused();
         let refused_since = std::mem::replace(&mut st.refused_seen, refused) != refused;
@@ -321,39 +370,110 @@ impl BookingSync {
             heartbeat = heartbeat.min(leases.renew());
             lease_due = leases.due() || leases.shares() != before;
         }
-        let (ranks, queues) = self.own(&mut st);
-        let due = match &st.last {
-            None => true,
-            Some((r, q, at)) => {
-                st.reply_due
-                    || lease_due
-                    || *r != ranks
-                    || *q != queues
-                    || now.saturating_sub(*at) >= heartbeat
+        if now.saturating_sub(st.retried_at) >= heartbeat {
+            st.retried_at = now;
+            for peer in st.peers.values_mut() {
+                peers::retry(&self.monitor, &mut peer.shared);
             }
+        }
+        let (ranks, queues) = self.own(st);
+        let again = nanos(self.config.heartbeat);
+        let resync: Vec<String> = st
+            .peers
+            .iter_mut()
+            .filter(|(_, p)| p.ask_due(now, again))
+            .take(MAX_RESYNC)
+            .map(|(id, p)| {
+                p.asked = Some(now);
+                id.clone()
+            })
+            .collect();
+        let whole = st.last.as_ref().is_none_or(|last| {
+            st.reply_due || now.saturating_sub(last.whole_at) >= nanos(self.config.snapshot_every)
+        });
+        let (changed_ranks, changed_queues) = match &st.last {
+            Some(last) if !whole => (
+                wire::changes(&last.ranks, &ranks, RankEntry::key, |e| RankEntry {
+                    blocks: 0,
+                    prefill: 0,
+                    ..*e
+                }),
+                wire::changes(
+                    &last.queues,
+                    &queues,
+                    |q| q.model.clone(),
+                    |q| QueueEntry {
+                        model: q.model.clone(),
+                        requests: 0,
+                        tokens: 0,
+                    },
+                ),
+            ),
+            _ => (Vec::new(), Vec::new()),
         };
+        let due = whole
+            || lease_due
+            || !changed_ranks.is_empty()
+            || !changed_queues.is_empty()
+            || !resync.is_empty()
+            || st
+                .last
+                .as_ref()
+                .is_some_and(|last| now.saturating_sub(last.at) >= heartbeat);
         if !due {
             return Ok(false);
         }
         st.seq += 1;
         let lease = st.leases.as_mut().map(|l| l.section(now));
-        let snapshot = Snapshot {
-            v: SNAPSHOT_VERSION,
+        let asked = resync.len() as u64;
+        let mut message = SyncMessage {
+            v: SYNC_VERSION,
             frontend: self.config.frontend_id.clone(),
             instance: self.instance,
             seq: st.seq,
             hello: st.last.is_none(),
-            ranks,
-            queues,
+            full: whole,
+            ranks: changed_ranks,
+            queues: changed_queues,
+            resync,
             lease,
         };
-        let payload = snapshot.to_msgpack();
+        let sent = if whole {
+            message.ranks = ranks;
+            message.queues = queues;
+            let payload = message.to_msgpack();
+            let whole_at = now;
+            (
+                payload,
+                Sent {
+                    ranks: message.ranks,
+                    queues: message.queues,
+                    at: now,
+                    whole_at,
+                },
+            )
+        } else {
+            let whole_at = st.last.as_ref().map_or(now, |l| l.whole_at);
+            (
+                message.to_msgpack(),
+                Sent {
+                    ranks,
+                    queues,
+                    at: now,
+                    whole_at,
+                },
+            )
+        };
+        let (payload, last) = sent;
         let size = payload.len();
         st.reply_due = false;
-        st.last = Some((snapshot.ranks, snapshot.queues, now));
-        drop(st);
+        st.last = Some(last);
+        drop(guard);
         transport.publish(&self.subject, payload)?;
         self.counters[SENT].fetch_add(1, Ordering::Relaxed);
+        self.counters[SNAPSHOTS_SENT].fetch_add(u64::from(whole), Ordering::Relaxed);
+        self.counters[BYTES_SENT].fetch_add(size as u64, Ordering::Relaxed);
+        self.counters[RESYNCS].fetch_add(asked, Ordering::Relaxed);
         self.counters[LAST_SIZE].store(size as u64, Ordering::Relaxed);
         Ok(true)
     }
@@ -401,26 +521,23 @@ impl BookingSync {
             }
             if let Some(peer) = st.peers.remove(&id) {
                 st.entries -= peer.shared.len();
-                self.unshare(peer.shared);
+                peers::unshare(&self.monitor, peer.shared);
                 self.counters[EXPIRED].fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
-    /// Takes what `shared` added out of every rank.
-    fn unshare(&self, shared: HashMap<(u64, u32), Shared, RandomState>) {
-        for ((worker, rank), s) in shared {
-            let _ = self.monitor.shift_shared(worker, rank, &s, (0, 0));
-        }
-    }
-
-    /// Applies a snapshot that arrived on `subject`
+    /// Applies a message that arrived on `subject`
     /// (`{prefix}.{namespace}.bookings.{frontend_id}`). Errors are counted
     /// and change nothing.
     pub fn handle_on(&self, subject: &str, payload: &[u8]) -> Result<SyncApplied, SyncError> {
         let result = self.receive(subject, payload);
         let i = match &result {
-            Ok(SyncApplied::Applied) => RECEIVED,
+            Ok(SyncApplied::Applied | SyncApplied::Behind) => {
+                let len = payload.len() as u64;
+                self.counters[BYTES_RECEIVED].fetch_add(len, Ordering::Relaxed);
+                RECEIVED
+            }
             Ok(SyncApplied::OutOfOrder) => OUT_OF_ORDER,
             Ok(SyncApplied::Own) => return result,
             Err(_) => REFUSED,
@@ -436,102 +553,108 @@ impl BookingSync {
                 limit: self.config.max_payload,
             });
         }
-        let snapshot = Snapshot::decode(payload).map_err(SyncError::Wire)?;
-        if subject.rsplit('.').next() != Some(snapshot.frontend.as_str()) {
+        let message = SyncMessage::decode(payload).map_err(SyncError::Wire)?;
+        if subject.rsplit('.').next() != Some(message.frontend.as_str()) {
             return Err(SyncError::Spoofed {
                 subject: subject.to_owned(),
-                frontend: snapshot.frontend,
+                frontend: message.frontend,
             });
         }
-        if snapshot.frontend == self.config.frontend_id {
+        if message.frontend == self.config.frontend_id {
             if let (Some(leases), Some(lease), true) = (
                 &mut lock(&self.state).leases,
-                &snapshot.lease,
-                snapshot.instance == self.instance,
+                &message.lease,
+                message.instance == self.instance,
             ) {
-                leases.came_back(snapshot.seq, lease.stamp);
+                leases.came_back(message.seq, lease.stamp);
             }
             return Ok(SyncApplied::Own);
         }
-        if let Some(lease) = &snapshot.lease {
+        if let Some(lease) = &message.lease {
             Leases::check(lease, self.config.max_frontends)
                 .map_err(|e| SyncError::Wire(WireError::Invalid(e)))?;
         }
         let now = self.clock.now_nanos();
-        let mut st = lock(&self.state);
-        let held = st
-            .peers
-            .get(&snapshot.frontend)
-            .map_or(0, |p| p.shared.len());
-        let others = st.entries - held;
-        if others + snapshot.ranks.len() > self.config.max_entries {
-            return Err(SyncError::TooManyEntries {
-                limit: self.config.max_entries,
-            });
-        }
-        let old = match st.peers.remove(&snapshot.frontend) {
-            Some(peer) if peer.instance == snapshot.instance => {
-                if snapshot.seq <= peer.seq {
-                    st.peers.insert(snapshot.frontend, peer);
-                    return Ok(SyncApplied::OutOfOrder);
-                }
-                let missed = snapshot.seq - peer.seq - 1;
-                self.counters[GAPS].fetch_add(missed, Ordering::Relaxed);
-                peer.shared
-            }
-            // A restarted frontend: a new order, its old bookings replaced.
-            Some(peer) => peer.shared,
-            None if st.peers.len() >= self.config.max_frontends => {
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
+        // Every check before anything changes.
+        let known = st.peers.get(&message.frontend);
+        let same = known.filter(|p| p.instance == message.instance);
+        match (known, same) {
+            (_, Some(p)) if message.seq <= p.seq => return Ok(SyncApplied::OutOfOrder),
+            (None, _) if st.peers.len() >= self.config.max_frontends => {
                 return Err(SyncError::TooManyFrontends {
                     limit: self.config.max_frontends,
                 });
             }
-            None => HashMap::default(),
+            _ => {}
+        }
+        // A whole state, or the first message of an instance, replaces
+        // everything its frontend said before; a change adds to it.
+        let (replace, is_same) = (message.full || same.is_none(), same.is_some());
+        let held = known.map_or(0, |p| p.shared.len());
+        let (entries, queues) = match same {
+            Some(p) if !replace => (
+                st.entries + peers::added(&p.shared, &message.ranks),
+                p.queues.len() + peers::queues_added(&p.queues, &message.queues),
+            ),
+            _ => (
+                st.entries - held + message.ranks.len(),
+                message.queues.len(),
+            ),
         };
-        st.reply_due |= snapshot.hello;
-        if let Some(leases) = &mut st.leases {
-            let f = &snapshot.frontend;
-            st.reply_due |= leases.heard(f, snapshot.instance, snapshot.lease.as_ref());
+        if entries > self.config.max_entries {
+            return Err(SyncError::TooManyEntries {
+                limit: self.config.max_entries,
+            });
         }
-        let shared = self.reshare(old, &snapshot.ranks);
-        st.entries = others + shared.len();
-        st.peers.insert(
-            snapshot.frontend,
-            Peer {
-                instance: snapshot.instance,
-                seq: snapshot.seq,
-                last_heard: now,
-                shared,
-                queues: snapshot.queues,
+        if queues > MAX_QUEUES {
+            return Err(SyncError::TooManyQueues { limit: MAX_QUEUES });
+        }
+        let mut peer = match st.peers.remove(&message.frontend) {
+            Some(p) if p.instance == message.instance => p,
+            // A restarted frontend: a new order, its old bookings replaced.
+            Some(p) => Peer {
+                shared: p.shared,
+                ..Peer::new(message.instance)
             },
-        );
-        Ok(SyncApplied::Applied)
-    }
-
-    /// Moves every rank from what `old` added to what `ranks` book; the
-    /// ranks this monitor does not know are skipped.
-    fn reshare(
-        &self,
-        mut old: HashMap<(u64, u32), Shared, RandomState>,
-        ranks: &[RankEntry],
-    ) -> HashMap<(u64, u32), Shared, RandomState> {
-        let mut shared = HashMap::with_capacity_and_hasher(ranks.len(), RandomState::default());
-        for e in ranks {
-            let key = (e.worker_id, e.dp_rank);
-            if shared.contains_key(&key) {
-                continue; // one entry per rank; a repeat is ignored
-            }
-            let from = old.remove(&key).unwrap_or_default();
-            let to = (e.blocks.min(MAX_SHARED), e.prefill.min(MAX_SHARED));
-            if let Some(now) = self.monitor.shift_shared(e.worker_id, e.dp_rank, &from, to) {
-                shared.insert(key, now);
-            }
+            None => Peer::new(message.instance),
+        };
+        let missed = message.seq.saturating_sub(peer.seq + 1);
+        if is_same {
+            self.counters[GAPS].fetch_add(missed, Ordering::Relaxed);
         }
-        self.unshare(old);
-        shared
+        st.entries -= held;
+        if replace {
+            let old = std::mem::take(&mut peer.shared);
+            peer.shared = peers::replace(&self.monitor, old, &message.ranks);
+            peer.queues = peers::sorted_queues(message.queues);
+            // A first message that is not whole: the rest is awaited.
+            peer.behind = !message.full;
+            peer.asked = None;
+        } else {
+            peers::apply(&self.monitor, &mut peer.shared, &message.ranks);
+            peers::merge_queues(&mut peer.queues, message.queues);
+            peer.behind |= missed > 0;
+        }
+        st.entries += peer.shared.len();
+        peer.seq = message.seq;
+        peer.last_heard = now;
+        st.reply_due |= message.hello || message.resync.contains(&self.config.frontend_id);
+        if let Some(leases) = &mut st.leases {
+            let f = &message.frontend;
+            st.reply_due |= leases.heard(f, message.instance, message.lease.as_ref());
+        }
+        let applied = if peer.behind {
+            SyncApplied::Behind
+        } else {
+            SyncApplied::Applied
+        };
+        st.peers.insert(message.frontend, peer);
+        Ok(applied)
     }
 
-    /// Subscribes to every frontend's snapshots on `transport` and ticks
+    /// Subscribes to every frontend's messages on `transport` and ticks
     /// every `debounce` interval on a thread of its own, until the
     /// returned handle is dropped.
     pub fn attach(
@@ -585,7 +708,7 @@ impl fmt::Debug for SyncAttached {
 
 /// The fleet's queues in the monitor's metrics text: per model, the
 /// requests and estimated tokens waiting in this frontend's queue now and in
-/// the others' as their latest snapshots tell (nothing when no frontend
+/// the others' as their messages tell (nothing when no frontend
 /// has a queue).
 impl Families for BookingSync {
     fn render(&self, out: &mut String, prefix: &str) {
@@ -606,7 +729,7 @@ impl Families for BookingSync {
         for (i, (name, help)) in [
             (
                 "frontend_fleet_queue_requests",
-                "Requests waiting in the model's queues of every frontend sharing bookings with this one (theirs as of their latest snapshots).",
+                "Requests waiting in the model's queues of every frontend sharing bookings with this one (theirs as their messages tell).",
             ),
             (
                 "frontend_fleet_queue_tokens",

@@ -45,6 +45,24 @@ pub(crate) struct Shared {
     worker: Weak<Worker>,
 }
 
+impl Shared {
+    /// What another frontend books on a rank this monitor does not hold
+    /// (yet): kept, and added once the worker is known.
+    pub(crate) fn unapplied(blocks: u64, prefill: u64) -> Self {
+        Self {
+            blocks,
+            prefill,
+            worker: Weak::new(),
+        }
+    }
+
+    /// Whether it is on a worker still alive (not one unknown, or removed
+    /// since).
+    pub(crate) fn applied(&self) -> bool {
+        self.worker.strong_count() > 0
+    }
+}
+
 /// One flow-controlled model's queue: requests and estimated tokens
 /// waiting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,5 +207,59 @@ impl Monitor {
                 }
             })
             .collect()
+    }
+}
+
+/// Loom model of what booking sync does to a rank beside the frontend's
+/// own traffic: a peer's change (and its undoing) applied while a request
+/// books and releases on the same rank. What a tick reads as this
+/// frontend's own never holds the peer's blocks, and the counters and the
+/// busy bit end exact whatever the interleaving.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::{MonitorConfig, ThresholdUpdate, WorkerSpec};
+    use loom::sync::Arc;
+
+    #[test]
+    fn a_peers_change_beside_a_booking_keeps_own_and_shared_apart() {
+        loom::model(|| {
+            let m = Monitor::with_config(MonitorConfig::default(), ManualClock::new()).unwrap();
+            let spec = WorkerSpec {
+                kv_total_blocks: Some(100),
+                ..Default::default()
+            };
+            m.add_worker("m", 1, spec).unwrap();
+            let line = ThresholdUpdate {
+                active_decode_blocks_threshold: Some(0.5),
+                ..Default::default()
+            };
+            m.set_thresholds("m", &line).unwrap();
+            let m = Arc::new(m);
+            let front = m.clone();
+            let request = loom::thread::spawn(move || {
+                let held = front.book(1, 0, 30).unwrap();
+                drop(front.book(1, 0, 5).unwrap());
+                held
+            });
+            // The sync: a peer's 25 blocks, then what a tick reads, then
+            // the peer's release.
+            let shared = m.shift_shared(1, 0, &Shared::default(), (25, 0)).unwrap();
+            let mut own = Vec::new();
+            m.own_bookings(&mut own);
+            let blocks: Vec<u64> = own.iter().map(|t| t.blocks).collect();
+            assert!(
+                [&[][..], &[30], &[35]].contains(&blocks.as_slice()),
+                "a tick read {blocks:?}"
+            );
+            m.shift_shared(1, 0, &shared, (0, 0)).unwrap();
+            let held = request.join().unwrap();
+            let load = m.rank_load(1, 0).unwrap();
+            assert_eq!(load.active_decode_blocks, 30);
+            assert!(!m.is_busy(1).unwrap(), "30 of a line of 50");
+            drop(held);
+            assert_eq!(m.rank_load(1, 0).unwrap().active_decode_blocks, 0);
+        });
     }
 }

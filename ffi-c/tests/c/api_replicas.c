@@ -16,7 +16,7 @@ void test_replicas_errors(void) {
     OK(lg_booking_sync_config_default(&c));
     CHECK(c.debounce_ms == 2 && c.heartbeat_ms == 1000 && c.expire_after_ms == 3000);
     CHECK(c.max_frontends == 64 && c.max_entries == 262144);
-    CHECK(c.mode == LG_SYNC_SHARED && c.lease_ms == 1000);
+    CHECK(c.mode == LG_SYNC_SHARED && c.lease_ms == 1000 && c.snapshot_every_ms == 10000);
 
     lg_monitor *m = half_line_monitor();
     lg_booking_sync *s = NULL;
@@ -31,6 +31,10 @@ void test_replicas_errors(void) {
     OK(lg_booking_sync_config_default(&c));
     c.expire_after_ms = c.heartbeat_ms;
     INVALID(lg_monitor_sync_bookings(m, UNREACHABLE, n, S("ns"), S("a"), &c, NULL, &s));
+    OK(lg_booking_sync_config_default(&c));
+    c.snapshot_every_ms = c.heartbeat_ms - 1;
+    INVALID(lg_monitor_sync_bookings(m, UNREACHABLE, n, S("ns"), S("a"), &c, NULL, &s));
+    CHECK(last_error_contains("snapshot_every"));
     OK(lg_booking_sync_config_default(&c));
     c.max_entries = 0;
     INVALID(lg_monitor_sync_bookings(m, UNREACHABLE, n, S("ns"), S("a"), &c, NULL, &s));
@@ -75,7 +79,8 @@ void test_replicas_live(const char *url) {
     lg_booking_sync_stats st;
     OK(lg_booking_sync_get_stats(sa, &st));
     CHECK(st.sent >= 2 && st.received >= 1 && st.frontends == 1 && st.refused == 0);
-    CHECK(st.last_size > 0);
+    CHECK(st.last_size > 0 && st.bytes_sent >= st.last_size && st.bytes_received > 0);
+    CHECK(st.snapshots_sent >= 1 && st.snapshots_sent <= st.sent && st.behind == 0);
     INVALID(lg_booking_sync_get_stats(sa, NULL));
 
     /* B stops: A forgets its 30 blocks after its silence. */

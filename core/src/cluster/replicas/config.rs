@@ -9,19 +9,24 @@ use super::super::{ClusterError, DEFAULT_HEARTBEAT};
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(1);
 /// Default [`BookingSyncConfig::debounce`].
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(2);
+/// Default [`BookingSyncConfig::snapshot_every`].
+pub const DEFAULT_SNAPSHOT_EVERY: Duration = Duration::from_secs(10);
 /// Default [`BookingSyncConfig::max_frontends`].
 pub const DEFAULT_MAX_FRONTENDS: usize = 64;
 /// Default [`BookingSyncConfig::max_entries`].
 pub const DEFAULT_MAX_ENTRIES: usize = 1 << 18;
 /// Largest [`BookingSyncConfig::max_frontends`].
 pub const MAX_FRONTENDS: usize = 4096;
-/// Most blocks or prefill tokens one frontend's snapshot adds to a rank;
+/// Most queues one other frontend's messages may leave held (one per
+/// flow-controlled model of its).
+pub const MAX_QUEUES: usize = 1024;
+/// Most blocks or prefill tokens one frontend's messages add to a rank;
 /// more is cut to it, so that the others' bookings summed never saturate a
 /// rank's count (at most [`MAX_FRONTENDS`] of them) and leave it exact when
 /// they go.
 pub const MAX_SHARED: u64 = 1 << 48;
-/// Default [`BookingSyncConfig::max_payload`]: a snapshot takes under 50
-/// bytes per booked rank, so 1 MiB holds over 20,000 of them.
+/// Default [`BookingSyncConfig::max_payload`]: a rank entry takes about 20
+/// bytes, so 1 MiB holds a whole state of over 40,000 booked ranks.
 pub const DEFAULT_SNAPSHOT_MAX_PAYLOAD: usize = 1 << 20;
 
 /// How the frontends share the workers (docs/replicas.md).
@@ -51,19 +56,27 @@ pub struct BookingSyncConfig {
     /// claims. At least four debounce intervals, at most half of
     /// `expire_after`.
     pub lease: Duration,
-    /// At most one snapshot per interval (default 2 ms).
+    /// At most one message per interval (default 2 ms): what changed in
+    /// it goes out at the next tick.
     pub debounce: Duration,
-    /// An unchanged snapshot is sent again this often (default 1 s).
+    /// With nothing changed, an empty message goes out this often (default
+    /// 1 s): it keeps this frontend alive in the others' view, and shows
+    /// them a lost message by its sequence number.
     pub heartbeat: Duration,
+    /// The whole state goes out this often (default 10 s), besides on a
+    /// join and when a frontend that missed a message asks; at least
+    /// `heartbeat`.
+    pub snapshot_every: Duration,
     /// A frontend silent this long is forgotten (default 3 s).
     pub expire_after: Duration,
     /// Most other frontends tracked (default 64).
     pub max_frontends: usize,
-    /// Longest snapshot read (default 1 MiB); longer ones are refused
+    /// Longest message read (default 1 MiB); longer ones are refused
     /// unread.
     pub max_payload: usize,
     /// Most rank entries kept over every other frontend (default 262,144:
-    /// about 16 MiB); a snapshot that would pass it is refused.
+    /// about 16 MiB), whether their workers are known here or not; a
+    /// message that would pass it is refused.
     pub max_entries: usize,
 }
 
@@ -76,6 +89,7 @@ impl BookingSyncConfig {
             lease: DEFAULT_LEASE,
             debounce: DEFAULT_DEBOUNCE,
             heartbeat: DEFAULT_HEARTBEAT,
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
             expire_after: 3 * DEFAULT_HEARTBEAT,
             max_frontends: DEFAULT_MAX_FRONTENDS,
             max_payload: DEFAULT_SNAPSHOT_MAX_PAYLOAD,
@@ -88,6 +102,9 @@ impl BookingSyncConfig {
         let invalid = |s: &str| Err(ClusterError::InvalidConfig(s.into()));
         if self.debounce.is_zero() || self.heartbeat < self.debounce {
             return invalid("debounce must be positive and heartbeat at least debounce");
+        }
+        if self.snapshot_every < self.heartbeat {
+            return invalid("snapshot_every must be at least heartbeat");
         }
         if self.expire_after <= self.heartbeat {
             return invalid("expire_after must be longer than heartbeat");
