@@ -3,9 +3,12 @@
 //! (recorded by `tools/dynamo/record_sequences.py` into
 //! `tests/fixtures/dynamo-1.6.1/nats/active_sequences.jsonl`): each
 //! `AddRequest` books its blocks and prefill tokens on its worker rank,
-//! `MarkPrefillCompleted` releases the prefill, `Free` the rest; a worker's
-//! own `MarkPrefillCompleted` is ignored; the bookings are bounded in count
-//! and age, and hostile payloads are typed errors.
+//! `MarkPrefillCompleted` releases the prefill, `Free` the rest, keyed by
+//! request whoever publishes them, as 1.6.1's routers apply them: a
+//! worker's own `MarkPrefillCompleted` ends the prefill, which matters when
+//! the router's is missing (`sequences-multitoken/`, answers of 20 to 40
+//! tokens); the bookings are bounded in count and age, and hostile
+//! payloads are typed errors.
 
 #[allow(dead_code)] // each test binary uses part of the support code
 mod support;
@@ -27,7 +30,11 @@ const SUBJECT: &str =
 
 /// The recorded payloads, with what each decodes to.
 fn recorded() -> Vec<(Vec<u8>, serde_json::Value)> {
-    let text = std::fs::read_to_string(fixture("nats/active_sequences.jsonl")).unwrap();
+    recorded_in("nats/active_sequences.jsonl")
+}
+
+fn recorded_in(path: &str) -> Vec<(Vec<u8>, serde_json::Value)> {
+    let text = std::fs::read_to_string(fixture(path)).unwrap();
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
@@ -111,8 +118,9 @@ fn the_recorded_routers_bookings_are_held_and_released_as_it_held_them() {
     };
     let thresholds = m.set_thresholds("tiny", &prefill).unwrap().thresholds;
     let s = Subscriber::new(m.clone(), SubscriberConfig::default(), clock).unwrap();
-    let mut ignored = 0;
+    let (mut held, mut worker_marks) = (std::collections::HashSet::new(), 0);
     for (bytes, want) in &events {
+        let request = want["request_id"].as_str().unwrap().to_owned();
         let rank = want["worker"]["dp_rank"].as_u64().unwrap() as u32;
         let router = want["router_id"].as_u64().unwrap();
         let applied = s.handle_on(SUBJECT, bytes).unwrap();
@@ -120,6 +128,7 @@ fn the_recorded_routers_bookings_are_held_and_released_as_it_held_them() {
         match &want["data"] {
             serde_json::Value::Object(add) => {
                 assert_eq!(applied, Applied::Report);
+                held.insert(request);
                 let add = &add["AddRequest"];
                 let tokens = add["prefill_load_hint"]["initial_effective_prefill_tokens"].as_u64();
                 assert_eq!(load.active_prefill_tokens, tokens);
@@ -129,10 +138,17 @@ fn the_recorded_routers_bookings_are_held_and_released_as_it_held_them() {
                 assert_eq!(thresholds.rank_busy(&load), tokens.unwrap() > 30);
             }
             serde_json::Value::String(kind) if router == worker => {
-                // The worker's own MarkPrefillCompleted: not a booking here.
+                // The worker's own MarkPrefillCompleted: applied to the
+                // request while it is held.
                 assert_eq!(kind, "MarkPrefillCompleted");
-                assert_eq!(applied, Applied::Ignored);
-                ignored += 1;
+                let expected = if held.contains(&request) {
+                    Applied::Report
+                } else {
+                    Applied::Ignored
+                };
+                assert_eq!(applied, expected);
+                assert_eq!(load.active_prefill_tokens, Some(0));
+                worker_marks += 1;
             }
             serde_json::Value::String(kind) if kind == "MarkPrefillCompleted" => {
                 assert_eq!(applied, Applied::Report);
@@ -142,11 +158,12 @@ fn the_recorded_routers_bookings_are_held_and_released_as_it_held_them() {
             serde_json::Value::String(kind) => {
                 assert_eq!((kind.as_str(), applied), ("Free", Applied::Report));
                 assert_eq!(load.active_decode_blocks, 0);
+                held.remove(&request);
             }
             other => panic!("unexpected data {other}"),
         }
     }
-    assert_eq!(ignored, 4);
+    assert_eq!(worker_marks, 4);
     assert_eq!(s.router_bookings(), 0);
     assert_eq!(s.stats().refused + s.stats().malformed, 0);
 }
@@ -170,6 +187,149 @@ fn an_attached_subscriber_follows_the_endpoints_router_bookings() {
     let rank = first_add.1["worker"]["dp_rank"].as_u64().unwrap() as u32;
     assert_eq!(s.router_bookings(), 1);
     assert!(m.rank_load(worker, rank).unwrap().active_prefill_tokens > Some(0));
+}
+
+/// A recording with answers of 20 to 40 tokens over two workers (three
+/// ranks), where the router published 13 `MarkPrefillCompleted` for 14
+/// requests and each worker one for every request it served: after every
+/// event, each rank holds exactly the prefill of the requests booked on it
+/// that nobody has yet marked done, and the blocks of those not freed.
+#[test]
+fn a_workers_mark_ends_the_prefill_when_the_routers_is_missing() {
+    let events = recorded_in("sequences-multitoken/active_sequences.jsonl");
+    let workers: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("sequences-multitoken/workers.json")).unwrap(),
+    )
+    .unwrap();
+    let clock = ManualClock::new();
+    let m = Arc::new(Monitor::with_config(Default::default(), clock.clone()).unwrap());
+    let mut ids = Vec::new();
+    for w in ["A", "B"] {
+        let id = workers["workers"][w]["worker_id"].as_u64().unwrap();
+        let spec = WorkerSpec {
+            dp_size: workers["workers"][w]["data_parallel_size"]
+                .as_u64()
+                .unwrap() as u32,
+            kv_total_blocks: Some(64),
+            ..Default::default()
+        };
+        m.add_worker("tiny", id, spec).unwrap();
+        ids.push(id);
+    }
+    let s = Subscriber::new(m.clone(), SubscriberConfig::default(), clock).unwrap();
+    // The reference: request -> (worker, rank, blocks, prefill left).
+    let mut model: std::collections::HashMap<String, (u64, u32, u64, u64)> = Default::default();
+    let mut router_marks = std::collections::HashSet::new();
+    for (bytes, want) in &events {
+        let request = want["request_id"].as_str().unwrap().to_owned();
+        let (w, r) = (
+            want["worker"]["worker_id"].as_u64().unwrap(),
+            want["worker"]["dp_rank"].as_u64().unwrap() as u32,
+        );
+        s.handle_on(SUBJECT, bytes).unwrap();
+        match &want["data"] {
+            serde_json::Value::Object(add) => {
+                let add = &add["AddRequest"];
+                let blocks = add["token_sequence"].as_array().unwrap().len() as u64;
+                let prefill = add["prefill_load_hint"]["initial_effective_prefill_tokens"]
+                    .as_u64()
+                    .unwrap();
+                model.entry(request).or_insert((w, r, blocks, prefill));
+            }
+            serde_json::Value::String(kind) if kind == "MarkPrefillCompleted" => {
+                if !ids.contains(&want["router_id"].as_u64().unwrap()) {
+                    router_marks.insert(request.clone());
+                }
+                if let Some(e) = model.get_mut(&request).filter(|e| (e.0, e.1) == (w, r)) {
+                    e.3 = 0;
+                }
+            }
+            _ => {
+                model.remove(&request);
+            }
+        }
+        for &w in &ids {
+            for r in 0..2 {
+                let Ok(load) = m.rank_load(w, r) else {
+                    continue;
+                };
+                let on = |e: &&(u64, u32, u64, u64)| (e.0, e.1) == (w, r);
+                let blocks: u64 = model.values().filter(on).map(|e| e.2).sum();
+                let prefill: u64 = model.values().filter(on).map(|e| e.3).sum();
+                assert_eq!(load.active_decode_blocks, blocks, "{w}/{r}");
+                assert_eq!(load.active_prefill_tokens.unwrap_or(0), prefill, "{w}/{r}");
+            }
+        }
+    }
+    let adds = events.iter().filter(|e| e.1["data"].is_object()).count();
+    assert!(
+        router_marks.len() < adds,
+        "the recording has a request the router never marked"
+    );
+    assert_eq!(s.router_bookings(), 0);
+}
+
+/// A change of request `request` on worker `worker`'s rank 0, published
+/// by `router_id`.
+fn change(request: &str, worker: u64, kind: &str, router_id: u64) -> Vec<u8> {
+    envelope(&Event {
+        request_id: request.to_owned(),
+        worker: Worker {
+            worker_id: worker,
+            dp_rank: 0,
+        },
+        data: kind,
+        router_id,
+    })
+}
+
+/// As a 1.6.1 router applies its replicas' events: by request alone. A
+/// repeat of an `AddRequest` from another router books nothing more; a
+/// change that names another worker than the booking's changes nothing;
+/// a `Free` from another router ends it.
+#[test]
+fn changes_apply_by_request_whoever_publishes_them() {
+    let clock = ManualClock::new();
+    let m = Arc::new(Monitor::with_config(Default::default(), clock.clone()).unwrap());
+    for w in [5, 6] {
+        m.add_worker("tiny", w, WorkerSpec::default()).unwrap();
+    }
+    let s = Subscriber::new(m.clone(), SubscriberConfig::default(), clock).unwrap();
+    let prefill = |w: u64| {
+        m.rank_load(w, 0)
+            .unwrap()
+            .active_prefill_tokens
+            .unwrap_or(0)
+    };
+    assert_eq!(s.handle(&add("a", 5, 40)).unwrap(), Applied::Report);
+    assert_eq!(
+        s.handle(&add_by("a", 6, 40, 8)).unwrap(),
+        Applied::OutOfOrder,
+        "a repeat from router 8"
+    );
+    assert_eq!((prefill(5), prefill(6), s.router_bookings()), (40, 0, 1));
+    for wrong in ["MarkPrefillCompleted", "Free"] {
+        assert_eq!(
+            s.handle(&change("a", 6, wrong, 6)).unwrap(),
+            Applied::Ignored,
+            "{wrong} naming another worker"
+        );
+    }
+    assert_eq!(prefill(5), 40);
+    // The worker's own mark (router id = its worker id) ends the prefill.
+    assert_eq!(
+        s.handle(&change("a", 5, "MarkPrefillCompleted", 5))
+            .unwrap(),
+        Applied::Report
+    );
+    assert_eq!(prefill(5), 0);
+    assert_eq!(m.rank_load(5, 0).unwrap().active_decode_blocks, 3);
+    assert_eq!(
+        s.handle(&change("a", 5, "Free", 77)).unwrap(),
+        Applied::Report
+    );
+    assert_eq!(m.rank_load(5, 0).unwrap().active_decode_blocks, 0);
+    assert_eq!(s.router_bookings(), 0);
 }
 
 /// A reference envelope around an `active_sequences_events` payload.
@@ -214,6 +374,11 @@ struct Event<D: Serialize> {
 }
 
 fn add(request: &str, worker: u64, prefill: u64) -> Vec<u8> {
+    add_by(request, worker, prefill, 9)
+}
+
+/// An `AddRequest` published by router `router_id`.
+fn add_by(request: &str, worker: u64, prefill: u64, router_id: u64) -> Vec<u8> {
     envelope(&Event {
         request_id: request.to_owned(),
         worker: Worker {
@@ -226,7 +391,7 @@ fn add(request: &str, worker: u64, prefill: u64) -> Vec<u8> {
             "expected_output_tokens": null,
             "prefill_load_hint": {"initial_effective_prefill_tokens": prefill, "expected_prefill_duration": null},
         }}),
-        router_id: 9,
+        router_id,
     })
 }
 

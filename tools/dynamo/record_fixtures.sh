@@ -7,8 +7,10 @@
 # mocker import; installs nats-server and etcd-server from Debian when they
 # are missing; then runs record_fixtures.py twice: with the KV router (the
 # full fixture set) and with the round-robin router (answers, metric lines
-# and NATS counts only); record_etcd.py (a worker's etcd records) and
-# record_sequences.py (a replica-synced router's bookings).
+# and NATS counts only); record_etcd.py (a worker's etcd records),
+# record_sequences.py (a replica-synced router's bookings),
+# record_sequences_multitoken.py (the same with two workers and long answers)
+# and replica_inject.py (bookings published by a third party, and their expiry).
 #
 # Usage: tools/dynamo/record_fixtures.sh [extra record_fixtures.py flags]
 # Nothing is downloaded but packages: the tokenizer is made locally.
@@ -46,4 +48,8 @@ fi
     --router-mode round-robin --lite "$@"
 (cd "$here" && "$venv/bin/python" record_etcd.py --out "$out")
 (cd "$here" && "$venv/bin/python" record_sequences.py --out "$out")
+(cd "$here" && "$venv/bin/python" record_sequences_multitoken.py --out "$out")
+(cd "$here" && "$venv/bin/python" replica_inject.py --out "$out")
+(cd "$here" && "$venv/bin/python" replica_inject.py --out "$out" --expiry-secs 10)
+(cd "$here" && "$venv/bin/python" replica_inject.py --out "$out" --expiry-secs 10 --keepalive-secs 4)
 echo "fixtures written to $out ($(du -sh "$out" | cut -f1))"

@@ -3,13 +3,20 @@
 //! blocks and prefill tokens they routed as they do.
 //!
 //! Each `AddRequest` from a router books its request's blocks and prefill
-//! tokens on the worker rank ([`Monitor::book_with_prefill`]); its
-//! `MarkPrefillCompleted` releases the prefill tokens and its `Free`
-//! releases the rest, exactly as loadgate's own router bookings are
-//! released. Bookings are keyed by (router, request), so two routers'
-//! requests never mix, and a change for a request this monitor does not
-//! hold (a worker's own `MarkPrefillCompleted`, or a request routed before
-//! the subscription started) is ignored.
+//! tokens on the worker rank ([`Monitor::book_with_prefill`]); a
+//! `MarkPrefillCompleted` releases the prefill tokens and a `Free` releases
+//! the rest, exactly as loadgate's own router bookings are released. As a
+//! 1.6.1 router applies its replicas' events (`apply_replica_event`),
+//! bookings are keyed by request alone, whoever publishes a change: the
+//! first `AddRequest` of a request books it (a repeat, from any router, is
+//! ignored), and a `MarkPrefillCompleted` or `Free` from any router or
+//! worker applies when it names the worker and rank the request was booked
+//! on. Workers publish a `MarkPrefillCompleted` of their own for every
+//! request (with their worker id as `router_id`), while a router's own mark
+//! can be missing (it publishes none when the worker's came first), so the
+//! worker's mark is what ends most prefills. A change for a request this
+//! monitor does not hold (routed before the subscription started) is
+//! ignored.
 //!
 //! Bounded: at most `max` bookings are held (more are refused and counted),
 //! and a booking held longer than `ttl` is dropped, so a router that dies
@@ -29,9 +36,12 @@ use super::subscriber::outcome::{Applied, HandleError};
 use super::wire::{SequenceChange, SequenceEvent};
 use crate::monitor::{Booking, Monitor, Owner};
 
-/// One router's booking of one request.
+/// A router's booking of one request.
 struct Held {
     booking: Booking,
+    /// The worker and rank it was booked on.
+    worker_id: u64,
+    dp_rank: u32,
     /// Clock time it was booked at.
     booked_at: u64,
 }
@@ -40,7 +50,7 @@ struct Held {
 pub(super) struct RouterBookings {
     max: usize,
     ttl_nanos: u64,
-    held: Mutex<HashMap<(u64, String), Held, RandomState>>,
+    held: Mutex<HashMap<String, Held, RandomState>>,
 }
 
 impl RouterBookings {
@@ -59,8 +69,9 @@ impl RouterBookings {
         event: SequenceEvent,
         now: u64,
     ) -> Result<Applied, HandleError> {
-        let key = (event.router_id, event.request_id);
+        let key = event.request_id;
         let mut held = lock(&self.held);
+        let on_its_rank = |h: &Held| (h.worker_id, h.dp_rank) == (event.worker_id, event.dp_rank);
         match event.change {
             SequenceChange::Add {
                 blocks,
@@ -87,22 +98,27 @@ impl RouterBookings {
                     key,
                     Held {
                         booking,
+                        worker_id: event.worker_id,
+                        dp_rank: event.dp_rank,
                         booked_at: now,
                     },
                 );
                 Ok(Applied::Report)
             }
             SequenceChange::PrefillDone => match held.get_mut(&key) {
-                Some(h) => {
+                Some(h) if on_its_rank(h) => {
                     h.booking.prefill_done();
                     Ok(Applied::Report)
                 }
-                None => Ok(Applied::Ignored),
+                _ => Ok(Applied::Ignored),
             },
             // Dropping the booking releases it.
-            SequenceChange::Free => match held.remove(&key) {
-                Some(_) => Ok(Applied::Report),
-                None => Ok(Applied::Ignored),
+            SequenceChange::Free => match held.get(&key) {
+                Some(h) if on_its_rank(h) => {
+                    held.remove(&key);
+                    Ok(Applied::Report)
+                }
+                _ => Ok(Applied::Ignored),
             },
         }
     }
