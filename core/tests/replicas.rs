@@ -358,6 +358,24 @@ fn a_restarted_frontend_replaces_its_old_bookings() {
 }
 
 #[test]
+fn a_removed_worker_leaves_the_others_views() {
+    let clock = ManualClock::new();
+    let (a, b) = (Frontend::new("a", &clock), Frontend::new("b", &clock));
+    let _x = a.monitor.book(1, 0, 20).unwrap();
+    let _y = a.monitor.book(2, 0, 5).unwrap();
+    b.deliver(&a.send());
+    assert_eq!((b.blocks(1), b.blocks(2)), (20, 5));
+    a.monitor.remove_worker(2).unwrap();
+    let change = a.send();
+    assert_eq!(read(&change).ranks, vec![entry(2, 0, 0)]);
+    b.deliver(&change);
+    assert_eq!((b.blocks(1), b.blocks(2)), (20, 0));
+    // Registered again, it starts from nothing here and there.
+    a.monitor.add_worker(M, 2, spec(1, 100)).unwrap();
+    assert!(a.send().is_empty());
+}
+
+#[test]
 fn a_worker_registered_again_starts_from_nothing_shared() {
     let clock = ManualClock::new();
     let (a, b) = (Frontend::new("a", &clock), Frontend::new("b", &clock));

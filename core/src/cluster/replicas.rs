@@ -72,6 +72,7 @@ use crate::monitor::Monitor;
 mod config;
 mod lease;
 mod peers;
+mod sent;
 mod wire;
 
 pub use config::{
@@ -81,6 +82,7 @@ pub use config::{
 };
 use lease::Leases;
 use peers::Peer;
+use sent::Sent;
 pub use wire::{Heard, Lease, QueueEntry, RankEntry, SyncMessage, MAX_RESYNC, SYNC_VERSION};
 
 /// What a received message did.
@@ -203,15 +205,6 @@ pub struct SyncStats {
     pub fenced: u64,
 }
 
-/// What the messages sent so far add up to.
-struct Sent {
-    ranks: Vec<RankEntry>,
-    queues: Vec<QueueEntry>,
-    /// When the last message went, and the last whole state.
-    at: u64,
-    whole_at: u64,
-}
-
 #[derive(Default)]
 struct State {
     peers: std::collections::HashMap<String, Peer, RandomState>,
@@ -284,6 +277,7 @@ impl BookingSync {
             let lease = nanos(config.lease);
             state.leases = Some(Leases::new(&config.frontend_id, instance, lease));
         }
+        monitor.track_own_changes();
         let sync = Arc::new(Self {
             monitor,
             clock,
@@ -376,7 +370,7 @@ impl BookingSync {
                 peers::retry(&self.monitor, &mut peer.shared);
             }
         }
-        let (ranks, queues) = self.own(st);
+        let queues = self.queues();
         let again = nanos(self.config.heartbeat);
         let resync: Vec<String> = st
             .peers
@@ -388,17 +382,18 @@ impl BookingSync {
                 id.clone()
             })
             .collect();
+        let hello = st.last.is_none();
         let whole = st.last.as_ref().is_none_or(|last| {
             st.reply_due || now.saturating_sub(last.whole_at) >= nanos(self.config.snapshot_every)
         });
-        let (changed_ranks, changed_queues) = match &st.last {
-            Some(last) if !whole => (
-                wire::changes(&last.ranks, &ranks, RankEntry::key, |e| RankEntry {
-                    blocks: 0,
-                    prefill: 0,
-                    ..*e
-                }),
-                wire::changes(
+        let heartbeat_due = st
+            .last
+            .as_ref()
+            .is_some_and(|last| now.saturating_sub(last.at) >= heartbeat);
+        let (ranks, queues) = match &mut st.last {
+            Some(last) if !whole => {
+                let ranks = last.changes(&self.monitor, &mut st.totals);
+                let changed = wire::changes(
                     &last.queues,
                     &queues,
                     |q| q.model.clone(),
@@ -407,67 +402,46 @@ impl BookingSync {
                         requests: 0,
                         tokens: 0,
                     },
-                ),
-            ),
-            _ => (Vec::new(), Vec::new()),
+                );
+                last.queues = queues;
+                (ranks, changed)
+            }
+            _ => {
+                let (ranks, sent) = Sent::whole(&self.monitor, queues.clone(), now, &mut st.totals);
+                st.last = Some(sent);
+                (ranks, queues)
+            }
         };
         let due = whole
             || lease_due
-            || !changed_ranks.is_empty()
-            || !changed_queues.is_empty()
-            || !resync.is_empty()
-            || st
-                .last
-                .as_ref()
-                .is_some_and(|last| now.saturating_sub(last.at) >= heartbeat);
+            || heartbeat_due
+            || !ranks.is_empty()
+            || !queues.is_empty()
+            || !resync.is_empty();
         if !due {
             return Ok(false);
         }
         st.seq += 1;
         let lease = st.leases.as_mut().map(|l| l.section(now));
         let asked = resync.len() as u64;
-        let mut message = SyncMessage {
+        let message = SyncMessage {
             v: SYNC_VERSION,
             frontend: self.config.frontend_id.clone(),
             instance: self.instance,
             seq: st.seq,
-            hello: st.last.is_none(),
+            hello,
             full: whole,
-            ranks: changed_ranks,
-            queues: changed_queues,
+            ranks,
+            queues,
             resync,
             lease,
         };
-        let sent = if whole {
-            message.ranks = ranks;
-            message.queues = queues;
-            let payload = message.to_msgpack();
-            let whole_at = now;
-            (
-                payload,
-                Sent {
-                    ranks: message.ranks,
-                    queues: message.queues,
-                    at: now,
-                    whole_at,
-                },
-            )
-        } else {
-            let whole_at = st.last.as_ref().map_or(now, |l| l.whole_at);
-            (
-                message.to_msgpack(),
-                Sent {
-                    ranks,
-                    queues,
-                    at: now,
-                    whole_at,
-                },
-            )
-        };
-        let (payload, last) = sent;
+        let payload = message.to_msgpack();
         let size = payload.len();
         st.reply_due = false;
-        st.last = Some(last);
+        if let Some(last) = &mut st.last {
+            last.at = now;
+        }
         drop(guard);
         transport.publish(&self.subject, payload)?;
         self.counters[SENT].fetch_add(1, Ordering::Relaxed);
@@ -478,21 +452,8 @@ impl BookingSync {
         Ok(true)
     }
 
-    /// This frontend's own bookings and queues, sorted.
-    fn own(&self, st: &mut State) -> (Vec<RankEntry>, Vec<QueueEntry>) {
-        st.totals.clear();
-        self.monitor.own_bookings(&mut st.totals);
-        let mut ranks: Vec<RankEntry> = st
-            .totals
-            .iter()
-            .map(|t| RankEntry {
-                worker_id: t.worker_id,
-                dp_rank: t.dp_rank,
-                blocks: t.blocks,
-                prefill: t.prefill,
-            })
-            .collect();
-        ranks.sort_unstable_by_key(|e| (e.worker_id, e.dp_rank));
+    /// This frontend's queues, sorted by model.
+    fn queues(&self) -> Vec<QueueEntry> {
         let mut queues: Vec<QueueEntry> = self
             .monitor
             .queue_totals()
@@ -504,7 +465,7 @@ impl BookingSync {
             })
             .collect();
         queues.sort_by(|a, b| a.model.cmp(&b.model));
-        (ranks, queues)
+        queues
     }
 
     fn expire(&self, st: &mut State, now: u64) {

@@ -200,6 +200,9 @@ pub(super) fn shift(worker: &Worker, rank: usize, owner: Owner, from: (u64, u64)
     }
     if owner != Owner::Shared {
         move_counter(&r.own_prefill, from.1, to.1);
+        if from != to || owner == Owner::Reserved {
+            worker.mark_own_changed();
+        }
     }
     move_counter(&r.active_decode_blocks, from.0, to.0);
     if to.1 > from.1 {

@@ -27,7 +27,7 @@ use super::config::Staleness;
 use super::model::Model;
 use crate::error::ReportError;
 use crate::load::{rank_index, LoadReport, WorkerSpec, UNREPORTED};
-use crate::sync::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{fence, AtomicBool, AtomicU64, Ordering};
 use crate::thresholds::{RankLoad, DEFAULT_MAX_NUM_BATCHED_TOKENS};
 
 /// The load fields of one rank; each field is written by its own source.
@@ -135,6 +135,9 @@ pub(super) struct Worker {
     pub(super) busy: AtomicBool,
     /// Set once by `remove_worker`; a removed worker publishes nothing.
     pub(super) removed: AtomicBool,
+    /// The own bookings of some rank changed since booking sync last read
+    /// them (`mark_own_changed`).
+    pub(super) own_changed: AtomicBool,
 }
 
 impl Worker {
@@ -214,6 +217,31 @@ impl Worker {
                 // Relaxed: an input, released by the combiner (module docs).
                 rank.own_blocks.load(Ordering::Relaxed) >= cap
             })
+    }
+
+    /// Marks the worker's own bookings changed, after a rank's counters
+    /// moved, for booking sync's next read (`Monitor::own_changes`).
+    ///
+    /// The store-buffering pairing of `share.rs`: here the counters are
+    /// written, then a `SeqCst` fence, then the mark read; the reader
+    /// clears the mark, then a `SeqCst` fence, then reads the counters. So
+    /// either the reader that cleared the mark reads this change, or this
+    /// sees the mark cleared and sets it again (release) for the next
+    /// reader, whose clearing swap (acquire) then sees the counters. The
+    /// loom model in `monitor/replicas.rs` fails without the fences. Costs
+    /// one relaxed load when no sync reads the marks.
+    #[inline]
+    pub(super) fn mark_own_changed(&self) {
+        // A change racing the switch-on is read at the latest by the
+        // sync's next whole state (`snapshot_every`).
+        if !self.model.share.changes_tracked() {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fence; the store releases the counters.
+        if !self.own_changed.load(Ordering::Relaxed) {
+            self.own_changed.store(true, Ordering::Release);
+        }
     }
 
     /// Registers a change and returns; some thread publishes it.

@@ -42,6 +42,8 @@ pub(super) struct Registry {
     pub(super) models: FastMap<Box<str>, Arc<Model>>,
     /// Ranks over all workers (bounded by `Limits::max_ranks`).
     pub(super) ranks: usize,
+    /// One more with every snapshot stored.
+    pub(super) generation: u64,
 }
 
 impl Monitor {
@@ -138,6 +140,7 @@ impl Monitor {
             combiner: Combiner::new(),
             busy: AtomicBool::new(false),
             removed: AtomicBool::new(false),
+            own_changed: AtomicBool::new(false),
         });
         // The slot is fresh or was fully released by `remove_worker`.
         // Relaxed: published to routers by the member bit set below (AcqRel).
@@ -150,6 +153,7 @@ impl Monitor {
             .words_in_use
             .fetch_max(slot / 64 + 1, Ordering::AcqRel);
         let mut next = (*current).clone();
+        next.generation += 1;
         next.workers.insert(worker_id, worker.clone());
         next.ranks = ranks_after;
         if let Some(name) = evict {
@@ -221,6 +225,7 @@ impl Monitor {
         worker.reevaluate_and_wait();
         model.end_lease(worker.slot);
         let mut next = (*current).clone();
+        next.generation += 1;
         next.workers.remove(&worker_id);
         next.ranks -= worker.ranks.len();
         self.registry.store(Arc::new(next));

@@ -23,7 +23,7 @@ use super::booking::{shift, Owner};
 use super::rank::Worker;
 use super::share::WHOLE;
 use super::Monitor;
-use crate::sync::Ordering;
+use crate::sync::{fence, Ordering};
 
 /// This monitor's own bookings on one rank.
 #[derive(Debug, Clone, Copy)]
@@ -92,6 +92,61 @@ impl Monitor {
                 }
             }
         }
+    }
+
+    /// From now on bookings mark the ranks whose own bookings they
+    /// change, for [`own_changes`](Self::own_changes).
+    pub(crate) fn track_own_changes(&self) {
+        self.share.track_changes();
+    }
+
+    /// Appends to `out` the own bookings (zero included) of every rank of
+    /// every worker whose own bookings changed since the last call, and
+    /// clears their marks: the pairing is in `Worker::mark_own_changed`.
+    /// Reads one flag per worker, and the ranks of the workers marked.
+    pub(crate) fn own_changes(&self, out: &mut Vec<RankTotals>) {
+        let reg = self.registry.load();
+        for worker in reg.workers.values() {
+            // Relaxed: a look before the swap that orders.
+            if !worker.own_changed.load(Ordering::Relaxed)
+                || !worker.own_changed.swap(false, Ordering::AcqRel)
+            {
+                continue;
+            }
+            fence(Ordering::SeqCst);
+            for (i, rank) in worker.ranks.iter().enumerate() {
+                out.push(RankTotals {
+                    worker_id: worker.id,
+                    dp_rank: worker.dp_start + i as u32,
+                    // Relaxed: after the fence (above).
+                    blocks: rank.own_blocks.load(Ordering::Relaxed),
+                    prefill: rank.own_prefill.load(Ordering::Relaxed),
+                });
+            }
+        }
+    }
+
+    /// This monitor's own bookings on rank `dp_rank` of `worker_id` now
+    /// ((0, 0) for a worker or rank it does not hold).
+    pub(crate) fn own_booked(&self, worker_id: u64, dp_rank: u32) -> (u64, u64) {
+        let reg = self.registry.load();
+        let Some(worker) = reg.workers.get(&worker_id) else {
+            return (0, 0);
+        };
+        match worker.rank(dp_rank) {
+            // Relaxed: a snapshot of counters, as `own_bookings`.
+            Ok(r) => (
+                r.own_blocks.load(Ordering::Relaxed),
+                r.own_prefill.load(Ordering::Relaxed),
+            ),
+            Err(_) => (0, 0),
+        }
+    }
+
+    /// The generation of the set of workers and models: one more after any
+    /// worker is added or removed.
+    pub(crate) fn workers_generation(&self) -> u64 {
+        self.registry.load().generation
     }
 
     /// Moves what the sync added to rank `dp_rank` of `worker_id` from
@@ -260,6 +315,43 @@ mod loom_tests {
             assert!(!m.is_busy(1).unwrap(), "30 of a line of 50");
             drop(held);
             assert_eq!(m.rank_load(1, 0).unwrap().active_decode_blocks, 0);
+        });
+    }
+
+    /// The marks by which a tick reads only the workers whose own bookings
+    /// changed (`Worker::mark_own_changed`): a booking racing a tick is
+    /// read by that tick or marked for the next, so the last totals read
+    /// are the rank's. Without the fences the model finds the change that
+    /// neither reads.
+    #[test]
+    fn a_booking_racing_a_tick_is_read_by_it_or_by_the_next() {
+        loom::model(|| {
+            let m = Monitor::with_config(MonitorConfig::default(), ManualClock::new()).unwrap();
+            let spec = WorkerSpec {
+                dp_size: 2,
+                kv_total_blocks: Some(100),
+                ..Default::default()
+            };
+            m.add_worker("m", 1, spec).unwrap();
+            m.track_own_changes();
+            let early = m.book(1, 1, 7).unwrap();
+            let m = Arc::new(m);
+            let front = m.clone();
+            let request = loom::thread::spawn(move || front.book(1, 0, 30).unwrap());
+            let mut read = std::collections::HashMap::new();
+            let mut tick = |read: &mut std::collections::HashMap<u32, u64>| {
+                let mut out = Vec::new();
+                m.own_changes(&mut out);
+                for t in out {
+                    read.insert(t.dp_rank, t.blocks);
+                }
+            };
+            tick(&mut read);
+            let held = request.join().unwrap();
+            tick(&mut read);
+            assert_eq!(read.get(&0), Some(&30), "rank 0's booking never read");
+            assert_eq!(read.get(&1), Some(&7));
+            drop((held, early));
         });
     }
 }

@@ -85,6 +85,7 @@ impl Monitor {
                         };
                         let m = self.create_model(model);
                         let mut next = (*current).clone();
+                        next.generation += 1;
                         if let Some(name) = evict {
                             next.models.remove(&name);
                             self.drop_default_queue(&name);

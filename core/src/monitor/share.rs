@@ -24,7 +24,7 @@
 //! them. The loom model below fails without the fences.
 
 use crate::clock::SharedClock;
-use crate::sync::{fence, AtomicU64, Ordering};
+use crate::sync::{fence, AtomicBool, AtomicU64, Ordering};
 
 /// One million: shares are parts per million of a rank's line.
 pub(crate) const WHOLE: u32 = 1_000_000;
@@ -42,6 +42,9 @@ pub(crate) struct Share {
     word: AtomicU64,
     /// Bookings refused for want of room, for the sync to ask for more.
     refused: AtomicU64,
+    /// A booking sync reads which ranks' own bookings changed: bookings
+    /// mark them (`Worker::mark_own_changed`).
+    tracked: AtomicBool,
     clock: SharedClock,
 }
 
@@ -58,8 +61,21 @@ impl Share {
         Self {
             word: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            tracked: AtomicBool::new(false),
             clock,
         }
+    }
+
+    /// Bookings mark the ranks whose own bookings they change from now on.
+    pub(crate) fn track_changes(&self) {
+        self.tracked.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether bookings mark the ranks they change. Relaxed: a flag set
+    /// once, before the sync's first read.
+    #[inline]
+    pub(crate) fn changes_tracked(&self) -> bool {
+        self.tracked.load(Ordering::Relaxed)
     }
 
     /// Sets the share to `used` parts per million until clock time
