@@ -4,11 +4,11 @@
 //! `tests/fixtures/dynamo-1.6.1/nats/active_sequences.jsonl`): each
 //! `AddRequest` books its blocks and prefill tokens on its worker rank,
 //! `MarkPrefillCompleted` releases the prefill, `Free` the rest, keyed by
-//! request whoever publishes them, as 1.6.1's routers apply them: a
-//! worker's own `MarkPrefillCompleted` ends the prefill, which matters when
-//! the router's is missing (`sequences-multitoken/`, answers of 20 to 40
-//! tokens); the bookings are bounded in count and age, and hostile
-//! payloads are typed errors.
+//! request whoever publishes them, as 1.6.1's routers apply them: the
+//! booking router's mark shows at once, a worker's at the rank's next
+//! publication (`sequences-multitoken/`, answers of 20 to 40 tokens, where
+//! the router's mark is missing for one request); the bookings are bounded
+//! in count and age, and hostile payloads are typed errors.
 
 #[allow(dead_code)] // each test binary uses part of the support code
 mod support;
@@ -20,6 +20,7 @@ use base64::Engine as _;
 use loadgate::cluster::wire::{decode, Decoded, SequenceChange, WireError, MAX_REQUEST_ID};
 use loadgate::cluster::{
     Applied, HandleError, InProcessBus, Subjects, Subscriber, SubscriberConfig, Transport,
+    HIDDEN_RELEASE_LAG,
 };
 use loadgate::{ManualClock, Monitor, ThresholdUpdate, WorkerSpec};
 use serde::Serialize;
@@ -123,6 +124,7 @@ fn the_recorded_routers_bookings_are_held_and_released_as_it_held_them() {
         let request = want["request_id"].as_str().unwrap().to_owned();
         let rank = want["worker"]["dp_rank"].as_u64().unwrap() as u32;
         let router = want["router_id"].as_u64().unwrap();
+        let before = m.rank_load(worker, rank).unwrap();
         let applied = s.handle_on(SUBJECT, bytes).unwrap();
         let load = m.rank_load(worker, rank).unwrap();
         match &want["data"] {
@@ -139,7 +141,8 @@ fn the_recorded_routers_bookings_are_held_and_released_as_it_held_them() {
             }
             serde_json::Value::String(kind) if router == worker => {
                 // The worker's own MarkPrefillCompleted: applied to the
-                // request while it is held.
+                // request while it is held, and shown only at the rank's
+                // next publication (never, on this clock that stands still).
                 assert_eq!(kind, "MarkPrefillCompleted");
                 let expected = if held.contains(&request) {
                     Applied::Report
@@ -147,7 +150,7 @@ fn the_recorded_routers_bookings_are_held_and_released_as_it_held_them() {
                     Applied::Ignored
                 };
                 assert_eq!(applied, expected);
-                assert_eq!(load.active_prefill_tokens, Some(0));
+                assert_eq!(load, before);
                 worker_marks += 1;
             }
             serde_json::Value::String(kind) if kind == "MarkPrefillCompleted" => {
@@ -189,14 +192,48 @@ fn an_attached_subscriber_follows_the_endpoints_router_bookings() {
     assert!(m.rank_load(worker, rank).unwrap().active_prefill_tokens > Some(0));
 }
 
+/// One request in the reference view of a 1.6.1 router's published load.
+struct Reference {
+    rank: (u64, u32),
+    blocks: u64,
+    prefill: u64,
+    router: u64,
+    /// When another's mark released the prefill unseen.
+    hidden: Option<u64>,
+    released: bool,
+}
+
+/// The router's publication of `rank` at `now`: the releases hidden for at
+/// least the lag show.
+fn publish(model: &mut std::collections::HashMap<String, Reference>, rank: (u64, u32), now: u64) {
+    let lag = HIDDEN_RELEASE_LAG.as_nanos() as u64;
+    for r in model.values_mut().filter(|r| r.rank == rank) {
+        if r.hidden.is_some_and(|t| now - t >= lag) {
+            (r.released, r.hidden) = (true, None);
+        }
+    }
+}
+
 /// A recording with answers of 20 to 40 tokens over two workers (three
 /// ranks), where the router published 13 `MarkPrefillCompleted` for 14
-/// requests and each worker one for every request it served: after every
-/// event, each rank holds exactly the prefill of the requests booked on it
-/// that nobody has yet marked done, and the blocks of those not freed.
+/// requests and each worker one for every request it served, replayed on
+/// the clock of the envelopes' `published_at`: after every event each rank
+/// holds exactly what the router published for it (module docs of
+/// `cluster/bookings.rs`): the prefill of the requests not yet shown done,
+/// and the blocks of those not freed.
 #[test]
-fn a_workers_mark_ends_the_prefill_when_the_routers_is_missing() {
-    let events = recorded_in("sequences-multitoken/active_sequences.jsonl");
+fn a_workers_mark_shows_at_the_ranks_next_publication() {
+    let path = "sequences-multitoken/active_sequences.jsonl";
+    let events = recorded_in(path);
+    let published: Vec<u64> = std::fs::read_to_string(fixture(path))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["envelope"]["published_at"].as_u64().unwrap() * 1_000_000
+        })
+        .collect();
     let workers: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(fixture("sequences-multitoken/workers.json")).unwrap(),
     )
@@ -216,16 +253,19 @@ fn a_workers_mark_ends_the_prefill_when_the_routers_is_missing() {
         m.add_worker("tiny", id, spec).unwrap();
         ids.push(id);
     }
-    let s = Subscriber::new(m.clone(), SubscriberConfig::default(), clock).unwrap();
-    // The reference: request -> (worker, rank, blocks, prefill left).
-    let mut model: std::collections::HashMap<String, (u64, u32, u64, u64)> = Default::default();
-    let mut router_marks = std::collections::HashSet::new();
-    for (bytes, want) in &events {
+    let s = Subscriber::new(m.clone(), SubscriberConfig::default(), clock.clone()).unwrap();
+    let mut model: std::collections::HashMap<String, Reference> = Default::default();
+    let (mut router_marks, mut freed_hidden) = (std::collections::HashSet::new(), 0);
+    let mut now = 0;
+    for ((bytes, want), at) in events.iter().zip(published) {
+        now = now.max(at);
+        clock.set_nanos(now);
         let request = want["request_id"].as_str().unwrap().to_owned();
-        let (w, r) = (
+        let rank = (
             want["worker"]["worker_id"].as_u64().unwrap(),
             want["worker"]["dp_rank"].as_u64().unwrap() as u32,
         );
+        let router = want["router_id"].as_u64().unwrap();
         s.handle_on(SUBJECT, bytes).unwrap();
         match &want["data"] {
             serde_json::Value::Object(add) => {
@@ -234,18 +274,38 @@ fn a_workers_mark_ends_the_prefill_when_the_routers_is_missing() {
                 let prefill = add["prefill_load_hint"]["initial_effective_prefill_tokens"]
                     .as_u64()
                     .unwrap();
-                model.entry(request).or_insert((w, r, blocks, prefill));
+                model.entry(request).or_insert(Reference {
+                    rank,
+                    blocks,
+                    prefill,
+                    router,
+                    hidden: None,
+                    released: false,
+                });
+                publish(&mut model, rank, now);
             }
             serde_json::Value::String(kind) if kind == "MarkPrefillCompleted" => {
-                if !ids.contains(&want["router_id"].as_u64().unwrap()) {
+                if !ids.contains(&router) {
                     router_marks.insert(request.clone());
                 }
-                if let Some(e) = model.get_mut(&request).filter(|e| (e.0, e.1) == (w, r)) {
-                    e.3 = 0;
+                if let Some(r) = model
+                    .get_mut(&request)
+                    .filter(|r| r.rank == rank && !r.released)
+                {
+                    if router == r.router {
+                        (r.released, r.hidden) = (true, None);
+                        publish(&mut model, rank, now);
+                    } else if r.hidden.is_none() {
+                        r.hidden = Some(now);
+                    }
                 }
             }
             _ => {
-                model.remove(&request);
+                if model.get(&request).is_some_and(|r| r.rank == rank) {
+                    let r = model.remove(&request).unwrap();
+                    freed_hidden += usize::from(r.hidden.is_some());
+                    publish(&mut model, rank, now);
+                }
             }
         }
         for &w in &ids {
@@ -253,9 +313,14 @@ fn a_workers_mark_ends_the_prefill_when_the_routers_is_missing() {
                 let Ok(load) = m.rank_load(w, r) else {
                     continue;
                 };
-                let on = |e: &&(u64, u32, u64, u64)| (e.0, e.1) == (w, r);
-                let blocks: u64 = model.values().filter(on).map(|e| e.2).sum();
-                let prefill: u64 = model.values().filter(on).map(|e| e.3).sum();
+                let on = |e: &&Reference| e.rank == (w, r);
+                let blocks: u64 = model.values().filter(on).map(|e| e.blocks).sum();
+                let prefill: u64 = model
+                    .values()
+                    .filter(on)
+                    .filter(|e| !e.released)
+                    .map(|e| e.prefill)
+                    .sum();
                 assert_eq!(load.active_decode_blocks, blocks, "{w}/{r}");
                 assert_eq!(load.active_prefill_tokens.unwrap_or(0), prefill, "{w}/{r}");
             }
@@ -266,6 +331,7 @@ fn a_workers_mark_ends_the_prefill_when_the_routers_is_missing() {
         router_marks.len() < adds,
         "the recording has a request the router never marked"
     );
+    eprintln!("{freed_hidden} requests freed while their release was still hidden");
     assert_eq!(s.router_bookings(), 0);
 }
 
@@ -294,7 +360,7 @@ fn changes_apply_by_request_whoever_publishes_them() {
     for w in [5, 6] {
         m.add_worker("tiny", w, WorkerSpec::default()).unwrap();
     }
-    let s = Subscriber::new(m.clone(), SubscriberConfig::default(), clock).unwrap();
+    let s = Subscriber::new(m.clone(), SubscriberConfig::default(), clock.clone()).unwrap();
     let prefill = |w: u64| {
         m.rank_load(w, 0)
             .unwrap()
@@ -316,18 +382,31 @@ fn changes_apply_by_request_whoever_publishes_them() {
         );
     }
     assert_eq!(prefill(5), 40);
-    // The worker's own mark (router id = its worker id) ends the prefill.
+    // The worker's own mark (router id = its worker id) ends the prefill
+    // unseen, until the rank's next publication at least the lag later.
     assert_eq!(
         s.handle(&change("a", 5, "MarkPrefillCompleted", 5))
             .unwrap(),
         Applied::Report
     );
-    assert_eq!(prefill(5), 0);
-    assert_eq!(m.rank_load(5, 0).unwrap().active_decode_blocks, 3);
-    assert_eq!(
-        s.handle(&change("a", 5, "Free", 77)).unwrap(),
-        Applied::Report
-    );
+    assert_eq!(prefill(5), 40);
+    clock.advance(HIDDEN_RELEASE_LAG / 2);
+    s.handle(&add("b", 5, 10)).unwrap();
+    assert_eq!(prefill(5), 50, "a publication before the lag shows nothing");
+    clock.advance(HIDDEN_RELEASE_LAG / 2);
+    s.handle(&add("c", 5, 1)).unwrap();
+    assert_eq!(prefill(5), 11, "a's release shows");
+    // The booking router's own mark shows at once.
+    s.handle(&change("b", 5, "MarkPrefillCompleted", 9))
+        .unwrap();
+    assert_eq!(prefill(5), 1);
+    assert_eq!(m.rank_load(5, 0).unwrap().active_decode_blocks, 9);
+    for r in ["a", "b", "c"] {
+        assert_eq!(
+            s.handle(&change(r, 5, "Free", 77)).unwrap(),
+            Applied::Report
+        );
+    }
     assert_eq!(m.rank_load(5, 0).unwrap().active_decode_blocks, 0);
     assert_eq!(s.router_bookings(), 0);
 }

@@ -60,6 +60,9 @@ REPORT_INTERVAL = 0.5
 # within this (delivery, and the probe's own round trip) of a change is a
 # transition.
 EVENT_INTERVAL = 0.1
+# The prefill case's answers (tokens) and clients.
+LONG_ANSWER = 20
+PREFILL_CLIENTS = 24
 
 pytestmark = pytest.mark.skipif(
     not DYNAMO_PYTHON or shutil.which("nats-server") is None,
@@ -302,18 +305,24 @@ def test_decode_busy_agrees_with_dynamos_529(deployment: Deployment, monitor: Mo
 
 def test_prefill_busy_agrees_with_dynamos_529(deployment: Deployment, monitor: Monitor) -> None:
     # Decode out of the way (a rank is decode-busy only over all its
-    # blocks). 36 clients send 200-token prompts for one token each, back to
-    # back: a request is booked as prefill nearly all its life, so every
-    # rank stays over 100 tokens while they run.
+    # blocks). Clients send 170-token prompts for answers of 20 tokens,
+    # back to back: a request is booked as prefill only until its prefill
+    # completes, then decodes for most of its life, so the ranks turn
+    # prefill-busy and free again all the time. Dynamo's router marks a
+    # request's prefill done, or its worker does first: then the router
+    # publishes no mark of its own, and its busy check sees the release only
+    # at the rank's next publication, as loadgate does.
     set_both(deployment, monitor, 1.0, 100)
     stop = threading.Event()
 
     def load(salt: int) -> None:
         while not stop.is_set():
-            post(deployment.http, "/v1/completions", {"model": MODEL, "prompt": prompt(200, salt), "max_tokens": 1})
-            salt += 36
+            post(deployment.http, "/v1/completions", {
+                "model": MODEL, "prompt": prompt(170, salt), "max_tokens": LONG_ANSWER,
+                "min_tokens": LONG_ANSWER, "ignore_eos": True})
+            salt += PREFILL_CLIENTS
 
-    threads = [threading.Thread(target=load, args=(1000 + i,), daemon=True) for i in range(36)]
+    threads = [threading.Thread(target=load, args=(1000 + i,), daemon=True) for i in range(PREFILL_CLIENTS)]
     probes: List[Tuple[float, bool, bool, bool]] = []
     started = time.monotonic()
     while time.monotonic() - started < 25.0:

@@ -34,6 +34,7 @@ use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 
 mod bookings;
+pub use bookings::HIDDEN_RELEASE_LAG;
 mod publisher;
 pub mod replicas;
 mod subscriber;

@@ -20,8 +20,8 @@ pub enum Applied {
     /// Queued for the attached subscriber's registration thread.
     Queued,
     /// A change to a reference router's booking this subscriber does not
-    /// hold (a worker's own `MarkPrefillCompleted`, or a request routed
-    /// before the subscription started): nothing to change.
+    /// hold (a request routed before the subscription started, or a change
+    /// naming another rank): nothing to change.
     Ignored,
 }
 
