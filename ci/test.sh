@@ -73,6 +73,11 @@ step "overload lab --quick"
 cargo build --release -p loadgate-lab
 cargo run --release -p loadgate-lab -- --quick --docs target/lab-quick \
     --json target/lab-quick/overload.json
+# Booking sync at fleet scale (docs/replicas.md, "Traffic and cost"), short:
+# it fails if an admission breaks shared mode's bound, a leased frontend books
+# past a line, or whole states go out with the changes.
+cargo run --release -p loadgate-lab --bin sync-scale -- --quick
+cargo run --release -p loadgate-lab --bin sync-scale -- --quick --mode leased --workers 8,64
 # ---- end overload lab --------------------------------------------------------
 
 # ---- Python module (python/) -------------------------------------------------

@@ -212,6 +212,9 @@ struct State {
     last: Option<Sent>,
     /// A frontend said hello or asked: send the whole state at the next
     /// tick.
+    whole_due: bool,
+    /// Leased mode: a frontend's raise waits for this one's answer: send
+    /// at the next tick.
     reply_due: bool,
     /// When the entries not applied were last tried again.
     retried_at: u64,
@@ -384,7 +387,7 @@ impl BookingSync {
             .collect();
         let hello = st.last.is_none();
         let whole = st.last.as_ref().is_none_or(|last| {
-            st.reply_due || now.saturating_sub(last.whole_at) >= nanos(self.config.snapshot_every)
+            st.whole_due || now.saturating_sub(last.whole_at) >= nanos(self.config.snapshot_every)
         });
         let heartbeat_due = st
             .last
@@ -413,6 +416,7 @@ impl BookingSync {
             }
         };
         let due = whole
+            || st.reply_due
             || lease_due
             || heartbeat_due
             || !ranks.is_empty()
@@ -438,7 +442,7 @@ impl BookingSync {
         };
         let payload = message.to_msgpack();
         let size = payload.len();
-        st.reply_due = false;
+        (st.reply_due, st.whole_due) = (false, false);
         if let Some(last) = &mut st.last {
             last.at = now;
         }
@@ -601,7 +605,7 @@ impl BookingSync {
         st.entries += peer.shared.len();
         peer.seq = message.seq;
         peer.last_heard = now;
-        st.reply_due |= message.hello || message.resync.contains(&self.config.frontend_id);
+        st.whole_due |= message.hello || message.resync.contains(&self.config.frontend_id);
         if let Some(leases) = &mut st.leases {
             let f = &message.frontend;
             st.reply_due |= leases.heard(f, message.instance, message.lease.as_ref());
