@@ -178,7 +178,7 @@ def test_three_frontends_admit_together_what_one_would(tmp_path: Path) -> None:
             wait_for(f.view, lambda v: v == left)
         assert fronts[0].ask("stats")["expired"] >= 1
 
-        # A late frontend knows the load within one snapshot of each.
+        # A late frontend knows the load within one whole state of each.
         late = Frontend(url, "late")
         fronts.append(late)
         wait_for(late.view, lambda v: v == left)
@@ -351,13 +351,17 @@ def test_sync_in_one_process_and_its_handle(fleet: Tuple[int, List[Reporter]]) -
         wait_for(lambda: (a.is_busy(1), b.is_busy(1)), lambda v: v == (False, False))
         stats = sa.stats()
         assert set(stats) == {
-            "sent", "received", "gaps", "out_of_order", "refused", "expired", "frontends",
-            "last_size", "share_ppm", "claim_ppm", "fenced",
+            "sent", "snapshots_sent", "bytes_sent", "received", "bytes_received", "gaps",
+            "out_of_order", "resyncs", "refused", "expired", "frontends", "behind", "last_size",
+            "share_ppm", "claim_ppm", "fenced",
         }
         assert stats["share_ppm"] == stats["claim_ppm"] == stats["fenced"] == 0
         assert stats["sent"] > 0 and stats["received"] > 0 and stats["frontends"] == 1
+        # Its join, and its answer to b's hello, were whole states; the rest changes.
+        assert 1 <= stats["snapshots_sent"] <= 2 < stats["sent"]
+        assert stats["bytes_sent"] >= stats["last_size"] > 0 and stats["behind"] == 0
         assert sa.remote_queues() == []
-        # A queue on a shows in b's metrics, from a's snapshots.
+        # A queue on a shows in b's metrics, from a's messages.
         a.set_flow_control("m", queue_limit=4)
         line = 'dynamo_frontend_fleet_queue_requests{model="m"} 0'
         wait_for(lambda: line in b.metrics_text(), lambda v: v)

@@ -52,15 +52,15 @@ pub struct ReplicaRow {
     /// Admissions beyond the one-frontend run's of the same design and
     /// load (negative: fewer).
     pub over_admitted: i64,
-    /// Snapshots sent, in all.
-    pub snapshots: u64,
-    /// Snapshots a replica may send at most (one per debounce interval
+    /// Booking sync messages sent, in all.
+    pub sync_messages: u64,
+    /// Messages a replica may send at most (one per debounce interval
     /// over the run), in all.
-    pub snapshot_budget: u64,
-    /// Snapshots' bytes, in all.
-    pub snapshot_bytes: u64,
-    /// The largest snapshot, bytes.
-    pub snapshot_max: usize,
+    pub sync_budget: u64,
+    /// The messages' bytes, in all.
+    pub sync_bytes: u64,
+    /// The largest message, bytes.
+    pub sync_max: usize,
     /// Admissions that left a rank past its line.
     pub line_breaches: u64,
     /// The most a rank's admitted blocks passed its line by.
@@ -118,14 +118,14 @@ pub fn run_replicas(
                 sync,
                 measured: r.measured,
                 over_admitted: 0,
-                snapshots: r.snapshots,
-                snapshot_budget: if sync != Sharing::None {
+                sync_messages: r.sync_messages,
+                sync_budget: if sync != Sharing::None {
                     u64::from(frontends) * ((duration_s + c.drain_s) / DEBOUNCE_S).ceil() as u64
                 } else {
                     0
                 },
-                snapshot_bytes: r.snapshot_bytes,
-                snapshot_max: r.snapshot_max,
+                sync_bytes: r.sync_bytes,
+                sync_max: r.sync_max,
                 line_breaches: r.line_breaches,
                 peak_over_line: r.peak_over_line,
                 fenced: r.fenced,

@@ -325,7 +325,7 @@ fn replicas_without_worker_gates_need_booking_sync() {
     // At most one snapshot per replica per debounce interval, and a run is
     // still a function of its seed.
     let intervals = ((20.0 + base.drain_s) / 0.002) as u64 + 1;
-    assert!(shared.snapshots > 0 && shared.snapshots <= 4 * intervals);
+    assert!(shared.sync_messages > 0 && shared.sync_messages <= 4 * intervals);
     assert_eq!(shared, with(4, Some(0.002)));
 }
 

@@ -161,7 +161,8 @@ pub(super) fn section(m: &Matrix) -> String {
          fleet's capacity (taken as twice `C*`: each worker is an engine of its own). The designs \
          are arms (e) and (g) as tuned, and (g) without worker gates, where the frontends alone \
          decide. With sync the replicas share their bookings ([replicas.md](replicas.md)): a \
-         snapshot every {} ms at most, crossing the transport like the load reports. \
+         message of what changed every {} ms at most, crossing the transport like the load \
+         reports. \
          Over-admissions are the requests the replicas let into an engine beyond what one \
          frontend let in of the very same requests (negative: fewer). With worker gates, no \
          replica can push a worker past its N + Q, so sync changes little; without them, sync \
@@ -187,29 +188,29 @@ pub(super) fn section(m: &Matrix) -> String {
         .replicas
         .iter()
         .filter(|r| r.sync != Sharing::None)
-        .map(|r| r.snapshots as f64 / r.snapshot_budget.max(1) as f64)
+        .map(|r| r.sync_messages as f64 / r.sync_budget.max(1) as f64)
         .fold(0.0f64, f64::max);
     ts.push(Target {
         what: format!(
-            "sync traffic: at most one snapshot per frontend per debounce interval ({} ms)",
+            "sync traffic: at most one message per frontend per debounce interval ({} ms)",
             DEBOUNCE_S * 1e3
         ),
         measured: format!("at most {} of that", pct(worst)),
         met: worst <= 1.0,
-        why: (worst > 1.0).then(|| "more snapshots than debounce intervals".into()),
+        why: (worst > 1.0).then(|| "more messages than debounce intervals".into()),
     });
     s += &target_rows(&ts);
     s += &missed_list(&ts);
     s += "\n| design | load | mode | goodput | admitted p99 TTFT (ms) | rejected | over-admissions | \
-          line breaches (most blocks past) | snapshots (mean / largest bytes) |\n\
+          line breaches (most blocks past) | sync messages (mean / largest bytes) |\n\
           |---|---|---|---|---|---|---|---|---|\n";
     for r in &m.replicas {
         let traffic = if r.sync != Sharing::None {
             format!(
                 "{} ({:.0} / {})",
-                r.snapshots,
-                r.snapshot_bytes as f64 / r.snapshots.max(1) as f64,
-                r.snapshot_max
+                r.sync_messages,
+                r.sync_bytes as f64 / r.sync_messages.max(1) as f64,
+                r.sync_max
             )
         } else {
             "–".into()

@@ -1,7 +1,7 @@
 //! The frontends of a run: one, or several replicas behind a load balancer
 //! that hands each request to one of them in turn. Each replica has its
 //! own `Monitor` fed by the same load reports; with booking sync each also
-//! runs a `BookingSync`, ticked every debounce interval, whose snapshots
+//! runs a `BookingSync`, ticked every debounce interval, whose messages
 //! cross the run's transport like the load reports (every replica hears
 //! its own come back, as NATS delivers them). The sim also keeps the
 //! blocks each admission took per rank, over every replica, to count the
@@ -87,13 +87,13 @@ impl Sim<'_> {
             .map(|f| &f.monitor)
     }
 
-    /// A message reaches every replica: booking snapshots their syncs,
+    /// A message reaches every replica: booking sync messages their syncs,
     /// load reports their subscribers. A refusal is counted by the
     /// receiver; the lab's own messages are never refused.
     pub(super) fn deliver(&self, subject: &str, payload: &[u8]) {
-        let snapshot = subject.contains(".bookings.");
+        let sync = subject.contains(".bookings.");
         for f in &self.fronts {
-            match (&f.sync, snapshot) {
+            match (&f.sync, sync) {
                 (Some(s), true) => {
                     let _ = s.handle_on(subject, payload);
                 }
@@ -113,9 +113,9 @@ impl Sim<'_> {
             }
         }
         for (_, payload) in self.bus.outbox.lock().expect("outbox").iter() {
-            self.snapshots.0 += 1;
-            self.snapshots.1 += payload.len() as u64;
-            self.snapshots.2 = self.snapshots.2.max(payload.len());
+            self.sync_messages.0 += 1;
+            self.sync_messages.1 += payload.len() as u64;
+            self.sync_messages.2 = self.sync_messages.2.max(payload.len());
         }
         self.send_bus();
         if let Some(d) = self.c.sync_debounce_s {

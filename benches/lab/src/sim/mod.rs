@@ -249,12 +249,12 @@ pub struct RunResult {
     pub measured: Measured,
     /// Events handled.
     pub events: u64,
-    /// Booking snapshots the replicas sent, in all (0 without sync).
-    pub snapshots: u64,
+    /// Booking sync messages the replicas sent, in all (0 without sync).
+    pub sync_messages: u64,
     /// Their bytes, in all.
-    pub snapshot_bytes: u64,
+    pub sync_bytes: u64,
     /// The largest, bytes.
-    pub snapshot_max: usize,
+    pub sync_max: usize,
     /// Admissions after which the blocks the replicas had admitted to a
     /// rank, and not yet let go, passed its line.
     pub line_breaches: u64,
@@ -295,8 +295,8 @@ struct Sim<'a> {
     workers: Vec<Worker>,
     /// The frontend replicas (none for the arms without a monitor).
     fronts: Vec<fronts::Front>,
-    /// Booking snapshots sent: count, bytes, the largest.
-    snapshots: (u64, u64, usize),
+    /// Booking sync messages sent: count, bytes, the largest.
+    sync_messages: (u64, u64, usize),
     /// Blocks admitted to each (worker, rank) and not let go yet, by every
     /// replica; the admissions that left one past its line, and the most.
     inflight: HashMap<(u32, u32), u64>,
@@ -445,7 +445,7 @@ impl<'a> Sim<'a> {
             reqs,
             workers,
             fronts,
-            snapshots: (0, 0, 0),
+            sync_messages: (0, 0, 0),
             inflight: HashMap::new(),
             line_breaches: 0,
             peak_over_line: 0,
@@ -550,9 +550,9 @@ impl<'a> Sim<'a> {
             refusals_heard: self.refusals_heard,
             monitor_refusals,
             events: self.events,
-            snapshots: self.snapshots.0,
-            snapshot_bytes: self.snapshots.1,
-            snapshot_max: self.snapshots.2,
+            sync_messages: self.sync_messages.0,
+            sync_bytes: self.sync_messages.1,
+            sync_max: self.sync_messages.2,
             line_breaches: self.line_breaches,
             peak_over_line: self.peak_over_line,
             fenced,
