@@ -11,11 +11,13 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-from common import CLOCK, HOST, PHASE, mark
+from common import BLOCK_SIZE, BLOCKS, CLOCK, HOST, MODEL, PHASE, dynamo_env, free_port, mark
 
 # ---------------------------------------------------------- NATS recorder
 
@@ -249,3 +251,28 @@ def make_model_dir(d: Path) -> dict:
 def prompt(n_tokens: int, salt: int) -> str:
     """A prompt of exactly n_tokens tokens (one vocabulary word each), distinct per salt."""
     return " ".join(f"w{(salt * 37 + i) % 256}" for i in range(n_tokens))
+
+
+class Loopback:
+    """A scratch directory with the tiny model, nats-server on a free port
+    with a recorder on every subject, and what every Dynamo process here is
+    started with: file discovery, the TCP request plane, the NATS event
+    plane (``common``), and a mocker's command line (``mocker``)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.work = Path(tempfile.mkdtemp(prefix=prefix))
+        (self.work / "home").mkdir()
+        self.kv = self.work / "kv"
+        self.model = self.work / "model"
+        make_model_dir(self.model)
+        self.procs = Procs(self.work)
+        self.nats, self.http = free_port(), free_port()
+        self.procs.start("nats", ["nats-server", "-a", HOST, "-p", str(self.nats)], dict(os.environ))
+        time.sleep(0.5)
+        self.recorder = NatsRecorder(self.nats)
+        self.recorder.start()
+        self.env = dynamo_env(self.work / "home", self.nats, DYN_DISCOVERY_BACKEND="file", DYN_FILE_KV=str(self.kv))
+        self.common = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "nats"]
+        self.mocker = [sys.executable, "-m", "dynamo.mocker", "--model-path", str(self.model), "--model-name",
+                       MODEL, *self.common, "--num-gpu-blocks-override", str(BLOCKS), "--block-size",
+                       str(BLOCK_SIZE)]

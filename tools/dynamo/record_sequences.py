@@ -18,44 +18,26 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import msgpack
 
-from common import BLOCK_SIZE, BLOCKS, HOST, MODEL, dynamo_env, free_port
-from harness import NatsRecorder, Procs, make_model_dir, prompt
+from common import HOST, MODEL
+from harness import Loopback, prompt
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="dynamo-sequences-"))
-    (work / "home").mkdir()
-    kv = work / "kv"
-    model = work / "model"
-    make_model_dir(model)
-    procs = Procs(work)
-    nats, http = free_port(), free_port()
-    procs.start("nats", ["nats-server", "-a", HOST, "-p", str(nats)], dict(os.environ))
-    time.sleep(0.5)
-    recorder = NatsRecorder(nats)
-    recorder.start()
-    env = dynamo_env(work / "home", nats, DYN_DISCOVERY_BACKEND="file", DYN_FILE_KV=str(kv))
-    common = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "nats"]
+    lb = Loopback("dynamo-sequences-")
+    work, kv, procs, http, recorder, env, common = (
+        lb.work, lb.kv, lb.procs, lb.http, lb.recorder, lb.env, lb.common)
     try:
-        procs.start(
-            "worker",
-            [sys.executable, "-m", "dynamo.mocker", "--model-path", str(model), "--model-name", MODEL,
-             *common, "--num-gpu-blocks-override", str(BLOCKS), "--block-size", str(BLOCK_SIZE),
-             "--data-parallel-size", "2"],
-            env,
-        )
+        procs.start("worker", [*lb.mocker, "--data-parallel-size", "2"], env)
         deadline = time.monotonic() + 90
         while not (kv / "v1" / "mdc").exists() or not any((kv / "v1" / "mdc").iterdir()):
             assert time.monotonic() < deadline, f"no model card; logs in {work}"

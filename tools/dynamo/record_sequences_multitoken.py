@@ -24,9 +24,7 @@ import argparse
 import base64
 import collections
 import json
-import os
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -35,8 +33,8 @@ from pathlib import Path
 
 import msgpack
 
-from common import BLOCK_SIZE, BLOCKS, HOST, MODEL, dynamo_env, free_port
-from harness import NatsRecorder, Procs, make_model_dir, prompt
+from common import HOST, MODEL
+from harness import Loopback, prompt
 
 SUBJECT_SUFFIX = ".active_sequences_events"
 PROMPT_TOKENS = 170
@@ -117,21 +115,9 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out / "sequences-multitoken"
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="dynamo-seq-multitoken-"))
-    (work / "home").mkdir()
-    kv = work / "kv"
-    model = work / "model"
-    make_model_dir(model)
-    procs = Procs(work)
-    nats, http = free_port(), free_port()
-    procs.start("nats", ["nats-server", "-a", HOST, "-p", str(nats)], dict(os.environ))
-    time.sleep(0.5)
-    recorder = NatsRecorder(nats)
-    recorder.start()
-    env = dynamo_env(work / "home", nats, DYN_DISCOVERY_BACKEND="file", DYN_FILE_KV=str(kv))
-    common = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "nats"]
-    mocker = [sys.executable, "-m", "dynamo.mocker", "--model-path", str(model), "--model-name", MODEL,
-              *common, "--num-gpu-blocks-override", str(BLOCKS), "--block-size", str(BLOCK_SIZE)]
+    lb = Loopback("dynamo-seq-multitoken-")
+    work, kv, procs, http, recorder, env, common, mocker = (
+        lb.work, lb.kv, lb.procs, lb.http, lb.recorder, lb.env, lb.common, lb.mocker)
     workers: dict[str, dict] = {}
     sent: list[dict] = []
     frontend_argv = [sys.executable, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port", str(http),

@@ -31,11 +31,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import random
 import socket
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -44,8 +42,8 @@ from pathlib import Path
 
 import msgpack
 
-from common import BLOCK_SIZE, BLOCKS, HOST, MODEL, dynamo_env, free_port
-from harness import NatsRecorder, Procs, make_model_dir, prompt
+from common import BLOCKS, HOST, MODEL
+from harness import Loopback, prompt
 from record_sequences_multitoken import wait_new_worker
 
 SUBJECT = "namespace.dynamo.component.backend.endpoint.generate.active_sequences_events"
@@ -242,21 +240,9 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out / "sequences-multitoken"
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="dynamo-replica-inject-"))
-    (work / "home").mkdir()
-    kv = work / "kv"
-    model = work / "model"
-    make_model_dir(model)
-    procs = Procs(work)
-    nats_port, port = free_port(), free_port()
-    procs.start("nats", ["nats-server", "-a", HOST, "-p", str(nats_port)], dict(os.environ))
-    time.sleep(0.5)
-    recorder = NatsRecorder(nats_port)
-    recorder.start()
-    env = dynamo_env(work / "home", nats_port, DYN_DISCOVERY_BACKEND="file", DYN_FILE_KV=str(kv))
-    common = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "nats"]
-    mocker = [sys.executable, "-m", "dynamo.mocker", "--model-path", str(model), "--model-name", MODEL,
-              *common, "--num-gpu-blocks-override", str(BLOCKS), "--block-size", str(BLOCK_SIZE)]
+    lb = Loopback("dynamo-replica-inject-")
+    work, kv, procs, nats_port, port, recorder, env, common, mocker = (
+        lb.work, lb.kv, lb.procs, lb.nats, lb.http, lb.recorder, lb.env, lb.common, lb.mocker)
     frontend_argv = [sys.executable, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port", str(port),
                      *common, "--router-mode", "kv", "--router-replica-sync",
                      "--active-prefill-tokens-threshold", str(PREFILL_THRESHOLD)]
