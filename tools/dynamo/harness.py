@@ -276,3 +276,18 @@ class Loopback:
         self.mocker = [sys.executable, "-m", "dynamo.mocker", "--model-path", str(self.model), "--model-name",
                        MODEL, *self.common, "--num-gpu-blocks-override", str(BLOCKS), "--block-size",
                        str(BLOCK_SIZE)]
+
+    def wait_for_model(self, limit: float = 90.0) -> None:
+        """Waits until the frontend on ``self.http`` lists the model."""
+        import urllib.request
+
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{self.http}/v1/models", timeout=2) as r:
+                    if MODEL in r.read().decode():
+                        return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"the frontend never listed the model; logs in {self.work}"
+            time.sleep(0.5)

@@ -48,15 +48,7 @@ def main() -> None:
              "--router-mode", "kv", "--router-replica-sync"],
             env,
         )
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{http}/v1/models", timeout=2) as r:
-                    if MODEL in r.read().decode():
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline + 60, f"the frontend never listed the model; logs in {work}"
-            time.sleep(0.5)
+        lb.wait_for_model(limit=deadline + 60 - time.monotonic())
         time.sleep(1.0)
         for n, (tokens, stream) in enumerate([(40, False), (100, True), (17, False), (300, True)]):
             body = json.dumps(

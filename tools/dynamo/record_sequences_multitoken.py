@@ -129,16 +129,7 @@ def main() -> None:
         workers["B"] = {"worker_id": wait_new_worker(kv, {workers["A"]["worker_id"]}, work),
                         "data_parallel_size": 2}
         procs.start("frontend", frontend_argv, env)
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{http}/v1/models", timeout=2) as r:
-                    if MODEL in r.read().decode():
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"the frontend never listed the model; logs in {work}"
-            time.sleep(0.5)
+        lb.wait_for_model()
         time.sleep(2.0)
 
         # (kind, max_tokens, stream): first one at a time, then bursts at once.

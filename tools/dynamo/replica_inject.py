@@ -255,15 +255,7 @@ def main() -> None:
         wb = wait_new_worker(kv, {wa}, work)
         fenv = env if args.expiry_secs is None else {**env, "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS": str(args.expiry_secs)}
         procs.start("frontend", frontend_argv, fenv)
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if MODEL in http(port, "GET", "/v1/models", timeout=2)[1]:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"the frontend never listed the model; logs in {work}"
-            time.sleep(0.5)
+        lb.wait_for_model()
         time.sleep(2.0)
         nats = NatsPublisher(nats_port)
         # Our publisher id: any u64 (not registered anywhere); our router id: any u64
