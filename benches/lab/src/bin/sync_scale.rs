@@ -87,9 +87,8 @@ struct Frontend {
     subject: String,
     encode: Duration,
     apply: Duration,
-    /// Rank entries sent in changes, and in whole states.
+    /// Rank entries sent in changes.
     changes: u64,
-    whole_entries: u64,
 }
 
 fn frontend(i: usize, s: &Settings, workers: u64, clock: &Arc<ManualClock>) -> Frontend {
@@ -132,7 +131,6 @@ fn frontend(i: usize, s: &Settings, workers: u64, clock: &Arc<ManualClock>) -> F
         encode: Duration::ZERO,
         apply: Duration::ZERO,
         changes: 0,
-        whole_entries: 0,
     }
 }
 
@@ -191,8 +189,7 @@ fn run(s: &Settings, workers: u64, seed: u64) -> Figures {
         if ms == WARM_MS {
             at_warm = fronts.iter().map(|x| x.sync.stats()).collect();
             for x in &mut fronts {
-                (x.encode, x.apply, x.changes, x.whole_entries) =
-                    (Duration::ZERO, Duration::ZERO, 0, 0);
+                (x.encode, x.apply, x.changes) = (Duration::ZERO, Duration::ZERO, 0);
             }
         }
         deliver(&mut wire, &mut fronts, now);
@@ -311,9 +308,7 @@ fn tick(fronts: &mut [Frontend], wire: &mut Wire, ms: u64, delay_ms: u64) {
         x.encode += t.elapsed();
         for payload in std::mem::take(&mut *x.out.0.lock().unwrap()) {
             let m = SyncMessage::decode(&payload).unwrap();
-            if m.full {
-                x.whole_entries += m.ranks.len() as u64;
-            } else {
+            if !m.full {
                 x.changes += m.ranks.len() as u64;
             }
             let shared = Arc::new((x.subject.clone(), payload));
