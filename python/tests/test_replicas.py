@@ -11,6 +11,7 @@ failure; the figures are printed."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import subprocess
@@ -22,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 
 from loadgate import BookingSync, Monitor, Reporter
-from test_nats import running_nats_server, wait_for
+from test_nats import WAIT, running_nats_server, wait_for
 
 NS = "replicas"
 WORKERS = [1, 2, 3, 4]
@@ -339,7 +340,8 @@ def test_sync_in_one_process_and_its_handle(fleet: Tuple[int, List[Reporter]]) -
     for m in (a, b):
         for w in WORKERS:
             m.add_worker("m", w, kv_total_blocks=TOTAL)
-    with a.sync_bookings(url, NS, frontend_id="a") as sa, b.sync_bookings(url, NS, frontend_id="b") as sb:
+    joined = dict(frontend_id="a", snapshot_every=600.0)
+    with a.sync_bookings(url, NS, **joined) as sa, b.sync_bookings(url, NS, frontend_id="b") as sb:
         assert isinstance(sa, BookingSync) and sa.frontend_id == "a"
         assert "open" in repr(sa)
         a.set_thresholds("m", active_decode_blocks_threshold=0.5)
@@ -357,15 +359,37 @@ def test_sync_in_one_process_and_its_handle(fleet: Tuple[int, List[Reporter]]) -
         }
         assert stats["share_ppm"] == stats["claim_ppm"] == stats["fenced"] == 0
         assert stats["sent"] > 0 and stats["received"] > 0 and stats["frontends"] == 1
-        # Its join, and its answer to b's hello, were whole states; the rest changes.
-        assert 1 <= stats["snapshots_sent"] <= 2 < stats["sent"]
+        # Whole states went at its join, in answer to b's hello, and perhaps once more if
+        # b saw a's stream before a's answer (b asks every heartbeat until one comes).
+        assert 1 <= stats["snapshots_sent"] <= 3 and stats["snapshots_sent"] < stats["sent"]
+        # Once in step, bookings travel as changes: twenty more book-and-release rounds,
+        # each seen by b, bring at most that one late answer.
+        for _ in range(20):
+            with a.book(2, 0, 600):
+                wait_for(lambda: b.is_busy(2), lambda v: v)
+            wait_for(lambda: b.is_busy(2), lambda v: not v)
+        after = sa.stats()
+        assert after["snapshots_sent"] <= stats["snapshots_sent"] + 1
+        assert after["sent"] >= stats["sent"] + 40
         assert stats["bytes_sent"] >= stats["last_size"] > 0 and stats["behind"] == 0
         assert sa.remote_queues() == []
-        # A queue on a shows in b's metrics, from a's messages.
+        # A request waiting in a's queue shows in b's metrics, from a's messages, and
+        # leaves them when it is cancelled.
         a.set_flow_control("m", queue_limit=4)
-        line = 'dynamo_frontend_fleet_queue_requests{model="m"} 0'
-        wait_for(lambda: line in b.metrics_text(), lambda v: v)
-        assert [q[1] for q in sb.remote_queues()] == ["m"]
-        keep.release()
+        full = [a.book(w, 0, 600) for w in WORKERS]
+
+        async def one_waits() -> None:
+            waiting = asyncio.ensure_future(a.dispatch("m", blocks=1))
+            while 'dynamo_frontend_fleet_queue_requests{model="m"} 1' not in b.metrics_text():
+                await asyncio.sleep(0.01)
+            assert [q[1:3] for q in sb.remote_queues()] == [("m", 1)]
+            waiting.cancel()
+            while "dynamo_frontend_fleet_queue_requests" in b.metrics_text():
+                await asyncio.sleep(0.01)
+            assert sb.remote_queues() == []
+
+        asyncio.run(asyncio.wait_for(one_waits(), WAIT))
+        for booking in full + [keep]:
+            booking.release()
     assert "closed" in repr(sa)
     sa.close()  # again: nothing

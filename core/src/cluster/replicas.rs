@@ -338,12 +338,15 @@ impl BookingSync {
         Ok(true)
     }
 
-    /// This frontend's queues, sorted by model.
+    /// This frontend's queues that hold something, sorted by model. An empty
+    /// queue is the same as none: a change to empty removes it at the
+    /// receiver, so a whole state leaves it out too.
     fn queues(&self) -> Vec<QueueEntry> {
         let mut queues: Vec<QueueEntry> = self
             .monitor
             .queue_totals()
             .into_iter()
+            .filter(|q| (q.requests, q.tokens) != (0, 0))
             .map(|q| QueueEntry {
                 model: q.model,
                 requests: q.requests,

@@ -119,11 +119,13 @@ pub(super) fn retry(monitor: &Monitor, shared: &mut Entries) {
     }
 }
 
-/// Sorted by model, the last of a model named twice kept.
+/// Sorted by model, the last of a model named twice kept, empty ones left
+/// out (as a change to empty removes one).
 pub(super) fn sorted_queues(mut queues: Vec<QueueEntry>) -> Vec<QueueEntry> {
     queues.reverse();
     queues.sort_by(|a, b| a.model.cmp(&b.model)); // stable: the last first
     queues.dedup_by(|a, b| a.model == b.model);
+    queues.retain(|q| (q.requests, q.tokens) != (0, 0));
     queues
 }
 
