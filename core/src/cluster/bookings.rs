@@ -36,6 +36,10 @@
 //! and a booking held longer than `ttl` is dropped, so a router that dies
 //! without freeing its requests holds their load only that long.
 //!
+//! A monitor that announces its own bookings in the same format
+//! (`announce.rs`) skips the events of its own router id, which it counts
+//! already.
+//!
 //! Differences from the router's own count: loadgate counts each request's
 //! full blocks, where the router counts a block shared by two requests on
 //! one rank once (shared prefixes over-count here, never under-count).
@@ -127,6 +131,12 @@ impl RouterBookings {
         event: SequenceEvent,
         now: u64,
     ) -> Result<Applied, HandleError> {
+        let own = monitor.outbox.router();
+        if own != 0 && event.router_id == own {
+            // This monitor's own bookings as it announced them
+            // (`announce.rs`): counted already.
+            return Ok(Applied::Ignored);
+        }
         let key = event.request_id;
         let rank = (event.worker_id, event.dp_rank);
         let lag = crate::clock::nanos(HIDDEN_RELEASE_LAG);

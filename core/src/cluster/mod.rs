@@ -21,7 +21,8 @@
 //! Files: `transport.rs` (subjects, the [`Transport`] trait, the in-process
 //! bus), `publisher.rs` (worker side), `subscriber.rs` (frontend side; its
 //! outcomes in `subscriber/outcome.rs`), `bookings.rs` (the reference
-//! routers' bookings a subscriber holds), `wire.rs` (the message format;
+//! routers' bookings a subscriber holds), `announce.rs` (this monitor's own
+//! bookings published for those routers), `wire.rs` (the message format;
 //! `wire/dynamo.rs` the reference's event-plane envelope,
 //! `wire/forward_pass.rs` and `wire/sequences.rs` the topics it carries)
 //! `nats.rs` (the NATS transport), and `replicas.rs` (booking sync between
@@ -33,6 +34,8 @@
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 
+mod announce;
+pub use announce::{AnnounceAttached, AnnounceStats, BookingAnnouncer, DEFAULT_ANNOUNCE_INTERVAL};
 mod bookings;
 pub use bookings::HIDDEN_RELEASE_LAG;
 mod publisher;
@@ -47,6 +50,7 @@ pub mod nats;
 pub use publisher::{Publisher, PublisherConfig, WireFormat, DEFAULT_HEARTBEAT};
 pub use subscriber::{
     Applied, Attached, HandleError, Subscriber, SubscriberConfig, SubscriberStats,
+    MAX_SEQUENCE_PAYLOAD,
 };
 pub use transport::{
     dynamo_kv_metrics_subject, subject_matches, Handler, InProcessBus, Subjects, Subscription,

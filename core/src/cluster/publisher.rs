@@ -298,7 +298,7 @@ fn merge(into: &mut LoadReport, new: &LoadReport) {
 
 /// Wall-clock time in unix milliseconds, for the reference envelope's
 /// `published_at` (informational: readers order by `sequence`).
-fn unix_millis() -> u64 {
+pub(super) fn unix_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

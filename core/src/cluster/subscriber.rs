@@ -54,6 +54,12 @@ pub use outcome::{Applied, HandleError, SubscriberStats};
 
 /// Default [`SubscriberConfig::max_payload`].
 pub const DEFAULT_MAX_PAYLOAD: usize = 16 * 1024;
+/// Longest payload decoded on a Dynamo endpoint's `active_sequences_events`
+/// subject (or `max_payload`, if larger): 1 MiB, NATS's default limit. A
+/// router's booking carries a 9-byte hash per block of its prompt, so one
+/// of a 30,000-token prompt is past 16 KiB; the hashes are counted as they
+/// are read, never stored.
+pub const MAX_SEQUENCE_PAYLOAD: usize = 1024 * 1024;
 /// Default [`SubscriberConfig::registration_backlog`].
 pub const DEFAULT_REGISTRATION_BACKLOG: usize = 1024;
 
@@ -193,7 +199,7 @@ impl Subscriber {
     /// is not checked: use [`handle_on`](Self::handle_on) for payloads that
     /// arrived on a loadgate subject.
     pub fn handle(&self, payload: &[u8]) -> Result<Applied, HandleError> {
-        self.receive(None, payload, None)
+        self.receive(None, payload, None, self.config.max_payload)
     }
 
     /// [`handle`](Self::handle) for a payload that arrived on `subject`
@@ -201,7 +207,7 @@ impl Subscriber {
     /// worker id differs from the subject's is refused as
     /// [`HandleError::Spoofed`].
     pub fn handle_on(&self, subject: &str, payload: &[u8]) -> Result<Applied, HandleError> {
-        self.receive(Some(subject), payload, None)
+        self.receive(Some(subject), payload, None, self.config.max_payload)
     }
 
     fn receive(
@@ -209,8 +215,9 @@ impl Subscriber {
         subject: Option<&str>,
         payload: &[u8],
         queue: Option<&SyncSender<Job>>,
+        limit: usize,
     ) -> Result<Applied, HandleError> {
-        let result = self.try_receive(subject, payload, queue);
+        let result = self.try_receive(subject, payload, queue, limit);
         self.count(&result);
         result
     }
@@ -220,11 +227,12 @@ impl Subscriber {
         subject: Option<&str>,
         payload: &[u8],
         queue: Option<&SyncSender<Job>>,
+        limit: usize,
     ) -> Result<Applied, HandleError> {
-        if payload.len() > self.config.max_payload {
+        if payload.len() > limit {
             return Err(HandleError::Oversized {
                 len: payload.len(),
-                limit: self.config.max_payload,
+                limit,
             });
         }
         let msg = match decode_ref(payload).map_err(HandleError::Wire)? {
@@ -529,7 +537,7 @@ impl Subscriber {
         subscriptions.push(transport.subscribe(
             &subjects.load_all(),
             Arc::new(move |subject: &str, p: &[u8]| {
-                let _ = me.receive(Some(subject), p, Some(&q));
+                let _ = me.receive(Some(subject), p, Some(&q), me.config.max_payload);
             }),
         )?);
         if let Some(subject) = &self.config.active_load_subject {
@@ -542,10 +550,17 @@ impl Subscriber {
                 .collect();
             for subject in std::iter::once(subject).chain(&siblings) {
                 let (me, q) = (self.clone(), queue.clone());
+                // A router's booking carries a hash per block of its prompt:
+                // up to NATS's own limit.
+                let limit = if subject.ends_with(ACTIVE_SEQUENCES_TOPIC) {
+                    self.config.max_payload.max(MAX_SEQUENCE_PAYLOAD)
+                } else {
+                    self.config.max_payload
+                };
                 subscriptions.push(transport.subscribe(
                     subject,
                     Arc::new(move |_: &str, p: &[u8]| {
-                        let _ = me.receive(None, p, Some(&q));
+                        let _ = me.receive(None, p, Some(&q), limit);
                     }),
                 )?);
             }

@@ -27,7 +27,10 @@ mod sequences;
 
 pub use dynamo::{Envelope, KV_METRICS_TOPIC};
 pub use forward_pass::{ForwardPass, FORWARD_PASS_TOPIC, FORWARD_PASS_VERSION};
-pub use sequences::{SequenceChange, SequenceEvent, ACTIVE_SEQUENCES_TOPIC, MAX_REQUEST_ID};
+pub use sequences::{
+    Announcement, SequenceChange, SequenceEvent, ACTIVE_SEQUENCES_TOPIC, MAX_ANNOUNCED_BLOCKS,
+    MAX_REQUEST_ID,
+};
 
 /// The schema version this crate writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use super::rank::{add_saturating, sub_saturating, Worker};
+use crate::cluster::wire::SequenceChange;
 use crate::error::ReportError;
 use crate::load::UNREPORTED;
 use crate::sync::{AtomicU64, Ordering};
@@ -31,6 +32,9 @@ pub struct Booking {
     owner: Owner,
     blocks: u64,
     prefill: u64,
+    /// Its id in the monitor's announced events, 0 when not announced
+    /// (`outbox.rs`).
+    announced: u64,
 }
 
 /// Adds `n` booked prefill tokens; an unreported field starts from zero.
@@ -114,12 +118,22 @@ impl Booking {
         if wait {
             worker.reevaluate_and_wait();
         }
+        let announced = match owner {
+            Owner::Shared => 0,
+            _ => worker.model.outbox.booked(
+                worker.id,
+                worker.dp_start + rank as u32,
+                blocks,
+                prefill,
+            ),
+        };
         Ok(Self {
             worker,
             rank,
             owner,
             blocks,
             prefill,
+            announced,
         })
     }
 
@@ -135,6 +149,18 @@ impl Booking {
             (blocks, prefill),
             (blocks, 0),
         );
+        if prefill > 0 {
+            self.announce(SequenceChange::PrefillDone);
+        }
+    }
+
+    /// Announces a change to the booking, if the booking was announced.
+    fn announce(&self, change: SequenceChange) {
+        if self.announced != 0 {
+            let w = &self.worker;
+            let rank = w.dp_start + self.rank as u32;
+            w.model.outbox.changed(self.announced, w.id, rank, change);
+        }
     }
 
     /// Prompt tokens still booked (0 once the prefill is done).
@@ -142,7 +168,9 @@ impl Booking {
         self.prefill
     }
 
-    /// Adds `n` generated output blocks to the booking.
+    /// Adds `n` generated output blocks to the booking (not announced to
+    /// the reference routers: their events have no such change;
+    /// `crate::cluster::BookingAnnouncer`).
     pub fn add_output_blocks(&mut self, n: u64) {
         if n == 0 || self.blocks == u64::MAX {
             return;
@@ -228,5 +256,6 @@ impl Drop for Booking {
     fn drop(&mut self) {
         let (from, to) = ((self.blocks, self.prefill), (0, 0));
         shift(&self.worker, self.rank, self.owner, from, to);
+        self.announce(SequenceChange::Free);
     }
 }

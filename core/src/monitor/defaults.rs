@@ -141,6 +141,7 @@ impl Monitor {
             name,
             &self.config,
             &self.share,
+            &self.outbox,
             &self.duty.signal,
         ));
         let defaults = lock(&self.defaults).clone();

@@ -40,6 +40,8 @@
 //! * `route.rs`, `booking.rs`: the [`Route`] and [`Booking`] handles;
 //! * `share.rs`, `replicas.rs`: this frontend's leased share, and the
 //!   monitor's side of booking sync (`crate::cluster::replicas`);
+//! * `outbox.rs`: its own bookings' events, for a publisher that announces
+//!   them to the reference routers (`crate::cluster::announce`);
 //! * `signal.rs`: how the hot paths tell the maintenance it has work;
 //! * `flow/`: dispatch through a model's frontend queue (`crate::flow`):
 //!   [`Monitor::dispatch`] and its blocking and callback forms, the kicks
@@ -70,6 +72,7 @@ mod duty;
 mod flow;
 mod metrics;
 mod model;
+pub(crate) mod outbox;
 mod pick;
 mod pick_cache;
 mod rank;
@@ -99,6 +102,7 @@ pub use flow::{
     Dispatch, DispatchCallback, DispatchHandle, DispatchRequest, Dispatching, FlowControlConfig,
     FlowError,
 };
+pub use outbox::OUTBOX_CAPACITY;
 pub use pick::seed_picks;
 pub use route::Route;
 
@@ -141,6 +145,8 @@ pub struct Monitor {
     refused_workers: [AtomicU64; WorkerError::ADD_KINDS.len()],
     /// Its leased share of every rank, in booking sync's leased mode.
     pub(crate) share: Arc<share::Share>,
+    /// Its own bookings' events, for a publisher (`outbox.rs`).
+    pub(crate) outbox: Arc<outbox::Outbox>,
     /// Its maintenance (`duty.rs`).
     duty: Arc<Duty>,
     /// What new models start with (`defaults.rs`).
@@ -199,6 +205,7 @@ impl Monitor {
             more_families: Default::default(),
             writer: Mutex::new(()),
             share: Arc::new(share::Share::new(clock.clone())),
+            outbox: Arc::new(outbox::Outbox::new()),
             clock,
             lease_nanos: nanos(config.lease),
             config,

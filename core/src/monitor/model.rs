@@ -36,6 +36,7 @@ use crossbeam_utils::CachePadded;
 
 use super::busy_set::{AtomicBits, BitIter, BusySet};
 use super::config::{MonitorConfig, Policy, Staleness, ThresholdState};
+use super::outbox::Outbox;
 use super::pick_cache::{PickCache, Stamp};
 use super::share::Share;
 use super::signal::Signal;
@@ -158,6 +159,8 @@ pub(super) struct Model {
     pub(super) signal: Arc<Signal>,
     /// The monitor's leased share (`share.rs`).
     pub(super) share: Arc<Share>,
+    /// The monitor's own-booking events (`outbox.rs`).
+    pub(super) outbox: Arc<Outbox>,
 }
 
 /// Indices into `Model::rejected`.
@@ -172,6 +175,7 @@ impl Model {
         name: &str,
         config: &MonitorConfig,
         share: &Arc<Share>,
+        outbox: &Arc<Outbox>,
         signal: &Arc<Signal>,
     ) -> Self {
         let cap = config.limits.max_workers_per_model;
@@ -206,6 +210,7 @@ impl Model {
             flow_kicked: AtomicBool::new(false),
             signal: Arc::clone(signal),
             share: share.clone(),
+            outbox: outbox.clone(),
         }
     }
 

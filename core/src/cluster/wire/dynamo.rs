@@ -70,6 +70,25 @@ impl Envelope {
     }
 }
 
+/// An envelope of `topic` around an encoded `payload`, in msgpack, as the
+/// reference writes it.
+pub(super) fn envelope_msgpack(
+    publisher_id: u64,
+    sequence: u64,
+    published_at: u64,
+    topic: &str,
+    payload: &[u8],
+) -> Vec<u8> {
+    rmp_serde::to_vec_named(&EnvelopeOut {
+        publisher_id,
+        sequence,
+        published_at,
+        topic,
+        payload: Bin(payload),
+    })
+    .expect("an envelope always serializes")
+}
+
 /// The envelope's field order as the reference writes it.
 #[derive(Serialize)]
 struct EnvelopeOut<'a> {

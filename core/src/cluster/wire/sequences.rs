@@ -1,4 +1,5 @@
-//! The reference system's `active_sequences_events`, read.
+//! The reference system's `active_sequences_events`, read, and written for
+//! loadgate's own bookings ([`Announcement`]).
 //!
 //! A Dynamo 1.6.1 KV router keeps its own bookings: each routed request's
 //! blocks and prefill tokens on its worker rank, until the request's
@@ -18,15 +19,17 @@
 //! [`MAX_REQUEST_ID`] bytes here), `worker{worker_id, dp_rank}`, `data` (the
 //! name of a unit variant, or a one-key map for `AddRequest`), `router_id`
 //! and `lora_name`. Fields are read by name, unknown ones ignored; the block
-//! hashes are counted, never stored.
+//! hashes are counted, never stored. An [`Announcement`] is written with
+//! the fields and order of a 1.6.1 router's own events.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::dynamo::Payload;
+use super::dynamo::{envelope_msgpack, Payload};
 use super::WireError;
 
 /// The topic of the reference's router bookings.
@@ -135,6 +138,140 @@ impl<'de> Deserialize<'de> for Count {
         }
 
         d.deserialize_seq(CountVisitor)
+    }
+}
+
+/// Most block hashes an announced booking carries: a booking of more blocks
+/// is announced as this many (65,536 blocks of 16 tokens are a million
+/// tokens; the message stays under 200 KB, within NATS's default 1 MB).
+pub const MAX_ANNOUNCED_BLOCKS: u64 = 65_536;
+
+/// One of loadgate's own bookings' changes, written as a reference router
+/// writes its own (`cluster::announce`), so that the reference's routers
+/// count it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announcement<'a> {
+    /// The envelope's publisher (random per publisher, below 2^53 as the
+    /// reference's).
+    pub publisher_id: u64,
+    /// The envelope's sequence, per publisher from 0.
+    pub sequence: u64,
+    /// Unix milliseconds.
+    pub published_at: u64,
+    /// The announcing router's id (never a reference router's own).
+    pub router_id: u64,
+    /// The request, as named in every event of the booking.
+    pub request_id: &'a str,
+    /// The worker and rank the booking is on.
+    pub worker_id: u64,
+    /// Its rank.
+    pub dp_rank: u32,
+    /// What changed. An `Add`'s blocks travel as that many block hashes
+    /// (at most [`MAX_ANNOUNCED_BLOCKS`]): `first_hash`, then 1, 2, …, so
+    /// that no two bookings share a leading hash (the reference counts a
+    /// leading run shared by two requests on a rank once); its prefill
+    /// tokens as `prefill_load_hint.initial_effective_prefill_tokens`.
+    pub change: SequenceChange,
+    /// The booking's first block hash (`change` above).
+    pub first_hash: u64,
+}
+
+impl Announcement<'_> {
+    /// The envelope, in msgpack, byte for byte as a Dynamo 1.6.1 router
+    /// writes its own events (checked against recorded ones in
+    /// `tests/fixtures/dynamo-1.6.1`).
+    pub fn to_msgpack(&self) -> Vec<u8> {
+        let data = match self.change {
+            SequenceChange::Add {
+                blocks,
+                prefill_tokens,
+            } => DataOut::AddRequest(AddOut {
+                token_sequence: Hashes {
+                    first: self.first_hash,
+                    len: blocks.min(MAX_ANNOUNCED_BLOCKS),
+                },
+                track_prefill_tokens: true,
+                expected_output_tokens: None,
+                prefill_load_hint: Some(HintOut {
+                    initial_effective_prefill_tokens: prefill_tokens,
+                    expected_prefill_duration: None,
+                }),
+            }),
+            SequenceChange::PrefillDone => DataOut::MarkPrefillCompleted,
+            SequenceChange::Free => DataOut::Free,
+        };
+        let payload = rmp_serde::to_vec_named(&EventOut {
+            request_id: self.request_id,
+            worker: WorkerOut {
+                worker_id: self.worker_id,
+                dp_rank: self.dp_rank,
+            },
+            data,
+            router_id: self.router_id,
+            lora_name: None,
+        })
+        .expect("an event always serializes");
+        envelope_msgpack(
+            self.publisher_id,
+            self.sequence,
+            self.published_at,
+            ACTIVE_SEQUENCES_TOPIC,
+            &payload,
+        )
+    }
+}
+
+/// The reference's event, its fields in its order.
+#[derive(Serialize)]
+struct EventOut<'a> {
+    request_id: &'a str,
+    worker: WorkerOut,
+    data: DataOut,
+    router_id: u64,
+    lora_name: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct WorkerOut {
+    worker_id: u64,
+    dp_rank: u32,
+}
+
+#[derive(Serialize)]
+enum DataOut {
+    AddRequest(AddOut),
+    MarkPrefillCompleted,
+    Free,
+}
+
+#[derive(Serialize)]
+struct AddOut {
+    token_sequence: Hashes,
+    track_prefill_tokens: bool,
+    expected_output_tokens: Option<u32>,
+    prefill_load_hint: Option<HintOut>,
+}
+
+#[derive(Serialize)]
+struct HintOut {
+    initial_effective_prefill_tokens: u64,
+    expected_prefill_duration: Option<()>,
+}
+
+/// `len` block hashes: `first`, then 1, 2, … (written, never stored).
+struct Hashes {
+    first: u64,
+    len: u64,
+}
+
+impl Serialize for Hashes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let len = usize::try_from(self.len).unwrap_or(usize::MAX);
+        let mut seq = s.serialize_seq(Some(len))?;
+        for i in 0..self.len {
+            seq.serialize_element(&if i == 0 { self.first } else { i })?;
+        }
+        seq.end()
     }
 }
 

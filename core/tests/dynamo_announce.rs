@@ -1,0 +1,315 @@
+//! A monitor's own bookings announced as a Dynamo 1.6.1 router's
+//! `active_sequences_events` (`cluster::BookingAnnouncer`): byte for byte
+//! what 1.6.1 accepted (`fixtures/dynamo-1.6.1/sequences-multitoken/
+//! accepted_add.jsonl`, where those bytes turned its frontend's answer to
+//! 529, and `announced/`, loadgate's own announcements recorded beside a
+//! live 1.6.1), read back by another monitor as the router's bookings they
+//! stand for, skipped by the announcing monitor's own subscriber, and
+//! bounded: a full queue drops and counts, one announcer per monitor.
+
+#[allow(dead_code)] // each test binary uses part of the support code
+mod support;
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use loadgate::cluster::wire::{decode, Announcement, Decoded, SequenceChange};
+use loadgate::cluster::{
+    BookingAnnouncer, ClusterError, InProcessBus, Subjects, Subscriber, SubscriberConfig, Transport,
+};
+use loadgate::{ManualClock, Monitor, WorkerSpec};
+use support::recorded::fixture;
+
+const KV_METRICS: &str = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
+const SUBJECT: &str =
+    "namespace.dynamo.component.backend.endpoint.generate.active_sequences_events";
+
+/// Each recorded message: its bytes, envelope and decoded event.
+fn recorded(path: &str) -> Vec<(Vec<u8>, serde_json::Value)> {
+    let text = std::fs::read_to_string(fixture(path)).unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(v["payload_b64"].as_str().unwrap())
+                .unwrap();
+            (bytes, v)
+        })
+        .collect()
+}
+
+/// The announcement a recorded message would be, if loadgate wrote it;
+/// `None` for one it cannot write (block hashes not of its making, a
+/// `lora_name`, an untracked prefill, an output estimate).
+fn as_announcement(v: &serde_json::Value, first_hash: u64) -> Option<(Announcement<'_>, u64)> {
+    let (env, ev) = (&v["envelope"], &v["decoded"]);
+    // Present, and nil (a missing one is written differently).
+    let nil = |v: &serde_json::Value, key: &str| v.get(key).is_some_and(|x| x.is_null());
+    if env["topic"] != "active_sequences_events" || !nil(ev, "lora_name") {
+        return None;
+    }
+    let change = match &ev["data"] {
+        serde_json::Value::String(s) if s == "Free" => SequenceChange::Free,
+        serde_json::Value::String(s) if s == "MarkPrefillCompleted" => SequenceChange::PrefillDone,
+        data => {
+            let add = &data["AddRequest"];
+            let hashes = add["token_sequence"].as_array()?;
+            let ours = hashes
+                .iter()
+                .enumerate()
+                .all(|(i, h)| h.as_u64() == Some(if i == 0 { first_hash } else { i as u64 }));
+            let hint = &add["prefill_load_hint"];
+            if !ours
+                || add["track_prefill_tokens"] != true
+                || !nil(add, "expected_output_tokens")
+                || !nil(hint, "expected_prefill_duration")
+            {
+                return None;
+            }
+            SequenceChange::Add {
+                blocks: hashes.len() as u64,
+                prefill_tokens: hint["initial_effective_prefill_tokens"].as_u64()?,
+            }
+        }
+    };
+    let a = Announcement {
+        publisher_id: env["publisher_id"].as_u64()?,
+        sequence: env["sequence"].as_u64()?,
+        published_at: env["published_at"].as_u64()?,
+        router_id: ev["router_id"].as_u64()?,
+        request_id: ev["request_id"].as_str()?,
+        worker_id: ev["worker"]["worker_id"].as_u64()?,
+        dp_rank: ev["worker"]["dp_rank"].as_u64()? as u32,
+        change,
+        first_hash,
+    };
+    Some((a, hashes_of(v)))
+}
+
+fn hashes_of(v: &serde_json::Value) -> u64 {
+    v["decoded"]["data"]["AddRequest"]["token_sequence"]
+        .as_array()
+        .map_or(0, |h| h.len() as u64)
+}
+
+#[test]
+fn announcements_are_byte_for_byte_what_dynamo_accepted() {
+    let mut written = 0;
+    for (bytes, v) in recorded("sequences-multitoken/accepted_add.jsonl") {
+        let Some((a, _)) = as_announcement(&v, 0) else {
+            continue;
+        };
+        assert_eq!(a.to_msgpack(), bytes, "step {}", v["step"]);
+        written += 1;
+    }
+    // add-prefill (2), mark-by-worker-A, free-both (2), the frees after
+    // it, add-minimal... at least the steps that turned Dynamo to 529 and
+    // back.
+    assert!(written >= 8, "{written} recorded messages rewritten");
+    let steps = recorded("sequences-multitoken/accepted_add.jsonl");
+    let turned: Vec<_> = steps
+        .iter()
+        .filter(|(_, v)| v["step"] == "add-prefill" && v["probe_status"] == 529)
+        .collect();
+    assert_eq!(
+        turned.len(),
+        2,
+        "the recorded adds that made Dynamo answer 529"
+    );
+}
+
+fn monitor(clock: &Arc<ManualClock>) -> Arc<Monitor> {
+    let m = Arc::new(Monitor::with_config(Default::default(), clock.clone()).unwrap());
+    let spec = WorkerSpec {
+        dp_size: 2,
+        kv_total_blocks: Some(64),
+        ..Default::default()
+    };
+    m.add_worker("tiny", 7, spec).unwrap();
+    m
+}
+
+fn dynamo_reader(m: &Arc<Monitor>, clock: &Arc<ManualClock>) -> Arc<Subscriber> {
+    let config = SubscriberConfig {
+        active_load_subject: Some(KV_METRICS.into()),
+        ..Default::default()
+    };
+    Subscriber::new(m.clone(), config, clock.clone()).unwrap()
+}
+
+/// (blocks, prefill tokens) booked on rank `rank` of worker 7.
+fn load(m: &Monitor, rank: u32) -> (u64, u64) {
+    let l = m.rank_load(7, rank).unwrap();
+    (
+        l.active_decode_blocks,
+        l.active_prefill_tokens.unwrap_or(0),
+    )
+}
+
+#[test]
+fn another_monitor_reads_the_announced_bookings_as_a_routers_and_the_announcer_skips_its_own() {
+    let clock = ManualClock::new();
+    let (a, b) = (monitor(&clock), monitor(&clock));
+    let bus = InProcessBus::new();
+    let subjects = Subjects::new("dynamo").unwrap();
+    let (ra, rb) = (dynamo_reader(&a, &clock), dynamo_reader(&b, &clock));
+    let (attached_a, attached_b) = (
+        ra.attach(&bus, &subjects).unwrap(),
+        rb.attach(&bus, &subjects).unwrap(),
+    );
+    let announcer = BookingAnnouncer::new(a.clone(), KV_METRICS).unwrap();
+    assert_eq!(announcer.subject(), SUBJECT);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let _tap = bus
+        .subscribe(
+            SUBJECT,
+            Arc::new(move |_: &str, p: &[u8]| log.lock().unwrap().push(p.to_vec())),
+        )
+        .unwrap();
+    let settle = || {
+        attached_a.settle();
+        attached_b.settle();
+    };
+
+    let mut first = a.book_with_prefill(7, 1, 10, 170).unwrap();
+    let second = a.book(7, 0, 3).unwrap();
+    assert_eq!(announcer.flush(&bus), 2);
+    settle();
+    assert_eq!((load(&b, 1), load(&b, 0)), ((10, 170), (3, 0)));
+    assert_eq!(load(&a, 1), (10, 170), "a counts its own once");
+    assert_eq!(ra.router_bookings(), 0);
+    assert_eq!(rb.router_bookings(), 2);
+
+    // The booking router's own mark: the prefill goes at once.
+    first.prefill_done();
+    assert_eq!(announcer.flush(&bus), 1);
+    settle();
+    assert_eq!(load(&b, 1), (10, 0));
+    drop(first);
+    second.release();
+    assert_eq!(announcer.flush(&bus), 2);
+    settle();
+    assert_eq!((load(&b, 1), load(&b, 0)), ((0, 0), (0, 0)));
+    assert_eq!(rb.router_bookings(), 0);
+    assert_eq!(
+        (announcer.stats().published, announcer.stats().lost),
+        (5, 0)
+    );
+
+    // What went out: one router id, one request id per booking, sequenced.
+    let sent: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| match decode(p) {
+            Ok(Decoded::Sequence(e)) => e,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(sent.iter().all(|e| e.router_id == announcer.router_id()));
+    assert_eq!(sent[0].request_id, sent[2].request_id);
+    assert_ne!(sent[0].request_id, sent[1].request_id);
+    assert_eq!(
+        sent.iter().map(|e| e.change).collect::<Vec<_>>(),
+        [
+            SequenceChange::Add {
+                blocks: 10,
+                prefill_tokens: 170
+            },
+            SequenceChange::Add {
+                blocks: 3,
+                prefill_tokens: 0
+            },
+            SequenceChange::PrefillDone,
+            SequenceChange::Free,
+            SequenceChange::Free,
+        ]
+    );
+}
+
+#[test]
+fn one_announcer_per_monitor_on_one_endpoint_and_releases_outlive_it() {
+    let clock = ManualClock::new();
+    let m = monitor(&clock);
+    for bad in [
+        "namespace.dynamo.component.*.endpoint.generate.kv_metrics",
+        "namespace.dynamo.component.backend.endpoint.generate.other",
+        "loadgate.dynamo.load.>",
+    ] {
+        let e = BookingAnnouncer::new(m.clone(), bad).unwrap_err();
+        assert!(matches!(e, ClusterError::InvalidSubject(_)), "{bad}: {e}");
+    }
+    let before = m.book(7, 0, 1).unwrap(); // made before: never announced
+    let first = BookingAnnouncer::new(m.clone(), KV_METRICS).unwrap();
+    let e = BookingAnnouncer::new(m.clone(), KV_METRICS).unwrap_err();
+    assert!(matches!(e, ClusterError::InvalidConfig(_)), "{e}");
+    let router = first.router_id();
+    let held = m.book(7, 0, 4).unwrap();
+    let bus = InProcessBus::new();
+    assert_eq!(first.flush(&bus), 1);
+    drop(first);
+    // Off: a new booking is not announced, a release of an announced one
+    // waits for the next announcer, which keeps the monitor's router id.
+    let unannounced = m.book(7, 1, 2).unwrap();
+    drop((held, unannounced, before));
+    let second = BookingAnnouncer::new(m.clone(), KV_METRICS).unwrap();
+    assert_eq!(second.router_id(), router);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let _tap = bus
+        .subscribe(
+            SUBJECT,
+            Arc::new(move |_: &str, p: &[u8]| log.lock().unwrap().push(p.to_vec())),
+        )
+        .unwrap();
+    assert_eq!(second.flush(&bus), 1);
+    let Ok(Decoded::Sequence(e)) = decode(&seen.lock().unwrap()[0]) else {
+        panic!("not a sequence event");
+    };
+    assert_eq!(e.change, SequenceChange::Free);
+}
+
+#[test]
+fn a_full_queue_drops_and_counts_and_an_unannounced_booking_stays_silent() {
+    use loadgate::cluster::wire::MAX_ANNOUNCED_BLOCKS;
+    let clock = ManualClock::new();
+    let m = monitor(&clock);
+    let announcer = BookingAnnouncer::new(m.clone(), KV_METRICS).unwrap();
+    let capacity = loadgate::monitor::OUTBOX_CAPACITY;
+    let held: Vec<_> = (0..capacity + 10)
+        .map(|_| m.book(7, 0, 0).unwrap())
+        .collect();
+    assert_eq!(announcer.stats().lost, 10);
+    let bus = InProcessBus::new();
+    assert_eq!(announcer.flush(&bus), capacity);
+    drop(held);
+    // The ten never announced push no release.
+    assert_eq!(announcer.flush(&bus), capacity);
+    assert_eq!(announcer.stats().published, 2 * capacity as u64);
+    // A booking past the hashes a message carries is announced as that many.
+    let big = m.book(7, 0, u64::MAX).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let _tap = bus
+        .subscribe(
+            SUBJECT,
+            Arc::new(move |_: &str, p: &[u8]| log.lock().unwrap().push(p.to_vec())),
+        )
+        .unwrap();
+    assert_eq!(announcer.flush(&bus), 1);
+    let bytes = seen.lock().unwrap()[0].clone();
+    assert!(bytes.len() < 256 * 1024, "{} bytes", bytes.len());
+    let Ok(Decoded::Sequence(e)) = decode(&bytes) else {
+        panic!("not a sequence event");
+    };
+    assert_eq!(
+        e.change,
+        SequenceChange::Add {
+            blocks: MAX_ANNOUNCED_BLOCKS,
+            prefill_tokens: 0
+        }
+    );
+    drop(big);
+}
