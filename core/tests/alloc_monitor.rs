@@ -172,3 +172,27 @@ fn dispatch_queue_and_cancel_allocate_nothing_in_steady_state() {
     });
     assert_eq!(n, 0, "{n} allocations in 1000 rounds");
 }
+
+#[test]
+fn announced_bookings_allocate_nothing() {
+    use loadgate::cluster::{BookingAnnouncer, InProcessBus};
+    use std::sync::Arc;
+    let m = Arc::new(Monitor::with_config(MonitorConfig::default(), ManualClock::new()).unwrap());
+    let spec = WorkerSpec {
+        kv_total_blocks: Some(100),
+        ..Default::default()
+    };
+    m.add_worker("m", 1, spec).unwrap();
+    let kv = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
+    let announcer = BookingAnnouncer::new(m.clone(), kv).unwrap();
+    drop(m.book(1, 0, 1).unwrap()); // the thread's first registry load
+    let (n, ()) = allocations(|| {
+        for _ in 0..1000 {
+            let mut booking = m.book_with_prefill(1, 0, 3, 10).unwrap();
+            booking.prefill_done();
+            drop(booking);
+        }
+    });
+    assert_eq!(n, 0, "announced bookings allocated {n} times");
+    assert_eq!(announcer.flush(&InProcessBus::new()), 3002);
+}

@@ -141,10 +141,7 @@ fn dynamo_reader(m: &Arc<Monitor>, clock: &Arc<ManualClock>) -> Arc<Subscriber> 
 /// (blocks, prefill tokens) booked on rank `rank` of worker 7.
 fn load(m: &Monitor, rank: u32) -> (u64, u64) {
     let l = m.rank_load(7, rank).unwrap();
-    (
-        l.active_decode_blocks,
-        l.active_prefill_tokens.unwrap_or(0),
-    )
+    (l.active_decode_blocks, l.active_prefill_tokens.unwrap_or(0))
 }
 
 #[test]

@@ -221,6 +221,7 @@ class Monitor:
         *,
         expire_after: float = 3.0,
         dynamo: Optional[Tuple[str, str]] = None,
+        announce_bookings: bool = False,
         user: Optional[str] = None,
         password: Optional[str] = None,
         token: Optional[str] = None,
@@ -355,6 +356,8 @@ class Booking:
 
 @final
 class Subscription:
+    @property
+    def router_id(self) -> Optional[int]: ...
     def close(self) -> None: ...
     def stats(self) -> Dict[str, int]: ...
     def refusals(self) -> Dict[str, int]: ...

@@ -24,8 +24,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use loadgate::cluster::nats::{NatsOptions, NatsTransport};
 use loadgate::cluster::{
-    dynamo_kv_metrics_subject, Attached, ClusterError, Publisher, PublisherConfig, Subjects,
-    Subscriber, SubscriberConfig, WireFormat, DEFAULT_HEARTBEAT,
+    dynamo_kv_metrics_subject, AnnounceAttached, Attached, BookingAnnouncer, ClusterError,
+    Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig, Transport, WireFormat,
+    DEFAULT_ANNOUNCE_INTERVAL, DEFAULT_HEARTBEAT,
 };
 use loadgate::{LoadReport, MonotonicClock};
 use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyTypeError, PyValueError};
@@ -171,14 +172,17 @@ pub(crate) fn connect(
 }
 
 /// What `subscribe_nats` keeps alive; fields drop in order (detach first,
-/// then the connection).
+/// then the announcer's last events, then the connection).
 struct Attachment {
     _attached: Attached,
+    announcing: Option<(Arc<BookingAnnouncer>, AnnounceAttached)>,
     _transport: NatsTransport,
 }
 
 /// Subscribes `monitor` to the load reports of `namespace` on the NATS
-/// server at `url` (`Monitor.subscribe_nats`).
+/// server at `url` (`Monitor.subscribe_nats`), announcing its own bookings
+/// to the `dynamo` endpoint's routers if `announce`.
+#[allow(clippy::too_many_arguments)]
 pub fn subscribe_nats(
     py: Python<'_>,
     monitor: &Arc<loadgate::Monitor>,
@@ -187,6 +191,7 @@ pub fn subscribe_nats(
     expire_after: Option<&Bound<'_, PyAny>>,
     dynamo: Option<&Bound<'_, PyAny>>,
     auth: &NatsArgs<'_, '_>,
+    announce: bool,
 ) -> PyResult<Subscription> {
     let options = auth.options()?;
     let namespace = namespace_arg(namespace)?;
@@ -201,16 +206,39 @@ pub fn subscribe_nats(
                 .map_err(|e| PyValueError::new_err(format!("dynamo: {e}")))?,
         );
     }
+    let announcer = match (&config.active_load_subject, announce) {
+        (_, false) => None,
+        (None, true) => {
+            return Err(PyValueError::new_err(
+                "announce_bookings=True needs dynamo=(component, endpoint): the endpoint whose routers count them",
+            ))
+        }
+        (Some(subject), true) => Some(
+            BookingAnnouncer::new(monitor.clone(), subject)
+                .map_err(|e| PyValueError::new_err(format!("announce_bookings: {e}")))?,
+        ),
+    };
     let subscriber = Subscriber::new(monitor.clone(), config, MonotonicClock::shared())
         .map_err(cluster_error)?;
     let transport = connect(py, url, &options)?;
     let attached = py
         .detach(|| subscriber.attach(&transport, &subjects))
         .map_err(cluster_error)?;
+    let announcing = match announcer {
+        Some(a) => {
+            let on: Arc<dyn Transport> = Arc::new(transport.clone());
+            let thread = a
+                .attach(on, DEFAULT_ANNOUNCE_INTERVAL)
+                .map_err(cluster_error)?;
+            Some((a, thread))
+        }
+        None => None,
+    };
     Ok(Subscription {
         subscriber,
         attachment: Mutex::new(Some(Attachment {
             _attached: attached,
+            announcing,
             _transport: transport,
         })),
     })
@@ -242,7 +270,10 @@ impl Subscription {
     /// `refused` (decoded but refused: a spoofed sender, a limit, the
     /// monitor), `expired` (workers removed after going silent) and
     /// `router_bookings` (bookings of Dynamo's routers held now, from the
-    /// `active_sequences_events` of a `dynamo=` endpoint).
+    /// `active_sequences_events` of a `dynamo=` endpoint), and with
+    /// `announce_bookings=True` while open `bookings_announced` (events of
+    /// this monitor's own bookings published there) and `announce_lost`
+    /// (dropped: queue full or publication failed).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.subscriber.stats();
         let d = PyDict::new(py);
@@ -253,7 +284,23 @@ impl Subscription {
         d.set_item("refused", s.refused)?;
         d.set_item("expired", s.expired)?;
         d.set_item("router_bookings", self.subscriber.router_bookings())?;
+        let announced = lock(&self.attachment)
+            .as_ref()
+            .and_then(|a| a.announcing.as_ref().map(|(a, _)| a.stats()))
+            .unwrap_or_default();
+        d.set_item("bookings_announced", announced.published)?;
+        d.set_item("announce_lost", announced.lost)?;
         Ok(d)
+    }
+
+    /// The router id this monitor's bookings are announced as
+    /// (`announce_bookings=True`), else `None`; its own events with this id
+    /// are not counted again.
+    #[getter]
+    fn router_id(&self) -> Option<u64> {
+        lock(&self.attachment)
+            .as_ref()
+            .and_then(|a| a.announcing.as_ref().map(|(a, _)| a.router_id()))
     }
 
     /// Messages not applied so far, by reason (every reason, zeros

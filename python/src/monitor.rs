@@ -526,6 +526,9 @@ impl Monitor {
     /// `--router-replica-sync`); those carry no declaration, so their
     /// workers must be added with `add_worker` or learned with
     /// `discover_dynamo` (reports for others are refused and counted).
+    /// `announce_bookings=True` (with `dynamo=`) publishes this monitor's
+    /// own bookings there as a router of that endpoint does, so Dynamo's
+    /// routers count them in their busy decisions (docs/dynamo.md).
     /// `user` and `password`, `token` or `credentials` (a `.creds` file)
     /// authenticate; `tls_ca` (a PEM CA file) and `tls_cert` with `tls_key`
     /// (a client certificate) set up TLS, as for `Reporter`;
@@ -534,8 +537,8 @@ impl Monitor {
     /// those arguments, and `ConnectionError` when the server cannot be
     /// reached, refuses the credentials or fails the TLS handshake.
     #[pyo3(
-        signature = (url, namespace = None, *, expire_after = None, dynamo = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
-        text_signature = "($self, url, namespace='default', *, expire_after=3.0, dynamo=None, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
+        signature = (url, namespace = None, *, expire_after = None, dynamo = None, announce_bookings = false, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
+        text_signature = "($self, url, namespace='default', *, expire_after=3.0, dynamo=None, announce_bookings=False, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn subscribe_nats(
@@ -545,6 +548,7 @@ impl Monitor {
         namespace: Option<&Bound<'_, PyAny>>,
         expire_after: Option<&Bound<'_, PyAny>>,
         dynamo: Option<&Bound<'_, PyAny>>,
+        announce_bookings: bool,
         user: Option<&Bound<'_, PyAny>>,
         password: Option<&Bound<'_, PyAny>>,
         token: Option<&Bound<'_, PyAny>>,
@@ -564,7 +568,17 @@ impl Monitor {
             tls_key,
             connect_timeout,
         };
-        crate::cluster::subscribe_nats(py, &self.inner, url, namespace, expire_after, dynamo, &auth)
+        let (monitor, announce) = (&self.inner, announce_bookings);
+        crate::cluster::subscribe_nats(
+            py,
+            monitor,
+            url,
+            namespace,
+            expire_after,
+            dynamo,
+            &auth,
+            announce,
+        )
     }
 
     /// Learns this monitor's workers from Dynamo's discovery store, so that

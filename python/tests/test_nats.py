@@ -353,6 +353,51 @@ def test_reference_event_plane_both_ways(nats_url: str) -> None:
         assert sub.stats()["announced"] == 0
 
 
+def rank_gauges(m: Monitor, worker: int, rank: int) -> tuple:
+    """(active decode blocks, active prefill tokens) of one rank, as `m`'s metrics show."""
+    out = [0, 0]
+    for line in m.metrics_text().splitlines():
+        for i, name in enumerate(("worker_active_decode_blocks{", "worker_active_prefill_tokens{")):
+            if name in line and f'dp_rank="{rank}",worker_id="{worker}"' in line:
+                out[i] = int(line.rsplit(" ", 1)[1])
+    return tuple(out)
+
+
+def test_bookings_announced_to_dynamos_routers_are_counted_by_another_monitor(nats_url: str) -> None:
+    """`announce_bookings=True`: a's own bookings go out as a Dynamo router's
+    active_sequences_events; b, following the endpoint's routers, holds them
+    (blocks, then prefill until done) and frees them; a counts its own once."""
+    a, b = Monitor(), Monitor()
+    for m in (a, b):
+        m.add_worker("m", 5, dp_size=2, kv_total_blocks=100)
+    endpoint = ("backend", "generate")
+    with a.subscribe_nats(nats_url, "dyn", dynamo=endpoint, announce_bookings=True) as sa, \
+            b.subscribe_nats(nats_url, "dyn", dynamo=endpoint) as sb:
+        router = sa.router_id
+        assert isinstance(router, int) and sb.router_id is None
+        with pytest.raises(ValueError, match="already announced"):
+            a.subscribe_nats(nats_url, "dyn", dynamo=endpoint, announce_bookings=True)
+        booking = a.book(5, 1, 7, prefill_tokens=170)
+        wait_for(lambda: rank_gauges(b, 5, 1), lambda g: g == (7, 170))
+        assert sb.stats()["router_bookings"] == 1
+        booking.prefill_done()
+        wait_for(lambda: rank_gauges(b, 5, 1), lambda g: g == (7, 0))
+        booking.release()
+        wait_for(lambda: rank_gauges(b, 5, 1), lambda g: g == (0, 0))
+        assert rank_gauges(a, 5, 1) == (0, 0)
+        stats = sa.stats()
+        assert stats["bookings_announced"] == 3 and stats["announce_lost"] == 0
+        assert stats["router_bookings"] == 0, "a skips its own events"
+    # Closed: a monitor may announce again, under the same router id.
+    assert sa.router_id is None
+    with a.subscribe_nats(nats_url, "dyn", dynamo=endpoint, announce_bookings=True) as again:
+        assert again.router_id == router
+    with pytest.raises(ValueError, match="announce_bookings.*dynamo"):
+        Monitor().subscribe_nats(nats_url, "dyn", announce_bookings=True)
+    with pytest.raises(ValueError, match="announce_bookings"):
+        Monitor().subscribe_nats(nats_url, "dyn", dynamo=("*", "generate"), announce_bookings=True)
+
+
 @pytest.mark.parametrize(
     "dynamo,exc",
     [("backend", TypeError), (("backend",), TypeError), ((1, "generate"), TypeError), (("", "generate"), ValueError)],
