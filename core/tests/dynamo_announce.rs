@@ -119,6 +119,45 @@ fn announcements_are_byte_for_byte_what_dynamo_accepted() {
     );
 }
 
+#[test]
+fn loadgates_own_announcements_recorded_beside_dynamo_are_rewritten_exactly() {
+    let events = recorded("announced/announced.jsonl");
+    assert!(events.len() >= 4, "{} recorded", events.len());
+    let mut adds = 0;
+    for (bytes, v) in &events {
+        let first = v["decoded"]["data"]["AddRequest"]["token_sequence"][0]
+            .as_u64()
+            .unwrap_or(0);
+        let (a, _) = as_announcement(v, first).expect("one of loadgate's own");
+        assert_eq!(a.to_msgpack(), *bytes, "{}", v["decoded"]);
+        let Ok(Decoded::Sequence(e)) = decode(bytes) else {
+            panic!("not read back");
+        };
+        assert_eq!(e.change, a.change);
+        adds += usize::from(matches!(a.change, SequenceChange::Add { .. }));
+    }
+    // Two bookings per rank (decode, then prefill), each freed; the
+    // prefill ones marked done.
+    let steps: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("announced/steps.json")).unwrap())
+            .unwrap();
+    let ranks = steps["ranks"].as_array().unwrap().len();
+    assert_eq!((events.len(), adds), (5 * ranks, 2 * ranks));
+    // What Dynamo's frontend answered once they were published.
+    let status = |step: &str| {
+        steps["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["step"] == step)
+            .map(|s| s["status"].as_u64().unwrap())
+    };
+    assert_eq!(status("decode-booked"), Some(529));
+    assert_eq!(status("decode-released"), Some(200));
+    assert_eq!(status("prefill-booked"), Some(529));
+    assert_eq!(status("prefill-released"), Some(200));
+}
+
 fn monitor(clock: &Arc<ManualClock>) -> Arc<Monitor> {
     let m = Arc::new(Monitor::with_config(Default::default(), clock.clone()).unwrap());
     let spec = WorkerSpec {

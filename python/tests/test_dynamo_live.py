@@ -338,3 +338,116 @@ def test_prefill_busy_agrees_with_dynamos_529(deployment: Deployment, monitor: M
     for t in threads:
         t.join(120)
     assert agreement("prefill", probes, EVENT_INTERVAL) >= 0.99
+
+
+def dynamo_status(deployment: Deployment, n: int) -> int:
+    status, _ = post(deployment.http, "/v1/completions", {"model": MODEL, "prompt": prompt(4, 9000 + n), "max_tokens": 1})
+    assert status in (200, 529), status
+    return status
+
+
+def wait_status(deployment: Deployment, want: int, limit: float = 10.0) -> float:
+    """Probes Dynamo until it answers `want`; returns the seconds it took."""
+    started = time.monotonic()
+    n = 0
+    while dynamo_status(deployment, n) != want:
+        assert time.monotonic() - started < limit, f"Dynamo never answered {want}"
+        n += 1
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_bookings_made_through_loadgate_alone_turn_dynamo_to_529(deployment: Deployment, monitor: Monitor) -> None:
+    """A second loadgate monitor announces its own bookings
+    (`announce_bookings=True`); Dynamo's frontend counts them as a replica
+    router's: with nothing else running, they turn its answer to 529, and
+    releasing them turns it back. The first monitor, following Dynamo's
+    routers, counts them too. `LOADGATE_RECORD_ANNOUNCED=<dir>` writes what
+    was announced, and Dynamo's answers, as fixtures
+    (core/tests/fixtures/dynamo-1.6.1/announced)."""
+    from harness import NatsRecorder  # tools/dynamo/harness.py
+
+    url = f"nats://{HOST}:{deployment.nats}"
+    recorder = NatsRecorder(deployment.nats)
+    recorder.start()
+    lg = Monitor()
+    steps: List[Dict[str, Any]] = []
+    with lg.discover_dynamo("dynamo", path=deployment.kv), \
+            lg.subscribe_nats(url, "dynamo", dynamo=("backend", "generate"), announce_bookings=True) as sub:
+        wait_until("the workers", lambda: len(lg.workers(MODEL)) == 2)
+        ranks = [(w, r) for w in lg.workers(MODEL) for r in range(2 if w in two_rank_workers(deployment) else 1)]
+        # Decode: 40 of 64 blocks on every rank, over Dynamo's threshold of half.
+        set_both(deployment, monitor, DECODE_THRESHOLD, 1_000_000)
+        wait_status(deployment, 200)
+        held = [lg.book(w, r, 40) for w, r in ranks]
+        took = wait_status(deployment, 529)
+        steps.append({"step": "decode-booked", "ranks": ranks, "blocks": 40, "status": 529, "after_s": round(took, 3)})
+        wait_until("the other monitor to count them", lambda: all_busy(monitor), 10)
+        for b in held:
+            b.release()
+        took = wait_status(deployment, 200)
+        steps.append({"step": "decode-released", "status": 200, "after_s": round(took, 3)})
+        # Prefill: 500 prompt tokens on every rank, over Dynamo's 100.
+        set_both(deployment, monitor, 1.0, 100)
+        held = [lg.book(w, r, 0, prefill_tokens=500) for w, r in ranks]
+        took = wait_status(deployment, 529)
+        steps.append({"step": "prefill-booked", "prefill_tokens": 500, "status": 529, "after_s": round(took, 3)})
+        # The prefill done: Dynamo applies a replica's mark without
+        # republishing the rank, so its answer may stay 529 until the
+        # rank's next Add or Free (recorded, not asserted).
+        for b in held:
+            b.prefill_done()
+        time.sleep(0.5)
+        steps.append({"step": "prefill-done", "status": dynamo_status(deployment, 0)})
+        for b in held:
+            b.release()
+        took = wait_status(deployment, 200)
+        steps.append({"step": "prefill-released", "status": 200, "after_s": round(took, 3)})
+        stats = sub.stats()
+        router = sub.router_id
+    recorder.close()
+    set_both(deployment, monitor, DECODE_THRESHOLD, 1_000_000)
+    ours = [m for m in recorder.messages if m["subject"].endswith(".active_sequences_events")
+            and router_of(m["payload"]) == router]
+    print(f"\nannounced: {stats['bookings_announced']} events ({len(ours)} seen on the wire), "
+          f"Dynamo's answers: {[(s['step'], s['status'], s.get('after_s')) for s in steps]}")
+    assert stats["bookings_announced"] == 5 * len(ranks) and stats["announce_lost"] == 0
+    assert len(ours) == 5 * len(ranks)
+    record = os.environ.get("LOADGATE_RECORD_ANNOUNCED")
+    if record:
+        write_announced(Path(record), ours, steps, ranks, router)
+
+
+def two_rank_workers(deployment: Deployment) -> List[int]:
+    return [c["instance_id"] for c in deployment.cards()
+            if c["card_json"]["runtime_config"]["data_parallel_size"] == 2]
+
+
+def decode_event(payload: bytes) -> Dict[str, Any]:
+    """The envelope and event of an active_sequences_events message, decoded by
+    the Dynamo Python's msgpack."""
+    code = ("import sys, json, msgpack; env = msgpack.unpackb(sys.stdin.buffer.read(), raw=False); "
+            "ev = msgpack.unpackb(env.pop('payload'), raw=False); print(json.dumps([env, ev]))")
+    out = subprocess.run([DYNAMO_PYTHON, "-c", code], input=payload, capture_output=True, check=True).stdout
+    env, ev = json.loads(out)
+    return {"envelope": env, "decoded": ev}
+
+
+def router_of(payload: bytes) -> Optional[int]:
+    try:
+        return int(decode_event(payload)["decoded"]["router_id"])
+    except (subprocess.CalledProcessError, KeyError, ValueError):
+        return None
+
+
+def write_announced(out: Path, messages: List[Dict[str, Any]], steps: List[Dict[str, Any]],
+                    ranks: List[Tuple[int, int]], router: Optional[int]) -> None:
+    import base64
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "announced.jsonl", "w") as f:
+        for m in messages:
+            line = {"subject": m["subject"], "payload_b64": base64.b64encode(m["payload"]).decode(),
+                    **decode_event(m["payload"])}
+            f.write(json.dumps(line) + "\n")
+    (out / "steps.json").write_text(json.dumps({"router_id": router, "ranks": ranks, "steps": steps}, indent=1) + "\n")
