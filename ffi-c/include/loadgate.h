@@ -484,6 +484,20 @@ typedef struct lg_subscription_stats {
    * active_sequences_events (routers run with --router-replica-sync).
    */
   uint64_t router_bookings;
+  /**
+   * With lg_nats_options_set_announce_bookings(): events of the
+   * monitor's own bookings published to the endpoint's routers.
+   */
+  uint64_t bookings_announced;
+  /**
+   * Events of its own bookings dropped: the queue full, or the
+   * publication failed.
+   */
+  uint64_t announce_lost;
+  /**
+   * The router id its bookings are announced as; 0 when not announcing.
+   */
+  uint64_t router_id;
 } lg_subscription_stats;
 
 /**
@@ -2990,6 +3004,30 @@ enum lg_status lg_nats_options_set_dynamo_endpoint(struct lg_nats_options *optio
                                                    size_t component_len,
                                                    const char *endpoint,
                                                    size_t endpoint_len);
+
+/**
+ * Makes a subscription announce its monitor's own bookings to the routers
+ * of the reference endpoint set with lg_nats_options_set_dynamo_endpoint()
+ * (which must name one component and one endpoint, no wildcard): each
+ * booking made while the subscription lives is published on the
+ * endpoint's active_sequences_events subject as a Dynamo 1.6.1 router
+ * publishes its own (added, prefill done, freed), so a Dynamo frontend run
+ * with --router-replica-sync counts it in its busy decision
+ * (docs/dynamo.md). The booking calls only push a small event into a
+ * bounded lock-free queue; a thread of the subscription publishes it. One
+ * announcing subscription per monitor at a time. false (the default):
+ * nothing is announced.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL options). The connecting call refuses
+ * it (LG_INVALID_ARGUMENT) without an endpoint, with a wildcard, or while
+ * another subscription announces the monitor's bookings.
+ * Thread safety: no other thread may be using `options`. Blocking: never.
+ *
+ * # Safety
+ * `options` is NULL or a live lg_nats_options.
+ */
+enum lg_status lg_nats_options_set_announce_bookings(struct lg_nats_options *options,
+                                                     bool announce);
 
 /**
  * Authenticates with `user` and `password` (NULL and 0 for both: clears

@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use loadgate_core::cluster::nats::NatsTransport;
 use loadgate_core::cluster::{
-    dynamo_kv_metrics_subject, Attached, ClusterError, Publisher, PublisherConfig, Subjects,
-    Subscriber, SubscriberConfig, WireFormat,
+    dynamo_kv_metrics_subject, AnnounceAttached, Attached, BookingAnnouncer, ClusterError,
+    Publisher, PublisherConfig, Subjects, Subscriber, SubscriberConfig, Transport, WireFormat,
+    DEFAULT_ANNOUNCE_INTERVAL,
 };
 use loadgate_core::MonotonicClock;
 
@@ -38,9 +39,10 @@ pub struct lg_reporter {
 /// once.
 pub struct lg_subscription {
     // Fields drop in order: detach first, then the subscriber, then the
-    // connection.
+    // announcer (publishing what is queued), then the connection.
     _attached: Attached,
     subscriber: Arc<Subscriber>,
+    announcing: Option<(Arc<BookingAnnouncer>, AnnounceAttached)>,
     _transport: NatsTransport,
 }
 
@@ -74,6 +76,14 @@ pub struct lg_subscription_stats {
     /// Bookings of Dynamo's routers held now, from their
     /// active_sequences_events (routers run with --router-replica-sync).
     pub router_bookings: u64,
+    /// With lg_nats_options_set_announce_bookings(): events of the
+    /// monitor's own bookings published to the endpoint's routers.
+    pub bookings_announced: u64,
+    /// Events of its own bookings dropped: the queue full, or the
+    /// publication failed.
+    pub announce_lost: u64,
+    /// The router id its bookings are announced as; 0 when not announcing.
+    pub router_id: u64,
 }
 
 /// The subjects of `namespace` under the default prefix.
@@ -403,12 +413,30 @@ pub unsafe extern "C" fn lg_monitor_subscribe_nats_with(
             config.active_load_subject =
                 Some(dynamo_kv_metrics_subject(namespace, component, endpoint)?);
         }
+        let announcer = match (&config.active_load_subject, options.is_some_and(|o| o.announce)) {
+            (_, false) => None,
+            (None, true) => {
+                return Err(Error::invalid(
+                    "announcing bookings needs lg_nats_options_set_dynamo_endpoint(): the endpoint whose routers count them",
+                ))
+            }
+            (Some(subject), true) => Some(BookingAnnouncer::new(m.monitor.clone(), subject)?),
+        };
         let subscriber = Subscriber::new(m.monitor.clone(), config, MonotonicClock::shared())?;
         let transport = connect(url, options)?;
         let attached = subscriber.attach(&transport, &subjects)?;
+        let announcing = match announcer {
+            Some(a) => {
+                let on: Arc<dyn Transport> = Arc::new(transport.clone());
+                let thread = a.attach(on, DEFAULT_ANNOUNCE_INTERVAL)?;
+                Some((a, thread))
+            }
+            None => None,
+        };
         let handle = Box::into_raw(Box::new(lg_subscription {
             _attached: attached,
             subscriber,
+            announcing,
             _transport: transport,
         }));
         // SAFETY: writable by the contract.
@@ -436,6 +464,11 @@ pub unsafe extern "C" fn lg_subscription_get_stats(
         let s = unsafe { input(subscription, "subscription") }?;
         let out = Out::new(out_stats, "out_stats")?;
         let st = s.subscriber.stats();
+        let announced = s
+            .announcing
+            .as_ref()
+            .map(|(a, _)| a.stats())
+            .unwrap_or_default();
         let stats = lg_subscription_stats {
             applied: st.applied,
             announced: st.announced,
@@ -444,6 +477,9 @@ pub unsafe extern "C" fn lg_subscription_get_stats(
             refused: st.refused,
             expired: st.expired,
             router_bookings: s.subscriber.router_bookings() as u64,
+            bookings_announced: announced.published,
+            announce_lost: announced.lost,
+            router_id: s.announcing.as_ref().map_or(0, |(a, _)| a.router_id()),
         };
         // SAFETY: writable by the contract.
         unsafe { out.write(stats) };

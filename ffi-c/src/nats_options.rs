@@ -31,6 +31,9 @@ pub struct lg_nats_options {
     /// The reference worker endpoint `(component, endpoint)` set by
     /// lg_nats_options_set_dynamo_endpoint().
     pub(crate) dynamo: Option<(String, String)>,
+    /// Whether a subscription announces the monitor's own bookings to that
+    /// endpoint's routers (lg_nats_options_set_announce_bookings()).
+    pub(crate) announce: bool,
 }
 
 /// Creates NATS settings with no authentication, and TLS only for a
@@ -50,6 +53,7 @@ pub unsafe extern "C" fn lg_nats_options_new(out_options: *mut *mut lg_nats_opti
         let handle = Box::into_raw(Box::new(lg_nats_options {
             options: NatsOptions::default(),
             dynamo: None,
+            announce: false,
         }));
         // SAFETY: writable by the contract.
         unsafe { out.write(handle) };
@@ -149,6 +153,37 @@ pub unsafe extern "C" fn lg_nats_options_set_dynamo_endpoint(
         };
         // SAFETY: NULL or live, used by no other thread (contract).
         unsafe { handle_mut(options) }?.dynamo = dynamo;
+        Ok(())
+    })
+}
+
+/// Makes a subscription announce its monitor's own bookings to the routers
+/// of the reference endpoint set with lg_nats_options_set_dynamo_endpoint()
+/// (which must name one component and one endpoint, no wildcard): each
+/// booking made while the subscription lives is published on the
+/// endpoint's active_sequences_events subject as a Dynamo 1.6.1 router
+/// publishes its own (added, prefill done, freed), so a Dynamo frontend run
+/// with --router-replica-sync counts it in its busy decision
+/// (docs/dynamo.md). The booking calls only push a small event into a
+/// bounded lock-free queue; a thread of the subscription publishes it. One
+/// announcing subscription per monitor at a time. false (the default):
+/// nothing is announced.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL options). The connecting call refuses
+/// it (LG_INVALID_ARGUMENT) without an endpoint, with a wildcard, or while
+/// another subscription announces the monitor's bookings.
+/// Thread safety: no other thread may be using `options`. Blocking: never.
+///
+/// # Safety
+/// `options` is NULL or a live lg_nats_options.
+#[no_mangle]
+pub unsafe extern "C" fn lg_nats_options_set_announce_bookings(
+    options: *mut lg_nats_options,
+    announce: bool,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live, used by no other thread (contract).
+        unsafe { handle_mut(options) }?.announce = announce;
         Ok(())
     })
 }

@@ -366,6 +366,40 @@ void test_cluster_dynamo_live(const char *url) {
     bool busy = false;
     EXPECT(lg_monitor_is_busy(front, 78, &busy), LG_NOT_FOUND);
 
+    lg_subscription_stats ss;
+    /* Another monitor announces its own bookings to the backend/generate
+     * endpoint's routers; the front, following every endpoint's routers,
+     * holds them as a router's. */
+    OK(lg_monitor_add_worker(front, S("m"), 79, &spec));
+    lg_monitor *router = NULL;
+    OK(lg_monitor_new(NULL, &router));
+    OK(lg_monitor_add_worker(router, S("m"), 79, &spec));
+    lg_nats_options *announce = NULL;
+    OK(lg_nats_options_new(&announce));
+    INVALID(lg_nats_options_set_announce_bookings(NULL, true));
+    OK(lg_nats_options_set_announce_bookings(announce, true));
+    lg_subscription *told = (lg_subscription *)(uintptr_t)0x1;
+    INVALID(lg_monitor_subscribe_nats_with(router, url, url_len, S("capi-dyn"), announce, &told));
+    CHECK(last_error_contains("lg_nats_options_set_dynamo_endpoint"));
+    OK(lg_nats_options_set_dynamo_endpoint(announce, S("backend"), S("generate")));
+    OK(lg_monitor_subscribe_nats_with(router, url, url_len, S("capi-dyn"), announce, &told));
+    lg_subscription *again = (lg_subscription *)(uintptr_t)0x1;
+    INVALID(lg_monitor_subscribe_nats_with(router, url, url_len, S("capi-dyn"), announce, &again));
+    CHECK(last_error_contains("already announced"));
+    CHECK(again == (lg_subscription *)(uintptr_t)0x1);
+    lg_nats_options_free(announce);
+    lg_booking *held = NULL;
+    OK(lg_monitor_book(router, 79, 0, 60, &held));
+    CHECK(await_busy(front, 79, true));
+    lg_booking_free(held);
+    CHECK(await_busy(front, 79, false));
+    OK(lg_subscription_get_stats(told, &ss));
+    CHECK(ss.bookings_announced == 2 && ss.announce_lost == 0 && ss.router_id != 0);
+    OK(lg_subscription_get_stats(sub, &ss));
+    CHECK(ss.router_id == 0 && ss.bookings_announced == 0);
+
+    lg_subscription_free(told);
+    lg_monitor_free(router);
     lg_reporter_free(w);
     lg_reporter_free(stranger);
     lg_subscription_free(sub);
