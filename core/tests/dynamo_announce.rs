@@ -349,3 +349,89 @@ fn a_full_queue_drops_and_counts_and_an_unannounced_booking_stays_silent() {
     );
     drop(big);
 }
+
+#[test]
+fn bookings_from_many_threads_are_announced_in_order_and_a_reader_ends_at_zero() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let clock = ManualClock::new();
+    let (a, b) = (monitor(&clock), monitor(&clock));
+    let bus = InProcessBus::new();
+    let reader = dynamo_reader(&b, &clock);
+    let attached = reader
+        .attach(&bus, &Subjects::new("dynamo").unwrap())
+        .unwrap();
+    let announcer = BookingAnnouncer::new(a.clone(), KV_METRICS).unwrap();
+    // Per request: the changes seen, in order.
+    let seen: Arc<std::sync::Mutex<HashMap<String, Vec<SequenceChange>>>> = Default::default();
+    let log = seen.clone();
+    let _tap = bus
+        .subscribe(
+            SUBJECT,
+            Arc::new(move |_: &str, p: &[u8]| {
+                let Ok(Decoded::Sequence(e)) = decode(p) else {
+                    panic!("not a sequence event");
+                };
+                log.lock()
+                    .unwrap()
+                    .entry(e.request_id)
+                    .or_default()
+                    .push(e.change);
+            }),
+        )
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let (flusher, stop) = (announcer.clone(), done.clone());
+    let bus = Arc::new(bus);
+    let on = bus.clone();
+    let flushing = std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            flusher.flush(&*on);
+        }
+    });
+    const THREADS: u64 = 4;
+    const EACH: u64 = 5_000;
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                for i in 0..EACH {
+                    let mut booking = a
+                        .book_with_prefill(7, (i % 2) as u32, 1 + t, i % 3)
+                        .unwrap();
+                    if i % 2 == 0 {
+                        booking.prefill_done();
+                    }
+                    if i % 5 == 0 {
+                        std::thread::yield_now();
+                    }
+                    drop(booking);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    done.store(true, Ordering::Relaxed);
+    flushing.join().unwrap();
+    announcer.flush(&*bus);
+    attached.settle();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len() as u64, THREADS * EACH);
+    for (request, changes) in seen.iter() {
+        let ok = matches!(
+            changes.as_slice(),
+            [SequenceChange::Add { .. }, SequenceChange::Free]
+                | [
+                    SequenceChange::Add { .. },
+                    SequenceChange::PrefillDone,
+                    SequenceChange::Free
+                ]
+        );
+        assert!(ok, "{request}: {changes:?}");
+    }
+    assert_eq!(announcer.stats().lost, 0);
+    assert_eq!((load(&b, 0), load(&b, 1)), ((0, 0), (0, 0)));
+    assert_eq!(reader.router_bookings(), 0);
+}
