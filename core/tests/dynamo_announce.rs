@@ -5,7 +5,9 @@
 //! 529, and `announced/`, loadgate's own announcements recorded beside a
 //! live 1.6.1), read back by another monitor as the router's bookings they
 //! stand for, skipped by the announcing monitor's own subscriber, and
-//! bounded: a full queue drops and counts, one announcer per monitor.
+//! bounded: a full queue drops and counts, one announcer per monitor; and
+//! a long prompt's booking (a hash per block) is read past the 16 KiB of a
+//! load message, up to 1 MiB.
 
 #[allow(dead_code)] // each test binary uses part of the support code
 mod support;
@@ -434,4 +436,44 @@ fn bookings_from_many_threads_are_announced_in_order_and_a_reader_ends_at_zero()
     assert_eq!(announcer.stats().lost, 0);
     assert_eq!((load(&b, 0), load(&b, 1)), ((0, 0), (0, 0)));
     assert_eq!(reader.router_bookings(), 0);
+}
+
+#[test]
+fn a_long_prompts_booking_is_read_past_16_kib_and_refused_past_1_mib() {
+    use loadgate::cluster::MAX_SEQUENCE_PAYLOAD;
+    let clock = ManualClock::new();
+    let b = monitor(&clock);
+    let bus = InProcessBus::new();
+    let reader = dynamo_reader(&b, &clock);
+    let attached = reader
+        .attach(&bus, &Subjects::new("dynamo").unwrap())
+        .unwrap();
+    // 6,000 blocks of 16 tokens: a 96,000-token prompt's booking.
+    let long = Announcement {
+        publisher_id: 1,
+        sequence: 0,
+        published_at: 0,
+        router_id: 42,
+        request_id: "long",
+        worker_id: 7,
+        dp_rank: 0,
+        change: SequenceChange::Add {
+            blocks: 6_000,
+            prefill_tokens: 96_000,
+        },
+        first_hash: u64::MAX,
+    }
+    .to_msgpack();
+    assert!(long.len() > SubscriberConfig::default().max_payload);
+    bus.publish(SUBJECT, long).unwrap();
+    bus.publish(SUBJECT, vec![0x80; MAX_SEQUENCE_PAYLOAD + 1])
+        .unwrap();
+    attached.settle();
+    assert_eq!(load(&b, 0), (6_000, 96_000));
+    let oversized = reader
+        .refusals()
+        .into_iter()
+        .find(|(reason, _)| *reason == "oversized")
+        .map(|(_, n)| n);
+    assert_eq!(oversized, Some(1));
 }
