@@ -14,32 +14,17 @@ mod support;
 
 use std::sync::Arc;
 
-use base64::Engine as _;
 use loadgate::cluster::wire::{decode, Announcement, Decoded, SequenceChange};
 use loadgate::cluster::{
-    BookingAnnouncer, ClusterError, InProcessBus, Subjects, Subscriber, SubscriberConfig, Transport,
+    BookingAnnouncer, ClusterError, InProcessBus, Subjects, Subscriber, SubscriberConfig,
+    Subscription, Transport,
 };
 use loadgate::{ManualClock, Monitor, WorkerSpec};
-use support::recorded::fixture;
+use support::recorded::{fixture, messages};
 
 const KV_METRICS: &str = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
 const SUBJECT: &str =
     "namespace.dynamo.component.backend.endpoint.generate.active_sequences_events";
-
-/// Each recorded message: its bytes, envelope and decoded event.
-fn recorded(path: &str) -> Vec<(Vec<u8>, serde_json::Value)> {
-    let text = std::fs::read_to_string(fixture(path)).unwrap();
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(v["payload_b64"].as_str().unwrap())
-                .unwrap();
-            (bytes, v)
-        })
-        .collect()
-}
 
 /// The announcement a recorded message would be, if loadgate wrote it;
 /// `None` for one it cannot write (block hashes not of its making, a
@@ -98,7 +83,7 @@ fn hashes_of(v: &serde_json::Value) -> u64 {
 #[test]
 fn announcements_are_byte_for_byte_what_dynamo_accepted() {
     let mut written = 0;
-    for (bytes, v) in recorded("sequences-multitoken/accepted_add.jsonl") {
+    for (bytes, v) in messages("sequences-multitoken/accepted_add.jsonl") {
         let Some((a, _)) = as_announcement(&v, 0) else {
             continue;
         };
@@ -109,7 +94,7 @@ fn announcements_are_byte_for_byte_what_dynamo_accepted() {
     // it, add-minimal... at least the steps that turned Dynamo to 529 and
     // back.
     assert!(written >= 8, "{written} recorded messages rewritten");
-    let steps = recorded("sequences-multitoken/accepted_add.jsonl");
+    let steps = messages("sequences-multitoken/accepted_add.jsonl");
     let turned: Vec<_> = steps
         .iter()
         .filter(|(_, v)| v["step"] == "add-prefill" && v["probe_status"] == 529)
@@ -123,7 +108,7 @@ fn announcements_are_byte_for_byte_what_dynamo_accepted() {
 
 #[test]
 fn loadgates_own_announcements_recorded_beside_dynamo_are_rewritten_exactly() {
-    let events = recorded("announced/announced.jsonl");
+    let events = messages("announced/announced.jsonl");
     assert!(events.len() >= 4, "{} recorded", events.len());
     let mut adds = 0;
     for (bytes, v) in &events {
@@ -158,6 +143,19 @@ fn loadgates_own_announcements_recorded_beside_dynamo_are_rewritten_exactly() {
     assert_eq!(status("decode-released"), Some(200));
     assert_eq!(status("prefill-booked"), Some(529));
     assert_eq!(status("prefill-released"), Some(200));
+}
+
+/// Every payload published on the subject from now on.
+fn tap(bus: &InProcessBus) -> (Arc<std::sync::Mutex<Vec<Vec<u8>>>>, Subscription) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let tap = bus
+        .subscribe(
+            SUBJECT,
+            Arc::new(move |_: &str, p: &[u8]| log.lock().unwrap().push(p.to_vec())),
+        )
+        .unwrap();
+    (seen, tap)
 }
 
 fn monitor(clock: &Arc<ManualClock>) -> Arc<Monitor> {
@@ -198,14 +196,7 @@ fn another_monitor_reads_the_announced_bookings_as_a_routers_and_the_announcer_s
     );
     let announcer = BookingAnnouncer::new(a.clone(), KV_METRICS).unwrap();
     assert_eq!(announcer.subject(), SUBJECT);
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = seen.clone();
-    let _tap = bus
-        .subscribe(
-            SUBJECT,
-            Arc::new(move |_: &str, p: &[u8]| log.lock().unwrap().push(p.to_vec())),
-        )
-        .unwrap();
+    let (seen, _tap) = tap(&bus);
     let settle = || {
         attached_a.settle();
         attached_b.settle();
@@ -294,14 +285,7 @@ fn one_announcer_per_monitor_on_one_endpoint_and_releases_outlive_it() {
     drop((held, unannounced, before));
     let second = BookingAnnouncer::new(m.clone(), KV_METRICS).unwrap();
     assert_eq!(second.router_id(), router);
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = seen.clone();
-    let _tap = bus
-        .subscribe(
-            SUBJECT,
-            Arc::new(move |_: &str, p: &[u8]| log.lock().unwrap().push(p.to_vec())),
-        )
-        .unwrap();
+    let (seen, _tap) = tap(&bus);
     assert_eq!(second.flush(&bus), 1);
     let Ok(Decoded::Sequence(e)) = decode(&seen.lock().unwrap()[0]) else {
         panic!("not a sequence event");
@@ -328,14 +312,7 @@ fn a_full_queue_drops_and_counts_and_an_unannounced_booking_stays_silent() {
     assert_eq!(announcer.stats().published, 2 * capacity as u64);
     // A booking past the hashes a message carries is announced as that many.
     let big = m.book(7, 0, u64::MAX).unwrap();
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = seen.clone();
-    let _tap = bus
-        .subscribe(
-            SUBJECT,
-            Arc::new(move |_: &str, p: &[u8]| log.lock().unwrap().push(p.to_vec())),
-        )
-        .unwrap();
+    let (seen, _tap) = tap(&bus);
     assert_eq!(announcer.flush(&bus), 1);
     let bytes = seen.lock().unwrap()[0].clone();
     assert!(bytes.len() < 256 * 1024, "{} bytes", bytes.len());

@@ -16,7 +16,6 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine as _;
 use loadgate::cluster::wire::{decode, Decoded, SequenceChange, WireError, MAX_REQUEST_ID};
 use loadgate::cluster::{
     Applied, HandleError, InProcessBus, Subjects, Subscriber, SubscriberConfig, Transport,
@@ -24,7 +23,7 @@ use loadgate::cluster::{
 };
 use loadgate::{ManualClock, Monitor, ThresholdUpdate, WorkerSpec};
 use serde::Serialize;
-use support::recorded::fixture;
+use support::recorded::{fixture, messages};
 
 const SUBJECT: &str =
     "namespace.dynamo.component.backend.endpoint.generate.active_sequences_events";
@@ -35,16 +34,9 @@ fn recorded() -> Vec<(Vec<u8>, serde_json::Value)> {
 }
 
 fn recorded_in(path: &str) -> Vec<(Vec<u8>, serde_json::Value)> {
-    let text = std::fs::read_to_string(fixture(path)).unwrap();
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(v["payload_b64"].as_str().unwrap())
-                .unwrap();
-            (bytes, v["decoded"].clone())
-        })
+    messages(path)
+        .into_iter()
+        .map(|(bytes, v)| (bytes, v["decoded"].clone()))
         .collect()
 }
 

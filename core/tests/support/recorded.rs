@@ -15,6 +15,23 @@ pub fn fixture(path: &str) -> PathBuf {
         .join(path)
 }
 
+/// The messages of a recorded `.jsonl` file: each one's bytes (its
+/// `payload_b64`) and the whole line.
+pub fn messages(path: &str) -> Vec<(Vec<u8>, Value)> {
+    use base64::Engine as _;
+    let text = std::fs::read_to_string(fixture(path)).unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(v["payload_b64"].as_str().unwrap())
+                .unwrap();
+            (bytes, v)
+        })
+        .collect()
+}
+
 /// One recorded HTTP exchange.
 #[derive(Deserialize)]
 pub struct Answer {
