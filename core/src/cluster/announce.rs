@@ -33,10 +33,10 @@ use std::time::Duration;
 
 use super::publisher::{instance_id, unix_millis};
 use super::transport::{dynamo_sibling_subject, Transport};
-use super::wire::{Announcement, ACTIVE_SEQUENCES_TOPIC};
+use super::wire::{Announcement, SequenceChange, ACTIVE_SEQUENCES_TOPIC};
 use super::ClusterError;
 use crate::fork::ForkGuard;
-use crate::monitor::outbox::OwnEvent;
+use crate::monitor::outbox::{OwnChange, OwnEvent};
 use crate::Monitor;
 
 /// Default [`BookingAnnouncer::attach`] interval between drains.
@@ -141,7 +141,17 @@ impl BookingAnnouncer {
             request_id: &request_id,
             worker_id: event.worker_id,
             dp_rank: event.dp_rank,
-            change: event.change,
+            change: match event.change {
+                OwnChange::Booked {
+                    blocks,
+                    prefill_tokens,
+                } => SequenceChange::Add {
+                    blocks,
+                    prefill_tokens,
+                },
+                OwnChange::PrefillDone => SequenceChange::PrefillDone,
+                OwnChange::Released => SequenceChange::Free,
+            },
             first_hash: first_hash(self.router_id, event.id),
         }
         .to_msgpack()

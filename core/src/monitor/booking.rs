@@ -14,8 +14,8 @@
 
 use std::sync::Arc;
 
+use super::outbox::OwnChange;
 use super::rank::{add_saturating, sub_saturating, Worker};
-use crate::cluster::wire::SequenceChange;
 use crate::error::ReportError;
 use crate::load::UNREPORTED;
 use crate::sync::{AtomicU64, Ordering};
@@ -150,12 +150,12 @@ impl Booking {
             (blocks, 0),
         );
         if prefill > 0 {
-            self.announce(SequenceChange::PrefillDone);
+            self.announce(OwnChange::PrefillDone);
         }
     }
 
     /// Announces a change to the booking, if the booking was announced.
-    fn announce(&self, change: SequenceChange) {
+    fn announce(&self, change: OwnChange) {
         if self.announced != 0 {
             let w = &self.worker;
             let rank = w.dp_start + self.rank as u32;
@@ -256,6 +256,6 @@ impl Drop for Booking {
     fn drop(&mut self) {
         let (from, to) = ((self.blocks, self.prefill), (0, 0));
         shift(&self.worker, self.rank, self.owner, from, to);
-        self.announce(SequenceChange::Free);
+        self.announce(OwnChange::Released);
     }
 }

@@ -21,7 +21,6 @@ use std::sync::OnceLock;
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::cluster::wire::SequenceChange;
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
 /// Events the queue holds (about 40 bytes each) before it drops them.
@@ -36,9 +35,24 @@ pub struct OwnEvent {
     pub worker_id: u64,
     /// Its rank.
     pub dp_rank: u32,
-    /// What changed: booked (its blocks and prompt tokens), prefill done,
-    /// or released.
-    pub change: SequenceChange,
+    /// What changed.
+    pub change: OwnChange,
+}
+
+/// What an [`OwnEvent`] says of its booking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnChange {
+    /// Made, with its blocks and prompt tokens.
+    Booked {
+        /// KV blocks.
+        blocks: u64,
+        /// Prompt tokens still to prefill.
+        prefill_tokens: u64,
+    },
+    /// Its prefill is done.
+    PrefillDone,
+    /// Released.
+    Released,
 }
 
 /// The monitor's queue of own-booking events (module docs).
@@ -104,7 +118,7 @@ impl Outbox {
             return 0;
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let change = SequenceChange::Add {
+        let change = OwnChange::Booked {
             blocks,
             prefill_tokens: prefill,
         };
@@ -122,7 +136,7 @@ impl Outbox {
 
     /// A change to announced booking `id` (prefill done or released).
     #[inline]
-    pub(crate) fn changed(&self, id: u64, worker_id: u64, dp_rank: u32, change: SequenceChange) {
+    pub(crate) fn changed(&self, id: u64, worker_id: u64, dp_rank: u32, change: OwnChange) {
         self.push(OwnEvent {
             id,
             worker_id,
