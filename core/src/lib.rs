@@ -63,6 +63,7 @@ pub mod monitor;
 mod runtime;
 #[cfg(feature = "scrape")]
 pub mod scrape;
+pub mod slo;
 mod status;
 mod sync;
 pub mod thresholds;
