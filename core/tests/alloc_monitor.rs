@@ -196,3 +196,29 @@ fn announced_bookings_allocate_nothing() {
     assert_eq!(n, 0, "announced bookings allocated {n} times");
     assert_eq!(announcer.flush(&InProcessBus::new()), 3002);
 }
+
+#[test]
+fn observed_streams_allocate_nothing() {
+    use std::time::Duration;
+    let clock = ManualClock::new();
+    let m = Monitor::with_config(MonitorConfig::default(), clock.clone()).unwrap();
+    let spec = WorkerSpec {
+        kv_total_blocks: Some(100),
+        ..Default::default()
+    };
+    m.add_worker("m", 1, spec).unwrap();
+    m.set_slo("m", Some(loadgate::slo::Slo::from_secs(2.0, 0.1).unwrap()))
+        .unwrap();
+    drop(m.book(1, 0, 1).unwrap()); // the thread's first registry load
+    let (n, ()) = allocations(|| {
+        for _ in 0..1000 {
+            let mut booking = m.book_with_prefill(1, 0, 3, 10).unwrap();
+            clock.advance(Duration::from_millis(20));
+            booking.first_token();
+            clock.advance(Duration::from_millis(5));
+            booking.tokens(1);
+            drop(booking);
+        }
+    });
+    assert_eq!(n, 0, "observed streams allocated {n} times");
+}

@@ -35,6 +35,12 @@ pub struct Booking {
     /// Its id in the monitor's announced events, 0 when not announced
     /// (`outbox.rs`).
     announced: u64,
+    /// With an SLO set for its model: the clock time it was made, of its
+    /// last token (0: none yet), and the time to first token predicted
+    /// then (negative: none trusted) (`slo.rs`).
+    booked_at: u64,
+    last_token_at: u64,
+    predicted_ttft: f64,
 }
 
 /// Adds `n` booked prefill tokens; an unreported field starts from zero.
@@ -97,6 +103,14 @@ impl Booking {
         // Out of leased mode, an own booking is counted as it always was
         // (one relaxed add in `shift`): the reservation's checked add is
         // leased mode's alone.
+        // With an SLO, when it was made and what was predicted for it,
+        // before it counts on the rank.
+        let (booked_at, predicted_ttft) = if worker.slo_on() {
+            let now = worker.model.observations.now().max(1);
+            (now, worker.predicted_ttft(rank, prefill))
+        } else {
+            (0, -1.0)
+        };
         let moved = if owner == Owner::Own && worker.model.share.is_leased() {
             let r = &worker.ranks[rank];
             let line = || r.line(&worker.model.thresholds.load());
@@ -115,6 +129,11 @@ impl Booking {
             owner
         };
         shift(&worker, rank, moved, (0, 0), (blocks, prefill));
+        // Relaxed: a count read as a feature of the rank's load.
+        worker.ranks[rank]
+            .slo
+            .bookings
+            .fetch_add(1, Ordering::Relaxed);
         if wait {
             worker.reevaluate_and_wait();
         }
@@ -134,6 +153,9 @@ impl Booking {
             blocks,
             prefill,
             announced,
+            booked_at,
+            last_token_at: 0,
+            predicted_ttft,
         })
     }
 
@@ -152,6 +174,36 @@ impl Booking {
         if prefill > 0 {
             self.announce(OwnChange::PrefillDone);
         }
+    }
+
+    /// The request's first token came: its prefill is done (as
+    /// [`prefill_done`](Self::prefill_done)) and, with an SLO set for its
+    /// model ([`Monitor::set_slo`](super::Monitor::set_slo)), the time since
+    /// it was booked is observed as its time to first token. Calling it
+    /// again only marks the prefill done.
+    pub fn first_token(&mut self) {
+        self.prefill_done();
+        if self.booked_at != 0 && self.last_token_at == 0 {
+            let now = self.worker.model.observations.now().max(1);
+            let observed = now.saturating_sub(self.booked_at) as f64 * 1e-9;
+            self.worker
+                .observe_first_token(self.rank, observed, self.predicted_ttft);
+            self.last_token_at = now;
+        }
+    }
+
+    /// `n` more tokens of the answer came, after the first: with an SLO set
+    /// for its model, the time since the last token, over `n`, is observed
+    /// as one engine step of its rank under the rank's load now. Before
+    /// [`first_token`](Self::first_token), or for `n` of 0, it does nothing.
+    pub fn tokens(&mut self, n: u64) {
+        if n == 0 || self.last_token_at == 0 {
+            return;
+        }
+        let now = self.worker.model.observations.now();
+        let gap = now.saturating_sub(self.last_token_at) as f64 * 1e-9 / n as f64;
+        self.worker.observe_step(self.rank, gap);
+        self.last_token_at = now.max(1);
     }
 
     /// Announces a change to the booking, if the booking was announced.
@@ -256,6 +308,11 @@ impl Drop for Booking {
     fn drop(&mut self) {
         let (from, to) = ((self.blocks, self.prefill), (0, 0));
         shift(&self.worker, self.rank, self.owner, from, to);
+        // Relaxed: as in `make`.
+        self.worker.ranks[self.rank]
+            .slo
+            .bookings
+            .fetch_sub(1, Ordering::Relaxed);
         self.announce(OwnChange::Released);
     }
 }

@@ -141,7 +141,7 @@ impl Monitor {
             name,
             &self.config,
             &self.share,
-            &self.outbox,
+            (&self.outbox, &self.observations),
             &self.duty.signal,
         ));
         let defaults = lock(&self.defaults).clone();

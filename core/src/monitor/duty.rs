@@ -7,7 +7,9 @@
 //! * refusing queued requests at their deadlines;
 //! * the sweep: marking ranks that stopped reporting stale (for models
 //!   whose staleness policy is not `keep`), and ending overload leases
-//!   at their deadlines.
+//!   at their deadlines;
+//! * fitting each rank's step time to what its requests' streams showed,
+//!   every `FIT_PERIOD` while a model has an SLO (`slo.rs`).
 //!
 //! With [`Maintenance::Background`] (the default) a thread of the
 //! monitor's own does it, started by the first setting that needs it
@@ -32,6 +34,7 @@ use super::busy_set::BitIter;
 use super::flow::Flows;
 use super::registry::Registry;
 use super::signal::Signal;
+use super::slo::Observations;
 use super::{Monitor, Staleness};
 use crate::clock::SharedClock;
 use crate::sync::{lock, park, park_timeout, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -45,6 +48,7 @@ const SWEEP_PERIOD_MAX: Duration = Duration::from_secs(1);
 pub(super) struct Duty {
     registry: Arc<ArcSwap<Registry>>,
     flows: Arc<Flows>,
+    observations: Arc<Observations>,
     clock: SharedClock,
     pub(super) signal: Arc<Signal>,
     /// Clock time of the next staleness sweep.
@@ -61,12 +65,14 @@ impl Duty {
     pub(super) fn new(
         registry: Arc<ArcSwap<Registry>>,
         flows: Arc<Flows>,
+        observations: Arc<Observations>,
         clock: SharedClock,
         background: bool,
     ) -> Arc<Self> {
         Arc::new(Self {
             registry,
             flows,
+            observations,
             clock,
             signal: Arc::new(Signal::new()),
             next_sweep: AtomicU64::new(0),
@@ -141,7 +147,21 @@ impl Duty {
         }
         let queues = super::flow::run_queues(&self.flows, &self.registry, &self.clock);
         let sweep = period.map(|_| self.next_sweep.load(Ordering::Relaxed));
-        min(min(queues, sweep), self.next_lease())
+        min(min(min(queues, sweep), self.next_lease()), self.fit(now))
+    }
+
+    /// Fits what the requests' streams showed, while any model has an SLO;
+    /// the clock time of the next fit (`slo.rs`).
+    fn fit(&self, now: u64) -> Option<u64> {
+        // Relaxed: a setting.
+        let on = self
+            .registry
+            .load()
+            .models
+            .values()
+            .any(|m| m.slo_ttft.load(Ordering::Relaxed) != 0);
+        super::slo::fit(&self.observations);
+        on.then(|| now.saturating_add(crate::clock::nanos(super::slo::FIT_PERIOD)))
     }
 
     /// How often staleness needs a sweep: `None` when every model keeps

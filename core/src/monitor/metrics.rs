@@ -174,6 +174,7 @@ impl Monitor {
                 }
             }
         }
+        super::slo::render(&workers, self.observations_lost(), p, &mut out);
         for (name, help, kind) in [
             (
                 "frontend_model_workers",

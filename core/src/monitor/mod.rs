@@ -40,6 +40,8 @@
 //! * `route.rs`, `booking.rs`: the [`Route`] and [`Booking`] handles;
 //! * `share.rs`, `replicas.rs`: this frontend's leased share, and the
 //!   monitor's side of booking sync (`crate::cluster::replicas`);
+//! * `slo.rs`: a model's SLO, its requests' streams observed, each rank's
+//!   step time fitted and the latencies it predicts (`crate::slo`);
 //! * `outbox.rs`: its own bookings' events, for a publisher that announces
 //!   them to the reference routers (`crate::cluster::announce`);
 //! * `signal.rs`: how the hot paths tell the maintenance it has work;
@@ -81,6 +83,7 @@ pub(crate) mod replicas;
 mod route;
 pub(crate) mod share;
 pub(crate) mod signal;
+mod slo;
 
 use std::fmt;
 use std::sync::Arc;
@@ -105,6 +108,7 @@ pub use flow::{
 pub use outbox::OUTBOX_CAPACITY;
 pub use pick::seed_picks;
 pub use route::Route;
+pub use slo::{Prediction, FIT_PERIOD, OBSERVATION_CAPACITY};
 
 use duty::Duty;
 use model::Model;
@@ -147,6 +151,8 @@ pub struct Monitor {
     pub(crate) share: Arc<share::Share>,
     /// Its own bookings' events, for a publisher (`outbox.rs`).
     pub(crate) outbox: Arc<outbox::Outbox>,
+    /// What its requests' streams show, for the SLO fits (`slo.rs`).
+    observations: Arc<slo::Observations>,
     /// Its maintenance (`duty.rs`).
     duty: Arc<Duty>,
     /// What new models start with (`defaults.rs`).
@@ -188,9 +194,11 @@ impl Monitor {
         let registry = Arc::new(ArcSwap::from_pointee(Registry::default()));
         let background = config.maintenance == Maintenance::Background;
         let flows = Arc::new(flow::Flows::default());
+        let observations = Arc::new(slo::Observations::new(clock.clone()));
         let duty = Duty::new(
             Arc::clone(&registry),
             Arc::clone(&flows),
+            Arc::clone(&observations),
             clock.clone(),
             background,
         );
@@ -206,6 +214,7 @@ impl Monitor {
             writer: Mutex::new(()),
             share: Arc::new(share::Share::new(clock.clone())),
             outbox: Arc::new(outbox::Outbox::new()),
+            observations,
             clock,
             lease_nanos: nanos(config.lease),
             config,

@@ -40,6 +40,7 @@ use super::outbox::Outbox;
 use super::pick_cache::{PickCache, Stamp};
 use super::share::Share;
 use super::signal::Signal;
+use super::slo::Observations;
 use crate::clock::{nanos, SharedClock};
 use crate::error::{Reason, RouteError};
 use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
@@ -161,6 +162,11 @@ pub(super) struct Model {
     pub(super) share: Arc<Share>,
     /// The monitor's own-booking events (`outbox.rs`).
     pub(super) outbox: Arc<Outbox>,
+    /// Its SLO, nanoseconds (0: none; `slo.rs`).
+    pub(super) slo_ttft: AtomicU64,
+    pub(super) slo_tpot: AtomicU64,
+    /// The monitor's queue of observations (`slo.rs`).
+    pub(super) observations: Arc<Observations>,
 }
 
 /// Indices into `Model::rejected`.
@@ -175,7 +181,7 @@ impl Model {
         name: &str,
         config: &MonitorConfig,
         share: &Arc<Share>,
-        outbox: &Arc<Outbox>,
+        (outbox, observations): (&Arc<Outbox>, &Arc<Observations>),
         signal: &Arc<Signal>,
     ) -> Self {
         let cap = config.limits.max_workers_per_model;
@@ -211,6 +217,9 @@ impl Model {
             signal: Arc::clone(signal),
             share: share.clone(),
             outbox: outbox.clone(),
+            slo_ttft: AtomicU64::new(0),
+            slo_tpot: AtomicU64::new(0),
+            observations: observations.clone(),
         }
     }
 

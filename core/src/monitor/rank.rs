@@ -25,6 +25,7 @@ use std::sync::Arc;
 use super::combine::Combiner;
 use super::config::Staleness;
 use super::model::Model;
+use super::slo::RankSlo;
 use crate::error::ReportError;
 use crate::load::{rank_index, LoadReport, WorkerSpec, UNREPORTED};
 use crate::sync::{fence, AtomicBool, AtomicU64, Ordering};
@@ -51,6 +52,8 @@ pub(super) struct Rank {
     /// them; reports and the other frontends' snapshots never do.
     pub(super) own_blocks: AtomicU64,
     pub(super) own_prefill: AtomicU64,
+    /// Its bookings' count, step-time fit and predictions (`slo.rs`).
+    pub(super) slo: RankSlo,
 }
 
 impl Rank {
@@ -70,6 +73,7 @@ impl Rank {
             last_seen: AtomicU64::new(now),
             own_blocks: AtomicU64::new(0),
             own_prefill: AtomicU64::new(0),
+            slo: RankSlo::new(),
         }
     }
 
