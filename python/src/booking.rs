@@ -54,6 +54,33 @@ impl Booking {
         }
     }
 
+    /// The request's first token came: its prefill is done (as
+    /// `prefill_done()`) and, with an SLO set for its model
+    /// (`Monitor.set_slo`), the time since it was booked is observed as its
+    /// time to first token. Calling it again only marks the prefill done;
+    /// after `release()` it does nothing.
+    fn first_token(&self) {
+        if let Some(b) = self.lock().as_mut() {
+            b.first_token();
+        }
+    }
+
+    /// `n` more tokens of the answer came, after the first: with an SLO set
+    /// for its model, the time since the last token, over `n`, is observed
+    /// as one engine step of its rank. Before `first_token()`, for `n` of
+    /// 0 or after `release()`, it does nothing.
+    #[pyo3(signature = (n = None), text_signature = "($self, n=1)")]
+    fn tokens(&self, n: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let n = match n {
+            Some(n) => u64_arg(n, "n")?,
+            None => 1,
+        };
+        if let Some(b) = self.lock().as_mut() {
+            b.tokens(n);
+        }
+        Ok(())
+    }
+
     /// Prompt tokens still booked (0 once the prefill is done or the booking
     /// released).
     #[getter]

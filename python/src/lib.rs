@@ -35,6 +35,7 @@ mod monitor;
 mod replicas;
 mod route;
 mod scrape;
+mod slo;
 
 use errors::{bad_value, str_arg};
 
