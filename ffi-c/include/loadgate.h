@@ -1085,6 +1085,49 @@ typedef struct lg_thresholds {
 } lg_thresholds;
 
 /**
+ * A model's service-level objective, in seconds.
+ */
+typedef struct lg_slo {
+  /**
+   * Time to first token: finite, above 0, at most 3600.
+   */
+  double ttft_seconds;
+  /**
+   * Time per output token after the first: the same bounds.
+   */
+  double tpot_seconds;
+} lg_slo;
+
+/**
+ * What a rank's fitted step time predicts for a new request there now.
+ */
+typedef struct lg_prediction {
+  /**
+   * Time to its first token, seconds.
+   */
+  double ttft_seconds;
+  /**
+   * Time per output token once admitted, seconds.
+   */
+  double tpot_seconds;
+  /**
+   * Whether the rank's fit has enough observations within its error;
+   * an untrusted prediction is shown, never acted on.
+   */
+  bool trusted;
+  /**
+   * Running relative error of the rank's step-time fit (1 until
+   * observed).
+   */
+  double fit_error;
+  /**
+   * Running relative error of its time-to-first-token predictions (1
+   * until observed).
+   */
+  double ttft_error;
+} lg_prediction;
+
+/**
  * A booking sync's settings; start from lg_booking_sync_config_default().
  */
 typedef struct lg_booking_sync_config {
@@ -2922,6 +2965,84 @@ enum lg_status lg_monitor_check(const struct lg_monitor *monitor,
  */
 enum lg_status lg_monitor_mark_overloaded(const struct lg_monitor *monitor,
                                           uint64_t worker_id);
+
+/**
+ * Sets (`slo` non-NULL) or clears (NULL) the SLO of `model`. Advisory for
+ * now: its bookings' streams are observed (lg_booking_first_token(),
+ * lg_booking_tokens()), each rank's engine step time is fitted, and
+ * lg_monitor_predict() and the metrics show what SLO admission would see;
+ * the thresholds still decide.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor, bad model string, a field
+ * not finite, not above 0 or above 3600 seconds, named in the message),
+ * LG_NOT_FOUND (unknown model). A refused call changes nothing.
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: never (may start the monitor's
+ * maintenance thread).
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; `model` is NULL or valid for
+ * `model_len` bytes; `slo` is NULL or points to a valid lg_slo.
+ */
+enum lg_status lg_monitor_set_slo(const struct lg_monitor *monitor,
+                                  const char *model,
+                                  size_t model_len,
+                                  const struct lg_slo *slo);
+
+/**
+ * What rank `dp_rank` of `worker_id` would give a new request of
+ * `prompt_tokens` now, from its fitted step time.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_prediction),
+ * LG_NOT_FOUND (unknown worker or undeclared rank).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: takes the rank's fit lock briefly
+ * (cold path).
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; `out_prediction` is NULL or valid
+ * for writes.
+ */
+enum lg_status lg_monitor_predict(const struct lg_monitor *monitor,
+                                  uint64_t worker_id,
+                                  uint32_t dp_rank,
+                                  uint64_t prompt_tokens,
+                                  struct lg_prediction *out_prediction);
+
+/**
+ * The request's first token came: its prefill is done (as
+ * lg_booking_prefill_done()) and, with an SLO set for its model, the time
+ * since it was booked is observed as its time to first token. Calling it
+ * again only marks the prefill done.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL booking).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: one thread at a time per booking. Blocking: never
+ * (lock-free).
+ *
+ * # Safety
+ * `booking` is NULL or a live booking not used by another thread during
+ * the call.
+ */
+enum lg_status lg_booking_first_token(struct lg_booking *booking);
+
+/**
+ * `n` more tokens of the answer came, after the first: with an SLO set
+ * for its model, the time since the last token, over `n`, is observed as
+ * one engine step of its rank. Before lg_booking_first_token(), or for
+ * `n` of 0, it does nothing.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL booking).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: one thread at a time per booking. Blocking: never
+ * (lock-free).
+ *
+ * # Safety
+ * `booking` is NULL or a live booking not used by another thread during
+ * the call.
+ */
+enum lg_status lg_booking_tokens(struct lg_booking *booking,
+                                 uint64_t n);
 
 /**
  * Writes the frontend metrics (Prometheus text format) into `buf` with

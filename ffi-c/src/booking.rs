@@ -17,6 +17,24 @@ pub struct lg_booking {
     booking: Booking,
 }
 
+impl lg_booking {
+    /// The booking of a handle used by this thread alone.
+    ///
+    /// # Safety
+    /// `p` is NULL or a live booking used by no other thread during the
+    /// borrow.
+    pub(crate) unsafe fn get_mut<'a>(
+        p: *mut lg_booking,
+    ) -> Result<&'a mut Booking, crate::ffi::Error> {
+        if p.is_null() {
+            return Err(crate::ffi::Error::invalid("booking must not be NULL"));
+        }
+        // SAFETY: non-NULL (checked) and live, used by this thread alone
+        // (contract), so a unique reference is sound.
+        Ok(unsafe { &mut (*p).booking })
+    }
+}
+
 /// Books `blocks` KV blocks of a routed request on rank `dp_rank` of a
 /// worker: they count in that rank's active_decode_blocks (and so in its
 /// busy state) until the booking is freed.
@@ -108,13 +126,8 @@ pub unsafe extern "C" fn lg_monitor_book_prefill(
 #[no_mangle]
 pub unsafe extern "C" fn lg_booking_prefill_done(booking: *mut lg_booking) -> lg_status {
     guard(|| {
-        if booking.is_null() {
-            return Err(crate::ffi::Error::invalid("booking must not be NULL"));
-        }
-        // SAFETY: non-NULL (checked) and a live booking used by this thread
-        // alone (contract), so a unique reference is sound.
-        let b = unsafe { &mut *booking };
-        b.booking.prefill_done();
+        // SAFETY: NULL or live, used by this thread alone (contract).
+        unsafe { lg_booking::get_mut(booking) }?.prefill_done();
         Ok(())
     })
 }
@@ -136,13 +149,8 @@ pub unsafe extern "C" fn lg_booking_add_output_blocks(
     blocks: u64,
 ) -> lg_status {
     guard(|| {
-        if booking.is_null() {
-            return Err(crate::ffi::Error::invalid("booking must not be NULL"));
-        }
-        // SAFETY: non-NULL (checked) and a live booking used by this thread
-        // alone (contract), so a unique reference is sound.
-        let b = unsafe { &mut *booking };
-        b.booking.add_output_blocks(blocks);
+        // SAFETY: NULL or live, used by this thread alone (contract).
+        unsafe { lg_booking::get_mut(booking) }?.add_output_blocks(blocks);
         Ok(())
     })
 }

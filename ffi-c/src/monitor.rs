@@ -23,11 +23,13 @@ use crate::status::lg_status;
 mod load;
 mod rules;
 mod select;
+mod slo;
 mod telemetry;
 
 pub use load::*;
 pub use rules::*;
 pub use select::*;
+pub use slo::*;
 pub use telemetry::*;
 
 /// A frontend monitor: every worker's per-rank load, the busy rule, and the

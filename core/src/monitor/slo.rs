@@ -36,7 +36,7 @@
 //!   at `B` a step: `⌊(Q+p)/B⌋ · t(B, R, K) + t((Q+p) mod B, R, K)`;
 //! * time per output token once admitted: `t(min(Q, B), R + 1, K + p)`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 use crossbeam_queue::ArrayQueue;
 
@@ -64,8 +64,11 @@ enum Sample {
     FirstToken { observed: f64, predicted: f64 },
 }
 
+/// An observation of rank index `rank` of `worker` (weak: a queued
+/// observation must not keep a worker, its model and so the queue itself
+/// alive).
 struct Observation {
-    worker: Arc<Worker>,
+    worker: Weak<Worker>,
     rank: usize,
     sample: Sample,
 }
@@ -204,7 +207,7 @@ impl Worker {
     pub(super) fn observe_step(self: &Arc<Self>, rank: usize, seconds: f64) {
         let load = step_load(&self.ranks[rank]);
         self.model.observations.push(Observation {
-            worker: self.clone(),
+            worker: Arc::downgrade(self),
             rank,
             sample: Sample::Step { seconds, load },
         });
@@ -219,7 +222,7 @@ impl Worker {
         predicted: f64,
     ) {
         self.model.observations.push(Observation {
-            worker: self.clone(),
+            worker: Arc::downgrade(self),
             rank,
             sample: Sample::FirstToken {
                 observed,
@@ -252,7 +255,11 @@ pub(super) fn fit(observations: &Observations) -> usize {
     let mut n = 0;
     while let Some(o) = queue.pop() {
         n += 1;
-        let slo = &o.worker.ranks[o.rank].slo;
+        // A worker removed meanwhile: nothing to fit.
+        let Some(worker) = o.worker.upgrade() else {
+            continue;
+        };
+        let slo = &worker.ranks[o.rank].slo;
         match o.sample {
             Sample::Step { seconds, load } => {
                 let fit = slo.fit.get_or_init(|| Mutex::new(StepFit::new()));

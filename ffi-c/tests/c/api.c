@@ -32,6 +32,7 @@ int main(void) {
     test_monitor_config();
     test_monitor();
     test_monitor_waiting_requests();
+    test_monitor_slo();
     test_scrape();
     test_discovery();
     test_busy_threshold_auth();

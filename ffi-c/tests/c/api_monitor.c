@@ -584,3 +584,60 @@ void test_monitor_waiting_requests(void) {
     CHECK(busy);
     lg_monitor_free(m);
 }
+
+/* The SLO, advisory: set, refused with the field named, cleared; a booking's
+ * stream observed (first token, then token gaps) and fitted by the
+ * maintenance thread; predictions for known and unknown ranks. */
+void test_monitor_slo(void) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_worker_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.dp_size = 1;
+    spec.has_kv_total_blocks = true;
+    spec.kv_total_blocks = 1000;
+    OK(lg_monitor_add_worker(m, S("llama"), 3, &spec));
+
+    lg_slo bad = {0.0, 0.1};
+    INVALID(lg_monitor_set_slo(m, S("llama"), &bad));
+    CHECK(last_error_contains("ttft"));
+    bad.ttft_seconds = 2.0;
+    bad.tpot_seconds = 1e9;
+    INVALID(lg_monitor_set_slo(m, S("llama"), &bad));
+    CHECK(last_error_contains("tpot"));
+    lg_slo slo = {2.0, 0.1};
+    EXPECT(lg_monitor_set_slo(m, S("nope"), &slo), LG_NOT_FOUND);
+    INVALID(lg_monitor_set_slo(NULL, S("llama"), &slo));
+    OK(lg_monitor_set_slo(m, S("llama"), &slo));
+
+    INVALID(lg_booking_first_token(NULL));
+    INVALID(lg_booking_tokens(NULL, 1));
+    lg_prediction p;
+    EXPECT(lg_monitor_predict(m, 4, 0, 10, &p), LG_NOT_FOUND);
+    INVALID(lg_monitor_predict(m, 3, 0, 10, NULL));
+    OK(lg_monitor_predict(m, 3, 0, 10, &p));
+    CHECK(!p.trusted && p.fit_error == 1.0);
+
+    lg_booking *b = NULL;
+    OK(lg_monitor_book_prefill(m, 3, 0, 10, 100, &b));
+    OK(lg_booking_tokens(b, 1)); /* before the first token: nothing */
+    sleep_ms(2);
+    OK(lg_booking_first_token(b));
+    for (int i = 0; i < 40; i++) {
+        sleep_ms(2);
+        OK(lg_booking_tokens(b, 1));
+    }
+    /* The maintenance thread fits every 20 ms. */
+    bool fitted = false;
+    for (int i = 0; i < 3000 && !fitted; i++) {
+        OK(lg_monitor_predict(m, 3, 0, 10, &p));
+        fitted = p.fit_error < 1.0;
+        if (!fitted) sleep_ms(10);
+    }
+    CHECK(fitted);
+    CHECK(p.ttft_seconds >= 0.0 && p.tpot_seconds >= 0.0);
+    lg_booking_free(b);
+
+    OK(lg_monitor_set_slo(m, S("llama"), NULL)); /* cleared */
+    lg_monitor_free(m);
+}

@@ -1,0 +1,168 @@
+//! `lg_monitor`'s SLO, advisory for now: a model's targets, the streams
+//! its bookings observe (lg_booking_first_token(), lg_booking_tokens()),
+//! and what each rank's fitted step time predicts for a new request.
+
+use std::ffi::c_char;
+
+use loadgate_core::slo::Slo;
+
+use crate::booking::lg_booking;
+use crate::ffi::{guard, input, string, Error, Out};
+use crate::status::lg_status;
+
+use super::lg_monitor;
+
+/// A model's service-level objective, in seconds.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct lg_slo {
+    /// Time to first token: finite, above 0, at most 3600.
+    pub ttft_seconds: f64,
+    /// Time per output token after the first: the same bounds.
+    pub tpot_seconds: f64,
+}
+
+/// What a rank's fitted step time predicts for a new request there now.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct lg_prediction {
+    /// Time to its first token, seconds.
+    pub ttft_seconds: f64,
+    /// Time per output token once admitted, seconds.
+    pub tpot_seconds: f64,
+    /// Whether the rank's fit has enough observations within its error;
+    /// an untrusted prediction is shown, never acted on.
+    pub trusted: bool,
+    /// Running relative error of the rank's step-time fit (1 until
+    /// observed).
+    pub fit_error: f64,
+    /// Running relative error of its time-to-first-token predictions (1
+    /// until observed).
+    pub ttft_error: f64,
+}
+
+/// Sets (`slo` non-NULL) or clears (NULL) the SLO of `model`. Advisory for
+/// now: its bookings' streams are observed (lg_booking_first_token(),
+/// lg_booking_tokens()), each rank's engine step time is fitted, and
+/// lg_monitor_predict() and the metrics show what SLO admission would see;
+/// the thresholds still decide.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor, bad model string, a field
+/// not finite, not above 0 or above 3600 seconds, named in the message),
+/// LG_NOT_FOUND (unknown model). A refused call changes nothing.
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: any thread. Blocking: never (may start the monitor's
+/// maintenance thread).
+///
+/// # Safety
+/// `monitor` is NULL or a live monitor; `model` is NULL or valid for
+/// `model_len` bytes; `slo` is NULL or points to a valid lg_slo.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_set_slo(
+    monitor: *const lg_monitor,
+    model: *const c_char,
+    model_len: usize,
+    slo: *const lg_slo,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `monitor` is NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        // SAFETY: `model` is NULL or valid for `model_len` bytes (contract).
+        let model = unsafe { string(model, model_len, "model") }?;
+        // SAFETY: `slo` is NULL or a valid lg_slo (contract).
+        let slo = match unsafe { slo.as_ref() } {
+            Some(s) => Some(
+                Slo::from_secs(s.ttft_seconds, s.tpot_seconds)
+                    .map_err(|e| Error::invalid(format_args!("slo: {e}")))?,
+            ),
+            None => None,
+        };
+        m.monitor.set_slo(model, slo)?;
+        Ok(())
+    })
+}
+
+/// What rank `dp_rank` of `worker_id` would give a new request of
+/// `prompt_tokens` now, from its fitted step time.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_prediction),
+/// LG_NOT_FOUND (unknown worker or undeclared rank).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: any thread. Blocking: takes the rank's fit lock briefly
+/// (cold path).
+///
+/// # Safety
+/// `monitor` is NULL or a live monitor; `out_prediction` is NULL or valid
+/// for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_predict(
+    monitor: *const lg_monitor,
+    worker_id: u64,
+    dp_rank: u32,
+    prompt_tokens: u64,
+    out_prediction: *mut lg_prediction,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `monitor` is NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        let out = Out::new(out_prediction, "out_prediction")?;
+        let p = m.monitor.predict(worker_id, dp_rank, prompt_tokens)?;
+        let (fit_error, ttft_error) = m.monitor.prediction_errors(worker_id, dp_rank)?;
+        let prediction = lg_prediction {
+            ttft_seconds: p.ttft,
+            tpot_seconds: p.tpot,
+            trusted: p.trusted,
+            fit_error,
+            ttft_error,
+        };
+        // SAFETY: writable by the contract.
+        unsafe { out.write(prediction) };
+        Ok(())
+    })
+}
+
+/// The request's first token came: its prefill is done (as
+/// lg_booking_prefill_done()) and, with an SLO set for its model, the time
+/// since it was booked is observed as its time to first token. Calling it
+/// again only marks the prefill done.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL booking).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: one thread at a time per booking. Blocking: never
+/// (lock-free).
+///
+/// # Safety
+/// `booking` is NULL or a live booking not used by another thread during
+/// the call.
+#[no_mangle]
+pub unsafe extern "C" fn lg_booking_first_token(booking: *mut lg_booking) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live, used by this thread alone (contract).
+        let b = unsafe { lg_booking::get_mut(booking) }?;
+        b.first_token();
+        Ok(())
+    })
+}
+
+/// `n` more tokens of the answer came, after the first: with an SLO set
+/// for its model, the time since the last token, over `n`, is observed as
+/// one engine step of its rank. Before lg_booking_first_token(), or for
+/// `n` of 0, it does nothing.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL booking).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: one thread at a time per booking. Blocking: never
+/// (lock-free).
+///
+/// # Safety
+/// `booking` is NULL or a live booking not used by another thread during
+/// the call.
+#[no_mangle]
+pub unsafe extern "C" fn lg_booking_tokens(booking: *mut lg_booking, n: u64) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live, used by this thread alone (contract).
+        let b = unsafe { lg_booking::get_mut(booking) }?;
+        b.tokens(n);
+        Ok(())
+    })
+}
