@@ -14,7 +14,6 @@ use pyo3::types::{PyBytes, PyDict, PyString};
 
 use crate::booking::Booking;
 use crate::clock::clock_arg;
-use crate::cluster::Subscription;
 use crate::control::ControlAuth;
 use crate::errors::{
     bad_value, f64_arg, opt_f64_arg, opt_str_arg, opt_u64_arg, report_error, route_error,
@@ -511,74 +510,6 @@ impl Monitor {
         let response = serve_busy_threshold(&self.inner, auth, &request);
         let body = PyBytes::new(py, response.body.as_bytes());
         Ok((response.status, response.headers, body))
-    }
-
-    /// Subscribes this monitor to the load reports workers publish with
-    /// `loadgate.Reporter` under `namespace` on the NATS server at `url`:
-    /// workers are registered on their first message, their reports are
-    /// applied, and a worker silent for `expire_after` seconds is removed.
-    /// `dynamo=(component, endpoint)` also follows the reference system's
-    /// load events of that endpoint in `namespace`
-    /// (`namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv_metrics`,
-    /// `"*"` for any component or endpoint), its `forward-pass-metrics`
-    /// (liveness and queue depth) and its routers' bookings
-    /// (`active_sequences_events`, published by routers run with
-    /// `--router-replica-sync`); those carry no declaration, so their
-    /// workers must be added with `add_worker` or learned with
-    /// `discover_dynamo` (reports for others are refused and counted).
-    /// `announce_bookings=True` (with `dynamo=`) publishes this monitor's
-    /// own bookings there as a router of that endpoint does, so Dynamo's
-    /// routers count them in their busy decisions (docs/dynamo.md).
-    /// `user` and `password`, `token` or `credentials` (a `.creds` file)
-    /// authenticate; `tls_ca` (a PEM CA file) and `tls_cert` with `tls_key`
-    /// (a client certificate) set up TLS, as for `Reporter`;
-    /// `connect_timeout` (seconds) bounds connecting in all. Raises
-    /// `ValueError` for a malformed URL or namespace or a bad combination of
-    /// those arguments, and `ConnectionError` when the server cannot be
-    /// reached, refuses the credentials or fails the TLS handshake.
-    #[pyo3(
-        signature = (url, namespace = None, *, expire_after = None, dynamo = None, announce_bookings = false, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
-        text_signature = "($self, url, namespace='default', *, expire_after=3.0, dynamo=None, announce_bookings=False, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
-    )]
-    #[allow(clippy::too_many_arguments)]
-    fn subscribe_nats(
-        &self,
-        py: Python<'_>,
-        url: &Bound<'_, PyAny>,
-        namespace: Option<&Bound<'_, PyAny>>,
-        expire_after: Option<&Bound<'_, PyAny>>,
-        dynamo: Option<&Bound<'_, PyAny>>,
-        announce_bookings: bool,
-        user: Option<&Bound<'_, PyAny>>,
-        password: Option<&Bound<'_, PyAny>>,
-        token: Option<&Bound<'_, PyAny>>,
-        credentials: Option<&Bound<'_, PyAny>>,
-        tls_ca: Option<&Bound<'_, PyAny>>,
-        tls_cert: Option<&Bound<'_, PyAny>>,
-        tls_key: Option<&Bound<'_, PyAny>>,
-        connect_timeout: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Subscription> {
-        let auth = crate::cluster::NatsArgs {
-            user,
-            password,
-            token,
-            credentials,
-            tls_ca,
-            tls_cert,
-            tls_key,
-            connect_timeout,
-        };
-        let (monitor, announce) = (&self.inner, announce_bookings);
-        crate::cluster::subscribe_nats(
-            py,
-            monitor,
-            url,
-            namespace,
-            expire_after,
-            dynamo,
-            &auth,
-            announce,
-        )
     }
 
     /// Learns this monitor's workers from Dynamo's discovery store, so that

@@ -144,8 +144,10 @@ def test_two_monitors_converge_and_thresholds_stay_local(nats_url: str) -> None:
             s = sub.stats()
             assert set(s) == {
                 "applied", "announced", "out_of_order", "malformed", "refused", "expired", "router_bookings",
+                "bookings_announced", "announce_lost",
             }
             assert s["router_bookings"] == 0  # no Dynamo router here
+            assert s["bookings_announced"] == s["announce_lost"] == 0  # nothing announced
             assert s["announced"] == 2  # one per worker
             assert s["applied"] >= 6  # the reports above (heartbeats add more)
             assert (s["out_of_order"], s["malformed"], s["refused"], s["expired"]) == (0, 0, 0, 0)
