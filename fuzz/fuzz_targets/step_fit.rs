@@ -37,20 +37,35 @@ fuzz_target!(|data: &[u8]| {
     let mut fit = StepFit::new();
     let mut speed = 1.0;
     while !u.is_empty() {
-        let Ok(kind) = u.arbitrary::<u8>() else { return };
+        let Ok(kind) = u.arbitrary::<u8>() else {
+            return;
+        };
         if kind < 8 {
             // The rank changes speed.
             speed = [0.25, 0.5, 1.0, 2.0, 4.0][usize::from(kind % 5)];
             continue;
         }
-        let (Ok(prefill), Ok(running), Ok(kv)) =
-            (value(&mut u, 2048.0), value(&mut u, 64.0), value(&mut u, 60_000.0))
-        else {
+        let (Ok(prefill), Ok(running), Ok(kv)) = (
+            value(&mut u, 2048.0),
+            value(&mut u, 64.0),
+            value(&mut u, 60_000.0),
+        ) else {
             return;
         };
-        let load = StepLoad { prefill_tokens: prefill, running, kv_tokens: kv };
+        let load = StepLoad {
+            prefill_tokens: prefill,
+            running,
+            kv_tokens: kv,
+        };
         let honest = (0.006 + 15e-6 * prefill + 20e-6 * running + 1e-7 * kv) / speed;
-        let Ok(seconds) = value(&mut u, if honest.is_finite() { honest.max(1e-4) } else { 0.01 }) else {
+        let Ok(seconds) = value(
+            &mut u,
+            if honest.is_finite() {
+                honest.max(1e-4)
+            } else {
+                0.01
+            },
+        ) else {
             return;
         };
         let before = fit.clone();
@@ -63,14 +78,21 @@ fuzz_target!(|data: &[u8]| {
             Err(reason) => {
                 assert_eq!(
                     reason,
-                    if valid_time { Refused::Load } else { Refused::StepTime }
+                    if valid_time {
+                        Refused::Load
+                    } else {
+                        Refused::StepTime
+                    }
                 );
                 assert_eq!(fit.refused(), before.refused() + 1);
                 assert_eq!(fit.samples(), before.samples());
                 assert_eq!(fit.coefficients(), before.coefficients());
             }
         }
-        assert!(fit.coefficients().iter().all(|c| c.is_finite() && *c >= 0.0));
+        assert!(fit
+            .coefficients()
+            .iter()
+            .all(|c| c.is_finite() && *c >= 0.0));
         match fit.predict(&load) {
             Some(p) => assert!(valid_load && p.is_finite() && p >= 0.0),
             None => assert!(!valid_load),

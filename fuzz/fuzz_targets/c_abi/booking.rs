@@ -1,5 +1,5 @@
 //! Bookings: `lg_monitor_book` and the `lg_booking_*` calls on the
-//! bookings it made.
+//! bookings it made, the stream hooks of the SLO included.
 
 use std::ptr::null_mut;
 
@@ -26,6 +26,11 @@ pub enum Call {
     BookingBlocks {
         b: Handle,
         out_null: bool,
+    },
+    BookingFirstToken(Handle),
+    BookingTokens {
+        b: Handle,
+        n: Small,
     },
     BookingFree(Handle),
 }
@@ -79,6 +84,22 @@ impl Call {
                     lg_booking_blocks(b, if *out_null { null_mut() } else { &mut out })
                 });
                 refuses_null("lg_booking_blocks", st, b.is_null() || *out_null);
+            }
+            Call::BookingFirstToken(b) => {
+                let b = pick(&state.bookings, *b);
+                // SAFETY: `b` is NULL or a live booking from `State::bookings`.
+                let st = checked("lg_booking_first_token", unsafe {
+                    lg_booking_first_token(b)
+                });
+                refuses_null("lg_booking_first_token", st, b.is_null());
+                assert!(b.is_null() || st == lg_status::LG_OK);
+            }
+            Call::BookingTokens { b, n } => {
+                let b = pick(&state.bookings, *b);
+                // SAFETY: `b` is NULL or a live booking from `State::bookings`.
+                let st = checked("lg_booking_tokens", unsafe { lg_booking_tokens(b, n.0) });
+                refuses_null("lg_booking_tokens", st, b.is_null());
+                assert!(b.is_null() || st == lg_status::LG_OK);
             }
             // SAFETY: `take` removes the handle from `State::bookings` (or gives NULL), so it is
             // freed once and never used again.

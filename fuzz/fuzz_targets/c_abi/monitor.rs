@@ -7,11 +7,11 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use loadgate_ffi::*;
 
 use crate::args::{
-    worker_report, worker_spec, Buf, Handle, MonitorConfig, Report, Spec, Str, Update,
+    worker_report, worker_spec, Buf, Handle, MonitorConfig, Report, Small, Spec, Str, Update,
 };
 use crate::state::{
-    buf_ptr, check_text, checked, dangling, pick, refuses_null, sentinel_thresholds, take,
-    text_buf, State, SENTINEL,
+    buf_ptr, check_text, checked, dangling, last_error, pick, refuses_null, sentinel_thresholds,
+    take, text_buf, State, SENTINEL,
 };
 
 /// A monitor call.
@@ -45,6 +45,18 @@ pub enum Call {
         m: Handle,
         model: Str,
         update: Option<Update>,
+        out_null: bool,
+    },
+    SetSlo {
+        m: Handle,
+        model: Str,
+        slo: Option<(f64, f64)>,
+    },
+    Predict {
+        m: Handle,
+        id: u8,
+        rank: u8,
+        prompt: Small,
         out_null: bool,
     },
     GetThresholds {
@@ -248,6 +260,73 @@ impl Call {
                 );
                 if st != lg_status::LG_OK {
                     assert_eq!(out.version, SENTINEL, "thresholds written on failure");
+                }
+            }
+            Call::SetSlo { m, model, slo } => {
+                let m = pick(&state.monitors, *m);
+                let mut keep = Vec::new();
+                let (p, len) = model.raw(&mut keep);
+                let raw = slo.map(|(ttft_seconds, tpot_seconds)| lg_slo {
+                    ttft_seconds,
+                    tpot_seconds,
+                });
+                // SAFETY: `m` is NULL or a live monitor from `State::monitors`; `(p, len)` comes
+                // from `Str::raw`: NULL or valid for `len` bytes; the SLO is NULL or a local.
+                let st = checked("lg_monitor_set_slo", unsafe {
+                    lg_monitor_set_slo(
+                        m,
+                        p.cast(),
+                        len,
+                        raw.as_ref().map_or(null(), |s| s as *const _),
+                    )
+                });
+                let fits = |v: f64| v.is_finite() && v > 0.0 && v <= 3600.0;
+                let bad = slo.is_some_and(|(a, b)| !fits(a) || !fits(b));
+                refuses_null(
+                    "lg_monitor_set_slo",
+                    st,
+                    m.is_null() || model.invalid() || bad,
+                );
+                if st != lg_status::LG_OK && !m.is_null() && !model.invalid() && !bad {
+                    assert_eq!(st, lg_status::LG_NOT_FOUND, "{}", last_error());
+                }
+            }
+            Call::Predict {
+                m,
+                id,
+                rank,
+                prompt,
+                out_null,
+            } => {
+                let m = pick(&state.monitors, *m);
+                let mut out = lg_prediction {
+                    ttft_seconds: -1.0,
+                    tpot_seconds: -1.0,
+                    trusted: false,
+                    fit_error: -1.0,
+                    ttft_error: -1.0,
+                };
+                // SAFETY: `m` is NULL or a live monitor from `State::monitors`; the out-pointer is
+                // NULL or points at a local.
+                let st = checked("lg_monitor_predict", unsafe {
+                    lg_monitor_predict(
+                        m,
+                        u64::from(*id % 8),
+                        u32::from(*rank % 5),
+                        prompt.0,
+                        if *out_null { null_mut() } else { &mut out },
+                    )
+                });
+                refuses_null("lg_monitor_predict", st, m.is_null() || *out_null);
+                if st == lg_status::LG_OK {
+                    for v in [out.ttft_seconds, out.tpot_seconds] {
+                        assert!(v.is_finite() && v >= 0.0, "{out:?}");
+                    }
+                    for e in [out.fit_error, out.ttft_error] {
+                        assert!((0.0..=1.0).contains(&e), "{out:?}");
+                    }
+                } else {
+                    assert_eq!(out.ttft_seconds, -1.0, "prediction written on failure");
                 }
             }
             Call::GetThresholds { m, model, out_null } => {
