@@ -32,9 +32,9 @@ use arc_swap::ArcSwap;
 
 use super::busy_set::BitIter;
 use super::flow::Flows;
+use super::observe::Observations;
 use super::registry::Registry;
 use super::signal::Signal;
-use super::slo::Observations;
 use super::{Monitor, Staleness};
 use crate::clock::SharedClock;
 use crate::sync::{lock, park, park_timeout, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -153,14 +153,13 @@ impl Duty {
     /// Fits what the requests' streams showed, while any model has an SLO;
     /// the clock time of the next fit (`slo.rs`).
     fn fit(&self, now: u64) -> Option<u64> {
+        let reg = self.registry.load();
         // Relaxed: a setting.
-        let on = self
-            .registry
-            .load()
+        let on = reg
             .models
             .values()
             .any(|m| m.slo_ttft.load(Ordering::Relaxed) != 0);
-        super::slo::fit(&self.observations);
+        super::slo::fit(&self.observations, &reg);
         on.then(|| now.saturating_add(crate::clock::nanos(super::slo::FIT_PERIOD)))
     }
 

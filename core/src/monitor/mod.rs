@@ -40,8 +40,9 @@
 //! * `route.rs`, `booking.rs`: the [`Route`] and [`Booking`] handles;
 //! * `share.rs`, `replicas.rs`: this frontend's leased share, and the
 //!   monitor's side of booking sync (`crate::cluster::replicas`);
-//! * `slo.rs`: a model's SLO, its requests' streams observed, each rank's
-//!   step time fitted and the latencies it predicts (`crate::slo`);
+//! * `observe.rs`, `slo.rs`: a model's SLO, its requests' streams observed
+//!   (the queue and each rank's fit in `observe.rs`), each rank's step time
+//!   fitted and the latencies it predicts (`crate::slo`);
 //! * `outbox.rs`: its own bookings' events, for a publisher that announces
 //!   them to the reference routers (`crate::cluster::announce`);
 //! * `signal.rs`: how the hot paths tell the maintenance it has work;
@@ -74,6 +75,7 @@ mod duty;
 mod flow;
 mod metrics;
 mod model;
+mod observe;
 pub(crate) mod outbox;
 mod pick;
 mod pick_cache;
@@ -152,7 +154,7 @@ pub struct Monitor {
     /// Its own bookings' events, for a publisher (`outbox.rs`).
     pub(crate) outbox: Arc<outbox::Outbox>,
     /// What its requests' streams show, for the SLO fits (`slo.rs`).
-    observations: Arc<slo::Observations>,
+    observations: Arc<observe::Observations>,
     /// Its maintenance (`duty.rs`).
     duty: Arc<Duty>,
     /// What new models start with (`defaults.rs`).
@@ -194,7 +196,7 @@ impl Monitor {
         let registry = Arc::new(ArcSwap::from_pointee(Registry::default()));
         let background = config.maintenance == Maintenance::Background;
         let flows = Arc::new(flow::Flows::default());
-        let observations = Arc::new(slo::Observations::new(clock.clone()));
+        let observations = Arc::new(observe::Observations::new(clock.clone()));
         let duty = Duty::new(
             Arc::clone(&registry),
             Arc::clone(&flows),

@@ -36,11 +36,11 @@ use crossbeam_utils::CachePadded;
 
 use super::busy_set::{AtomicBits, BitIter, BusySet};
 use super::config::{MonitorConfig, Policy, Staleness, ThresholdState};
+use super::observe::Observations;
 use super::outbox::Outbox;
 use super::pick_cache::{PickCache, Stamp};
 use super::share::Share;
 use super::signal::Signal;
-use super::slo::Observations;
 use crate::clock::{nanos, SharedClock};
 use crate::error::{Reason, RouteError};
 use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};

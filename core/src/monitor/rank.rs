@@ -25,7 +25,7 @@ use std::sync::Arc;
 use super::combine::Combiner;
 use super::config::Staleness;
 use super::model::Model;
-use super::slo::RankSlo;
+use super::observe::RankSlo;
 use crate::error::ReportError;
 use crate::load::{rank_index, LoadReport, WorkerSpec, UNREPORTED};
 use crate::sync::{fence, AtomicBool, AtomicU64, Ordering};

@@ -36,117 +36,20 @@
 //!   at `B` a step: `⌊(Q+p)/B⌋ · t(B, R, K) + t((Q+p) mod B, R, K)`;
 //! * time per output token once admitted: `t(min(Q, B), R + 1, K + p)`.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
 
+use super::observe::{Observation, Observations, Sample};
+pub use super::observe::{FIT_PERIOD, OBSERVATION_CAPACITY};
 use super::rank::{Rank, Worker};
+use super::registry::Registry;
 use super::Monitor;
-use crate::clock::SharedClock;
 use crate::error::ThresholdError;
 use crate::metrics;
 use crate::slo::{Slo, StepFit, StepLoad};
-use crate::sync::{lock, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, Mutex, Ordering};
 use crate::thresholds::DEFAULT_BLOCK_TOKENS;
-
-/// Observations waiting for the maintenance before it drops new ones.
-pub const OBSERVATION_CAPACITY: usize = 16_384;
-/// How often the maintenance fits while any model has an SLO.
-pub const FIT_PERIOD: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// What a booking saw.
-#[derive(Debug, Clone, Copy)]
-enum Sample {
-    /// One step of `seconds` under `load`.
-    Step { seconds: f64, load: StepLoad },
-    /// A first token after `observed` seconds, where `predicted` was
-    /// predicted at booking (negative: no trusted prediction then).
-    FirstToken { observed: f64, predicted: f64 },
-}
-
-/// An observation of rank index `rank` of `worker` (weak: a queued
-/// observation must not keep a worker, its model and so the queue itself
-/// alive).
-struct Observation {
-    worker: Weak<Worker>,
-    rank: usize,
-    sample: Sample,
-}
-
-/// The monitor's queue of observations (module docs).
-pub(crate) struct Observations {
-    queue: OnceLock<ArrayQueue<Observation>>,
-    lost: AtomicU64,
-    clock: SharedClock,
-}
-
-impl std::fmt::Debug for Observations {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Observations").finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for RankSlo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RankSlo")
-            .field("coefficients", &self.coefficients())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Observations {
-    pub(crate) fn new(clock: SharedClock) -> Self {
-        Self {
-            queue: OnceLock::new(),
-            lost: AtomicU64::new(0),
-            clock,
-        }
-    }
-
-    /// The monitor's clock, nanoseconds.
-    pub(super) fn now(&self) -> u64 {
-        self.clock.now_nanos()
-    }
-
-    fn push(&self, o: Observation) {
-        let pushed = self.queue.get().is_some_and(|q| q.push(o).is_ok());
-        if !pushed {
-            self.lost.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// One rank's fit and what it publishes (module docs).
-pub(super) struct RankSlo {
-    /// The coefficients, `f64` bits, published by the maintenance.
-    coefficients: [AtomicU64; 4],
-    trusted: AtomicBool,
-    /// Bookings on the rank now (own and others').
-    pub(super) bookings: AtomicU64,
-    /// Running relative error of the time-to-first-token predictions
-    /// (`f64` bits; 1 until the first).
-    ttft_error: AtomicU64,
-    /// The maintenance's.
-    fit: OnceLock<Mutex<StepFit>>,
-}
-
-impl RankSlo {
-    pub(super) fn new() -> Self {
-        Self {
-            coefficients: Default::default(),
-            trusted: AtomicBool::new(false),
-            bookings: AtomicU64::new(0),
-            ttft_error: AtomicU64::new(1f64.to_bits()),
-            fit: OnceLock::new(),
-        }
-    }
-
-    fn coefficients(&self) -> [f64; 4] {
-        // Relaxed: values published whole each; a mix is benign (module
-        // docs).
-        std::array::from_fn(|i| f64::from_bits(self.coefficients[i].load(Ordering::Relaxed)))
-    }
-}
 
 /// A prediction for a new request on one rank.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -207,7 +110,7 @@ impl Worker {
     pub(super) fn observe_step(self: &Arc<Self>, rank: usize, seconds: f64) {
         let load = step_load(&self.ranks[rank]);
         self.model.observations.push(Observation {
-            worker: Arc::downgrade(self),
+            worker_id: self.id,
             rank,
             sample: Sample::Step { seconds, load },
         });
@@ -222,7 +125,7 @@ impl Worker {
         predicted: f64,
     ) {
         self.model.observations.push(Observation {
-            worker: Arc::downgrade(self),
+            worker_id: self.id,
             rank,
             sample: Sample::FirstToken {
                 observed,
@@ -248,7 +151,7 @@ const TTFT_SMOOTH: f64 = 0.05;
 
 /// Feeds every queued observation to its rank's fit and publishes the
 /// ranks it changed; returns how many it took.
-pub(super) fn fit(observations: &Observations) -> usize {
+pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
     let Some(queue) = observations.queue.get() else {
         return 0;
     };
@@ -256,10 +159,14 @@ pub(super) fn fit(observations: &Observations) -> usize {
     while let Some(o) = queue.pop() {
         n += 1;
         // A worker removed meanwhile: nothing to fit.
-        let Some(worker) = o.worker.upgrade() else {
+        let Some(rank) = registry
+            .workers
+            .get(&o.worker_id)
+            .and_then(|w| w.ranks.get(o.rank))
+        else {
             continue;
         };
-        let slo = &worker.ranks[o.rank].slo;
+        let slo = &rank.slo;
         match o.sample {
             Sample::Step { seconds, load } => {
                 let fit = slo.fit.get_or_init(|| Mutex::new(StepFit::new()));
