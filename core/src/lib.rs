@@ -78,7 +78,9 @@ pub use gate::{
 pub use limits::Limits;
 pub use load::{LoadReport, WorkerSpec};
 pub use monitor::busy_set::BusySet;
-pub use monitor::{Booking, Maintenance, Monitor, MonitorConfig, Policy, Route, Staleness};
+pub use monitor::{
+    Booking, Maintenance, Monitor, MonitorConfig, Policy, Route, SloMode, Staleness,
+};
 pub use thresholds::{ThresholdField, ThresholdFields, ThresholdUpdate, Thresholds};
 
 #[cfg(doctest)]

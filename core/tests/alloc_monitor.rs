@@ -207,17 +207,22 @@ fn observed_streams_allocate_nothing() {
         ..Default::default()
     };
     m.add_worker("m", 1, spec).unwrap();
-    m.set_slo("m", Some(loadgate::slo::Slo::from_secs(2.0, 0.1).unwrap()))
-        .unwrap();
+    m.set_slo(
+        "m",
+        Some(loadgate::slo::Slo::from_secs(2.0, 0.1).unwrap()),
+        loadgate::SloMode::Enforce,
+    )
+    .unwrap();
     drop(m.book(1, 0, 1).unwrap()); // the thread's first registry load
     let (n, ()) = allocations(|| {
         for _ in 0..1000 {
             let mut booking = m.book_with_prefill(1, 0, 3, 10).unwrap();
+            booking.expect_output(Some(100));
             clock.advance(Duration::from_millis(20));
             booking.first_token();
             clock.advance(Duration::from_millis(5));
-            booking.tokens(1);
-            drop(booking);
+            booking.tokens(40);
+            booking.finish(None);
         }
     });
     assert_eq!(n, 0, "observed streams allocated {n} times");

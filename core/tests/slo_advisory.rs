@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use loadgate::slo::Slo;
-use loadgate::{Booking, Maintenance, ManualClock, Monitor, MonitorConfig, WorkerSpec};
+use loadgate::{Booking, Maintenance, ManualClock, Monitor, MonitorConfig, SloMode, WorkerSpec};
 
 const BATCH: u64 = 2048;
 
@@ -91,9 +91,16 @@ fn without_an_slo_nothing_is_observed_or_shown() {
 #[test]
 fn the_fit_from_streamed_tokens_predicts_the_engine() {
     let (m, clock) = monitor();
-    m.set_slo("m", Some(Slo::from_secs(2.0, 0.1).unwrap()))
-        .unwrap();
-    assert_eq!(m.slo("m"), Some(Slo::from_secs(2.0, 0.1).unwrap()));
+    m.set_slo(
+        "m",
+        Some(Slo::from_secs(2.0, 0.1).unwrap()),
+        SloMode::Advisory,
+    )
+    .unwrap();
+    assert_eq!(
+        m.slo("m"),
+        Some((Slo::from_secs(2.0, 0.1).unwrap(), SloMode::Advisory))
+    );
     serve(&m, &clock, 3_000);
     let (fit_error, _) = m.prediction_errors(1, 0).unwrap();
     assert!(fit_error < 0.05, "fit error {fit_error}");
@@ -128,8 +135,12 @@ fn the_fit_from_streamed_tokens_predicts_the_engine() {
 #[test]
 fn first_tokens_that_come_as_predicted_show_a_small_ttft_error() {
     let (m, clock) = monitor();
-    m.set_slo("m", Some(Slo::from_secs(2.0, 0.1).unwrap()))
-        .unwrap();
+    m.set_slo(
+        "m",
+        Some(Slo::from_secs(2.0, 0.1).unwrap()),
+        SloMode::Advisory,
+    )
+    .unwrap();
     serve(&m, &clock, 2_000);
     for _ in 0..200 {
         let p = m.predict(1, 0, 300).unwrap();
@@ -148,12 +159,20 @@ fn first_tokens_that_come_as_predicted_show_a_small_ttft_error() {
 fn the_slo_is_set_per_known_model_and_cleared() {
     let (m, _) = monitor();
     let e = m
-        .set_slo("nope", Some(Slo::from_secs(1.0, 0.1).unwrap()))
+        .set_slo(
+            "nope",
+            Some(Slo::from_secs(1.0, 0.1).unwrap()),
+            SloMode::Enforce,
+        )
         .unwrap_err();
     assert!(e.to_string().contains("nope"), "{e}");
-    m.set_slo("m", Some(Slo::from_secs(1.0, 0.05).unwrap()))
-        .unwrap();
-    m.set_slo("m", None).unwrap();
+    m.set_slo(
+        "m",
+        Some(Slo::from_secs(1.0, 0.05).unwrap()),
+        SloMode::Enforce,
+    )
+    .unwrap();
+    m.set_slo("m", None, SloMode::Enforce).unwrap();
     assert_eq!(m.slo("m"), None);
     assert!(!m.metrics_text().contains("frontend_slo_"));
 }

@@ -1096,6 +1096,11 @@ typedef struct lg_slo {
    * Time per output token after the first: the same bounds.
    */
   double tpot_seconds;
+  /**
+   * Whether the SLO's verdicts are only counted and shown (true) or
+   * mark ranks busy beside the thresholds (false).
+   */
+  bool advisory;
 } lg_slo;
 
 /**
@@ -2967,11 +2972,12 @@ enum lg_status lg_monitor_mark_overloaded(const struct lg_monitor *monitor,
                                           uint64_t worker_id);
 
 /**
- * Sets (`slo` non-NULL) or clears (NULL) the SLO of `model`. Advisory for
- * now: its bookings' streams are observed (lg_booking_first_token(),
- * lg_booking_tokens()), each rank's engine step time is fitted, and
- * lg_monitor_predict() and the metrics show what SLO admission would see;
- * the thresholds still decide.
+ * Sets (`slo` non-NULL) or clears (NULL) the SLO of `model`. Its
+ * bookings' streams are observed (lg_booking_first_token(),
+ * lg_booking_tokens(), lg_booking_finish()), each rank's engine step time
+ * is fitted, bookings reserve the answers they expect, and each rank gets
+ * the SLO's verdict, which marks it busy beside the thresholds, or with
+ * `advisory` is only counted (lg_monitor_slo_would()) and shown.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor, bad model string, a field
  * not finite, not above 0 or above 3600 seconds, named in the message),
@@ -2988,6 +2994,26 @@ enum lg_status lg_monitor_set_slo(const struct lg_monitor *monitor,
                                   const char *model,
                                   size_t model_len,
                                   const struct lg_slo *slo);
+
+/**
+ * Requests of `model` picked while its SLO was advisory whose worker the
+ * SLO would have admitted (`*out_admit`) and those it would have refused
+ * (`*out_refuse`).
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL monitor or output, bad model string),
+ * LG_NOT_FOUND (unknown model).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: any thread. Blocking: never.
+ *
+ * # Safety
+ * `monitor` is NULL or a live monitor; `model` is NULL or valid for
+ * `model_len` bytes; the outputs are NULL or valid for writes.
+ */
+enum lg_status lg_monitor_slo_would(const struct lg_monitor *monitor,
+                                    const char *model,
+                                    size_t model_len,
+                                    uint64_t *out_admit,
+                                    uint64_t *out_refuse);
 
 /**
  * What rank `dp_rank` of `worker_id` would give a new request of
@@ -3027,10 +3053,11 @@ enum lg_status lg_monitor_predict(const struct lg_monitor *monitor,
 enum lg_status lg_booking_first_token(struct lg_booking *booking);
 
 /**
- * `n` more tokens of the answer came, after the first: with an SLO set
- * for its model, the time since the last token, over `n`, is observed as
- * one engine step of its rank. Before lg_booking_first_token(), or for
- * `n` of 0, it does nothing.
+ * `n` more tokens of the answer came, after the first: its reservation
+ * settles (lg_booking_expect_output()) and, with an SLO set for its model,
+ * the time since the last token, over `n`, is observed as one engine step
+ * of its rank. Before lg_booking_first_token(), or for `n` of 0, it does
+ * nothing.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL booking).
  * Ownership: borrows its arguments for the call only; keeps none of them.
@@ -3043,6 +3070,55 @@ enum lg_status lg_booking_first_token(struct lg_booking *booking);
  */
 enum lg_status lg_booking_tokens(struct lg_booking *booking,
                                  uint64_t n);
+
+/**
+ * Reserves KV for the answer to come, up to `max_tokens` tokens (the
+ * request's limit; 0: as long as the model's answers go), settling as
+ * tokens stream (lg_booking_tokens()). With an SLO set for its model every
+ * booking already reserves, unbounded; this bounds it.
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL booking).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: one thread at a time per booking. Blocking: never
+ * (lock-free).
+ *
+ * # Safety
+ * `booking` is NULL or a live booking not used by another thread during
+ * the call.
+ */
+enum lg_status lg_booking_expect_output(struct lg_booking *booking,
+                                        uint64_t max_tokens);
+
+/**
+ * Blocks reserved now for the answer (part of lg_booking_blocks()).
+ *
+ * Errors: LG_INVALID_ARGUMENT (NULL booking or out_blocks).
+ * Ownership: borrows its arguments for the call only; keeps none of them.
+ * Thread safety: one thread at a time per booking. Blocking: never.
+ *
+ * # Safety
+ * `booking` is NULL or a live booking; `out_blocks` is NULL or valid for
+ * writes.
+ */
+enum lg_status lg_booking_reserved_blocks(struct lg_booking *booking,
+                                          uint64_t *out_blocks);
+
+/**
+ * The answer ended with `output_tokens` tokens (UINT64_MAX: as many as
+ * lg_booking_first_token() and lg_booking_tokens() counted): with an SLO
+ * set for its model, its length is learned for the reservations of the
+ * answers to come. Frees the booking, as lg_booking_free(); NULL is a
+ * no-op.
+ *
+ * Ownership: takes `booking`.
+ * Thread safety: any thread, but no other thread may be using the booking.
+ * Blocking: never (lock-free).
+ *
+ * # Safety
+ * `booking` is NULL or was returned by lg_monitor_book() and not freed yet.
+ */
+void lg_booking_finish(struct lg_booking *booking,
+                       uint64_t output_tokens);
 
 /**
  * Writes the frontend metrics (Prometheus text format) into `buf` with

@@ -33,6 +33,11 @@ impl lg_booking {
         // (contract), so a unique reference is sound.
         Ok(unsafe { &mut (*p).booking })
     }
+
+    /// The booking itself, out of its handle.
+    pub(crate) fn into_inner(self) -> Booking {
+        self.booking
+    }
 }
 
 /// Books `blocks` KV blocks of a routed request on rank `dp_rank` of a

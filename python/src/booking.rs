@@ -65,10 +65,11 @@ impl Booking {
         }
     }
 
-    /// `n` more tokens of the answer came, after the first: with an SLO set
-    /// for its model, the time since the last token, over `n`, is observed
-    /// as one engine step of its rank. Before `first_token()`, for `n` of
-    /// 0 or after `release()`, it does nothing.
+    /// `n` more tokens of the answer came, after the first: its
+    /// reservation settles (`expect_output()`) and, with an SLO set for
+    /// its model, the time since the last token, over `n`, is observed as
+    /// one engine step of its rank. Before `first_token()`, for `n` of 0
+    /// or after `release()`, it does nothing.
     #[pyo3(signature = (n = None), text_signature = "($self, n=1)")]
     fn tokens(&self, n: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let n = match n {
@@ -79,6 +80,53 @@ impl Booking {
             b.tokens(n);
         }
         Ok(())
+    }
+
+    /// Reserves KV for the answer to come, up to `max_tokens` tokens (the
+    /// request's limit; `None`: as long as the model's answers go),
+    /// settling as tokens stream (`tokens()`). With an SLO set for its
+    /// model every booking already reserves, unbounded; this bounds it.
+    /// After `release()` it does nothing.
+    #[pyo3(signature = (max_tokens = None))]
+    fn expect_output(&self, max_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let cap = max_tokens.map(|n| u64_arg(n, "max_tokens")).transpose()?;
+        if let Some(b) = self.lock().as_mut() {
+            b.expect_output(cap);
+        }
+        Ok(())
+    }
+
+    /// The answer ended with `output_tokens` tokens (`None`: as many as
+    /// `first_token()` and `tokens()` counted): with an SLO set for its
+    /// model, its length is learned for the reservations of the answers to
+    /// come. Releases the booking; after `release()` it does nothing.
+    #[pyo3(signature = (output_tokens = None))]
+    fn finish(&self, output_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let n = output_tokens
+            .map(|n| u64_arg(n, "output_tokens"))
+            .transpose()?;
+        let booking = self.lock().take();
+        if let Some(b) = booking {
+            b.finish(n);
+        }
+        Ok(())
+    }
+
+    /// Answer tokens counted so far (`first_token()` and `tokens()`).
+    #[getter]
+    fn output_tokens(&self) -> u64 {
+        self.lock()
+            .as_ref()
+            .map_or(0, loadgate::Booking::output_tokens)
+    }
+
+    /// Blocks reserved now for the answer (part of `blocks`; 0 once
+    /// released).
+    #[getter]
+    fn reserved_blocks(&self) -> u64 {
+        self.lock()
+            .as_ref()
+            .map_or(0, loadgate::Booking::reserved_blocks)
     }
 
     /// Prompt tokens still booked (0 once the prefill is done or the booking

@@ -1,9 +1,11 @@
-//! `Monitor.set_slo`, `Monitor.slo`, `Monitor.predict`: a model's SLO and
-//! what each rank's fitted step time predicts (core's `slo` and
-//! `monitor/slo.rs`), advisory for now. The streams are observed by
-//! `Booking.first_token` and `Booking.tokens` (`booking.rs`).
+//! `Monitor.set_slo`, `Monitor.slo`, `Monitor.predict`: a model's SLO,
+//! what each rank's fitted step time predicts, and the verdicts it gives
+//! (core's `slo` and `monitor/slo.rs`). The streams are observed by
+//! `Booking.first_token`, `Booking.tokens` and `Booking.finish`
+//! (`booking.rs`).
 
 use loadgate::slo::Slo;
+use loadgate::SloMode;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -15,18 +17,21 @@ use crate::monitor::Monitor;
 impl Monitor {
     /// Sets model `model`'s SLO: `ttft` (time to first token) and `tpot`
     /// (time per output token), in seconds; `ttft=None, tpot=None` clears
-    /// it. Advisory for now: requests' streams are observed
-    /// (`Booking.first_token`, `Booking.tokens`), each rank's engine step
-    /// time is fitted, and `predict` and the metrics show what SLO
-    /// admission would see; the thresholds still decide. Raises
-    /// `ValueError` for a value that is not a finite number of seconds
-    /// above 0 and at most an hour (naming it) or an unknown model.
-    #[pyo3(signature = (model, *, ttft, tpot))]
+    /// it. Requests' streams are observed (`Booking.first_token`,
+    /// `Booking.tokens`, `Booking.finish`), each rank's engine step time is
+    /// fitted, bookings reserve the answers they expect, and each rank gets
+    /// the SLO's verdict, which marks it busy beside the thresholds; with
+    /// `advisory=True` the verdicts are only counted and shown (`slo()`,
+    /// the metrics). Raises `ValueError` for a value that is not a finite
+    /// number of seconds above 0 and at most an hour (naming it), and
+    /// `KeyError` for an unknown model.
+    #[pyo3(signature = (model, *, ttft, tpot, advisory = false))]
     fn set_slo(
         &self,
         model: &Bound<'_, PyAny>,
         ttft: Option<&Bound<'_, PyAny>>,
         tpot: Option<&Bound<'_, PyAny>>,
+        advisory: bool,
     ) -> PyResult<()> {
         let model = str_arg(model, "model")?;
         let slo = match (ttft, tpot) {
@@ -41,22 +46,36 @@ impl Monitor {
                 ))
             }
         };
-        self.inner.set_slo(&model, slo).map_err(threshold_error)
+        let mode = if advisory {
+            SloMode::Advisory
+        } else {
+            SloMode::Enforce
+        };
+        self.inner
+            .set_slo(&model, slo, mode)
+            .map_err(threshold_error)
     }
 
-    /// Model `model`'s SLO as `{"ttft": s, "tpot": s}`, or `None`.
+    /// Model `model`'s SLO as `{"ttft": s, "tpot": s, "advisory": bool,
+    /// "would_admit": n, "would_refuse": n}` (the counts: requests picked
+    /// while advisory whose worker the SLO would have admitted or
+    /// refused), or `None`.
     fn slo<'py>(
         &self,
         py: Python<'py>,
         model: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let model = str_arg(model, "model")?;
-        let Some(slo) = self.inner.slo(&model) else {
+        let Some((slo, mode)) = self.inner.slo(&model) else {
             return Ok(None);
         };
+        let (admit, refuse) = self.inner.slo_would(&model).unwrap_or_default();
         let d = PyDict::new(py);
         d.set_item("ttft", slo.ttft.as_secs_f64())?;
         d.set_item("tpot", slo.tpot.as_secs_f64())?;
+        d.set_item("advisory", mode == SloMode::Advisory)?;
+        d.set_item("would_admit", admit)?;
+        d.set_item("would_refuse", refuse)?;
         Ok(Some(d))
     }
 

@@ -1,7 +1,8 @@
-"""SLO admission's advisory part from Python (docs/behaviour.md): the SLO set
-and checked, a booking's stream observed (`first_token`, `tokens`), each
-rank's step time fitted, and `predict` giving what a new request would
-see; on a manual clock, against a known step function."""
+"""SLO admission from Python (docs/behaviour.md): the SLO set and checked, a
+booking's stream observed (`first_token`, `tokens`), each rank's step time
+fitted, `predict` giving what a new request would see, the answer's KV
+reserved and settled (`expect_output`, `finish`), and the verdicts enforced
+or only counted; on a manual clock, against a known step function."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def test_the_slo_is_checked_and_cleared() -> None:
     m, _ = fleet()
     assert m.slo("m") is None
     m.set_slo("m", ttft=2.0, tpot=0.1)
-    assert m.slo("m") == pytest.approx({"ttft": 2.0, "tpot": 0.1})
+    want = {"ttft": 2.0, "tpot": 0.1, "advisory": False, "would_admit": 0, "would_refuse": 0}
+    assert m.slo("m") == pytest.approx(want)
     for ttft, tpot, name in [(math.nan, 0.1, "ttft"), (0, 0.1, "ttft"), (2.0, -1, "tpot"), (2.0, 1e9, "tpot")]:
         with pytest.raises(ValueError, match=name):
             m.set_slo("m", ttft=ttft, tpot=tpot)
@@ -39,7 +41,9 @@ def test_the_slo_is_checked_and_cleared() -> None:
         m.set_slo("m", ttft=2.0, tpot=None)
     with pytest.raises(KeyError, match="nope"):
         m.set_slo("nope", ttft=2.0, tpot=0.1)
-    assert m.slo("m") == pytest.approx({"ttft": 2.0, "tpot": 0.1}), "a refused call changes nothing"
+    assert m.slo("m") == pytest.approx(want), "a refused call changes nothing"
+    m.set_slo("m", ttft=1.0, tpot=0.05, advisory=True)
+    assert m.slo("m") == pytest.approx(want | {"ttft": 1.0, "tpot": 0.05, "advisory": True})
     m.set_slo("m", ttft=None, tpot=None)
     assert m.slo("m") is None
 
@@ -94,3 +98,59 @@ def test_hooks_after_release_or_before_the_first_token_do_nothing() -> None:
     b.tokens(2)
     m.maintain()
     assert m.predict(1, 0, 10)["trusted"] is False
+
+
+def decode_blocks(m: Monitor) -> int:
+    """Rank 0 of worker 1's booked blocks, from the metrics."""
+    for line in m.metrics_text().splitlines():
+        if line.startswith("dynamo_frontend_worker_active_decode_blocks{") and 'worker_id="1"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError("no active_decode_blocks sample for worker 1")
+
+
+def test_answers_reserve_their_kv_and_settle_as_they_stream() -> None:
+    m, _ = fleet()
+    m.set_slo("m", ttft=2.0, tpot=0.1)
+    # 32 answers of 800 tokens learned: a new booking expects 800 (50 blocks).
+    for _ in range(32):
+        b = m.book(1, 0, 4, prefill_tokens=64)
+        b.first_token()
+        b.tokens(799)
+        b.finish()
+    m.maintain()
+    with m.book(1, 0, 4) as b:
+        assert (b.reserved_blocks, b.blocks) == (50, 54)
+        assert decode_blocks(m) == 54
+        b.expect_output(max_tokens=160)  # the request's limit bounds it
+        assert b.reserved_blocks == 10
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            b.expect_output(max_tokens=-1)
+        b.first_token()
+        b.tokens(319)  # past its limit: the actual
+        assert (b.output_tokens, b.reserved_blocks) == (320, 20)
+    assert decode_blocks(m) == 0
+    assert 'dynamo_frontend_slo_expected_output_tokens{model="m"} 800' in m.metrics_text()
+    b.finish()  # after release: nothing
+
+
+def test_an_enforced_verdict_marks_the_rank_busy_and_advisory_only_counts() -> None:
+    m, _ = fleet()
+    m.add_worker("m", 2, kv_total_blocks=1000)
+    m.set_slo("m", ttft=2.0, tpot=0.1, advisory=True)
+    for _ in range(32):
+        b = m.book(1, 0, 4, prefill_tokens=64)
+        b.finish(output_tokens=800)
+    m.maintain()
+    # Worker 2: 18 requests of 5 blocks and 50 reserved pass 95 % of its KV.
+    held = [m.book(2, 0, 5) for _ in range(18)]
+    assert not m.is_busy(2), "advisory: the thresholds decide"
+    picks = [m.select("m", policy="round_robin") for _ in range(4)]
+    assert sorted(picks) == [1, 1, 2, 2]
+    slo = m.slo("m")
+    assert slo is not None and (slo["would_admit"], slo["would_refuse"]) == (2, 2)
+    m.set_slo("m", ttft=2.0, tpot=0.1)
+    assert m.is_busy(2) and not m.is_busy(1)
+    assert all(m.select("m", policy="random") == 1 for _ in range(20))
+    for b in held:
+        b.release()
+    assert not m.is_busy(2)

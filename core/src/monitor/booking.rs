@@ -41,6 +41,16 @@ pub struct Booking {
     booked_at: u64,
     last_token_at: u64,
     predicted_ttft: f64,
+    /// Its prompt tokens as booked (`prefill` empties when it is done).
+    prompt: u64,
+    /// Answer tokens seen ([`first_token`](Booking::first_token) and
+    /// [`tokens`](Booking::tokens)).
+    generated: u64,
+    /// The answer's reservation (`reserve.rs`): the most tokens it may
+    /// reach (`u64::MAX`: unbounded, learned only; 0: none), and the
+    /// blocks of `blocks` reserved for it now.
+    output_cap: u64,
+    reserved: u64,
 }
 
 /// Adds `n` booked prefill tokens; an unreported field starts from zero.
@@ -105,12 +115,17 @@ impl Booking {
         // leased mode's alone.
         // With an SLO, when it was made and what was predicted for it,
         // before it counts on the rank.
-        let (booked_at, predicted_ttft) = if worker.slo_on() {
-            let now = worker.model.observations.now().max(1);
-            (now, worker.predicted_ttft(rank, prefill))
+        // With an SLO, the answer's expected length is reserved from the
+        // start (`reserve.rs`).
+        let (booked_at, predicted_ttft, output_cap) = if worker.slo_on() {
+            let now = worker.model.slo.observations.now().max(1);
+            (now, worker.predicted_ttft(rank, prefill), u64::MAX)
         } else {
-            (0, -1.0)
+            (0, -1.0, 0)
         };
+        let reserved = worker.model.slo.reservation(output_cap, 0);
+        let (prompt, blocks_asked) = (prefill, blocks);
+        let blocks = blocks.saturating_add(reserved);
         let moved = if owner == Owner::Own && worker.model.share.is_leased() {
             let r = &worker.ranks[rank];
             let line = || r.line(&worker.model.thresholds.load());
@@ -121,7 +136,7 @@ impl Booking {
                 .map_err(|cap| ReportError::NoShare {
                     worker_id: worker.id,
                     dp_rank: worker.dp_start + rank as u32,
-                    blocks,
+                    blocks: blocks_asked,
                     cap,
                 })?;
             Owner::Reserved
@@ -142,7 +157,7 @@ impl Booking {
             _ => worker.model.outbox.booked(
                 worker.id,
                 worker.dp_start + rank as u32,
-                blocks,
+                blocks_asked,
                 prefill,
             ),
         };
@@ -156,6 +171,10 @@ impl Booking {
             booked_at,
             last_token_at: 0,
             predicted_ttft,
+            prompt,
+            generated: 0,
+            output_cap,
+            reserved,
         })
     }
 
@@ -177,33 +196,88 @@ impl Booking {
     }
 
     /// The request's first token came: its prefill is done (as
-    /// [`prefill_done`](Self::prefill_done)) and, with an SLO set for its
+    /// [`prefill_done`](Self::prefill_done)), the answer has one token
+    /// (its reservation settles, `reserve.rs`) and, with an SLO set for its
     /// model ([`Monitor::set_slo`](super::Monitor::set_slo)), the time since
     /// it was booked is observed as its time to first token. Calling it
     /// again only marks the prefill done.
     pub fn first_token(&mut self) {
         self.prefill_done();
-        if self.booked_at != 0 && self.last_token_at == 0 {
-            let now = self.worker.model.observations.now().max(1);
+        if self.generated != 0 {
+            return;
+        }
+        self.generated = 1;
+        if self.booked_at != 0 {
+            let now = self.worker.model.slo.observations.now().max(1);
             let observed = now.saturating_sub(self.booked_at) as f64 * 1e-9;
             self.worker
                 .observe_first_token(self.rank, observed, self.predicted_ttft);
             self.last_token_at = now;
         }
+        self.settle();
     }
 
-    /// `n` more tokens of the answer came, after the first: with an SLO set
-    /// for its model, the time since the last token, over `n`, is observed
-    /// as one engine step of its rank under the rank's load now. Before
+    /// `n` more tokens of the answer came, after the first: the
+    /// reservation settles (`reserve.rs`) and, with an SLO set for its
+    /// model, the time since the last token, over `n`, is observed as one
+    /// engine step of its rank under the rank's load now. Before
     /// [`first_token`](Self::first_token), or for `n` of 0, it does nothing.
     pub fn tokens(&mut self, n: u64) {
-        if n == 0 || self.last_token_at == 0 {
+        if n == 0 || self.generated == 0 {
             return;
         }
-        let now = self.worker.model.observations.now();
-        let gap = now.saturating_sub(self.last_token_at) as f64 * 1e-9 / n as f64;
-        self.worker.observe_step(self.rank, gap);
-        self.last_token_at = now.max(1);
+        self.generated = self.generated.saturating_add(n);
+        if self.last_token_at != 0 {
+            let now = self.worker.model.slo.observations.now();
+            let gap = now.saturating_sub(self.last_token_at) as f64 * 1e-9 / n as f64;
+            self.worker.observe_step(self.rank, gap);
+            self.last_token_at = now.max(1);
+        }
+        self.settle();
+    }
+
+    /// Reserves KV for the answer to come, up to `max_tokens` tokens (the
+    /// request's limit; `None`: as long as the model's answers go),
+    /// settling as it streams (`reserve.rs`). With an SLO set for its
+    /// model every booking already reserves, unbounded; this bounds it.
+    pub fn expect_output(&mut self, max_tokens: Option<u64>) {
+        self.output_cap = max_tokens.unwrap_or(u64::MAX).max(1);
+        self.settle();
+    }
+
+    /// The answer ended with `output_tokens` tokens (`None`: as many as
+    /// [`first_token`](Self::first_token) and [`tokens`](Self::tokens)
+    /// counted): with an SLO set for its model, its length is learned for
+    /// the reservations of the answers to come. Releases the booking.
+    pub fn finish(self, output_tokens: Option<u64>) {
+        if self.worker.slo_on() {
+            let output = output_tokens.unwrap_or(self.generated);
+            self.worker.observe_answer(self.rank, self.prompt, output);
+        }
+    }
+
+    /// Answer tokens counted so far.
+    pub fn output_tokens(&self) -> u64 {
+        self.generated
+    }
+
+    /// Blocks reserved now for the answer (part of [`blocks`](Self::blocks)).
+    pub fn reserved_blocks(&self) -> u64 {
+        self.reserved
+    }
+
+    /// Moves the reservation to what the answer needs now.
+    fn settle(&mut self) {
+        let slo = &self.worker.model.slo;
+        let want = slo.reservation(self.output_cap, self.generated);
+        if want == self.reserved {
+            return;
+        }
+        let (from, prefill) = (self.blocks, self.prefill);
+        self.blocks = self.blocks - self.reserved + want;
+        self.reserved = want;
+        let to = (self.blocks, prefill);
+        shift(&self.worker, self.rank, self.owner, (from, prefill), to);
     }
 
     /// Announces a change to the booking, if the booking was announced.

@@ -155,10 +155,7 @@ impl Duty {
     fn fit(&self, now: u64) -> Option<u64> {
         let reg = self.registry.load();
         // Relaxed: a setting.
-        let on = reg
-            .models
-            .values()
-            .any(|m| m.slo_ttft.load(Ordering::Relaxed) != 0);
+        let on = reg.models.values().any(|m| m.slo.mode().is_some());
         super::slo::fit(&self.observations, &reg);
         on.then(|| now.saturating_add(crate::clock::nanos(super::slo::FIT_PERIOD)))
     }

@@ -82,6 +82,7 @@ mod pick_cache;
 mod rank;
 mod registry;
 pub(crate) mod replicas;
+mod reserve;
 mod route;
 pub(crate) mod share;
 pub(crate) mod signal;
@@ -107,6 +108,7 @@ pub use flow::{
     Dispatch, DispatchCallback, DispatchHandle, DispatchRequest, Dispatching, FlowControlConfig,
     FlowError,
 };
+pub use observe::SloMode;
 pub use outbox::OUTBOX_CAPACITY;
 pub use pick::seed_picks;
 pub use route::Route;
@@ -433,10 +435,12 @@ impl Monitor {
             {
                 continue;
             }
-            best = Some(id);
+            best = Some((id, w.slot));
             best_cost = cost;
         }
-        best.ok_or_else(|| m.overloaded(DEFAULT_ENDPOINT))
+        let (id, slot) = best.ok_or_else(|| m.overloaded(DEFAULT_ENDPOINT))?;
+        m.count_advisory(slot);
+        Ok(id)
     }
 
     /// Checks a pinned worker: [`RouteError::WorkerOverloaded`] (counted)

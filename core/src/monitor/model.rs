@@ -36,7 +36,7 @@ use crossbeam_utils::CachePadded;
 
 use super::busy_set::{AtomicBits, BitIter, BusySet};
 use super::config::{MonitorConfig, Policy, Staleness, ThresholdState};
-use super::observe::Observations;
+use super::observe::{ModelSlo, Observations, SloMode};
 use super::outbox::Outbox;
 use super::pick_cache::{PickCache, Stamp};
 use super::share::Share;
@@ -162,11 +162,8 @@ pub(super) struct Model {
     pub(super) share: Arc<Share>,
     /// The monitor's own-booking events (`outbox.rs`).
     pub(super) outbox: Arc<Outbox>,
-    /// Its SLO, nanoseconds (0: none; `slo.rs`).
-    pub(super) slo_ttft: AtomicU64,
-    pub(super) slo_tpot: AtomicU64,
-    /// The monitor's queue of observations (`slo.rs`).
-    pub(super) observations: Arc<Observations>,
+    /// Its SLO and what its requests taught it (`slo.rs`).
+    pub(super) slo: ModelSlo,
 }
 
 /// Indices into `Model::rejected`.
@@ -217,9 +214,7 @@ impl Model {
             signal: Arc::clone(signal),
             share: share.clone(),
             outbox: outbox.clone(),
-            slo_ttft: AtomicU64::new(0),
-            slo_tpot: AtomicU64::new(0),
-            observations: observations.clone(),
+            slo: ModelSlo::new(observations, cap),
         }
     }
 
@@ -391,9 +386,12 @@ impl Model {
     ) -> Result<u64, RouteError> {
         self.routable()?;
         match self.pick(policy, clock) {
-            // Relaxed: the id was stored before the member bit that the
-            // pick read with Acquire (module docs).
-            Some(slot) => Ok(self.ids[slot].load(Ordering::Relaxed)),
+            Some(slot) => {
+                self.count_advisory(slot);
+                // Relaxed: the id was stored before the member bit that the
+                // pick read with Acquire (module docs).
+                Ok(self.ids[slot].load(Ordering::Relaxed))
+            }
             None => Err(self.overloaded(endpoint)),
         }
     }
@@ -413,6 +411,22 @@ impl Model {
     #[cold]
     pub(super) fn overloaded(&self, endpoint: &str) -> RouteError {
         self.count_rejection(Reason::AllWorkersBusy, endpoint);
+        if self.slo.mode() == Some(SloMode::Advisory) {
+            // The SLO would admit it if some worker's verdict is free.
+            let free = (0..self.words_in_use())
+                .any(|w| self.members.word(w) & !self.slo.verdicts.word(w) != 0);
+            self.slo.count_would(!free);
+        }
         RouteError::Overloaded
+    }
+
+    /// With an advisory SLO, counts what its verdict on `slot`, picked by
+    /// the static thresholds, would have decided (`slo.rs`): one relaxed
+    /// load without.
+    #[inline]
+    pub(super) fn count_advisory(&self, slot: usize) {
+        if self.slo.mode() == Some(SloMode::Advisory) {
+            self.slo.count_would(self.slo.verdicts.contains(slot));
+        }
     }
 }

@@ -4,13 +4,14 @@
 //! knows no worker or model, so the layers point one way: `rank.rs` and
 //! `model.rs` hold these, `slo.rs` uses them all.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crossbeam_queue::ArrayQueue;
 
+use super::busy_set::AtomicBits;
 use crate::clock::SharedClock;
-use crate::slo::{StepFit, StepLoad};
-use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::slo::{OutputLengths, StepFit, StepLoad, OUTPUT_BUCKETS};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
 
 /// Observations waiting for the maintenance before it drops new ones.
 pub const OBSERVATION_CAPACITY: usize = 16_384;
@@ -25,6 +26,8 @@ pub(super) enum Sample {
     /// A first token after `observed` seconds, where `predicted` was
     /// predicted at booking (negative: no trusted prediction then).
     FirstToken { observed: f64, predicted: f64 },
+    /// An answer of `output` tokens to a prompt of `prompt` ended.
+    Answer { prompt: u64, output: u64 },
 }
 
 /// An observation of rank index `rank` of worker `worker_id` (by id: a
@@ -79,6 +82,75 @@ impl Observations {
     }
 }
 
+/// Whether a model's SLO decides, only shows what it would decide, or is
+/// not set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SloMode {
+    /// The SLO's verdicts mark ranks busy, beside the static thresholds.
+    Enforce,
+    /// The SLO's verdicts are computed and counted, never acted on.
+    Advisory,
+}
+
+/// A model's SLO and what its requests taught it (`slo.rs`).
+pub(super) struct ModelSlo {
+    /// The targets, nanoseconds (0: none).
+    pub(super) ttft: AtomicU64,
+    pub(super) tpot: AtomicU64,
+    /// 0: no SLO, 1: enforced, 2: advisory; stored after the targets.
+    pub(super) mode: AtomicU32,
+    /// The monitor's queue of observations.
+    pub(super) observations: Arc<Observations>,
+    /// `OutputLengths::expected_totals`, published by the maintenance.
+    pub(super) expected_output: [AtomicU64; OUTPUT_BUCKETS],
+    /// Mean prompt of the answers seen, tokens (0 until one).
+    pub(super) typical_prompt: AtomicU64,
+    /// The maintenance's table of answer lengths.
+    pub(super) outputs: Mutex<OutputLengths>,
+    /// Each slot's SLO verdict (set: every rank would be busy), kept by
+    /// the worker's publisher in either mode.
+    pub(super) verdicts: AtomicBits,
+    /// Requests picked while advisory whose worker the SLO would admit,
+    /// and those it would refuse.
+    pub(super) would_admit: AtomicU64,
+    pub(super) would_refuse: AtomicU64,
+}
+
+impl ModelSlo {
+    pub(super) fn new(observations: &Arc<Observations>, slots: usize) -> Self {
+        Self {
+            ttft: AtomicU64::new(0),
+            tpot: AtomicU64::new(0),
+            mode: AtomicU32::new(0),
+            observations: Arc::clone(observations),
+            expected_output: std::array::from_fn(|_| AtomicU64::new(0)),
+            typical_prompt: AtomicU64::new(0),
+            outputs: Mutex::new(OutputLengths::new()),
+            verdicts: AtomicBits::new(slots),
+            would_admit: AtomicU64::new(0),
+            would_refuse: AtomicU64::new(0),
+        }
+    }
+
+    /// The mode, if an SLO is set. Relaxed: a setting.
+    #[inline]
+    pub(super) fn mode(&self) -> Option<SloMode> {
+        match self.mode.load(Ordering::Relaxed) {
+            0 => None,
+            1 => Some(SloMode::Enforce),
+            _ => Some(SloMode::Advisory),
+        }
+    }
+}
+
+impl std::fmt::Debug for ModelSlo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelSlo")
+            .field("mode", &self.mode())
+            .finish_non_exhaustive()
+    }
+}
+
 /// One rank's fit and what it publishes (module docs).
 pub(super) struct RankSlo {
     /// The coefficients, `f64` bits, published by the maintenance.
@@ -91,6 +163,10 @@ pub(super) struct RankSlo {
     pub(super) ttft_error: AtomicU64,
     /// The maintenance's.
     pub(super) fit: OnceLock<Mutex<StepFit>>,
+    /// The SLO's verdict on the rank as last published (its publisher's).
+    pub(super) busy: AtomicBool,
+    /// How often that verdict changed.
+    pub(super) flips: AtomicU64,
 }
 
 impl RankSlo {
@@ -101,6 +177,8 @@ impl RankSlo {
             bookings: AtomicU64::new(0),
             ttft_error: AtomicU64::new(1f64.to_bits()),
             fit: OnceLock::new(),
+            busy: AtomicBool::new(false),
+            flips: AtomicU64::new(0),
         }
     }
 

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use super::combine::Combiner;
 use super::config::Staleness;
 use super::model::Model;
-use super::observe::RankSlo;
+use super::observe::{RankSlo, SloMode};
 use crate::error::ReportError;
 use crate::load::{rank_index, LoadReport, WorkerSpec, UNREPORTED};
 use crate::sync::{fence, AtomicBool, AtomicU64, Ordering};
@@ -158,11 +158,15 @@ impl Worker {
         // Relaxed: stored before `remove_worker`'s combiner registration,
         // which releases it to this publisher.
         let busy = if self.removed.load(Ordering::Relaxed) {
+            model.slo.verdicts.clear(self.slot);
             false
         } else {
             let thresholds = model.thresholds.load();
             let staleness = model.staleness();
+            let slo = model.slo.targets();
             let mut all_busy = !self.ranks.is_empty();
+            // Whether the SLO's verdict is busy on every rank (`slo.rs`).
+            let mut slo_busy = all_busy;
             let mut load = 0u64;
             for rank in self.ranks.iter() {
                 let l = rank.load();
@@ -171,9 +175,26 @@ impl Worker {
                 let rank_busy = match (staleness, rank.stale.load(Ordering::Relaxed)) {
                     (Staleness::Free, true) => false,
                     (Staleness::Busy, true) => true,
-                    _ => thresholds.rank_busy(&l) || self.share_full(rank, &thresholds),
+                    _ => {
+                        let fixed = thresholds.rank_busy(&l) || self.share_full(rank, &thresholds);
+                        match &slo {
+                            Some(t) => {
+                                let v = super::slo::verdict(rank, &l, t);
+                                slo_busy &= v;
+                                fixed || (v && t.mode == SloMode::Enforce)
+                            }
+                            None => fixed,
+                        }
+                    }
                 };
                 all_busy &= rank_busy;
+            }
+            if slo.is_some() && slo_busy != model.slo.verdicts.contains(self.slot) {
+                if slo_busy {
+                    model.slo.verdicts.set(self.slot);
+                } else {
+                    model.slo.verdicts.clear(self.slot);
+                }
             }
             // Relaxed: a hint power-of-two routing compares; a value a
             // moment old only skews one choice between two free workers.

@@ -40,16 +40,16 @@ use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
 
-use super::observe::{Observation, Observations, Sample};
+use super::observe::{ModelSlo, Observation, Observations, Sample, SloMode};
 pub use super::observe::{FIT_PERIOD, OBSERVATION_CAPACITY};
 use super::rank::{Rank, Worker};
 use super::registry::Registry;
 use super::Monitor;
 use crate::error::ThresholdError;
 use crate::metrics;
-use crate::slo::{Slo, StepFit, StepLoad};
+use crate::slo::{Slo, StepFit, StepLoad, HYSTERESIS, KV_LINE};
 use crate::sync::{lock, Mutex, Ordering};
-use crate::thresholds::DEFAULT_BLOCK_TOKENS;
+use crate::thresholds::{RankLoad, DEFAULT_BLOCK_TOKENS};
 
 /// A prediction for a new request on one rank.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -63,9 +63,8 @@ pub struct Prediction {
     pub trusted: bool,
 }
 
-/// The load features of `rank` now.
-fn step_load(rank: &Rank) -> StepLoad {
-    let l = rank.load();
+/// The load features of `rank` under its load `l`.
+fn step_load(rank: &Rank, l: &RankLoad) -> StepLoad {
     let blocks = l.active_decode_blocks.max(l.kv_used_blocks);
     StepLoad {
         prefill_tokens: l.active_prefill_tokens.unwrap_or(0) as f64,
@@ -75,11 +74,12 @@ fn step_load(rank: &Rank) -> StepLoad {
     }
 }
 
-/// The prediction for `prompt` tokens on `rank` (module docs).
-fn predict(rank: &Rank, prompt: u64) -> Prediction {
+/// The prediction for `prompt` tokens on `rank` under its load `l`
+/// (module docs).
+fn predict(rank: &Rank, l: &RankLoad, prompt: u64) -> Prediction {
     let c = rank.slo.coefficients();
-    let now = step_load(rank);
-    let batch = (rank.load().max_num_batched_tokens.max(1)) as f64;
+    let now = step_load(rank, l);
+    let batch = l.max_num_batched_tokens.max(1) as f64;
     let step =
         |prefill: f64, running: f64, kv: f64| c[0] + c[1] * prefill + c[2] * running + c[3] * kv;
     let total = now.prefill_tokens + prompt as f64;
@@ -99,17 +99,86 @@ fn predict(rank: &Rank, prompt: u64) -> Prediction {
     }
 }
 
+/// A model's targets, seconds, and its typical prompt, read once per
+/// publication.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Targets {
+    pub(super) mode: SloMode,
+    ttft: f64,
+    tpot: f64,
+    prompt: u64,
+}
+
+impl ModelSlo {
+    /// The targets, if an SLO is set. Relaxed: settings.
+    #[inline]
+    pub(super) fn targets(&self) -> Option<Targets> {
+        let mode = self.mode()?;
+        Some(Targets {
+            mode,
+            ttft: self.ttft.load(Ordering::Relaxed) as f64 * 1e-9,
+            tpot: self.tpot.load(Ordering::Relaxed) as f64 * 1e-9,
+            prompt: self.typical_prompt.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Counts a request picked while advisory: to a worker the SLO would
+    /// refuse (`refused`), or not.
+    #[inline]
+    pub(super) fn count_would(&self, refused: bool) {
+        let c = if refused {
+            &self.would_refuse
+        } else {
+            &self.would_admit
+        };
+        // Relaxed: a counter.
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The SLO's verdict on `rank` under its load `l` (module docs,
+/// "Deciding"); keeps the rank's last verdict for the hysteresis. Called
+/// by the worker's publisher only.
+pub(super) fn verdict(rank: &Rank, l: &RankLoad, t: &Targets) -> bool {
+    let kv = if l.kv_total_blocks > 0 {
+        let used = l.active_decode_blocks.max(l.kv_used_blocks) as f64;
+        used / l.kv_total_blocks as f64 / KV_LINE
+    } else {
+        0.0
+    };
+    let p = predict(rank, l, t.prompt);
+    let time = if p.trusted {
+        (p.ttft / t.ttft).max(p.tpot / t.tpot)
+    } else {
+        0.0
+    };
+    let load = kv.max(time);
+    // Relaxed: the publisher's own state (only one publishes at a time).
+    let was = rank.slo.busy.load(Ordering::Relaxed);
+    let busy = if was {
+        load > 1.0 - HYSTERESIS
+    } else {
+        load > 1.0
+    };
+    if busy != was {
+        rank.slo.busy.store(busy, Ordering::Relaxed);
+        rank.slo.flips.fetch_add(1, Ordering::Relaxed);
+    }
+    busy
+}
+
 impl Worker {
-    /// Whether the worker's model has an SLO. Relaxed: a setting.
+    /// Whether the worker's model has an SLO, enforced or advisory.
     #[inline]
     pub(super) fn slo_on(&self) -> bool {
-        self.model.slo_ttft.load(Ordering::Relaxed) != 0
+        self.model.slo.mode().is_some()
     }
 
     /// A step of `seconds` seen on rank index `rank`, under its load now.
     pub(super) fn observe_step(self: &Arc<Self>, rank: usize, seconds: f64) {
-        let load = step_load(&self.ranks[rank]);
-        self.model.observations.push(Observation {
+        let r = &self.ranks[rank];
+        let load = step_load(r, &r.load());
+        self.model.slo.observations.push(Observation {
             worker_id: self.id,
             rank,
             sample: Sample::Step { seconds, load },
@@ -124,7 +193,7 @@ impl Worker {
         observed: f64,
         predicted: f64,
     ) {
-        self.model.observations.push(Observation {
+        self.model.slo.observations.push(Observation {
             worker_id: self.id,
             rank,
             sample: Sample::FirstToken {
@@ -136,8 +205,18 @@ impl Worker {
 
     /// The time to first token predicted for `prompt` tokens on rank index
     /// `rank`, if its fit is trusted (else negative).
+    /// An answer of `output` tokens to `prompt` ended on rank index `rank`.
+    pub(super) fn observe_answer(&self, rank: usize, prompt: u64, output: u64) {
+        self.model.slo.observations.push(Observation {
+            worker_id: self.id,
+            rank,
+            sample: Sample::Answer { prompt, output },
+        });
+    }
+
     pub(super) fn predicted_ttft(&self, rank: usize, prompt: u64) -> f64 {
-        let p = predict(&self.ranks[rank], prompt);
+        let r = &self.ranks[rank];
+        let p = predict(r, &r.load(), prompt);
         if p.trusted {
             p.ttft
         } else {
@@ -148,6 +227,8 @@ impl Worker {
 
 /// Smoothing of the time-to-first-token error.
 const TTFT_SMOOTH: f64 = 0.05;
+/// Smoothing of the typical prompt.
+const PROMPT_SMOOTH: f64 = 0.02;
 
 /// Feeds every queued observation to its rank's fit and publishes the
 /// ranks it changed; returns how many it took.
@@ -156,18 +237,38 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
         return 0;
     };
     let mut n = 0;
+    // Workers whose fit moved, re-evaluated once each at the end; models
+    // whose answers' table moved, published once each.
+    let mut moved: Vec<&Arc<Worker>> = Vec::new();
+    let mut learned: Vec<&Arc<Worker>> = Vec::new();
     while let Some(o) = queue.pop() {
         n += 1;
         // A worker removed meanwhile: nothing to fit.
-        let Some(rank) = registry
+        let Some((worker, rank)) = registry
             .workers
             .get(&o.worker_id)
-            .and_then(|w| w.ranks.get(o.rank))
+            .and_then(|w| Some((w, w.ranks.get(o.rank)?)))
         else {
             continue;
         };
         let slo = &rank.slo;
         match o.sample {
+            Sample::Answer { prompt, output } => {
+                let m = &worker.model.slo;
+                lock(&m.outputs).observe(output);
+                // Relaxed: only the maintenance writes it.
+                let old = m.typical_prompt.load(Ordering::Relaxed) as f64;
+                let new = if old == 0.0 {
+                    prompt as f64
+                } else {
+                    old + PROMPT_SMOOTH * (prompt as f64 - old)
+                };
+                m.typical_prompt
+                    .store(new.round() as u64, Ordering::Relaxed);
+                if !learned.iter().any(|w| Arc::ptr_eq(&w.model, &worker.model)) {
+                    learned.push(worker);
+                }
+            }
             Sample::Step { seconds, load } => {
                 let fit = slo.fit.get_or_init(|| Mutex::new(StepFit::new()));
                 let mut fit = lock(fit);
@@ -177,6 +278,9 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
                         c.store(v.to_bits(), Ordering::Relaxed);
                     }
                     slo.trusted.store(fit.trusted(), Ordering::Relaxed);
+                    if !moved.iter().any(|w| Arc::ptr_eq(w, worker)) {
+                        moved.push(worker);
+                    }
                 }
             }
             Sample::FirstToken {
@@ -192,16 +296,31 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
             Sample::FirstToken { .. } => {}
         }
     }
+    for w in learned {
+        let totals = lock(&w.model.slo.outputs).expected_totals();
+        w.model.slo.publish_outputs(&totals);
+    }
+    // The verdicts follow the fit even while the load stands still.
+    for w in moved {
+        w.reevaluate();
+    }
     n
 }
 
 impl Monitor {
-    /// Sets (or with `None` clears) model `model`'s SLO. For now advisory:
-    /// its requests' streams are observed (`Booking::first_token`,
-    /// `Booking::tokens`), each rank's step time is fitted, and
-    /// [`predict`](Self::predict) and the metrics show what the SLO
-    /// admission would see; the static thresholds still decide.
-    pub fn set_slo(&self, model: &str, slo: Option<Slo>) -> Result<(), ThresholdError> {
+    /// Sets (or with `None` clears) model `model`'s SLO. Its requests'
+    /// streams are observed (`Booking::first_token`, `Booking::tokens`,
+    /// `Booking::finish`), each rank's step time is fitted, each booking
+    /// reserves the answer it expects (`reserve.rs`) and each rank gets the
+    /// SLO's verdict (module docs), which in [`SloMode::Enforce`] marks it
+    /// busy beside the static thresholds and in [`SloMode::Advisory`] is
+    /// only counted and shown.
+    pub fn set_slo(
+        &self,
+        model: &str,
+        slo: Option<Slo>,
+        mode: SloMode,
+    ) -> Result<(), ThresholdError> {
         let reg = self.registry.load();
         let m = reg
             .models
@@ -216,25 +335,52 @@ impl Monitor {
                 crate::clock::nanos(s.tpot).max(1),
             )
         });
+        let mode = match (slo, mode) {
+            (None, _) => 0,
+            (Some(_), SloMode::Enforce) => 1,
+            (Some(_), SloMode::Advisory) => 2,
+        };
         // Relaxed: settings; a booking racing the change may go unobserved.
-        m.slo_tpot.store(tpot, Ordering::Relaxed);
-        m.slo_ttft.store(ttft, Ordering::Relaxed);
+        // Clearing leaves the targets, so no reader sees a mode without
+        // them.
+        if mode != 0 {
+            m.slo.tpot.store(tpot, Ordering::Relaxed);
+            m.slo.ttft.store(ttft, Ordering::Relaxed);
+        }
+        m.slo.mode.store(mode, Ordering::Relaxed);
+        // Every worker's verdict under the new setting.
+        for w in reg.workers.values().filter(|w| Arc::ptr_eq(&w.model, m)) {
+            w.reevaluate();
+        }
         self.duty.start();
         self.duty.signal.raise();
         Ok(())
     }
 
-    /// Model `model`'s SLO, if set.
-    pub fn slo(&self, model: &str) -> Option<Slo> {
+    /// Model `model`'s SLO and its mode, if set.
+    pub fn slo(&self, model: &str) -> Option<(Slo, SloMode)> {
         let reg = self.registry.load();
         let m = reg.models.get(model)?;
+        let mode = m.slo.mode()?;
         // Relaxed: settings.
-        let ttft = m.slo_ttft.load(Ordering::Relaxed);
-        let tpot = m.slo_tpot.load(Ordering::Relaxed);
-        (ttft != 0).then(|| Slo {
+        let ttft = m.slo.ttft.load(Ordering::Relaxed);
+        let tpot = m.slo.tpot.load(Ordering::Relaxed);
+        let slo = Slo {
             ttft: std::time::Duration::from_nanos(ttft),
             tpot: std::time::Duration::from_nanos(tpot),
-        })
+        };
+        Some((slo, mode))
+    }
+
+    /// Model `model`'s requests picked while its SLO was advisory whose
+    /// worker the SLO would have admitted, and those it would have refused
+    /// (`None` for an unknown model).
+    pub fn slo_would(&self, model: &str) -> Option<(u64, u64)> {
+        let reg = self.registry.load();
+        let m = reg.models.get(model)?;
+        // Relaxed: counters.
+        let admit = m.slo.would_admit.load(Ordering::Relaxed);
+        Some((admit, m.slo.would_refuse.load(Ordering::Relaxed)))
     }
 
     /// What the rank's fit predicts for a new request of `prompt_tokens`
@@ -247,7 +393,7 @@ impl Monitor {
     ) -> Result<Prediction, crate::ReportError> {
         let reg = self.registry.load();
         let (_, rank) = Self::rank_of(&reg, worker_id, dp_rank)?;
-        Ok(predict(rank, prompt_tokens))
+        Ok(predict(rank, &rank.load(), prompt_tokens))
     }
 
     /// The running relative error of rank `dp_rank` of `worker_id`'s
@@ -272,47 +418,64 @@ impl Monitor {
     }
 }
 
-/// The SLO gauges of every rank whose model has an SLO, and the
-/// observations lost (nothing when no model has one).
+/// The SLO gauges of every rank whose model has an SLO, its models'
+/// counters, and the observations lost (nothing when no model has one).
 pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mut String) {
     let on: Vec<&&Arc<Worker>> = workers.iter().filter(|w| w.slo_on()).collect();
     if on.is_empty() {
         return;
     }
-    let families: [(&str, &str); 5] = [
+    let families: [(&str, &str, &str); 7] = [
         (
             "frontend_slo_predicted_ttft_seconds",
+            "gauge",
             "Predicted time to first token of a one-token request on the rank now.",
         ),
         (
             "frontend_slo_predicted_tpot_seconds",
+            "gauge",
             "Predicted time per output token on the rank with one more request.",
         ),
         (
             "frontend_slo_step_fit_trusted",
+            "gauge",
             "Whether the rank's step-time fit has enough observations within its error (1) or not (0).",
         ),
         (
             "frontend_slo_step_fit_error",
+            "gauge",
             "Running relative error of the rank's step-time fit (1 until observed).",
         ),
         (
             "frontend_slo_ttft_prediction_error",
+            "gauge",
             "Running relative error of the rank's time-to-first-token predictions (1 until observed).",
         ),
+        (
+            "frontend_slo_verdict_busy",
+            "gauge",
+            "The SLO's verdict on the rank: busy (1) or free (0); it decides only when enforced.",
+        ),
+        (
+            "frontend_slo_verdict_changes_total",
+            "counter",
+            "How often the SLO's verdict on the rank changed.",
+        ),
     ];
-    for (family, (name, help)) in families.iter().enumerate() {
-        metrics::header(out, prefix, name, "gauge", help);
+    for (family, (name, kind, help)) in families.iter().enumerate() {
+        metrics::header(out, prefix, name, kind, help);
         for w in &on {
             for (i, rank) in w.ranks.iter().enumerate() {
-                let p = predict(rank, 1);
+                let p = predict(rank, &rank.load(), 1);
+                // Relaxed loads: gauges and counters.
                 let value = match family {
                     0 => p.ttft,
                     1 => p.tpot,
                     2 => f64::from(u8::from(p.trusted)),
                     3 => rank.slo.fit.get().map_or(1.0, |f| lock(f).relative_error()),
-                    // Relaxed: a gauge.
-                    _ => f64::from_bits(rank.slo.ttft_error.load(Ordering::Relaxed)),
+                    4 => f64::from_bits(rank.slo.ttft_error.load(Ordering::Relaxed)),
+                    5 => f64::from(u8::from(rank.slo.busy.load(Ordering::Relaxed))),
+                    _ => rank.slo.flips.load(Ordering::Relaxed) as f64,
                 };
                 let dp_rank = w.dp_start + i as u32;
                 metrics::sample(
@@ -323,6 +486,43 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
                     value,
                 );
             }
+        }
+    }
+    let mut models: Vec<&ModelSlo> = Vec::new();
+    let mut names: Vec<&str> = Vec::new();
+    for w in &on {
+        if !names.contains(&&*w.model.name) {
+            names.push(&w.model.name);
+            models.push(&w.model.slo);
+        }
+    }
+    let model_families: [(&str, &str, &str); 3] = [
+        (
+            "frontend_slo_would_admit_total",
+            "counter",
+            "Requests picked while the SLO was advisory whose worker it would have admitted.",
+        ),
+        (
+            "frontend_slo_would_refuse_total",
+            "counter",
+            "Requests picked or refused while the SLO was advisory that it would have refused.",
+        ),
+        (
+            "frontend_slo_expected_output_tokens",
+            "gauge",
+            "The answer length a new request's reservation expects (0 until enough answers ended).",
+        ),
+    ];
+    for (family, (name, kind, help)) in model_families.iter().enumerate() {
+        metrics::header(out, prefix, name, kind, help);
+        for (m, model) in models.iter().zip(&names) {
+            // Relaxed loads: counters and a gauge.
+            let value = match family {
+                0 => m.would_admit.load(Ordering::Relaxed),
+                1 => m.would_refuse.load(Ordering::Relaxed),
+                _ => m.expected_output[0].load(Ordering::Relaxed),
+            };
+            metrics::sample(out, prefix, name, &[("model", model)], value);
         }
     }
     let name = "frontend_slo_observations_lost_total";

@@ -6,13 +6,27 @@
 //!   token, checked when set.
 //! * [`StepFit`] (`fit.rs`): one rank's engine step time as a function of
 //!   what the step carries, fitted online, robust to bad observations.
+//! * [`OutputLengths`] (`output.rs`): a model's answers' lengths, for the
+//!   KV an answer will still need.
 
 mod fit;
+mod output;
 
 use std::fmt;
 use std::time::Duration;
 
 pub use fit::{Refused, StepFit, StepLoad, MAX_LOAD, MAX_RELATIVE_ERROR, MAX_STEP, MIN_SAMPLES};
+pub use output::{
+    bucket as output_bucket, OutputLengths, BUCKETS as OUTPUT_BUCKETS, MAX_OUTPUT, MIN_OUTPUTS,
+};
+
+/// The share of a rank's KV cache the SLO's verdict lets bookings and
+/// their reservations fill.
+pub const KV_LINE: f64 = 0.95;
+/// How far under its line a busy rank must come before the SLO's verdict
+/// frees it: a rank turns busy when its predicted load reaches 1 (of the
+/// SLO or of [`KV_LINE`]) and free again below `1 - HYSTERESIS`.
+pub const HYSTERESIS: f64 = 0.1;
 
 /// Longest target accepted for either field: an hour.
 pub const MAX_TARGET: Duration = Duration::from_secs(3600);

@@ -1,13 +1,16 @@
-//! `lg_monitor`'s SLO, advisory for now: a model's targets, the streams
-//! its bookings observe (lg_booking_first_token(), lg_booking_tokens()),
-//! and what each rank's fitted step time predicts for a new request.
+//! `lg_monitor`'s SLO: a model's targets, the streams its bookings observe
+//! (lg_booking_first_token(), lg_booking_tokens(), lg_booking_finish()),
+//! the answers they reserve (lg_booking_expect_output()), what each rank's
+//! fitted step time predicts for a new request, and what its verdicts
+//! decided while advisory.
 
 use std::ffi::c_char;
 
+use loadgate_core::monitor::SloMode;
 use loadgate_core::slo::Slo;
 
 use crate::booking::lg_booking;
-use crate::ffi::{guard, input, string, Error, Out};
+use crate::ffi::{boundary, guard, input, string, Error, Out};
 use crate::status::lg_status;
 
 use super::lg_monitor;
@@ -20,6 +23,9 @@ pub struct lg_slo {
     pub ttft_seconds: f64,
     /// Time per output token after the first: the same bounds.
     pub tpot_seconds: f64,
+    /// Whether the SLO's verdicts are only counted and shown (true) or
+    /// mark ranks busy beside the thresholds (false).
+    pub advisory: bool,
 }
 
 /// What a rank's fitted step time predicts for a new request there now.
@@ -41,11 +47,12 @@ pub struct lg_prediction {
     pub ttft_error: f64,
 }
 
-/// Sets (`slo` non-NULL) or clears (NULL) the SLO of `model`. Advisory for
-/// now: its bookings' streams are observed (lg_booking_first_token(),
-/// lg_booking_tokens()), each rank's engine step time is fitted, and
-/// lg_monitor_predict() and the metrics show what SLO admission would see;
-/// the thresholds still decide.
+/// Sets (`slo` non-NULL) or clears (NULL) the SLO of `model`. Its
+/// bookings' streams are observed (lg_booking_first_token(),
+/// lg_booking_tokens(), lg_booking_finish()), each rank's engine step time
+/// is fitted, bookings reserve the answers they expect, and each rank gets
+/// the SLO's verdict, which marks it busy beside the thresholds, or with
+/// `advisory` is only counted (lg_monitor_slo_would()) and shown.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor, bad model string, a field
 /// not finite, not above 0 or above 3600 seconds, named in the message),
@@ -70,14 +77,65 @@ pub unsafe extern "C" fn lg_monitor_set_slo(
         // SAFETY: `model` is NULL or valid for `model_len` bytes (contract).
         let model = unsafe { string(model, model_len, "model") }?;
         // SAFETY: `slo` is NULL or a valid lg_slo (contract).
-        let slo = match unsafe { slo.as_ref() } {
-            Some(s) => Some(
-                Slo::from_secs(s.ttft_seconds, s.tpot_seconds)
-                    .map_err(|e| Error::invalid(format_args!("slo: {e}")))?,
+        let (slo, mode) = match unsafe { slo.as_ref() } {
+            Some(s) => (
+                Some(
+                    Slo::from_secs(s.ttft_seconds, s.tpot_seconds)
+                        .map_err(|e| Error::invalid(format_args!("slo: {e}")))?,
+                ),
+                if s.advisory {
+                    SloMode::Advisory
+                } else {
+                    SloMode::Enforce
+                },
             ),
-            None => None,
+            None => (None, SloMode::Enforce),
         };
-        m.monitor.set_slo(model, slo)?;
+        m.monitor.set_slo(model, slo, mode)?;
+        Ok(())
+    })
+}
+
+/// Requests of `model` picked while its SLO was advisory whose worker the
+/// SLO would have admitted (`*out_admit`) and those it would have refused
+/// (`*out_refuse`).
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL monitor or output, bad model string),
+/// LG_NOT_FOUND (unknown model).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: any thread. Blocking: never.
+///
+/// # Safety
+/// `monitor` is NULL or a live monitor; `model` is NULL or valid for
+/// `model_len` bytes; the outputs are NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_monitor_slo_would(
+    monitor: *const lg_monitor,
+    model: *const c_char,
+    model_len: usize,
+    out_admit: *mut u64,
+    out_refuse: *mut u64,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: `monitor` is NULL or live (contract).
+        let m = unsafe { input(monitor, "monitor") }?;
+        // SAFETY: `model` is NULL or valid for `model_len` bytes (contract).
+        let model = unsafe { string(model, model_len, "model") }?;
+        let (admit_out, refuse_out) = (
+            Out::new(out_admit, "out_admit")?,
+            Out::new(out_refuse, "out_refuse")?,
+        );
+        let (admit, refuse) = m.monitor.slo_would(model).ok_or_else(|| {
+            Error::new(
+                lg_status::LG_NOT_FOUND,
+                format_args!("unknown model {model:?}"),
+            )
+        })?;
+        // SAFETY: writable by the contract.
+        unsafe {
+            admit_out.write(admit);
+            refuse_out.write(refuse);
+        }
         Ok(())
     })
 }
@@ -144,10 +202,11 @@ pub unsafe extern "C" fn lg_booking_first_token(booking: *mut lg_booking) -> lg_
     })
 }
 
-/// `n` more tokens of the answer came, after the first: with an SLO set
-/// for its model, the time since the last token, over `n`, is observed as
-/// one engine step of its rank. Before lg_booking_first_token(), or for
-/// `n` of 0, it does nothing.
+/// `n` more tokens of the answer came, after the first: its reservation
+/// settles (lg_booking_expect_output()) and, with an SLO set for its model,
+/// the time since the last token, over `n`, is observed as one engine step
+/// of its rank. Before lg_booking_first_token(), or for `n` of 0, it does
+/// nothing.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL booking).
 /// Ownership: borrows its arguments for the call only; keeps none of them.
@@ -164,5 +223,79 @@ pub unsafe extern "C" fn lg_booking_tokens(booking: *mut lg_booking, n: u64) -> 
         let b = unsafe { lg_booking::get_mut(booking) }?;
         b.tokens(n);
         Ok(())
+    })
+}
+
+/// Reserves KV for the answer to come, up to `max_tokens` tokens (the
+/// request's limit; 0: as long as the model's answers go), settling as
+/// tokens stream (lg_booking_tokens()). With an SLO set for its model every
+/// booking already reserves, unbounded; this bounds it.
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL booking).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: one thread at a time per booking. Blocking: never
+/// (lock-free).
+///
+/// # Safety
+/// `booking` is NULL or a live booking not used by another thread during
+/// the call.
+#[no_mangle]
+pub unsafe extern "C" fn lg_booking_expect_output(
+    booking: *mut lg_booking,
+    max_tokens: u64,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live, used by this thread alone (contract).
+        let b = unsafe { lg_booking::get_mut(booking) }?;
+        b.expect_output((max_tokens != 0).then_some(max_tokens));
+        Ok(())
+    })
+}
+
+/// Blocks reserved now for the answer (part of lg_booking_blocks()).
+///
+/// Errors: LG_INVALID_ARGUMENT (NULL booking or out_blocks).
+/// Ownership: borrows its arguments for the call only; keeps none of them.
+/// Thread safety: one thread at a time per booking. Blocking: never.
+///
+/// # Safety
+/// `booking` is NULL or a live booking; `out_blocks` is NULL or valid for
+/// writes.
+#[no_mangle]
+pub unsafe extern "C" fn lg_booking_reserved_blocks(
+    booking: *mut lg_booking,
+    out_blocks: *mut u64,
+) -> lg_status {
+    guard(|| {
+        // SAFETY: NULL or live, used by this thread alone (contract).
+        let b = unsafe { lg_booking::get_mut(booking) }?;
+        let out = Out::new(out_blocks, "out_blocks")?;
+        // SAFETY: writable by the contract.
+        unsafe { out.write(b.reserved_blocks()) };
+        Ok(())
+    })
+}
+
+/// The answer ended with `output_tokens` tokens (UINT64_MAX: as many as
+/// lg_booking_first_token() and lg_booking_tokens() counted): with an SLO
+/// set for its model, its length is learned for the reservations of the
+/// answers to come. Frees the booking, as lg_booking_free(); NULL is a
+/// no-op.
+///
+/// Ownership: takes `booking`.
+/// Thread safety: any thread, but no other thread may be using the booking.
+/// Blocking: never (lock-free).
+///
+/// # Safety
+/// `booking` is NULL or was returned by lg_monitor_book() and not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn lg_booking_finish(booking: *mut lg_booking, output_tokens: u64) {
+    boundary((), || {
+        if !booking.is_null() {
+            // SAFETY: a live handle, given up by the caller (contract).
+            let b = *unsafe { Box::from_raw(booking) };
+            b.into_inner()
+                .finish((output_tokens != u64::MAX).then_some(output_tokens));
+        }
     })
 }

@@ -585,9 +585,11 @@ void test_monitor_waiting_requests(void) {
     lg_monitor_free(m);
 }
 
-/* The SLO, advisory: set, refused with the field named, cleared; a booking's
- * stream observed (first token, then token gaps) and fitted by the
- * maintenance thread; predictions for known and unknown ranks. */
+/* The SLO: set (advisory), refused with the field named, cleared; a
+ * booking's stream observed (first token, then token gaps) and fitted by the
+ * maintenance thread; predictions for known and unknown ranks; the answer's
+ * reservation, bounded and settled; answers learned by lg_booking_finish();
+ * what the advisory verdicts would have decided. */
 void test_monitor_slo(void) {
     lg_monitor *m = NULL;
     OK(lg_monitor_new(NULL, &m));
@@ -598,20 +600,24 @@ void test_monitor_slo(void) {
     spec.kv_total_blocks = 1000;
     OK(lg_monitor_add_worker(m, S("llama"), 3, &spec));
 
-    lg_slo bad = {0.0, 0.1};
+    lg_slo bad = {0.0, 0.1, false};
     INVALID(lg_monitor_set_slo(m, S("llama"), &bad));
     CHECK(last_error_contains("ttft"));
     bad.ttft_seconds = 2.0;
     bad.tpot_seconds = 1e9;
     INVALID(lg_monitor_set_slo(m, S("llama"), &bad));
     CHECK(last_error_contains("tpot"));
-    lg_slo slo = {2.0, 0.1};
+    lg_slo slo = {2.0, 0.1, true};
     EXPECT(lg_monitor_set_slo(m, S("nope"), &slo), LG_NOT_FOUND);
     INVALID(lg_monitor_set_slo(NULL, S("llama"), &slo));
     OK(lg_monitor_set_slo(m, S("llama"), &slo));
 
     INVALID(lg_booking_first_token(NULL));
     INVALID(lg_booking_tokens(NULL, 1));
+    INVALID(lg_booking_expect_output(NULL, 10));
+    uint64_t reserved = 99;
+    INVALID(lg_booking_reserved_blocks(NULL, &reserved));
+    lg_booking_finish(NULL, 5); /* a no-op */
     lg_prediction p;
     EXPECT(lg_monitor_predict(m, 4, 0, 10, &p), LG_NOT_FOUND);
     INVALID(lg_monitor_predict(m, 3, 0, 10, NULL));
@@ -636,7 +642,26 @@ void test_monitor_slo(void) {
     }
     CHECK(fitted);
     CHECK(p.ttft_seconds >= 0.0 && p.tpot_seconds >= 0.0);
-    lg_booking_free(b);
+    /* 41 tokens so far; up to 100: 7 blocks of 16 reserved, on top of 10. */
+    OK(lg_booking_expect_output(b, 100));
+    INVALID(lg_booking_reserved_blocks(b, NULL));
+    OK(lg_booking_reserved_blocks(b, &reserved));
+    CHECK(reserved == 7);
+    uint64_t blocks = 0;
+    OK(lg_booking_blocks(b, &blocks));
+    CHECK(blocks == 17);
+    OK(lg_booking_tokens(b, 100)); /* past its limit: the actual */
+    OK(lg_booking_reserved_blocks(b, &reserved));
+    CHECK(reserved == 9);
+    lg_booking_finish(b, UINT64_MAX); /* learned as 141 tokens, and freed */
+
+    /* Advisory: the verdict (free) is counted, never acted on. */
+    uint64_t admit = 9, refuse = 9, w = 0;
+    EXPECT(lg_monitor_slo_would(m, S("nope"), &admit, &refuse), LG_NOT_FOUND);
+    INVALID(lg_monitor_slo_would(m, S("llama"), NULL, &refuse));
+    OK(lg_monitor_select(m, S("llama"), LG_POLICY_RANDOM, &w));
+    OK(lg_monitor_slo_would(m, S("llama"), &admit, &refuse));
+    CHECK(admit == 1 && refuse == 0);
 
     OK(lg_monitor_set_slo(m, S("llama"), NULL)); /* cleared */
     lg_monitor_free(m);

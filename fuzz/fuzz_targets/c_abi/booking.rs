@@ -32,6 +32,18 @@ pub enum Call {
         b: Handle,
         n: Small,
     },
+    BookingExpect {
+        b: Handle,
+        max_tokens: Small,
+    },
+    BookingReserved {
+        b: Handle,
+        out_null: bool,
+    },
+    BookingFinish {
+        b: Handle,
+        output_tokens: Small,
+    },
     BookingFree(Handle),
 }
 
@@ -101,6 +113,30 @@ impl Call {
                 refuses_null("lg_booking_tokens", st, b.is_null());
                 assert!(b.is_null() || st == lg_status::LG_OK);
             }
+            Call::BookingExpect { b, max_tokens } => {
+                let b = pick(&state.bookings, *b);
+                // SAFETY: `b` is NULL or a live booking from `State::bookings`.
+                let st = checked("lg_booking_expect_output", unsafe {
+                    lg_booking_expect_output(b, max_tokens.0)
+                });
+                refuses_null("lg_booking_expect_output", st, b.is_null());
+                assert!(b.is_null() || st == lg_status::LG_OK);
+            }
+            Call::BookingReserved { b, out_null } => {
+                let b = pick(&state.bookings, *b);
+                let mut out = SENTINEL;
+                // SAFETY: `b` is NULL or a live booking from `State::bookings`; each out-pointer is
+                // NULL or points at a local.
+                let st = checked("lg_booking_reserved_blocks", unsafe {
+                    lg_booking_reserved_blocks(b, if *out_null { null_mut() } else { &mut out })
+                });
+                refuses_null("lg_booking_reserved_blocks", st, b.is_null() || *out_null);
+            }
+            // SAFETY: `take` removes the handle from `State::bookings` (or gives NULL), so it is
+            // finished once and never used again.
+            Call::BookingFinish { b, output_tokens } => unsafe {
+                lg_booking_finish(take(&mut state.bookings, *b), output_tokens.0)
+            },
             // SAFETY: `take` removes the handle from `State::bookings` (or gives NULL), so it is
             // freed once and never used again.
             Call::BookingFree(b) => unsafe { lg_booking_free(take(&mut state.bookings, *b)) },

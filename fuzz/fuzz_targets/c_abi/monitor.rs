@@ -50,7 +50,7 @@ pub enum Call {
     SetSlo {
         m: Handle,
         model: Str,
-        slo: Option<(f64, f64)>,
+        slo: Option<(f64, f64, bool)>,
     },
     Predict {
         m: Handle,
@@ -266,9 +266,10 @@ impl Call {
                 let m = pick(&state.monitors, *m);
                 let mut keep = Vec::new();
                 let (p, len) = model.raw(&mut keep);
-                let raw = slo.map(|(ttft_seconds, tpot_seconds)| lg_slo {
+                let raw = slo.map(|(ttft_seconds, tpot_seconds, advisory)| lg_slo {
                     ttft_seconds,
                     tpot_seconds,
+                    advisory,
                 });
                 // SAFETY: `m` is NULL or a live monitor from `State::monitors`; `(p, len)` comes
                 // from `Str::raw`: NULL or valid for `len` bytes; the SLO is NULL or a local.
@@ -281,7 +282,7 @@ impl Call {
                     )
                 });
                 let fits = |v: f64| v.is_finite() && v > 0.0 && v <= 3600.0;
-                let bad = slo.is_some_and(|(a, b)| !fits(a) || !fits(b));
+                let bad = slo.is_some_and(|(a, b, _)| !fits(a) || !fits(b));
                 refuses_null(
                     "lg_monitor_set_slo",
                     st,

@@ -1,0 +1,311 @@
+//! SLO admission deciding (`Monitor::set_slo`, docs/behaviour.md): the
+//! KV an answer will still need, reserved and settled as it streams; each
+//! rank's verdict from its fitted step time, with its hysteresis; and the
+//! advisory mode that only counts. On a manual clock.
+
+use std::time::Duration;
+
+use loadgate::slo::{Slo, HYSTERESIS, MIN_OUTPUTS};
+use loadgate::{Booking, Maintenance, ManualClock, Monitor, MonitorConfig, SloMode, WorkerSpec};
+use proptest::prelude::*;
+
+const BATCH: u64 = 2048;
+
+fn monitor(kv_total_blocks: u64) -> (Monitor, std::sync::Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    let config = MonitorConfig {
+        maintenance: Maintenance::Manual,
+        ..Default::default()
+    };
+    let m = Monitor::with_config(config, clock.clone()).unwrap();
+    let spec = WorkerSpec {
+        kv_total_blocks: Some(kv_total_blocks),
+        max_num_batched_tokens: Some(BATCH),
+        ..Default::default()
+    };
+    m.add_worker("m", 1, spec).unwrap();
+    (m, clock)
+}
+
+fn slo(ttft: f64, tpot: f64) -> Option<Slo> {
+    Some(Slo::from_secs(ttft, tpot).unwrap())
+}
+
+/// Answers of `tokens` tokens, ended and learned.
+fn learn_answers(m: &Monitor, n: u64, tokens: u64) {
+    for _ in 0..n {
+        let mut b = m.book_with_prefill(1, 0, 4, 64).unwrap();
+        b.first_token();
+        b.tokens(tokens - 1);
+        b.finish(None);
+    }
+    m.maintain();
+}
+
+fn decode_blocks(m: &Monitor) -> u64 {
+    m.rank_load(1, 0).unwrap().active_decode_blocks
+}
+
+#[test]
+fn without_an_slo_a_booking_reserves_only_what_it_is_told() {
+    let (m, _) = monitor(10_000);
+    let mut b = m.book(1, 0, 4).unwrap();
+    assert_eq!((b.blocks(), b.reserved_blocks()), (4, 0));
+    // `max_tokens` 100: 7 blocks of 16 tokens ahead.
+    b.expect_output(Some(100));
+    assert_eq!((b.blocks(), b.reserved_blocks()), (11, 7));
+    assert_eq!(decode_blocks(&m), 11);
+    b.first_token();
+    b.tokens(99);
+    assert_eq!(b.reserved_blocks(), 7);
+    // Past its limit (a host that streams more than it asked): the actual.
+    b.tokens(60);
+    assert_eq!((b.output_tokens(), b.reserved_blocks()), (160, 10));
+    assert_eq!(decode_blocks(&m), 14);
+    drop(b);
+    assert_eq!(decode_blocks(&m), 0);
+}
+
+#[test]
+fn with_an_slo_bookings_reserve_the_learned_answer_and_settle() {
+    let (m, _) = monitor(10_000);
+    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
+    // Nothing learned yet: nothing reserved, but the answer's actual.
+    let mut early = m.book(1, 0, 4).unwrap();
+    assert_eq!(early.reserved_blocks(), 0);
+    early.first_token();
+    early.tokens(31);
+    assert_eq!(early.reserved_blocks(), 2);
+    drop(early);
+    // Half the answers 160 tokens, half 1,600: 880 expected at the start.
+    for i in 0..MIN_OUTPUTS * 4 {
+        learn_answers(&m, 1, if i % 2 == 0 { 160 } else { 1600 });
+    }
+    let mut b = m.book(1, 0, 4).unwrap();
+    let start = b.reserved_blocks();
+    assert!(
+        (50..=60).contains(&start),
+        "reserved {start} blocks at the start"
+    );
+    assert_eq!(decode_blocks(&m), 4 + start);
+    // Past the short answers' length, only the long ones remain: 1,600.
+    b.first_token();
+    b.tokens(399);
+    assert_eq!(b.reserved_blocks(), 100);
+    // A request's `max_tokens` bounds the reservation.
+    b.expect_output(Some(800));
+    assert_eq!(b.reserved_blocks(), 50);
+    // Past its expectation, the answer's actual.
+    b.tokens(2000);
+    assert_eq!(b.reserved_blocks(), 2400u64.div_ceil(16));
+    assert_eq!(decode_blocks(&m), 4 + 150);
+    b.finish(Some(2400));
+    assert_eq!(decode_blocks(&m), 0);
+}
+
+proptest! {
+    /// Whatever the hooks' order, a rank's booked blocks are the sum of its
+    /// bookings', each booking's are its own plus its reservation, and
+    /// everything returns when they end.
+    #[test]
+    fn reservations_add_up_and_return(
+        ops in proptest::collection::vec((0usize..6, 0u8..6, 0u64..500), 1..120),
+        learned in 0u64..2,
+    ) {
+        let (m, _) = monitor(1_000_000);
+        m.set_slo("m", slo(2.0, 0.1), SloMode::Advisory).unwrap();
+        if learned == 1 {
+            learn_answers(&m, MIN_OUTPUTS, 300);
+        }
+        let mut live: Vec<Option<(Booking, u64)>> = (0..6).map(|_| None).collect();
+        for (slot, op, n) in ops {
+            let cell = &mut live[slot];
+            match (op, cell.take()) {
+                (_, None) => {
+                    let blocks = n % 40;
+                    *cell = Some((m.book_with_prefill(1, 0, blocks, n).unwrap(), blocks));
+                }
+                (0, Some((mut b, own))) => {
+                    b.expect_output((n > 0).then_some(n));
+                    *cell = Some((b, own));
+                }
+                (1, Some((mut b, own))) => {
+                    b.first_token();
+                    *cell = Some((b, own));
+                }
+                (2 | 3, Some((mut b, own))) => {
+                    b.tokens(n);
+                    *cell = Some((b, own));
+                }
+                (4, Some((b, _))) => b.finish((n % 2 == 0).then_some(n)),
+                (_, Some((b, _))) => drop(b),
+            }
+            let mut sum = 0;
+            for (b, own) in live.iter().flatten() {
+                prop_assert_eq!(b.blocks(), own + b.reserved_blocks());
+                prop_assert!(b.reserved_blocks() >= b.output_tokens().div_ceil(16));
+                sum += b.blocks();
+            }
+            prop_assert_eq!(decode_blocks(&m), sum);
+        }
+        drop(live);
+        prop_assert_eq!(decode_blocks(&m), 0);
+    }
+}
+
+/// The engine: 5 ms a step, 20 µs a prefill token, 100 µs a request, 0.1 µs
+/// a context token.
+fn step(prefill: f64, running: f64, kv: f64) -> f64 {
+    0.005 + 2e-5 * prefill + 1e-4 * running + 1e-7 * kv
+}
+
+/// Streams `steps` engine steps of a varied load on rank 0, so that its
+/// fit learns the engine; returns with nothing booked.
+fn teach(m: &Monitor, clock: &ManualClock, steps: usize) {
+    let mut live: Vec<(Booking, bool)> = Vec::new();
+    let mut seed = 17u64;
+    for i in 0..steps {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        if live.len() < 40 && (live.len() < 2 || seed % 3 == 0) {
+            let prompt = 16 + seed % 1500;
+            let b = m.book_with_prefill(1, 0, prompt / 16, prompt).unwrap();
+            live.push((b, false));
+        } else if live.len() > 1 && seed % 5 == 0 {
+            live.swap_remove((seed as usize / 7) % live.len());
+        }
+        let load = m.rank_load(1, 0).unwrap();
+        let gap = step(
+            load.active_prefill_tokens.unwrap_or(0).min(BATCH) as f64,
+            live.len() as f64,
+            (load.active_decode_blocks * 16) as f64,
+        );
+        clock.advance(Duration::from_secs_f64(gap));
+        for (b, started) in &mut live {
+            if *started {
+                b.tokens(1);
+            } else {
+                b.first_token();
+                *started = true;
+            }
+        }
+        if i % 16 == 0 {
+            m.maintain();
+        }
+    }
+    m.maintain();
+}
+
+#[test]
+fn the_verdict_refuses_a_rank_whose_queue_would_miss_the_ttft_and_frees_it_below_the_band() {
+    let (m, clock) = monitor(100_000);
+    // Advisory while it learns, so the teaching load is never refused.
+    m.set_slo("m", slo(0.5, 0.1), SloMode::Advisory).unwrap();
+    teach(&m, &clock, 3_000);
+    assert!(m.predict(1, 0, 1).unwrap().trusted);
+    m.set_slo("m", slo(0.5, 0.1), SloMode::Enforce).unwrap();
+    assert!(!m.is_busy(1).unwrap());
+    // 0.5 s of TTFT at 2,048 tokens a step of about 46 ms: about 22,000
+    // tokens ahead. Book prefill until the verdict turns.
+    let mut ahead: Vec<Booking> = Vec::new();
+    while !m.is_busy(1).unwrap() {
+        ahead.push(m.book_with_prefill(1, 0, 0, 1000).unwrap());
+        assert!(ahead.len() < 100, "never busy");
+    }
+    let at = ahead.len() as f64 * 1000.0;
+    let want = 0.5 / step(BATCH as f64, 0.0, 0.0) * BATCH as f64;
+    assert!(
+        (at - want).abs() < 0.1 * want,
+        "busy at {at} tokens, want about {want}"
+    );
+    let p = m.predict(1, 0, 0).unwrap();
+    assert!(p.ttft > 0.5 && p.ttft < 0.55, "ttft {}", p.ttft);
+    // Releasing one booking is not enough: the verdict frees the rank only
+    // once its prediction is under (1 - HYSTERESIS) of the SLO.
+    ahead.pop();
+    assert!(m.is_busy(1).unwrap());
+    while m.is_busy(1).unwrap() {
+        ahead.pop().expect("never free");
+    }
+    let p = m.predict(1, 0, 0).unwrap();
+    assert!(p.ttft <= 0.5 * (1.0 - HYSTERESIS), "freed at {}", p.ttft);
+    assert!(
+        p.ttft > 0.5 * (1.0 - HYSTERESIS) - 0.05,
+        "freed late at {}",
+        p.ttft
+    );
+    // One prefill of the band's width goes back and forth without a flip.
+    let flips = |m: &Monitor| {
+        m.metrics_text()
+            .lines()
+            .find(|l| l.starts_with("dynamo_frontend_slo_verdict_changes_total{dp_rank=\"0\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap()
+    };
+    let before = flips(&m);
+    for _ in 0..50 {
+        drop(m.book_with_prefill(1, 0, 0, 1000).unwrap());
+    }
+    assert_eq!(flips(&m), before);
+    assert!(!m.is_busy(1).unwrap());
+}
+
+#[test]
+fn the_tpot_verdict_holds_the_decode_load() {
+    let (m, clock) = monitor(1_000_000);
+    m.set_slo("m", slo(10.0, 0.02), SloMode::Advisory).unwrap();
+    teach(&m, &clock, 3_000);
+    m.set_slo("m", slo(10.0, 0.02), SloMode::Enforce).unwrap();
+    // 20 ms a token: 5 ms + 100 µs a request + 0.1 µs a context token.
+    let mut held: Vec<Booking> = Vec::new();
+    while !m.is_busy(1).unwrap() {
+        held.push(m.book(1, 0, 64).unwrap());
+        assert!(held.len() < 500, "never busy");
+    }
+    let n = held.len() as f64;
+    let tpot = step(0.0, n + 1.0, n * 1024.0);
+    assert!(
+        (tpot - 0.02).abs() < 0.003,
+        "busy at {n} requests: tpot {tpot}"
+    );
+}
+
+#[test]
+fn before_its_fit_is_trusted_the_verdict_holds_the_kv_with_reservations() {
+    let (m, _) = monitor(1_000);
+    m.set_slo("m", slo(1.0, 0.1), SloMode::Enforce).unwrap();
+    learn_answers(&m, MIN_OUTPUTS, 800);
+    // Each request: 5 blocks of prompt and 50 reserved for its answer.
+    let mut held: Vec<Booking> = Vec::new();
+    while !m.is_busy(1).unwrap() {
+        held.push(m.book(1, 0, 5).unwrap());
+        assert!(held.len() < 100, "never busy");
+    }
+    assert!(!m.predict(1, 0, 1).unwrap().trusted);
+    // 95 % of 1,000 blocks is 17.3 requests of 55.
+    assert_eq!(held.len(), 18);
+}
+
+#[test]
+fn advisory_counts_what_it_would_decide_and_the_thresholds_still_do() {
+    let (m, _) = monitor(1_000);
+    m.set_slo("m", slo(1.0, 0.1), SloMode::Advisory).unwrap();
+    learn_answers(&m, MIN_OUTPUTS, 800);
+    let held: Vec<Booking> = (0..18).map(|_| m.book(1, 0, 5).unwrap()).collect();
+    // The SLO would refuse; nothing refuses.
+    assert!(!m.is_busy(1).unwrap());
+    for _ in 0..3 {
+        m.select("m", loadgate::Policy::Random).unwrap();
+    }
+    assert_eq!(m.slo_would("m"), Some((0, 3)));
+    drop(held);
+    m.select("m", loadgate::Policy::Random).unwrap();
+    assert_eq!(m.slo_would("m"), Some((1, 3)));
+    let text = m.metrics_text();
+    assert!(
+        text.contains("dynamo_frontend_slo_would_refuse_total{model=\"m\"} 3"),
+        "{text}"
+    );
+    assert!(text.contains("dynamo_frontend_slo_would_admit_total{model=\"m\"} 1"));
+}
