@@ -41,11 +41,14 @@ pub enum ArmKind {
     /// (h) Arm (g) with each tenant's requests ordered and shed by virtual
     /// token counters.
     FairQueue,
+    /// (i) loadgate given only the run's SLO (`Monitor::set_slo`): no
+    /// threshold, gate or queue; untuned.
+    Slo,
 }
 
 impl ArmKind {
     /// Every arm, in report order.
-    pub const ALL: [ArmKind; 8] = [
+    pub const ALL: [ArmKind; 9] = [
         ArmKind::NoControl,
         ArmKind::EngineLimit,
         ArmKind::Dynamo,
@@ -54,6 +57,7 @@ impl ArmKind {
         ArmKind::TokenBucket,
         ArmKind::Queue,
         ArmKind::FairQueue,
+        ArmKind::Slo,
     ];
 
     /// The arms whose knobs are searched (the others have none).
@@ -77,6 +81,7 @@ impl ArmKind {
             ArmKind::TokenBucket => "(f) token bucket at C*",
             ArmKind::Queue => "(g) loadgate with the queue",
             ArmKind::FairQueue => "(h) queue and fairness",
+            ArmKind::Slo => "(i) loadgate, only the SLO",
         }
     }
 
@@ -138,6 +143,14 @@ impl ArmKind {
                  as they stream) goes first, and a full queue turns away the heaviest tenant's newest \
                  request. Its own search, over the same space as (g)."
             }
+            ArmKind::Slo => {
+                "loadgate given the run's SLO and nothing else (`Monitor::set_slo`, enforced): each \
+                 rank's step time fitted from the streams the frontend sees, each request's answer \
+                 reserved in the KV from the answers' learned lengths, and a rank busy while its \
+                 predicted time to first token or per output token misses the SLO or its bookings \
+                 fill its KV; router bookings, default routing, no threshold, gate or queue. No knobs: \
+                 never tuned."
+            }
         }
     }
 
@@ -151,6 +164,7 @@ impl ArmKind {
                 | ArmKind::Loadgate
                 | ArmKind::Queue
                 | ArmKind::FairQueue
+                | ArmKind::Slo
         )
     }
 }
@@ -262,6 +276,8 @@ pub struct Arm {
     pub reroute: u32,
     /// The frontend queue, if any.
     pub flow: Option<FlowKnobs>,
+    /// The monitor is given the run's SLO (`Monitor::set_slo`).
+    pub slo: bool,
 }
 
 impl Arm {
@@ -283,9 +299,15 @@ impl Arm {
             bucket_rate: None,
             reroute: 0,
             flow: None,
+            slo: false,
         };
         match kind {
             ArmKind::NoControl | ArmKind::EngineLimit | ArmKind::TokenBucket => arm,
+            ArmKind::Slo => Self {
+                book: true,
+                slo: true,
+                ..arm
+            },
             // 1.6.1 as shipped: thresholds unset, no worker limit; the
             // router books what it routes.
             ArmKind::Dynamo => Self { book: true, ..arm },
@@ -338,7 +360,7 @@ impl Arm {
         let base = Arm::base(kind);
         let mut out = Vec::new();
         match kind {
-            ArmKind::NoControl | ArmKind::TokenBucket => {}
+            ArmKind::NoControl | ArmKind::TokenBucket | ArmKind::Slo => {}
             ArmKind::EngineLimit => {
                 for n in [4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256] {
                     out.push(Arm {
@@ -538,6 +560,9 @@ impl Arm {
         }
         if let Some((p, s)) = self.staleness {
             parts.push(format!("stale after {s} s counts {p}"));
+        }
+        if self.slo {
+            parts.push("the SLO alone".into());
         }
         if self.book {
             parts.push("router bookings".into());

@@ -37,7 +37,8 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    pub(crate) fn workload(&self, capacity: f64, seed: u64) -> WorkloadSpec {
+    /// The workload of this scenario at `C*` = `capacity`, seeded.
+    pub fn workload(&self, capacity: f64, seed: u64) -> WorkloadSpec {
         let mut w = WorkloadSpec::steady(1.0, self.duration_s, seed);
         w.profile = self
             .profile
@@ -53,7 +54,8 @@ impl Scenario {
         w
     }
 
-    pub(crate) fn conditions(&self, base: &Conditions) -> Conditions {
+    /// The fleet and signal conditions of this scenario from `base`.
+    pub fn conditions(&self, base: &Conditions) -> Conditions {
         let mut c = *base;
         if let Some(lag) = self.signal_lag_s {
             c.report_interval_s = lag;

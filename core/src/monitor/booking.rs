@@ -18,6 +18,7 @@ use super::outbox::OwnChange;
 use super::rank::{add_saturating, sub_saturating, Worker};
 use crate::error::ReportError;
 use crate::load::UNREPORTED;
+use crate::slo::StepLoad;
 use crate::sync::{AtomicU64, Ordering};
 
 /// A request's KV blocks (and prompt tokens) booked on a worker rank by the
@@ -39,7 +40,14 @@ pub struct Booking {
     /// last token (0: none yet), and the time to first token predicted
     /// then (negative: none trusted) (`slo.rs`).
     booked_at: u64,
-    last_token_at: u64,
+    /// With an SLO: when the current window of streamed tokens began (0:
+    /// no first token yet), the tokens in it, and the rank's load summed
+    /// over them (`tokens`).
+    window_at: u64,
+    window_tokens: u64,
+    window_load: StepLoad,
+    /// With an SLO: the time to first token predicted at booking
+    /// (negative: none trusted).
     predicted_ttft: f64,
     /// Its prompt tokens as booked (`prefill` empties when it is done).
     prompt: u64,
@@ -52,6 +60,9 @@ pub struct Booking {
     output_cap: u64,
     reserved: u64,
 }
+
+/// Streamed tokens per observed step (`Booking::tokens`).
+pub const STEP_WINDOW: u64 = 8;
 
 /// Adds `n` booked prefill tokens; an unreported field starts from zero.
 fn add_prefill(a: &AtomicU64, n: u64) {
@@ -169,7 +180,9 @@ impl Booking {
             prefill,
             announced,
             booked_at,
-            last_token_at: 0,
+            window_at: 0,
+            window_tokens: 0,
+            window_load: StepLoad::default(),
             predicted_ttft,
             prompt,
             generated: 0,
@@ -212,26 +225,47 @@ impl Booking {
             let observed = now.saturating_sub(self.booked_at) as f64 * 1e-9;
             self.worker
                 .observe_first_token(self.rank, observed, self.predicted_ttft);
-            self.last_token_at = now;
+            self.window_at = now;
         }
         self.settle();
     }
 
     /// `n` more tokens of the answer came, after the first: the
     /// reservation settles (`reserve.rs`) and, with an SLO set for its
-    /// model, the time since the last token, over `n`, is observed as one
-    /// engine step of its rank under the rank's load now. Before
+    /// model, once [`STEP_WINDOW`] tokens came since the last observation,
+    /// the time they took, over their number, is observed as one engine
+    /// step of its rank under the rank's load averaged over them (a window
+    /// smooths out which steps happened to carry a prefill). Before
     /// [`first_token`](Self::first_token), or for `n` of 0, it does nothing.
     pub fn tokens(&mut self, n: u64) {
         if n == 0 || self.generated == 0 {
             return;
         }
         self.generated = self.generated.saturating_add(n);
-        if self.last_token_at != 0 {
-            let now = self.worker.model.slo.observations.now();
-            let gap = now.saturating_sub(self.last_token_at) as f64 * 1e-9 / n as f64;
-            self.worker.observe_step(self.rank, gap);
-            self.last_token_at = now.max(1);
+        if self.window_at != 0 {
+            let load = self.worker.step_load(self.rank);
+            let w = &mut self.window_load;
+            let k = n as f64;
+            w.prefill_tokens += load.prefill_tokens * k;
+            w.running += load.running * k;
+            w.kv_tokens += load.kv_tokens * k;
+            self.window_tokens = self.window_tokens.saturating_add(n);
+            if self.window_tokens >= STEP_WINDOW {
+                let now = self.worker.model.slo.observations.now();
+                // Tokens that all came at once (one chunk) are no step.
+                if now > self.window_at {
+                    let k = self.window_tokens as f64;
+                    let gap = (now - self.window_at) as f64 * 1e-9 / k;
+                    let w = std::mem::take(&mut self.window_load);
+                    let load = StepLoad {
+                        prefill_tokens: w.prefill_tokens / k,
+                        running: w.running / k,
+                        kv_tokens: w.kv_tokens / k,
+                    };
+                    self.worker.observe_step(self.rank, gap, load);
+                    (self.window_at, self.window_tokens) = (now, 0);
+                }
+            }
         }
         self.settle();
     }
@@ -296,9 +330,11 @@ impl Booking {
 
     /// Adds `n` generated output blocks to the booking (not announced to
     /// the reference routers: their events have no such change;
-    /// `crate::cluster::BookingAnnouncer`).
+    /// `crate::cluster::BookingAnnouncer`). A booking with a reservation
+    /// (`reserve.rs`) ignores it: its answer's blocks are the
+    /// reservation's, settled by [`tokens`](Self::tokens).
     pub fn add_output_blocks(&mut self, n: u64) {
-        if n == 0 || self.blocks == u64::MAX {
+        if n == 0 || self.blocks == u64::MAX || self.output_cap != 0 {
             return;
         }
         let n = n.min(u64::MAX - self.blocks);

@@ -161,8 +161,14 @@ pub(super) struct RankSlo {
     /// Running relative error of the time-to-first-token predictions
     /// (`f64` bits; 1 until the first).
     pub(super) ttft_error: AtomicU64,
+    /// Running relative error of the step fit (`f64` bits; 1 until the
+    /// first).
+    pub(super) step_error: AtomicU64,
     /// The maintenance's.
     pub(super) fit: OnceLock<Mutex<StepFit>>,
+    /// The engine's seats as learned (`slo.rs`, `seats`; 0: none seen
+    /// full yet); its publisher's.
+    pub(super) seats: AtomicU64,
     /// The SLO's verdict on the rank as last published (its publisher's).
     pub(super) busy: AtomicBool,
     /// How often that verdict changed.
@@ -176,15 +182,28 @@ impl RankSlo {
             trusted: AtomicBool::new(false),
             bookings: AtomicU64::new(0),
             ttft_error: AtomicU64::new(1f64.to_bits()),
+            step_error: AtomicU64::new(1f64.to_bits()),
             fit: OnceLock::new(),
+            seats: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             flips: AtomicU64::new(0),
         }
     }
 
     pub(super) fn coefficients(&self) -> [f64; 4] {
-        // Relaxed: values published whole each; a mix is benign (module
-        // docs).
+        // Relaxed: values published whole each; a mix of two fits is
+        // benign (`slo.rs`).
         std::array::from_fn(|i| f64::from_bits(self.coefficients[i].load(Ordering::Relaxed)))
+    }
+
+    /// Publishes `fit`'s coefficients, trust and error (the maintenance's).
+    pub(super) fn publish(&self, fit: &StepFit) {
+        for (c, v) in self.coefficients.iter().zip(fit.coefficients()) {
+            // Relaxed: each a value whole (`coefficients`).
+            c.store(v.to_bits(), Ordering::Relaxed);
+        }
+        self.trusted.store(fit.trusted(), Ordering::Relaxed);
+        let e = fit.relative_error().to_bits();
+        self.step_error.store(e, Ordering::Relaxed);
     }
 }

@@ -58,31 +58,57 @@ pub struct Prediction {
     pub ttft: f64,
     /// Time per output token once admitted, seconds.
     pub tpot: f64,
-    /// Whether the rank's fit is trusted (enough observations, within its
-    /// error); an untrusted one is shown, never acted on.
+    /// Whether both are trusted (each from a fit with enough
+    /// observations, within its error); an untrusted one is shown, never
+    /// acted on.
     pub trusted: bool,
 }
 
-/// The load features of `rank` under its load `l`.
+/// The two predictions of a rank, each `None` while no fit behind it is
+/// trusted.
+#[derive(Debug, Clone, Copy)]
+struct Parts {
+    ttft: (f64, bool),
+    tpot: (f64, bool),
+}
+
+/// The load features of a step of `rank` under its load `l`: the prefill
+/// booked, up to the batch budget a step takes.
 fn step_load(rank: &Rank, l: &RankLoad) -> StepLoad {
     let blocks = l.active_decode_blocks.max(l.kv_used_blocks);
+    let prefill = l.active_prefill_tokens.unwrap_or(0);
     StepLoad {
-        prefill_tokens: l.active_prefill_tokens.unwrap_or(0) as f64,
+        prefill_tokens: prefill.min(l.max_num_batched_tokens.max(1)) as f64,
         // Relaxed: a count read for a feature.
         running: rank.slo.bookings.load(Ordering::Relaxed) as f64,
         kv_tokens: blocks.saturating_mul(DEFAULT_BLOCK_TOKENS) as f64,
     }
 }
 
-/// The prediction for `prompt` tokens on `rank` under its load `l`
-/// (module docs).
-fn predict(rank: &Rank, l: &RankLoad, prompt: u64) -> Prediction {
+/// `c · [1, prefill, running, kv]`.
+fn linear(c: &[f64; 4], x: &StepLoad) -> f64 {
+    c[0] + c[1] * x.prefill_tokens + c[2] * x.running + c[3] * x.kv_tokens
+}
+
+/// The predictions for `prompt` tokens on `rank` under its load `l`
+/// (module docs), from the step fit.
+fn parts(rank: &Rank, l: &RankLoad, prompt: u64) -> Parts {
     let c = rank.slo.coefficients();
     let now = step_load(rank, l);
     let batch = l.max_num_batched_tokens.max(1) as f64;
-    let step =
-        |prefill: f64, running: f64, kv: f64| c[0] + c[1] * prefill + c[2] * running + c[3] * kv;
-    let total = now.prefill_tokens + prompt as f64;
+    let step = |prefill: f64, running: f64, kv: f64| {
+        linear(
+            &c,
+            &StepLoad {
+                prefill_tokens: prefill,
+                running,
+                kv_tokens: kv,
+            },
+        )
+    };
+    // Relaxed: a flag published beside the coefficients.
+    let trusted = rank.slo.trusted.load(Ordering::Relaxed);
+    let total = l.active_prefill_tokens.unwrap_or(0) as f64 + prompt as f64;
     let full = (total / batch).floor();
     let ttft = full * step(batch, now.running, now.kv_tokens)
         + step(total - full * batch, now.running, now.kv_tokens);
@@ -91,11 +117,19 @@ fn predict(rank: &Rank, l: &RankLoad, prompt: u64) -> Prediction {
         now.running + 1.0,
         now.kv_tokens + prompt as f64,
     );
+    Parts {
+        ttft: (ttft, trusted),
+        tpot: (tpot, trusted),
+    }
+}
+
+/// [`parts`] as one prediction.
+fn predict(rank: &Rank, l: &RankLoad, prompt: u64) -> Prediction {
+    let p = parts(rank, l, prompt);
     Prediction {
-        ttft,
-        tpot,
-        // Relaxed: a flag published beside the coefficients.
-        trusted: rank.slo.trusted.load(Ordering::Relaxed),
+        ttft: p.ttft.0,
+        tpot: p.tpot.0,
+        trusted: p.ttft.1 && p.tpot.1,
     }
 }
 
@@ -146,13 +180,19 @@ pub(super) fn verdict(rank: &Rank, l: &RankLoad, t: &Targets) -> bool {
     } else {
         0.0
     };
-    let p = predict(rank, l, t.prompt);
-    let time = if p.trusted {
-        (p.ttft / t.ttft).max(p.tpot / t.tpot)
+    let p = parts(rank, l, t.prompt);
+    // The predictions against their targets, less the headroom the step
+    // fit's running error asks for; until it is trusted, at most one
+    // step's budget of prompts booked ahead.
+    let time = if p.ttft.1 {
+        // Relaxed: a gauge the maintenance publishes.
+        let error = f64::from_bits(rank.slo.step_error.load(Ordering::Relaxed)).clamp(0.0, 1.0);
+        let headroom = 1.0 + MARGIN * error;
+        (p.ttft.0 / t.ttft).max(p.tpot.0 / t.tpot) * headroom
     } else {
-        0.0
+        l.active_prefill_tokens.unwrap_or(0) as f64 / l.max_num_batched_tokens.max(1) as f64
     };
-    let load = kv.max(time);
+    let load = kv.max(time).max(seats(rank, l));
     // Relaxed: the publisher's own state (only one publishes at a time).
     let was = rank.slo.busy.load(Ordering::Relaxed);
     let busy = if was {
@@ -167,6 +207,44 @@ pub(super) fn verdict(rank: &Rank, l: &RankLoad, t: &Targets) -> bool {
     busy
 }
 
+/// The rank's requests against its seats (module docs, "Deciding"). A
+/// request the engine reports waiting waits for a seat, for as long as
+/// the running ones take to finish, which no step time shows, so the
+/// rank takes no more while the engine reports any waiting. Reports come
+/// now and then, bookings at once: between two, the seats learned so far
+/// hold the rank to [`SEAT_PROBE`] over them. The seats only grow: to the
+/// bookings less those waiting, while some wait (a wait for the step's
+/// budget rather than a seat shows fewer, never more), and to the
+/// bookings, while none waits past the learned seats (the engine ran
+/// them all). An engine that loses seats is held by its reports'
+/// waiting. Called by the worker's publisher only.
+fn seats(rank: &Rank, l: &RankLoad) -> f64 {
+    // Relaxed: a count, and the publisher's own state.
+    let booked = rank.slo.bookings.load(Ordering::Relaxed);
+    let known = rank.slo.seats.load(Ordering::Relaxed);
+    let waiting = l.waiting_requests.unwrap_or(0);
+    let seen = if waiting > 0 {
+        Some(booked.saturating_sub(waiting).max(1))
+    } else {
+        (known != 0 && booked > known).then_some(booked)
+    };
+    if let Some(s) = seen.filter(|&s| s > known) {
+        rank.slo.seats.store(s, Ordering::Relaxed);
+    }
+    let seats = rank.slo.seats.load(Ordering::Relaxed);
+    if waiting > 0 {
+        1.0 + HYSTERESIS
+    } else if seats == 0 {
+        0.0
+    } else {
+        booked as f64 / (seats as f64 * SEAT_PROBE)
+    }
+}
+
+/// How far over its learned seats a rank is booked between two reports,
+/// to learn whether it has more.
+pub const SEAT_PROBE: f64 = 1.1;
+
 impl Worker {
     /// Whether the worker's model has an SLO, enforced or advisory.
     #[inline]
@@ -175,9 +253,14 @@ impl Worker {
     }
 
     /// A step of `seconds` seen on rank index `rank`, under its load now.
-    pub(super) fn observe_step(self: &Arc<Self>, rank: usize, seconds: f64) {
+    /// The load features of a step of rank index `rank` now.
+    pub(super) fn step_load(&self, rank: usize) -> StepLoad {
         let r = &self.ranks[rank];
-        let load = step_load(r, &r.load());
+        step_load(r, &r.load())
+    }
+
+    /// A step of `seconds` seen on rank index `rank` under `load`.
+    pub(super) fn observe_step(&self, rank: usize, seconds: f64, load: StepLoad) {
         self.model.slo.observations.push(Observation {
             worker_id: self.id,
             rank,
@@ -203,8 +286,6 @@ impl Worker {
         });
     }
 
-    /// The time to first token predicted for `prompt` tokens on rank index
-    /// `rank`, if its fit is trusted (else negative).
     /// An answer of `output` tokens to `prompt` ended on rank index `rank`.
     pub(super) fn observe_answer(&self, rank: usize, prompt: u64, output: u64) {
         self.model.slo.observations.push(Observation {
@@ -214,11 +295,13 @@ impl Worker {
         });
     }
 
+    /// The time to first token predicted for `prompt` tokens on rank
+    /// index `rank`, if trusted (else negative).
     pub(super) fn predicted_ttft(&self, rank: usize, prompt: u64) -> f64 {
         let r = &self.ranks[rank];
-        let p = predict(r, &r.load(), prompt);
-        if p.trusted {
-            p.ttft
+        let (ttft, trusted) = parts(r, &r.load(), prompt).ttft;
+        if trusted {
+            ttft
         } else {
             -1.0
         }
@@ -227,6 +310,9 @@ impl Worker {
 
 /// Smoothing of the time-to-first-token error.
 const TTFT_SMOOTH: f64 = 0.05;
+/// How many running relative errors of headroom a prediction keeps under
+/// its target (`verdict`).
+const MARGIN: f64 = 2.0;
 /// Smoothing of the typical prompt.
 const PROMPT_SMOOTH: f64 = 0.02;
 
@@ -272,12 +358,10 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
             Sample::Step { seconds, load } => {
                 let fit = slo.fit.get_or_init(|| Mutex::new(StepFit::new()));
                 let mut fit = lock(fit);
-                if fit.observe(&load, seconds).is_ok() {
-                    for (c, v) in slo.coefficients.iter().zip(fit.coefficients()) {
-                        // Relaxed: each a value whole (module docs).
-                        c.store(v.to_bits(), Ordering::Relaxed);
-                    }
-                    slo.trusted.store(fit.trusted(), Ordering::Relaxed);
+                // Each request on the rank saw this same step.
+                let share = 1.0 / load.running.max(1.0);
+                if fit.observe_share(&load, seconds, share).is_ok() {
+                    slo.publish(&fit);
                     if !moved.iter().any(|w| Arc::ptr_eq(w, worker)) {
                         moved.push(worker);
                     }
@@ -406,7 +490,8 @@ impl Monitor {
     ) -> Result<(f64, f64), crate::ReportError> {
         let reg = self.registry.load();
         let (_, rank) = Self::rank_of(&reg, worker_id, dp_rank)?;
-        let step = rank.slo.fit.get().map_or(1.0, |f| lock(f).relative_error());
+        // Relaxed: gauges.
+        let step = f64::from_bits(rank.slo.step_error.load(Ordering::Relaxed));
         // Relaxed: a gauge.
         let ttft = f64::from_bits(rank.slo.ttft_error.load(Ordering::Relaxed));
         Ok((step, ttft))
@@ -472,7 +557,7 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
                     0 => p.ttft,
                     1 => p.tpot,
                     2 => f64::from(u8::from(p.trusted)),
-                    3 => rank.slo.fit.get().map_or(1.0, |f| lock(f).relative_error()),
+                    3 => f64::from_bits(rank.slo.step_error.load(Ordering::Relaxed)),
                     4 => f64::from_bits(rank.slo.ttft_error.load(Ordering::Relaxed)),
                     5 => f64::from(u8::from(rank.slo.busy.load(Ordering::Relaxed))),
                     _ => rank.slo.flips.load(Ordering::Relaxed) as f64,

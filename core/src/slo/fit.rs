@@ -63,8 +63,11 @@ const SHIFT_RATE: f64 = 0.25;
 /// ...taking this many observations whole (Huber-weighted) before it sets
 /// outliers aside again.
 const FOLLOW: u32 = 20;
-/// The covariance's initial diagonal: a weak prior.
-const PRIOR: f64 = 1e3;
+/// What a change of the rank leaves of the old rank's weight.
+const SHIFT_KEEP: f64 = 0.01;
+/// Ridge on the normal equations, relative to their trace: keeps the solve
+/// defined while a feature has not varied (no excitation).
+const RIDGE: f64 = 1e-6;
 /// Feature scales, so that the four coefficients are of like size: a
 /// prefill chunk of 1,024 tokens, 64 sequences, 65,536 context tokens.
 const SCALE: [f64; 4] = [1.0, 1024.0, 64.0, 65_536.0];
@@ -104,8 +107,11 @@ pub enum Refused {
 /// One rank's online step-time model (module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepFit {
+    /// The fitted coefficients, on the scaled features.
     theta: [f64; 4],
-    p: [[f64; 4]; 4],
+    /// The weighted, forgetting sums `Σ w·x·xᵀ` and `Σ w·x·y`.
+    xtx: [[f64; 4]; 4],
+    xty: [f64; 4],
     scale: f64,
     error: f64,
     samples: u64,
@@ -123,17 +129,13 @@ impl Default for StepFit {
     }
 }
 
-/// The initial covariance: the prior on each coefficient, no correlation.
-fn prior() -> [[f64; 4]; 4] {
-    std::array::from_fn(|i| std::array::from_fn(|j| if i == j { PRIOR } else { 0.0 }))
-}
-
 impl StepFit {
     /// A fit with no observations.
     pub fn new() -> Self {
         Self {
             theta: [0.0; 4],
-            p: prior(),
+            xtx: [[0.0; 4]; 4],
+            xty: [0.0; 4],
             scale: 0.0,
             error: 1.0,
             samples: 0,
@@ -147,6 +149,25 @@ impl StepFit {
     /// Adds one observed step of `seconds` carrying `load`. A refused
     /// observation changes nothing but the refusal count.
     pub fn observe(&mut self, load: &StepLoad, seconds: f64) -> Result<(), Refused> {
+        self.observe_share(load, seconds, 1.0)
+    }
+
+    /// Adds `share` (in (0, 1]) of an observed step: each of the `R`
+    /// requests streaming from one engine step sees that same step, so
+    /// each observes `1/R` of it, and a step weighs (and ages the older
+    /// ones) the same however many requests saw it. A share out of range
+    /// counts whole.
+    pub fn observe_share(
+        &mut self,
+        load: &StepLoad,
+        seconds: f64,
+        share: f64,
+    ) -> Result<(), Refused> {
+        let share = if share > 0.0 && share <= 1.0 {
+            share
+        } else {
+            1.0
+        };
         if !(seconds.is_finite() && seconds > 0.0 && seconds <= MAX_STEP) {
             self.refused += 1;
             return Err(Refused::StepTime);
@@ -161,61 +182,54 @@ impl StepFit {
         let scale = self.scale.max(0.01 * seconds);
         let settled = self.samples >= MIN_SAMPLES && self.following == 0;
         let far = residual.abs() > REJECT * scale;
-        self.outlier_rate += SMOOTH * (f64::from(u8::from(far)) - self.outlier_rate);
+        let smooth = SMOOTH * share;
+        self.outlier_rate += smooth * (f64::from(u8::from(far)) - self.outlier_rate);
         if settled && far {
             if self.outlier_rate < SHIFT_RATE {
                 // A stall or a bad report: set aside, counted.
                 self.outliers += 1;
                 return Ok(());
             }
-            // Too many of them: the rank changed. Start the covariance
-            // afresh from the current coefficients, and take the next
-            // observations whole while the fit and its scale follow.
-            self.p = prior();
+            // Too many of them: the rank changed. What was learned of the
+            // old rank keeps a hundredth of its weight, and the next
+            // observations count whole while the fit and its scale follow.
+            for (row, b) in self.xtx.iter_mut().zip(self.xty.iter_mut()) {
+                row.iter_mut().for_each(|v| *v *= SHIFT_KEEP);
+                *b *= SHIFT_KEEP;
+            }
             self.following = FOLLOW;
             self.outlier_rate = 0.0;
         }
+        let following = self.following > 0;
         self.following = self.following.saturating_sub(1);
-        // Huber's weight (the first observations count whole while the
-        // scale forms).
-        let weight = if self.samples >= 4 && residual.abs() > HUBER * scale {
+        // Huber's weight (whole while the scale forms, and while the fit
+        // follows a change: a scale of the old rank would hold it back).
+        let huber = if self.samples >= 4 && !following && residual.abs() > HUBER * scale {
             HUBER * scale / residual.abs()
         } else {
             1.0
         };
-        // Weighted RLS with forgetting.
-        let px: [f64; 4] = std::array::from_fn(|i| dot(&self.p[i], &x));
-        let denominator = FORGET + weight * dot(&x, &px);
-        let gain: [f64; 4] = std::array::from_fn(|i| weight * px[i] / denominator);
-        for (t, g) in self.theta.iter_mut().zip(gain) {
-            *t = (*t + g * residual).max(0.0);
-        }
-        for (row, g) in self.p.iter_mut().zip(gain) {
-            for (v, pxj) in row.iter_mut().zip(px) {
-                *v = (*v - g * pxj) / FORGET;
-            }
-        }
-        // Symmetric, and the diagonal never past the prior (no windup).
+        let weight = huber * share;
+        let forget = FORGET.powf(share);
         for i in 0..4 {
-            for j in 0..i {
-                let v = 0.5 * (self.p[i][j] + self.p[j][i]);
-                (self.p[i][j], self.p[j][i]) = (v, v);
+            for j in 0..4 {
+                self.xtx[i][j] = forget * self.xtx[i][j] + weight * x[i] * x[j];
             }
-            if self.p[i][i] > PRIOR {
-                let shrink = (PRIOR / self.p[i][i]).sqrt();
-                for k in 0..4 {
-                    self.p[i][k] *= shrink;
-                    self.p[k][i] *= shrink;
-                }
-            }
+            self.xty[i] = forget * self.xty[i] + weight * x[i] * seconds;
         }
+        self.theta = nnls(&self.xtx, &self.xty);
         // The relative error of the prediction made before this step.
         let relative = (residual.abs() / seconds).min(1.0);
         if self.samples == 0 {
             (self.scale, self.error) = (residual.abs(), relative);
         } else {
-            self.scale += SMOOTH * (residual.abs().min(HUBER * scale) - self.scale);
-            self.error += SMOOTH * (relative - self.error);
+            let cap = if following {
+                residual.abs()
+            } else {
+                HUBER * scale
+            };
+            self.scale += smooth * (residual.abs().min(cap) - self.scale);
+            self.error += smooth * (relative - self.error);
         }
         self.samples += 1;
         Ok(())
@@ -263,4 +277,82 @@ impl StepFit {
 
 fn dot(a: &[f64; 4], b: &[f64; 4]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The non-negative least-squares solution of the normal equations
+/// `a·θ = b` (with a small ridge): every subset of free coefficients is
+/// solved, and the best one that is non-negative wins. Four coefficients:
+/// fifteen solves of at most four unknowns, exactly the constrained
+/// optimum.
+fn nnls(a: &[[f64; 4]; 4], b: &[f64; 4]) -> [f64; 4] {
+    let trace: f64 = (0..4).map(|i| a[i][i]).sum();
+    let ridge = RIDGE * trace.max(f64::MIN_POSITIVE);
+    // Half the quadratic form minus the linear term: what least squares
+    // minimises, up to a constant.
+    let objective = |t: &[f64; 4]| -> f64 {
+        (0..4)
+            .map(|i| {
+                let at: f64 = (0..4).map(|j| a[i][j] * t[j]).sum();
+                t[i] * (0.5 * (at + ridge * t[i]) - b[i])
+            })
+            .sum()
+    };
+    let mut best = ([0.0; 4], 0.0);
+    for free in 1u8..16 {
+        let Some(t) = solve(a, b, free, ridge) else {
+            continue;
+        };
+        if t.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+            continue;
+        }
+        let o = objective(&t);
+        if o < best.1 {
+            best = (t, o);
+        }
+    }
+    best.0.map(|v| v.min(MAX_STEP))
+}
+
+/// Solves `(a + ridge·I)·t = b` over the coefficients whose bits are set
+/// in `free` (the others 0), by Gaussian elimination with partial
+/// pivoting; `None` if singular.
+fn solve(a: &[[f64; 4]; 4], b: &[f64; 4], free: u8, ridge: f64) -> Option<[f64; 4]> {
+    let mut idx = [0usize; 4];
+    let mut n = 0;
+    for i in 0..4 {
+        if free >> i & 1 == 1 {
+            idx[n] = i;
+            n += 1;
+        }
+    }
+    let mut m = [[0.0f64; 5]; 4];
+    for r in 0..n {
+        for c in 0..n {
+            let (i, j) = (idx[r], idx[c]);
+            m[r][c] = a[i][j] + if i == j { ridge } else { 0.0 };
+        }
+        m[r][4] = b[idx[r]];
+    }
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&x, &y| m[x][col].abs().total_cmp(&m[y][col].abs()))?;
+        let size = m[pivot][col].abs();
+        if size.is_nan() || size <= 1e-300 {
+            return None;
+        }
+        m.swap(col, pivot);
+        let row = m[col];
+        for (r, other) in m.iter_mut().enumerate().take(n) {
+            if r != col {
+                let f = other[col] / row[col];
+                for (v, p) in other.iter_mut().zip(row).skip(col) {
+                    *v -= f * p;
+                }
+            }
+        }
+    }
+    let mut out = [0.0; 4];
+    for r in 0..n {
+        out[idx[r]] = m[r][4] / m[r][r];
+    }
+    Some(out)
 }

@@ -229,6 +229,10 @@ impl Sim<'_> {
         let r = &mut self.reqs[id as usize];
         r.stage = Stage::Done;
         r.ticket = None;
+        // A completed request's dispatch learns its answer's length.
+        if let (End::Completed, Some(d)) = (end, r.dispatch.take()) {
+            d.complete(u64::from(r.spec.output));
+        }
         self.let_go(id);
         let r = &mut self.reqs[id as usize];
         let permit = r.permit.take();

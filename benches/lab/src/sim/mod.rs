@@ -400,6 +400,12 @@ impl<'a> Sim<'a> {
                 m.set_flow_control(MODEL, Some(&flow.config()))
                     .map_err(|e| e.to_string())?;
             }
+            if arm.slo {
+                let slo = loadgate::slo::Slo::from_secs(c.slo.ttft_s, c.slo.tpot_s)
+                    .map_err(|e| e.to_string())?;
+                m.set_slo(MODEL, Some(slo), loadgate::SloMode::Enforce)
+                    .map_err(|e| e.to_string())?;
+            }
         }
         let end = ns(workload.duration_s + c.drain_s);
         let rec = Recorder::new(
@@ -510,7 +516,9 @@ impl<'a> Sim<'a> {
             self.clock.set_nanos(q.at);
             self.events += 1;
             self.handle(q.ev);
-            if self.arm.flow.is_some() {
+            // The maintenance of a queue (its dispatches and deadlines) or
+            // of an SLO (its fit) follows each event.
+            if self.arm.flow.is_some() || self.arm.slo {
                 self.flow_after();
             }
         }

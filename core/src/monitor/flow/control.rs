@@ -94,6 +94,9 @@ pub(crate) struct Granted {
 }
 
 /// One notification to deliver off the lock.
+// A dispatch carries its booking inline: boxing it would allocate on
+// every request's path.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Note {
     Wake(Waker),
     Call(Callback, Result<Granted, FlowRejection>),

@@ -111,10 +111,33 @@ impl Dispatch {
         }
     }
 
-    /// `tokens` more output tokens: charged to its tenant at once.
+    /// `tokens` more output tokens, the first included: charged to its
+    /// tenant at once, and streamed through its booking (the first as
+    /// [`Booking::first_token`], the rest as [`Booking::tokens`]), which
+    /// settles its reservation and, with an SLO, observes the stream.
     pub fn report_output(&mut self, tokens: u64) {
+        if tokens == 0 {
+            return;
+        }
         if let Some((flow, r)) = &mut self.settle {
             lock(&flow.state).queue.report_output(r, tokens);
+        }
+        if let Some(b) = &mut self.booking {
+            let rest = if b.output_tokens() == 0 {
+                b.first_token();
+                tokens - 1
+            } else {
+                tokens
+            };
+            b.tokens(rest);
+        }
+    }
+
+    /// Reserves KV for its answer, up to `max_tokens` tokens (as
+    /// [`Booking::expect_output`]).
+    pub fn expect_output(&mut self, max_tokens: Option<u64>) {
+        if let Some(b) = &mut self.booking {
+            b.expect_output(max_tokens);
         }
     }
 
@@ -125,18 +148,19 @@ impl Dispatch {
 
     /// The request finished with `output_tokens` in all: its tenant is
     /// charged what was not reported yet, its reservation released, and its
-    /// booking freed.
+    /// booking freed, its answer's length learned (as
+    /// [`Booking::finish`]).
     pub fn complete(mut self, output_tokens: u64) {
         self.finish(output_tokens);
+        if let Some(b) = self.booking.take() {
+            b.finish(Some(output_tokens));
+        }
     }
 
     fn finish(&mut self, output_tokens: u64) {
         if let Some((flow, r)) = self.settle.take() {
             lock(&flow.state).queue.settle(r, output_tokens);
         }
-        // Dropping the booking frees its blocks (and kicks the queue when
-        // that leaves its worker free).
-        self.booking = None;
     }
 }
 
@@ -144,6 +168,9 @@ impl Drop for Dispatch {
     fn drop(&mut self) {
         let reported = self.reported_output();
         self.finish(reported);
+        // Dropping the booking frees its blocks (and kicks the queue when
+        // that leaves its worker free).
+        self.booking = None;
     }
 }
 
@@ -186,6 +213,9 @@ impl std::fmt::Debug for Dispatching {
     }
 }
 
+// A dispatch carries its booking inline: boxing it would allocate on
+// every request's path.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Step {
     Ready(Result<Dispatch, FlowRejection>),
     Waiting(Waiting),

@@ -530,6 +530,9 @@ impl Monitor {
 }
 
 /// What an arrival came to.
+// A dispatch carries its booking inline: boxing it would allocate on
+// every request's path.
+#[allow(clippy::large_enum_variant)]
 enum Arrival {
     Ready(Result<Dispatch, FlowRejection>),
     Waiting(Waiting),
