@@ -365,6 +365,7 @@ impl Recorder {
             preemptions: 0,
             wasted_tokens: 0,
             computed_tokens: 0,
+            slo: None,
         }
     }
 }
@@ -428,6 +429,32 @@ pub struct Measured {
     pub wasted_tokens: u64,
     /// Engine tokens computed.
     pub computed_tokens: u64,
+    /// SLO admission's predictions and verdicts (arm (i) only).
+    pub slo: Option<SloFigures>,
+}
+
+/// What SLO admission predicted and decided in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct SloFigures {
+    /// |predicted − observed| time to first token of the admitted requests
+    /// with a trusted prediction, ms: median and p90.
+    pub ttft_error_ms: (f64, f64),
+    /// The same of time per output token, ms.
+    pub tpot_error_ms: (f64, f64),
+    /// Admitted requests with a trusted prediction, share.
+    pub predicted_share: f64,
+    /// Verdict changes per worker per minute of arrivals.
+    pub flips_per_worker_minute: f64,
+}
+
+/// The median and 90th percentile of `v` (sorted here); zeros if empty.
+pub fn median_p90(v: &mut [f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.9))
 }
 
 impl Measured {

@@ -13,6 +13,7 @@ use crate::matrix::{Matrix, Row};
 mod flow;
 mod replicas;
 mod shifted;
+mod slo;
 mod targets;
 
 pub use shifted::mocker_table;
@@ -411,6 +412,7 @@ fn markdown(m: &Matrix) -> String {
     }
 
     w(flow::section(m));
+    w(slo::section(m));
     w(shifted::section(m));
     w(replicas::section(m));
     w(format!(

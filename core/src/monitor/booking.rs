@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::outbox::OwnChange;
 use super::rank::{add_saturating, sub_saturating, Worker};
+use super::slo::Prediction;
 use crate::error::ReportError;
 use crate::load::UNREPORTED;
 use crate::slo::StepLoad;
@@ -46,9 +47,8 @@ pub struct Booking {
     window_at: u64,
     window_tokens: u64,
     window_load: StepLoad,
-    /// With an SLO: the time to first token predicted at booking
-    /// (negative: none trusted).
-    predicted_ttft: f64,
+    /// With an SLO: what was predicted at booking, if trusted.
+    predicted: Option<Prediction>,
     /// Its prompt tokens as booked (`prefill` empties when it is done).
     prompt: u64,
     /// Answer tokens seen ([`first_token`](Booking::first_token) and
@@ -128,11 +128,11 @@ impl Booking {
         // before it counts on the rank.
         // With an SLO, the answer's expected length is reserved from the
         // start (`reserve.rs`).
-        let (booked_at, predicted_ttft, output_cap) = if worker.slo_on() {
+        let (booked_at, predicted, output_cap) = if worker.slo_on() {
             let now = worker.model.slo.observations.now().max(1);
-            (now, worker.predicted_ttft(rank, prefill), u64::MAX)
+            (now, worker.predicted(rank, prefill), u64::MAX)
         } else {
-            (0, -1.0, 0)
+            (0, None, 0)
         };
         let reserved = worker.model.slo.reservation(output_cap, 0);
         let (prompt, blocks_asked) = (prefill, blocks);
@@ -183,7 +183,7 @@ impl Booking {
             window_at: 0,
             window_tokens: 0,
             window_load: StepLoad::default(),
-            predicted_ttft,
+            predicted,
             prompt,
             generated: 0,
             output_cap,
@@ -224,7 +224,7 @@ impl Booking {
             let now = self.worker.model.slo.observations.now().max(1);
             let observed = now.saturating_sub(self.booked_at) as f64 * 1e-9;
             self.worker
-                .observe_first_token(self.rank, observed, self.predicted_ttft);
+                .observe_first_token(self.rank, observed, self.predicted.map(|p| p.ttft));
             self.window_at = now;
         }
         self.settle();
@@ -288,6 +288,13 @@ impl Booking {
             let output = output_tokens.unwrap_or(self.generated);
             self.worker.observe_answer(self.rank, self.prompt, output);
         }
+    }
+
+    /// What the SLO's fit predicted for this request when it was booked
+    /// (time to first token from then, time per output token), if its
+    /// model has an SLO and the rank's fit was trusted.
+    pub fn prediction(&self) -> Option<Prediction> {
+        self.predicted
     }
 
     /// Answer tokens counted so far.

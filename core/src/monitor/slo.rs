@@ -274,8 +274,9 @@ impl Worker {
         self: &Arc<Self>,
         rank: usize,
         observed: f64,
-        predicted: f64,
+        predicted: Option<f64>,
     ) {
+        let predicted = predicted.unwrap_or(-1.0);
         self.model.slo.observations.push(Observation {
             worker_id: self.id,
             rank,
@@ -295,16 +296,11 @@ impl Worker {
         });
     }
 
-    /// The time to first token predicted for `prompt` tokens on rank
-    /// index `rank`, if trusted (else negative).
-    pub(super) fn predicted_ttft(&self, rank: usize, prompt: u64) -> f64 {
+    /// The prediction for `prompt` tokens on rank index `rank`, if
+    /// trusted.
+    pub(super) fn predicted(&self, rank: usize, prompt: u64) -> Option<Prediction> {
         let r = &self.ranks[rank];
-        let (ttft, trusted) = parts(r, &r.load(), prompt).ttft;
-        if trusted {
-            ttft
-        } else {
-            -1.0
-        }
+        Some(predict(r, &r.load(), prompt)).filter(|p| p.trusted)
     }
 }
 

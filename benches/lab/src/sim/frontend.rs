@@ -232,6 +232,9 @@ impl Sim<'_> {
         // A completed request's dispatch learns its answer's length.
         if let (End::Completed, Some(d)) = (end, r.dispatch.take()) {
             d.complete(u64::from(r.spec.output));
+            if self.arm.slo {
+                self.slo_completed(id);
+            }
         }
         self.let_go(id);
         let r = &mut self.reqs[id as usize];

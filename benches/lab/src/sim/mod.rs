@@ -42,6 +42,7 @@ use serde::Serialize;
 mod flow;
 mod frontend;
 mod fronts;
+mod slo;
 mod worker;
 
 use frontend::Throttle;
@@ -230,6 +231,9 @@ struct Req {
     refused_by: Option<&'static str>,
     /// What its booking or dispatch admitted: (worker, rank, blocks).
     admitted: Option<(u32, u32, u64)>,
+    /// Arm (i): the time per output token predicted when it was booked,
+    /// seconds, once its first token came.
+    predicted_tpot: Option<f64>,
 }
 
 struct Worker {
@@ -302,6 +306,10 @@ struct Sim<'a> {
     inflight: HashMap<(u32, u32), u64>,
     line_breaches: u64,
     peak_over_line: u64,
+    /// Arm (i): |predicted − observed| time to first token and per output
+    /// token, ms, and the admitted requests measured.
+    slo_errors: [Vec<f64>; 2],
+    slo_admitted: u64,
     bus: Arc<HeldBus>,
     inbox: Inbox,
     woken: flow::Woken,
@@ -438,6 +446,7 @@ impl<'a> Sim<'a> {
                 waiting: None,
                 refused_by: None,
                 admitted: None,
+                predicted_tpot: None,
             })
             .collect();
         Ok(Self {
@@ -454,6 +463,8 @@ impl<'a> Sim<'a> {
             sync_messages: (0, 0, 0),
             inflight: HashMap::new(),
             line_breaches: 0,
+            slo_errors: [Vec::new(), Vec::new()],
+            slo_admitted: 0,
             peak_over_line: 0,
             bus,
             inbox: Arc::new(Mutex::new(Vec::new())),
@@ -546,6 +557,9 @@ impl<'a> Sim<'a> {
                 measured.wasted_tokens += t.wasted_tokens;
                 measured.computed_tokens += t.computed_tokens;
             }
+        }
+        if self.arm.slo {
+            measured.slo = Some(self.slo_figures());
         }
         let monitor_refusals = self
             .fronts

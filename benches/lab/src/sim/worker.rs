@@ -154,6 +154,10 @@ impl Sim<'_> {
                     d.add_output_blocks(1);
                 }
             }
+            if t.generated == 1 && self.arm.slo {
+                self.slo_first_token(id);
+            }
+            let r = &mut self.reqs[id as usize];
             if t.generated == 1 {
                 r.first_token = now;
                 if let Some(p) = &r.permit {

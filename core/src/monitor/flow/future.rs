@@ -133,6 +133,12 @@ impl Dispatch {
         }
     }
 
+    /// What the SLO's fit predicted for it when it was booked (as
+    /// [`Booking::prediction`]).
+    pub fn prediction(&self) -> Option<crate::monitor::Prediction> {
+        self.booking.as_ref().and_then(Booking::prediction)
+    }
+
     /// Reserves KV for its answer, up to `max_tokens` tokens (as
     /// [`Booking::expect_output`]).
     pub fn expect_output(&mut self, max_tokens: Option<u64>) {

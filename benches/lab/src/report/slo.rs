@@ -1,0 +1,209 @@
+//! Arm (i)'s section of docs/overload.md: loadgate given only the SLO,
+//! untuned, in every cell, against the best any other arm reached when
+//! tuned on that very cell, with its prediction errors and how often its
+//! verdicts changed.
+
+use super::{missed_list, ms, pct, row, target_rows, Target};
+use crate::arm::ArmKind;
+use crate::matrix::{Matrix, Row};
+
+/// The best goodput another arm reached on `scenario` (tuned there, or as
+/// it ran without knobs), and which.
+fn others_best(m: &Matrix, scenario: &str) -> Option<(f64, ArmKind)> {
+    let tuned_there = m
+        .cell_best
+        .iter()
+        .filter(|c| c.scenario == scenario)
+        .map(|c| (c.goodput_frac, c.arm));
+    let fixed = m
+        .rows
+        .iter()
+        .filter(|r| r.scenario == scenario && !ArmKind::TUNABLE.contains(&r.arm))
+        .filter(|r| r.arm != ArmKind::Slo)
+        .map(|r| (r.measured.goodput_frac, r.arm));
+    tuned_there.chain(fixed).max_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+/// Arm (i)'s rows, scenario by scenario.
+fn rows(m: &Matrix) -> Vec<&Row> {
+    m.rows
+        .iter()
+        .filter(|r| r.arm == ArmKind::Slo && !r.defaults)
+        .collect()
+}
+
+/// The targets of arm (i).
+fn targets(m: &Matrix) -> Vec<Target> {
+    let rows = rows(m);
+    let mut out = Vec::new();
+    let Some(worst) = rows
+        .iter()
+        .filter_map(|r| Some((r, r.measured.goodput_frac / others_best(m, &r.scenario)?.0)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+    else {
+        return out;
+    };
+    out.push(Target {
+        what: "goodput ≥ 97 % of the best any other arm reached tuned on the cell, in every cell"
+            .into(),
+        measured: format!("worst {} ({})", pct(worst.1), worst.0.scenario),
+        met: worst.1 >= 0.97,
+        why: (worst.1 < 0.97).then(|| {
+            let below: Vec<String> = rows
+                .iter()
+                .filter_map(|r| {
+                    let (best, arm) = others_best(m, &r.scenario)?;
+                    let x = r.measured.goodput_frac / best;
+                    (x < 0.97)
+                        .then(|| format!("{} {} of {}'s", r.scenario, pct(x), super::letter(arm)))
+                })
+                .collect();
+            format!(
+                "below in {} of {} cells: {}",
+                below.len(),
+                rows.len(),
+                below.join("; ")
+            )
+        }),
+    });
+    let static_worst = rows
+        .iter()
+        .filter_map(|r| {
+            let e = row(m, &r.scenario, ArmKind::Loadgate)?;
+            Some((r, r.measured.goodput_frac - e.measured.goodput_frac))
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((r, d)) = static_worst {
+        out.push(Target {
+            what: "never below arm (e) as tuned on the calibration scenario".into(),
+            measured: format!("worst {:+.1} points of `C*` ({})", d * 100.0, r.scenario),
+            met: d >= 0.0,
+            why: (d < 0.0).then(|| {
+                format!(
+                    "in {}, (i) admitted {}",
+                    r.scenario,
+                    super::reasons(&r.measured)
+                )
+            }),
+        });
+    }
+    for (load, floor) in [(2.0, 0.90), (10.0, 0.85)] {
+        if let Some(r) = rows
+            .iter()
+            .find(|r| r.scenario == format!("long outputs {load}x"))
+        {
+            let g = r.measured.goodput_frac;
+            out.push(Target {
+                what: format!(
+                    "long outputs at {load} × the cell's `C*`: goodput ≥ {}",
+                    pct(floor)
+                ),
+                measured: pct(g),
+                met: g >= floor,
+                why: (g < floor)
+                    .then(|| format!("(i) turned away {}", pct(r.measured.reject_rate))),
+            });
+        }
+    }
+    if let Some(r) = rows.iter().min_by(|a, b| {
+        a.measured
+            .attainment_admitted
+            .total_cmp(&b.measured.attainment_admitted)
+    }) {
+        let a = r.measured.attainment_admitted;
+        out.push(Target {
+            what: "admitted SLO attainment ≥ 99 % in every cell".into(),
+            measured: format!("worst {} ({})", pct(a), r.scenario),
+            met: a >= 0.99,
+            why: (a < 0.99).then(|| {
+                format!(
+                    "in {}, admitted p99 TTFT {} ms and TPOT {} ms",
+                    r.scenario,
+                    ms(r.measured.ttft_ms.p99),
+                    ms(r.measured.tpot_ms.p99)
+                )
+            }),
+        });
+    }
+    if let Some(r) = rows.iter().max_by(|a, b| {
+        a.measured
+            .reject_beyond_network_ms
+            .p99
+            .total_cmp(&b.measured.reject_beyond_network_ms.p99)
+    }) {
+        let t = r.measured.reject_beyond_network_ms.p99;
+        out.push(Target {
+            what: "p99 time to a 529 under 1 ms beyond the network trips, in every cell".into(),
+            measured: format!("worst {t:.2} ms ({})", r.scenario),
+            met: t < 1.0,
+            why: (t >= 1.0).then(|| format!("in {}: {}", r.scenario, super::reasons(&r.measured))),
+        });
+    }
+    if let Some((r, f)) = rows
+        .iter()
+        .filter_map(|r| Some((r, r.measured.slo?.flips_per_worker_minute)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+    {
+        out.push(Target {
+            what: "a worker's verdict changes at most about once per 10 s (6 a minute)".into(),
+            measured: format!("worst {f:.0} a minute ({})", r.scenario),
+            met: f <= 6.0,
+            why: (f > 6.0).then(|| {
+                "the verdict is a line on the rank's load, like a threshold: at capacity each \
+                 finished request frees room that the next admission takes, and each is a change; \
+                 the hysteresis (10 % below the line) keeps a single prompt's width from flapping, \
+                 not a full engine's turnover"
+                    .into()
+            }),
+        });
+    }
+    out
+}
+
+/// The section, in markdown.
+pub(super) fn section(m: &Matrix) -> String {
+    let rows = rows(m);
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "## Arm (i): loadgate given only the SLO\n\n\
+         Arm (i) is `Monitor::set_slo` with the run's SLO and nothing else: no threshold, gate, queue \
+         or tuning. Each rank's step time is fitted from the token gaps the frontend sees, each answer's \
+         KV is reserved from the lengths answers had, and a rank is busy while its predicted time to \
+         first token or per output token, with the fit's error as headroom, misses the SLO, while its \
+         engine reports requests waiting for a seat, or past the seats it learned ([behaviour.md]\
+         (behaviour.md#slo-admission)).\n\n| target | measured | |\n|---|---|---|\n",
+    );
+    let ts = targets(m);
+    s += &target_rows(&ts);
+    s += &missed_list(&ts);
+    s += "\nEvery cell: (i)'s goodput (share of the cell's `C*`), the best any other arm reached \
+          tuned on the cell, arm (e) as tuned on the calibration scenario, (i)'s admitted SLO \
+          attainment, |predicted − observed| time to first token and per output token (median / \
+          p90, ms, over the admitted requests with a trusted prediction, and their share), and its \
+          verdict changes per worker per minute.\n\n\
+          | cell | (i) | best other | (e) | attainment | TTFT error | TPOT error | predicted | changes |\n\
+          |---|---|---|---|---|---|---|---|---|\n";
+    for r in rows {
+        let best = others_best(m, &r.scenario).map_or("–".into(), |(g, k)| {
+            format!("{} {}", pct(g), super::letter(k))
+        });
+        let e = row(m, &r.scenario, ArmKind::Loadgate)
+            .map_or("–".into(), |e| pct(e.measured.goodput_frac));
+        let f = r.measured.slo.unwrap_or_default();
+        s += &format!(
+            "| {} | {} | {best} | {e} | {} | {} / {} | {} / {} | {} | {:.0} |\n",
+            r.scenario,
+            pct(r.measured.goodput_frac),
+            pct(r.measured.attainment_admitted),
+            ms(f.ttft_error_ms.0),
+            ms(f.ttft_error_ms.1),
+            ms(f.tpot_error_ms.0),
+            ms(f.tpot_error_ms.1),
+            pct(f.predicted_share),
+            f.flips_per_worker_minute,
+        );
+    }
+    s + "\n"
+}

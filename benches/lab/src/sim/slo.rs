@@ -1,0 +1,60 @@
+//! Arm (i)'s own figures: how far SLO admission's predictions were from
+//! what each admitted request then saw, and how often its verdicts
+//! changed.
+
+use super::Sim;
+use crate::record::{median_p90, SloFigures};
+
+impl Sim<'_> {
+    /// Request `id`'s first token came: its time to first token against
+    /// the one predicted when it was booked (at its dispatch).
+    pub(super) fn slo_first_token(&mut self, id: u32) {
+        let now = self.now;
+        let r = &mut self.reqs[id as usize];
+        let Some(p) = r.dispatch.as_ref().and_then(|d| d.prediction()) else {
+            return;
+        };
+        if !self.rec.counts(r.spec.at_ns) {
+            return;
+        }
+        let observed_ms = (now - r.attempt_send) as f64 * 1e-6;
+        self.slo_errors[0].push((p.ttft * 1e3 - observed_ms).abs());
+        r.predicted_tpot = Some(p.tpot);
+    }
+
+    /// Request `id` completed: its time per output token against the one
+    /// predicted, and one more admitted request measured.
+    pub(super) fn slo_completed(&mut self, id: u32) {
+        let r = &self.reqs[id as usize];
+        if !self.rec.counts(r.spec.at_ns) {
+            return;
+        }
+        self.slo_admitted += 1;
+        if let Some(p) = r.predicted_tpot.filter(|_| r.spec.output > 1) {
+            let tpot_ms =
+                (r.last_token - r.first_token) as f64 * 1e-6 / f64::from(r.spec.output - 1);
+            self.slo_errors[1].push((p * 1e3 - tpot_ms).abs());
+        }
+    }
+
+    /// The run's figures: the errors' median and p90, and the verdict
+    /// changes the first frontend's monitor counted.
+    pub(super) fn slo_figures(&mut self) -> SloFigures {
+        let flips: f64 = self.fronts.first().map_or(0.0, |f| {
+            f.monitor
+                .metrics_text()
+                .lines()
+                .filter(|l| l.contains("frontend_slo_verdict_changes_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        });
+        let minutes = self.workload.duration_s / 60.0;
+        let predicted = self.slo_errors[0].len() as f64;
+        SloFigures {
+            ttft_error_ms: median_p90(&mut self.slo_errors[0]),
+            tpot_error_ms: median_p90(&mut self.slo_errors[1]),
+            predicted_share: predicted / self.slo_admitted.max(1) as f64,
+            flips_per_worker_minute: flips / f64::from(self.c.workers.max(1)) / minutes,
+        }
+    }
+}
