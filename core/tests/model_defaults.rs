@@ -13,7 +13,10 @@ use loadgate::flow::{FlowConfig, FlowRejection, FlowRequest};
 use loadgate::monitor::{
     DispatchRequest, FlowControlConfig, ModelDefaults, ACTIVE_DECODE_BLOCKS_THRESHOLD_ENV,
     ACTIVE_PREFILL_TOKENS_THRESHOLD_ENV, ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC_ENV,
+    SLO_ADVISORY_ENV, SLO_TPOT_ENV, SLO_TTFT_ENV,
 };
+use loadgate::slo::Slo;
+use loadgate::SloMode;
 use loadgate::{Limits, ManualClock, Monitor, MonitorConfig, Policy, Thresholds};
 use support::monitor_fixture::{decode, spec, used, M};
 
@@ -77,6 +80,7 @@ fn a_new_model_starts_with_the_default_thresholds() {
             ..Thresholds::default()
         },
         flow_control: None,
+        slo: None,
     };
     let config = MonitorConfig {
         defaults,
@@ -129,6 +133,7 @@ fn a_new_model_starts_with_the_default_flow_control() {
                 ..Thresholds::default()
             },
             flow_control: Some(flow),
+            slo: None,
         },
         ..MonitorConfig::default()
     };
@@ -164,6 +169,7 @@ fn a_model_with_only_default_settings_can_still_be_evicted() {
                 queue: FlowConfig::new(8),
                 policy: Policy::RoundRobin,
             }),
+            slo: None,
         },
         ..MonitorConfig::default()
     };
@@ -186,6 +192,7 @@ fn invalid_defaults_are_refused_when_the_monitor_is_built() {
                 ..Thresholds::default()
             },
             flow_control: None,
+            slo: None,
         },
         ..MonitorConfig::default()
     };
@@ -198,9 +205,67 @@ fn invalid_defaults_are_refused_when_the_monitor_is_built() {
                 queue: FlowConfig::new(0),
                 policy: Policy::RoundRobin,
             }),
+            slo: None,
         },
         ..MonitorConfig::default()
     };
     let e = Monitor::with_config(config, ManualClock::new()).unwrap_err();
     assert_eq!(e.field, "defaults.flow_control");
+}
+
+#[test]
+fn the_slo_pair_is_read_and_every_new_model_starts_with_it() {
+    let d = ModelDefaults::from_lookup(lookup(&[(SLO_TTFT_ENV, " 2 "), (SLO_TPOT_ENV, "0.1")]))
+        .unwrap();
+    let slo = Slo::from_secs(2.0, 0.1).unwrap();
+    assert_eq!(d.slo, Some((slo, SloMode::Enforce)));
+    let d = ModelDefaults::from_lookup(lookup(&[
+        (SLO_TTFT_ENV, "2"),
+        (SLO_TPOT_ENV, "0.1"),
+        (SLO_ADVISORY_ENV, "true"),
+    ]))
+    .unwrap();
+    assert_eq!(d.slo, Some((slo, SloMode::Advisory)));
+    let config = MonitorConfig {
+        defaults: d,
+        ..MonitorConfig::default()
+    };
+    let m = Monitor::with_config(config, ManualClock::new()).unwrap();
+    assert_eq!(m.slo(M), None);
+    m.add_worker(M, 1, spec(1, 100)).unwrap();
+    assert_eq!(m.slo(M), Some((slo, SloMode::Advisory)));
+    // A per-model setting overrides it.
+    m.set_slo(M, None, SloMode::Enforce).unwrap();
+    assert_eq!(m.slo(M), None);
+}
+
+#[test]
+fn a_bad_or_half_slo_pair_is_refused_naming_the_variable() {
+    for (vars, named) in [
+        (vec![(SLO_TTFT_ENV, "2")], SLO_TPOT_ENV),
+        (vec![(SLO_TPOT_ENV, "0.1")], SLO_TTFT_ENV),
+        (
+            vec![(SLO_TTFT_ENV, "soon"), (SLO_TPOT_ENV, "0.1")],
+            SLO_TTFT_ENV,
+        ),
+        (
+            vec![(SLO_TTFT_ENV, "2"), (SLO_TPOT_ENV, "-1")],
+            SLO_TPOT_ENV,
+        ),
+        (
+            vec![(SLO_TTFT_ENV, "NaN"), (SLO_TPOT_ENV, "0.1")],
+            SLO_TTFT_ENV,
+        ),
+        (
+            vec![
+                (SLO_TTFT_ENV, "2"),
+                (SLO_TPOT_ENV, "0.1"),
+                (SLO_ADVISORY_ENV, "maybe"),
+            ],
+            SLO_ADVISORY_ENV,
+        ),
+    ] {
+        let e = ModelDefaults::from_lookup(lookup(&vars)).unwrap_err();
+        assert!(e.to_string().contains(named), "{e} for {vars:?}");
+    }
 }

@@ -309,3 +309,44 @@ fn advisory_counts_what_it_would_decide_and_the_thresholds_still_do() {
     );
     assert!(text.contains("dynamo_frontend_slo_would_admit_total{model=\"m\"} 1"));
 }
+
+#[test]
+fn a_dispatch_streams_its_booking_by_its_reports_or_else_by_its_chunks() {
+    use loadgate::flow::FlowRequest;
+    use loadgate::monitor::DispatchRequest;
+    let (m, clock) = monitor(10_000);
+    m.set_slo("m", slo(2.0, 0.1), SloMode::Advisory).unwrap();
+    let request = DispatchRequest {
+        flow: FlowRequest {
+            prompt_tokens: 64,
+            ..FlowRequest::new("")
+        },
+        blocks: Some(4),
+        queue: false,
+    };
+    // Chunks alone: each one a token, the first the first token.
+    for _ in 0..MIN_OUTPUTS {
+        let mut d = m.dispatch_blocking("m", &request, None).unwrap();
+        clock.advance(Duration::from_millis(50));
+        for _ in 0..48 {
+            d.chunk();
+            clock.advance(Duration::from_millis(10));
+        }
+        assert_eq!(decode_blocks(&m), 4 + 3);
+        d.complete(0);
+    }
+    m.maintain();
+    // The answers were learned at 48 tokens: a new dispatch reserves them.
+    let mut d = m.dispatch_blocking("m", &request, None).unwrap();
+    assert_eq!(decode_blocks(&m), 4 + 3);
+    // Reports come: they stream the booking, and chunks are left alone.
+    d.report_output(1);
+    d.report_output(99);
+    for _ in 0..500 {
+        d.chunk();
+    }
+    assert_eq!(decode_blocks(&m), 4 + 100 / 16 + 1);
+    assert!(m.prediction_errors(1, 0).unwrap().0 < 1.0, "steps observed");
+    drop(d);
+    assert_eq!(decode_blocks(&m), 0);
+}

@@ -72,6 +72,13 @@ class FlowTicket:
         """The first token came: the prompt stops counting as prefill."""
         self._native.prefill_done()
 
+    def chunk(self) -> None:
+        """One chunk of the streamed response went out: while no output is
+        reported, it counts as one token (the first as the first token) for
+        the SLO's observations and the answer's KV reservation.
+        :class:`~loadgate.flow_asgi.FlowMiddleware` calls it."""
+        self._native.chunk()
+
     def complete(self, output_tokens: Optional[int] = None) -> None:
         """The request finished with ``output_tokens`` in all (default: what
         was reported). Idempotent."""

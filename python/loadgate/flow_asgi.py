@@ -189,8 +189,9 @@ class FlowMiddleware:
 class _HeldRefusal:
     """Wraps `send` for one try at a worker: a response that is the
     worker's refusal of a request it never started is held back (`held`),
-    any other goes out, and the ticket completes with its last body
-    message."""
+    any other goes out; each chunk of a streamed body is the ticket's
+    (:meth:`FlowTicket.chunk`: the SLO observes the stream), and the
+    ticket completes with its last body message."""
 
     def __init__(self, send: Send, ticket: FlowTicket) -> None:
         self._send = send
@@ -198,6 +199,7 @@ class _HeldRefusal:
         self.held = False
         self._messages: List[Message] = []
         self._started = False
+        self._streaming = False
 
     async def send(self, message: Message) -> None:
         if not self._started and message["type"] == "http.response.start":
@@ -209,8 +211,14 @@ class _HeldRefusal:
         try:
             await self._send(message)
         finally:
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                self._ticket.complete()
+            if message["type"] == "http.response.body":
+                more = bool(message.get("more_body", False))
+                # A streamed body's chunks; a body sent whole is no stream.
+                self._streaming = self._streaming or more
+                if self._streaming and message.get("body"):
+                    self._ticket.chunk()
+                if not more:
+                    self._ticket.complete()
 
     async def release(self) -> None:
         """Sends the held refusal as it was (it cannot be tried again)."""

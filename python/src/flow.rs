@@ -514,6 +514,16 @@ impl FlowTicket {
         Ok(())
     }
 
+    /// One chunk of the streamed response went out: while no output is
+    /// reported, it streams the booking as one token (the first as the
+    /// first token), for the SLO's observations and the answer's
+    /// reservation.
+    fn chunk(&self) {
+        if let Some(d) = lock(&self.dispatch).as_mut() {
+            d.chunk();
+        }
+    }
+
     /// The first token came: the prompt stops counting as prefill.
     fn prefill_done(&self) {
         if let Some(d) = lock(&self.dispatch).as_mut() {
@@ -522,7 +532,7 @@ impl FlowTicket {
     }
 
     /// The request finished with `output_tokens` in all (default: what was
-    /// reported). Idempotent.
+    /// reported, or else the chunks streamed). Idempotent.
     #[pyo3(signature = (output_tokens = None))]
     fn complete(&self, output_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let n = opt_u64_arg(output_tokens, "output_tokens")?;

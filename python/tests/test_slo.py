@@ -6,7 +6,9 @@ or only counted; on a manual clock, against a known step function."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+from typing import Any
 
 import pytest
 
@@ -154,3 +156,51 @@ def test_an_enforced_verdict_marks_the_rank_busy_and_advisory_only_counts() -> N
     for b in held:
         b.release()
     assert not m.is_busy(2)
+
+
+def test_the_slo_pair_in_the_environment_is_every_new_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOADGATE_SLO_TTFT", "1.5")
+    monkeypatch.setenv("LOADGATE_SLO_TPOT", "0.05")
+    m = Monitor(dynamo_env=True)
+    m.add_worker("m", 1, kv_total_blocks=100)
+    slo = m.slo("m")
+    assert slo is not None and (slo["ttft"], slo["tpot"], slo["advisory"]) == (1.5, 0.05, False)
+    monkeypatch.delenv("LOADGATE_SLO_TPOT")
+    with pytest.raises(ValueError, match="LOADGATE_SLO_TPOT"):
+        Monitor(dynamo_env=True)
+
+
+def test_the_flow_middleware_observes_streamed_answers_itself() -> None:
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    from conftest import serve
+    from loadgate.flow_asgi import FlowMiddleware
+
+    async def generate(request: Request) -> StreamingResponse:
+        async def chunks() -> Any:
+            for i in range(20):
+                await asyncio.sleep(0.001)
+                yield f"data: {i}\n\n".encode()
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    m = Monitor(maintenance="manual")
+    m.add_worker("m", 1, kv_total_blocks=10_000)
+    m.set_flow_control("m", queue_limit=8)
+    m.set_slo("m", ttft=2.0, tpot=0.1, advisory=True)
+    app = Starlette(routes=[Route("/v1/chat/completions", generate, methods=["POST"])])
+    guarded = FlowMiddleware(app, m, model="m")
+    with serve(guarded) as url, httpx.Client(base_url=url, timeout=20) as client:
+        for _ in range(40):
+            with client.stream("POST", "/v1/chat/completions", json={}) as r:
+                assert r.status_code == 200
+                assert sum(1 for line in r.iter_lines() if line.startswith("data:")) == 20
+    m.maintain()
+    # Nothing reported output: the chunks were the tokens, and the answers
+    # of 20 were learned for the reservations to come.
+    assert 'dynamo_frontend_slo_expected_output_tokens{model="m"} 20' in m.metrics_text()
+    assert m.predict(1, 0, 10)["fit_error"] < 1.0

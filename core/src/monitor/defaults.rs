@@ -1,7 +1,8 @@
-//! Settings every model starts with: the thresholds and the flow control
-//! a model has the moment it is created (its first worker, discovered or
-//! added; or its first `Route`), before any code of the host noticed it.
-//! Per-model settings (`set_thresholds`, `set_flow_control`) override them.
+//! Settings every model starts with: the thresholds, the flow control and
+//! the SLO a model has the moment it is created (its first worker,
+//! discovered or added; or its first `Route`), before any code of the host
+//! noticed it. Per-model settings (`set_thresholds`, `set_flow_control`,
+//! `set_slo`) override them.
 //!
 //! Dynamo's frontend applies its threshold flags to every model the same
 //! way; [`ModelDefaults::from_env`] reads the same environment variables
@@ -11,8 +12,10 @@ use std::sync::Arc;
 
 use super::flow::{FlowControl, FlowControlConfig, FlowError};
 use super::model::Model;
+use super::SloMode;
 use super::{Monitor, MonitorConfigError};
 use crate::error::ThresholdError;
+use crate::slo::Slo;
 use crate::sync::{lock, Ordering};
 use crate::thresholds::{ThresholdUpdate, Thresholds};
 
@@ -26,6 +29,16 @@ pub const ACTIVE_PREFILL_TOKENS_THRESHOLD_ENV: &str = "DYN_ACTIVE_PREFILL_TOKENS
 pub const ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC_ENV: &str =
     "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC";
 
+/// loadgate's variable for a default SLO's time to first token, seconds
+/// (set with [`SLO_TPOT_ENV`], or neither).
+pub const SLO_TTFT_ENV: &str = "LOADGATE_SLO_TTFT";
+/// loadgate's variable for a default SLO's time per output token, seconds.
+pub const SLO_TPOT_ENV: &str = "LOADGATE_SLO_TPOT";
+/// loadgate's variable for a default SLO's mode: `advisory` (or `1`,
+/// `true`) only shows its verdicts; `enforce` (or `0`, `false`, unset)
+/// acts on them.
+pub const SLO_ADVISORY_ENV: &str = "LOADGATE_SLO_ADVISORY";
+
 /// What a new model starts with (module docs).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ModelDefaults {
@@ -33,13 +46,17 @@ pub struct ModelDefaults {
     pub thresholds: Thresholds,
     /// Its flow control, if any.
     pub flow_control: Option<FlowControlConfig>,
+    /// Its SLO and the SLO's mode, if any (`Monitor::set_slo`).
+    pub slo: Option<(Slo, SloMode)>,
 }
 
 impl ModelDefaults {
     /// The thresholds of Dynamo's `DYN_ACTIVE_*` variables
-    /// ([`ACTIVE_DECODE_BLOCKS_THRESHOLD_ENV`] and the two prefill ones); no
-    /// flow control. A variable that is set but malformed or out of range
-    /// is an error naming it and its value.
+    /// ([`ACTIVE_DECODE_BLOCKS_THRESHOLD_ENV`] and the two prefill ones),
+    /// the SLO of [`SLO_TTFT_ENV`] and [`SLO_TPOT_ENV`] (both or neither,
+    /// in the mode of [`SLO_ADVISORY_ENV`]); no flow control. A variable
+    /// that is set but malformed or out of range is an error naming it and
+    /// its value.
     pub fn from_env() -> Result<Self, MonitorConfigError> {
         Self::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
     }
@@ -76,9 +93,50 @@ impl ModelDefaults {
             thresholds.active_prefill_tokens_threshold_frac =
                 Some(t.ok_or_else(|| bad(var, &v, "a finite number of at least 0"))?);
         }
+        let slo = match (read(SLO_TTFT_ENV), read(SLO_TPOT_ENV)) {
+            (None, None) => None,
+            (Some((ttft, _)), Some((tpot, _))) => {
+                let seconds = |v: &str, var| {
+                    v.parse::<f64>()
+                        .map_err(|_| bad(var, v, "a number of seconds"))
+                };
+                let slo =
+                    Slo::from_secs(seconds(&ttft, SLO_TTFT_ENV)?, seconds(&tpot, SLO_TPOT_ENV)?)
+                        .map_err(|e| MonitorConfigError {
+                            field: match e {
+                                crate::slo::SloError::OutOfRange { field: "ttft", .. } => {
+                                    SLO_TTFT_ENV
+                                }
+                                _ => SLO_TPOT_ENV,
+                            },
+                            problem: e.to_string(),
+                        })?;
+                let mode = match read(SLO_ADVISORY_ENV) {
+                    None => SloMode::Enforce,
+                    Some((v, var)) => match v.to_ascii_lowercase().as_str() {
+                        "1" | "true" | "advisory" => SloMode::Advisory,
+                        "0" | "false" | "enforce" => SloMode::Enforce,
+                        _ => return Err(bad(var, &v, "advisory or enforce")),
+                    },
+                };
+                Some((slo, mode))
+            }
+            (Some((_, set)), None) | (None, Some((_, set))) => {
+                let missing = if set == SLO_TTFT_ENV {
+                    SLO_TPOT_ENV
+                } else {
+                    SLO_TTFT_ENV
+                };
+                return Err(MonitorConfigError {
+                    field: missing,
+                    problem: format!("is unset while {set} is set: an SLO needs both"),
+                });
+            }
+        };
         Ok(Self {
             thresholds,
             flow_control: None,
+            slo,
         })
     }
 
@@ -148,6 +206,9 @@ impl Monitor {
         if defaults.thresholds.any() {
             m.thresholds.store(&defaults.thresholds);
             lock(&m.cold).thresholds.thresholds = defaults.thresholds;
+        }
+        if let Some((slo, mode)) = defaults.slo {
+            self.store_slo(&m, Some(slo), mode);
         }
         if let Some(config) = &defaults.flow_control {
             let mut flow = FlowControl::new(Arc::clone(&m), &config.queue, config.policy)

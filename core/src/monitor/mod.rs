@@ -94,15 +94,15 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-pub use booking::Booking;
 pub(crate) use booking::Owner;
+pub use booking::{Booking, STEP_WINDOW};
 pub use config::{
     Maintenance, MonitorConfig, MonitorConfigError, Policy, Staleness, ThresholdState,
     DEFAULT_BLOCK_TOKENS, DEFAULT_ENDPOINT, MAX_REROUTES,
 };
 pub use defaults::{
     ModelDefaults, ACTIVE_DECODE_BLOCKS_THRESHOLD_ENV, ACTIVE_PREFILL_TOKENS_THRESHOLD_ENV,
-    ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC_ENV,
+    ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC_ENV, SLO_ADVISORY_ENV, SLO_TPOT_ENV, SLO_TTFT_ENV,
 };
 pub use flow::{
     Dispatch, DispatchCallback, DispatchHandle, DispatchRequest, Dispatching, FlowControlConfig,
@@ -112,7 +112,7 @@ pub use observe::SloMode;
 pub use outbox::OUTBOX_CAPACITY;
 pub use pick::seed_picks;
 pub use route::Route;
-pub use slo::{Prediction, FIT_PERIOD, OBSERVATION_CAPACITY};
+pub use slo::{Prediction, FIT_PERIOD, OBSERVATION_CAPACITY, SEAT_PROBE};
 
 use duty::Duty;
 use model::Model;

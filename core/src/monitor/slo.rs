@@ -40,6 +40,7 @@ use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
 
+use super::model::Model;
 use super::observe::{ModelSlo, Observation, Observations, Sample, SloMode};
 pub use super::observe::{FIT_PERIOD, OBSERVATION_CAPACITY};
 use super::rank::{Rank, Worker};
@@ -406,6 +407,17 @@ impl Monitor {
             .models
             .get(model)
             .ok_or_else(|| ThresholdError::UnknownModel(model.to_owned()))?;
+        self.store_slo(m, slo, mode);
+        // Every worker's verdict under the new setting.
+        for w in reg.workers.values().filter(|w| Arc::ptr_eq(&w.model, m)) {
+            w.reevaluate();
+        }
+        Ok(())
+    }
+
+    /// Stores model `m`'s SLO (`set_slo`, and a new model's defaults) and
+    /// starts what observes and fits it.
+    pub(super) fn store_slo(&self, m: &Model, slo: Option<Slo>, mode: SloMode) {
         self.observations
             .queue
             .get_or_init(|| ArrayQueue::new(OBSERVATION_CAPACITY));
@@ -428,13 +440,8 @@ impl Monitor {
             m.slo.ttft.store(ttft, Ordering::Relaxed);
         }
         m.slo.mode.store(mode, Ordering::Relaxed);
-        // Every worker's verdict under the new setting.
-        for w in reg.workers.values().filter(|w| Arc::ptr_eq(&w.model, m)) {
-            w.reevaluate();
-        }
         self.duty.start();
         self.duty.signal.raise();
-        Ok(())
     }
 
     /// Model `model`'s SLO and its mode, if set.

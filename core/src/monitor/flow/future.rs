@@ -44,6 +44,22 @@ pub struct Dispatch {
     pub(super) booking: Option<Booking>,
     pub(super) settle: Option<(Arc<FlowControl>, Reservation)>,
     pub(super) origin: Origin,
+    /// What streams its booking: the host's reported tokens, or (while the
+    /// host reports none) the response's chunks a middleware saw.
+    pub(super) streamed: Streamed,
+}
+
+/// What streams a dispatch's booking (`Dispatch::report_output`,
+/// `Dispatch::chunk`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Streamed {
+    /// Nothing yet.
+    #[default]
+    Nothing,
+    /// The host's reported output tokens.
+    Reports,
+    /// The response's chunks, one token each.
+    Chunks,
 }
 
 /// What a dispatch needs to be sent again after a worker refused it
@@ -76,6 +92,7 @@ impl Dispatch {
                 prefill: g.prefill,
                 reroutes: 0,
             },
+            streamed: Streamed::Nothing,
         }
     }
 
@@ -122,6 +139,26 @@ impl Dispatch {
         if let Some((flow, r)) = &mut self.settle {
             lock(&flow.state).queue.report_output(r, tokens);
         }
+        if self.streamed != Streamed::Chunks {
+            self.streamed = Streamed::Reports;
+            self.stream(tokens);
+        }
+    }
+
+    /// One chunk of its streamed response went out (an HTTP middleware's
+    /// view): while the host reports no output, each chunk streams its
+    /// booking as one token, the first as its first token. Once the host
+    /// reports output, chunks are left alone (and if chunks came first,
+    /// the reports only charge the tenant).
+    pub fn chunk(&mut self) {
+        if self.streamed != Streamed::Reports {
+            self.streamed = Streamed::Chunks;
+            self.stream(1);
+        }
+    }
+
+    /// `tokens` more through its booking: the first as its first token.
+    fn stream(&mut self, tokens: u64) {
         if let Some(b) = &mut self.booking {
             let rest = if b.output_tokens() == 0 {
                 b.first_token();
@@ -155,11 +192,11 @@ impl Dispatch {
     /// The request finished with `output_tokens` in all: its tenant is
     /// charged what was not reported yet, its reservation released, and its
     /// booking freed, its answer's length learned (as
-    /// [`Booking::finish`]).
+    /// [`Booking::finish`]; 0: as many as streamed through it).
     pub fn complete(mut self, output_tokens: u64) {
         self.finish(output_tokens);
         if let Some(b) = self.booking.take() {
-            b.finish(Some(output_tokens));
+            b.finish((output_tokens > 0).then_some(output_tokens));
         }
     }
 

@@ -374,6 +374,7 @@ impl Monitor {
                         prefill,
                         reroutes: reroutes + 1,
                     },
+                    streamed: future::Streamed::Nothing,
                 })
                 .ok_or(FlowRejection::AllWorkersBusy)
             };
@@ -516,6 +517,7 @@ impl Monitor {
                 prefill: request.flow.prompt_tokens,
                 reroutes: 0,
             },
+            streamed: future::Streamed::Nothing,
         })
     }
 
