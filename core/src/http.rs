@@ -1,5 +1,6 @@
 //! HTTP glue without a server: status codes, error bodies, headers, and the
-//! `/busy_threshold` handler as a pure function any server can mount.
+//! `/busy_threshold` and `/slo` handlers as pure functions any server can
+//! mount.
 //!
 //! * [`overload_status`] reads `DYN_HTTP_OVERLOAD_STATUS_CODE` once and caches
 //!   it; [`parse_overload_status`] is the pure rule (trimmed; a status in
@@ -14,6 +15,8 @@
 //!   [`ControlAuth`] bearer token, and returns the headers to send too
 //!   (`Content-Type`, `WWW-Authenticate: Bearer` with a 401, `Allow` with a
 //!   405).
+//! * [`serve_slo`] does the same for `GET`/`POST /slo`: a model's SLO read,
+//!   set or cleared at run time (`slo.rs`).
 //! * [`PriorityNames`] and [`FlowHeaders`] read what a request asks for in
 //!   headers: its priority class, and its tenant, deadline and opt-out of
 //!   the frontend queue.
@@ -22,6 +25,7 @@ mod auth;
 mod busy_threshold;
 mod flow;
 mod priority;
+mod slo;
 
 use std::time::Duration;
 
@@ -40,6 +44,7 @@ pub use busy_threshold::{
 };
 pub use flow::{FlowHeaderError, FlowHeaders, DEADLINE_HEADER, QUEUE_HEADER, TENANT_HEADER};
 pub use priority::{PriorityNames, PRIORITY_HEADER};
+pub use slo::serve_slo;
 
 /// Header carrying the machine-readable rejection reason.
 pub const REASON_HEADER: &str = "x-loadgate-reason";

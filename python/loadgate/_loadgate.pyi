@@ -213,6 +213,15 @@ class Monitor:
         authorization: Optional[str] = None,
         auth: Optional[ControlAuth] = None,
     ) -> Tuple[int, List[Tuple[str, str]], bytes]: ...
+    def handle_slo(
+        self,
+        method: str,
+        content_type: Optional[str],
+        body: bytes,
+        *,
+        authorization: Optional[str] = None,
+        auth: Optional[ControlAuth] = None,
+    ) -> Tuple[int, List[Tuple[str, str]], bytes]: ...
     def metrics_text(self) -> str: ...
     def subscribe_nats(
         self,

@@ -598,15 +598,19 @@ class ControlApp:
       answering as Dynamo 1.6.1 does: 404 unknown model, 400 invalid value,
       422 wrong types, and in plain text 400 malformed JSON, 415 not JSON,
       413 over 2 MiB; 405 with an empty body);
+    * ``GET /slo`` lists every model's SLO; ``POST /slo`` reads one
+      (``{"model"}``), sets it (``{"model", "ttft", "tpot", "advisory"}``,
+      seconds) or clears it (``{"model", "clear": true}``), with the same
+      refusals (:meth:`Monitor.set_slo`);
     * ``GET /metrics`` renders the monitor's and the gates' metrics in the
       Prometheus text format.
 
-    With a `token`, a write to ``/busy_threshold`` (a ``POST`` that sets or
-    clears a threshold) must carry ``Authorization: Bearer <token>``, or is
+    With a `token`, a write to ``/busy_threshold`` or ``/slo`` (a ``POST``
+    that sets or clears a threshold or an SLO) must carry ``Authorization: Bearer <token>``, or is
     answered 401 with ``WWW-Authenticate: Bearer`` and ``{"error": "missing
     bearer token: ..."}`` or ``{"error": "invalid bearer token"}``, and
     changes nothing. Reads stay open unless `protect_reads` is true (then
-    every ``/busy_threshold`` request needs the token; ``/metrics`` stays
+    every ``/busy_threshold`` and ``/slo`` request needs the token; ``/metrics`` stays
     open). An empty token raises ``ValueError``, and so does `protect_reads`
     without a token. Bind the control port to a private interface too.
 
@@ -620,6 +624,7 @@ class ControlApp:
         *,
         app: Optional[ASGIApp] = None,
         busy_threshold_path: str = "/busy_threshold",
+        slo_path: str = "/slo",
         metrics_path: str = "/metrics",
         token: Optional[str] = None,
         protect_reads: bool = False,
@@ -642,6 +647,7 @@ class ControlApp:
         self.gates = gates
         self.app = app
         self.busy_threshold_path = busy_threshold_path
+        self.slo_path = slo_path
         self.metrics_path = metrics_path
 
     def metrics_text(self) -> str:
@@ -654,7 +660,9 @@ class ControlApp:
         kind = scope["type"]
         path = scope.get("path")
         if kind == "http" and self.monitor is not None and path == self.busy_threshold_path:
-            await self._busy_threshold(self.monitor, scope, receive, send)
+            await self._control(self.monitor.handle_busy_threshold, scope, receive, send)
+        elif kind == "http" and self.monitor is not None and path == self.slo_path:
+            await self._control(self.monitor.handle_slo, scope, receive, send)
         elif kind == "http" and path == self.metrics_path:
             await self._metrics(scope, send)
         elif self.app is not None:
@@ -665,16 +673,16 @@ class ControlApp:
             body = json.dumps({"error": f"no route for {path}"}).encode()
             await _respond(send, 404, [_JSON], body)
 
-    async def _busy_threshold(self, monitor: Monitor, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _control(self, handle: Any, scope: Scope, receive: Receive, send: Send) -> None:
+        """One request of a control endpoint, answered by the monitor's
+        `handle` (``handle_busy_threshold`` or ``handle_slo``)."""
         method = str(scope["method"]).upper()
         body = b""
         if method == "POST":
             body = await _read_body(receive, _loadgate.MAX_BUSY_THRESHOLD_BODY)
         content_type = _header(scope, b"content-type")
         authorization = _header(scope, b"authorization")
-        status, headers, out = monitor.handle_busy_threshold(
-            method, content_type, body, authorization=authorization, auth=self.auth
-        )
+        status, headers, out = handle(method, content_type, body, authorization=authorization, auth=self.auth)
         raw = [(name.encode(), value.encode()) for name, value in headers]
         await _respond(send, status, raw, out, head=method == "HEAD")
 

@@ -72,6 +72,51 @@ fn threshold_dict<'py>(
     Ok(d)
 }
 
+/// A control endpoint's answer: (status, headers, body).
+pub(crate) type ControlAnswer<'py> = (u16, Vec<(&'static str, &'static str)>, Bound<'py, PyBytes>);
+
+/// A control endpoint's request from Python: (method, content type, body,
+/// authorization).
+pub(crate) type ControlRequest<'a, 'py> = (
+    &'a Bound<'py, PyAny>,
+    Option<&'a Bound<'py, PyAny>>,
+    &'a Bound<'py, PyAny>,
+    Option<&'a Bound<'py, PyAny>>,
+);
+
+impl Monitor {
+    /// Serves one request of a control endpoint (`/busy_threshold`,
+    /// `/slo`) with core's handler `serve`.
+    pub(crate) fn serve_control<'py>(
+        &self,
+        py: Python<'py>,
+        serve: fn(
+            &loadgate::Monitor,
+            Option<&loadgate::http::ControlAuth>,
+            &BusyThresholdRequest<'_>,
+        ) -> loadgate::http::BusyThresholdResponse,
+        (method, content_type, body, authorization): ControlRequest<'_, 'py>,
+        auth: Option<&Bound<'py, ControlAuth>>,
+    ) -> PyResult<ControlAnswer<'py>> {
+        let method = str_arg(method, "method")?;
+        let content_type = opt_str_arg(content_type, "content_type")?;
+        let authorization = opt_str_arg(authorization, "authorization")?;
+        let body = body
+            .cast::<PyBytes>()
+            .map_err(|_| PyTypeError::new_err("body must be bytes"))?;
+        let request = BusyThresholdRequest {
+            method: &method,
+            content_type: content_type.as_deref(),
+            authorization: authorization.as_deref(),
+            body: body.as_bytes(),
+        };
+        let auth = auth.map(|a| &a.get().inner);
+        let response = serve(&self.inner, auth, &request);
+        let body = PyBytes::new(py, response.body.as_bytes());
+        Ok((response.status, response.headers, body))
+    }
+}
+
 #[pymethods]
 impl Monitor {
     #[new]
@@ -484,7 +529,6 @@ impl Monitor {
     /// header, `None` if absent) is checked: a write without the right
     /// bearer token is answered 401 and changes nothing.
     #[pyo3(signature = (method, content_type, body, *, authorization = None, auth = None))]
-    #[allow(clippy::type_complexity)] // (status, headers, body)
     fn handle_busy_threshold<'py>(
         &self,
         py: Python<'py>,
@@ -493,23 +537,9 @@ impl Monitor {
         body: &Bound<'py, PyAny>,
         authorization: Option<&Bound<'py, PyAny>>,
         auth: Option<&Bound<'py, ControlAuth>>,
-    ) -> PyResult<(u16, Vec<(&'static str, &'static str)>, Bound<'py, PyBytes>)> {
-        let method = str_arg(method, "method")?;
-        let content_type = opt_str_arg(content_type, "content_type")?;
-        let authorization = opt_str_arg(authorization, "authorization")?;
-        let body = body
-            .cast::<PyBytes>()
-            .map_err(|_| PyTypeError::new_err("body must be bytes"))?;
-        let request = BusyThresholdRequest {
-            method: &method,
-            content_type: content_type.as_deref(),
-            authorization: authorization.as_deref(),
-            body: body.as_bytes(),
-        };
-        let auth = auth.map(|a| &a.get().inner);
-        let response = serve_busy_threshold(&self.inner, auth, &request);
-        let body = PyBytes::new(py, response.body.as_bytes());
-        Ok((response.status, response.headers, body))
+    ) -> PyResult<ControlAnswer<'py>> {
+        let request = (method, content_type, body, authorization);
+        self.serve_control(py, serve_busy_threshold, request, auth)
     }
 
     /// Learns this monitor's workers from Dynamo's discovery store, so that

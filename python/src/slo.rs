@@ -10,8 +10,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::control::ControlAuth;
 use crate::errors::{f64_arg, report_error, str_arg, threshold_error, u32_arg, u64_arg};
-use crate::monitor::Monitor;
+use crate::monitor::{ControlAnswer, Monitor};
 
 #[pymethods]
 impl Monitor {
@@ -77,6 +78,26 @@ impl Monitor {
         d.set_item("would_admit", admit)?;
         d.set_item("would_refuse", refuse)?;
         Ok(Some(d))
+    }
+
+    /// Serves `/slo` (a model's SLO read, set or cleared at run time, beside
+    /// `/busy_threshold`): (method, content type, body) to (status,
+    /// headers, body), as `handle_busy_threshold` does, with the same
+    /// `authorization` and `auth`. `GET` lists every model's SLO; `POST
+    /// {"model"}` reads one; `POST {"model", "ttft", "tpot", "advisory"?}`
+    /// sets it; `POST {"model", "clear": true}` clears it.
+    #[pyo3(signature = (method, content_type, body, *, authorization = None, auth = None))]
+    fn handle_slo<'py>(
+        &self,
+        py: Python<'py>,
+        method: &Bound<'py, PyAny>,
+        content_type: Option<&Bound<'py, PyAny>>,
+        body: &Bound<'py, PyAny>,
+        authorization: Option<&Bound<'py, PyAny>>,
+        auth: Option<&Bound<'py, ControlAuth>>,
+    ) -> PyResult<ControlAnswer<'py>> {
+        let request = (method, content_type, body, authorization);
+        self.serve_control(py, loadgate::http::serve_slo, request, auth)
     }
 
     /// What rank `dp_rank` of `worker_id` would give a new request of

@@ -204,3 +204,25 @@ def test_the_flow_middleware_observes_streamed_answers_itself() -> None:
     # of 20 were learned for the reservations to come.
     assert 'dynamo_frontend_slo_expected_output_tokens{model="m"} 20' in m.metrics_text()
     assert m.predict(1, 0, 10)["fit_error"] < 1.0
+
+
+def test_the_control_app_sets_and_clears_an_slo_at_run_time() -> None:
+    import httpx
+
+    from conftest import serve
+    from loadgate.asgi import ControlApp
+
+    m = Monitor()
+    m.add_worker("m", 1, kv_total_blocks=100)
+    with serve(ControlApp(m, token="s3cret")) as url, httpx.Client(base_url=url) as client:
+        body = {"model": "m", "ttft": 1.0, "tpot": 0.05, "advisory": True}
+        assert client.post("/slo", json=body).status_code == 401
+        assert m.slo("m") is None
+        ok = client.post("/slo", json=body, headers={"authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.json()["advisory"] is True
+        assert client.get("/slo").json()["slos"][0]["ttft"] == 1.0
+        bad = client.post("/slo", json={"model": "m", "ttft": -1, "tpot": 0.05}, headers={"authorization": "Bearer s3cret"})
+        assert bad.status_code == 400 and "ttft" in bad.json()["error"]
+        cleared = client.post("/slo", json={"model": "m", "clear": True}, headers={"authorization": "Bearer s3cret"})
+        assert cleared.status_code == 200 and cleared.json()["ttft"] is None
+    assert m.slo("m") is None

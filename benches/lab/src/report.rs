@@ -182,7 +182,8 @@ pub fn write_docs(m: &Matrix, docs: &Path) -> Result<(), String> {
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-const COLORS: [RGBColor; 8] = [
+/// One colour per arm, in `ArmKind::ALL`'s order.
+const COLORS: [RGBColor; ArmKind::ALL.len()] = [
     RGBColor(120, 120, 120),
     RGBColor(170, 110, 40),
     RGBColor(60, 110, 200),
@@ -191,6 +192,7 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(30, 150, 60),
     RGBColor(240, 140, 0),
     RGBColor(0, 160, 170),
+    RGBColor(20, 20, 20),
 ];
 
 /// The cells of a plot: a group's scenarios, evenly spaced along x, each

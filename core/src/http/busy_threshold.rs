@@ -98,7 +98,7 @@ impl BusyThresholdResponse {
 }
 
 /// A refusal: its status and how its body is written.
-enum Refusal {
+pub(super) enum Refusal {
     /// `{"error": message}`, as JSON.
     Json(u16, String),
     /// The message itself, as plain text.
@@ -123,7 +123,13 @@ pub fn serve_busy_threshold(
     auth: Option<&ControlAuth>,
     request: &BusyThresholdRequest<'_>,
 ) -> BusyThresholdResponse {
-    let (status, body, content_type) = match serve(monitor, auth, request) {
+    respond(serve(monitor, auth, request))
+}
+
+/// The complete answer for a handler's outcome: its body, content type and
+/// headers (a control endpoint's, `/busy_threshold` or `/slo`).
+pub(super) fn respond(outcome: Result<String, Refusal>) -> BusyThresholdResponse {
+    let (status, body, content_type) = match outcome {
         Ok(body) => (200, body, Some(JSON_CONTENT_TYPE)),
         Err(Refusal::Json(status, message)) => {
             let body = serde_json::json!({ "error": message }).to_string();
@@ -149,7 +155,10 @@ pub fn serve_busy_threshold(
 }
 
 /// 401 unless `auth` is absent or accepts `authorization`.
-fn authorize(auth: Option<&ControlAuth>, authorization: Option<&str>) -> Result<(), Refusal> {
+pub(super) fn authorize(
+    auth: Option<&ControlAuth>,
+    authorization: Option<&str>,
+) -> Result<(), Refusal> {
     match auth {
         None => Ok(()),
         Some(auth) => auth
@@ -281,7 +290,7 @@ struct Extensions {
 
 /// Whether `content_type` is JSON as axum's `Json` decides it:
 /// `application/json` or `application/*+json`, any parameters.
-fn is_json(content_type: Option<&str>) -> bool {
+pub(super) fn is_json(content_type: Option<&str>) -> bool {
     let Some(ct) = content_type else { return false };
     let essence = ct
         .split(';')
@@ -293,10 +302,25 @@ fn is_json(content_type: Option<&str>) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
+/// The `POST` body's checks before it is read, as 1.6.1 orders them: 415
+/// for a body that is not JSON by its content type, 413 past
+/// [`MAX_BODY_BYTES`].
+pub(super) fn check_post(content_type: Option<&str>, body: &[u8]) -> Result<(), Refusal> {
+    if !is_json(content_type) {
+        let message = "Expected request with `Content-Type: application/json`";
+        return Err(Refusal::Text(415, message.to_owned()));
+    }
+    if body.len() > MAX_BODY_BYTES {
+        let message = "Failed to buffer the request body: length limit exceeded";
+        return Err(Refusal::Text(413, message.to_owned()));
+    }
+    Ok(())
+}
+
 /// Reads `body` as `T` with the field path in errors, refusing it as 1.6.1
 /// does: 400 plain text for text that is not JSON, 422 JSON for JSON of the
 /// wrong shape.
-fn read_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, Refusal> {
+pub(super) fn read_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, Refusal> {
     let mut reader = serde_json::Deserializer::from_slice(body);
     let refuse = |e: &dyn std::fmt::Display, data: bool| {
         if data {
@@ -320,14 +344,7 @@ fn parse_post(
     content_type: Option<&str>,
     body: &[u8],
 ) -> Result<(String, ThresholdUpdate), Refusal> {
-    if !is_json(content_type) {
-        let message = "Expected request with `Content-Type: application/json`";
-        return Err(Refusal::Text(415, message.to_owned()));
-    }
-    if body.len() > MAX_BODY_BYTES {
-        let message = "Failed to buffer the request body: length limit exceeded";
-        return Err(Refusal::Text(413, message.to_owned()));
-    }
+    check_post(content_type, body)?;
     let dynamo: dynamo::BusyThresholdRequest = read_json(body)?;
     let extensions: Extensions = read_json(body)?;
     let mut update = ThresholdUpdate {
