@@ -34,7 +34,7 @@ mod rows;
 
 use admission::{admission_cases, clock_cases};
 use flow::flow_cases;
-use monitor::{monitor_cases, routing_cases};
+use monitor::{monitor_cases, routing_cases, slo_cases};
 use rows::{machine, read_block, table, write_block, Compared, Row, Target};
 
 // ---------------------------------------------------------------------------
@@ -193,6 +193,12 @@ const HANDOFF_FUTURE: &[Design] = &[
     ("Semaphore + channel + dispatcher task", Target::None),
 ];
 const FLOW_DISPATCH: &[Design] = &[("Mutex gate + oneshot", Target::Under(10_000.0))];
+/// An SLO costs a select at most a fifth more (its verdicts are made where
+/// the busy bits are, off the select path).
+const SLO_SELECT: &[Design] = &[("the same select without an SLO", Target::WithinOf(1.2))];
+/// An advisory SLO counts each pick's would-be decision (one atomic add):
+/// shown.
+const SLO_SELECT_ADVISORY: &[Design] = &[("the same select without an SLO", Target::None)];
 /// Requests waiting cost a report or a booking nothing.
 const WITH_QUEUE: &[Design] = &[("the same monitor without a queue", Target::WithinOf(1.1))];
 const HANDOFF_CALLBACK: &[Design] = &[("Mutex gate + oneshot", Target::Faster(0.67))];
@@ -313,6 +319,8 @@ fn main() {
         rows: Vec::new(),
     };
     routing_cases(&mut run);
+    slo_cases(&mut run);
+    slo_cases(&mut run);
     monitor_cases(&mut run);
     clock_cases(&mut run);
     admission_cases(&mut run);

@@ -11,7 +11,7 @@ use loadgate_benches::harness::{interleave, under_writes, Side, UnderWrites};
 
 use crate::{
     each, Case, Run, BOOK, BOOK_LEASED, BUSY_CONTAINS, BUSY_INSERT_REMOVE, BUSY_SNAPSHOT, CHECK,
-    FLIP, MIN_COST, REPORT, SELECT, THRESHOLD, UNDER_WRITES,
+    FLIP, MIN_COST, REPORT, SELECT, SLO_SELECT, SLO_SELECT_ADVISORY, THRESHOLD, UNDER_WRITES,
 };
 
 // ---------------------------------------------------------------------------
@@ -87,6 +87,45 @@ pub(crate) fn routing_cases(run: &mut Run) {
             ];
             interleave(budget, &mut sides)
         });
+    }
+}
+
+/// A select on a model with an SLO (advisory: each pick also counts what
+/// the SLO would decide; enforced: its verdicts are in the busy bits)
+/// against the same select on a twin fleet without one.
+pub(crate) fn slo_cases(run: &mut Run) {
+    if !run.wants_any("select") {
+        return;
+    }
+    let n = 1024;
+    for (mode, label, designs) in [
+        (loadgate::SloMode::Enforce, "enforced", SLO_SELECT),
+        (loadgate::SloMode::Advisory, "advisory", SLO_SELECT_ADVISORY),
+    ] {
+        let mut with = MonitorFixture::new(n, 1);
+        let mut without = MonitorFixture::new(n, 1);
+        with.set_busy_fraction(0.5, 5);
+        without.set_busy_fraction(0.5, 5);
+        let slo = loadgate::slo::Slo::from_secs(2.0, 0.1).unwrap();
+        with.monitor.set_slo(MODEL, Some(slo), mode).unwrap();
+        for (policy, pname) in [
+            (Policy::Random, "random"),
+            (Policy::PowerOfTwo, "power-of-two"),
+        ] {
+            let name = format!("select {pname} with an SLO ({label}), {n} workers, 50% busy");
+            run.measure(Case::hot(name, designs), |budget| {
+                let (a, b) = (
+                    with.monitor.route(MODEL).unwrap(),
+                    without.monitor.route(MODEL).unwrap(),
+                );
+                assert!(a.select(policy).is_ok() && b.select(policy).is_ok());
+                let mut sides = [
+                    each(|| a.select(policy).ok()),
+                    each(|| b.select(policy).ok()),
+                ];
+                interleave(budget, &mut sides)
+            });
+        }
     }
 }
 
