@@ -79,6 +79,7 @@ mod observe;
 pub(crate) mod outbox;
 mod pick;
 mod pick_cache;
+mod predict;
 mod rank;
 mod registry;
 pub(crate) mod replicas;

@@ -179,7 +179,7 @@ impl Worker {
                         let fixed = thresholds.rank_busy(&l) || self.share_full(rank, &thresholds);
                         match &slo {
                             Some(t) => {
-                                let v = super::slo::verdict(rank, &l, t);
+                                let v = super::predict::verdict(&rank.slo, &l, t);
                                 slo_busy &= v;
                                 fixed || (v && t.mode == SloMode::Enforce)
                             }

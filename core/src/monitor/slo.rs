@@ -43,208 +43,15 @@ use crossbeam_queue::ArrayQueue;
 use super::model::Model;
 use super::observe::{ModelSlo, Observation, Observations, Sample, SloMode};
 pub use super::observe::{FIT_PERIOD, OBSERVATION_CAPACITY};
-use super::rank::{Rank, Worker};
+use super::predict::{predict, step_load};
+pub use super::predict::{Prediction, SEAT_PROBE};
+use super::rank::Worker;
 use super::registry::Registry;
 use super::Monitor;
 use crate::error::ThresholdError;
 use crate::metrics;
-use crate::slo::{Slo, StepFit, StepLoad, HYSTERESIS, KV_LINE};
+use crate::slo::{Slo, StepFit, StepLoad};
 use crate::sync::{lock, Mutex, Ordering};
-use crate::thresholds::{RankLoad, DEFAULT_BLOCK_TOKENS};
-
-/// A prediction for a new request on one rank.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Prediction {
-    /// Time to its first token, seconds.
-    pub ttft: f64,
-    /// Time per output token once admitted, seconds.
-    pub tpot: f64,
-    /// Whether both are trusted (each from a fit with enough
-    /// observations, within its error); an untrusted one is shown, never
-    /// acted on.
-    pub trusted: bool,
-}
-
-/// The two predictions of a rank, each `None` while no fit behind it is
-/// trusted.
-#[derive(Debug, Clone, Copy)]
-struct Parts {
-    ttft: (f64, bool),
-    tpot: (f64, bool),
-}
-
-/// The load features of a step of `rank` under its load `l`: the prefill
-/// booked, up to the batch budget a step takes.
-fn step_load(rank: &Rank, l: &RankLoad) -> StepLoad {
-    let blocks = l.active_decode_blocks.max(l.kv_used_blocks);
-    let prefill = l.active_prefill_tokens.unwrap_or(0);
-    StepLoad {
-        prefill_tokens: prefill.min(l.max_num_batched_tokens.max(1)) as f64,
-        // Relaxed: a count read for a feature.
-        running: rank.slo.bookings.load(Ordering::Relaxed) as f64,
-        kv_tokens: blocks.saturating_mul(DEFAULT_BLOCK_TOKENS) as f64,
-    }
-}
-
-/// `c · [1, prefill, running, kv]`.
-fn linear(c: &[f64; 4], x: &StepLoad) -> f64 {
-    c[0] + c[1] * x.prefill_tokens + c[2] * x.running + c[3] * x.kv_tokens
-}
-
-/// The predictions for `prompt` tokens on `rank` under its load `l`
-/// (module docs), from the step fit.
-fn parts(rank: &Rank, l: &RankLoad, prompt: u64) -> Parts {
-    let c = rank.slo.coefficients();
-    let now = step_load(rank, l);
-    let batch = l.max_num_batched_tokens.max(1) as f64;
-    let step = |prefill: f64, running: f64, kv: f64| {
-        linear(
-            &c,
-            &StepLoad {
-                prefill_tokens: prefill,
-                running,
-                kv_tokens: kv,
-            },
-        )
-    };
-    // Relaxed: a flag published beside the coefficients.
-    let trusted = rank.slo.trusted.load(Ordering::Relaxed);
-    let total = l.active_prefill_tokens.unwrap_or(0) as f64 + prompt as f64;
-    let full = (total / batch).floor();
-    let ttft = full * step(batch, now.running, now.kv_tokens)
-        + step(total - full * batch, now.running, now.kv_tokens);
-    let tpot = step(
-        now.prefill_tokens.min(batch),
-        now.running + 1.0,
-        now.kv_tokens + prompt as f64,
-    );
-    Parts {
-        ttft: (ttft, trusted),
-        tpot: (tpot, trusted),
-    }
-}
-
-/// [`parts`] as one prediction.
-fn predict(rank: &Rank, l: &RankLoad, prompt: u64) -> Prediction {
-    let p = parts(rank, l, prompt);
-    Prediction {
-        ttft: p.ttft.0,
-        tpot: p.tpot.0,
-        trusted: p.ttft.1 && p.tpot.1,
-    }
-}
-
-/// A model's targets, seconds, and its typical prompt, read once per
-/// publication.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Targets {
-    pub(super) mode: SloMode,
-    ttft: f64,
-    tpot: f64,
-    prompt: u64,
-}
-
-impl ModelSlo {
-    /// The targets, if an SLO is set. Relaxed: settings.
-    #[inline]
-    pub(super) fn targets(&self) -> Option<Targets> {
-        let mode = self.mode()?;
-        Some(Targets {
-            mode,
-            ttft: self.ttft.load(Ordering::Relaxed) as f64 * 1e-9,
-            tpot: self.tpot.load(Ordering::Relaxed) as f64 * 1e-9,
-            prompt: self.typical_prompt.load(Ordering::Relaxed),
-        })
-    }
-
-    /// Counts a request picked while advisory: to a worker the SLO would
-    /// refuse (`refused`), or not.
-    #[inline]
-    pub(super) fn count_would(&self, refused: bool) {
-        let c = if refused {
-            &self.would_refuse
-        } else {
-            &self.would_admit
-        };
-        // Relaxed: a counter.
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// The SLO's verdict on `rank` under its load `l` (module docs,
-/// "Deciding"); keeps the rank's last verdict for the hysteresis. Called
-/// by the worker's publisher only.
-pub(super) fn verdict(rank: &Rank, l: &RankLoad, t: &Targets) -> bool {
-    let kv = if l.kv_total_blocks > 0 {
-        let used = l.active_decode_blocks.max(l.kv_used_blocks) as f64;
-        used / l.kv_total_blocks as f64 / KV_LINE
-    } else {
-        0.0
-    };
-    let p = parts(rank, l, t.prompt);
-    // The predictions against their targets, less the headroom the step
-    // fit's running error asks for; until it is trusted, at most one
-    // step's budget of prompts booked ahead.
-    let time = if p.ttft.1 {
-        // Relaxed: a gauge the maintenance publishes.
-        let error = f64::from_bits(rank.slo.step_error.load(Ordering::Relaxed)).clamp(0.0, 1.0);
-        let headroom = 1.0 + MARGIN * error;
-        (p.ttft.0 / t.ttft).max(p.tpot.0 / t.tpot) * headroom
-    } else {
-        l.active_prefill_tokens.unwrap_or(0) as f64 / l.max_num_batched_tokens.max(1) as f64
-    };
-    let load = kv.max(time).max(seats(rank, l));
-    // Relaxed: the publisher's own state (only one publishes at a time).
-    let was = rank.slo.busy.load(Ordering::Relaxed);
-    let busy = if was {
-        load > 1.0 - HYSTERESIS
-    } else {
-        load > 1.0
-    };
-    if busy != was {
-        rank.slo.busy.store(busy, Ordering::Relaxed);
-        rank.slo.flips.fetch_add(1, Ordering::Relaxed);
-    }
-    busy
-}
-
-/// The rank's requests against its seats (module docs, "Deciding"). A
-/// request the engine reports waiting waits for a seat, for as long as
-/// the running ones take to finish, which no step time shows, so the
-/// rank takes no more while the engine reports any waiting. Reports come
-/// now and then, bookings at once: between two, the seats learned so far
-/// hold the rank to [`SEAT_PROBE`] over them. The seats only grow: to the
-/// bookings less those waiting, while some wait (a wait for the step's
-/// budget rather than a seat shows fewer, never more), and to the
-/// bookings, while none waits past the learned seats (the engine ran
-/// them all). An engine that loses seats is held by its reports'
-/// waiting. Called by the worker's publisher only.
-fn seats(rank: &Rank, l: &RankLoad) -> f64 {
-    // Relaxed: a count, and the publisher's own state.
-    let booked = rank.slo.bookings.load(Ordering::Relaxed);
-    let known = rank.slo.seats.load(Ordering::Relaxed);
-    let waiting = l.waiting_requests.unwrap_or(0);
-    let seen = if waiting > 0 {
-        Some(booked.saturating_sub(waiting).max(1))
-    } else {
-        (known != 0 && booked > known).then_some(booked)
-    };
-    if let Some(s) = seen.filter(|&s| s > known) {
-        rank.slo.seats.store(s, Ordering::Relaxed);
-    }
-    let seats = rank.slo.seats.load(Ordering::Relaxed);
-    if waiting > 0 {
-        1.0 + HYSTERESIS
-    } else if seats == 0 {
-        0.0
-    } else {
-        booked as f64 / (seats as f64 * SEAT_PROBE)
-    }
-}
-
-/// How far over its learned seats a rank is booked between two reports,
-/// to learn whether it has more.
-pub const SEAT_PROBE: f64 = 1.1;
 
 impl Worker {
     /// Whether the worker's model has an SLO, enforced or advisory.
@@ -257,7 +64,7 @@ impl Worker {
     /// The load features of a step of rank index `rank` now.
     pub(super) fn step_load(&self, rank: usize) -> StepLoad {
         let r = &self.ranks[rank];
-        step_load(r, &r.load())
+        step_load(&r.slo, &r.load())
     }
 
     /// A step of `seconds` seen on rank index `rank` under `load`.
@@ -301,15 +108,12 @@ impl Worker {
     /// trusted.
     pub(super) fn predicted(&self, rank: usize, prompt: u64) -> Option<Prediction> {
         let r = &self.ranks[rank];
-        Some(predict(r, &r.load(), prompt)).filter(|p| p.trusted)
+        Some(predict(&r.slo, &r.load(), prompt)).filter(|p| p.trusted)
     }
 }
 
 /// Smoothing of the time-to-first-token error.
 const TTFT_SMOOTH: f64 = 0.05;
-/// How many running relative errors of headroom a prediction keeps under
-/// its target (`verdict`).
-const MARGIN: f64 = 2.0;
 /// Smoothing of the typical prompt.
 const PROMPT_SMOOTH: f64 = 0.02;
 
@@ -480,7 +284,7 @@ impl Monitor {
     ) -> Result<Prediction, crate::ReportError> {
         let reg = self.registry.load();
         let (_, rank) = Self::rank_of(&reg, worker_id, dp_rank)?;
-        Ok(predict(rank, &rank.load(), prompt_tokens))
+        Ok(predict(&rank.slo, &rank.load(), prompt_tokens))
     }
 
     /// The running relative error of rank `dp_rank` of `worker_id`'s
@@ -554,7 +358,7 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
         metrics::header(out, prefix, name, kind, help);
         for w in &on {
             for (i, rank) in w.ranks.iter().enumerate() {
-                let p = predict(rank, &rank.load(), 1);
+                let p = predict(&rank.slo, &rank.load(), 1);
                 // Relaxed loads: gauges and counters.
                 let value = match family {
                     0 => p.ttft,
