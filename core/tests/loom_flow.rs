@@ -118,10 +118,10 @@ fn blocks(m: &Monitor) -> u64 {
 
 #[test]
 fn a_queued_request_races_the_report_that_frees_its_worker() {
-    loom::model(|| {
+    model(|| {
         let (m, _) = monitor();
         let m1 = m.clone();
-        let waiter = thread::spawn(move || arrive(&m1, 10));
+        let waiter = big(move || arrive(&m1, 10));
         m.report(1, 0, &used(0)).unwrap();
         let mut fut = waiter.join().unwrap();
         let d = decided(&m, &mut fut).expect("sent once the worker is free");
@@ -133,7 +133,7 @@ fn a_queued_request_races_the_report_that_frees_its_worker() {
 
 #[test]
 fn a_request_put_back_races_the_report_that_ends_its_lease() {
-    loom::model(|| {
+    model(|| {
         let (m, clock) = monitor();
         m.report(1, 0, &used(0)).unwrap();
         let sent = poll(&mut arrive(&m, 10));
@@ -145,7 +145,7 @@ fn a_request_put_back_races_the_report_that_ends_its_lease() {
         // kicks the queue; one before leaves the lease to run out, and its
         // end kicks the queue.
         let m1 = m.clone();
-        let back = thread::spawn(move || Box::pin(m1.redispatch(d)));
+        let back = big(move || Box::pin(m1.redispatch(d)));
         m.report(1, 0, &used(0)).unwrap();
         let mut fut = back.join().unwrap();
         m.maintain();
@@ -169,13 +169,13 @@ fn a_request_put_back_races_the_report_that_ends_its_lease() {
 
 #[test]
 fn a_cancel_races_the_maintenance_that_sends_it() {
-    loom::model(|| {
+    model(|| {
         let (m, _) = monitor();
         let mut fut = arrive(&m, 10);
         assert!(poll(&mut fut).is_pending());
         m.report(1, 0, &used(0)).unwrap();
         let m1 = m.clone();
-        let maintenance = thread::spawn(move || {
+        let maintenance = big(move || {
             m1.maintain();
         });
         // The client leaves: sent meanwhile or not, nothing is left.
@@ -190,13 +190,13 @@ fn a_cancel_races_the_maintenance_that_sends_it() {
 
 #[test]
 fn a_deadline_races_the_report_that_frees_its_worker() {
-    loom::model(|| {
+    model(|| {
         let (m, clock) = monitor();
         let mut fut = arrive(&m, 10);
         assert!(poll(&mut fut).is_pending());
         clock.advance(Duration::from_millis(10));
         let m1 = m.clone();
-        let maintenance = thread::spawn(move || {
+        let maintenance = big(move || {
             m1.maintain();
         });
         m.report(1, 0, &used(0)).unwrap();
@@ -212,11 +212,11 @@ fn a_deadline_races_the_report_that_frees_its_worker() {
 
 #[test]
 fn two_waiting_requests_and_a_release_serve_both() {
-    loom::model(|| {
+    model(|| {
         let (m, _) = monitor();
         // 60 blocks: one request makes the worker busy again.
         let m1 = m.clone();
-        let second = thread::spawn(move || arrive(&m1, 60));
+        let second = big(move || arrive(&m1, 60));
         let mut first = arrive(&m, 60);
         m.report(1, 0, &used(0)).unwrap();
         let mut second = second.join().unwrap();
@@ -234,7 +234,7 @@ fn two_waiting_requests_and_a_release_serve_both() {
 
 #[test]
 fn a_request_waiting_for_scale_up_races_the_worker_that_joins() {
-    loom::model(|| {
+    model(|| {
         let (m, _) = monitor();
         let flow = FlowControlConfig {
             queue: FlowConfig {
@@ -246,7 +246,7 @@ fn a_request_waiting_for_scale_up_races_the_worker_that_joins() {
         m.set_flow_control("m", Some(&flow)).unwrap();
         m.remove_worker(1).unwrap();
         let m1 = m.clone();
-        let waiter = thread::spawn(move || arrive(&m1, 10));
+        let waiter = big(move || arrive(&m1, 10));
         let spec = WorkerSpec {
             kv_total_blocks: Some(100),
             ..Default::default()
@@ -257,5 +257,20 @@ fn a_request_waiting_for_scale_up_races_the_worker_that_joins() {
         assert_eq!(d.worker_id(), 2);
         drop(d);
         assert_eq!(m.rank_load(2, 0).unwrap().active_decode_blocks, 0);
+    });
+}
+
+/// A thread of the model with a real thread's stack: loom runs each on a
+/// 32 KiB coroutine, less than a dispatch through the maintenance takes.
+fn big<F: FnOnce() -> T + Send + 'static, T: Send + 'static>(f: F) -> thread::JoinHandle<T> {
+    thread::Builder::new().stack_size(1 << 20).spawn(f).unwrap()
+}
+
+/// `loom::model` with the model's body on a [`big`] thread.
+fn model<F: Fn() + Send + Sync + 'static>(f: F) {
+    let f = std::sync::Arc::new(f);
+    loom::model(move || {
+        let f = f.clone();
+        big(move || f()).join().unwrap();
     });
 }

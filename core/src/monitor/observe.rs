@@ -102,11 +102,13 @@ pub(super) struct ModelSlo {
     /// The monitor's queue of observations.
     pub(super) observations: Arc<Observations>,
     /// `OutputLengths::expected_totals`, published by the maintenance.
-    pub(super) expected_output: [AtomicU64; OUTPUT_BUCKETS],
+    /// (On the heap, as the table below: a model is built on small stacks
+    /// too, a loom model's among them.)
+    pub(super) expected_output: Box<[AtomicU64]>,
     /// Mean prompt of the answers seen, tokens (0 until one).
     pub(super) typical_prompt: AtomicU64,
     /// The maintenance's table of answer lengths.
-    pub(super) outputs: Mutex<OutputLengths>,
+    pub(super) outputs: Mutex<Box<OutputLengths>>,
     /// Each slot's SLO verdict (set: every rank would be busy), kept by
     /// the worker's publisher in either mode.
     pub(super) verdicts: AtomicBits,
@@ -123,9 +125,9 @@ impl ModelSlo {
             tpot: AtomicU64::new(0),
             mode: AtomicU32::new(0),
             observations: Arc::clone(observations),
-            expected_output: std::array::from_fn(|_| AtomicU64::new(0)),
+            expected_output: (0..OUTPUT_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             typical_prompt: AtomicU64::new(0),
-            outputs: Mutex::new(OutputLengths::new()),
+            outputs: Mutex::new(Box::default()),
             verdicts: AtomicBits::new(slots),
             would_admit: AtomicU64::new(0),
             would_refuse: AtomicU64::new(0),
