@@ -3,13 +3,14 @@
 //! rank's verdict from its fitted step time, with its hysteresis; and the
 //! advisory mode that only counts. On a manual clock.
 
+mod support;
+
 use std::time::Duration;
 
 use loadgate::slo::{Slo, HYSTERESIS, MIN_OUTPUTS};
 use loadgate::{Booking, Maintenance, ManualClock, Monitor, MonitorConfig, SloMode, WorkerSpec};
 use proptest::prelude::*;
-
-const BATCH: u64 = 2048;
+use support::slo_engine::{serve, step, BATCH};
 
 fn monitor(kv_total_blocks: u64) -> (Monitor, std::sync::Arc<ManualClock>) {
     let clock = ManualClock::new();
@@ -153,56 +154,12 @@ proptest! {
     }
 }
 
-/// The engine: 5 ms a step, 20 µs a prefill token, 100 µs a request, 0.1 µs
-/// a context token.
-fn step(prefill: f64, running: f64, kv: f64) -> f64 {
-    0.005 + 2e-5 * prefill + 1e-4 * running + 1e-7 * kv
-}
-
-/// Streams `steps` engine steps of a varied load on rank 0, so that its
-/// fit learns the engine; returns with nothing booked.
-fn teach(m: &Monitor, clock: &ManualClock, steps: usize) {
-    let mut live: Vec<(Booking, bool)> = Vec::new();
-    let mut seed = 17u64;
-    for i in 0..steps {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        if live.len() < 40 && (live.len() < 2 || seed % 3 == 0) {
-            let prompt = 16 + seed % 1500;
-            let b = m.book_with_prefill(1, 0, prompt / 16, prompt).unwrap();
-            live.push((b, false));
-        } else if live.len() > 1 && seed % 5 == 0 {
-            live.swap_remove((seed as usize / 7) % live.len());
-        }
-        let load = m.rank_load(1, 0).unwrap();
-        let gap = step(
-            load.active_prefill_tokens.unwrap_or(0).min(BATCH) as f64,
-            live.len() as f64,
-            (load.active_decode_blocks * 16) as f64,
-        );
-        clock.advance(Duration::from_secs_f64(gap));
-        for (b, started) in &mut live {
-            if *started {
-                b.tokens(1);
-            } else {
-                b.first_token();
-                *started = true;
-            }
-        }
-        if i % 16 == 0 {
-            m.maintain();
-        }
-    }
-    m.maintain();
-}
-
 #[test]
 fn the_verdict_refuses_a_rank_whose_queue_would_miss_the_ttft_and_frees_it_below_the_band() {
     let (m, clock) = monitor(100_000);
     // Advisory while it learns, so the teaching load is never refused.
     m.set_slo("m", slo(0.5, 0.1), SloMode::Advisory).unwrap();
-    teach(&m, &clock, 3_000);
+    serve(&m, &clock, 3_000);
     assert!(m.predict(1, 0, 1).unwrap().trusted);
     m.set_slo("m", slo(0.5, 0.1), SloMode::Enforce).unwrap();
     assert!(!m.is_busy(1).unwrap());
@@ -255,7 +212,7 @@ fn the_verdict_refuses_a_rank_whose_queue_would_miss_the_ttft_and_frees_it_below
 fn the_tpot_verdict_holds_the_decode_load() {
     let (m, clock) = monitor(1_000_000);
     m.set_slo("m", slo(10.0, 0.02), SloMode::Advisory).unwrap();
-    teach(&m, &clock, 3_000);
+    serve(&m, &clock, 3_000);
     m.set_slo("m", slo(10.0, 0.02), SloMode::Enforce).unwrap();
     // 20 ms a token: 5 ms + 100 µs a request + 0.1 µs a context token.
     let mut held: Vec<Booking> = Vec::new();

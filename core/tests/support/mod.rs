@@ -8,6 +8,7 @@ pub mod nats_server;
 pub mod polling;
 pub mod recorded;
 pub mod rng;
+pub mod slo_engine;
 
 use std::time::{Duration, Instant};
 

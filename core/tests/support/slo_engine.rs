@@ -1,0 +1,56 @@
+//! A known engine for the SLO tests: its step time, and streams on rank 0
+//! of worker 1 whose token gaps are its steps under the rank's load.
+#![allow(dead_code)] // only the SLO tests use it
+
+use std::time::Duration;
+
+use loadgate::{Booking, ManualClock, Monitor};
+
+/// The engine's batch budget, tokens a step.
+pub const BATCH: u64 = 2048;
+
+/// The engine: 5 ms a step, 20 µs a prefill token, 100 µs a request, 0.1 µs
+/// a context token.
+pub fn step(prefill: f64, running: f64, kv: f64) -> f64 {
+    0.005 + 2e-5 * prefill + 1e-4 * running + 1e-7 * kv
+}
+
+/// Runs `steps` engine steps on rank 0 of worker 1 with a changing set of
+/// requests: each step takes the engine's time under the rank's load then,
+/// and gives every request on the rank a token.
+pub fn serve(m: &Monitor, clock: &ManualClock, steps: usize) {
+    let mut live: Vec<(Booking, bool)> = Vec::new();
+    let mut seed = 17u64;
+    for i in 0..steps {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        // Requests come and go: between 1 and 40 on the rank.
+        if live.len() < 40 && (live.len() < 2 || seed % 3 == 0) {
+            let prompt = 16 + seed % 1500;
+            let b = m.book_with_prefill(1, 0, prompt / 16, prompt).unwrap();
+            live.push((b, false));
+        } else if live.len() > 1 && seed % 5 == 0 {
+            live.swap_remove((seed as usize / 7) % live.len());
+        }
+        let load = m.rank_load(1, 0).unwrap();
+        let gap = step(
+            load.active_prefill_tokens.unwrap_or(0).min(BATCH) as f64,
+            live.len() as f64,
+            (load.active_decode_blocks * 16) as f64,
+        );
+        clock.advance(Duration::from_secs_f64(gap));
+        for (b, started) in &mut live {
+            if *started {
+                b.tokens(1);
+            } else {
+                b.first_token();
+                *started = true;
+            }
+        }
+        if i % 16 == 0 {
+            m.maintain();
+        }
+    }
+    m.maintain();
+}
