@@ -41,6 +41,11 @@ fn defaults_row<'a>(m: &'a Matrix, scenario: &str, arm: ArmKind) -> Option<&'a R
 /// The best goodput any arm reached on `scenario` when tuned there (arms
 /// without knobs as they ran), and which arm.
 fn cell_best(m: &Matrix, scenario: &str) -> Option<(f64, ArmKind)> {
+    cell_best_but(m, scenario, None)
+}
+
+/// [`cell_best`] leaving out arm `but` (the best any *other* arm reached).
+fn cell_best_but(m: &Matrix, scenario: &str, but: Option<ArmKind>) -> Option<(f64, ArmKind)> {
     let tuned_there = m
         .cell_best
         .iter()
@@ -50,6 +55,7 @@ fn cell_best(m: &Matrix, scenario: &str) -> Option<(f64, ArmKind)> {
         .rows
         .iter()
         .filter(|r| r.scenario == scenario && !ArmKind::TUNABLE.contains(&r.arm))
+        .filter(|r| Some(r.arm) != but)
         .map(|r| (r.measured.goodput_frac, r.arm));
     tuned_there.chain(fixed).max_by(|a, b| a.0.total_cmp(&b.0))
 }

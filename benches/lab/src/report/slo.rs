@@ -10,18 +10,7 @@ use crate::matrix::{Matrix, Row};
 /// The best goodput another arm reached on `scenario` (tuned there, or as
 /// it ran without knobs), and which.
 fn others_best(m: &Matrix, scenario: &str) -> Option<(f64, ArmKind)> {
-    let tuned_there = m
-        .cell_best
-        .iter()
-        .filter(|c| c.scenario == scenario)
-        .map(|c| (c.goodput_frac, c.arm));
-    let fixed = m
-        .rows
-        .iter()
-        .filter(|r| r.scenario == scenario && !ArmKind::TUNABLE.contains(&r.arm))
-        .filter(|r| r.arm != ArmKind::Slo)
-        .map(|r| (r.measured.goodput_frac, r.arm));
-    tuned_there.chain(fixed).max_by(|a, b| a.0.total_cmp(&b.0))
+    super::cell_best_but(m, scenario, Some(ArmKind::Slo))
 }
 
 /// Arm (i)'s rows, scenario by scenario.
