@@ -28,6 +28,33 @@
 //! `nats.rs` (the NATS transport), and `replicas.rs` (booking sync between
 //! frontend replicas; its snapshot format in `replicas/wire.rs`).
 //!
+//! A frontend and a worker over the embedded bus:
+//!
+//! ```rust
+//! use std::sync::Arc;
+//!
+//! use loadgate::cluster::{InProcessBus, Publisher, PublisherConfig, Subjects};
+//! use loadgate::cluster::{Subscriber, SubscriberConfig};
+//! use loadgate::{LoadReport, Monitor, MonotonicClock};
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // With the `nats` feature: loadgate::cluster::nats::NatsTransport::connect(url)?
+//!     let bus = Arc::new(InProcessBus::new());
+//!     let subjects = Subjects::new("prod")?;
+//!
+//!     // Frontend: learns workers from their first message, drops them after 3 s of silence.
+//!     let monitor = Arc::new(Monitor::new());
+//!     let clock = MonotonicClock::shared();
+//!     let subscriber = Subscriber::new(monitor.clone(), SubscriberConfig::default(), clock)?;
+//!     let _attached = subscriber.attach(&*bus, &subjects)?;
+//!
+//!     // Worker: `report` returns at once; a thread sends changes and a heartbeat every second.
+//!     let publisher = Publisher::spawn(PublisherConfig::new(7, "llama"), bus, &subjects)?;
+//!     publisher.report(0, &LoadReport { kv_used_blocks: Some(950), ..Default::default() })?;
+//!     Ok(())
+//! }
+//! ```
+//!
 //! [`LoadMessage`]: wire::LoadMessage
 //! [`Monitor`]: crate::Monitor
 
