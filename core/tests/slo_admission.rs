@@ -7,6 +7,7 @@ mod support;
 
 use std::time::Duration;
 
+use loadgate::monitor::SloCounts;
 use loadgate::slo::{Slo, HYSTERESIS, MIN_OUTPUTS};
 use loadgate::{Booking, Maintenance, ManualClock, Monitor, MonitorConfig, SloMode, WorkerSpec};
 use proptest::prelude::*;
@@ -255,10 +256,15 @@ fn advisory_counts_what_it_would_decide_and_the_thresholds_still_do() {
     for _ in 0..3 {
         m.select("m", loadgate::Policy::Random).unwrap();
     }
-    assert_eq!(m.slo_would("m"), Some((0, 3)));
+    let counts = |admit, refuse| SloCounts {
+        would_admit: admit,
+        would_refuse: refuse,
+        ..SloCounts::default()
+    };
+    assert_eq!(m.slo_counts("m"), Some(counts(0, 3)));
     drop(held);
     m.select("m", loadgate::Policy::Random).unwrap();
-    assert_eq!(m.slo_would("m"), Some((1, 3)));
+    assert_eq!(m.slo_counts("m"), Some(counts(1, 3)));
     let text = m.metrics_text();
     assert!(
         text.contains("dynamo_frontend_slo_would_refuse_total{model=\"m\"} 3"),

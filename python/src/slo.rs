@@ -58,9 +58,10 @@ impl Monitor {
     }
 
     /// Model `model`'s SLO as `{"ttft": s, "tpot": s, "advisory": bool,
-    /// "would_admit": n, "would_refuse": n}` (the counts: requests picked
-    /// while advisory whose worker the SLO would have admitted or
-    /// refused), or `None`.
+    /// "would_admit": n, "would_queue": n, "would_refuse": n,
+    /// "refused_late": n}` (`Monitor::slo_counts`: while advisory, requests
+    /// the SLO would have admitted, let wait or refused; enforced, those
+    /// refused at arrival as predicted late), or `None`.
     fn slo<'py>(
         &self,
         py: Python<'py>,
@@ -70,13 +71,15 @@ impl Monitor {
         let Some((slo, mode)) = self.inner.slo(&model) else {
             return Ok(None);
         };
-        let (admit, refuse) = self.inner.slo_would(&model).unwrap_or_default();
+        let counts = self.inner.slo_counts(&model).unwrap_or_default();
         let d = PyDict::new(py);
         d.set_item("ttft", slo.ttft.as_secs_f64())?;
         d.set_item("tpot", slo.tpot.as_secs_f64())?;
         d.set_item("advisory", mode == SloMode::Advisory)?;
-        d.set_item("would_admit", admit)?;
-        d.set_item("would_refuse", refuse)?;
+        d.set_item("would_admit", counts.would_admit)?;
+        d.set_item("would_queue", counts.would_queue)?;
+        d.set_item("would_refuse", counts.would_refuse)?;
+        d.set_item("refused_late", counts.refused_late)?;
         Ok(Some(d))
     }
 

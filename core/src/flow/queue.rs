@@ -503,6 +503,21 @@ impl<T> FlowQueue<T> {
             .map_or(self.deadline, |d| nanos(d.min(MAX_FLOW_DEADLINE)))
     }
 
+    /// How long `request` may wait: its own deadline (at most
+    /// [`MAX_FLOW_DEADLINE`]) or the queue's.
+    pub fn deadline_of(&self, request: &FlowRequest<'_>) -> Duration {
+        Duration::from_nanos(self.wait(request))
+    }
+
+    /// How long a request queued now is predicted to wait: the requests
+    /// waiting and itself over the measured drain rate (every dispatch,
+    /// queued or direct, counts); `None` before two dispatches.
+    pub fn predicted_wait(&self) -> Option<Duration> {
+        let rate = self.drain.per_second()?;
+        let secs = (f64::from(self.queued) + 1.0) / rate;
+        Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+    }
+
     /// Charges tenant `t` a dispatch of `place.prompt` tokens and reserves
     /// `place.output`.
     fn charge(&mut self, tenant: u32, place: Place) -> Reservation {

@@ -5,7 +5,7 @@
 //! for a value out of range and 404 for a write to an unknown model).
 //!
 //! * `GET`/`HEAD` → 200 `{"slos": [{model, ttft, tpot, advisory,
-//!   would_admit, would_refuse}, …]}` for every model (`null` targets:
+//!   would_admit, would_queue, would_refuse, refused_late}, …]}` for every model (`null` targets:
 //!   none).
 //! * `POST {model}` → that model's, a read; `POST {model, ttft, tpot,
 //!   advisory?}` sets it (seconds; both or neither); `POST {model,
@@ -51,20 +51,24 @@ struct SloAnswer<'a> {
     tpot: Option<f64>,
     advisory: Option<bool>,
     would_admit: u64,
+    would_queue: u64,
     would_refuse: u64,
+    refused_late: u64,
 }
 
 impl<'a> SloAnswer<'a> {
     fn new(monitor: &Monitor, model: &'a str) -> Self {
         let slo = monitor.slo(model);
-        let (would_admit, would_refuse) = monitor.slo_would(model).unwrap_or_default();
+        let counts = monitor.slo_counts(model).unwrap_or_default();
         SloAnswer {
             model,
             ttft: slo.map(|(s, _)| s.ttft.as_secs_f64()),
             tpot: slo.map(|(s, _)| s.tpot.as_secs_f64()),
             advisory: slo.map(|(_, mode)| mode == SloMode::Advisory),
-            would_admit,
-            would_refuse,
+            would_admit: counts.would_admit,
+            would_queue: counts.would_queue,
+            would_refuse: counts.would_refuse,
+            refused_late: counts.refused_late,
         }
     }
 }

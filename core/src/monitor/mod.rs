@@ -113,7 +113,7 @@ pub use observe::SloMode;
 pub use outbox::OUTBOX_CAPACITY;
 pub use pick::seed_picks;
 pub use route::Route;
-pub use slo::{Prediction, FIT_PERIOD, OBSERVATION_CAPACITY, SEAT_PROBE};
+pub use slo::{Prediction, SloCounts, FIT_PERIOD, OBSERVATION_CAPACITY, SEAT_PROBE};
 
 use duty::Duty;
 use model::Model;

@@ -113,9 +113,18 @@ pub(super) struct ModelSlo {
     /// the worker's publisher in either mode.
     pub(super) verdicts: AtomicBits,
     /// Requests picked while advisory whose worker the SLO would admit,
-    /// and those it would refuse.
+    /// and those it would refuse (a pick, or a wait in the queue
+    /// predicted too long); requests it would let wait in the queue.
     pub(super) would_admit: AtomicU64,
     pub(super) would_refuse: AtomicU64,
+    pub(super) would_queue: AtomicU64,
+    /// Requests refused at arrival, enforced, because their wait in the
+    /// queue was predicted too long (`flow/late.rs`).
+    pub(super) refused_late: AtomicU64,
+    /// Time from dispatch to first token as observed: its running mean and
+    /// mean absolute deviation, `f64` bits of seconds (0 until the first);
+    /// the maintenance's.
+    pub(super) dispatch_ttft: [AtomicU64; 2],
 }
 
 impl ModelSlo {
@@ -131,6 +140,9 @@ impl ModelSlo {
             verdicts: AtomicBits::new(slots),
             would_admit: AtomicU64::new(0),
             would_refuse: AtomicU64::new(0),
+            would_queue: AtomicU64::new(0),
+            refused_late: AtomicU64::new(0),
+            dispatch_ttft: Default::default(),
         }
     }
 
@@ -173,6 +185,9 @@ pub(super) struct RankSlo {
     pub(super) seats: AtomicU64,
     /// The SLO's verdict on the rank as last published (its publisher's).
     pub(super) busy: AtomicBool,
+    /// The load the verdict last weighed (1 at the rank's line), `f64`
+    /// bits: routing sends a request where it is lowest (`rank.rs`).
+    pub(super) pressure: AtomicU64,
     /// How often that verdict changed.
     pub(super) flips: AtomicU64,
 }
@@ -188,8 +203,15 @@ impl RankSlo {
             fit: OnceLock::new(),
             seats: AtomicU64::new(0),
             busy: AtomicBool::new(false),
+            pressure: AtomicU64::new(0),
             flips: AtomicU64::new(0),
         }
+    }
+
+    /// The load the verdict last weighed (`pressure`).
+    pub(super) fn pressure(&self) -> f64 {
+        // Relaxed: a hint routing compares.
+        f64::from_bits(self.pressure.load(Ordering::Relaxed))
     }
 
     pub(super) fn coefficients(&self) -> [f64; 4] {

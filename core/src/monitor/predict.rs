@@ -157,6 +157,8 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
         l.active_prefill_tokens.unwrap_or(0) as f64 / l.max_num_batched_tokens.max(1) as f64
     };
     let load = kv.max(time).max(seats(slo, l));
+    // Relaxed: a hint routing compares (`RankSlo::pressure`).
+    slo.pressure.store(load.to_bits(), Ordering::Relaxed);
     // Relaxed: the publisher's own state (only one publishes at a time).
     let was = slo.busy.load(Ordering::Relaxed);
     let busy = if was {

@@ -126,6 +126,9 @@ impl Rank {
     }
 }
 
+/// The SLO load's fixed point in a worker's routing load (`publish`).
+const PRESSURE_SCALE: f64 = 1e6;
+
 /// One registered worker.
 #[derive(Debug)]
 pub(super) struct Worker {
@@ -168,6 +171,9 @@ impl Worker {
             // Whether the SLO's verdict is busy on every rank (`slo.rs`).
             let mut slo_busy = all_busy;
             let mut load = 0u64;
+            // The least SLO load of its ranks, enforced: what routing
+            // compares instead (the most slack).
+            let mut pressure = f64::INFINITY;
             for rank in self.ranks.iter() {
                 let l = rank.load();
                 load = load.saturating_add(l.load_score());
@@ -181,6 +187,7 @@ impl Worker {
                             Some(t) => {
                                 let v = super::predict::verdict(&rank.slo, &l, t);
                                 slo_busy &= v;
+                                pressure = pressure.min(rank.slo.pressure());
                                 fixed || (v && t.mode == SloMode::Enforce)
                             }
                             None => fixed,
@@ -195,6 +202,9 @@ impl Worker {
                 } else {
                     model.slo.verdicts.clear(self.slot);
                 }
+            }
+            if slo.is_some_and(|t| t.mode == SloMode::Enforce) {
+                load = (pressure * PRESSURE_SCALE) as u64;
             }
             // Relaxed: a hint power-of-two routing compares; a value a
             // moment old only skews one choice between two free workers.
@@ -223,12 +233,20 @@ impl Worker {
         }
     }
 
-    /// The least loaded rank index (`RankLoad::load_score`), where a
-    /// request sent to this worker is booked.
+    /// The least loaded rank index (`RankLoad::load_score`; with an
+    /// enforced SLO, the one with the most slack), where a request sent to
+    /// this worker is booked.
     pub(super) fn least_loaded_rank(&self) -> usize {
-        (0..self.ranks.len())
-            .min_by_key(|&i| self.ranks[i].load().load_score())
-            .unwrap_or(0)
+        let ranks = 0..self.ranks.len();
+        let least = if self.model.slo.mode() == Some(SloMode::Enforce) {
+            ranks.min_by(|&a, &b| {
+                let p = |i: usize| self.ranks[i].slo.pressure();
+                p(a).total_cmp(&p(b))
+            })
+        } else {
+            ranks.min_by_key(|&i| self.ranks[i].load().load_score())
+        };
+        least.unwrap_or(0)
     }
 
     /// Whether this frontend's own bookings fill its leased share of `rank`

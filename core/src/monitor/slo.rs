@@ -51,7 +51,7 @@ use super::Monitor;
 use crate::error::ThresholdError;
 use crate::metrics;
 use crate::slo::{Slo, StepFit, StepLoad};
-use crate::sync::{lock, Mutex, Ordering};
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 impl Worker {
     /// Whether the worker's model has an SLO, enforced or advisory.
@@ -60,7 +60,6 @@ impl Worker {
         self.model.slo.mode().is_some()
     }
 
-    /// A step of `seconds` seen on rank index `rank`, under its load now.
     /// The load features of a step of rank index `rank` now.
     pub(super) fn step_load(&self, rank: usize) -> StepLoad {
         let r = &self.ranks[rank];
@@ -112,10 +111,55 @@ impl Worker {
     }
 }
 
+/// What a model's SLO decided, and would have decided while advisory
+/// ([`Monitor::slo_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SloCounts {
+    /// Requests picked while advisory whose worker the SLO would admit.
+    pub would_admit: u64,
+    /// Requests that found no worker free while advisory and that the SLO
+    /// would have let wait in the queue.
+    pub would_queue: u64,
+    /// Requests picked while advisory whose worker the SLO would refuse,
+    /// and requests it would have refused a wait in the queue.
+    pub would_refuse: u64,
+    /// Requests refused at arrival, enforced, because their wait in the
+    /// queue was predicted past their deadline or the TTFT target.
+    pub refused_late: u64,
+}
+
 /// Smoothing of the time-to-first-token error.
 const TTFT_SMOOTH: f64 = 0.05;
 /// Smoothing of the typical prompt.
 const PROMPT_SMOOTH: f64 = 0.02;
+/// Longest time to first token observed, seconds; a longer one (a clock
+/// that jumped, a request held by its client) is set aside.
+const MAX_TTFT: f64 = 3600.0;
+
+/// Moves the running mean in `cell` (`f64` bits) towards `x` by
+/// [`TTFT_SMOOTH`]. Relaxed: only the maintenance writes it.
+fn smooth(cell: &AtomicU64, x: f64) {
+    let old = f64::from_bits(cell.load(Ordering::Relaxed));
+    let new = old + TTFT_SMOOTH * (x - old);
+    cell.store(new.to_bits(), Ordering::Relaxed);
+}
+
+impl ModelSlo {
+    /// A time from dispatch to first token of `observed` seconds: into
+    /// the running mean and deviation the queue's wait budget reads
+    /// (`flow/late.rs`); the first sets the mean.
+    fn observe_dispatch_ttft(&self, observed: f64) {
+        let [mean, spread] = &self.dispatch_ttft;
+        // Relaxed: only the maintenance writes them.
+        let m = f64::from_bits(mean.load(Ordering::Relaxed));
+        if m == 0.0 {
+            mean.store(observed.to_bits(), Ordering::Relaxed);
+            return;
+        }
+        smooth(spread, (observed - m).abs());
+        smooth(mean, observed);
+    }
+}
 
 /// Feeds every queued observation to its rank's fit and publishes the
 /// ranks it changed; returns how many it took.
@@ -171,12 +215,12 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
             Sample::FirstToken {
                 observed,
                 predicted,
-            } if predicted >= 0.0 && observed.is_finite() && observed > 0.0 => {
-                let e = ((predicted - observed).abs() / observed).min(1.0);
-                // Relaxed: only the maintenance writes it.
-                let old = f64::from_bits(slo.ttft_error.load(Ordering::Relaxed));
-                let new = old + TTFT_SMOOTH * (e - old);
-                slo.ttft_error.store(new.to_bits(), Ordering::Relaxed);
+            } if observed.is_finite() && observed > 0.0 && observed <= MAX_TTFT => {
+                worker.model.slo.observe_dispatch_ttft(observed);
+                if predicted >= 0.0 {
+                    let e = ((predicted - observed).abs() / observed).min(1.0);
+                    smooth(&slo.ttft_error, e);
+                }
             }
             Sample::FirstToken { .. } => {}
         }
@@ -263,15 +307,20 @@ impl Monitor {
         Some((slo, mode))
     }
 
-    /// Model `model`'s requests picked while its SLO was advisory whose
-    /// worker the SLO would have admitted, and those it would have refused
-    /// (`None` for an unknown model).
-    pub fn slo_would(&self, model: &str) -> Option<(u64, u64)> {
+    /// What model `model`'s SLO decided, and would have decided while
+    /// advisory, since the model was created (`None` for an unknown
+    /// model).
+    pub fn slo_counts(&self, model: &str) -> Option<SloCounts> {
         let reg = self.registry.load();
-        let m = reg.models.get(model)?;
+        let m = &reg.models.get(model)?.slo;
         // Relaxed: counters.
-        let admit = m.slo.would_admit.load(Ordering::Relaxed);
-        Some((admit, m.slo.would_refuse.load(Ordering::Relaxed)))
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Some(SloCounts {
+            would_admit: n(&m.would_admit),
+            would_queue: n(&m.would_queue),
+            would_refuse: n(&m.would_refuse),
+            refused_late: n(&m.refused_late),
+        })
     }
 
     /// What the rank's fit predicts for a new request of `prompt_tokens`
@@ -388,16 +437,26 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
             models.push(&w.model.slo);
         }
     }
-    let model_families: [(&str, &str, &str); 3] = [
+    let model_families: [(&str, &str, &str); 5] = [
         (
             "frontend_slo_would_admit_total",
             "counter",
             "Requests picked while the SLO was advisory whose worker it would have admitted.",
         ),
         (
+            "frontend_slo_would_queue_total",
+            "counter",
+            "Requests that found no worker free while the SLO was advisory that it would have let wait.",
+        ),
+        (
             "frontend_slo_would_refuse_total",
             "counter",
-            "Requests picked or refused while the SLO was advisory that it would have refused.",
+            "Requests picked or queued while the SLO was advisory that it would have refused.",
+        ),
+        (
+            "frontend_slo_refused_late_total",
+            "counter",
+            "Requests refused at arrival because their wait in the queue was predicted too long.",
         ),
         (
             "frontend_slo_expected_output_tokens",
@@ -411,7 +470,9 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
             // Relaxed loads: counters and a gauge.
             let value = match family {
                 0 => m.would_admit.load(Ordering::Relaxed),
-                1 => m.would_refuse.load(Ordering::Relaxed),
+                1 => m.would_queue.load(Ordering::Relaxed),
+                2 => m.would_refuse.load(Ordering::Relaxed),
+                3 => m.refused_late.load(Ordering::Relaxed),
                 _ => m.expected_output[0].load(Ordering::Relaxed),
             };
             metrics::sample(out, prefix, name, &[("model", model)], value);

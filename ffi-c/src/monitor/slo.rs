@@ -52,7 +52,7 @@ pub struct lg_prediction {
 /// lg_booking_tokens(), lg_booking_finish()), each rank's engine step time
 /// is fitted, bookings reserve the answers they expect, and each rank gets
 /// the SLO's verdict, which marks it busy beside the thresholds, or with
-/// `advisory` is only counted (lg_monitor_slo_would()) and shown.
+/// `advisory` is only counted (lg_monitor_slo_counts()) and shown.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor, bad model string, a field
 /// not finite, not above 0 or above 3600 seconds, named in the message),
@@ -96,9 +96,26 @@ pub unsafe extern "C" fn lg_monitor_set_slo(
     })
 }
 
-/// Requests of `model` picked while its SLO was advisory whose worker the
-/// SLO would have admitted (`*out_admit`) and those it would have refused
-/// (`*out_refuse`).
+/// What a model's SLO decided, and would have decided while advisory
+/// (lg_monitor_slo_counts()).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct lg_slo_counts {
+    /// Requests picked while advisory whose worker the SLO would admit.
+    pub would_admit: u64,
+    /// Requests that found no worker free while advisory and that the SLO
+    /// would have let wait in the queue.
+    pub would_queue: u64,
+    /// Requests picked while advisory whose worker the SLO would refuse,
+    /// and requests it would have refused a wait in the queue.
+    pub would_refuse: u64,
+    /// Requests refused at arrival, enforced, because their wait in the
+    /// queue was predicted past their deadline or the TTFT target.
+    pub refused_late: u64,
+}
+
+/// What `model`'s SLO decided, and would have decided while advisory,
+/// into `*out`.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or output, bad model string),
 /// LG_NOT_FOUND (unknown model).
@@ -107,35 +124,34 @@ pub unsafe extern "C" fn lg_monitor_set_slo(
 ///
 /// # Safety
 /// `monitor` is NULL or a live monitor; `model` is NULL or valid for
-/// `model_len` bytes; the outputs are NULL or valid for writes.
+/// `model_len` bytes; `out` is NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn lg_monitor_slo_would(
+pub unsafe extern "C" fn lg_monitor_slo_counts(
     monitor: *const lg_monitor,
     model: *const c_char,
     model_len: usize,
-    out_admit: *mut u64,
-    out_refuse: *mut u64,
+    out: *mut lg_slo_counts,
 ) -> lg_status {
     guard(|| {
         // SAFETY: `monitor` is NULL or live (contract).
         let m = unsafe { input(monitor, "monitor") }?;
         // SAFETY: `model` is NULL or valid for `model_len` bytes (contract).
         let model = unsafe { string(model, model_len, "model") }?;
-        let (admit_out, refuse_out) = (
-            Out::new(out_admit, "out_admit")?,
-            Out::new(out_refuse, "out_refuse")?,
-        );
-        let (admit, refuse) = m.monitor.slo_would(model).ok_or_else(|| {
+        let out = Out::new(out, "out")?;
+        let c = m.monitor.slo_counts(model).ok_or_else(|| {
             Error::new(
                 lg_status::LG_NOT_FOUND,
                 format_args!("unknown model {model:?}"),
             )
         })?;
+        let counts = lg_slo_counts {
+            would_admit: c.would_admit,
+            would_queue: c.would_queue,
+            would_refuse: c.would_refuse,
+            refused_late: c.refused_late,
+        };
         // SAFETY: writable by the contract.
-        unsafe {
-            admit_out.write(admit);
-            refuse_out.write(refuse);
-        }
+        unsafe { out.write(counts) };
         Ok(())
     })
 }

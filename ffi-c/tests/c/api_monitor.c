@@ -656,12 +656,14 @@ void test_monitor_slo(void) {
     lg_booking_finish(b, UINT64_MAX); /* learned as 141 tokens, and freed */
 
     /* Advisory: the verdict (free) is counted, never acted on. */
-    uint64_t admit = 9, refuse = 9, w = 0;
-    EXPECT(lg_monitor_slo_would(m, S("nope"), &admit, &refuse), LG_NOT_FOUND);
-    INVALID(lg_monitor_slo_would(m, S("llama"), NULL, &refuse));
+    struct lg_slo_counts counts = {9, 9, 9, 9};
+    uint64_t w = 0;
+    EXPECT(lg_monitor_slo_counts(m, S("nope"), &counts), LG_NOT_FOUND);
+    INVALID(lg_monitor_slo_counts(m, S("llama"), NULL));
     OK(lg_monitor_select(m, S("llama"), LG_POLICY_RANDOM, &w));
-    OK(lg_monitor_slo_would(m, S("llama"), &admit, &refuse));
-    CHECK(admit == 1 && refuse == 0);
+    OK(lg_monitor_slo_counts(m, S("llama"), &counts));
+    CHECK(counts.would_admit == 1 && counts.would_refuse == 0);
+    CHECK(counts.would_queue == 0 && counts.refused_late == 0);
 
     OK(lg_monitor_set_slo(m, S("llama"), NULL)); /* cleared */
     lg_monitor_free(m);

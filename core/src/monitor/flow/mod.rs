@@ -58,7 +58,9 @@
 
 mod control;
 mod future;
+mod late;
 mod metrics;
+mod pick;
 mod trampoline;
 
 use std::collections::HashMap;
@@ -72,13 +74,13 @@ use control::{After, Notify, State};
 pub use future::{Dispatch, DispatchHandle, Dispatching};
 use future::{Step, Waiting};
 pub(crate) use metrics::render as render_metrics;
+use pick::pick_and_book;
+pub(super) use pick::run_queues;
 
 use super::config::DEFAULT_BLOCK_TOKENS;
 use super::model::Model;
-use super::registry::Registry;
-use super::{Booking, Monitor, Owner, Policy};
-use crate::clock::SharedClock;
-use crate::error::{ReportError, ThresholdError};
+use super::{Monitor, Policy};
+use crate::error::ThresholdError;
 use crate::flow::{FlowConfig, FlowConfigError, FlowRejection, FlowRequest, MAX_SHED};
 use crate::sync::{fence, lock, Ordering};
 
@@ -131,10 +133,6 @@ pub(super) type Flows = ArcSwap<HashMap<Box<str>, Arc<FlowControl>, foldhash::fa
 /// The callback form's callback ([`Monitor::dispatch_with_callback`]):
 /// called exactly once, with the dispatch or why not.
 pub type DispatchCallback = Box<dyn FnOnce(Result<Dispatch, FlowRejection>) + Send + 'static>;
-
-/// Workers tried for one request before it waits, when this frontend's
-/// leased share has no room on the ones routing found free (`share.rs`).
-const NO_SHARE_TRIES: u32 = 4;
 
 impl Monitor {
     /// Turns flow control on for `model` with `config`, or off with `None`
@@ -313,13 +311,23 @@ impl Monitor {
         } else {
             None
         };
+        // With an SLO, it waits only if predicted to be sent in time
+        // (`late.rs`).
+        let mut asked = request.flow;
+        let refused = refused.or_else(|| match late::decide(&m.slo, &st.queue, &asked)? {
+            Ok(deadline) => {
+                asked.deadline = Some(deadline);
+                None
+            }
+            Err(why) => Some(why),
+        });
         if let Some(why) = refused {
             flow.refused(&mut st, why, band);
             return Arrival::Ready(Err(why));
         }
         let ticket = (request.blocks(), request.flow.prompt_tokens, band);
         self.wait_in(&flow, st, ticket, was_empty, callback, |q, t, shed| {
-            q.push(&request.flow, t, now, shed)
+            q.push(&asked, t, now, shed)
         })
     }
 
@@ -588,87 +596,6 @@ impl Shed {
 
     fn as_slice(&self) -> &[u32] {
         &self.tickets[..self.len]
-    }
-}
-
-/// Runs the dispatch loop of every queue that was kicked or whose earliest
-/// deadline came, delivering the outcomes on this thread; the earliest
-/// deadline left, in clock nanoseconds.
-pub(super) fn run_queues(
-    flows: &Flows,
-    registry: &ArcSwap<Registry>,
-    clock: &SharedClock,
-) -> Option<u64> {
-    let flows = flows.load_full();
-    let mut next: Option<u64> = None;
-    for flow in flows.values() {
-        let m = &*flow.model;
-        let kicked = flow.take_kick();
-        let now = clock.now_nanos();
-        let mut st = lock(&flow.state);
-        let due = st.queue.next_deadline().is_some_and(|d| d <= now);
-        if kicked || due {
-            loop {
-                let mut after: After = After::default();
-                let more = flow.run(
-                    &mut st,
-                    now,
-                    &mut |blocks, prefill| {
-                        pick_and_book(registry, m, clock, flow.policy, blocks, prefill)
-                    },
-                    &mut after,
-                );
-                drop(st);
-                after.deliver(flow);
-                st = lock(&flow.state);
-                if !more {
-                    break;
-                }
-            }
-        }
-        if let Some(d) = st.queue.next_deadline() {
-            next = Some(next.map_or(d, |n| n.min(d)));
-        }
-    }
-    next
-}
-
-/// Picks a free worker of `m` by `policy` and books `blocks` and `prefill`
-/// tokens on its least loaded rank: the worker and its booking (none for a
-/// worker that declared no ranks: it is never busy, and has nothing to
-/// book), or `None` when no worker is free. It returns once the worker's busy state counts
-/// the booking, so the next pick of a loop sees it. A worker removed since the pick is picked
-/// again; one where this frontend's leased share has no room for the
-/// request (`share.rs`) is passed over, and after a few such the request is
-/// left to wait (a release or a larger share kicks the queue).
-fn pick_and_book(
-    registry: &ArcSwap<Registry>,
-    m: &Model,
-    clock: &SharedClock,
-    policy: Policy,
-    blocks: u64,
-    prefill: u64,
-) -> Option<(u64, Option<Booking>)> {
-    let mut no_share = 0;
-    loop {
-        let slot = m.pick(policy, clock)?;
-        // Relaxed: as in `Model::select`.
-        let worker_id = m.ids[slot].load(Ordering::Relaxed);
-        let reg = registry.load();
-        let booked = match reg.workers.get(&worker_id) {
-            Some(worker) if worker.ranks.is_empty() => return Some((worker_id, None)),
-            Some(worker) => {
-                let rank = worker.least_loaded_rank();
-                Booking::new_published(worker.clone(), rank, Owner::Own, blocks, prefill)
-            }
-            None => Err(ReportError::UnknownWorker(worker_id)),
-        };
-        match booked {
-            Ok(booking) => return Some((worker_id, Some(booking))),
-            Err(ReportError::NoShare { .. }) if no_share < NO_SHARE_TRIES => no_share += 1,
-            Err(ReportError::NoShare { .. }) => return None,
-            Err(_) => {}
-        }
     }
 }
 

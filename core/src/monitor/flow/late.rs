@@ -1,0 +1,81 @@
+//! An SLO's say over the queue (`Monitor::set_slo`): a request that finds
+//! no worker free waits only while its wait is predicted to leave its time
+//! to first token within the target. Otherwise it is refused at once, so a
+//! hopeless request hears so in microseconds instead of at its deadline.
+//!
+//! * **The budget.** The TTFT target less the time from dispatch to first
+//!   token the model's requests showed lately: the running mean plus
+//!   [`SPREADS`] running mean absolute deviations (`slo.rs`). Before the
+//!   first is seen, half the target. A queued request's deadline is cut to
+//!   the budget: past it, dispatching it would only make it late.
+//! * **The prediction.** The requests waiting and itself over the queue's
+//!   measured drain rate (`FlowQueue::predicted_wait`: the last 32
+//!   dispatches, queued or direct). Before two dispatches nothing is
+//!   predicted, and the request waits up to its cut deadline.
+//! * **The decision.** Enforced: a wait predicted past the deadline is
+//!   refused with [`FlowRejection::QueueDeadline`] (the reason a request
+//!   that waited it out gets) and counted
+//!   (`frontend_slo_refused_late_total`); the client's `Retry-After` is the
+//!   queue's predicted drain ([`Monitor::flow_retry_after`]). Advisory: the
+//!   request waits as without an SLO, and the SLO counts whether it would
+//!   have let it wait (`would_queue`) or refused it (`would_refuse`).
+//!
+//! [`Monitor::flow_retry_after`]: crate::Monitor::flow_retry_after
+
+use std::time::Duration;
+
+use crate::flow::{FlowQueue, FlowRejection, FlowRequest};
+use crate::monitor::observe::{ModelSlo, SloMode};
+use crate::sync::Ordering;
+
+/// How many mean absolute deviations above the mean time from dispatch to
+/// first token the budget keeps for it.
+const SPREADS: f64 = 2.0;
+
+/// What the SLO makes of a request about to wait in `queue`: the deadline
+/// it waits with (its own, cut to the budget), or its refusal. `None`:
+/// no enforced SLO, the request waits as asked.
+pub(super) fn decide(
+    slo: &ModelSlo,
+    queue: &FlowQueue<u32>,
+    request: &FlowRequest<'_>,
+) -> Option<Result<Duration, FlowRejection>> {
+    let mode = slo.mode()?;
+    let deadline = queue.deadline_of(request).min(budget(slo));
+    let late = queue.predicted_wait().is_some_and(|w| w > deadline);
+    let count = |c: &crate::sync::AtomicU64| {
+        // Relaxed: a counter.
+        c.fetch_add(1, Ordering::Relaxed);
+    };
+    match mode {
+        SloMode::Enforce if late => {
+            count(&slo.refused_late);
+            Some(Err(FlowRejection::QueueDeadline))
+        }
+        SloMode::Enforce => Some(Ok(deadline)),
+        SloMode::Advisory => {
+            count(if late {
+                &slo.would_refuse
+            } else {
+                &slo.would_queue
+            });
+            None
+        }
+    }
+}
+
+/// How long a request may wait and still meet the TTFT target (module
+/// docs).
+pub(super) fn budget(slo: &ModelSlo) -> Duration {
+    // Relaxed: a setting, and gauges the maintenance publishes.
+    let target = slo.ttft.load(Ordering::Relaxed) as f64 * 1e-9;
+    let [mean, spread] = &slo.dispatch_ttft;
+    let mean = f64::from_bits(mean.load(Ordering::Relaxed));
+    let spread = f64::from_bits(spread.load(Ordering::Relaxed));
+    let after = if mean > 0.0 {
+        mean + SPREADS * spread
+    } else {
+        target / 2.0
+    };
+    Duration::try_from_secs_f64((target - after).max(0.0)).unwrap_or(Duration::ZERO)
+}

@@ -1,0 +1,207 @@
+//! An SLO's say over the frontend queue (docs/behaviour.md, "SLO
+//! admission"): a request that finds no worker free waits only if the
+//! queue's measured drain predicts it is sent within its budget (the TTFT
+//! target less the time from dispatch to first token seen); otherwise it
+//! is refused at once, with the queue's predicted drain as its
+//! `Retry-After`. Advisory, the same decisions are only counted. Routing
+//! sends a request to the worker and rank with the most slack. On a manual
+//! clock, with the host's maintenance.
+
+mod support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use loadgate::flow::{FlowConfig, FlowRejection, FlowRequest};
+use loadgate::monitor::{Dispatch, DispatchRequest, Dispatching, FlowControlConfig};
+use loadgate::slo::Slo;
+use loadgate::{
+    LoadReport, Maintenance, ManualClock, Monitor, MonitorConfig, Policy, SloMode, WorkerSpec,
+};
+use support::slo_engine::BATCH;
+
+const TTFT: f64 = 2.0;
+
+/// `workers` workers of one rank on model "m" with an SLO of `TTFT` s and
+/// 0.1 s in `mode`, and flow control (64 places, 60 s deadline) picking by
+/// `policy`.
+fn monitor(mode: SloMode, workers: u64, policy: Policy) -> (Monitor, std::sync::Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    let config = MonitorConfig {
+        maintenance: Maintenance::Manual,
+        ..Default::default()
+    };
+    let m = Monitor::with_config(config, clock.clone()).unwrap();
+    for id in 1..=workers {
+        let spec = WorkerSpec {
+            kv_total_blocks: Some(10_000),
+            max_num_batched_tokens: Some(BATCH),
+            ..Default::default()
+        };
+        m.add_worker("m", id, spec).unwrap();
+    }
+    let slo = Slo::from_secs(TTFT, 0.1).unwrap();
+    m.set_slo("m", Some(slo), mode).unwrap();
+    let flow = FlowControlConfig {
+        queue: FlowConfig::new(64),
+        policy,
+    };
+    m.set_flow_control("m", Some(&flow)).unwrap();
+    (m, clock)
+}
+
+fn request() -> DispatchRequest<'static> {
+    DispatchRequest::new(FlowRequest {
+        prompt_tokens: 64,
+        ..FlowRequest::new("")
+    })
+}
+
+/// Polls a dispatch once: its outcome, or `None` while it waits.
+fn poll(d: &mut Dispatching) -> Option<Result<Dispatch, FlowRejection>> {
+    match Pin::new(d).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(outcome) => Some(outcome),
+        Poll::Pending => None,
+    }
+}
+
+/// The engine of worker `id` reports a request waiting for a seat: the
+/// SLO holds the rank busy.
+fn seat_wait(m: &Monitor, id: u64, waiting: u64) {
+    let report = LoadReport {
+        waiting_requests: Some(waiting),
+        ..Default::default()
+    };
+    m.report(id, 0, &report).unwrap();
+}
+
+/// Three requests sent at once, half a second apart: the queue's drain
+/// is measured at 2 a second. With `first_token`, each streams its first
+/// token half a second after it was sent. Their dispatches are returned.
+fn drain_at_two_a_second(m: &Monitor, clock: &ManualClock, first_token: bool) -> Vec<Dispatch> {
+    let mut sent = Vec::new();
+    for i in 0..3 {
+        if i > 0 && !first_token {
+            clock.advance(Duration::from_millis(500));
+        }
+        let mut d = m.dispatch("m", &request());
+        let mut d = poll(&mut d).expect("sent at once").expect("a free worker");
+        if first_token {
+            clock.advance(Duration::from_millis(500));
+            d.report_output(1);
+        }
+        sent.push(d);
+    }
+    sent
+}
+
+#[test]
+fn a_wait_predicted_past_the_budget_is_refused_at_once() {
+    let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
+    let _sent = drain_at_two_a_second(&m, &clock, false);
+    seat_wait(&m, 1, 1);
+    assert!(m.is_busy(1).unwrap(), "a seat wait holds the rank");
+    // No first token seen yet: the budget is half the TTFT target, 1 s.
+    // The first waits 0.5 s by the drain, the second 1 s: both may wait.
+    let mut first = m.dispatch("m", &request());
+    let mut second = m.dispatch("m", &request());
+    assert!(poll(&mut first).is_none() && poll(&mut second).is_none());
+    // The third would wait 1.5 s: refused now, not at a deadline.
+    let mut third = m.dispatch("m", &request());
+    let refused = poll(&mut third).expect("decided at once");
+    assert_eq!(refused.unwrap_err(), FlowRejection::QueueDeadline);
+    let counts = m.slo_counts("m").unwrap();
+    assert_eq!(counts.refused_late, 1);
+    // Its Retry-After: the two waiting over the drain, 1 s.
+    assert_eq!(m.flow_retry_after("m"), Some(Duration::from_secs(1)));
+    assert!(m
+        .metrics_text()
+        .contains("frontend_slo_refused_late_total{model=\"m\"} 1"));
+    // The waiting ones' deadline is the budget, not the queue's 60 s.
+    clock.advance(Duration::from_millis(1001));
+    m.maintain();
+    for d in [&mut first, &mut second] {
+        let outcome = poll(d).expect("refused at the budget");
+        assert_eq!(outcome.unwrap_err(), FlowRejection::QueueDeadline);
+    }
+}
+
+#[test]
+fn the_budget_is_the_target_less_the_first_tokens_seen() {
+    let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
+    let sent = drain_at_two_a_second(&m, &clock, true);
+    // First tokens 0.5 s after dispatch: the budget is 2 - 0.5 = 1.5 s.
+    m.maintain();
+    seat_wait(&m, 1, 1);
+    // Now waits of 0.5, 1 and 1.5 s may wait; 2 s is refused.
+    let mut waiting: Vec<Dispatching> = (0..3).map(|_| m.dispatch("m", &request())).collect();
+    assert!(waiting.iter_mut().all(|d| poll(d).is_none()));
+    let mut late = m.dispatch("m", &request());
+    assert_eq!(
+        poll(&mut late).expect("decided at once").unwrap_err(),
+        FlowRejection::QueueDeadline
+    );
+    // Capacity returns: the waiting are sent in order, within the budget.
+    seat_wait(&m, 1, 0);
+    drop(sent);
+    clock.advance(Duration::from_millis(100));
+    m.maintain();
+    for d in &mut waiting {
+        assert!(poll(d).expect("sent").is_ok());
+    }
+}
+
+#[test]
+fn advisory_counts_the_queue_decisions_and_refuses_none() {
+    let (m, clock) = monitor(SloMode::Advisory, 1, Policy::RoundRobin);
+    let _sent = drain_at_two_a_second(&m, &clock, false);
+    // Advisory, the SLO marks nothing busy: a threshold does.
+    let busy = loadgate::ThresholdUpdate {
+        active_decode_blocks_threshold: Some(0.0001),
+        ..Default::default()
+    };
+    m.set_thresholds("m", &busy).unwrap();
+    assert!(m.is_busy(1).unwrap());
+    let mut waiting: Vec<Dispatching> = (0..4).map(|_| m.dispatch("m", &request())).collect();
+    assert!(waiting.iter_mut().all(|d| poll(d).is_none()), "all wait");
+    let counts = m.slo_counts("m").unwrap();
+    assert_eq!(
+        (counts.would_queue, counts.would_refuse, counts.refused_late),
+        (2, 2, 0)
+    );
+    let text = m.metrics_text();
+    assert!(text.contains("frontend_slo_would_queue_total{model=\"m\"} 2"));
+}
+
+#[test]
+fn routing_sends_a_request_where_the_slo_sees_the_most_slack() {
+    let (m, _clock) = monitor(SloMode::Enforce, 2, Policy::PowerOfTwo);
+    seat_wait(&m, 1, 0);
+    seat_wait(&m, 2, 0);
+    // Worker 1 holds 200 blocks of context (2 % of its KV); worker 2 a
+    // third of a step's prompt budget (682 tokens in 43 blocks). The load
+    // score counts blocks; the SLO sees a third of a step ahead on 2.
+    let _context = m.book_with_prefill(1, 0, 200, 0).unwrap();
+    let _prompts = m.book_with_prefill(2, 0, 1, BATCH / 3).unwrap();
+    // Power-of-two keeps the lower of two uniform picks (with
+    // replacement): the favoured worker gets 3 in 4, about 300 of 400.
+    let share_of = |m: &Monitor, worker: u64| {
+        let sent = (0..400).filter(|_| {
+            let mut d = m.dispatch("m", &request());
+            let d = poll(&mut d).expect("at once").expect("a free worker");
+            d.worker_id() == worker
+        });
+        sent.count()
+    };
+    let to_context = share_of(&m, 1);
+    assert!(
+        to_context > 240,
+        "{to_context} of 400 where the SLO sees slack"
+    );
+    // Without an SLO, the load score decides, the other way.
+    m.set_slo("m", None, SloMode::Enforce).unwrap();
+    let to_prompts = share_of(&m, 2);
+    assert!(to_prompts > 240, "{to_prompts} of 400 by the load score");
+}
