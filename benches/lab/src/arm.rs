@@ -148,8 +148,10 @@ impl ArmKind {
                  rank's step time fitted from the streams the frontend sees, each request's answer \
                  reserved in the KV from the answers' learned lengths, and a rank busy while its \
                  predicted time to first token or per output token misses the SLO or its bookings \
-                 fill its KV; router bookings, default routing, no threshold, gate or queue. No knobs: \
-                 never tuned."
+                 fill its KV; power-of-two routing by the predictions' slack; a request no rank can \
+                 take waits in the frontend queue only while its measured drain predicts a dispatch \
+                 in time for the TTFT target, else hears 529 at once. Router bookings, no threshold \
+                 or gate; the queue at its defaults with room never to fill. No knobs: never tuned."
             }
         }
     }
@@ -169,6 +171,9 @@ impl ArmKind {
     }
 }
 
+/// Arm (i)'s queue: room for more requests than its SLO lets wait.
+const SLO_QUEUE: u32 = 4096;
+
 /// The frontend queue's knobs (`Monitor::set_flow_control`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct FlowKnobs {
@@ -182,14 +187,11 @@ pub struct FlowKnobs {
 }
 
 impl FlowKnobs {
-    /// The monitor's flow-control configuration.
-    pub fn config(&self) -> FlowControlConfig {
+    /// The monitor's flow-control configuration, dispatching by `policy`.
+    pub fn config(&self, policy: Policy) -> FlowControlConfig {
         let mut queue = FlowConfig::new(self.limit);
         queue.deadline = Duration::from_secs_f64(self.deadline_s);
-        FlowControlConfig {
-            queue,
-            policy: Policy::RoundRobin,
-        }
+        FlowControlConfig { queue, policy }
     }
 }
 
@@ -303,9 +305,18 @@ impl Arm {
         };
         match kind {
             ArmKind::NoControl | ArmKind::EngineLimit | ArmKind::TokenBucket => arm,
+            // The SLO's own decisions: routing by slack, a queue it
+            // decides who may wait in (the default deadline, room for
+            // more than the SLO ever lets wait).
             ArmKind::Slo => Self {
                 book: true,
                 slo: true,
+                policy: "power_of_two",
+                flow: Some(FlowKnobs {
+                    limit: SLO_QUEUE,
+                    deadline_s: loadgate::flow::DEFAULT_FLOW_DEADLINE.as_secs_f64(),
+                    fair: false,
+                }),
                 ..arm
             },
             // 1.6.1 as shipped: thresholds unset, no worker limit; the

@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::config::{FlowConfig, FlowConfigError, MAX_BANDS, MAX_FLOW_DEADLINE};
 
 mod shed;
-use super::drain::DrainRate;
+use super::drain::EventRate;
 use super::tenants::{Tenants, NONE};
 use super::{FlowRejection, FlowRequest, QueueKey, Reservation};
 use crate::clock::nanos;
@@ -109,7 +109,10 @@ pub struct FlowQueue<T> {
     queued: u32,
     queued_tokens: u128,
     seq: u64,
-    drain: DrainRate,
+    drain: EventRate,
+    /// Each band's requests taken in (queued or sent at once); on the
+    /// heap, as they are large.
+    taken: Box<[EventRate]>,
 }
 
 impl<T> FlowQueue<T> {
@@ -136,7 +139,8 @@ impl<T> FlowQueue<T> {
             queued: 0,
             queued_tokens: 0,
             seq: 0,
-            drain: DrainRate::new(),
+            drain: EventRate::new(),
+            taken: (0..MAX_BANDS).map(|_| EventRate::new()).collect(),
         })
     }
 
@@ -220,6 +224,7 @@ impl<T> FlowQueue<T> {
         let placed = self.place(tenant, place, payload, shed);
         if placed.is_ok() {
             self.seq += 1;
+            self.taken[band].record(now);
         }
         placed
     }
@@ -485,6 +490,7 @@ impl<T> FlowQueue<T> {
         let tenant = self.tenant_of(request.tenant)?;
         self.tenants.rejoin(tenant);
         self.drain.record(now);
+        self.taken[usize::from(request.priority).min(MAX_BANDS - 1)].record(now);
         let place = Place {
             band: request.priority.min(MAX_BANDS as u8 - 1),
             seq: self.seq,
@@ -509,12 +515,29 @@ impl<T> FlowQueue<T> {
         Duration::from_nanos(self.wait(request))
     }
 
-    /// How long a request queued now is predicted to wait: the requests
-    /// waiting and itself over the measured drain rate (every dispatch,
-    /// queued or direct, counts); `None` before two dispatches.
-    pub fn predicted_wait(&self) -> Option<Duration> {
-        let rate = self.drain.per_second()?;
-        let secs = (f64::from(self.queued) + 1.0) / rate;
+    /// How long a request of `priority` queued at `now` (clock
+    /// nanoseconds) is predicted to wait: the requests waiting in its band
+    /// and the more important ones, and itself, over the drain rate (every
+    /// dispatch, queued or direct, counts) less the rate at which more
+    /// important requests are taken in, which go ahead of it as they come
+    /// ([`Duration::MAX`] when they take it all). Each rate is measured
+    /// over the `horizon` before `now` (the wait the prediction is for: a
+    /// drain that comes in bursts is seen whole). `None` before two
+    /// dispatches.
+    pub fn predicted_wait(&self, priority: u8, now: u64, horizon: Duration) -> Option<Duration> {
+        let band = usize::from(priority).min(MAX_BANDS - 1);
+        let horizon = nanos(horizon);
+        let drain = self.drain.per_second_over(now, horizon)?;
+        let ahead: u32 = (0..=band).map(|b| self.band_len(b)).sum();
+        let overtaking: f64 = self.taken[..band]
+            .iter()
+            .filter_map(|t| t.per_second_over(now, horizon))
+            .sum();
+        let free = drain - overtaking;
+        if free <= 0.0 {
+            return Some(Duration::MAX);
+        }
+        let secs = (f64::from(ahead) + 1.0) / free;
         Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
     }
 

@@ -405,7 +405,7 @@ impl<'a> Sim<'a> {
                     .map_err(|e| e.to_string())?;
             }
             if let Some(flow) = arm.flow {
-                m.set_flow_control(MODEL, Some(&flow.config()))
+                m.set_flow_control(MODEL, Some(&flow.config(arm.routing())))
                     .map_err(|e| e.to_string())?;
             }
             if arm.slo {

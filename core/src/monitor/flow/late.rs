@@ -8,10 +8,12 @@
 //!   [`SPREADS`] running mean absolute deviations (`slo.rs`). Before the
 //!   first is seen, half the target. A queued request's deadline is cut to
 //!   the budget: past it, dispatching it would only make it late.
-//! * **The prediction.** The requests waiting and itself over the queue's
-//!   measured drain rate (`FlowQueue::predicted_wait`: the last 32
-//!   dispatches, queued or direct). Before two dispatches nothing is
-//!   predicted, and the request waits up to its cut deadline.
+//! * **The prediction.** The requests waiting ahead of it (its band and
+//!   the more important ones) and itself, over the queue's measured drain
+//!   (the last 32 dispatches, queued or direct) less the rate at which
+//!   more important requests are taken in, since those overtake it as
+//!   they come (`FlowQueue::predicted_wait`). Before two dispatches
+//!   nothing is predicted, and the request waits up to its cut deadline.
 //! * **The decision.** Enforced: a wait predicted past the deadline is
 //!   refused with [`FlowRejection::QueueDeadline`] (the reason a request
 //!   that waited it out gets) and counted
@@ -32,6 +34,9 @@ use crate::sync::Ordering;
 /// first token the budget keeps for it.
 const SPREADS: f64 = 2.0;
 
+/// How many times its predicted wait a request's deadline must hold.
+const HEADROOM: u32 = 2;
+
 /// What the SLO makes of a request about to wait in `queue`: the deadline
 /// it waits with (its own, cut to the budget), or its refusal. `None`:
 /// no enforced SLO, the request waits as asked.
@@ -39,10 +44,13 @@ pub(super) fn decide(
     slo: &ModelSlo,
     queue: &FlowQueue<u32>,
     request: &FlowRequest<'_>,
+    now: u64,
 ) -> Option<Result<Duration, FlowRejection>> {
     let mode = slo.mode()?;
     let deadline = queue.deadline_of(request).min(budget(slo));
-    let late = queue.predicted_wait().is_some_and(|w| w > deadline);
+    let late = queue
+        .predicted_wait(request.priority, now, deadline)
+        .is_some_and(|w| w.saturating_mul(HEADROOM) > deadline);
     let count = |c: &crate::sync::AtomicU64| {
         // Relaxed: a counter.
         c.fetch_add(1, Ordering::Relaxed);

@@ -314,7 +314,7 @@ impl Monitor {
         // With an SLO, it waits only if predicted to be sent in time
         // (`late.rs`).
         let mut asked = request.flow;
-        let refused = refused.or_else(|| match late::decide(&m.slo, &st.queue, &asked)? {
+        let refused = refused.or_else(|| match late::decide(&m.slo, &st.queue, &asked, now)? {
             Ok(deadline) => {
                 asked.deadline = Some(deadline);
                 None
