@@ -77,66 +77,81 @@ fn seat_wait(m: &Monitor, id: u64, waiting: u64) {
     m.report(id, 0, &report).unwrap();
 }
 
-/// Three requests sent at once, half a second apart (the drain: 3 in the
-/// second before the last is sent). With `first_token`, each streams its
-/// first token half a second after it was sent. Their dispatches are
-/// returned.
-fn drain_at_two_a_second(m: &Monitor, clock: &ManualClock, first_token: bool) -> Vec<Dispatch> {
-    let mut sent = Vec::new();
-    for i in 0..3 {
-        if i > 0 && !first_token {
-            clock.advance(Duration::from_millis(500));
+/// 101 requests sent at once, 10 ms apart, each released at once: the
+/// queue drains 101 in the second before now (the last sent).
+fn drain_at_a_hundred_a_second(m: &Monitor, clock: &ManualClock, priority: u8) {
+    for i in 0..101 {
+        if i > 0 {
+            clock.advance(Duration::from_millis(10));
         }
+        let request = DispatchRequest::new(FlowRequest {
+            priority,
+            ..request().flow
+        });
+        let mut d = m.dispatch("m", &request);
+        poll(&mut d).expect("sent at once").expect("a free worker");
+    }
+}
+
+/// Requests whose first token comes 0.5 s after they are sent.
+fn first_tokens_after_half_a_second(m: &Monitor, clock: &ManualClock) {
+    for _ in 0..5 {
         let mut d = m.dispatch("m", &request());
         let mut d = poll(&mut d).expect("sent at once").expect("a free worker");
-        if first_token {
-            clock.advance(Duration::from_millis(500));
-            d.report_output(1);
-        }
-        sent.push(d);
+        clock.advance(Duration::from_millis(500));
+        d.report_output(1);
     }
-    sent
+    m.maintain();
 }
+
+/// `n` requests dispatched now, each waiting or refused.
+fn arrive(m: &Monitor, n: usize) -> Vec<Dispatching> {
+    (0..n).map(|_| m.dispatch("m", &request())).collect()
+}
+
+// The numbers below: over a budget of 1 s the drain is 101 ± 10 a
+// second; taken two standard deviations low, 80.9. A request with `k`
+// ahead is predicted to wait (k + 1) / 80.9 s, and waits if twice that
+// fits the budget: 40 may wait, the 41st may not.
 
 #[test]
 fn a_wait_predicted_past_the_budget_is_refused_at_once() {
     let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
-    let _sent = drain_at_two_a_second(&m, &clock, false);
+    drain_at_a_hundred_a_second(&m, &clock, 0);
     seat_wait(&m, 1, 1);
     assert!(m.is_busy(1).unwrap(), "a seat wait holds the rank");
-    // No first token seen yet: the budget is half the TTFT target, 1 s,
-    // and the drain is measured over it: 3 a second. The first is
-    // predicted to wait 1/3 s (twice that fits the budget).
-    let mut first = m.dispatch("m", &request());
-    assert!(poll(&mut first).is_none(), "it waits");
-    // The second, 2/3 s: twice that does not fit. Refused now, not at a
-    // deadline.
-    let mut second = m.dispatch("m", &request());
-    let refused = poll(&mut second).expect("decided at once");
+    // No first token seen yet: the budget is half the TTFT target, 1 s.
+    let mut waiting = arrive(&m, 40);
+    assert!(waiting.iter_mut().all(|d| poll(d).is_none()), "40 wait");
+    // The 41st is refused now, not at a deadline.
+    let mut late = m.dispatch("m", &request());
+    let refused = poll(&mut late).expect("decided at once");
     assert_eq!(refused.unwrap_err(), FlowRejection::QueueDeadline);
-    let counts = m.slo_counts("m").unwrap();
-    assert_eq!(counts.refused_late, 1);
-    // Its Retry-After: the one waiting over the drain, at least 1 s.
+    assert_eq!(m.slo_counts("m").unwrap().refused_late, 1);
+    // Its Retry-After: the 40 waiting over the drain (100 a second),
+    // rounded up to the second.
     assert_eq!(m.flow_retry_after("m"), Some(Duration::from_secs(1)));
     assert!(m
         .metrics_text()
         .contains("frontend_slo_refused_late_total{model=\"m\"} 1"));
-    // The waiting one's deadline is the budget, not the queue's 60 s.
+    // The waiting ones' deadline is the budget, not the queue's 60 s.
     clock.advance(Duration::from_millis(999));
     m.maintain();
-    assert!(poll(&mut first).is_none(), "still within its budget");
+    assert!(waiting.iter_mut().all(|d| poll(d).is_none()), "in budget");
     clock.advance(Duration::from_millis(2));
     m.maintain();
-    let outcome = poll(&mut first).expect("refused at the budget");
-    assert_eq!(outcome.unwrap_err(), FlowRejection::QueueDeadline);
+    for d in &mut waiting {
+        let outcome = poll(d).expect("refused at the budget");
+        assert_eq!(outcome.unwrap_err(), FlowRejection::QueueDeadline);
+    }
 }
 
 #[test]
 fn the_budget_is_the_target_less_the_first_tokens_seen() {
     let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
-    let sent = drain_at_two_a_second(&m, &clock, true);
-    // First tokens 0.5 s after dispatch: the budget is 2 - 0.5 = 1.5 s.
-    m.maintain();
+    // The budget is 2 - 0.5 = 1.5 s.
+    first_tokens_after_half_a_second(&m, &clock);
+    drain_at_a_hundred_a_second(&m, &clock, 0);
     seat_wait(&m, 1, 1);
     let mut waiting = m.dispatch("m", &request());
     assert!(poll(&mut waiting).is_none(), "it waits");
@@ -147,7 +162,6 @@ fn the_budget_is_the_target_less_the_first_tokens_seen() {
     assert!(poll(&mut waiting).is_none(), "still within its budget");
     // Capacity returns: it is sent.
     seat_wait(&m, 1, 0);
-    drop(sent);
     m.maintain();
     assert!(poll(&mut waiting).expect("sent").is_ok());
 }
@@ -155,14 +169,13 @@ fn the_budget_is_the_target_less_the_first_tokens_seen() {
 #[test]
 fn more_important_requests_taken_in_go_ahead_of_a_wait() {
     let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
-    // The three sent were of priority 0: band 0 is taken in as fast as
+    // Everything sent was of priority 0: band 0 is taken in as fast as
     // the queue drains.
-    let _sent = drain_at_two_a_second(&m, &clock, false);
+    drain_at_a_hundred_a_second(&m, &clock, 0);
     seat_wait(&m, 1, 1);
     let less = DispatchRequest::new(FlowRequest {
         priority: 1,
-        prompt_tokens: 64,
-        ..FlowRequest::new("")
+        ..request().flow
     });
     let mut d = m.dispatch("m", &less);
     assert_eq!(
@@ -177,25 +190,24 @@ fn more_important_requests_taken_in_go_ahead_of_a_wait() {
 #[test]
 fn advisory_counts_the_queue_decisions_and_refuses_none() {
     let (m, clock) = monitor(SloMode::Advisory, 1, Policy::RoundRobin);
-    let _sent = drain_at_two_a_second(&m, &clock, false);
+    drain_at_a_hundred_a_second(&m, &clock, 0);
     // Advisory, the SLO marks nothing busy: a threshold does.
     let busy = loadgate::ThresholdUpdate {
-        active_decode_blocks_threshold: Some(0.0001),
+        waiting_requests_threshold: Some(0),
         ..Default::default()
     };
     m.set_thresholds("m", &busy).unwrap();
+    seat_wait(&m, 1, 1);
     assert!(m.is_busy(1).unwrap());
-    let mut waiting: Vec<Dispatching> = (0..4).map(|_| m.dispatch("m", &request())).collect();
+    let mut waiting = arrive(&m, 45);
     assert!(waiting.iter_mut().all(|d| poll(d).is_none()), "all wait");
-    // By the drain, the first would wait 1/3 s: twice that fits the 1 s
-    // budget; the others would be refused.
     let counts = m.slo_counts("m").unwrap();
     assert_eq!(
         (counts.would_queue, counts.would_refuse, counts.refused_late),
-        (1, 3, 0)
+        (40, 5, 0)
     );
     let text = m.metrics_text();
-    assert!(text.contains("frontend_slo_would_queue_total{model=\"m\"} 1"));
+    assert!(text.contains("frontend_slo_would_queue_total{model=\"m\"} 40"));
 }
 
 #[test]

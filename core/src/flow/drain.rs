@@ -6,6 +6,15 @@
 /// seconds an SLO's wait is predicted over.
 const SAMPLES: usize = 256;
 
+/// A measured rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Rate {
+    pub(super) per_second: f64,
+    /// Its variance, events taken as Poisson: the count over the span
+    /// squared.
+    pub(super) variance: f64,
+}
+
 /// The times of the last [`SAMPLES`] events, in a ring.
 pub(super) struct EventRate {
     at: [u64; SAMPLES],
@@ -42,18 +51,23 @@ impl EventRate {
     /// those in it over its length, so a rate fades while nothing
     /// happens; over the ring's span up to `now` if the ring has
     /// forgotten events of the horizon. `None` before two events.
-    pub(super) fn per_second_over(&self, now: u64, horizon: u64) -> Option<f64> {
+    pub(super) fn over(&self, now: u64, horizon: u64) -> Option<Rate> {
         let n = self.count.min(SAMPLES as u64);
         if n < 2 {
             return None;
         }
         let from = now.saturating_sub(horizon);
         let within = (0..n).take_while(|&i| self.nth_newest(i) >= from).count() as u64;
-        if within < n || self.count == n {
-            return Some(within as f64 * 1e9 / horizon.max(1) as f64);
-        }
-        let span = now.max(self.newest()) - self.nth_newest(n - 1);
-        Some((n - 1) as f64 * 1e9 / span.max(1) as f64)
+        let (events, span) = if within < n || self.count == n {
+            (within, horizon)
+        } else {
+            (n - 1, now.max(self.newest()) - self.nth_newest(n - 1))
+        };
+        let secs = span.max(1) as f64 * 1e-9;
+        Some(Rate {
+            per_second: events as f64 / secs,
+            variance: events as f64 / (secs * secs),
+        })
     }
 
     fn newest(&self) -> u64 {
@@ -75,25 +89,28 @@ mod tests {
     #[test]
     fn a_rate_over_a_horizon_counts_what_fell_in_it_and_fades() {
         let mut r = EventRate::new();
-        assert_eq!(r.per_second_over(0, S), None);
+        assert_eq!(r.over(0, S), None);
+        let rate = |r: &EventRate, now, horizon| r.over(now, horizon).map(|r| r.per_second);
         // A burst of 10 at 1 s, then nothing.
         for _ in 0..10 {
             r.record(S);
         }
         assert_eq!(r.per_second(), None, "no span yet");
         // Over the second before 1.5 s: the burst, 10 a second.
-        assert_eq!(r.per_second_over(S + S / 2, S), Some(10.0));
+        assert_eq!(rate(&r, S + S / 2, S), Some(10.0));
+        // 10 events in a second: a variance of 10.
+        assert_eq!(r.over(S + S / 2, S).unwrap().variance, 10.0);
         // Over the second before 3 s: none.
-        assert_eq!(r.per_second_over(3 * S, S), Some(0.0));
+        assert_eq!(rate(&r, 3 * S, S), Some(0.0));
         // A horizon longer than the ring holds: the ring's span up to now.
         for i in 0..SAMPLES as u64 {
             r.record(2 * S + i * S / 100);
         }
         let newest = 2 * S + (SAMPLES as u64 - 1) * S / 100;
         assert_eq!(r.per_second(), Some(100.0));
-        let long = r.per_second_over(newest, 100 * S).unwrap();
+        let long = rate(&r, newest, 100 * S).unwrap();
         assert!((long - 100.0).abs() < 1e-9, "{long}");
-        let faded = r.per_second_over(newest + 255 * S / 100, 100 * S).unwrap();
+        let faded = rate(&r, newest + 255 * S / 100, 100 * S).unwrap();
         assert!((faded - 50.0).abs() < 1e-9, "{faded}");
     }
 }

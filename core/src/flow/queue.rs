@@ -17,6 +17,10 @@ use super::config::{FlowConfig, FlowConfigError, MAX_BANDS, MAX_FLOW_DEADLINE};
 
 mod shed;
 use super::drain::EventRate;
+
+/// How many standard deviations low [`FlowQueue::predicted_wait`] takes the
+/// rate left to a request.
+const RATE_SPREADS: f64 = 2.0;
 use super::tenants::{Tenants, NONE};
 use super::{FlowRejection, FlowRequest, QueueKey, Reservation};
 use crate::clock::nanos;
@@ -522,18 +526,24 @@ impl<T> FlowQueue<T> {
     /// important requests are taken in, which go ahead of it as they come
     /// ([`Duration::MAX`] when they take it all). Each rate is measured
     /// over the `horizon` before `now` (the wait the prediction is for: a
-    /// drain that comes in bursts is seen whole). `None` before two
-    /// dispatches.
+    /// drain that comes in bursts is seen whole), and the difference is
+    /// taken [`RATE_SPREADS`] standard deviations low (counts taken as
+    /// Poisson): a small share left by large rates is uncertain, and a
+    /// wait predicted from it long. `None` before two dispatches.
     pub fn predicted_wait(&self, priority: u8, now: u64, horizon: Duration) -> Option<Duration> {
         let band = usize::from(priority).min(MAX_BANDS - 1);
         let horizon = nanos(horizon);
-        let drain = self.drain.per_second_over(now, horizon)?;
+        let drain = self.drain.over(now, horizon)?;
         let ahead: u32 = (0..=band).map(|b| self.band_len(b)).sum();
-        let overtaking: f64 = self.taken[..band]
+        let (mut free, mut variance) = (drain.per_second, drain.variance);
+        for rate in self.taken[..band]
             .iter()
-            .filter_map(|t| t.per_second_over(now, horizon))
-            .sum();
-        let free = drain - overtaking;
+            .filter_map(|t| t.over(now, horizon))
+        {
+            free -= rate.per_second;
+            variance += rate.variance;
+        }
+        let free = free - RATE_SPREADS * variance.sqrt();
         if free <= 0.0 {
             return Some(Duration::MAX);
         }
