@@ -478,3 +478,58 @@ fn scrape_outcomes_and_latency_are_in_the_monitors_metrics() {
     assert!(!text.contains(r#"worker_id="2""#), "{text}");
     assert!(text.contains(r#"frontend_scrape_registered{worker_id="1"} 1"#));
 }
+
+/// vLLM's body with its inter-token latency histogram at `gaps` gaps
+/// totalling `seconds` on engine 0.
+fn vllm_with_gaps(seconds: f64, gaps: u64) -> String {
+    let mut s = vllm(LLAMA, &[0.1], &[0]);
+    s += "# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.\n";
+    s += "# TYPE vllm:inter_token_latency_seconds histogram\n";
+    s += &format!("vllm:inter_token_latency_seconds_bucket{{engine=\"0\",le=\"+Inf\",model_name=\"{LLAMA}\"}} {:?}\n", gaps as f64);
+    s += &format!(
+        "vllm:inter_token_latency_seconds_count{{engine=\"0\",model_name=\"{LLAMA}\"}} {:?}\n",
+        gaps as f64
+    );
+    s += &format!(
+        "vllm:inter_token_latency_seconds_sum{{engine=\"0\",model_name=\"{LLAMA}\"}} {seconds:?}\n"
+    );
+    s
+}
+
+#[test]
+fn the_engines_token_gaps_teach_an_slos_step_fit() {
+    let (m, _) = monitor();
+    let engine = Engine_::start(vllm_with_gaps(0.0, 0));
+    let _s = Scrape::start(m.clone(), None, 7, &engine.url, fast(Engine::Vllm)).unwrap();
+    wait_for("registration", || m.workers(LLAMA) == vec![7]);
+    let slo = loadgate::slo::Slo::from_secs(2.0, 0.1).unwrap();
+    m.set_slo(LLAMA, Some(slo), loadgate::SloMode::Enforce)
+        .unwrap();
+    // The engine's steps take 20 ms; between two scrapes it makes 50
+    // gaps. Once and again it restarts (its totals run backwards) and
+    // once its histogram lies (time runs backwards): neither is observed.
+    let (mut seconds, mut gaps) = (0.0, 0u64);
+    for i in 0..120 {
+        match i {
+            60 => (seconds, gaps) = (0.0, 0),
+            90 => {
+                seconds -= 5.0;
+                gaps += 50;
+            }
+            _ => {
+                seconds += 50.0 * 0.02;
+                gaps += 50;
+            }
+        }
+        let before = engine.requests.load(Ordering::Relaxed);
+        engine.set(Mode::Serve(vllm_with_gaps(seconds, gaps)));
+        wait_for("a scrape", || {
+            engine.requests.load(Ordering::Relaxed) > before + 1
+        });
+        // The fit runs in the maintenance (on the test's manual clock).
+        m.maintain();
+    }
+    assert!(m.predict(7, 0, 1).unwrap().trusted, "a trusted fit");
+    let p = m.predict(7, 0, 1).unwrap();
+    assert!((p.tpot - 0.02).abs() < 0.002, "{p:?}");
+}

@@ -1104,6 +1104,32 @@ typedef struct lg_slo {
 } lg_slo;
 
 /**
+ * What a model's SLO decided, and would have decided while advisory
+ * (lg_monitor_slo_counts()).
+ */
+typedef struct lg_slo_counts {
+  /**
+   * Requests picked while advisory whose worker the SLO would admit.
+   */
+  uint64_t would_admit;
+  /**
+   * Requests that found no worker free while advisory and that the SLO
+   * would have let wait in the queue.
+   */
+  uint64_t would_queue;
+  /**
+   * Requests picked while advisory whose worker the SLO would refuse,
+   * and requests it would have refused a wait in the queue.
+   */
+  uint64_t would_refuse;
+  /**
+   * Requests refused at arrival, enforced, because their wait in the
+   * queue was predicted past their deadline or the TTFT target.
+   */
+  uint64_t refused_late;
+} lg_slo_counts;
+
+/**
  * What a rank's fitted step time predicts for a new request there now.
  */
 typedef struct lg_prediction {
@@ -2977,7 +3003,7 @@ enum lg_status lg_monitor_mark_overloaded(const struct lg_monitor *monitor,
  * lg_booking_tokens(), lg_booking_finish()), each rank's engine step time
  * is fitted, bookings reserve the answers they expect, and each rank gets
  * the SLO's verdict, which marks it busy beside the thresholds, or with
- * `advisory` is only counted (lg_monitor_slo_would()) and shown.
+ * `advisory` is only counted (lg_monitor_slo_counts()) and shown.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor, bad model string, a field
  * not finite, not above 0 or above 3600 seconds, named in the message),
@@ -2996,9 +3022,8 @@ enum lg_status lg_monitor_set_slo(const struct lg_monitor *monitor,
                                   const struct lg_slo *slo);
 
 /**
- * Requests of `model` picked while its SLO was advisory whose worker the
- * SLO would have admitted (`*out_admit`) and those it would have refused
- * (`*out_refuse`).
+ * What `model`'s SLO decided, and would have decided while advisory,
+ * into `*out`.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or output, bad model string),
  * LG_NOT_FOUND (unknown model).
@@ -3007,13 +3032,12 @@ enum lg_status lg_monitor_set_slo(const struct lg_monitor *monitor,
  *
  * # Safety
  * `monitor` is NULL or a live monitor; `model` is NULL or valid for
- * `model_len` bytes; the outputs are NULL or valid for writes.
+ * `model_len` bytes; `out` is NULL or valid for writes.
  */
-enum lg_status lg_monitor_slo_would(const struct lg_monitor *monitor,
-                                    const char *model,
-                                    size_t model_len,
-                                    uint64_t *out_admit,
-                                    uint64_t *out_refuse);
+enum lg_status lg_monitor_slo_counts(const struct lg_monitor *monitor,
+                                     const char *model,
+                                     size_t model_len,
+                                     struct lg_slo_counts *out);
 
 /**
  * What rank `dp_rank` of `worker_id` would give a new request of

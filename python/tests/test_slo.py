@@ -32,7 +32,8 @@ def test_the_slo_is_checked_and_cleared() -> None:
     m, _ = fleet()
     assert m.slo("m") is None
     m.set_slo("m", ttft=2.0, tpot=0.1)
-    want = {"ttft": 2.0, "tpot": 0.1, "advisory": False, "would_admit": 0, "would_refuse": 0}
+    counts = {"would_admit": 0, "would_queue": 0, "would_refuse": 0, "refused_late": 0}
+    want = {"ttft": 2.0, "tpot": 0.1, "advisory": False, **counts}
     assert m.slo("m") == pytest.approx(want)
     for ttft, tpot, name in [(math.nan, 0.1, "ttft"), (0, 0.1, "ttft"), (2.0, -1, "tpot"), (2.0, 1e9, "tpot")]:
         with pytest.raises(ValueError, match=name):

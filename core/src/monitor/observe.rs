@@ -21,8 +21,14 @@ pub const FIT_PERIOD: std::time::Duration = std::time::Duration::from_millis(20)
 /// What a booking saw.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Sample {
-    /// One step of `seconds` under `load`.
-    Step { seconds: f64, load: StepLoad },
+    /// `share` (in (0, 1]) of one step of `seconds` under `load`: a
+    /// request's token gap is `1/R` of a step its rank's `R` requests all
+    /// saw; an engine's mean gap between two scrapes is one step.
+    Step {
+        seconds: f64,
+        load: StepLoad,
+        share: f64,
+    },
     /// A first token after `observed` seconds, where `predicted` was
     /// predicted at booking (negative: no trusted prediction then).
     FirstToken { observed: f64, predicted: f64 },

@@ -66,12 +66,18 @@ impl Worker {
         step_load(&r.slo, &r.load())
     }
 
-    /// A step of `seconds` seen on rank index `rank` under `load`.
+    /// A request's token gap of `seconds` seen on rank index `rank` under
+    /// `load`: `1/R` of a step its `R` requests all saw.
     pub(super) fn observe_step(&self, rank: usize, seconds: f64, load: StepLoad) {
+        let share = 1.0 / load.running.max(1.0);
         self.model.slo.observations.push(Observation {
             worker_id: self.id,
             rank,
-            sample: Sample::Step { seconds, load },
+            sample: Sample::Step {
+                seconds,
+                load,
+                share,
+            },
         });
     }
 
@@ -200,11 +206,13 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
                     learned.push(worker);
                 }
             }
-            Sample::Step { seconds, load } => {
+            Sample::Step {
+                seconds,
+                load,
+                share,
+            } => {
                 let fit = slo.fit.get_or_init(|| Mutex::new(StepFit::new()));
                 let mut fit = lock(fit);
-                // Each request on the rank saw this same step.
-                let share = 1.0 / load.running.max(1.0);
                 if fit.observe_share(&load, seconds, share).is_ok() {
                     slo.publish(&fit);
                     if !moved.iter().any(|w| Arc::ptr_eq(w, worker)) {
@@ -237,6 +245,38 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
 }
 
 impl Monitor {
+    /// An engine's own mean token gap on rank `dp_rank` of worker
+    /// `worker_id` since its last scrape (`crate::scrape`): one step of
+    /// the rank under its load now, into its fit beside its requests'
+    /// streams. Nothing without an SLO on the worker's model, or for an
+    /// unknown worker or rank; the fit bounds and checks the value as any
+    /// other observation.
+    #[cfg(feature = "scrape")]
+    pub(crate) fn observe_engine_gap(&self, worker_id: u64, dp_rank: u32, seconds: f64) {
+        let reg = self.registry.load();
+        let Some(w) = reg.workers.get(&worker_id) else {
+            return;
+        };
+        let Some(i) = (dp_rank.checked_sub(w.dp_start))
+            .map(|i| i as usize)
+            .filter(|&i| i < w.ranks.len())
+        else {
+            return;
+        };
+        if w.slo_on() {
+            let load = w.step_load(i);
+            w.model.slo.observations.push(Observation {
+                worker_id,
+                rank: i,
+                sample: Sample::Step {
+                    seconds,
+                    load,
+                    share: 1.0,
+                },
+            });
+        }
+    }
+
     /// Sets (or with `None` clears) model `model`'s SLO. Its requests'
     /// streams are observed (`Booking::first_token`, `Booking::tokens`,
     /// `Booking::finish`), each rank's step time is fitted, each booking

@@ -20,6 +20,14 @@
 //!   `dp_rank` (rank 0 without it); several series of one rank (e.g. one per
 //!   `tp_rank`) count as the largest.
 //!
+//! Both engines' inter-token latency histogram
+//! (`vllm:inter_token_latency_seconds`, v0.10's
+//! `vllm:time_per_output_token_seconds` when it is absent;
+//! `sglang:inter_token_latency_seconds`), its `_sum` and `_count`, gives
+//! the rank's token gaps so far: an SLO's step fit reads their growth
+//! between two scrapes (`mod.rs`). Optional: a body without it maps as
+//! before.
+//!
 //! The model is the label `model_name`. Every other metric is ignored.
 
 use std::collections::BTreeMap;
@@ -67,6 +75,12 @@ impl Engine {
             (Engine::Vllm, "vllm:gpu_cache_usage_perc") => Field::OldUsageFrac,
             (Engine::Vllm, "vllm:cache_config_info") => Field::Info,
             (Engine::Vllm, "vllm:num_requests_waiting") => Field::Waiting,
+            (Engine::Vllm, "vllm:inter_token_latency_seconds_sum") => Field::GapSum,
+            (Engine::Vllm, "vllm:inter_token_latency_seconds_count") => Field::GapCount,
+            (Engine::Vllm, "vllm:time_per_output_token_seconds_sum") => Field::OldGapSum,
+            (Engine::Vllm, "vllm:time_per_output_token_seconds_count") => Field::OldGapCount,
+            (Engine::Sglang, "sglang:inter_token_latency_seconds_sum") => Field::GapSum,
+            (Engine::Sglang, "sglang:inter_token_latency_seconds_count") => Field::GapCount,
             (Engine::Sglang, "sglang:token_usage") => Field::UsageFrac,
             (Engine::Sglang, "sglang:num_used_tokens") => Field::Used,
             (Engine::Sglang, "sglang:max_total_num_tokens") => Field::Total,
@@ -84,18 +98,42 @@ enum Field {
     Used,
     Total,
     Waiting,
+    GapSum,
+    GapCount,
+    OldGapSum,
+    OldGapCount,
+}
+
+/// An inter-token latency histogram's totals: seconds and gaps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Gaps {
+    pub(crate) seconds: f64,
+    pub(crate) count: u64,
+}
+
+impl Gaps {
+    /// The mean gap since `before`, if gaps were added and neither total
+    /// ran backwards (an engine that restarted, or a histogram that lies:
+    /// no observation).
+    pub(crate) fn mean_since(&self, before: &Gaps) -> Option<f64> {
+        let added = self.count.checked_sub(before.count).filter(|&n| n > 0)?;
+        let seconds = self.seconds - before.seconds;
+        (seconds >= 0.0).then(|| seconds / added as f64)
+    }
 }
 
 /// One rank's load as the engine reported it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct EngineRank {
     pub(crate) kv_used_blocks: Option<u64>,
     pub(crate) kv_total_blocks: Option<u64>,
     pub(crate) waiting_requests: u64,
+    /// The inter-token latency histogram's totals, when it has both.
+    pub(crate) gaps: Option<Gaps>,
 }
 
 /// A whole scrape: the model the engine names and its ranks' loads.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct EngineLoad {
     pub(crate) model: Option<String>,
     pub(crate) ranks: BTreeMap<u32, EngineRank>,
@@ -141,6 +179,10 @@ struct Seen {
     total: Option<u64>,
     used: Option<u64>,
     waiting: Option<u64>,
+    gap_sum: Option<f64>,
+    gap_count: Option<u64>,
+    old_gap_sum: Option<f64>,
+    old_gap_count: Option<u64>,
 }
 
 /// The largest of two optional values.
@@ -168,6 +210,15 @@ fn fraction(s: &Sample<'_>) -> Result<f64, MapError> {
             "{} = {v} is not in [0, 1]",
             s.name
         )));
+    }
+    Ok(v)
+}
+
+/// A histogram's sum of seconds: finite, `>= 0`.
+fn seconds(s: &Sample<'_>) -> Result<f64, MapError> {
+    let v = s.value;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(MapError::Malformed(format!("{} = {v}", s.name)));
     }
     Ok(v)
 }
@@ -214,6 +265,10 @@ pub(crate) fn map(engine: Engine, body: &str, max_ranks: u32) -> Result<EngineLo
             Field::Used => e.used = max(e.used, count(&s)?),
             Field::Total => e.total = max(e.total, count(&s)?),
             Field::Waiting => e.waiting = max(e.waiting, count(&s)?),
+            Field::GapSum => e.gap_sum = max(e.gap_sum, seconds(&s)?),
+            Field::GapCount => e.gap_count = max(e.gap_count, count(&s)?),
+            Field::OldGapSum => e.old_gap_sum = max(e.old_gap_sum, seconds(&s)?),
+            Field::OldGapCount => e.old_gap_count = max(e.old_gap_count, count(&s)?),
             Field::Info => unreachable!("handled above"),
         }
     }
@@ -228,6 +283,12 @@ pub(crate) fn map(engine: Engine, body: &str, max_ranks: u32) -> Result<EngineLo
     for (rank, s) in seen {
         let missing = |what: &str| MapError::Missing(format!("{what} for rank {rank}"));
         let waiting = s.waiting.ok_or_else(|| missing(waiting_name))?;
+        let gaps = match (s.gap_sum, s.gap_count, s.old_gap_sum, s.old_gap_count) {
+            (Some(seconds), Some(count), _, _) | (_, _, Some(seconds), Some(count)) => {
+                Some(Gaps { seconds, count })
+            }
+            _ => None,
+        };
         let r = match engine {
             Engine::Vllm => {
                 let usage = s
@@ -242,6 +303,7 @@ pub(crate) fn map(engine: Engine, body: &str, max_ranks: u32) -> Result<EngineLo
                     kv_used_blocks: Some((usage * total as f64).round() as u64),
                     kv_total_blocks: Some(total),
                     waiting_requests: waiting,
+                    gaps,
                 }
             }
             Engine::Sglang => {
@@ -256,6 +318,7 @@ pub(crate) fn map(engine: Engine, body: &str, max_ranks: u32) -> Result<EngineLo
                     kv_used_blocks: Some(used),
                     kv_total_blocks: total,
                     waiting_requests: waiting,
+                    gaps,
                 }
             }
         };
@@ -325,7 +388,8 @@ mod tests {
                     EngineRank {
                         kv_used_blocks: Some(1024),
                         kv_total_blocks: Some(2048),
-                        waiting_requests: 0
+                        waiting_requests: 0,
+                        gaps: None,
                     }
                 ),
                 (
@@ -333,11 +397,60 @@ mod tests {
                     EngineRank {
                         kv_used_blocks: Some(64),
                         kv_total_blocks: Some(2048),
-                        waiting_requests: 7
+                        waiting_requests: 7,
+                        gaps: None,
                     }
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn the_inter_token_latency_histogram_gives_the_gaps() {
+        let mut body = vllm(["0.5", "0.5"], ["0.0", "0.0"]);
+        body += "vllm:inter_token_latency_seconds_sum{model_name=\"m\",engine=\"1\"} 12.5\n\
+                 vllm:inter_token_latency_seconds_count{model_name=\"m\",engine=\"1\"} 500.0\n\
+                 vllm:time_per_output_token_seconds_sum{model_name=\"m\",engine=\"1\"} 99.0\n\
+                 vllm:time_per_output_token_seconds_count{model_name=\"m\",engine=\"1\"} 9.0\n\
+                 vllm:time_per_output_token_seconds_sum{model_name=\"m\",engine=\"0\"} 1.0\n\
+                 vllm:time_per_output_token_seconds_count{model_name=\"m\",engine=\"0\"} 40.0\n";
+        let got = map(Engine::Vllm, &body, 16).unwrap();
+        let gaps = |seconds, count| Some(Gaps { seconds, count });
+        assert_eq!(got.ranks[&1].gaps, gaps(12.5, 500), "the new name first");
+        assert_eq!(got.ranks[&0].gaps, gaps(1.0, 40), "v0.10's name");
+        let body = "sglang:num_used_tokens{model_name=\"q\"} 5.0\n\
+                    sglang:max_total_num_tokens{model_name=\"q\"} 100.0\n\
+                    sglang:num_queue_reqs{model_name=\"q\"} 0.0\n\
+                    sglang:inter_token_latency_seconds_sum{model_name=\"q\"} 3.0\n";
+        let got = map(Engine::Sglang, body, 16).unwrap();
+        assert_eq!(got.ranks[&0].gaps, None, "a sum without its count");
+        let body =
+            format!("{body}sglang:inter_token_latency_seconds_count{{model_name=\"q\"}} 100\n");
+        let got = map(Engine::Sglang, &body, 16).unwrap();
+        assert_eq!(got.ranks[&0].gaps, gaps(3.0, 100));
+        let bad = body.replace("_sum{model_name=\"q\"} 3.0", "_sum{model_name=\"q\"} -3.0");
+        assert!(matches!(
+            map(Engine::Sglang, &bad, 16),
+            Err(MapError::Malformed(_))
+        ));
+        // Growth between two scrapes: the mean gap, or nothing when a
+        // total ran backwards or nothing was added.
+        let before = Gaps {
+            seconds: 3.0,
+            count: 100,
+        };
+        let now = Gaps {
+            seconds: 4.0,
+            count: 150,
+        };
+        assert_eq!(now.mean_since(&before), Some(0.02));
+        assert_eq!(before.mean_since(&now), None);
+        assert_eq!(before.mean_since(&before), None);
+        let lying = Gaps {
+            seconds: 2.0,
+            count: 150,
+        };
+        assert_eq!(lying.mean_since(&before), None);
     }
 
     #[test]
@@ -351,7 +464,8 @@ mod tests {
             Some(&EngineRank {
                 kv_used_blocks: Some(25),
                 kv_total_blocks: Some(100),
-                waiting_requests: 2
+                waiting_requests: 2,
+                gaps: None,
             })
         );
     }
@@ -373,7 +487,8 @@ mod tests {
             EngineRank {
                 kv_used_blocks: Some(1812),
                 kv_total_blocks: Some(144_960),
-                waiting_requests: 3
+                waiting_requests: 3,
+                gaps: None,
             }
         );
         let body = "sglang:num_used_tokens{dp_rank=\"1\",engine_type=\"unified\",model_name=\"q\",pp_rank=\"0\",tp_rank=\"0\"} 10.0\n\
@@ -389,7 +504,8 @@ mod tests {
                 EngineRank {
                     kv_used_blocks: Some(12),
                     kv_total_blocks: Some(1000),
-                    waiting_requests: 0
+                    waiting_requests: 0,
+                    gaps: None,
                 }
             )],
             "the largest of a rank's series; the capacity metric wins"

@@ -31,6 +31,7 @@ mod http;
 pub(crate) mod stats;
 mod text;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
@@ -38,7 +39,7 @@ use std::time::{Duration, Instant};
 pub use engines::Engine;
 pub use stats::{ScrapeStats, ERROR_KINDS};
 
-use self::engines::MapError;
+use self::engines::{Gaps, MapError};
 use self::http::{Connection, FetchError, Target};
 use crate::fork::ForkGuard;
 use crate::load::{LoadReport, WorkerSpec};
@@ -150,6 +151,8 @@ struct Registration {
 struct State {
     closed: bool,
     registered: Option<Registration>,
+    /// Each rank's inter-token latency totals at the last scrape.
+    gaps: BTreeMap<u32, Gaps>,
 }
 
 #[derive(Debug)]
@@ -254,6 +257,7 @@ impl Shared {
                 .add_worker(&want.model, self.worker_id, spec)
                 .map_err(|e| Failure::Refused(e.to_string()))?;
             state.registered = Some(want);
+            state.gaps.clear();
         }
         for (rank, r) in &load.ranks {
             let report = LoadReport {
@@ -266,6 +270,17 @@ impl Shared {
                 // Removed by someone else: register again next time.
                 state.registered = None;
                 return Err(Failure::Refused(e.to_string()));
+            }
+            // The engine's own token gaps since the last scrape, for an
+            // SLO's step fit.
+            if let Some(now) = r.gaps {
+                let mean = state
+                    .gaps
+                    .insert(*rank, now)
+                    .and_then(|b| now.mean_since(&b));
+                if let Some(mean) = mean {
+                    self.monitor.observe_engine_gap(self.worker_id, *rank, mean);
+                }
             }
         }
         Ok(())

@@ -52,6 +52,11 @@ pub enum Call {
         model: Str,
         slo: Option<(f64, f64, bool)>,
     },
+    SloCounts {
+        m: Handle,
+        model: Str,
+        out_null: bool,
+    },
     Predict {
         m: Handle,
         id: u8,
@@ -328,6 +333,34 @@ impl Call {
                     }
                 } else {
                     assert_eq!(out.ttft_seconds, -1.0, "prediction written on failure");
+                }
+            }
+            Call::SloCounts { m, model, out_null } => {
+                let m = pick(&state.monitors, *m);
+                let mut keep = Vec::new();
+                let (p, len) = model.raw(&mut keep);
+                let mut out = lg_slo_counts {
+                    would_admit: u64::MAX,
+                    ..Default::default()
+                };
+                // SAFETY: `m` is NULL or a live monitor from `State::monitors`; `(p, len)` comes
+                // from `Str::raw`: NULL or valid for `len` bytes; the out-pointer is NULL or
+                // points at a local.
+                let st = checked("lg_monitor_slo_counts", unsafe {
+                    lg_monitor_slo_counts(
+                        m,
+                        p.cast(),
+                        len,
+                        if *out_null { null_mut() } else { &mut out },
+                    )
+                });
+                refuses_null(
+                    "lg_monitor_slo_counts",
+                    st,
+                    m.is_null() || *out_null || model.invalid(),
+                );
+                if st != lg_status::LG_OK {
+                    assert_eq!(out.would_admit, u64::MAX, "counts written on failure");
                 }
             }
             Call::GetThresholds { m, model, out_null } => {
