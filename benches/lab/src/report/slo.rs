@@ -157,12 +157,16 @@ pub(super) fn section(m: &Matrix) -> String {
     }
     let mut s = String::from(
         "## Arm (i): loadgate given only the SLO\n\n\
-         Arm (i) is `Monitor::set_slo` with the run's SLO and nothing else: no threshold, gate, queue \
-         or tuning. Each rank's step time is fitted from the token gaps the frontend sees, each answer's \
-         KV is reserved from the lengths answers had, and a rank is busy while its predicted time to \
-         first token or per output token, with the fit's error as headroom, misses the SLO, while its \
-         engine reports requests waiting for a seat, or past the seats it learned ([behaviour.md]\
-         (behaviour.md#slo-admission)).\n\n| target | measured | |\n|---|---|---|\n",
+         Arm (i) is `Monitor::set_slo` with the run's SLO and nothing else to tune: no threshold or \
+         gate, flow control on at its defaults. Each rank's step time is fitted from the token gaps the \
+         frontend sees, each answer's KV is reserved from the lengths answers had, and a rank is busy \
+         while its predicted time to first token or per output token, with the fit's error as \
+         headroom, misses the SLO, while its engine reports requests waiting for a seat, or past the \
+         seats it learned. Power-of-two routing compares the two picks' slack. A request no rank can \
+         take waits in the frontend queue only if twice its predicted wait (the requests ahead over \
+         the drain measured over the budget, less what more important requests take) fits the TTFT \
+         target less the time to first token seen after dispatch; otherwise it hears 529 at once \
+         ([behaviour.md](behaviour.md#slo-admission)).\n\n| target | measured | |\n|---|---|---|\n",
     );
     let ts = targets(m);
     s += &target_rows(&ts);
