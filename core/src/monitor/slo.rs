@@ -1,7 +1,9 @@
-//! The monitor's side of SLO admission (`crate::slo`), advisory: a model's
-//! SLO, what its requests' streams show of each rank's engine, each rank's
-//! fitted step time, and the time to first token and per output token it
-//! predicts for a new request there.
+//! The monitor's side of SLO admission (`crate::slo`): a model's SLO, what
+//! its requests' streams (and scraped engines' token gaps) show of each
+//! rank's engine, each rank's fitted step time, and the time to first
+//! token and per output token it predicts for a new request there. The
+//! verdict is `predict.rs`'s, the reservation `reserve.rs`'s, the queue's
+//! decision `flow/late.rs`'s.
 //!
 //! # Observing
 //!
