@@ -693,7 +693,7 @@ fn markdown(m: &Matrix) -> String {
        `cargo run --release -p loadgate-lab --bin engine -- --model NAME --port P` serves the emulator over \
        real HTTP: OpenAI-compatible `/v1/chat/completions` and `/v1/completions` (streamed or not) with the \
        step-time model's timing in real time, and vLLM-format `/metrics` (`vllm:num_requests_running`, \
-       `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` per rank, `vllm:cache_config_info`). Every \
+       `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` per rank, `vllm:cache_config_info`, `vllm:inter_token_latency_seconds`). Every \
        engine parameter is a flag named as vLLM and Dynamo's mocker name it (`--max-num-seqs`, \
        `--max-num-batched-tokens`, `--block-size`, `--num-gpu-blocks-override`, `--data-parallel-size`, \
        `--speedup-ratio`); `--nats URL --namespace NS` publishes each rank's load with loadgate's `Publisher` \
@@ -702,7 +702,11 @@ fn markdown(m: &Matrix) -> String {
        `python/tests/test_lab_engine.py` runs three of them behind a frontend built from loadgate's Python \
        pieces (a scraping `Monitor`, `select`, an httpx proxy, the ASGI middleware) at three times their \
        measured capacity, open loop, and checks the accounting, that every 529 carries `Retry-After` and \
-       that no admitted stream was cut; it prints goodput and admitted TTFT.\n"
+       that no admitted stream was cut; it prints goodput and admitted TTFT. \
+       `python/tests/test_lab_engine_slo.py` runs four (two at half speed) behind `FlowMiddleware` at \
+       three times their capacity with one answer in four five times longer, once given only the SLO \
+       and once with a static threshold, checks the same and that the SLO frontend learned from the \
+       streams it proxied, and prints both frontends' goodput and admitted p99 TTFT.\n"
         .into());
     w("\n## What the lab does not model\n\n\
        - **The engines are emulated**: Dynamo's mocker's step time and vLLM's scheduler, with no \

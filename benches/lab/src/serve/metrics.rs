@@ -5,7 +5,10 @@
 //! It carries what loadgate's scraper reads (`core/src/scrape/engines.rs`):
 //! `vllm:kv_cache_usage_perc`, `vllm:num_requests_waiting` and the info
 //! gauge `vllm:cache_config_info` whose label `num_gpu_blocks` is the KV
-//! capacity; and beside them the gauge `vllm:num_requests_running` and the
+//! capacity; the inter-token latency histogram
+//! `vllm:inter_token_latency_seconds` (its count and sum: each output token
+//! after a request's first, and the step it took), which an SLO's step fit
+//! reads; and beside them the gauge `vllm:num_requests_running` and the
 //! counters a dashboard of a vLLM fleet plots (preemptions, prompt and
 //! generation tokens, finished requests).
 
@@ -101,6 +104,23 @@ pub fn render(model: &str, config: &EngineConfig, snapshots: &[Snapshot]) -> Str
             );
         }
     }
+    let name = "vllm:inter_token_latency_seconds";
+    family(
+        &mut out,
+        name,
+        "Histogram of inter-token latency in seconds.",
+        "histogram",
+    );
+    for (rank, s) in snapshots.iter().enumerate() {
+        let labels = format!("engine=\"{rank}\",model_name=\"{model}\"");
+        let (count, sum) = (s.counters.gaps as f64, s.counters.gap_nanos as f64 * 1e-9);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{engine=\"{rank}\",le=\"+Inf\",model_name=\"{model}\"}} {count:?}"
+        );
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count:?}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum:?}");
+    }
     out
 }
 
@@ -134,6 +154,8 @@ mod tests {
             },
             counters: Counters {
                 finished: 3,
+                gaps: 4,
+                gap_nanos: 20_000_000,
                 ..Default::default()
             },
             preemptions: 0,
@@ -154,5 +176,11 @@ mod tests {
             "vllm:request_success_total{engine=\"0\",finished_reason=\"length\",model_name=\"a\\\"b\"} 3.0\n"
         ));
         assert_eq!(text.matches("vllm:cache_config_info{").count(), 2);
+        assert!(text.contains(
+            "vllm:inter_token_latency_seconds_count{engine=\"1\",model_name=\"a\\\"b\"} 4.0\n"
+        ));
+        assert!(text.contains(
+            "vllm:inter_token_latency_seconds_sum{engine=\"0\",model_name=\"a\\\"b\"} 0.02\n"
+        ));
     }
 }

@@ -41,6 +41,11 @@ pub struct Counters {
     pub prompt_tokens: u64,
     /// Output tokens produced.
     pub generation_tokens: u64,
+    /// Output tokens after a request's first, each one gap: vLLM's
+    /// inter-token latency histogram's count.
+    pub gaps: u64,
+    /// The steps' time those gaps took, nanoseconds: the histogram's sum.
+    pub gap_nanos: u64,
 }
 
 /// What `/metrics` shows of a rank, read under one lock.
@@ -220,6 +225,10 @@ impl Rank {
             st.engine.end_step(&mut tokens);
             for t in &tokens {
                 st.counters.generation_tokens += 1;
+                if t.generated > 1 {
+                    st.counters.gaps += 1;
+                    st.counters.gap_nanos += nanos;
+                }
                 if t.finished {
                     st.counters.finished += 1;
                 }

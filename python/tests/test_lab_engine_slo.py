@@ -1,0 +1,270 @@
+"""SLO admission over real HTTP: the lab's `engine` binary, engines of two
+speeds, behind a frontend built from loadgate's Python pieces (a `Monitor`
+scraping each engine, `FlowMiddleware` and an httpx streaming proxy), at
+three times the fleet's measured capacity, open loop, with a long-output
+mix. The same frontend runs twice: given only the SLO (`set_slo`; flow
+control at its defaults), and with a static threshold (busy while a
+request waits in the engine; the queue's deadline the TTFT target).
+
+Asserted: every request is accounted for, every 529 carries
+`Retry-After`, no admitted stream is cut, and the SLO frontend learned
+from the streams it proxied (its fit observed them). Goodput and the
+admitted requests' p99 time to first token of both frontends are printed
+(`-s` shows them), not asserted: they are timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Awaitable, Callable, Dict, List, Optional, Sequence
+
+import httpx
+import pytest
+
+from loadgate import Monitor
+from loadgate.flow_asgi import FlowMiddleware
+
+from conftest import serve
+from test_lab_engine import (
+    MODEL,
+    OUTPUT_TOKENS,
+    PROMPT_WORDS,
+    Message,
+    Scope,
+    calibrate,
+    chat_body,
+    client,
+    engine_bin,  # noqa: F401 (a fixture)
+    engines,
+    percentile,
+    wait_for,
+    worker_id,
+)
+
+SEATS = 2
+# Two engines at the step model's speed and two at half of it.
+ENGINES: List[List[str]] = [
+    ["--max-num-seqs", str(SEATS), "--speedup-ratio", str(speed)] for speed in (1, 1, 0.5, 0.5)
+]
+# The mix: three answers in four short, one long.
+SHORT, LONG = 32, 160
+TTFT, TPOT = 0.5, 0.025  # the SLO, seconds
+OVERLOAD = 3.0
+LOAD_SECONDS = 5.0
+SCRAPE_INTERVAL = 0.02
+
+
+@dataclass
+class Outcome:
+    """One request as its client saw it; times are the loop's clock."""
+
+    intended: float
+    want: int
+    status: int = 0
+    retry_after: Optional[str] = None
+    tokens: int = 0
+    done: bool = False
+    first_token: Optional[float] = None
+    end: float = 0.0
+    error: Optional[str] = None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == 200 and self.done and self.tokens == self.want and self.error is None
+
+    @property
+    def good(self) -> bool:
+        if not self.completed or self.first_token is None:
+            return False
+        tpot = (self.end - self.first_token) / max(1, self.tokens - 1)
+        return self.first_token - self.intended <= TTFT and tpot <= TPOT
+
+
+async def stream_once(c: httpx.AsyncClient, url: str, want: int, intended: float) -> Outcome:
+    loop = asyncio.get_running_loop()
+    out = Outcome(intended, want)
+    try:
+        async with c.stream(
+            "POST",
+            url + "/v1/chat/completions",
+            content=chat_body(want),
+            headers={"content-type": "application/json"},
+        ) as resp:
+            out.status = resp.status_code
+            out.retry_after = resp.headers.get("retry-after")
+            if resp.status_code != 200:
+                await resp.aread()
+            else:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[len("data: ") :]
+                    if data == "[DONE]":
+                        out.done = True
+                        continue
+                    choices = json.loads(data)["choices"]
+                    if choices and choices[0]["delta"].get("content"):
+                        out.tokens += 1
+                        if out.first_token is None:
+                            out.first_token = loop.time()
+    except Exception as exc:  # counted, and shown by the accounting check
+        out.error = repr(exc)
+    out.end = loop.time()
+    return out
+
+
+async def open_loop(url: str, rate: float, seconds: float, seed: int) -> List[Outcome]:
+    """Poisson arrivals at `rate` for `seconds`, each of the mix, each sent at
+    its intended time whatever became of the earlier ones."""
+    rng = random.Random(seed)
+    plan = []
+    t = rng.expovariate(rate)
+    while t < seconds:
+        plan.append((t, LONG if rng.random() < 0.25 else SHORT))
+        t += rng.expovariate(rate)
+    loop = asyncio.get_running_loop()
+    async with client() as c:
+        start = loop.time() + 0.1
+        tasks = []
+        for offset, want in plan:
+            delay = start + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(stream_once(c, url, want, start + offset)))
+        return list(await asyncio.gather(*tasks))
+
+
+class Proxy:
+    """The app behind `FlowMiddleware`: streams the booked worker's answer
+    back one server-sent event per body message (one token each), so the
+    middleware's chunks are the answer's tokens."""
+
+    def __init__(self, urls: Dict[int, str]) -> None:
+        self.urls = urls
+        self.client: Optional[httpx.AsyncClient] = None
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+
+    async def __call__(
+        self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]
+    ) -> None:
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        if self.client is None:
+            self.loop = asyncio.get_running_loop()
+            self.client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=512, max_keepalive_connections=128), timeout=httpx.Timeout(60.0)
+            )
+        url = self.urls[scope["loadgate.worker"]] + scope["path"]
+        request = self.client.build_request(
+            "POST", url, content=b"".join(chunks), headers={"content-type": "application/json"}
+        )
+        resp = await self.client.send(request, stream=True)
+        try:
+            headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode())]
+            await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
+            async for line in resp.aiter_lines():
+                if line:
+                    event = (line + "\n\n").encode()
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await resp.aclose()
+
+    def close(self) -> None:
+        if self.client is not None and self.loop is not None:
+            asyncio.run_coroutine_threadsafe(self.client.aclose(), self.loop).result(10)
+
+
+@dataclass
+class Learned:
+    """What a frontend's monitor held at the end of its run."""
+
+    slo: Optional[Dict[str, object]]
+    fits: List[Dict[str, object]]
+
+
+def run_frontend(urls: Sequence[str], rate: float, slo: bool) -> tuple[List[Outcome], Learned]:
+    """One frontend over the engines, driven open loop at `rate`."""
+    monitor = Monitor()
+    scrapes = [monitor.scrape(None, worker_id(u), u + "/metrics", interval=SCRAPE_INTERVAL) for u in urls]
+    try:
+        wait_for(lambda: sorted(monitor.workers(MODEL)), lambda w: w == sorted(map(worker_id, urls)))
+        if slo:
+            monitor.set_slo(MODEL, ttft=TTFT, tpot=TPOT)
+            monitor.set_flow_control(MODEL, queue_limit=4096, policy="power_of_two")
+        else:
+            monitor.set_thresholds(MODEL, waiting_requests_threshold=0)
+            monitor.set_flow_control(MODEL, queue_limit=4096, deadline=TTFT)
+        proxy = Proxy({worker_id(u): u for u in urls})
+        cost = lambda scope: (PROMPT_WORDS + 8, None)  # noqa: E731 (the prompt's tokens, about)
+        app = FlowMiddleware(proxy, monitor, model=MODEL, cost=cost, style="openai")
+        with serve(app) as front:
+            try:
+                outcomes = asyncio.run(open_loop(front, rate, LOAD_SECONDS, seed=11))
+            finally:
+                proxy.close()
+        fits = [monitor.predict(worker_id(u), 0, PROMPT_WORDS) for u in urls]
+        learned = Learned(monitor.slo(MODEL), fits)
+    finally:
+        for s in scrapes:
+            s.close()
+    return outcomes, learned
+
+
+def summary(name: str, outcomes: Sequence[Outcome]) -> str:
+    completed = [o for o in outcomes if o.completed]
+    rejected = [o for o in outcomes if o.status == 529]
+    good = [o for o in outcomes if o.good]
+    span = max(o.end for o in outcomes) - min(o.intended for o in outcomes)
+    ttft = [o.first_token - o.intended for o in completed if o.first_token is not None]
+    p99 = percentile(ttft, 99) * 1000 if ttft else float("nan")
+    return (
+        f"{name}: goodput {len(good) / span:.1f} req/s ({len(good)} of {len(outcomes)} within the SLO), "
+        f"{len(completed)} completed, {len(rejected)} rejected; admitted TTFT p99 {p99:.0f} ms"
+    )
+
+
+def check(outcomes: Sequence[Outcome]) -> None:
+    completed = [o for o in outcomes if o.completed]
+    rejected = [o for o in outcomes if o.status == 529 and o.error is None]
+    errors = [o for o in outcomes if not o.completed and not (o.status == 529 and o.error is None)]
+    assert errors == [], errors[:5]
+    assert len(outcomes) == len(completed) + len(rejected)
+    assert all(o.retry_after is not None and float(o.retry_after) >= 0 for o in rejected)
+    admitted = [o for o in outcomes if o.status == 200]
+    assert all(o.done and o.tokens == o.want for o in admitted), "an admitted stream was cut"
+    assert rejected and completed, "three times the capacity is shed in part and served in part"
+
+
+@pytest.mark.timeout(900)  # building the binary first, when it is missing, takes minutes
+def test_the_slo_alone_against_a_static_threshold_over_http(engine_bin: Path, tmp_path: Path) -> None:  # noqa: F811
+    with engines(engine_bin, ENGINES, tmp_path) as urls:
+        capacity = asyncio.run(calibrate(urls, [1] * len(urls)))
+        assert capacity > 0
+        rate = OVERLOAD * capacity
+        by_slo, learned = run_frontend(urls, rate, slo=True)
+        static, _ = run_frontend(urls, rate, slo=False)
+
+    check(by_slo)
+    check(static)
+    # The SLO frontend learned from the streams it proxied: its answers'
+    # lengths (the reservation's table) and its ranks' step fits.
+    slo, fits = learned.slo, learned.fits
+    assert slo is not None and not slo["advisory"]
+    assert any(float(f["fit_error"]) < 1.0 for f in fits), fits
+    print(
+        f"\n{len(urls)} engines (two at half speed) of {SEATS} seats, answers of {SHORT} or {LONG} tokens "
+        f"(one in four long), SLO TTFT {TTFT * 1000:.0f} ms and TPOT {TPOT * 1000:.0f} ms; capacity "
+        f"{capacity:.1f} req/s measured ({OUTPUT_TOKENS}-token answers), offered {rate:.1f} req/s for {LOAD_SECONDS:.0f} s"
+    )
+    print(summary("only the SLO", by_slo))
+    print(summary("static threshold (busy on a waiting request; queue deadline the TTFT target)", static))
+    print(f"SLO decisions: {slo}; trusted fits {sum(1 for f in fits if f['trusted'])} of {len(fits)}")
