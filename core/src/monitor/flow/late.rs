@@ -39,8 +39,7 @@ const SPREADS: f64 = 2.0;
 
 /// How many times its predicted wait a request's deadline must hold: the
 /// rates behind a prediction are counts over a budget's length, and the
-/// future arrivals that overtake a wait are no more certain. In the lab's
-/// overload cells, 1 let 3–9 % of the refusals come late, at the deadline.
+/// future arrivals that overtake a wait are no more certain.
 const HEADROOM: u32 = 2;
 
 /// What the SLO makes of a request about to wait in `queue`: the deadline
