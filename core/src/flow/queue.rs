@@ -17,14 +17,14 @@ use super::config::{FlowConfig, FlowConfigError, MAX_BANDS, MAX_FLOW_DEADLINE};
 
 mod shed;
 use super::drain::EventRate;
-
-/// How many standard deviations low [`FlowQueue::predicted_wait`] takes the
-/// rate left to a request.
-const RATE_SPREADS: f64 = 2.0;
 use super::tenants::{Tenants, NONE};
 use super::{FlowRejection, FlowRequest, QueueKey, Reservation};
 use crate::clock::nanos;
 use crate::limits::DEFAULT_MAX_NAME_LEN;
+
+/// How many standard deviations low [`FlowQueue::predicted_wait`] takes the
+/// rate left to a request.
+const RATE_SPREADS: f64 = 2.0;
 
 /// Most requests one arrival may shed; an arrival that would need more is
 /// refused instead.
