@@ -163,6 +163,7 @@ class Outcome:
     """One request as its client saw it; times are the loop's clock."""
 
     intended: float
+    want: int = OUTPUT_TOKENS
     status: int = 0
     retry_after: Optional[str] = None
     tokens: int = 0
@@ -173,13 +174,16 @@ class Outcome:
 
     @property
     def completed(self) -> bool:
-        return self.status == 200 and self.done and self.tokens == OUTPUT_TOKENS and self.error is None
+        return self.status == 200 and self.done and self.tokens == self.want and self.error is None
 
 
-async def stream_once(client: httpx.AsyncClient, url: str, body: bytes, intended: float) -> Outcome:
-    """Sends one streamed chat completion and reads it to its end."""
+async def stream_once(
+    client: httpx.AsyncClient, url: str, body: bytes, intended: float, want: int = OUTPUT_TOKENS
+) -> Outcome:
+    """Sends one streamed chat completion (of `want` output tokens) and
+    reads it to its end."""
     loop = asyncio.get_running_loop()
-    out = Outcome(intended)
+    out = Outcome(intended, want)
     try:
         async with client.stream(
             "POST", url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}

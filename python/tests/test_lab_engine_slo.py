@@ -16,7 +16,6 @@ admitted requests' p99 time to first token of both frontends are printed
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from test_lab_engine import (
     OUTPUT_TOKENS,
     PROMPT_WORDS,
     Message,
+    Outcome,
     Scope,
     calibrate,
     chat_body,
@@ -41,6 +41,7 @@ from test_lab_engine import (
     engine_bin,  # noqa: F401 (a fixture)
     engines,
     percentile,
+    stream_once,
     wait_for,
     worker_id,
 )
@@ -58,63 +59,12 @@ LOAD_SECONDS = 5.0
 SCRAPE_INTERVAL = 0.02
 
 
-@dataclass
-class Outcome:
-    """One request as its client saw it; times are the loop's clock."""
-
-    intended: float
-    want: int
-    status: int = 0
-    retry_after: Optional[str] = None
-    tokens: int = 0
-    done: bool = False
-    first_token: Optional[float] = None
-    end: float = 0.0
-    error: Optional[str] = None
-
-    @property
-    def completed(self) -> bool:
-        return self.status == 200 and self.done and self.tokens == self.want and self.error is None
-
-    @property
-    def good(self) -> bool:
-        if not self.completed or self.first_token is None:
-            return False
-        tpot = (self.end - self.first_token) / max(1, self.tokens - 1)
-        return self.first_token - self.intended <= TTFT and tpot <= TPOT
-
-
-async def stream_once(c: httpx.AsyncClient, url: str, want: int, intended: float) -> Outcome:
-    loop = asyncio.get_running_loop()
-    out = Outcome(intended, want)
-    try:
-        async with c.stream(
-            "POST",
-            url + "/v1/chat/completions",
-            content=chat_body(want),
-            headers={"content-type": "application/json"},
-        ) as resp:
-            out.status = resp.status_code
-            out.retry_after = resp.headers.get("retry-after")
-            if resp.status_code != 200:
-                await resp.aread()
-            else:
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[len("data: ") :]
-                    if data == "[DONE]":
-                        out.done = True
-                        continue
-                    choices = json.loads(data)["choices"]
-                    if choices and choices[0]["delta"].get("content"):
-                        out.tokens += 1
-                        if out.first_token is None:
-                            out.first_token = loop.time()
-    except Exception as exc:  # counted, and shown by the accounting check
-        out.error = repr(exc)
-    out.end = loop.time()
-    return out
+def good(o: Outcome) -> bool:
+    """Completed within the SLO: its first token and its time per token."""
+    if not o.completed or o.first_token is None:
+        return False
+    tpot = (o.end - o.first_token) / max(1, o.tokens - 1)
+    return o.first_token - o.intended <= TTFT and tpot <= TPOT
 
 
 async def open_loop(url: str, rate: float, seconds: float, seed: int) -> List[Outcome]:
@@ -134,7 +84,8 @@ async def open_loop(url: str, rate: float, seconds: float, seed: int) -> List[Ou
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(stream_once(c, url, want, start + offset)))
+            body = chat_body(want)
+            tasks.append(asyncio.create_task(stream_once(c, url, body, start + offset, want)))
         return list(await asyncio.gather(*tasks))
 
 
@@ -222,12 +173,12 @@ def run_frontend(urls: Sequence[str], rate: float, slo: bool) -> tuple[List[Outc
 def summary(name: str, outcomes: Sequence[Outcome]) -> str:
     completed = [o for o in outcomes if o.completed]
     rejected = [o for o in outcomes if o.status == 529]
-    good = [o for o in outcomes if o.good]
+    within = [o for o in outcomes if good(o)]
     span = max(o.end for o in outcomes) - min(o.intended for o in outcomes)
     ttft = [o.first_token - o.intended for o in completed if o.first_token is not None]
     p99 = percentile(ttft, 99) * 1000 if ttft else float("nan")
     return (
-        f"{name}: goodput {len(good) / span:.1f} req/s ({len(good)} of {len(outcomes)} within the SLO), "
+        f"{name}: goodput {len(within) / span:.1f} req/s ({len(within)} of {len(outcomes)} within the SLO), "
         f"{len(completed)} completed, {len(rejected)} rejected; admitted TTFT p99 {p99:.0f} ms"
     )
 
