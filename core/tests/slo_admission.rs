@@ -171,6 +171,16 @@ fn the_verdict_refuses_a_rank_whose_queue_would_miss_the_ttft_and_frees_it_below
         ahead.push(m.book_with_prefill(1, 0, 0, 1000).unwrap());
         assert!(ahead.len() < 100, "never busy");
     }
+    // The line it shows is the bookings it turned busy at.
+    let gauge = |m: &Monitor, name: &str| {
+        let prefix = format!("dynamo_frontend_slo_{name}{{dp_rank=\"0\"");
+        m.metrics_text()
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap()
+    };
+    assert_eq!(gauge(&m, "line_requests"), ahead.len() as u64);
     let at = ahead.len() as f64 * 1000.0;
     let want = 0.5 / step(BATCH as f64, 0.0, 0.0) * BATCH as f64;
     assert!(
@@ -194,13 +204,7 @@ fn the_verdict_refuses_a_rank_whose_queue_would_miss_the_ttft_and_frees_it_below
         p.ttft
     );
     // One prefill of the band's width goes back and forth without a flip.
-    let flips = |m: &Monitor| {
-        m.metrics_text()
-            .lines()
-            .find(|l| l.starts_with("dynamo_frontend_slo_verdict_changes_total{dp_rank=\"0\""))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .unwrap()
-    };
+    let flips = |m: &Monitor| gauge(m, "verdict_changes_total");
     let before = flips(&m);
     for _ in 0..50 {
         drop(m.book_with_prefill(1, 0, 0, 1000).unwrap());

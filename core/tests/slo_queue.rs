@@ -148,6 +148,32 @@ fn a_wait_predicted_past_the_budget_is_refused_at_once() {
 }
 
 #[test]
+fn a_drain_in_bursts_is_waited_for_through_its_pause() {
+    let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
+    // Bursts of 30 dispatches, 1.8 s apart, as when every rank holds long
+    // answers and seats free together.
+    for burst in 0..3 {
+        if burst > 0 {
+            clock.advance(Duration::from_millis(1800));
+        }
+        for _ in 0..30 {
+            let mut d = m.dispatch("m", &request());
+            poll(&mut d).expect("sent at once").unwrap().complete(1);
+        }
+    }
+    seat_wait(&m, 1, 1);
+    // Just after a burst, the second before holds 30 dispatches: by rate
+    // alone, about 50 ms of wait. The pause ahead is 1.8 s, past the 1 s
+    // budget: refused at once.
+    let mut d = m.dispatch("m", &request());
+    assert_eq!(
+        poll(&mut d).expect("decided at once").unwrap_err(),
+        FlowRejection::QueueDeadline
+    );
+    assert_eq!(m.slo_counts("m").unwrap().refused_late, 1);
+}
+
+#[test]
 fn the_budget_is_the_target_less_the_first_tokens_seen() {
     let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
     // The budget is 2 - 0.5 = 1.5 s.

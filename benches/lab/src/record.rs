@@ -445,6 +445,23 @@ pub struct SloFigures {
     pub predicted_share: f64,
     /// Verdict changes per worker per minute of arrivals.
     pub flips_per_worker_minute: f64,
+    /// The lines the verdicts held.
+    pub line: LineFigures,
+}
+
+/// The line of each rank: the requests booked on it when its verdict last
+/// turned busy, sampled once a second while requests arrive. Its level is
+/// the mean over the last quarter of the arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct LineFigures {
+    /// The highest level of a rank, requests.
+    pub level: f64,
+    /// The largest coefficient of variation of a rank's line about its
+    /// level over that quarter.
+    pub cv: f64,
+    /// Seconds from the start of the arrivals, or from the workload's
+    /// switch, until every rank's line stayed within 10 % of its level.
+    pub settle_s: f64,
 }
 
 /// The median and 90th percentile of `v` (sorted here); zeros if empty.

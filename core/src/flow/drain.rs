@@ -2,9 +2,47 @@
 //! `Retry-After` and an SLO's predicted wait, and each band's accepted
 //! arrivals, which go ahead of a less important band's wait.
 
+use std::time::Duration;
+
 /// Event times kept: at a few hundred dispatches a second, more than the
 /// seconds an SLO's wait is predicted over.
 const SAMPLES: usize = 256;
+
+/// How many standard deviations low [`wait`] takes the rate left to a
+/// request.
+const RATE_SPREADS: f64 = 2.0;
+
+/// How many horizons back [`wait`] looks for the drain's longest pause.
+const STALL_SPANS: u64 = 4;
+
+/// The wait of a request with `ahead` before it, over `drain` less the
+/// rates `overtaking` it, each over the `horizon` nanoseconds before `now`
+/// (`FlowQueue::predicted_wait`): the difference taken [`RATE_SPREADS`]
+/// standard deviations low ([`Duration::MAX`] when nothing is left), and
+/// no shorter than what remains of the drain's longest pause over
+/// [`STALL_SPANS`] horizons. `None` before two dispatches.
+pub(super) fn wait(
+    ahead: u32,
+    drain: &EventRate,
+    overtaking: &[EventRate],
+    now: u64,
+    horizon: u64,
+) -> Option<Duration> {
+    let rate = drain.over(now, horizon)?;
+    let (mut free, mut variance) = (rate.per_second, rate.variance);
+    for r in overtaking.iter().filter_map(|t| t.over(now, horizon)) {
+        free -= r.per_second;
+        variance += r.variance;
+    }
+    let free = free - RATE_SPREADS * variance.sqrt();
+    if free <= 0.0 {
+        return Some(Duration::MAX);
+    }
+    let pause = drain.longest_pause(now, STALL_SPANS.saturating_mul(horizon));
+    let rest = pause.saturating_sub(now.saturating_sub(drain.newest()));
+    let secs = ((f64::from(ahead) + 1.0) / free).max(rest as f64 * 1e-9);
+    Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+}
 
 /// A measured rate.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,6 +108,18 @@ impl EventRate {
         })
     }
 
+    /// The longest quiet between two events in the `within` nanoseconds
+    /// before `now` (0 before two events).
+    pub(super) fn longest_pause(&self, now: u64, within: u64) -> u64 {
+        let n = self.count.min(SAMPLES as u64);
+        let from = now.saturating_sub(within);
+        (1..n)
+            .take_while(|&i| self.nth_newest(i) >= from)
+            .map(|i| self.nth_newest(i - 1) - self.nth_newest(i))
+            .max()
+            .unwrap_or(0)
+    }
+
     fn newest(&self) -> u64 {
         self.nth_newest(0)
     }
@@ -112,5 +162,24 @@ mod tests {
         assert!((long - 100.0).abs() < 1e-9, "{long}");
         let faded = rate(&r, newest + 255 * S / 100, 100 * S).unwrap();
         assert!((faded - 50.0).abs() < 1e-9, "{faded}");
+    }
+
+    #[test]
+    fn the_longest_pause_is_within_the_look_back() {
+        let mut r = EventRate::new();
+        assert_eq!(r.longest_pause(S, S), 0, "no events");
+        // Bursts at 0 s, 2 s and 3 s.
+        for at in [0, 2 * S, 3 * S] {
+            for _ in 0..5 {
+                r.record(at);
+            }
+        }
+        assert_eq!(r.longest_pause(3 * S + S / 2, 10 * S), 2 * S);
+        // Looking back 2 s only sees the 1 s pause.
+        assert_eq!(r.longest_pause(3 * S + S / 2, 2 * S), S);
+        // A wait is no shorter than what remains of the longest pause:
+        // half a second after the last burst, 1.5 s.
+        let w = wait(0, &r, &[], 3 * S + S / 2, 2 * S).unwrap();
+        assert_eq!(w, Duration::from_millis(1500));
     }
 }

@@ -16,15 +16,11 @@ use std::time::Duration;
 use super::config::{FlowConfig, FlowConfigError, MAX_BANDS, MAX_FLOW_DEADLINE};
 
 mod shed;
-use super::drain::EventRate;
+use super::drain::{self, EventRate};
 use super::tenants::{Tenants, NONE};
 use super::{FlowRejection, FlowRequest, QueueKey, Reservation};
 use crate::clock::nanos;
 use crate::limits::DEFAULT_MAX_NAME_LEN;
-
-/// How many standard deviations low [`FlowQueue::predicted_wait`] takes the
-/// rate left to a request.
-const RATE_SPREADS: f64 = 2.0;
 
 /// Most requests one arrival may shed; an arrival that would need more is
 /// refused instead.
@@ -529,26 +525,14 @@ impl<T> FlowQueue<T> {
     /// drain that comes in bursts is seen whole), and the difference is
     /// taken [`RATE_SPREADS`] standard deviations low (counts taken as
     /// Poisson): a small share left by large rates is uncertain, and a
-    /// wait predicted from it long. `None` before two dispatches.
+    /// wait predicted from it long. It is never shorter than what remains
+    /// of the drain's longest pause over four horizons before `now`: a
+    /// drain in bursts sends the next only after one.
+    /// `None` before two dispatches.
     pub fn predicted_wait(&self, priority: u8, now: u64, horizon: Duration) -> Option<Duration> {
         let band = usize::from(priority).min(MAX_BANDS - 1);
-        let horizon = nanos(horizon);
-        let drain = self.drain.over(now, horizon)?;
         let ahead: u32 = (0..=band).map(|b| self.band_len(b)).sum();
-        let (mut free, mut variance) = (drain.per_second, drain.variance);
-        for rate in self.taken[..band]
-            .iter()
-            .filter_map(|t| t.over(now, horizon))
-        {
-            free -= rate.per_second;
-            variance += rate.variance;
-        }
-        let free = free - RATE_SPREADS * variance.sqrt();
-        if free <= 0.0 {
-            return Some(Duration::MAX);
-        }
-        let secs = (f64::from(ahead) + 1.0) / free;
-        Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+        drain::wait(ahead, &self.drain, &self.taken[..band], now, nanos(horizon))
     }
 
     /// Charges tenant `t` a dispatch of `place.prompt` tokens and reserves

@@ -154,12 +154,13 @@ impl Booking {
         } else {
             owner
         };
-        shift(&worker, rank, moved, (0, 0), (blocks, prefill));
-        // Relaxed: a count read as a feature of the rank's load.
+        // Relaxed: a count read as a feature of the rank's load; counted
+        // before the shift publishes the load it is a feature of.
         worker.ranks[rank]
             .slo
             .bookings
             .fetch_add(1, Ordering::Relaxed);
+        shift(&worker, rank, moved, (0, 0), (blocks, prefill));
         if wait {
             worker.reevaluate_and_wait();
         }
@@ -424,12 +425,12 @@ fn move_counter(a: &AtomicU64, from: u64, to: u64) {
 impl Drop for Booking {
     fn drop(&mut self) {
         let (from, to) = ((self.blocks, self.prefill), (0, 0));
-        shift(&self.worker, self.rank, self.owner, from, to);
         // Relaxed: as in `make`.
         self.worker.ranks[self.rank]
             .slo
             .bookings
             .fetch_sub(1, Ordering::Relaxed);
+        shift(&self.worker, self.rank, self.owner, from, to);
         self.announce(OwnChange::Released);
     }
 }

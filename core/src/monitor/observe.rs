@@ -196,6 +196,9 @@ pub(super) struct RankSlo {
     pub(super) pressure: AtomicU64,
     /// How often that verdict changed.
     pub(super) flips: AtomicU64,
+    /// The bookings on the rank when the verdict last turned busy: the
+    /// limit it holds (0 before the first); its publisher's.
+    pub(super) line: AtomicU64,
 }
 
 impl RankSlo {
@@ -211,6 +214,7 @@ impl RankSlo {
             busy: AtomicBool::new(false),
             pressure: AtomicU64::new(0),
             flips: AtomicU64::new(0),
+            line: AtomicU64::new(0),
         }
     }
 

@@ -169,6 +169,10 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
     if busy != was {
         slo.busy.store(busy, Ordering::Relaxed);
         slo.flips.fetch_add(1, Ordering::Relaxed);
+        if busy {
+            let booked = slo.bookings.load(Ordering::Relaxed);
+            slo.line.store(booked, Ordering::Relaxed);
+        }
     }
     busy
 }

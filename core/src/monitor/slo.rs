@@ -408,7 +408,7 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
     if on.is_empty() {
         return;
     }
-    let families: [(&str, &str, &str); 7] = [
+    let families: [(&str, &str, &str); 8] = [
         (
             "frontend_slo_predicted_ttft_seconds",
             "gauge",
@@ -444,6 +444,11 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
             "counter",
             "How often the SLO's verdict on the rank changed.",
         ),
+        (
+            "frontend_slo_line_requests",
+            "gauge",
+            "Requests booked on the rank when the SLO's verdict last turned busy: the limit it holds (0 before the first).",
+        ),
     ];
     for (family, (name, kind, help)) in families.iter().enumerate() {
         metrics::header(out, prefix, name, kind, help);
@@ -458,7 +463,8 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
                     3 => f64::from_bits(rank.slo.step_error.load(Ordering::Relaxed)),
                     4 => f64::from_bits(rank.slo.ttft_error.load(Ordering::Relaxed)),
                     5 => f64::from(u8::from(rank.slo.busy.load(Ordering::Relaxed))),
-                    _ => rank.slo.flips.load(Ordering::Relaxed) as f64,
+                    6 => rank.slo.flips.load(Ordering::Relaxed) as f64,
+                    _ => rank.slo.line.load(Ordering::Relaxed) as f64,
                 };
                 let dp_rank = w.dp_start + i as u32;
                 metrics::sample(

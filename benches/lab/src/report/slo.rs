@@ -6,6 +6,7 @@
 use super::{missed_list, ms, pct, row, target_rows, Target};
 use crate::arm::ArmKind;
 use crate::matrix::{Matrix, Row};
+use crate::shift::Shift;
 
 /// The best goodput another arm reached on `scenario` (tuned there, or as
 /// it ran without knobs), and which.
@@ -138,11 +139,50 @@ fn targets(m: &Matrix) -> Vec<Target> {
             measured: format!("worst {f:.0} a minute ({})", r.scenario),
             met: f <= 6.0,
             why: (f > 6.0).then(|| {
-                "the verdict is a line on the rank's load, like a threshold: at capacity each \
-                 finished request frees room that the next admission takes, and each is a change; \
-                 the hysteresis (10 % below the line) keeps a single prompt's width from flapping, \
-                 not a full engine's turnover"
+                "the verdict is the gate at the rank's line, like any concurrency limit: at \
+                 capacity each finished request frees room that the next admission takes, and \
+                 each is a change; the hysteresis (10 % below the line) keeps a single prompt's \
+                 width from flapping, not a full engine's turnover. The line itself holds still \
+                 (next rows)"
                     .into()
+            }),
+        });
+    }
+    let line = |r: &&Row| r.measured.slo.map(|f| f.line);
+    if let Some((r, f)) = rows
+        .iter()
+        .filter(|r| r.group == "steady" && r.load > 1.0)
+        .filter_map(|r| Some((r, line(r)?)))
+        .max_by(|a, b| a.1.cv.total_cmp(&b.1.cv))
+    {
+        out.push(Target {
+            what:
+                "no oscillation at steady overload: each worker's line (the requests booked when \
+                   its verdict turns busy) within a 5 % coefficient of variation over the last \
+                   quarter of the arrivals"
+                    .into(),
+            measured: format!("worst {} ({})", pct(f.cv), r.scenario),
+            met: f.cv <= 0.05,
+            why: (f.cv > 0.05).then(|| format!("in {}: the line still moved", r.scenario)),
+        });
+    }
+    if let Some((r, f)) = rows
+        .iter()
+        .filter(|r| r.scenario.starts_with(Shift::SwitchToLongOutputs.name()))
+        .filter_map(|r| Some((r, line(r)?)))
+        .max_by(|a, b| a.1.settle_s.total_cmp(&b.1.settle_s))
+    {
+        out.push(Target {
+            what: "after the workload's switch, every worker's line within 10 % of where it ends \
+                   in about 10 s"
+                .into(),
+            measured: format!("worst {:.0} s ({})", f.settle_s, r.scenario),
+            met: f.settle_s <= 10.0,
+            why: (f.settle_s > 10.0).then(|| {
+                format!(
+                    "in {}: the engines were still filling with long answers",
+                    r.scenario
+                )
             }),
         });
     }
@@ -164,7 +204,8 @@ pub(super) fn section(m: &Matrix) -> String {
          headroom, misses the SLO, while its engine reports requests waiting for a seat, or past the \
          seats it learned. Power-of-two routing compares the two picks' slack. A request no rank can \
          take waits in the frontend queue only if twice its predicted wait (the requests ahead over \
-         the drain measured over the budget, less what more important requests take) fits the TTFT \
+         the drain measured over the budget, less what more important requests take, and no less than \
+         what remains of the drain's longest recent pause) fits the TTFT \
          target less the time to first token seen after dispatch; otherwise it hears 529 at once \
          ([behaviour.md](behaviour.md#slo-admission)).\n\n| target | measured | |\n|---|---|---|\n",
     );
@@ -174,10 +215,13 @@ pub(super) fn section(m: &Matrix) -> String {
     s += "\nEvery cell: (i)'s goodput (share of the cell's `C*`), the best any other arm reached \
           tuned on the cell, arm (e) as tuned on the calibration scenario, (i)'s admitted SLO \
           attainment, |predicted − observed| time to first token and per output token (median / \
-          p90, ms, over the admitted requests with a trusted prediction, and their share), and its \
-          verdict changes per worker per minute.\n\n\
-          | cell | (i) | best other | (e) | attainment | TTFT error | TPOT error | predicted | changes |\n\
-          |---|---|---|---|---|---|---|---|---|\n";
+          p90, ms, over the admitted requests with a trusted prediction, and their share), its \
+          verdict changes per worker per minute, and its line: the highest worker's level (mean \
+          over the last quarter of the arrivals, requests), the largest coefficient of variation \
+          about it, and the seconds from the start (or the switch) until every line stayed within \
+          10 % of its level.\n\n\
+          | cell | (i) | best other | (e) | attainment | TTFT error | TPOT error | predicted | changes | line | CV | settles |\n\
+          |---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in rows {
         let best = others_best(m, &r.scenario).map_or("–".into(), |(g, k)| {
             format!("{} {}", pct(g), super::letter(k))
@@ -186,7 +230,7 @@ pub(super) fn section(m: &Matrix) -> String {
             .map_or("–".into(), |e| pct(e.measured.goodput_frac));
         let f = r.measured.slo.unwrap_or_default();
         s += &format!(
-            "| {} | {} | {best} | {e} | {} | {} / {} | {} / {} | {} | {:.0} |\n",
+            "| {} | {} | {best} | {e} | {} | {} / {} | {} / {} | {} | {:.0} | {:.0} | {} | {:.0} s |\n",
             r.scenario,
             pct(r.measured.goodput_frac),
             pct(r.measured.attainment_admitted),
@@ -196,6 +240,9 @@ pub(super) fn section(m: &Matrix) -> String {
             ms(f.tpot_error_ms.1),
             pct(f.predicted_share),
             f.flips_per_worker_minute,
+            f.line.level,
+            pct(f.line.cv),
+            f.line.settle_s,
         );
     }
     s + "\n"

@@ -164,6 +164,8 @@ enum Ev {
     FlowExpire,
     /// The replicas' booking syncs tick.
     SyncTick,
+    /// Arm (i): each rank's line is sampled (once a second).
+    SloSample,
 }
 
 struct Queued {
@@ -310,6 +312,8 @@ struct Sim<'a> {
     /// token, ms, and the admitted requests measured.
     slo_errors: [Vec<f64>; 2],
     slo_admitted: u64,
+    /// Arm (i): each rank's line once a second (time, ns; one per rank).
+    slo_lines: Vec<(u64, Vec<f64>)>,
     bus: Arc<HeldBus>,
     inbox: Inbox,
     woken: flow::Woken,
@@ -465,6 +469,7 @@ impl<'a> Sim<'a> {
             line_breaches: 0,
             slo_errors: [Vec::new(), Vec::new()],
             slo_admitted: 0,
+            slo_lines: Vec::new(),
             peak_over_line: 0,
             bus,
             inbox: Arc::new(Mutex::new(Vec::new())),
@@ -517,6 +522,9 @@ impl<'a> Sim<'a> {
             }
             if self.c.sync_debounce_s.is_some() {
                 self.at(0, Ev::SyncTick);
+            }
+            if self.arm.slo {
+                self.at(0, Ev::SloSample);
             }
         }
         while let Some(Reverse(q)) = self.heap.pop() {
@@ -608,6 +616,7 @@ impl<'a> Sim<'a> {
             Ev::Heard(id, attempt, retry_after, why) => self.heard(id, attempt, retry_after, why),
             Ev::FlowExpire => self.flow_expire(),
             Ev::SyncTick => self.sync_tick(),
+            Ev::SloSample => self.slo_sample(),
         }
     }
 }

@@ -2,8 +2,8 @@
 //! what each admitted request then saw, and how often its verdicts
 //! changed.
 
-use super::Sim;
-use crate::record::{median_p90, SloFigures};
+use super::{ns, Ev, Sim};
+use crate::record::{median_p90, LineFigures, SloFigures};
 
 impl Sim<'_> {
     /// Request `id`'s first token came: its time to first token against
@@ -37,6 +37,23 @@ impl Sim<'_> {
         }
     }
 
+    /// Samples each rank's line (the requests booked when its verdict
+    /// last turned busy) from the first frontend's metrics, and comes back
+    /// in a second.
+    pub(super) fn slo_sample(&mut self) {
+        if let Some(f) = self.fronts.first() {
+            let lines = f
+                .monitor
+                .metrics_text()
+                .lines()
+                .filter(|l| l.contains("frontend_slo_line_requests{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .collect();
+            self.slo_lines.push((self.now, lines));
+        }
+        self.at(self.now + ns(1.0), Ev::SloSample);
+    }
+
     /// The run's figures: the errors' median and p90, and the verdict
     /// changes the first frontend's monitor counted.
     pub(super) fn slo_figures(&mut self) -> SloFigures {
@@ -55,6 +72,50 @@ impl Sim<'_> {
             tpot_error_ms: median_p90(&mut self.slo_errors[1]),
             predicted_share: predicted / self.slo_admitted.max(1) as f64,
             flips_per_worker_minute: flips / f64::from(self.c.workers.max(1)) / minutes,
+            line: self.line_figures(),
         }
+    }
+
+    /// How the ranks' lines moved (`LineFigures`): each rank's level is
+    /// its mean over the last quarter of the arrivals.
+    fn line_figures(&self) -> LineFigures {
+        let end = self.workload.duration_s;
+        let since = self
+            .workload
+            .lengths_after
+            .as_ref()
+            .map_or(0.0, |(t, _)| *t);
+        let samples: Vec<(f64, &[f64])> = self
+            .slo_lines
+            .iter()
+            .map(|(t, l)| (*t as f64 * 1e-9, l.as_slice()))
+            .filter(|(t, _)| *t <= end)
+            .collect();
+        let ranks = samples.last().map_or(0, |(_, l)| l.len());
+        let mut out = LineFigures::default();
+        for r in 0..ranks {
+            let last: Vec<f64> = samples
+                .iter()
+                .filter(|(t, _)| *t >= 0.75 * end)
+                .filter_map(|(_, l)| l.get(r).copied())
+                .collect();
+            if last.is_empty() {
+                continue;
+            }
+            let n = last.len() as f64;
+            let level = last.iter().sum::<f64>() / n;
+            let sd = (last.iter().map(|x| (x - level).powi(2)).sum::<f64>() / n).sqrt();
+            out.cv = out.cv.max(sd / level.max(1.0));
+            out.level = out.level.max(level);
+            // The last sample outside the band, and the sample after it.
+            let settled = samples
+                .iter()
+                .rev()
+                .take_while(|(_, l)| l.get(r).is_some_and(|x| (x - level).abs() <= 0.1 * level))
+                .last()
+                .map_or(end, |(t, _)| *t);
+            out.settle_s = out.settle_s.max(settled - since);
+        }
+        out
     }
 }

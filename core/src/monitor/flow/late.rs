@@ -14,8 +14,11 @@
 //!   requests are taken in, since those overtake it as they come. Both
 //!   are counted over the cut deadline's length before now, so a drain in
 //!   bursts is seen whole, and the difference is taken two standard
-//!   deviations low (`FlowQueue::predicted_wait`). Before two dispatches
-//!   nothing is predicted, and the request waits up to its cut deadline.
+//!   deviations low; the wait is never shorter than what remains of the
+//!   drain's longest pause over the last four budgets, since a drain in
+//!   bursts (every rank holding long answers) sends the next only after
+//!   one (`FlowQueue::predicted_wait`). Before two dispatches nothing is
+//!   predicted, and the request waits up to its cut deadline.
 //! * **The decision.** Enforced: a request whose wait, times [`HEADROOM`],
 //!   passes the cut deadline is refused with
 //!   [`FlowRejection::QueueDeadline`] (the reason a request
