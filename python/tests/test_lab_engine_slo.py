@@ -16,10 +16,12 @@ admitted requests' p99 time to first token of both frontends are printed
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable, Dict, List, Optional, Sequence
+from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
 import httpx
 import pytest
@@ -84,9 +86,20 @@ async def open_loop(url: str, rate: float, seconds: float, seed: int) -> List[Ou
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = chat_body(want)
+            # The intended time rides along (`user`), so the frontend can
+            # tell where a late first token spent its time.
+            body = json.dumps({**json.loads(chat_body(want)), "user": repr(start + offset)}).encode()
             tasks.append(asyncio.create_task(stream_once(c, url, body, start + offset, want)))
         return list(await asyncio.gather(*tasks))
+
+
+def first_token(line: str) -> bool:
+    """Whether a streamed line carries a token (not the opening role chunk
+    or the end)."""
+    if not line.startswith("data: {"):
+        return False
+    choices = json.loads(line[len("data: ") :])["choices"]
+    return bool(choices and choices[0]["delta"].get("content"))
 
 
 class Proxy:
@@ -98,6 +111,9 @@ class Proxy:
         self.urls = urls
         self.client: Optional[httpx.AsyncClient] = None
         self.loop: Optional[asyncio.AbstractEventLoop] = None
+        # Each request's intended time: when the middleware handed it on,
+        # and when its engine's first token came.
+        self.timings: Dict[float, Tuple[float, float]] = {}
 
     async def __call__(
         self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]
@@ -113,6 +129,8 @@ class Proxy:
             self.client = httpx.AsyncClient(
                 limits=httpx.Limits(max_connections=512, max_keepalive_connections=128), timeout=httpx.Timeout(60.0)
             )
+        handed = time.monotonic()
+        intended = float(json.loads(b"".join(chunks))["user"])
         url = self.urls[scope["loadgate.worker"]] + scope["path"]
         request = self.client.build_request(
             "POST", url, content=b"".join(chunks), headers={"content-type": "application/json"}
@@ -123,6 +141,8 @@ class Proxy:
             await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
             async for line in resp.aiter_lines():
                 if line:
+                    if intended not in self.timings and first_token(line):
+                        self.timings[intended] = (handed, time.monotonic())
                     event = (line + "\n\n").encode()
                     await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
@@ -140,6 +160,8 @@ class Learned:
 
     slo: Optional[Dict[str, object]]
     fits: List[Dict[str, object]]
+    # The proxy's timings (`Proxy.timings`).
+    timings: Dict[float, Tuple[float, float]]
 
 
 def run_frontend(urls: Sequence[str], rate: float, slo: bool) -> tuple[List[Outcome], Learned]:
@@ -163,7 +185,7 @@ def run_frontend(urls: Sequence[str], rate: float, slo: bool) -> tuple[List[Outc
             finally:
                 proxy.close()
         fits = [monitor.predict(worker_id(u), 0, PROMPT_WORDS) for u in urls]
-        learned = Learned(monitor.slo(MODEL), fits)
+        learned = Learned(monitor.slo(MODEL), fits, proxy.timings)
     finally:
         for s in scrapes:
             s.close()
@@ -180,6 +202,27 @@ def summary(name: str, outcomes: Sequence[Outcome]) -> str:
     return (
         f"{name}: goodput {len(within) / span:.1f} req/s ({len(within)} of {len(outcomes)} within the SLO), "
         f"{len(completed)} completed, {len(rejected)} rejected; admitted TTFT p99 {p99:.0f} ms"
+    )
+
+
+def where_late(outcomes: Sequence[Outcome], timings: Dict[float, Tuple[float, float]]) -> str:
+    """Where the admitted requests whose first token missed the target spent
+    their time: before the proxy (the frontend's queue and middleware), in
+    the engine until its first token, and from there to the client (median
+    and p90, ms)."""
+    parts: List[List[float]] = [[], [], []]
+    for o in outcomes:
+        if not o.completed or o.first_token is None or o.first_token - o.intended <= TTFT:
+            continue
+        handed, first = timings[o.intended]
+        for i, x in enumerate((handed - o.intended, first - handed, o.first_token - first)):
+            parts[i].append(x * 1000)
+    if not parts[0]:
+        return "no admitted request missed the TTFT target"
+    cells = [f"{percentile(p, 50):.0f} / {percentile(p, 90):.0f}" for p in parts]
+    return (
+        f"{len(parts[0])} admitted late; ms (median / p90): frontend {cells[0]}, engine to first token "
+        f"{cells[1]}, proxy to client {cells[2]}"
     )
 
 
@@ -202,7 +245,7 @@ def test_the_slo_alone_against_a_static_threshold_over_http(engine_bin: Path, tm
         assert capacity > 0
         rate = OVERLOAD * capacity
         by_slo, learned = run_frontend(urls, rate, slo=True)
-        static, _ = run_frontend(urls, rate, slo=False)
+        static, by_threshold = run_frontend(urls, rate, slo=False)
 
     check(by_slo)
     check(static)
@@ -217,5 +260,7 @@ def test_the_slo_alone_against_a_static_threshold_over_http(engine_bin: Path, tm
         f"{capacity:.1f} req/s measured ({OUTPUT_TOKENS}-token answers), offered {rate:.1f} req/s for {LOAD_SECONDS:.0f} s"
     )
     print(summary("only the SLO", by_slo))
+    print(f"  {where_late(by_slo, learned.timings)}")
     print(summary("static threshold (busy on a waiting request; queue deadline the TTFT target)", static))
+    print(f"  {where_late(static, by_threshold.timings)}")
     print(f"SLO decisions: {slo}; trusted fits {sum(1 for f in fits if f['trusted'])} of {len(fits)}")
