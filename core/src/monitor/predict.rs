@@ -180,14 +180,14 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
 /// The rank's requests against its seats (module docs, "Deciding"). A
 /// request the engine reports waiting waits for a seat, for as long as
 /// the running ones take to finish, which no step time shows, so the
-/// rank takes no more while the engine reports any waiting. Reports come
-/// now and then, bookings at once: between two, the seats learned so far
-/// hold the rank to [`SEAT_PROBE`] over them. The seats only grow: to the
-/// bookings less those waiting, while some wait (a wait for the step's
-/// budget rather than a seat shows fewer, never more), and to the
-/// bookings, while none waits past the learned seats (the engine ran
-/// them all). An engine that loses seats is held by its reports'
-/// waiting. Called by the worker's publisher only.
+/// rank takes no more while the engine reports any waiting. The seats
+/// only grow: to the bookings less those waiting, while some wait (a wait
+/// for the step's budget rather than a seat shows fewer, never more), and
+/// to the bookings, while the last report showed none waiting, so between
+/// reports they follow the bookings up and refuse nothing alone; the
+/// bookings over [`SEAT_PROBE`] times them hold a rank the waiting made
+/// busy until they are under the band. Called by the worker's publisher
+/// only.
 fn seats(slo: &RankSlo, l: &RankLoad) -> f64 {
     // Relaxed: a count, and the publisher's own state.
     let booked = slo.bookings.load(Ordering::Relaxed);
@@ -211,6 +211,6 @@ fn seats(slo: &RankSlo, l: &RankLoad) -> f64 {
     }
 }
 
-/// How far over its learned seats a rank is booked between two reports,
-/// to learn whether it has more.
+/// The learned seats' margin: a rank's bookings over this many times its
+/// seats are the seats' share of its load (`seats`).
 pub const SEAT_PROBE: f64 = 1.1;

@@ -201,12 +201,12 @@ pub(super) fn section(m: &Matrix) -> String {
          gate, flow control on at its defaults. Each rank's step time is fitted from the token gaps the \
          frontend sees, each answer's KV is reserved from the lengths answers had, and a rank is busy \
          while its predicted time to first token or per output token, with the fit's error as \
-         headroom, misses the SLO, while its engine reports requests waiting for a seat, or past the \
-         seats it learned. Power-of-two routing compares the two picks' slack. A request no rank can \
-         take waits in the frontend queue only if twice its predicted wait (the requests ahead over \
-         the drain measured over the budget, less what more important requests take, and no less than \
-         what remains of the drain's longest recent pause) fits the TTFT \
-         target less the time to first token seen after dispatch; otherwise it hears 529 at once \
+         headroom, misses the SLO, or while its engine reports requests waiting for a seat. \
+         Power-of-two routing compares the two picks' slack. A request no rank can take waits in \
+         the frontend queue only if twice its predicted wait (the requests ahead over the drain \
+         measured over the budget, less what more important requests take, and no less than what \
+         remains of the drain's longest recent pause) fits the TTFT target less the time to first \
+         token seen after dispatch; otherwise it hears 529 at once \
          ([behaviour.md](behaviour.md#slo-admission)).\n\n| target | measured | |\n|---|---|---|\n",
     );
     let ts = targets(m);
