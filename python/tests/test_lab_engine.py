@@ -284,51 +284,68 @@ async def unloaded(url: str, n: int = 5) -> List[Outcome]:
         return [await stream_once(c, url, body, loop.time()) for _ in range(n)]
 
 
-class Proxy:
-    """The frontend's own route: picks a worker with the monitor (a
-    rejection raises, and `LoadgateMiddleware` answers it) and streams the
-    engine's answer back through httpx, chunk by chunk."""
+class Upstream:
+    """An ASGI app's way to the engines: the request's body, and a streamed
+    POST to an engine through one httpx client, made on the server's loop
+    and closed there (`close`, before the server stops)."""
 
-    def __init__(self, monitor: Monitor, urls: Dict[int, str]) -> None:
-        self.monitor = monitor
+    def __init__(self, urls: Dict[int, str]) -> None:
         self.urls = urls
         self.client: Optional[httpx.AsyncClient] = None
         self.loop: Optional[asyncio.AbstractEventLoop] = None
-        self.picked: Dict[int, int] = {w: 0 for w in urls}
 
-    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]) -> None:
-        assert scope["type"] == "http"
+    @staticmethod
+    async def body(receive: Callable[[], Awaitable[Message]]) -> bytes:
         chunks = []
         while True:
             message = await receive()
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        worker = self.monitor.select(json.loads(body)["model"])  # raises Overloaded, Unavailable
-        self.picked[worker] += 1
+                return b"".join(chunks)
+
+    async def post(self, worker: int, path: str, body: bytes, send: Callable[[Message], Awaitable[None]]) -> httpx.Response:
+        """Sends `body` to `worker` and starts the response with its status;
+        the caller streams the body and closes the response."""
         if self.client is None:
             self.loop = asyncio.get_running_loop()
             self.client = httpx.AsyncClient(
                 limits=httpx.Limits(max_connections=512, max_keepalive_connections=128), timeout=httpx.Timeout(60.0)
             )
         request = self.client.build_request(
-            "POST", self.urls[worker] + scope["path"], content=body, headers={"content-type": "application/json"}
+            "POST", self.urls[worker] + path, content=body, headers={"content-type": "application/json"}
         )
         resp = await self.client.send(request, stream=True)
+        headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode())]
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
+        return resp
+
+    def close(self) -> None:
+        if self.client is not None and self.loop is not None:
+            asyncio.run_coroutine_threadsafe(self.client.aclose(), self.loop).result(10)
+
+
+class Proxy(Upstream):
+    """The frontend's own route: picks a worker with the monitor (a
+    rejection raises, and `LoadgateMiddleware` answers it) and streams the
+    engine's answer back through httpx, chunk by chunk."""
+
+    def __init__(self, monitor: Monitor, urls: Dict[int, str]) -> None:
+        super().__init__(urls)
+        self.monitor = monitor
+        self.picked: Dict[int, int] = {w: 0 for w in urls}
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]) -> None:
+        assert scope["type"] == "http"
+        body = await self.body(receive)
+        worker = self.monitor.select(json.loads(body)["model"])  # raises Overloaded, Unavailable
+        self.picked[worker] += 1
+        resp = await self.post(worker, scope["path"], body, send)
         try:
-            headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode())]
-            await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
             async for chunk in resp.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         finally:
             await resp.aclose()
-
-    def close(self) -> None:
-        """Closes the client on the server's loop (call before it stops)."""
-        if self.client is not None and self.loop is not None:
-            asyncio.run_coroutine_threadsafe(self.client.aclose(), self.loop).result(10)
 
 
 def percentile(values: Sequence[float], p: float) -> float:

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
-import httpx
 import pytest
 
 from loadgate import Monitor
@@ -37,6 +36,7 @@ from test_lab_engine import (
     Message,
     Outcome,
     Scope,
+    Upstream,
     calibrate,
     chat_body,
     client,
@@ -102,15 +102,13 @@ def first_token(line: str) -> bool:
     return bool(choices and choices[0]["delta"].get("content"))
 
 
-class Proxy:
+class Proxy(Upstream):
     """The app behind `FlowMiddleware`: streams the booked worker's answer
     back one server-sent event per body message (one token each), so the
     middleware's chunks are the answer's tokens."""
 
     def __init__(self, urls: Dict[int, str]) -> None:
-        self.urls = urls
-        self.client: Optional[httpx.AsyncClient] = None
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        super().__init__(urls)
         # Each request's intended time: when the middleware handed it on,
         # and when its engine's first token came.
         self.timings: Dict[float, Tuple[float, float]] = {}
@@ -118,27 +116,11 @@ class Proxy:
     async def __call__(
         self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]
     ) -> None:
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        if self.client is None:
-            self.loop = asyncio.get_running_loop()
-            self.client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=512, max_keepalive_connections=128), timeout=httpx.Timeout(60.0)
-            )
+        body = await self.body(receive)
         handed = time.monotonic()
-        intended = float(json.loads(b"".join(chunks))["user"])
-        url = self.urls[scope["loadgate.worker"]] + scope["path"]
-        request = self.client.build_request(
-            "POST", url, content=b"".join(chunks), headers={"content-type": "application/json"}
-        )
-        resp = await self.client.send(request, stream=True)
+        intended = float(json.loads(body)["user"])
+        resp = await self.post(scope["loadgate.worker"], scope["path"], body, send)
         try:
-            headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode())]
-            await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
             async for line in resp.aiter_lines():
                 if line:
                     if intended not in self.timings and first_token(line):
@@ -148,10 +130,6 @@ class Proxy:
             await send({"type": "http.response.body", "body": b""})
         finally:
             await resp.aclose()
-
-    def close(self) -> None:
-        if self.client is not None and self.loop is not None:
-            asyncio.run_coroutine_threadsafe(self.client.aclose(), self.loop).result(10)
 
 
 @dataclass
