@@ -107,7 +107,8 @@ impl Sim<'_> {
             let sd = (last.iter().map(|x| (x - level).powi(2)).sum::<f64>() / n).sqrt();
             out.cv = out.cv.max(sd / level.max(1.0));
             out.level = out.level.max(level);
-            // The last sample outside the band, and the sample after it.
+            // The first sample of the run within the band that lasts to
+            // the end.
             let settled = samples
                 .iter()
                 .rev()
