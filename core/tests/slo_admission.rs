@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use loadgate::monitor::SloCounts;
 use loadgate::slo::{Slo, HYSTERESIS, MIN_OUTPUTS};
-use loadgate::{Booking, Maintenance, ManualClock, Monitor, MonitorConfig, SloMode, WorkerSpec};
+use loadgate::{
+    Booking, LoadReport, Maintenance, ManualClock, Monitor, MonitorConfig, SloMode, WorkerSpec,
+};
 use proptest::prelude::*;
 use support::slo_engine::{serve, step, BATCH};
 
@@ -231,6 +233,28 @@ fn the_tpot_verdict_holds_the_decode_load() {
         (tpot - 0.02).abs() < 0.003,
         "busy at {n} requests: tpot {tpot}"
     );
+}
+
+#[test]
+fn requests_the_engine_reports_waiting_are_not_in_its_steps() {
+    let (m, clock) = monitor(1_000_000);
+    m.set_slo("m", slo(10.0, 0.02), SloMode::Advisory).unwrap();
+    serve(&m, &clock, 3_000);
+    let _held: Vec<Booking> = (0..40).map(|_| m.book(1, 0, 64).unwrap()).collect();
+    let tpot = |m: &Monitor| {
+        let p = m.predict(1, 0, 1).unwrap();
+        assert!(p.trusted);
+        p.tpot
+    };
+    let booked = tpot(&m);
+    let waiting = LoadReport {
+        waiting_requests: Some(10),
+        ..Default::default()
+    };
+    m.report(1, 0, &waiting).unwrap();
+    // 100 µs a request in the step: ten fewer of the 41.
+    let fewer = booked - tpot(&m);
+    assert!((fewer - 1e-3).abs() < 2e-4, "{fewer} s less a step");
 }
 
 #[test]

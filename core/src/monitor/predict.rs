@@ -43,8 +43,12 @@ pub(super) fn step_load(slo: &RankSlo, l: &RankLoad) -> StepLoad {
     let prefill = l.active_prefill_tokens.unwrap_or(0);
     StepLoad {
         prefill_tokens: prefill.min(l.max_num_batched_tokens.max(1)) as f64,
-        // Relaxed: a count read for a feature.
-        running: slo.bookings.load(Ordering::Relaxed) as f64,
+        // Relaxed: a count read for a feature. Those the engine reports
+        // waiting are booked but not in its steps.
+        running: slo
+            .bookings
+            .load(Ordering::Relaxed)
+            .saturating_sub(l.waiting_requests.unwrap_or(0)) as f64,
         kv_tokens: blocks.saturating_mul(DEFAULT_BLOCK_TOKENS) as f64,
     }
 }

@@ -12,8 +12,8 @@
 //! request's time to first token, and
 //! [`Booking::tokens`](super::Booking::tokens) the gap since its last
 //! token, which is one engine step of its rank under the load the rank
-//! carries then (its booked prefill tokens, its bookings, its context
-//! tokens). The hook pushes the observation into a bounded lock-free queue
+//! carries then (its booked prefill tokens, its bookings less the
+//! requests its engine last reported waiting, its context tokens). The hook pushes the observation into a bounded lock-free queue
 //! (crossbeam's `ArrayQueue`, [`OBSERVATION_CAPACITY`], allocated when the
 //! first SLO is set) and returns: it never waits, allocates or runs host
 //! code. A full queue drops and counts. Without an SLO a hook reads one
@@ -32,7 +32,8 @@
 //!
 //! For a request of `p` prompt tokens on a rank whose booked prefill is
 //! `Q` tokens, whose batch budget is `B` tokens a step, with `R` requests
-//! and `K` context tokens on it, and step time `t(P, R, K)` from the fit:
+//! in its steps (booked, less those its engine reports waiting) and `K`
+//! context tokens on it, and step time `t(P, R, K)` from the fit:
 //!
 //! * time to first token: the prefill ahead and its own, `Q + p` tokens,
 //!   at `B` a step: `⌊(Q+p)/B⌋ · t(B, R, K) + t((Q+p) mod B, R, K)`;
