@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::task::Waker;
 
 use super::metrics::{FlowStats, Snapshot, TOP_TENANTS};
+use crate::clock::SharedClock;
 use crate::error::Reason;
 use crate::flow::{FlowConfig, FlowConfigError, FlowQueue, FlowRejection, Reservation, MAX_SHED};
 use crate::monitor::booking::Booking;
@@ -254,6 +255,7 @@ impl FlowControl {
     pub(super) fn run(
         &self,
         st: &mut State,
+        clock: &SharedClock,
         now: u64,
         book: &mut dyn FnMut(u64, u64) -> Option<(u64, Option<Booking>)>,
         after: &mut After,
@@ -269,17 +271,19 @@ impl FlowControl {
             st.expired += 1;
             self.resolve(st, t, Err(FlowRejection::QueueDeadline), now, after);
         }
-        self.send_waiting(st, now, book, after);
+        self.send_waiting(st, clock, now, book, after);
         after.full() || !st.owed.is_empty()
     }
 
     /// The loop's last part: while a request waits and `book` finds a free
     /// worker for it, sends the next request in the queue's order (refused
     /// with `NoWorkers` while the model has none, unless it may wait for
-    /// scale-up).
+    /// scale-up). A request sent counts its wait to the `clock`'s time once
+    /// booked: the room may have come after `now` was read.
     pub(super) fn send_waiting(
         &self,
         st: &mut State,
+        clock: &SharedClock,
         now: u64,
         book: &mut dyn FnMut(u64, u64) -> Option<(u64, Option<Booking>)>,
         after: &mut After,
@@ -308,7 +312,8 @@ impl FlowControl {
                 // share): wait for a kick.
                 break;
             };
-            let (payload, reservation) = st.queue.pop(now).expect("the peeked request");
+            let sent_at = clock.now_nanos().max(now);
+            let (payload, reservation) = st.queue.pop(sent_at).expect("the peeked request");
             debug_assert_eq!(payload, t);
             let granted = Granted {
                 worker_id,
@@ -317,7 +322,7 @@ impl FlowControl {
                 blocks,
                 prefill,
             };
-            self.resolve(st, t, Ok(granted), now, after);
+            self.resolve(st, t, Ok(granted), sent_at, after);
         }
         self.publish_waiting(st);
     }

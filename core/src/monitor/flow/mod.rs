@@ -459,6 +459,7 @@ impl Monitor {
             let mut own: After = After::default();
             flow.send_waiting(
                 &mut st,
+                &self.clock,
                 now,
                 &mut |blocks, prefill| {
                     pick_and_book(&self.registry, m, &self.clock, flow.policy, blocks, prefill)

@@ -40,6 +40,7 @@ pub(in crate::monitor) fn run_queues(
                 let mut after: After = After::default();
                 let more = flow.run(
                     &mut st,
+                    clock,
                     now,
                     &mut |blocks, prefill| {
                         pick_and_book(registry, m, clock, flow.policy, blocks, prefill)
