@@ -13,10 +13,10 @@
 //! [`Booking::tokens`](super::Booking::tokens) the gap since its last
 //! token, which is one engine step of its rank under the load the rank
 //! carries then (its booked prefill tokens, its bookings less the
-//! requests its engine last reported waiting, its context tokens). The hook pushes the observation into a bounded lock-free queue
-//! (crossbeam's `ArrayQueue`, [`OBSERVATION_CAPACITY`], allocated when the
-//! first SLO is set) and returns: it never waits, allocates or runs host
-//! code. A full queue drops and counts. Without an SLO a hook reads one
+//! requests its engine last reported waiting, its context tokens). The
+//! hook pushes the observation into a bounded lock-free queue (crossbeam's
+//! `ArrayQueue`, [`OBSERVATION_CAPACITY`], allocated when the first SLO is
+//! set) and returns: it never waits, allocates or runs host code. A full queue drops and counts. Without an SLO a hook reads one
 //! relaxed flag.
 //!
 //! # Fitting
