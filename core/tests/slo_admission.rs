@@ -13,7 +13,7 @@ use loadgate::{
     Booking, LoadReport, Maintenance, ManualClock, Monitor, MonitorConfig, SloMode, WorkerSpec,
 };
 use proptest::prelude::*;
-use support::slo_engine::{serve, step, BATCH};
+use support::slo_engine::{serve, serve_noisy, step, BATCH};
 
 fn monitor(kv_total_blocks: u64) -> (Monitor, std::sync::Arc<ManualClock>) {
     let clock = ManualClock::new();
@@ -255,6 +255,62 @@ fn requests_the_engine_reports_waiting_are_not_in_its_steps() {
     // 100 µs a request in the step: ten fewer of the 41.
     let fewer = booked - tpot(&m);
     assert!((fewer - 1e-3).abs() < 2e-4, "{fewer} s less a step");
+}
+
+#[test]
+fn a_fit_that_fits_badly_still_holds_the_rank_with_more_headroom() {
+    let (m, clock) = monitor(1_000_000);
+    m.set_slo("m", slo(10.0, 0.02), SloMode::Advisory).unwrap();
+    serve_noisy(&m, &clock, 3_000);
+    assert!(!m.predict(1, 0, 1).unwrap().trusted, "a fit 70 % off");
+    m.set_slo("m", slo(10.0, 0.02), SloMode::Enforce).unwrap();
+    // A fit that fits is busy at about 73 requests (`the_tpot_verdict_holds_
+    // the_decode_load`); this one is held well before, by its error.
+    let mut held: Vec<Booking> = Vec::new();
+    while !m.is_busy(1).unwrap() {
+        held.push(m.book(1, 0, 64).unwrap());
+        assert!(held.len() < 500, "never busy");
+    }
+    assert!((5..60).contains(&held.len()), "busy at {}", held.len());
+}
+
+#[test]
+fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
+    let (m, _) = monitor(1_000_000);
+    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
+    let report = |waiting| {
+        let r = LoadReport {
+            waiting_requests: Some(waiting),
+            ..Default::default()
+        };
+        m.report(1, 0, &r).unwrap();
+    };
+    let book_until_busy = |held: &mut Vec<Booking>| {
+        while !m.is_busy(1).unwrap() {
+            held.push(m.book(1, 0, 4).unwrap());
+            assert!(held.len() < 100, "never busy");
+        }
+        held.len()
+    };
+    let mut held: Vec<Booking> = (0..22).map(|_| m.book(1, 0, 4).unwrap()).collect();
+    // Two of the 22 wait: the engine has 20 seats, and the rank takes
+    // nothing while any waits.
+    report(2);
+    assert!(m.is_busy(1).unwrap());
+    held.truncate(19);
+    report(0);
+    assert!(!m.is_busy(1).unwrap());
+    // Between reports the bookings pass the 20 seats by one probe (a
+    // 64th of them, at least one).
+    assert_eq!(book_until_busy(&mut held), 22);
+    // A report of none waiting may predate the last bookings: the seats
+    // grow to the lesser of the bookings at two such reports running.
+    report(0);
+    assert!(m.is_busy(1).unwrap(), "grew from one report");
+    report(0);
+    held.pop();
+    assert!(!m.is_busy(1).unwrap());
+    assert_eq!(book_until_busy(&mut held), 24);
 }
 
 #[test]

@@ -28,7 +28,9 @@
 //! the tokens it produced, timestamped by the caller at the step's end.
 //! A request's first token comes out of the step that finishes its prompt.
 //! The engine reports what real engines report: Dynamo's per-rank load and
-//! vLLM's gauges ([`Engine::signals`]).
+//! vLLM's gauges ([`Engine::signals`]). Like vLLM's, its waiting count is
+//! the requests its last step's scheduling left waiting: a request that
+//! arrives during a step is counted only if the next step cannot take it.
 //!
 //! Default parameters ([`EngineConfig::default`]) are for an 8B model on
 //! one H100-class GPU; docs/overload.md gives the source of each.
@@ -271,6 +273,9 @@ pub struct Engine {
     /// Ids aborted while waiting: skipped when reached.
     aborted_waiting: HashMap<u64, ()>,
     live_waiting: u64,
+    /// The waiting the last step's scheduling left (what vLLM's
+    /// `num_requests_waiting` shows: its scheduler's stats after a step).
+    scheduled_waiting: u64,
     waiting_prefill: u64,
     in_step: bool,
     totals: EngineTotals,
@@ -288,6 +293,7 @@ impl Engine {
             free_blocks: config.num_gpu_blocks,
             aborted_waiting: HashMap::new(),
             live_waiting: 0,
+            scheduled_waiting: 0,
             waiting_prefill: 0,
             in_step: false,
             totals: EngineTotals::default(),
@@ -430,6 +436,7 @@ impl Engine {
             scheduled_any = true;
             self.running.push(seq);
         }
+        self.scheduled_waiting = self.live_waiting;
         if !scheduled_any {
             return None;
         }
@@ -488,7 +495,9 @@ impl Engine {
             max_num_batched_tokens: u64::from(self.config.max_num_batched_tokens),
             kv_total_blocks: u64::from(self.config.num_gpu_blocks),
             num_requests_running: self.running.len() as u64,
-            num_requests_waiting: self.live_waiting,
+            // As vLLM's gauge: the waiting its last step's scheduling left
+            // (arrivals since then join at the next), less those aborted.
+            num_requests_waiting: self.scheduled_waiting.min(self.live_waiting),
             kv_cache_usage_perc: used as f64 / f64::from(self.config.num_gpu_blocks),
         }
     }

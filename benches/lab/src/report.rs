@@ -428,7 +428,9 @@ fn markdown(m: &Matrix) -> String {
          **Fleet.** {} workers of {} data-parallel rank{}, one frontend. `C*` (the highest Poisson rate at which \
          arm (a) meets the SLOs for 99 % of requests, found by bisection) is **{:.1} requests/s**.\n\n\
          **Engine** (each rank, `src/engine.rs`): vLLM's scheduler: a FIFO waiting queue, a running batch of at most \
-         `max_num_seqs`, a per-step token budget with chunked prefill, KV blocks with preemption by recompute.\n\n\
+         `max_num_seqs`, a per-step token budget with chunked prefill, KV blocks with preemption by recompute. \
+         Its waiting count is what its last step's scheduling left, as vLLM's scheduler stats are: a request \
+         that arrives during a step shows only if the next step cannot take it.\n\n\
          | parameter | value | source |\n|---|---|---|\n\
          | `max_num_seqs` | {} | Dynamo mocker default (`python -m dynamo.mocker --help`, ai-dynamo 1.6.1) |\n\
          | `max_num_batched_tokens` | {} | Dynamo mocker default; vLLM's default for online serving on H100-class GPUs |\n\

@@ -128,6 +128,37 @@ fn the_mocker_engine_times_steps_as_dynamos_replay_does() {
 }
 
 #[test]
+fn waiting_counts_what_the_last_step_left_waiting_as_vllms_gauge() {
+    let mut e = Engine::new(config());
+    let request = |id| EngineRequest {
+        id,
+        prompt: 8,
+        output: 50,
+    };
+    assert!(e.add(request(0)));
+    assert!(e.begin_step().is_some());
+    // Two arrive during the step: the next step takes them (4 seats), so
+    // no scheduler's stats ever show them waiting.
+    assert!(e.add(request(1)) && e.add(request(2)));
+    assert_eq!(e.signals().num_requests_waiting, 0);
+    e.end_step(&mut Vec::new());
+    assert!(e.begin_step().is_some());
+    assert_eq!(e.signals().num_requests_waiting, 0);
+    // Three more: one finds a seat at the next step, two are left waiting
+    // and shown from then on.
+    for id in 3..6 {
+        assert!(e.add(request(id)));
+    }
+    assert_eq!(e.signals().num_requests_waiting, 0);
+    e.end_step(&mut Vec::new());
+    assert!(e.begin_step().is_some());
+    assert_eq!(e.signals().num_requests_waiting, 2);
+    // An abort takes one off at once.
+    assert!(e.abort(5));
+    assert_eq!(e.signals().num_requests_waiting, 1);
+}
+
+#[test]
 fn max_num_seqs_and_the_token_budget_hold() {
     let c = config();
     let mut e = Engine::new(c);

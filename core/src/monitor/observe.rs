@@ -171,11 +171,18 @@ impl std::fmt::Debug for ModelSlo {
     }
 }
 
+/// `RankSlo::clean_bookings` when the last report showed requests waiting
+/// (or none came yet).
+pub(super) const NO_CLEAN_REPORT: u64 = u64::MAX;
+
 /// One rank's fit and what it publishes (module docs).
 pub(super) struct RankSlo {
     /// The coefficients, `f64` bits, published by the maintenance.
     pub(super) coefficients: [AtomicU64; 4],
     pub(super) trusted: AtomicBool,
+    /// The fit has its first [`MIN_SAMPLES`](crate::slo::MIN_SAMPLES)
+    /// steps: the verdict uses it, trusted or not (`predict.rs`).
+    pub(super) fitted: AtomicBool,
     /// Bookings on the rank now (own and others').
     pub(super) bookings: AtomicU64,
     /// Running relative error of the time-to-first-token predictions
@@ -186,9 +193,15 @@ pub(super) struct RankSlo {
     pub(super) step_error: AtomicU64,
     /// The maintenance's.
     pub(super) fit: OnceLock<Mutex<StepFit>>,
-    /// The engine's seats as learned (`slo.rs`, `seats`; 0: none seen
+    /// The engine's seats as learned (`predict.rs`, `seats`; 0: none seen
     /// full yet); its publisher's.
     pub(super) seats: AtomicU64,
+    /// A report came since the publisher last learned the seats (set by
+    /// every report, taken by the publisher).
+    pub(super) reported: AtomicBool,
+    /// The bookings when the last report came, if it showed none waiting
+    /// (else `NO_CLEAN_REPORT`); the publisher's.
+    pub(super) clean_bookings: AtomicU64,
     /// The SLO's verdict on the rank as last published (its publisher's).
     pub(super) busy: AtomicBool,
     /// The load the verdict last weighed (1 at the rank's line), `f64`
@@ -206,11 +219,14 @@ impl RankSlo {
         Self {
             coefficients: Default::default(),
             trusted: AtomicBool::new(false),
+            fitted: AtomicBool::new(false),
             bookings: AtomicU64::new(0),
             ttft_error: AtomicU64::new(1f64.to_bits()),
             step_error: AtomicU64::new(1f64.to_bits()),
             fit: OnceLock::new(),
             seats: AtomicU64::new(0),
+            reported: AtomicBool::new(false),
+            clean_bookings: AtomicU64::new(NO_CLEAN_REPORT),
             busy: AtomicBool::new(false),
             pressure: AtomicU64::new(0),
             flips: AtomicU64::new(0),
@@ -237,6 +253,8 @@ impl RankSlo {
             c.store(v.to_bits(), Ordering::Relaxed);
         }
         self.trusted.store(fit.trusted(), Ordering::Relaxed);
+        self.fitted
+            .store(fit.samples() >= crate::slo::MIN_SAMPLES, Ordering::Relaxed);
         let e = fit.relative_error().to_bits();
         self.step_error.store(e, Ordering::Relaxed);
     }

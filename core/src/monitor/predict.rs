@@ -6,7 +6,7 @@
 //! The formulas are `slo.rs`'s module docs; the rules of the verdict are
 //! [`verdict`]'s and [`seats`]'.
 
-use super::observe::{ModelSlo, RankSlo, SloMode};
+use super::observe::{ModelSlo, RankSlo, SloMode, NO_CLEAN_REPORT};
 use crate::slo::{StepLoad, HYSTERESIS, KV_LINE};
 use crate::sync::Ordering;
 use crate::thresholds::{RankLoad, DEFAULT_BLOCK_TOKENS};
@@ -150,10 +150,12 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
     };
     let p = parts(slo, l, t.prompt);
     // The predictions against their targets, less the headroom the step
-    // fit's running error asks for; until it is trusted, at most one
-    // step's budget of prompts booked ahead.
-    let time = if p.ttft.1 {
-        // Relaxed: a gauge the maintenance publishes.
+    // fit's running error asks for, once the fit has its first steps,
+    // trusted or not (a fit that fits badly holds the rank back with up to
+    // three times the headroom rather than not at all); before, at most
+    // one step's budget of prompts booked ahead. Relaxed: values the
+    // maintenance publishes.
+    let time = if slo.fitted.load(Ordering::Relaxed) {
         let error = f64::from_bits(slo.step_error.load(Ordering::Relaxed)).clamp(0.0, 1.0);
         let headroom = 1.0 + MARGIN * error;
         (p.ttft.0 / t.ttft).max(p.tpot.0 / t.tpot) * headroom
@@ -184,37 +186,51 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
 /// The rank's requests against its seats (module docs, "Deciding"). A
 /// request the engine reports waiting waits for a seat, for as long as
 /// the running ones take to finish, which no step time shows, so the
-/// rank takes no more while the engine reports any waiting. The seats
-/// only grow: to the bookings less those waiting, while some wait (a wait
-/// for the step's budget rather than a seat shows fewer, never more), and
-/// to the bookings, while the last report showed none waiting, so between
-/// reports they follow the bookings up and refuse nothing alone; the
-/// bookings over [`SEAT_PROBE`] times them hold a rank the waiting made
-/// busy until they are under the band. Called by the worker's publisher
-/// only.
+/// rank takes no more while its engine reports any waiting. The seats are
+/// learned when a report comes, against the bookings then: while some
+/// wait, the bookings less those waiting (a wait for the step's budget or
+/// for blocks shows fewer seats, never more); while two reports running
+/// show none waiting, the lesser of the bookings at the two (an engine
+/// reports what its last step's scheduling left, so the bookings since
+/// are not in a report yet). They only grow, and between two reports a
+/// rank is booked at most a [`SEAT_PROBE`]th past them (at least one): a
+/// probe the next reports confirm or refuse, so a request booked past the
+/// engine's seats waits for no more than a probe's seats to free. A rank
+/// the waiting or the probe made busy stays so until its bookings are
+/// under its seats. Called by the worker's publisher only.
 fn seats(slo: &RankSlo, l: &RankLoad) -> f64 {
-    // Relaxed: a count, and the publisher's own state.
+    // Relaxed: a count, and the publisher's own state (`reported` is set
+    // by a report, released to the publisher by the combiner).
     let booked = slo.bookings.load(Ordering::Relaxed);
-    let known = slo.seats.load(Ordering::Relaxed);
     let waiting = l.waiting_requests.unwrap_or(0);
-    let seen = if waiting > 0 {
-        Some(booked.saturating_sub(waiting).max(1))
-    } else {
-        (known != 0 && booked > known).then_some(booked)
-    };
-    if let Some(s) = seen.filter(|&s| s > known) {
-        slo.seats.store(s, Ordering::Relaxed);
+    if slo.reported.swap(false, Ordering::Relaxed) {
+        let known = slo.seats.load(Ordering::Relaxed);
+        let clean = if waiting > 0 { NO_CLEAN_REPORT } else { booked };
+        let before = slo.clean_bookings.swap(clean, Ordering::Relaxed);
+        let seen = if waiting > 0 {
+            booked.saturating_sub(waiting).max(1)
+        } else if known != 0 && before != NO_CLEAN_REPORT {
+            booked.min(before)
+        } else {
+            0
+        };
+        if seen > known {
+            slo.seats.store(seen, Ordering::Relaxed);
+        }
     }
     let seats = slo.seats.load(Ordering::Relaxed);
-    if waiting > 0 {
+    if waiting > 0 || (seats > 0 && booked > seats + (seats / SEAT_PROBE).max(1)) {
         1.0 + HYSTERESIS
-    } else if seats == 0 {
-        0.0
+    } else if seats > 0 && booked >= seats {
+        // Holds a busy rank, turns none busy.
+        1.0
+    } else if seats > 0 {
+        (1.0 - HYSTERESIS) * booked as f64 / seats as f64
     } else {
-        booked as f64 / (seats as f64 * SEAT_PROBE)
+        0.0
     }
 }
 
-/// The learned seats' margin: a rank's bookings over this many times its
-/// seats are the seats' share of its load (`seats`).
-pub const SEAT_PROBE: f64 = 1.1;
+/// The probe past a rank's learned seats between two reports: a
+/// `SEAT_PROBE`th of them, at least one (`seats`).
+pub const SEAT_PROBE: u64 = 64;

@@ -119,6 +119,8 @@ impl Rank {
         // Relaxed: `seen` is a flag for the next sweep, which orders nothing
         // by it; a report racing the sweep is seen by the one after.
         self.seen.store(true, Ordering::Relaxed);
+        // Relaxed: an input of the SLO's seats, released by the combiner.
+        self.slo.reported.store(true, Ordering::Relaxed);
         // Relaxed: an input of the busy rule, released by the combiner.
         if self.stale.load(Ordering::Relaxed) {
             self.stale.store(false, Ordering::Relaxed);

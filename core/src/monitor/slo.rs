@@ -43,10 +43,10 @@
 //!
 //! Each rank's publisher weighs, for the model's typical prompt, the
 //! largest of: the rank's booked or reported KV blocks, reservations
-//! included, over [`KV_LINE`](crate::slo::KV_LINE) of its cache; while its
-//! fit is trusted, each prediction over its target, times one plus twice
-//! the fit's running error, else its booked prefill over one step's
-//! budget; and its seats (`predict.rs`, `seats`). The rank turns busy when
+//! included, over [`KV_LINE`](crate::slo::KV_LINE) of its cache; once its
+//! fit has its first steps, trusted or not, each prediction over its
+//! target, times one plus twice the fit's running error, else its booked
+//! prefill over one step's budget; and its seats (`predict.rs`, `seats`). The rank turns busy when
 //! that load passes 1 and free again under
 //! `1 -` [`HYSTERESIS`](crate::slo::HYSTERESIS); the bookings when it last
 //! turned busy are its line (`frontend_slo_line_requests`).

@@ -36,8 +36,11 @@
 //!
 //! The fit is trusted ([`StepFit::trusted`]) once it has [`MIN_SAMPLES`]
 //! observations and its running relative error is at most
-//! [`MAX_RELATIVE_ERROR`]; until then, and whenever it stops fitting, a
-//! caller keeps its static limits.
+//! [`MAX_RELATIVE_ERROR`]: its predictions are shown, and timed against
+//! what is observed, only then. The monitor's verdict uses it from its
+//! [`MIN_SAMPLES`]th observation, trusted or not, with headroom that grows
+//! with its error, so a rank whose fit fits badly is held back more, not
+//! left unheld.
 
 /// Longest step accepted (s): one step of a real engine takes milliseconds
 /// to a few seconds.

@@ -19,6 +19,17 @@ pub fn step(prefill: f64, running: f64, kv: f64) -> f64 {
 /// requests: each step takes the engine's time under the rank's load then,
 /// and gives every request on the rank a token.
 pub fn serve(m: &Monitor, clock: &ManualClock, steps: usize) {
+    serve_with(m, clock, steps, false);
+}
+
+/// [`serve`], each run of 64 steps taking 0.3 or 1.7 times the engine's
+/// time at random: a fit of it is right on average and each prediction
+/// 70 % off or more.
+pub fn serve_noisy(m: &Monitor, clock: &ManualClock, steps: usize) {
+    serve_with(m, clock, steps, true);
+}
+
+fn serve_with(m: &Monitor, clock: &ManualClock, steps: usize, noisy: bool) {
     let mut live: Vec<(Booking, bool)> = Vec::new();
     let mut seed = 17u64;
     for i in 0..steps {
@@ -39,7 +50,15 @@ pub fn serve(m: &Monitor, clock: &ManualClock, steps: usize) {
             live.len() as f64,
             (load.active_decode_blocks * 16) as f64,
         );
-        clock.advance(Duration::from_secs_f64(gap));
+        // In runs of 64 steps, so that no window of observed steps averages
+        // it out.
+        let run = ((i / 64) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63;
+        let jitter = match (noisy, run) {
+            (false, _) => 1.0,
+            (true, 0) => 0.3,
+            (true, _) => 1.7,
+        };
+        clock.advance(Duration::from_secs_f64(gap * jitter));
         for (b, started) in &mut live {
             if *started {
                 b.tokens(1);
