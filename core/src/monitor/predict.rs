@@ -203,7 +203,8 @@ fn seats(slo: &RankSlo, l: &RankLoad) -> f64 {
     // by a report, released to the publisher by the combiner).
     let booked = slo.bookings.load(Ordering::Relaxed);
     let waiting = l.waiting_requests.unwrap_or(0);
-    if slo.reported.swap(false, Ordering::Relaxed) {
+    // A plain load first: most publications follow a booking, not a report.
+    if slo.reported.load(Ordering::Relaxed) && slo.reported.swap(false, Ordering::Relaxed) {
         let known = slo.seats.load(Ordering::Relaxed);
         let clean = if waiting > 0 { NO_CLEAN_REPORT } else { booked };
         let before = slo.clean_bookings.swap(clean, Ordering::Relaxed);
