@@ -220,15 +220,17 @@ fn seats(slo: &RankSlo, l: &RankLoad) -> f64 {
         }
     }
     let seats = slo.seats.load(Ordering::Relaxed);
-    if waiting > 0 || (seats > 0 && booked > seats + (seats / SEAT_PROBE).max(1)) {
+    if waiting > 0 {
         1.0 + HYSTERESIS
-    } else if seats > 0 && booked >= seats {
+    } else if seats == 0 {
+        0.0
+    } else if booked > seats + (seats / SEAT_PROBE).max(1) {
+        1.0 + HYSTERESIS
+    } else if booked >= seats {
         // Holds a busy rank, turns none busy.
         1.0
-    } else if seats > 0 {
-        (1.0 - HYSTERESIS) * booked as f64 / seats as f64
     } else {
-        0.0
+        (1.0 - HYSTERESIS) * booked as f64 / seats as f64
     }
 }
 

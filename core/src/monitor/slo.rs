@@ -16,8 +16,8 @@
 //! requests its engine last reported waiting, its context tokens). The
 //! hook pushes the observation into a bounded lock-free queue (crossbeam's
 //! `ArrayQueue`, [`OBSERVATION_CAPACITY`], allocated when the first SLO is
-//! set) and returns: it never waits, allocates or runs host code. A full queue drops and counts. Without an SLO a hook reads one
-//! relaxed flag.
+//! set) and returns: it never waits, allocates or runs host code. A full
+//! queue drops and counts. Without an SLO a hook reads one relaxed flag.
 //!
 //! # Fitting
 //!
@@ -46,8 +46,8 @@
 //! included, over [`KV_LINE`](crate::slo::KV_LINE) of its cache; once its
 //! fit has its first steps, trusted or not, each prediction over its
 //! target, times one plus twice the fit's running error, else its booked
-//! prefill over one step's budget; and its seats (`predict.rs`, `seats`). The rank turns busy when
-//! that load passes 1 and free again under
+//! prefill over one step's budget; and its seats (`predict.rs`, `seats`).
+//! The rank turns busy when that load passes 1 and free again under
 //! `1 -` [`HYSTERESIS`](crate::slo::HYSTERESIS); the bookings when it last
 //! turned busy are its line (`frontend_slo_line_requests`).
 
