@@ -263,7 +263,8 @@ impl Booking {
                         running: w.running / k,
                         kv_tokens: w.kv_tokens / k,
                     };
-                    self.worker.observe_step(self.rank, gap, load);
+                    self.worker
+                        .observe_step(self.rank, gap, load, self.window_tokens);
                     (self.window_at, self.window_tokens) = (now, 0);
                 }
             }

@@ -22,8 +22,9 @@ pub const FIT_PERIOD: std::time::Duration = std::time::Duration::from_millis(20)
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Sample {
     /// `share` (in (0, 1]) of one step of `seconds` under `load`: a
-    /// request's token gap is `1/R` of a step its rank's `R` requests all
-    /// saw; an engine's mean gap between two scrapes is one step.
+    /// request's mean token gap over `k` steps is `k/R` of a step, as its
+    /// rank's `R` requests all saw them; an engine's mean gap between two
+    /// scrapes is one step.
     Step {
         seconds: f64,
         load: StepLoad,
@@ -171,6 +172,9 @@ impl std::fmt::Debug for ModelSlo {
     }
 }
 
+/// Smoothing of `RankSlo::mean_prefill` per step observed.
+pub(super) const PREFILL_SMOOTH: f64 = 0.01;
+
 /// `RankSlo::clean_bookings` when the last report showed requests waiting
 /// (or none came yet).
 pub(super) const NO_CLEAN_REPORT: u64 = u64::MAX;
@@ -193,6 +197,10 @@ pub(super) struct RankSlo {
     pub(super) step_error: AtomicU64,
     /// The maintenance's.
     pub(super) fit: OnceLock<Mutex<StepFit>>,
+    /// The prefill tokens of the rank's steps, running mean over about
+    /// [`PREFILL_SMOOTH`]'s inverse of its steps (`f64` bits), the
+    /// maintenance's: the prefill a request's steps will carry on average.
+    pub(super) mean_prefill: AtomicU64,
     /// The engine's seats as learned (`predict.rs`, `seats`; 0: none seen
     /// full yet); its publisher's.
     pub(super) seats: AtomicU64,
@@ -200,7 +208,7 @@ pub(super) struct RankSlo {
     /// every report, taken by the publisher).
     pub(super) reported: AtomicBool,
     /// The bookings when the last report came, if it showed none waiting
-    /// (else `NO_CLEAN_REPORT`); the publisher's.
+    /// (else [`NO_CLEAN_REPORT`]); the publisher's.
     pub(super) clean_bookings: AtomicU64,
     /// The SLO's verdict on the rank as last published (its publisher's).
     pub(super) busy: AtomicBool,
@@ -224,6 +232,7 @@ impl RankSlo {
             ttft_error: AtomicU64::new(1f64.to_bits()),
             step_error: AtomicU64::new(1f64.to_bits()),
             fit: OnceLock::new(),
+            mean_prefill: AtomicU64::new(0),
             seats: AtomicU64::new(0),
             reported: AtomicBool::new(false),
             clean_bookings: AtomicU64::new(NO_CLEAN_REPORT),

@@ -80,8 +80,10 @@ fn parts(slo: &RankSlo, l: &RankLoad, prompt: u64) -> Parts {
     let full = (total / batch).floor();
     let ttft = full * step(batch, now.running, now.kv_tokens)
         + step(total - full * batch, now.running, now.kv_tokens);
+    // Relaxed: a value the maintenance publishes.
+    let mean_prefill = f64::from_bits(slo.mean_prefill.load(Ordering::Relaxed));
     let tpot = step(
-        now.prefill_tokens.min(batch),
+        mean_prefill.min(batch),
         now.running + 1.0,
         now.kv_tokens + prompt as f64,
     );

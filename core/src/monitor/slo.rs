@@ -37,7 +37,11 @@
 //!
 //! * time to first token: the prefill ahead and its own, `Q + p` tokens,
 //!   at `B` a step: `⌊(Q+p)/B⌋ · t(B, R, K) + t((Q+p) mod B, R, K)`;
-//! * time per output token once admitted: `t(min(Q, B), R + 1, K + p)`.
+//! * time per output token once admitted: `t(min(P̄, B), R + 1, K + p)`,
+//!   where `P̄` is the prefill tokens the rank's observed steps carried, a
+//!   running mean over about a hundred steps (`RankSlo::mean_prefill`): an
+//!   answer's steps carry the prompts that keep coming while it streams,
+//!   not the ones queued at this instant.
 //!
 //! # Deciding
 //!
@@ -56,7 +60,9 @@ use std::sync::Arc;
 use crossbeam_queue::ArrayQueue;
 
 use super::model::Model;
-use super::observe::{ModelSlo, Observation, Observations, Sample, SloMode};
+use super::observe::{
+    ModelSlo, Observation, Observations, RankSlo, Sample, SloMode, PREFILL_SMOOTH,
+};
 pub use super::observe::{FIT_PERIOD, OBSERVATION_CAPACITY};
 use super::predict::{predict, step_load};
 pub use super::predict::{Prediction, SEAT_PROBE};
@@ -81,10 +87,12 @@ impl Worker {
         step_load(&r.slo, &r.load())
     }
 
-    /// A request's token gap of `seconds` seen on rank index `rank` under
-    /// `load`: `1/R` of a step its `R` requests all saw.
-    pub(super) fn observe_step(&self, rank: usize, seconds: f64, load: StepLoad) {
-        let share = 1.0 / load.running.max(1.0);
+    /// A request's mean token gap of `seconds` over `steps` steps seen on
+    /// rank index `rank` under `load`: `steps/R` of a step, as its `R`
+    /// requests all saw those steps (at most one: a step weighs the same
+    /// however many requests saw it and however they windowed it).
+    pub(super) fn observe_step(&self, rank: usize, seconds: f64, load: StepLoad, steps: u64) {
+        let share = (steps as f64 / load.running.max(1.0)).min(1.0);
         self.model.slo.observations.push(Observation {
             worker_id: self.id,
             rank,
@@ -182,6 +190,17 @@ impl ModelSlo {
     }
 }
 
+impl RankSlo {
+    /// A step observed to carry `prefill` prompt tokens, `share` of a
+    /// step: into the rank's running mean (`mean_prefill`).
+    fn observe_prefill(&self, prefill: f64, share: f64) {
+        // Relaxed: only the maintenance writes it.
+        let old = f64::from_bits(self.mean_prefill.load(Ordering::Relaxed));
+        let new = old + PREFILL_SMOOTH * share * (prefill - old);
+        self.mean_prefill.store(new.to_bits(), Ordering::Relaxed);
+    }
+}
+
 /// Feeds every queued observation to its rank's fit and publishes the
 /// ranks it changed; returns how many it took.
 pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
@@ -230,6 +249,7 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
                 let mut fit = lock(fit);
                 if fit.observe_share(&load, seconds, share).is_ok() {
                     slo.publish(&fit);
+                    slo.observe_prefill(load.prefill_tokens, share);
                     if !moved.iter().any(|w| Arc::ptr_eq(w, worker)) {
                         moved.push(worker);
                     }
