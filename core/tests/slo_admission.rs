@@ -81,14 +81,18 @@ fn with_an_slo_bookings_reserve_the_learned_answer_and_settle() {
     early.tokens(31);
     assert_eq!(early.reserved_blocks(), 2);
     drop(early);
-    // Half the answers 160 tokens, half 1,600: 880 expected at the start.
+    // Half the answers 160 tokens, half 1,600: a new one is expected to
+    // hold at most 800 at once (half of them reach 1,600; a little more,
+    // as the latest answer, weighed most, was long), not the 880 of its
+    // expected total, which counts the short ones' blocks after they are
+    // freed.
     for i in 0..MIN_OUTPUTS * 4 {
         learn_answers(&m, 1, if i % 2 == 0 { 160 } else { 1600 });
     }
     let mut b = m.book(1, 0, 4).unwrap();
     let start = b.reserved_blocks();
     assert!(
-        (50..=60).contains(&start),
+        (50..=52).contains(&start),
         "reserved {start} blocks at the start"
     );
     assert_eq!(decode_blocks(&m), 4 + start);

@@ -137,7 +137,7 @@ def test_answers_reserve_their_kv_and_settle_as_they_stream() -> None:
         b.tokens(319)  # past its limit: the actual
         assert (b.output_tokens, b.reserved_blocks) == (320, 20)
     assert decode_blocks(m) == 0
-    assert 'dynamo_frontend_slo_expected_output_tokens{model="m"} 800' in m.metrics_text()
+    assert 'dynamo_frontend_slo_reserved_output_tokens{model="m"} 800' in m.metrics_text()
     b.finish()  # after release: nothing
 
 
@@ -208,7 +208,7 @@ def test_the_flow_middleware_observes_streamed_answers_itself() -> None:
     m.maintain()
     # Nothing reported output: the chunks were the tokens, and the answers
     # of 20 were learned for the reservations to come.
-    assert 'dynamo_frontend_slo_expected_output_tokens{model="m"} 20' in m.metrics_text()
+    assert 'dynamo_frontend_slo_reserved_output_tokens{model="m"} 20' in m.metrics_text()
     assert m.predict(1, 0, 10)["fit_error"] < 1.0
 
 

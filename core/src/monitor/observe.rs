@@ -108,10 +108,10 @@ pub(super) struct ModelSlo {
     pub(super) mode: AtomicU32,
     /// The monitor's queue of observations.
     pub(super) observations: Arc<Observations>,
-    /// `OutputLengths::expected_totals`, published by the maintenance.
+    /// `OutputLengths::expected_peaks`, published by the maintenance.
     /// (On the heap, as the table below: a model is built on small stacks
     /// too, a loom model's among them.)
-    pub(super) expected_output: Box<[AtomicU64]>,
+    pub(super) output_peaks: Box<[AtomicU64]>,
     /// Mean prompt of the answers seen, tokens (0 until one).
     pub(super) typical_prompt: AtomicU64,
     /// The maintenance's table of answer lengths.
@@ -141,7 +141,7 @@ impl ModelSlo {
             tpot: AtomicU64::new(0),
             mode: AtomicU32::new(0),
             observations: Arc::clone(observations),
-            expected_output: (0..OUTPUT_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            output_peaks: (0..OUTPUT_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             typical_prompt: AtomicU64::new(0),
             outputs: Mutex::new(Box::default()),
             verdicts: AtomicBits::new(slots),

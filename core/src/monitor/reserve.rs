@@ -9,14 +9,15 @@
 //! of a model with an SLO) books, beside its prompt's blocks, the blocks of
 //! `max(g, min(cap, E))` answer tokens, where `g` is what the answer has
 //! produced so far ([`Booking::first_token`], [`Booking::tokens`]), `cap`
-//! the request's `max_tokens` if given, and `E` the model's learned
-//! expected total for an answer that reached `g`
-//! ([`OutputLengths`](crate::slo::OutputLengths), fed by
-//! [`Booking::finish`]). Until the model has learned enough answers, `E`
-//! is the cap, or nothing without one. So the reservation starts at what
-//! the answer is expected to reach, follows the expectation up as a long
-//! answer outlives the short ones, settles on the actual once the answer
-//! passes it, and is freed with the booking.
+//! the request's `max_tokens` if given, and `E` the most an answer that
+//! reached `g` is expected to hold at any one later moment, learned from
+//! the model's answers ([`OutputLengths`](crate::slo::OutputLengths), fed
+//! by [`Booking::finish`]; its module docs say why the peak and not the
+//! expected total). Until the model has learned enough answers, `E` is
+//! the cap, or nothing without one. So the reservation starts at what the
+//! answer is expected to hold at its peak, follows it up as a long answer
+//! outlives the short ones, settles on the actual once the answer passes
+//! it, and is freed with the booking.
 //!
 //! # Cost
 //!
@@ -45,7 +46,7 @@ impl ModelSlo {
             return 0;
         }
         // Relaxed: a value published whole by the maintenance.
-        let learned = self.expected_output[output_bucket(generated)].load(Ordering::Relaxed);
+        let learned = self.output_peaks[output_bucket(generated)].load(Ordering::Relaxed);
         let expected = match (learned, cap) {
             (0, u64::MAX) => 0,
             (0, cap) => cap,
@@ -55,8 +56,8 @@ impl ModelSlo {
     }
 
     /// Publishes the learned table (the maintenance's).
-    pub(super) fn publish_outputs(&self, totals: &[u64]) {
-        for (slot, &v) in self.expected_output.iter().zip(totals) {
+    pub(super) fn publish_outputs(&self, peaks: &[u64]) {
+        for (slot, &v) in self.output_peaks.iter().zip(peaks) {
             // Relaxed: each value whole; a reader mixing two tables reserves
             // between the two.
             slot.store(v, Ordering::Relaxed);

@@ -269,8 +269,8 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
         }
     }
     for w in learned {
-        let totals = lock(&w.model.slo.outputs).expected_totals();
-        w.model.slo.publish_outputs(&totals);
+        let peaks = lock(&w.model.slo.outputs).expected_peaks();
+        w.model.slo.publish_outputs(&peaks);
     }
     // The verdicts follow the fit even while the load stands still.
     for w in moved {
@@ -540,9 +540,10 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
             "Requests refused at arrival because their wait in the queue was predicted too long.",
         ),
         (
-            "frontend_slo_expected_output_tokens",
+            "frontend_slo_reserved_output_tokens",
             "gauge",
-            "The answer length a new request's reservation expects (0 until enough answers ended).",
+            "The answer tokens a new request's booking reserves: the most a new answer is expected to \
+             hold at one moment (0 until enough answers ended).",
         ),
     ];
     for (family, (name, kind, help)) in model_families.iter().enumerate() {
@@ -554,7 +555,7 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
                 1 => m.would_queue.load(Ordering::Relaxed),
                 2 => m.would_refuse.load(Ordering::Relaxed),
                 3 => m.refused_late.load(Ordering::Relaxed),
-                _ => m.expected_output[0].load(Ordering::Relaxed),
+                _ => m.output_peaks[0].load(Ordering::Relaxed),
             };
             metrics::sample(out, prefix, name, &[("model", model)], value);
         }
