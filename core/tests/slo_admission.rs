@@ -369,6 +369,31 @@ fn before_its_fit_is_trusted_the_verdict_holds_the_kv_with_reservations() {
 }
 
 #[test]
+fn a_rank_full_by_its_kv_takes_the_next_request_once_one_fits() {
+    let (m, _) = monitor(10_000);
+    m.set_slo("m", slo(1.0, 0.1), SloMode::Enforce).unwrap();
+    // A typical request: 4 blocks of prompt (64 tokens) and 50 reserved.
+    learn_answers(&m, MIN_OUTPUTS, 800);
+    let mut held: Vec<Booking> = Vec::new();
+    while !m.is_busy(1).unwrap() {
+        held.push(m.book(1, 0, 5).unwrap());
+        assert!(held.len() < 1_000, "never busy");
+    }
+    // 95 % of 10,000 blocks is 172.7 requests of 55.
+    assert_eq!(held.len(), 173);
+    // 9,515 blocks booked: one request's end leaves 9,460, where a
+    // typical request of 54 does not fit under the line of 9,500.
+    held.pop();
+    m.maintain();
+    assert!(m.is_busy(1).unwrap());
+    // Two leave 9,405: one fits, and the rank takes it (the band of the
+    // predictions would hold it until 8,550, seventeen requests' room).
+    held.pop();
+    m.maintain();
+    assert!(!m.is_busy(1).unwrap());
+}
+
+#[test]
 fn advisory_counts_what_it_would_decide_and_the_thresholds_still_do() {
     let (m, _) = monitor(1_000);
     m.set_slo("m", slo(1.0, 0.1), SloMode::Advisory).unwrap();

@@ -103,14 +103,16 @@ pub(super) fn predict(slo: &RankSlo, l: &RankLoad, prompt: u64) -> Prediction {
     }
 }
 
-/// A model's targets, seconds, and its typical prompt, read once per
-/// publication.
+/// A model's targets, seconds, its typical prompt, and the blocks a
+/// typical request books (its prompt's and a new answer's reservation),
+/// read once per publication.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Targets {
     pub(super) mode: SloMode,
     ttft: f64,
     tpot: f64,
     prompt: u64,
+    blocks: u64,
 }
 
 impl ModelSlo {
@@ -118,11 +120,13 @@ impl ModelSlo {
     #[inline]
     pub(super) fn targets(&self) -> Option<Targets> {
         let mode = self.mode()?;
+        let prompt = self.typical_prompt.load(Ordering::Relaxed);
         Some(Targets {
             mode,
             ttft: self.ttft.load(Ordering::Relaxed) as f64 * 1e-9,
             tpot: self.tpot.load(Ordering::Relaxed) as f64 * 1e-9,
-            prompt: self.typical_prompt.load(Ordering::Relaxed),
+            prompt,
+            blocks: prompt.div_ceil(DEFAULT_BLOCK_TOKENS) + self.reservation(u64::MAX, 0),
         })
     }
 
@@ -144,11 +148,15 @@ impl ModelSlo {
 /// "Deciding"); keeps the rank's last verdict for the hysteresis. Called
 /// by the worker's publisher only.
 pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
-    let kv = if l.kv_total_blocks > 0 {
+    // The KV booked over the line, and the same with its band narrowed to
+    // one typical request (`kv_band`) for the verdict.
+    let (kv, kv_held) = if l.kv_total_blocks > 0 {
         let used = l.active_decode_blocks.max(l.kv_used_blocks) as f64;
-        used / l.kv_total_blocks as f64 / KV_LINE
+        let line = l.kv_total_blocks as f64 * KV_LINE;
+        let kv = used / line;
+        (kv, 1.0 - (1.0 - kv) * HYSTERESIS / kv_band(t.blocks, line))
     } else {
-        0.0
+        (0.0, 0.0)
     };
     let p = parts(slo, l, t.prompt);
     // The predictions against their targets, less the headroom the step
@@ -164,9 +172,11 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
     } else {
         l.active_prefill_tokens.unwrap_or(0) as f64 / l.max_num_batched_tokens.max(1) as f64
     };
-    let load = kv.max(time).max(seats(slo, l));
+    let others = time.max(seats(slo, l));
     // Relaxed: a hint routing compares (`RankSlo::pressure`).
-    slo.pressure.store(load.to_bits(), Ordering::Relaxed);
+    slo.pressure
+        .store(kv.max(others).to_bits(), Ordering::Relaxed);
+    let load = kv_held.max(others);
     // Relaxed: the publisher's own state (only one publishes at a time).
     let was = slo.busy.load(Ordering::Relaxed);
     let busy = if was {
@@ -183,6 +193,15 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
         }
     }
     busy
+}
+
+/// The share of a rank's KV line under which its KV lets a busy rank go:
+/// room for one typical request of `blocks` (at least a block, at most
+/// [`HYSTERESIS`]). A rank full by its KV takes the next request once one
+/// fits, as the engine would; the band of the predictions, a tenth, would
+/// leave a tenth of the cache idle each time it filled.
+fn kv_band(blocks: u64, line: f64) -> f64 {
+    (blocks.max(1) as f64 / line).min(HYSTERESIS)
 }
 
 /// The rank's requests against its seats (module docs, "Deciding"). A

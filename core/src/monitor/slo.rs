@@ -52,8 +52,10 @@
 //! target, times one plus twice the fit's running error, else its booked
 //! prefill over one step's budget; and its seats (`predict.rs`, `seats`).
 //! The rank turns busy when that load passes 1 and free again under
-//! `1 -` [`HYSTERESIS`](crate::slo::HYSTERESIS); the bookings when it last
-//! turned busy are its line (`frontend_slo_line_requests`).
+//! `1 -` [`HYSTERESIS`](crate::slo::HYSTERESIS), but for the KV, which
+//! lets it go once a typical request fits under its line again
+//! (`predict.rs`, `kv_band`); the bookings when it last turned busy are
+//! its line (`frontend_slo_line_requests`).
 
 use std::sync::Arc;
 

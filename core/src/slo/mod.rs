@@ -25,7 +25,9 @@ pub use output::{
 pub const KV_LINE: f64 = 0.95;
 /// How far under its line a busy rank must come before the SLO's verdict
 /// frees it: a rank turns busy when its predicted load reaches 1 (of the
-/// SLO or of [`KV_LINE`]) and free again below `1 - HYSTERESIS`.
+/// SLO or of [`KV_LINE`]) and free again below `1 - HYSTERESIS` (by its
+/// KV, as soon as a typical request fits under the line, if that is
+/// nearer).
 pub const HYSTERESIS: f64 = 0.1;
 
 /// Longest target accepted for either field: an hour.

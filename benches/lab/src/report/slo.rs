@@ -141,8 +141,9 @@ fn targets(m: &Matrix) -> Vec<Target> {
             why: (f > 6.0).then(|| {
                 "the verdict is the gate at the rank's line, like any concurrency limit: at \
                  capacity each finished request frees room that the next admission takes, and \
-                 each is a change; the hysteresis (10 % below the line) keeps a single prompt's \
-                 width from flapping, not a full engine's turnover. The line itself holds still \
+                 each is a change; the hysteresis (10 % below the line, one typical request below \
+                 the KV line) keeps a single prompt's width from flapping, not a full engine's \
+                 turnover. The line itself holds still \
                  (next rows)"
                     .into()
             }),
