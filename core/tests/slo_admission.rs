@@ -352,17 +352,23 @@ fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
     assert_eq!(book_until_busy(&mut held), 24);
 }
 
+/// Bookings of 5 blocks (and their reservations) until the rank is busy.
+fn book_5_blocks_until_busy(m: &Monitor) -> Vec<Booking> {
+    let mut held = Vec::new();
+    while !m.is_busy(1).unwrap() {
+        held.push(m.book(1, 0, 5).unwrap());
+        assert!(held.len() < 1_000, "never busy");
+    }
+    held
+}
+
 #[test]
 fn before_its_fit_is_trusted_the_verdict_holds_the_kv_with_reservations() {
     let (m, _) = monitor(1_000);
     m.set_slo("m", slo(1.0, 0.1), SloMode::Enforce).unwrap();
     learn_answers(&m, MIN_OUTPUTS, 800);
     // Each request: 5 blocks of prompt and 50 reserved for its answer.
-    let mut held: Vec<Booking> = Vec::new();
-    while !m.is_busy(1).unwrap() {
-        held.push(m.book(1, 0, 5).unwrap());
-        assert!(held.len() < 100, "never busy");
-    }
+    let held = book_5_blocks_until_busy(&m);
     assert!(!m.predict(1, 0, 1).unwrap().trusted);
     // 95 % of 1,000 blocks is 17.3 requests of 55.
     assert_eq!(held.len(), 18);
@@ -374,11 +380,7 @@ fn a_rank_full_by_its_kv_takes_the_next_request_once_one_fits() {
     m.set_slo("m", slo(1.0, 0.1), SloMode::Enforce).unwrap();
     // A typical request: 4 blocks of prompt (64 tokens) and 50 reserved.
     learn_answers(&m, MIN_OUTPUTS, 800);
-    let mut held: Vec<Booking> = Vec::new();
-    while !m.is_busy(1).unwrap() {
-        held.push(m.book(1, 0, 5).unwrap());
-        assert!(held.len() < 1_000, "never busy");
-    }
+    let mut held = book_5_blocks_until_busy(&m);
     // 95 % of 10,000 blocks is 172.7 requests of 55.
     assert_eq!(held.len(), 173);
     // 9,515 blocks booked: one request's end leaves 9,460, where a
