@@ -352,6 +352,38 @@ fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
     assert_eq!(book_until_busy(&mut held), 24);
 }
 
+#[test]
+fn a_report_of_waiting_holds_the_rank_until_as_many_bookings_end() {
+    let (m, _) = monitor(1_000_000);
+    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
+    let report = |waiting| {
+        let r = LoadReport {
+            waiting_requests: Some(waiting),
+            ..Default::default()
+        };
+        m.report(1, 0, &r).unwrap();
+    };
+    let mut held: Vec<Booking> = (0..22).map(|_| m.book(1, 0, 4).unwrap()).collect();
+    report(2);
+    assert!(m.is_busy(1).unwrap());
+    // Reports may be seconds apart: no other comes. One end seats one of
+    // the two waiting, the second the other, and the engine's 20 seats
+    // are full; the third frees one, and the rank takes a request.
+    for (left, busy) in [(21, true), (20, true), (19, false)] {
+        held.pop();
+        m.maintain();
+        assert_eq!(m.is_busy(1).unwrap(), busy, "{left} booked");
+    }
+    // More waiting than the rank's bookings: those seated by the ends of
+    // requests not its own, which it cannot count, so until a report says.
+    report(30);
+    held.clear();
+    m.maintain();
+    assert!(m.is_busy(1).unwrap(), "held with none booked");
+    report(0);
+    assert!(!m.is_busy(1).unwrap());
+}
+
 /// Bookings of 5 blocks (and their reservations) until the rank is busy.
 fn book_5_blocks_until_busy(m: &Monitor) -> Vec<Booking> {
     let mut held = Vec::new();

@@ -210,6 +210,10 @@ pub(super) struct RankSlo {
     /// The bookings when the last report came, if it showed none waiting
     /// (else [`NO_CLEAN_REPORT`]); the publisher's.
     pub(super) clean_bookings: AtomicU64,
+    /// The bookings the last report showed seated (those when it came less
+    /// those it showed waiting), if it showed some waiting (else
+    /// [`NO_CLEAN_REPORT`]); the publisher's.
+    pub(super) seated: AtomicU64,
     /// The SLO's verdict on the rank as last published (its publisher's).
     pub(super) busy: AtomicBool,
     /// The load the verdict last weighed (1 at the rank's line), `f64`
@@ -236,6 +240,7 @@ impl RankSlo {
             seats: AtomicU64::new(0),
             reported: AtomicBool::new(false),
             clean_bookings: AtomicU64::new(NO_CLEAN_REPORT),
+            seated: AtomicU64::new(NO_CLEAN_REPORT),
             busy: AtomicBool::new(false),
             pressure: AtomicU64::new(0),
             flips: AtomicU64::new(0),

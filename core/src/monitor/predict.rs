@@ -207,7 +207,12 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// The rank's requests against its seats (module docs, "Deciding"). A
 /// request the engine reports waiting waits for a seat, for as long as
 /// the running ones take to finish, which no step time shows, so the
-/// rank takes no more while its engine reports any waiting. The seats are
+/// rank takes no more until as many of its bookings as the report showed
+/// waiting have ended (each end seats a waiting one) or a report shows
+/// none waiting: it holds the rank to the bookings the report showed
+/// seated, not to the next report, which may come seconds later (a
+/// report of as many waiting as the rank has bookings, or more, holds it
+/// until then: the ends that seat those are not its to count). The seats are
 /// learned when a report comes, against the bookings then: while some
 /// wait, the bookings less those waiting (a wait for the step's budget or
 /// for blocks shows fewer seats, never more); while two reports running
@@ -236,12 +241,20 @@ fn seats(slo: &RankSlo, l: &RankLoad) -> f64 {
         } else {
             0
         };
+        let seated = if waiting > 0 {
+            booked.saturating_sub(waiting)
+        } else {
+            NO_CLEAN_REPORT
+        };
+        slo.seated.store(seated, Ordering::Relaxed);
         if seen > known {
             slo.seats.store(seen, Ordering::Relaxed);
         }
     }
     let seats = slo.seats.load(Ordering::Relaxed);
-    if waiting > 0 {
+    // None seated: the waiting are not the rank's bookings to count out.
+    let seated = slo.seated.load(Ordering::Relaxed);
+    if seated == 0 || booked > seated {
         1.0 + HYSTERESIS
     } else if seats == 0 {
         0.0

@@ -202,7 +202,8 @@ pub(super) fn section(m: &Matrix) -> String {
          gate, flow control on at its defaults. Each rank's step time is fitted from the token gaps the \
          frontend sees, each answer's KV is reserved from the lengths answers had, and a rank is busy \
          while its predicted time to first token or per output token, with the fit's error as \
-         headroom, misses the SLO, or while its engine reports requests waiting for a seat. \
+         headroom, misses the SLO, or while requests its engine reported waiting for a seat have not \
+         all been seated (as many of its bookings have ended since). \
          Power-of-two routing compares the two picks' slack. A request no rank can take waits in \
          the frontend queue only if twice its predicted wait (the requests ahead over the drain \
          measured over the budget, less what more important requests take, and no less than what \

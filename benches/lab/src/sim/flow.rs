@@ -24,7 +24,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use loadgate::flow::{FlowRejection, FlowRequest};
 use loadgate::monitor::{Dispatch, DispatchRequest};
 
-use super::{ns, Ev, Sim, Stage, MODEL};
+use super::{ns, Ev, Sim, Stage, MODEL, QUEUE_DEADLINE};
 
 /// Ids of the requests whose dispatch futures were woken.
 pub(super) type Woken = Arc<Mutex<Vec<u32>>>;
@@ -132,7 +132,7 @@ impl Sim<'_> {
                         self.monitor_of(id)
                             .and_then(|m| m.flow_retry_after(MODEL))
                             .map(|d| d.as_secs_f64()),
-                        "frontend queue: deadline",
+                        QUEUE_DEADLINE,
                     ),
                     FlowRejection::NoWorkers => (self.arm.retry_after_s, "frontend: no workers"),
                     _ => (self.arm.retry_after_s, "frontend: all workers busy"),

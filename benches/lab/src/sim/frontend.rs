@@ -2,7 +2,7 @@
 //! routing decision, rejections heard, clients giving up, and how a request
 //! ends.
 
-use super::{ns, Ev, Sim, Stage};
+use super::{ns, Ev, Sim, Stage, QUEUE_DEADLINE};
 use crate::arm::ArmKind;
 use crate::engine::Engine;
 use crate::record::{End, Life};
@@ -170,6 +170,13 @@ impl Sim<'_> {
         let network = u64::from(r.hops) * 2 * ns(self.c.net_delay_s);
         let priority = r.spec.priority;
         let jitter = r.spec.jitter;
+        // A queue's deadline refusal heard with no time beyond the network:
+        // the request was refused as predicted late, never waited.
+        let why = if why == QUEUE_DEADLINE && waited <= network {
+            "frontend queue: predicted late"
+        } else {
+            why
+        };
         self.rec.rejection(
             first,
             now,

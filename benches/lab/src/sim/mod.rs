@@ -54,6 +54,10 @@ use crate::workload::{RequestSpec, Retry, WorkloadSpec};
 
 const MODEL: &str = "model";
 
+/// Why a request the frontend queue refused at its deadline heard 529 (one
+/// refused at once, as predicted late, is told apart where it is heard).
+const QUEUE_DEADLINE: &str = "frontend queue: deadline";
+
 /// The fleet and how its signals travel.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Conditions {
