@@ -50,6 +50,18 @@ fn decode_blocks(m: &Monitor) -> u64 {
     m.rank_load(1, 0).unwrap().active_decode_blocks
 }
 
+/// How often the verdict on worker 1's rank 0 turned busy by `term`
+/// (`frontend_slo_turned_busy_total`).
+fn turned_busy(m: &Monitor, term: &str) -> u64 {
+    let prefix = format!(
+        "dynamo_frontend_slo_turned_busy_total{{by=\"{term}\",dp_rank=\"0\",worker_id=\"1\"}} "
+    );
+    m.metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+        .unwrap()
+}
+
 #[test]
 fn without_an_slo_a_booking_reserves_only_what_it_is_told() {
     let (m, _) = monitor(10_000);
@@ -187,6 +199,9 @@ fn the_verdict_refuses_a_rank_whose_queue_would_miss_the_ttft_and_frees_it_below
             .unwrap()
     };
     assert_eq!(gauge(&m, "line_requests"), ahead.len() as u64);
+    // By its predicted time to first token, and counted so.
+    assert_eq!(turned_busy(&m, "time"), 1);
+    assert_eq!(turned_busy(&m, "kv") + turned_busy(&m, "seats"), 0);
     let at = ahead.len() as f64 * 1000.0;
     let want = 0.5 / step(BATCH as f64, 0.0, 0.0) * BATCH as f64;
     assert!(
@@ -342,6 +357,10 @@ fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
     // Between reports the bookings pass the 20 seats by one probe (a
     // 64th of them, at least one).
     assert_eq!(book_until_busy(&mut held), 22);
+    assert_eq!(
+        (turned_busy(&m, "waiting"), turned_busy(&m, "seats")),
+        (1, 1)
+    );
     // A report of none waiting may predate the last bookings: the seats
     // grow to the lesser of the bookings at two such reports running.
     report(0);
@@ -366,6 +385,7 @@ fn a_report_of_waiting_holds_the_rank_until_as_many_bookings_end() {
     let mut held: Vec<Booking> = (0..22).map(|_| m.book(1, 0, 4).unwrap()).collect();
     report(2);
     assert!(m.is_busy(1).unwrap());
+    assert_eq!(turned_busy(&m, "waiting"), 1);
     // Reports may be seconds apart: no other comes. One end seats one of
     // the two waiting, the second the other, and the engine's 20 seats
     // are full; the third frees one, and the rank takes a request.
@@ -415,6 +435,7 @@ fn a_rank_full_by_its_kv_takes_the_next_request_once_one_fits() {
     let mut held = book_5_blocks_until_busy(&m);
     // 95 % of 10,000 blocks is 172.7 requests of 55.
     assert_eq!(held.len(), 173);
+    assert_eq!(turned_busy(&m, "kv"), 1);
     // 9,515 blocks booked: one request's end leaves 9,460, where a
     // typical request of 54 does not fit under the line of 9,500.
     held.pop();

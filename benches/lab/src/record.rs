@@ -433,6 +433,10 @@ pub struct Measured {
     pub slo: Option<SloFigures>,
 }
 
+/// The terms of SLO admission's verdict, as `frontend_slo_turned_busy_total`
+/// labels them.
+pub const BUSY_TERMS: [&str; 4] = ["kv", "time", "seats", "waiting"];
+
 /// What SLO admission predicted and decided in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct SloFigures {
@@ -445,6 +449,9 @@ pub struct SloFigures {
     pub predicted_share: f64,
     /// Verdict changes per worker per minute of arrivals.
     pub flips_per_worker_minute: f64,
+    /// Turns to busy over every rank, by the term that weighed most:
+    /// [`BUSY_TERMS`] order.
+    pub turned_busy: [u64; 4],
     /// The lines the verdicts held.
     pub line: LineFigures,
 }

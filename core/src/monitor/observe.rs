@@ -179,6 +179,37 @@ pub(super) const PREFILL_SMOOTH: f64 = 0.01;
 /// (or none came yet).
 pub(super) const NO_CLEAN_REPORT: u64 = u64::MAX;
 
+/// The terms of a rank's verdict (`predict.rs`, "Deciding" in `slo.rs`):
+/// which one turned it busy is counted, so an operator (and the lab) can
+/// see what holds a rank back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BusyTerm {
+    /// Its booked and reported KV, reservations included, over its line.
+    Kv,
+    /// Its predicted time to first token or per output token (or, before
+    /// the fit has its first steps, its booked prefill).
+    Time,
+    /// Its bookings past its learned seats and their probe.
+    Seats,
+    /// Requests its engine reported waiting for a seat, not all seated
+    /// since.
+    Waiting,
+}
+
+impl BusyTerm {
+    pub(super) const ALL: [BusyTerm; 4] = [Self::Kv, Self::Time, Self::Seats, Self::Waiting];
+
+    /// Its `by` label in `frontend_slo_turned_busy_total`.
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Self::Kv => "kv",
+            Self::Time => "time",
+            Self::Seats => "seats",
+            Self::Waiting => "waiting",
+        }
+    }
+}
+
 /// One rank's fit and what it publishes (module docs).
 pub(super) struct RankSlo {
     /// The coefficients, `f64` bits, published by the maintenance.
@@ -221,6 +252,9 @@ pub(super) struct RankSlo {
     pub(super) pressure: AtomicU64,
     /// How often that verdict changed.
     pub(super) flips: AtomicU64,
+    /// How often it turned busy, by the term that weighed most then
+    /// ([`BusyTerm`] order).
+    pub(super) turned_busy: [AtomicU64; BusyTerm::ALL.len()],
     /// The bookings on the rank when the verdict last turned busy: the
     /// limit it holds (0 before the first); its publisher's.
     pub(super) line: AtomicU64,
@@ -244,6 +278,7 @@ impl RankSlo {
             busy: AtomicBool::new(false),
             pressure: AtomicU64::new(0),
             flips: AtomicU64::new(0),
+            turned_busy: Default::default(),
             line: AtomicU64::new(0),
         }
     }

@@ -6,7 +6,7 @@
 //! The formulas are `slo.rs`'s module docs; the rules of the verdict are
 //! [`verdict`]'s and [`seats`]'.
 
-use super::observe::{ModelSlo, RankSlo, SloMode, NO_CLEAN_REPORT};
+use super::observe::{BusyTerm, ModelSlo, RankSlo, SloMode, NO_CLEAN_REPORT};
 use crate::slo::{StepLoad, HYSTERESIS, KV_LINE};
 use crate::sync::Ordering;
 use crate::thresholds::{RankLoad, DEFAULT_BLOCK_TOKENS};
@@ -172,7 +172,8 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
     } else {
         l.active_prefill_tokens.unwrap_or(0) as f64 / l.max_num_batched_tokens.max(1) as f64
     };
-    let others = time.max(seats(slo, l));
+    let (seats, seats_term) = seats(slo, l);
+    let others = time.max(seats);
     // Relaxed: a hint routing compares (`RankSlo::pressure`).
     slo.pressure
         .store(kv.max(others).to_bits(), Ordering::Relaxed);
@@ -190,6 +191,11 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
         if busy {
             let booked = slo.bookings.load(Ordering::Relaxed);
             slo.line.store(booked, Ordering::Relaxed);
+            let term = [(kv_held, BusyTerm::Kv), (time, BusyTerm::Time)]
+                .into_iter()
+                .fold((seats, seats_term), |a, b| if b.0 > a.0 { b } else { a })
+                .1;
+            slo.turned_busy[term as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
     busy
@@ -224,7 +230,7 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// engine's seats waits for no more than a probe's seats to free. A rank
 /// the waiting or the probe made busy stays so until its bookings are
 /// under its seats. Called by the worker's publisher only.
-fn seats(slo: &RankSlo, l: &RankLoad) -> f64 {
+fn seats(slo: &RankSlo, l: &RankLoad) -> (f64, BusyTerm) {
     // Relaxed: a count, and the publisher's own state (`reported` is set
     // by a report, released to the publisher by the combiner).
     let booked = slo.bookings.load(Ordering::Relaxed);
@@ -255,8 +261,9 @@ fn seats(slo: &RankSlo, l: &RankLoad) -> f64 {
     // None seated: the waiting are not the rank's bookings to count out.
     let seated = slo.seated.load(Ordering::Relaxed);
     if seated == 0 || booked > seated {
-        1.0 + HYSTERESIS
-    } else if seats == 0 {
+        return (1.0 + HYSTERESIS, BusyTerm::Waiting);
+    }
+    let load = if seats == 0 {
         0.0
     } else if booked > seats + (seats / SEAT_PROBE).max(1) {
         1.0 + HYSTERESIS
@@ -265,7 +272,8 @@ fn seats(slo: &RankSlo, l: &RankLoad) -> f64 {
         1.0
     } else {
         (1.0 - HYSTERESIS) * booked as f64 / seats as f64
-    }
+    };
+    (load, BusyTerm::Seats)
 }
 
 /// The probe past a rank's learned seats between two reports: a

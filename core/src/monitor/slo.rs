@@ -55,7 +55,8 @@
 //! `1 -` [`HYSTERESIS`](crate::slo::HYSTERESIS), but for the KV, which
 //! lets it go once a typical request fits under its line again
 //! (`predict.rs`, `kv_band`); the bookings when it last turned busy are
-//! its line (`frontend_slo_line_requests`).
+//! its line (`frontend_slo_line_requests`), and each turn is counted by
+//! the term that weighed most (`frontend_slo_turned_busy_total`).
 
 use std::sync::Arc;
 
@@ -63,7 +64,7 @@ use crossbeam_queue::ArrayQueue;
 
 use super::model::Model;
 use super::observe::{
-    ModelSlo, Observation, Observations, RankSlo, Sample, SloMode, PREFILL_SMOOTH,
+    BusyTerm, ModelSlo, Observation, Observations, RankSlo, Sample, SloMode, PREFILL_SMOOTH,
 };
 pub use super::observe::{FIT_PERIOD, OBSERVATION_CAPACITY};
 use super::predict::{predict, step_load};
@@ -508,6 +509,35 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
                     name,
                     &[("dp_rank", &dp_rank), ("worker_id", &w.id)],
                     value,
+                );
+            }
+        }
+    }
+    metrics::header(
+        out,
+        prefix,
+        "frontend_slo_turned_busy_total",
+        "counter",
+        "How often the SLO's verdict on the rank turned busy, by the term that weighed most: kv, \
+         time (a predicted time to first token or per output token), seats, or waiting (requests \
+         its engine reported waiting, not all seated since).",
+    );
+    for w in &on {
+        for (i, rank) in w.ranks.iter().enumerate() {
+            let dp_rank = w.dp_start + i as u32;
+            for term in BusyTerm::ALL {
+                // Relaxed: a counter.
+                let n = rank.slo.turned_busy[term as usize].load(Ordering::Relaxed);
+                metrics::sample(
+                    out,
+                    prefix,
+                    "frontend_slo_turned_busy_total",
+                    &[
+                        ("by", &term.label()),
+                        ("dp_rank", &dp_rank),
+                        ("worker_id", &w.id),
+                    ],
+                    n,
                 );
             }
         }

@@ -6,12 +6,34 @@
 use super::{missed_list, ms, pct, row, target_rows, Target};
 use crate::arm::ArmKind;
 use crate::matrix::{Matrix, Row};
+use crate::record::BUSY_TERMS;
 use crate::shift::Shift;
 
 /// The best goodput another arm reached on `scenario` (tuned there, or as
 /// it ran without knobs), and which.
 fn others_best(m: &Matrix, scenario: &str) -> Option<(f64, ArmKind)> {
     super::cell_best_but(m, scenario, Some(ArmKind::Slo))
+}
+
+/// What turned (i)'s ranks busy in a run: each term's share of the turns,
+/// the largest first (those under 1 % left out).
+fn busy_terms(r: &Row) -> String {
+    let Some(slo) = r.measured.slo else {
+        return String::new();
+    };
+    let total = slo.turned_busy.iter().sum::<u64>().max(1) as f64;
+    let mut terms: Vec<(&str, f64)> = BUSY_TERMS
+        .iter()
+        .zip(slo.turned_busy)
+        .map(|(t, n)| (*t, n as f64 / total))
+        .filter(|(_, x)| *x >= 0.01)
+        .collect();
+    terms.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let terms: Vec<String> = terms
+        .iter()
+        .map(|(t, x)| format!("{t} {}", pct(*x)))
+        .collect();
+    terms.join(", ")
 }
 
 /// Arm (i)'s rows, scenario by scenario.
@@ -44,8 +66,15 @@ fn targets(m: &Matrix) -> Vec<Target> {
                 .filter_map(|r| {
                     let (best, arm) = others_best(m, &r.scenario)?;
                     let x = r.measured.goodput_frac / best;
-                    (x < 0.97)
-                        .then(|| format!("{} {} of {}'s", r.scenario, pct(x), super::letter(arm)))
+                    (x < 0.97).then(|| {
+                        format!(
+                            "{} {} of {}'s (busy by {})",
+                            r.scenario,
+                            pct(x),
+                            super::letter(arm),
+                            busy_terms(r)
+                        )
+                    })
                 })
                 .collect();
             format!(
@@ -70,9 +99,10 @@ fn targets(m: &Matrix) -> Vec<Target> {
             met: d >= 0.0,
             why: (d < 0.0).then(|| {
                 format!(
-                    "in {}, (i) admitted {}",
+                    "in {}, (i) turned away {} (busy by {})",
                     r.scenario,
-                    super::reasons(&r.measured)
+                    super::reasons(&r.measured),
+                    busy_terms(r)
                 )
             }),
         });
@@ -218,12 +248,14 @@ pub(super) fn section(m: &Matrix) -> String {
           tuned on the cell, arm (e) as tuned on the calibration scenario, (i)'s admitted SLO \
           attainment, |predicted − observed| time to first token and per output token (median / \
           p90, ms, over the admitted requests with a trusted prediction, and their share), its \
-          verdict changes per worker per minute, and its line: the highest worker's level (mean \
-          over the last quarter of the arrivals, requests), the largest coefficient of variation \
-          about it, and the seconds from the start (or the switch) until every line stayed within \
-          10 % of its level.\n\n\
-          | cell | (i) | best other | (e) | attainment | TTFT error | TPOT error | predicted | changes | line | CV | settles |\n\
-          |---|---|---|---|---|---|---|---|---|---|---|---|\n";
+          verdict changes per worker per minute, what turned the ranks busy (each term's share \
+          of the turns, `frontend_slo_turned_busy_total`: the KV, a predicted time, the learned \
+          seats, or requests the engine reported waiting), and its line: the highest worker's \
+          level (mean over the last quarter of the arrivals, requests), the largest coefficient \
+          of variation about it, and the seconds from the start (or the switch) until every line \
+          stayed within 10 % of its level.\n\n\
+          | cell | (i) | best other | (e) | attainment | TTFT error | TPOT error | predicted | changes | turned busy by | line | CV | settles |\n\
+          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in rows {
         let best = others_best(m, &r.scenario).map_or("–".into(), |(g, k)| {
             format!("{} {}", pct(g), super::letter(k))
@@ -232,7 +264,7 @@ pub(super) fn section(m: &Matrix) -> String {
             .map_or("–".into(), |e| pct(e.measured.goodput_frac));
         let f = r.measured.slo.unwrap_or_default();
         s += &format!(
-            "| {} | {} | {best} | {e} | {} | {} / {} | {} / {} | {} | {:.0} | {:.0} | {} | {:.0} s |\n",
+            "| {} | {} | {best} | {e} | {} | {} / {} | {} / {} | {} | {:.0} | {} | {:.0} | {} | {:.0} s |\n",
             r.scenario,
             pct(r.measured.goodput_frac),
             pct(r.measured.attainment_admitted),
@@ -242,6 +274,7 @@ pub(super) fn section(m: &Matrix) -> String {
             ms(f.tpot_error_ms.1),
             pct(f.predicted_share),
             f.flips_per_worker_minute,
+            busy_terms(r),
             f.line.level,
             pct(f.line.cv),
             f.line.settle_s,

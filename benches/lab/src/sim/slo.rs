@@ -3,7 +3,7 @@
 //! changed.
 
 use super::{ns, Ev, Sim};
-use crate::record::{median_p90, LineFigures, SloFigures};
+use crate::record::{median_p90, LineFigures, SloFigures, BUSY_TERMS};
 
 impl Sim<'_> {
     /// Request `id`'s first token came: its time to first token against
@@ -57,14 +57,20 @@ impl Sim<'_> {
     /// The run's figures: the errors' median and p90, and the verdict
     /// changes the first frontend's monitor counted.
     pub(super) fn slo_figures(&mut self) -> SloFigures {
-        let flips: f64 = self.fronts.first().map_or(0.0, |f| {
-            f.monitor
-                .metrics_text()
-                .lines()
-                .filter(|l| l.contains("frontend_slo_verdict_changes_total{"))
+        let text = self
+            .fronts
+            .first()
+            .map(|f| f.monitor.metrics_text())
+            .unwrap_or_default();
+        let sum = |prefix: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.contains(prefix))
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum()
-        });
+        };
+        let flips = sum("frontend_slo_verdict_changes_total{");
+        let turned_busy = BUSY_TERMS
+            .map(|term| sum(&format!("frontend_slo_turned_busy_total{{by=\"{term}\"")) as u64);
         let minutes = self.workload.duration_s / 60.0;
         let predicted = self.slo_errors[0].len() as f64;
         SloFigures {
@@ -72,6 +78,7 @@ impl Sim<'_> {
             tpot_error_ms: median_p90(&mut self.slo_errors[1]),
             predicted_share: predicted / self.slo_admitted.max(1) as f64,
             flips_per_worker_minute: flips / f64::from(self.c.workers.max(1)) / minutes,
+            turned_busy,
             line: self.line_figures(),
         }
     }
