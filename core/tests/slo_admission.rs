@@ -328,17 +328,20 @@ fn a_fit_that_fits_badly_still_holds_the_rank_with_more_headroom() {
     );
 }
 
+/// Worker 1's engine reports `waiting` requests waiting for a seat.
+fn report_waiting(m: &Monitor, waiting: u64) {
+    let r = LoadReport {
+        waiting_requests: Some(waiting),
+        ..Default::default()
+    };
+    m.report(1, 0, &r).unwrap();
+}
+
 #[test]
 fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
     let (m, _) = monitor(1_000_000);
     m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    let report = |waiting| {
-        let r = LoadReport {
-            waiting_requests: Some(waiting),
-            ..Default::default()
-        };
-        m.report(1, 0, &r).unwrap();
-    };
+    let report = |waiting| report_waiting(&m, waiting);
     let book_until_busy = |held: &mut Vec<Booking>| {
         while !m.is_busy(1).unwrap() {
             held.push(m.book(1, 0, 4).unwrap());
@@ -375,13 +378,7 @@ fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
 fn a_report_of_waiting_holds_the_rank_until_as_many_bookings_end() {
     let (m, _) = monitor(1_000_000);
     m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    let report = |waiting| {
-        let r = LoadReport {
-            waiting_requests: Some(waiting),
-            ..Default::default()
-        };
-        m.report(1, 0, &r).unwrap();
-    };
+    let report = |waiting| report_waiting(&m, waiting);
     let mut held: Vec<Booking> = (0..22).map(|_| m.book(1, 0, 4).unwrap()).collect();
     report(2);
     assert!(m.is_busy(1).unwrap());
