@@ -375,6 +375,29 @@ fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
 }
 
 #[test]
+fn the_probe_past_the_seats_grows_with_the_time_between_reports_while_two_fit_the_ttft() {
+    let (m, clock) = monitor(1_000_000);
+    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
+    let mut held: Vec<Booking> = (0..130).map(|_| m.book(1, 0, 4).unwrap()).collect();
+    // 128 seats: a 64th of them is 2.
+    report_waiting(&m, 2);
+    held.truncate(127);
+    // A 64th per tenth of a second between the reports, at least one and
+    // at most eight; but one when two such intervals exceed the 2 s TTFT.
+    for (apart_ms, probe) in [(50, 2), (500, 10), (1000, 16), (3000, 2), (1001, 2)] {
+        clock.advance(Duration::from_millis(apart_ms));
+        report_waiting(&m, 0);
+        assert!(!m.is_busy(1).unwrap(), "{apart_ms} ms: busy at 127");
+        while !m.is_busy(1).unwrap() {
+            held.push(m.book(1, 0, 4).unwrap());
+            assert!(held.len() < 200, "{apart_ms} ms: never busy");
+        }
+        assert_eq!(held.len(), 128 + probe + 1, "{apart_ms} ms apart");
+        held.truncate(127);
+    }
+}
+
+#[test]
 fn a_report_of_waiting_holds_the_rank_until_as_many_bookings_end() {
     let (m, _) = monitor(1_000_000);
     m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();

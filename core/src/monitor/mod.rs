@@ -113,7 +113,10 @@ pub use observe::SloMode;
 pub use outbox::OUTBOX_CAPACITY;
 pub use pick::seed_picks;
 pub use route::Route;
-pub use slo::{Prediction, SloCounts, FIT_PERIOD, OBSERVATION_CAPACITY, SEAT_PROBE};
+pub use slo::{
+    Prediction, SloCounts, FIT_PERIOD, OBSERVATION_CAPACITY, SEAT_PROBE, SEAT_PROBE_PERIOD,
+    SEAT_PROBE_PERIODS,
+};
 
 use duty::Duty;
 use model::Model;

@@ -235,6 +235,12 @@ pub(super) struct RankSlo {
     /// The engine's seats as learned (`predict.rs`, `seats`; 0: none seen
     /// full yet); its publisher's.
     pub(super) seats: AtomicU64,
+    /// How far past its seats the rank is booked until the next report
+    /// (`predict.rs`, `seat_probe`); its publisher's.
+    pub(super) probe: AtomicU64,
+    /// When the publisher last took a report, the monitor's clock's
+    /// nanoseconds (0: none yet); its publisher's.
+    pub(super) reported_at: AtomicU64,
     /// A report came since the publisher last learned the seats (set by
     /// every report, taken by the publisher).
     pub(super) reported: AtomicBool,
@@ -272,6 +278,8 @@ impl RankSlo {
             fit: OnceLock::new(),
             mean_prefill: AtomicU64::new(0),
             seats: AtomicU64::new(0),
+            probe: AtomicU64::new(1),
+            reported_at: AtomicU64::new(0),
             reported: AtomicBool::new(false),
             clean_bookings: AtomicU64::new(NO_CLEAN_REPORT),
             seated: AtomicU64::new(NO_CLEAN_REPORT),

@@ -6,7 +6,7 @@
 //! The formulas are `slo.rs`'s module docs; the rules of the verdict are
 //! [`verdict`]'s and [`seats`]'.
 
-use super::observe::{BusyTerm, ModelSlo, RankSlo, SloMode, NO_CLEAN_REPORT};
+use super::observe::{BusyTerm, ModelSlo, Observations, RankSlo, SloMode, NO_CLEAN_REPORT};
 use crate::slo::{StepLoad, HYSTERESIS, KV_LINE};
 use crate::sync::Ordering;
 use crate::thresholds::{RankLoad, DEFAULT_BLOCK_TOKENS};
@@ -146,8 +146,9 @@ impl ModelSlo {
 
 /// The SLO's verdict on `rank` under its load `l` (module docs,
 /// "Deciding"); keeps the rank's last verdict for the hysteresis. Called
-/// by the worker's publisher only.
-pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
+/// by the worker's publisher only, with the monitor's `clock`, which it
+/// reads once per report.
+pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> bool {
     // The KV booked over the line, and the same with its band narrowed to
     // one typical request (`kv_band`) for the verdict.
     let (kv, kv_held) = if l.kv_total_blocks > 0 {
@@ -172,7 +173,7 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
     } else {
         l.active_prefill_tokens.unwrap_or(0) as f64 / l.max_num_batched_tokens.max(1) as f64
     };
-    let (seats, seats_term) = seats(slo, l);
+    let (seats, seats_term) = seats(slo, l, t, clock);
     let others = time.max(seats);
     // Relaxed: a hint routing compares (`RankSlo::pressure`).
     slo.pressure
@@ -224,13 +225,13 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// for blocks shows fewer seats, never more); while two reports running
 /// show none waiting, the lesser of the bookings at the two (an engine
 /// reports what its last step's scheduling left, so the bookings since
-/// are not in a report yet). They only grow, and between two reports a
-/// rank is booked at most a [`SEAT_PROBE`]th past them (at least one): a
-/// probe the next reports confirm or refuse, so a request booked past the
-/// engine's seats waits for no more than a probe's seats to free. A rank
-/// the waiting or the probe made busy stays so until its bookings are
-/// under its seats. Called by the worker's publisher only.
-fn seats(slo: &RankSlo, l: &RankLoad) -> (f64, BusyTerm) {
+/// are not in a report yet). They only grow, and until the next report a
+/// rank is booked at most a probe past them ([`seat_probe`]): one the
+/// next reports confirm or refuse, so a request booked past the engine's
+/// seats waits for no more than a probe's seats to free. A rank the
+/// waiting or the probe made busy stays so until its bookings are under
+/// its seats. Called by the worker's publisher only.
+fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64, BusyTerm) {
     // Relaxed: a count, and the publisher's own state (`reported` is set
     // by a report, released to the publisher by the combiner).
     let booked = slo.bookings.load(Ordering::Relaxed);
@@ -256,6 +257,10 @@ fn seats(slo: &RankSlo, l: &RankLoad) -> (f64, BusyTerm) {
         if seen > known {
             slo.seats.store(seen, Ordering::Relaxed);
         }
+        let now = clock.now();
+        let since = now.saturating_sub(slo.reported_at.swap(now, Ordering::Relaxed));
+        let probe = seat_probe(seen.max(known), since, t.ttft);
+        slo.probe.store(probe, Ordering::Relaxed);
     }
     let seats = slo.seats.load(Ordering::Relaxed);
     // None seated: the waiting are not the rank's bookings to count out.
@@ -265,7 +270,7 @@ fn seats(slo: &RankSlo, l: &RankLoad) -> (f64, BusyTerm) {
     }
     let load = if seats == 0 {
         0.0
-    } else if booked > seats + (seats / SEAT_PROBE).max(1) {
+    } else if booked > seats + slo.probe.load(Ordering::Relaxed) {
         1.0 + HYSTERESIS
     } else if booked >= seats {
         // Holds a busy rank, turns none busy.
@@ -276,6 +281,35 @@ fn seats(slo: &RankSlo, l: &RankLoad) -> (f64, BusyTerm) {
     (load, BusyTerm::Seats)
 }
 
-/// The probe past a rank's learned seats between two reports: a
-/// `SEAT_PROBE`th of them, at least one (`seats`).
+/// How far past its learned `seats` a rank is booked until the next
+/// report, when this one came `since` nanoseconds after the last
+/// (`seats`): a [`SEAT_PROBE`]th of them (at least one) for each
+/// [`SEAT_PROBE_PERIOD`] between the two, from one up to
+/// [`SEAT_PROBE_PERIODS`], so the seats grow as fast per second however
+/// far apart the reports come; but one only when two such intervals
+/// exceed the `ttft` target (seconds). A probe past the engine's seats is
+/// shown by the report after next at the latest (the next may have left
+/// the engine before the probe came), and the requests it made wait
+/// until then would miss their first token.
+fn seat_probe(seats: u64, since: u64, ttft: f64) -> u64 {
+    let since = since as f64 * 1e-9;
+    let periods = if 2.0 * since <= ttft {
+        (since / SEAT_PROBE_PERIOD).clamp(1.0, SEAT_PROBE_PERIODS)
+    } else {
+        1.0
+    };
+    ((seats as f64 * periods / SEAT_PROBE as f64) as u64).max(1)
+}
+
+/// The probe past a rank's learned seats per [`SEAT_PROBE_PERIOD`] between
+/// two reports: a `SEAT_PROBE`th of them, at least one (`seat_probe`).
 pub const SEAT_PROBE: u64 = 64;
+
+/// The interval between two reports each [`SEAT_PROBE`]th of a probe
+/// stands for, seconds: an engine's metrics come about as often (vLLM
+/// and Dynamo's workers publish theirs once per step or per scrape).
+pub const SEAT_PROBE_PERIOD: f64 = 0.1;
+
+/// The most [`SEAT_PROBE_PERIOD`]s a probe stands for: an eighth of the
+/// seats, however far apart the reports.
+pub const SEAT_PROBE_PERIODS: f64 = 8.0;

@@ -187,7 +187,12 @@ impl Worker {
                         let fixed = thresholds.rank_busy(&l) || self.share_full(rank, &thresholds);
                         match &slo {
                             Some(t) => {
-                                let v = super::predict::verdict(&rank.slo, &l, t);
+                                let v = super::predict::verdict(
+                                    &rank.slo,
+                                    &l,
+                                    t,
+                                    &model.slo.observations,
+                                );
                                 slo_busy &= v;
                                 pressure = pressure.min(rank.slo.pressure());
                                 fixed || (v && t.mode == SloMode::Enforce)

@@ -68,7 +68,7 @@ use super::observe::{
 };
 pub use super::observe::{FIT_PERIOD, OBSERVATION_CAPACITY};
 use super::predict::{predict, step_load};
-pub use super::predict::{Prediction, SEAT_PROBE};
+pub use super::predict::{Prediction, SEAT_PROBE, SEAT_PROBE_PERIOD, SEAT_PROBE_PERIODS};
 use super::rank::Worker;
 use super::registry::Registry;
 use super::Monitor;
