@@ -375,6 +375,38 @@ fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
 }
 
 #[test]
+fn two_reports_running_of_waiting_set_the_seats_to_those_seated_fewer_too() {
+    let (m, _) = monitor(1_000_000);
+    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
+    let book_until_busy = |held: &mut Vec<Booking>| {
+        while !m.is_busy(1).unwrap() {
+            held.push(m.book(1, 0, 4).unwrap());
+            assert!(held.len() < 100, "never busy");
+        }
+        held.len()
+    };
+    let settle = |held: &mut Vec<Booking>, to: usize| {
+        held.truncate(to);
+        report_waiting(&m, 0);
+        assert!(!m.is_busy(1).unwrap(), "busy at {to}");
+    };
+    // A report late by the bookings made since: 55 seen seated.
+    let mut held: Vec<Booking> = (0..60).map(|_| m.book(1, 0, 4).unwrap()).collect();
+    report_waiting(&m, 5);
+    // One report of fewer seated after a clean one leaves the seats: 55
+    // and one probe.
+    settle(&mut held, 54);
+    report_waiting(&m, 3);
+    settle(&mut held, 50);
+    assert_eq!(book_until_busy(&mut held), 57);
+    // The second of two running sets them, fewer too: 52.
+    report_waiting(&m, 5);
+    report_waiting(&m, 5);
+    settle(&mut held, 51);
+    assert_eq!(book_until_busy(&mut held), 54);
+}
+
+#[test]
 fn the_probe_past_the_seats_grows_with_the_time_between_reports_while_two_fit_the_ttft() {
     let (m, clock) = monitor(1_000_000);
     m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();

@@ -220,12 +220,15 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// seated, not to the next report, which may come seconds later (a
 /// report of as many waiting as the rank has bookings, or more, holds it
 /// until then: the ends that seat those are not its to count). The seats are
-/// learned when a report comes, against the bookings then: while some
-/// wait, the bookings less those waiting (a wait for the step's budget or
-/// for blocks shows fewer seats, never more); while two reports running
-/// show none waiting, the lesser of the bookings at the two (an engine
-/// reports what its last step's scheduling left, so the bookings since
-/// are not in a report yet). They only grow, and until the next report a
+/// learned when a report comes, against the bookings then: at a report of
+/// some waiting, at least the bookings less those waiting; at the second
+/// of two running, exactly that, fewer too (the engine seated no more
+/// twice over: seats learned from a late report may count bookings made
+/// after it, and a wait for the step's budget or for blocks holds as one
+/// for seats does); while two reports running show none waiting, at least
+/// the lesser of the bookings at the two (an engine reports what its last
+/// step's scheduling left, so the bookings since are not in a report
+/// yet). Until the next report a
 /// rank is booked at most a probe past them ([`seat_probe`]): one the
 /// next reports confirm or refuse, so a request booked past the engine's
 /// seats waits for no more than a probe's seats to free. A rank the
@@ -241,25 +244,28 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
         let known = slo.seats.load(Ordering::Relaxed);
         let clean = if waiting > 0 { NO_CLEAN_REPORT } else { booked };
         let before = slo.clean_bookings.swap(clean, Ordering::Relaxed);
-        let seen = if waiting > 0 {
-            booked.saturating_sub(waiting).max(1)
-        } else if known != 0 && before != NO_CLEAN_REPORT {
-            booked.min(before)
-        } else {
-            0
-        };
         let seated = if waiting > 0 {
             booked.saturating_sub(waiting)
         } else {
             NO_CLEAN_REPORT
         };
-        slo.seated.store(seated, Ordering::Relaxed);
-        if seen > known {
-            slo.seats.store(seen, Ordering::Relaxed);
+        let seated_before = slo.seated.swap(seated, Ordering::Relaxed);
+        let some_seated = |s: u64| s != 0 && s != NO_CLEAN_REPORT;
+        let learned = if some_seated(seated) && some_seated(seated_before) {
+            seated
+        } else if waiting > 0 {
+            known.max(seated.max(1))
+        } else if known != 0 && before != NO_CLEAN_REPORT {
+            known.max(booked.min(before))
+        } else {
+            known
+        };
+        if learned != known {
+            slo.seats.store(learned, Ordering::Relaxed);
         }
         let now = clock.now();
         let since = now.saturating_sub(slo.reported_at.swap(now, Ordering::Relaxed));
-        let probe = seat_probe(seen.max(known), since, t.ttft);
+        let probe = seat_probe(learned, since, t.ttft);
         slo.probe.store(probe, Ordering::Relaxed);
     }
     let seats = slo.seats.load(Ordering::Relaxed);
