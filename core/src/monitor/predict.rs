@@ -228,12 +228,11 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// for seats does); while two reports running show none waiting, at least
 /// the lesser of the bookings at the two (an engine reports what its last
 /// step's scheduling left, so the bookings since are not in a report
-/// yet). Until the next report a
-/// rank is booked at most a probe past them ([`seat_probe`]): one the
-/// next reports confirm or refuse, so a request booked past the engine's
-/// seats waits for no more than a probe's seats to free. A rank the
-/// waiting or the probe made busy stays so until its bookings are under
-/// its seats. Called by the worker's publisher only.
+/// yet). Until the next report a rank is booked at most a probe past them
+/// ([`seat_probe`]): one the next reports confirm or refuse, so a request
+/// booked past the engine's seats waits for no more than a probe's seats
+/// to free. A rank the waiting or the probe made busy stays so until its
+/// bookings are under its seats. Called by the worker's publisher only.
 fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64, BusyTerm) {
     // Relaxed: a count, and the publisher's own state (`reported` is set
     // by a report, released to the publisher by the combiner).
@@ -312,8 +311,8 @@ fn seat_probe(seats: u64, since: u64, ttft: f64) -> u64 {
 pub const SEAT_PROBE: u64 = 64;
 
 /// The interval between two reports each [`SEAT_PROBE`]th of a probe
-/// stands for, seconds: an engine's metrics come about as often (vLLM
-/// and Dynamo's workers publish theirs once per step or per scrape).
+/// stands for, seconds: a rank reporting this often or more probes a
+/// 64th a report, one reporting less often as much per second.
 pub const SEAT_PROBE_PERIOD: f64 = 0.1;
 
 /// The most [`SEAT_PROBE_PERIOD`]s a probe stands for: an eighth of the
