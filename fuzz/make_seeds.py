@@ -78,6 +78,7 @@ def wire():
         "dp_size": 2,
         "dp_rank": 3,
         "kv_total_blocks": 1000,
+        "max_num_seqs": 256,
         "kv_used_blocks": 10,
         "active_prefill_tokens": 0,
     }

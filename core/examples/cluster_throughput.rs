@@ -38,6 +38,7 @@ fn message(i: u64) -> Vec<u8> {
         kv_used_blocks: Some((i * 7) % 4096),
         active_prefill_tokens: Some(i % 9000),
         waiting_requests: None,
+        max_num_seqs: None,
     }
     .to_msgpack()
 }

@@ -68,6 +68,9 @@ pub struct WorkerSpec {
     pub kv_total_blocks: Option<u64>,
     /// Prefill batch capacity of every rank, if known.
     pub max_num_batched_tokens: Option<u64>,
+    /// Requests every rank runs at once at most (the engine's
+    /// `max_num_seqs`), if known; 0 is taken as not known.
+    pub max_num_seqs: Option<u64>,
 }
 
 impl Default for WorkerSpec {
@@ -77,6 +80,7 @@ impl Default for WorkerSpec {
             dp_size: 1,
             kv_total_blocks: None,
             max_num_batched_tokens: None,
+            max_num_seqs: None,
         }
     }
 }
@@ -96,6 +100,9 @@ pub struct LoadReport {
     pub max_num_batched_tokens: Option<u64>,
     /// Requests waiting in the engine's queue (not yet scheduled).
     pub waiting_requests: Option<u64>,
+    /// Requests the engine runs at once at most (its `max_num_seqs`); 0 is
+    /// taken as not known.
+    pub max_num_seqs: Option<u64>,
 }
 
 impl LoadReport {

@@ -66,6 +66,7 @@ fn message(seq: u64) -> LoadMessage {
         kv_used_blocks: Some(seq),
         active_prefill_tokens: None,
         waiting_requests: None,
+        max_num_seqs: None,
     }
 }
 

@@ -58,6 +58,7 @@ fn message(worker_id: u64, model: &str, seq: u64) -> LoadMessage {
         kv_used_blocks: Some(99),
         active_prefill_tokens: None,
         waiting_requests: None,
+        max_num_seqs: None,
     }
 }
 

@@ -290,6 +290,7 @@ fn bad_and_stale_messages_are_counted_and_silent_workers_expire() {
         kv_used_blocks: Some(used),
         active_prefill_tokens: None,
         waiting_requests: None,
+        max_num_seqs: None,
     };
     raw.publish(&subjects.load(9), msg(5, 5).to_msgpack())
         .unwrap();

@@ -219,6 +219,7 @@ fn message(worker_id: u64, model: &str, dp_size: u32) -> LoadMessage {
         kv_used_blocks: Some(1),
         active_prefill_tokens: None,
         waiting_requests: None,
+        max_num_seqs: None,
     }
 }
 

@@ -139,6 +139,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     dp_size,
                     kv_total_blocks: total,
                     max_num_batched_tokens: None,
+                    max_num_seqs: None,
                 };
                 prop_assert_eq!(
                     m.add_worker(MODELS[model], id, spec),
@@ -165,6 +166,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     active_prefill_tokens: prefill,
                     max_num_batched_tokens: mnbt,
                     waiting_requests: waiting,
+                    max_num_seqs: None,
                 };
                 prop_assert_eq!(m.report(id, rank, &report), r.report(id, rank, &report));
             }

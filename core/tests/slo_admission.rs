@@ -16,6 +16,14 @@ use proptest::prelude::*;
 use support::slo_engine::{serve, serve_noisy, step, BATCH};
 
 fn monitor(kv_total_blocks: u64) -> (Monitor, std::sync::Arc<ManualClock>) {
+    monitor_of(kv_total_blocks, None)
+}
+
+/// [`monitor`]'s, its engine declaring `max_num_seqs`.
+fn monitor_of(
+    kv_total_blocks: u64,
+    max_num_seqs: Option<u64>,
+) -> (Monitor, std::sync::Arc<ManualClock>) {
     let clock = ManualClock::new();
     let config = MonitorConfig {
         maintenance: Maintenance::Manual,
@@ -25,6 +33,7 @@ fn monitor(kv_total_blocks: u64) -> (Monitor, std::sync::Arc<ManualClock>) {
     let spec = WorkerSpec {
         kv_total_blocks: Some(kv_total_blocks),
         max_num_batched_tokens: Some(BATCH),
+        max_num_seqs,
         ..Default::default()
     };
     m.add_worker("m", 1, spec).unwrap();
@@ -404,6 +413,40 @@ fn two_reports_running_of_waiting_set_the_seats_to_those_seated_fewer_too() {
     report_waiting(&m, 5);
     settle(&mut held, 51);
     assert_eq!(book_until_busy(&mut held), 54);
+}
+
+#[test]
+fn the_engines_own_seats_bound_those_learned_and_stand_for_them_until_then() {
+    let (m, _) = monitor_of(1_000_000, Some(20));
+    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
+    let book_until_busy = |held: &mut Vec<Booking>| {
+        while !m.is_busy(1).unwrap() {
+            held.push(m.book(1, 0, 4).unwrap());
+            assert!(held.len() < 100, "never busy");
+        }
+        held.len()
+    };
+    // No report yet: the engine's 20 seats and a probe of one.
+    let mut held = Vec::new();
+    assert_eq!(book_until_busy(&mut held), 22);
+    assert_eq!(turned_busy(&m, "seats"), 1);
+    // A report late by the bookings made since shows 28 seated; the
+    // engine runs 20 at most, so 20 are learned, not 28.
+    held.extend((0..8).map(|_| m.book(1, 0, 4).unwrap()));
+    report_waiting(&m, 2);
+    held.truncate(19);
+    report_waiting(&m, 0);
+    assert!(!m.is_busy(1).unwrap());
+    assert_eq!(book_until_busy(&mut held), 22);
+    // A report may carry the engine's seats: fewer bound them at once.
+    held.truncate(9);
+    let fewer = LoadReport {
+        max_num_seqs: Some(10),
+        ..Default::default()
+    };
+    m.report(1, 0, &fewer).unwrap();
+    assert!(!m.is_busy(1).unwrap());
+    assert_eq!(book_until_busy(&mut held), 12);
 }
 
 #[test]

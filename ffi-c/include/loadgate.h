@@ -40,7 +40,7 @@
  * Minor version (additions; while the major version is 0, ABI-breaking
  * changes too, such as fields appended to a struct passed by pointer).
  */
-#define LOADGATE_VERSION_MINOR 3
+#define LOADGATE_VERSION_MINOR 4
 
 /**
  * Patch version (fixes).
@@ -379,6 +379,16 @@ typedef struct lg_worker_spec {
    * Prefill batch capacity of every rank.
    */
   uint64_t max_num_batched_tokens;
+  /**
+   * Whether max_num_seqs is given.
+   */
+  bool has_max_num_seqs;
+  /**
+   * Requests every rank's engine runs at once at most (its
+   * max_num_seqs; 0 is taken as not known). With an SLO set
+   * (lg_monitor_set_slo()), a rank's learned seats never pass it.
+   */
+  uint64_t max_num_seqs;
 } lg_worker_spec;
 
 /**
@@ -434,6 +444,15 @@ typedef struct lg_load_report {
    * Requests waiting in the engine's queue (UINT64_MAX is refused).
    */
   uint64_t waiting_requests;
+  /**
+   * Whether max_num_seqs is present.
+   */
+  bool has_max_num_seqs;
+  /**
+   * Requests the engine runs at once at most (its max_num_seqs; 0 is
+   * taken as not known).
+   */
+  uint64_t max_num_seqs;
 } lg_load_report;
 
 /**

@@ -207,6 +207,7 @@ pub unsafe extern "C" fn lg_reporter_new_with(
             config.dp_size = s.dp_size;
             config.kv_total_blocks = s.kv_total_blocks;
             config.max_num_batched_tokens = s.max_num_batched_tokens;
+            config.max_num_seqs = s.max_num_seqs;
         }
         // Checked before connecting, so a bad argument costs no connection
         // and is reported as such whatever the server's state.

@@ -55,7 +55,7 @@ pub use ticket::*;
 pub const LOADGATE_VERSION_MAJOR: u32 = 0;
 /// Minor version (additions; while the major version is 0, ABI-breaking
 /// changes too, such as fields appended to a struct passed by pointer).
-pub const LOADGATE_VERSION_MINOR: u32 = 3;
+pub const LOADGATE_VERSION_MINOR: u32 = 4;
 /// Patch version (fixes).
 pub const LOADGATE_VERSION_PATCH: u32 = 0;
 

@@ -165,6 +165,12 @@ pub struct lg_worker_spec {
     pub has_max_num_batched_tokens: bool,
     /// Prefill batch capacity of every rank.
     pub max_num_batched_tokens: u64,
+    /// Whether max_num_seqs is given.
+    pub has_max_num_seqs: bool,
+    /// Requests every rank's engine runs at once at most (its
+    /// max_num_seqs; 0 is taken as not known). With an SLO set
+    /// (lg_monitor_set_slo()), a rank's learned seats never pass it.
+    pub max_num_seqs: u64,
 }
 
 /// One load report for one rank. A field whose has_ flag is false keeps its
@@ -196,6 +202,11 @@ pub struct lg_load_report {
     pub has_waiting_requests: bool,
     /// Requests waiting in the engine's queue (UINT64_MAX is refused).
     pub waiting_requests: u64,
+    /// Whether max_num_seqs is present.
+    pub has_max_num_seqs: bool,
+    /// Requests the engine runs at once at most (its max_num_seqs; 0 is
+    /// taken as not known).
+    pub max_num_seqs: u64,
 }
 
 impl lg_load_report {
@@ -215,6 +226,7 @@ impl lg_load_report {
                 self.max_num_batched_tokens,
             ),
             waiting_requests: some_if(self.has_waiting_requests, self.waiting_requests),
+            max_num_seqs: some_if(self.has_max_num_seqs, self.max_num_seqs),
         }
     }
 }
@@ -230,6 +242,7 @@ impl lg_worker_spec {
                 self.has_max_num_batched_tokens,
                 self.max_num_batched_tokens,
             ),
+            max_num_seqs: some_if(self.has_max_num_seqs, self.max_num_seqs),
         }
     }
 }

@@ -81,6 +81,7 @@ enum Op {
         dp_size: u8,
         total: Option<Num>,
         mnbt: Option<Num>,
+        seats: Option<Num>,
     },
     Remove {
         id: u8,
@@ -94,6 +95,7 @@ enum Op {
         prefill: Option<Num>,
         mnbt: Option<Num>,
         waiting: Option<Num>,
+        seats: Option<Num>,
     },
     Set {
         model: u8,
@@ -149,6 +151,7 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
             dp_size,
             total,
             mnbt,
+            seats,
         } => {
             let model = usize::from(model) % MODELS.len();
             let id = u64::from(id) % IDS;
@@ -162,6 +165,7 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                 dp_size: u32::from(dp_size % 4),
                 kv_total_blocks: total.map(|n| n.0),
                 max_num_batched_tokens: mnbt.map(|n| n.0),
+                max_num_seqs: seats.map(|n| n.0),
             };
             let got = m.add_worker(MODELS[model], id, spec);
             assert_eq!(got, r.add_worker(model, id, spec), "add_worker");
@@ -179,6 +183,7 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
             prefill,
             mnbt,
             waiting,
+            seats,
         } => {
             let id = u64::from(id) % IDS;
             let rank = u32::from(rank);
@@ -189,6 +194,7 @@ fn step(m: &Monitor, clock: &ManualClock, r: &mut Reference, held: &mut Vec<Held
                 active_prefill_tokens: prefill.map(|n| n.0),
                 max_num_batched_tokens: mnbt.map(|n| n.0),
                 waiting_requests: waiting.map(|n| n.0),
+                max_num_seqs: seats.map(|n| n.0),
             };
             let got = m.report(id, rank, &report);
             let want = r.report(id, rank, &report);

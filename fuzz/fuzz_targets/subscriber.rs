@@ -71,6 +71,7 @@ impl<'a> Arbitrary<'a> for Message {
             kv_used_blocks: u.arbitrary()?,
             active_prefill_tokens: u.arbitrary()?,
             waiting_requests: u.arbitrary()?,
+            max_num_seqs: u.arbitrary()?,
         }))
     }
 }

@@ -66,6 +66,7 @@ fn message(u: &mut Unstructured<'_>) -> arbitrary::Result<LoadMessage> {
         kv_used_blocks: u64_field(u)?,
         active_prefill_tokens: u64_field(u)?,
         waiting_requests: u64_field(u)?,
+        max_num_seqs: u64_field(u)?,
     })
 }
 

@@ -112,6 +112,7 @@ class Monitor:
         dp_start: int = 0,
         kv_total_blocks: Optional[int] = None,
         max_num_batched_tokens: Optional[int] = None,
+        max_num_seqs: Optional[int] = None,
     ) -> None: ...
     def remove_worker(self, worker_id: int) -> None: ...
     def workers(self, model: str) -> List[int]: ...
@@ -127,6 +128,7 @@ class Monitor:
         kv_total_blocks: Optional[int] = None,
         max_num_batched_tokens: Optional[int] = None,
         waiting_requests: Optional[int] = None,
+        max_num_seqs: Optional[int] = None,
     ) -> None: ...
     def set_thresholds(
         self,
@@ -422,6 +424,7 @@ class Reporter:
         dp_start: int = 0,
         kv_total_blocks: Optional[int] = None,
         max_num_batched_tokens: Optional[int] = None,
+        max_num_seqs: Optional[int] = None,
         heartbeat: float = 1.0,
         dynamo: Optional[Tuple[str, str]] = None,
         user: Optional[str] = None,
@@ -443,6 +446,7 @@ class Reporter:
         kv_total_blocks: Optional[int] = None,
         max_num_batched_tokens: Optional[int] = None,
         waiting_requests: Optional[int] = None,
+        max_num_seqs: Optional[int] = None,
     ) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> Reporter: ...

@@ -363,8 +363,8 @@ pub struct Reporter {
 impl Reporter {
     #[new]
     #[pyo3(
-        signature = (url, worker_id, model, *, namespace = None, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, heartbeat = None, dynamo = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
-        text_signature = "(url, worker_id, model, *, namespace='default', dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, heartbeat=1.0, dynamo=None, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
+        signature = (url, worker_id, model, *, namespace = None, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, max_num_seqs = None, heartbeat = None, dynamo = None, user = None, password = None, token = None, credentials = None, tls_ca = None, tls_cert = None, tls_key = None, connect_timeout = None),
+        text_signature = "(url, worker_id, model, *, namespace='default', dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, max_num_seqs=None, heartbeat=1.0, dynamo=None, user=None, password=None, token=None, credentials=None, tls_ca=None, tls_cert=None, tls_key=None, connect_timeout=2.0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -377,6 +377,7 @@ impl Reporter {
         dp_start: Option<&Bound<'_, PyAny>>,
         kv_total_blocks: Option<&Bound<'_, PyAny>>,
         max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
+        max_num_seqs: Option<&Bound<'_, PyAny>>,
         heartbeat: Option<&Bound<'_, PyAny>>,
         dynamo: Option<&Bound<'_, PyAny>>,
         user: Option<&Bound<'_, PyAny>>,
@@ -417,6 +418,7 @@ impl Reporter {
             dp_size: dp_size.map_or(Ok(1), |v| u32_arg(v, "dp_size"))?,
             kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
             max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
+            max_num_seqs: opt_u64_arg(max_num_seqs, "max_num_seqs")?,
             heartbeat: heartbeat.map_or(Ok(DEFAULT_HEARTBEAT), |h| seconds_arg(h, "heartbeat"))?,
             ..PublisherConfig::new(worker_id, model.clone())
         };
@@ -435,8 +437,8 @@ impl Reporter {
     /// a present 0 overwrites) and returns at once; the change is sent by
     /// the reporter's thread.
     #[pyo3(
-        signature = (dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None, waiting_requests = None),
-        text_signature = "($self, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None, waiting_requests=None)"
+        signature = (dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None, waiting_requests = None, max_num_seqs = None),
+        text_signature = "($self, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None, waiting_requests=None, max_num_seqs=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn report(
@@ -448,6 +450,7 @@ impl Reporter {
         kv_total_blocks: Option<&Bound<'_, PyAny>>,
         max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
         waiting_requests: Option<&Bound<'_, PyAny>>,
+        max_num_seqs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let rank = dp_rank.map_or(Ok(0), |r| u32_arg(r, "dp_rank"))?;
         let report = LoadReport {
@@ -457,6 +460,7 @@ impl Reporter {
             active_prefill_tokens: opt_u64_arg(active_prefill_tokens, "active_prefill_tokens")?,
             max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
             waiting_requests: opt_u64_arg(waiting_requests, "waiting_requests")?,
+            max_num_seqs: opt_u64_arg(max_num_seqs, "max_num_seqs")?,
         };
         match lock(&self.publisher).as_ref() {
             Some(p) => p.report(rank, &report).map_err(report_error),

@@ -199,9 +199,10 @@ impl Monitor {
 
     /// Registers a worker of `model` with ranks `dp_start .. dp_start + dp_size`.
     #[pyo3(
-        signature = (model, worker_id, *, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None),
-        text_signature = "($self, model, worker_id, *, dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None)"
+        signature = (model, worker_id, *, dp_size = None, dp_start = None, kv_total_blocks = None, max_num_batched_tokens = None, max_num_seqs = None),
+        text_signature = "($self, model, worker_id, *, dp_size=1, dp_start=0, kv_total_blocks=None, max_num_batched_tokens=None, max_num_seqs=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn add_worker(
         &self,
         model: &Bound<'_, PyAny>,
@@ -210,6 +211,7 @@ impl Monitor {
         dp_start: Option<&Bound<'_, PyAny>>,
         kv_total_blocks: Option<&Bound<'_, PyAny>>,
         max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
+        max_num_seqs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let model = str_arg(model, "model")?;
         let id = u64_arg(worker_id, "worker_id")?;
@@ -218,6 +220,7 @@ impl Monitor {
             dp_start: dp_start.map_or(Ok(0), |v| u32_arg(v, "dp_start"))?,
             kv_total_blocks: opt_u64_arg(kv_total_blocks, "kv_total_blocks")?,
             max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
+            max_num_seqs: opt_u64_arg(max_num_seqs, "max_num_seqs")?,
         };
         self.inner
             .add_worker(&model, id, spec)
@@ -243,8 +246,8 @@ impl Monitor {
     /// Applies one load report to one rank; absent (`None`) fields keep
     /// their value, a present 0 overwrites.
     #[pyo3(
-        signature = (worker_id, dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None, waiting_requests = None),
-        text_signature = "($self, worker_id, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None, waiting_requests=None)"
+        signature = (worker_id, dp_rank = None, *, active_decode_blocks = None, kv_used_blocks = None, active_prefill_tokens = None, kv_total_blocks = None, max_num_batched_tokens = None, waiting_requests = None, max_num_seqs = None),
+        text_signature = "($self, worker_id, dp_rank=0, *, active_decode_blocks=None, kv_used_blocks=None, active_prefill_tokens=None, kv_total_blocks=None, max_num_batched_tokens=None, waiting_requests=None, max_num_seqs=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn report(
@@ -257,6 +260,7 @@ impl Monitor {
         kv_total_blocks: Option<&Bound<'_, PyAny>>,
         max_num_batched_tokens: Option<&Bound<'_, PyAny>>,
         waiting_requests: Option<&Bound<'_, PyAny>>,
+        max_num_seqs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = u64_arg(worker_id, "worker_id")?;
         let rank = dp_rank.map_or(Ok(0), |r| u32_arg(r, "dp_rank"))?;
@@ -267,6 +271,7 @@ impl Monitor {
             active_prefill_tokens: opt_u64_arg(active_prefill_tokens, "active_prefill_tokens")?,
             max_num_batched_tokens: opt_u64_arg(max_num_batched_tokens, "max_num_batched_tokens")?,
             waiting_requests: opt_u64_arg(waiting_requests, "waiting_requests")?,
+            max_num_seqs: opt_u64_arg(max_num_seqs, "max_num_seqs")?,
         };
         self.inner.report(id, rank, &report).map_err(report_error)
     }

@@ -34,7 +34,7 @@ UNAVAILABLE = [
 
 
 def test_version_and_status() -> None:
-    assert loadgate.__version__ == "0.3.0"
+    assert loadgate.__version__ == "0.4.0"
     assert loadgate.overload_status_code() == 529
     assert loadgate.REASON_HEADER == "x-loadgate-reason"
     # The public package exports every public constant of the native module.

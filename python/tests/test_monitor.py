@@ -108,6 +108,7 @@ def test_add_remove_workers_and_models(monitor: Monitor) -> None:
         (("m", 5), {"dp_start": 2**32 - 1, "dp_size": 2}, ValueError, "dp_start"),
         (("m", 5), {"kv_total_blocks": -5}, ValueError, "kv_total_blocks"),
         (("m", 5), {"max_num_batched_tokens": 1.5}, TypeError, "max_num_batched_tokens"),
+        (("m", 5), {"max_num_seqs": -1}, ValueError, "max_num_seqs"),
         # Sizes are bounded before anything is allocated (2**31 ranks were 120 GB).
         (("m", 5), {"dp_size": 2**31}, ValueError, "max_ranks_per_worker"),
         (("m", 5), {"dp_size": 2**32 - 1}, ValueError, "max_ranks_per_worker"),

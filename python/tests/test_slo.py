@@ -164,6 +164,31 @@ def test_an_enforced_verdict_marks_the_rank_busy_and_advisory_only_counts() -> N
     assert not m.is_busy(2)
 
 
+def test_the_engines_own_seats_bound_the_seats_a_late_report_teaches() -> None:
+    m, _ = fleet()
+    m.add_worker("m", 2, kv_total_blocks=1_000_000, max_num_seqs=20)
+    m.set_slo("m", ttft=2.0, tpot=0.1)
+    held = [m.book(2, 0, 4) for _ in range(30)]
+    # A late report counts the last bookings as seated (28), but the
+    # engine runs 20 at most: the rank holds at 20 and a probe of one.
+    m.report(2, waiting_requests=2)
+    del held[19:]
+    m.report(2, waiting_requests=0)
+    assert not m.is_busy(2)
+    while not m.is_busy(2):
+        held.append(m.book(2, 0, 4))
+        assert len(held) < 100, "never busy"
+    assert len(held) == 22
+    # A report may carry the engine's seats too.
+    del held[9:]
+    m.report(2, max_num_seqs=10)
+    while not m.is_busy(2):
+        held.append(m.book(2, 0, 4))
+    assert len(held) == 12
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        m.report(2, max_num_seqs=-1)
+
+
 def test_the_slo_pair_in_the_environment_is_every_new_models(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOADGATE_SLO_TTFT", "1.5")
     monkeypatch.setenv("LOADGATE_SLO_TPOT", "0.05")

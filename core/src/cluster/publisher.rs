@@ -32,6 +32,9 @@ pub struct PublisherConfig {
     pub kv_total_blocks: Option<u64>,
     /// Prefill batch capacity per rank, if known.
     pub max_num_batched_tokens: Option<u64>,
+    /// Requests each rank's engine runs at once at most (its
+    /// `max_num_seqs`), if known.
+    pub max_num_seqs: Option<u64>,
     /// Period of the full re-send.
     pub heartbeat: Duration,
     /// Bounds on the declaration (model name length, ranks); by default
@@ -75,6 +78,7 @@ impl PublisherConfig {
             dp_size: 1,
             kv_total_blocks: None,
             max_num_batched_tokens: None,
+            max_num_seqs: None,
             heartbeat: DEFAULT_HEARTBEAT,
             limits: Limits::default(),
             format: WireFormat::Loadgate,
@@ -294,6 +298,7 @@ fn merge(into: &mut LoadReport, new: &LoadReport) {
     set(&mut into.active_prefill_tokens, new.active_prefill_tokens);
     set(&mut into.max_num_batched_tokens, new.max_num_batched_tokens);
     set(&mut into.waiting_requests, new.waiting_requests);
+    set(&mut into.max_num_seqs, new.max_num_seqs);
 }
 
 /// Wall-clock time in unix milliseconds, for the reference envelope's
@@ -356,6 +361,7 @@ impl PublisherInner {
                     kv_used_blocks: load.kv_used_blocks,
                     active_prefill_tokens: load.active_prefill_tokens,
                     waiting_requests: load.waiting_requests,
+                    max_num_seqs: load.max_num_seqs.or(c.max_num_seqs),
                 });
             }
             out

@@ -392,6 +392,7 @@ impl Subscriber {
             dp_size: msg.dp_size,
             kv_total_blocks: msg.report.kv_total_blocks,
             max_num_batched_tokens: msg.report.max_num_batched_tokens,
+            max_num_seqs: msg.report.max_num_seqs,
         };
         match self.monitor.add_worker(&msg.model, msg.worker_id, spec) {
             // Registered locally by the embedding application: adopt it.

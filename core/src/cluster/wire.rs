@@ -74,6 +74,10 @@ pub struct LoadMessage {
     /// readers that predate the field see the same bytes as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_requests: Option<u64>,
+    /// Requests the rank's engine runs at once at most (its
+    /// `max_num_seqs`). Skipped when absent, as `waiting_requests`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_num_seqs: Option<u64>,
 }
 
 impl LoadMessage {
@@ -86,6 +90,7 @@ impl LoadMessage {
             active_prefill_tokens: self.active_prefill_tokens,
             max_num_batched_tokens: self.max_num_batched_tokens,
             waiting_requests: self.waiting_requests,
+            max_num_seqs: self.max_num_seqs,
         }
     }
 
@@ -208,6 +213,7 @@ struct AnyPayload<'a> {
     kv_used_blocks: Option<u64>,
     active_prefill_tokens: Option<u64>,
     waiting_requests: Option<u64>,
+    max_num_seqs: Option<u64>,
     // The reference event-plane envelope (`published_at` is not needed, so
     // not read).
     publisher_id: Option<u64>,
@@ -265,6 +271,7 @@ impl LoadRef<'_> {
             kv_used_blocks: self.report.kv_used_blocks,
             active_prefill_tokens: self.report.active_prefill_tokens,
             waiting_requests: self.report.waiting_requests,
+            max_num_seqs: self.report.max_num_seqs,
         }
     }
 }
@@ -352,6 +359,7 @@ pub(crate) fn decode_ref(bytes: &[u8]) -> Result<DecodedRef<'_>, WireError> {
             active_prefill_tokens: any.active_prefill_tokens,
             max_num_batched_tokens: any.max_num_batched_tokens,
             waiting_requests: any.waiting_requests,
+            max_num_seqs: any.max_num_seqs,
         },
     };
     validate(&msg)?;
@@ -363,7 +371,7 @@ pub(crate) fn decode_ref(bytes: &[u8]) -> Result<DecodedRef<'_>, WireError> {
 /// serde. Anything else returns `None` and the serde path decides, with its
 /// precise error.
 fn decode_msgpack_fast(bytes: &[u8]) -> Option<AnyPayload<'_>> {
-    const KEYS: [&[u8]; 14] = [
+    const KEYS: [&[u8]; 15] = [
         b"v",
         b"instance",
         b"seq",
@@ -378,6 +386,7 @@ fn decode_msgpack_fast(bytes: &[u8]) -> Option<AnyPayload<'_>> {
         b"kv_used_blocks",
         b"active_prefill_tokens",
         b"waiting_requests",
+        b"max_num_seqs",
     ];
     let mut rd = bytes;
     let entries = take_map_len(&mut rd)?;
@@ -414,7 +423,8 @@ fn decode_msgpack_fast(bytes: &[u8]) -> Option<AnyPayload<'_>> {
             10 => any.active_decode_blocks = value,
             11 => any.kv_used_blocks = value,
             12 => any.active_prefill_tokens = value,
-            _ => any.waiting_requests = value,
+            13 => any.waiting_requests = value,
+            _ => any.max_num_seqs = value,
         }
     }
     rd.is_empty().then_some(any)
@@ -526,6 +536,7 @@ mod tests {
             kv_used_blocks: Some(10),
             active_prefill_tokens: Some(0),
             waiting_requests: None,
+            max_num_seqs: None,
         }
     }
 
@@ -572,6 +583,25 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn the_engines_seats_travel_only_when_given() {
+        let mut m = message();
+        assert!(
+            !m.to_msgpack().windows(12).any(|w| w == b"max_num_seqs"),
+            "absent, so a reader that predates the field sees the old bytes"
+        );
+        m.max_num_seqs = Some(256);
+        let bytes = m.to_msgpack();
+        assert!(decode_msgpack_fast(&bytes).is_some());
+        assert_eq!(decode(&bytes), Ok(Decoded::Load(m.clone())));
+        assert_eq!(decode(&m.to_json()), Ok(Decoded::Load(m.clone())));
+        assert_eq!(m.report().max_num_seqs, Some(256));
+        let Ok(Decoded::Load(back)) = decode(&bytes) else {
+            unreachable!("decoded above")
+        };
+        assert_eq!(back.report().max_num_seqs, Some(256));
+    }
+
     /// Whenever the fast path accepts a payload, serde reads the same from it.
     fn fast_path_agrees_with_serde(bytes: &[u8]) {
         if let Some(fast) = decode_msgpack_fast(bytes) {
@@ -614,6 +644,7 @@ mod tests {
                 kv_used_blocks: v[3],
                 active_prefill_tokens: v[4],
                 waiting_requests: v[5],
+                max_num_seqs: None,
             };
             let bytes = m.to_msgpack();
             assert!(decode_msgpack_fast(&bytes).is_some(), "{m:?}");

@@ -85,6 +85,7 @@ struct Card {
 struct RuntimeConfig {
     total_kv_blocks: Option<u64>,
     max_num_batched_tokens: Option<u64>,
+    max_num_seqs: Option<u64>,
     data_parallel_start_rank: Option<u32>,
     data_parallel_size: Option<u32>,
 }
@@ -109,6 +110,7 @@ pub fn parse_card(key: &str, value: &[u8]) -> Result<DiscoveredWorker, CardError
         dp_size: rc.data_parallel_size.unwrap_or(1),
         kv_total_blocks: rc.total_kv_blocks,
         max_num_batched_tokens: rc.max_num_batched_tokens,
+        max_num_seqs: rc.max_num_seqs,
     };
     Ok(DiscoveredWorker {
         model: record.card_json.display_name,
@@ -126,7 +128,7 @@ mod tests {
 
     const CARD: &str = r#"{"type":"Model","namespace":"dynamo","component":"backend",
         "endpoint":"generate","instance_id":255,"card_json":{"display_name":"tiny",
-        "runtime_config":{"total_kv_blocks":64,"max_num_batched_tokens":8192,
+        "runtime_config":{"total_kv_blocks":64,"max_num_batched_tokens":8192,"max_num_seqs":256,
         "data_parallel_start_rank":0,"data_parallel_size":2,"future_field":[1]}}}"#;
 
     #[test]
@@ -137,6 +139,7 @@ mod tests {
         assert_eq!(w.spec.dp_size, 2);
         assert_eq!(w.spec.kv_total_blocks, Some(64));
         assert_eq!(w.spec.max_num_batched_tokens, Some(8192));
+        assert_eq!(w.spec.max_num_seqs, Some(256));
     }
 
     #[test]

@@ -235,6 +235,10 @@ pub(super) struct RankSlo {
     /// The engine's seats as learned (`predict.rs`, `seats`; 0: none seen
     /// full yet); its publisher's.
     pub(super) seats: AtomicU64,
+    /// The seats the engine has (its `max_num_seqs`), as declared or last
+    /// reported (0: not known): the learned seats never pass them, and
+    /// before any are learned they are the seats (`predict.rs`, `seats`).
+    pub(super) engine_seats: AtomicU64,
     /// How far past its seats the rank is booked until the next report
     /// (`predict.rs`, `seat_probe`); its publisher's.
     pub(super) probe: AtomicU64,
@@ -267,7 +271,8 @@ pub(super) struct RankSlo {
 }
 
 impl RankSlo {
-    pub(super) fn new() -> Self {
+    /// A rank's, its engine's seats `engine_seats` (0: not known).
+    pub(super) fn new(engine_seats: u64) -> Self {
         Self {
             coefficients: Default::default(),
             trusted: AtomicBool::new(false),
@@ -278,6 +283,7 @@ impl RankSlo {
             fit: OnceLock::new(),
             mean_prefill: AtomicU64::new(0),
             seats: AtomicU64::new(0),
+            engine_seats: AtomicU64::new(engine_seats),
             probe: AtomicU64::new(1),
             reported_at: AtomicU64::new(0),
             reported: AtomicBool::new(false),

@@ -228,7 +228,11 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// for seats does); while two reports running show none waiting, at least
 /// the lesser of the bookings at the two (an engine reports what its last
 /// step's scheduling left, so the bookings since are not in a report
-/// yet). Until the next report a rank is booked at most a probe past them
+/// yet). The seats never pass the engine's own (its `max_num_seqs`, when
+/// declared or reported), which are the seats until some are learned: a
+/// late report, counting bookings made after it as seated, cannot teach
+/// more than the engine runs. Until the next report a rank is booked at
+/// most a probe past them
 /// ([`seat_probe`]): one the next reports confirm or refuse, so a request
 /// booked past the engine's seats waits for no more than a probe's seats
 /// to free. A rank the waiting or the probe made busy stays so until its
@@ -238,6 +242,11 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
     // by a report, released to the publisher by the combiner).
     let booked = slo.bookings.load(Ordering::Relaxed);
     let waiting = l.waiting_requests.unwrap_or(0);
+    let engine = slo.engine_seats.load(Ordering::Relaxed);
+    let bounded = |seats: u64| match engine {
+        0 => seats,
+        _ => seats.min(engine),
+    };
     // A plain load first: most publications follow a booking, not a report.
     if slo.reported.load(Ordering::Relaxed) && slo.reported.swap(false, Ordering::Relaxed) {
         let known = slo.seats.load(Ordering::Relaxed);
@@ -250,7 +259,7 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
         };
         let seated_before = slo.seated.swap(seated, Ordering::Relaxed);
         let some_seated = |s: u64| s != 0 && s != NO_CLEAN_REPORT;
-        let learned = if some_seated(seated) && some_seated(seated_before) {
+        let learned = bounded(if some_seated(seated) && some_seated(seated_before) {
             seated
         } else if waiting > 0 {
             known.max(seated.max(1))
@@ -258,16 +267,19 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
             known.max(booked.min(before))
         } else {
             known
-        };
+        });
         if learned != known {
             slo.seats.store(learned, Ordering::Relaxed);
         }
         let now = clock.now();
         let since = now.saturating_sub(slo.reported_at.swap(now, Ordering::Relaxed));
-        let probe = seat_probe(learned, since, t.ttft);
+        let probe = seat_probe(if learned == 0 { engine } else { learned }, since, t.ttft);
         slo.probe.store(probe, Ordering::Relaxed);
     }
-    let seats = slo.seats.load(Ordering::Relaxed);
+    let seats = match slo.seats.load(Ordering::Relaxed) {
+        0 => engine,
+        learned => bounded(learned),
+    };
     // None seated: the waiting are not the rank's bookings to count out.
     let seated = slo.seated.load(Ordering::Relaxed);
     if seated == 0 || booked > seated {

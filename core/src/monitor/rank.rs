@@ -73,7 +73,7 @@ impl Rank {
             last_seen: AtomicU64::new(now),
             own_blocks: AtomicU64::new(0),
             own_prefill: AtomicU64::new(0),
-            slo: RankSlo::new(),
+            slo: RankSlo::new(spec.max_num_seqs.unwrap_or(0)),
         }
     }
 
@@ -116,6 +116,7 @@ impl Rank {
         store(&self.active_prefill_tokens, r.active_prefill_tokens);
         store(&self.max_num_batched_tokens, r.max_num_batched_tokens);
         store(&self.waiting_requests, r.waiting_requests);
+        store(&self.slo.engine_seats, r.max_num_seqs);
         // Relaxed: `seen` is a flag for the next sweep, which orders nothing
         // by it; a report racing the sweep is seen by the one after.
         self.seen.store(true, Ordering::Relaxed);

@@ -171,6 +171,7 @@ pub fn message(worker_id: u64) -> LoadMessage {
         kv_used_blocks: Some(10),
         active_prefill_tokens: None,
         waiting_requests: None,
+        max_num_seqs: None,
     }
 }
 

@@ -33,6 +33,7 @@ int main(void) {
     test_monitor();
     test_monitor_waiting_requests();
     test_monitor_slo();
+    test_monitor_slo_engine_seats();
     test_scrape();
     test_discovery();
     test_busy_threshold_auth();

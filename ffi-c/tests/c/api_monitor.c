@@ -668,3 +668,45 @@ void test_monitor_slo(void) {
     OK(lg_monitor_set_slo(m, S("llama"), NULL)); /* cleared */
     lg_monitor_free(m);
 }
+
+/* With an SLO enforced, a rank's seats never pass its engine's own
+ * (lg_worker_spec.max_num_seqs, or a report's), which stand for them until
+ * any are learned: 3 seats and a probe of one, so busy at the fifth
+ * booking; after a report of 2 seats, at the fourth. */
+void test_monitor_slo_engine_seats(void) {
+    lg_monitor *m = NULL;
+    OK(lg_monitor_new(NULL, &m));
+    lg_worker_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.dp_size = 1;
+    spec.has_kv_total_blocks = true;
+    spec.kv_total_blocks = 1000;
+    spec.has_max_num_seqs = true;
+    spec.max_num_seqs = 3;
+    OK(lg_monitor_add_worker(m, S("llama"), 5, &spec));
+    lg_slo slo = {2.0, 0.1, false};
+    OK(lg_monitor_set_slo(m, S("llama"), &slo));
+    lg_booking *held[8] = {NULL};
+    size_t n = 0;
+    bool busy = false;
+    while (!busy && n < 8) {
+        OK(lg_monitor_book(m, 5, 0, 4, &held[n++]));
+        OK(lg_monitor_is_busy(m, 5, &busy));
+    }
+    CHECK(busy && n == 5);
+    while (n > 2) lg_booking_free(held[--n]);
+    OK(lg_monitor_is_busy(m, 5, &busy));
+    CHECK(!busy);
+    lg_load_report report;
+    memset(&report, 0, sizeof report);
+    report.has_max_num_seqs = true;
+    report.max_num_seqs = 2;
+    OK(lg_monitor_report(m, 5, 0, &report));
+    while (!busy && n < 8) {
+        OK(lg_monitor_book(m, 5, 0, 4, &held[n++]));
+        OK(lg_monitor_is_busy(m, 5, &busy));
+    }
+    CHECK(busy && n == 4);
+    while (n > 0) lg_booking_free(held[--n]);
+    lg_monitor_free(m);
+}

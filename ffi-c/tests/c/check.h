@@ -81,6 +81,7 @@ void test_monitor_config(void);
 void test_monitor(void);
 void test_monitor_waiting_requests(void);
 void test_monitor_slo(void);
+void test_monitor_slo_engine_seats(void);
 
 /* api_discovery.c: workers from engine scraping and Dynamo's discovery. */
 void test_scrape(void);

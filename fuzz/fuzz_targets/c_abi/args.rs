@@ -112,6 +112,7 @@ pub struct Spec {
     pub dp_size: u8,
     pub total: Option<Small>,
     pub mnbt: Option<Small>,
+    pub seats: Option<Small>,
 }
 
 #[derive(Debug, Default, Arbitrary)]
@@ -122,6 +123,7 @@ pub struct Report {
     pub prefill: Option<Small>,
     pub mnbt: Option<Small>,
     pub waiting: Option<Small>,
+    pub seats: Option<Small>,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -198,6 +200,8 @@ pub fn worker_spec(s: &Spec) -> lg_worker_spec {
         kv_total_blocks: s.total.map_or(0, |v| v.0),
         has_max_num_batched_tokens: s.mnbt.is_some(),
         max_num_batched_tokens: s.mnbt.map_or(0, |v| v.0),
+        has_max_num_seqs: s.seats.is_some(),
+        max_num_seqs: s.seats.map_or(0, |v| v.0),
     }
 }
 
@@ -215,5 +219,7 @@ pub fn worker_report(r: &Report) -> lg_load_report {
         max_num_batched_tokens: r.mnbt.map_or(0, |v| v.0),
         has_waiting_requests: r.waiting.is_some(),
         waiting_requests: r.waiting.map_or(0, |v| v.0),
+        has_max_num_seqs: r.seats.is_some(),
+        max_num_seqs: r.seats.map_or(0, |v| v.0),
     }
 }

@@ -234,8 +234,10 @@ pub(super) fn section(m: &Matrix) -> String {
          while its predicted time to first token or per output token, with the fit's error as \
          headroom, misses the SLO, or while requests its engine reported waiting for a seat have not \
          all been seated (as many of its bookings have ended since), or while its bookings pass \
-         the seats its reports showed by more than a probe (a 64th of them per tenth of a second \
-         between reports, up to an eighth; a 64th when two intervals exceed the TTFT target). \
+         the seats its reports showed, never more than the engine's own (the workers declare \
+         their `max_num_seqs`, as a Dynamo worker's card does) and those until any are learned, by \
+         more than a probe (a 64th of them per tenth of a second between reports, up to an eighth; \
+         a 64th when two intervals exceed the TTFT target). \
          Power-of-two routing compares the two picks' slack. A request no rank can take waits in \
          the frontend queue only if twice its predicted wait (the requests ahead over the drain \
          measured over the budget, less what more important requests take, and no less than what \

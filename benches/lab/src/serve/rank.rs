@@ -179,6 +179,7 @@ impl Rank {
             active_prefill_tokens: Some(s.active_prefill_tokens),
             max_num_batched_tokens: Some(s.max_num_batched_tokens),
             waiting_requests: Some(s.num_requests_waiting),
+            max_num_seqs: Some(u64::from(st.engine.config().max_num_seqs)),
         };
         // The rank is declared and the values are the engine's own counts:
         // a refusal would be a bug in the declaration, not a runtime state.

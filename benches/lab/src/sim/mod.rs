@@ -375,6 +375,7 @@ impl<'a> Sim<'a> {
                         dp_size: c.dp_size,
                         kv_total_blocks: Some(u64::from(engine.num_gpu_blocks)),
                         max_num_batched_tokens: Some(u64::from(engine.max_num_batched_tokens)),
+                        max_num_seqs: Some(u64::from(engine.max_num_seqs)),
                     };
                     for f in &fronts {
                         f.monitor
@@ -385,6 +386,7 @@ impl<'a> Sim<'a> {
                     pc.dp_size = c.dp_size;
                     pc.kv_total_blocks = spec.kv_total_blocks;
                     pc.max_num_batched_tokens = spec.max_num_batched_tokens;
+                    pc.max_num_seqs = spec.max_num_seqs;
                     Some(
                         Publisher::new(pc, bus.clone(), &subjects, shared.clone())
                             .map_err(|e| e.to_string())?,
