@@ -15,7 +15,7 @@
 //! frontend.
 //!
 //! Messages travel over a [`Transport`]: [`InProcessBus`] (the embedded
-//! default) or, with the `nats` feature, [`nats::NatsTransport`] (NATS core
+//! default) or, with the `nats` feature, `nats::NatsTransport` (NATS core
 //! pub/sub). Subjects are `{prefix}.{namespace}.load.{worker_id}`.
 //!
 //! Files: `transport.rs` (subjects, the [`Transport`] trait, the in-process

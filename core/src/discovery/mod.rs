@@ -3,9 +3,10 @@
 //!
 //! Each Dynamo worker writes its model card under `v1/mdc/` in the store
 //! ([`parse_card`] reads one): the model it serves, its instance id (the
-//! `worker_id` of its load events), its data-parallel ranks, its KV blocks
-//! and its prefill batch size. With feature `etcd`, [`etcd::EtcdDiscovery`]
-//! watches the cards in etcd (Dynamo's default backend), where leases
+//! `worker_id` of its load events), its data-parallel ranks, its KV blocks,
+//! its prefill batch size and its seats (`max_num_seqs`). With feature
+//! `etcd`, `etcd::EtcdDiscovery` watches the cards in etcd (Dynamo's
+//! default backend), where leases
 //! remove a dead worker's card. [`FileDiscovery`] watches the file backend's
 //! directory (`DYN_FILE_KV`, else `$TMPDIR/dynamo_store_kv`, as Dynamo
 //! chooses it): a card that appears registers its worker in the monitor, a

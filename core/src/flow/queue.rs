@@ -523,7 +523,7 @@ impl<T> FlowQueue<T> {
     /// ([`Duration::MAX`] when they take it all). Each rate is measured
     /// over the `horizon` before `now` (the wait the prediction is for: a
     /// drain that comes in bursts is seen whole), and the difference is
-    /// taken [`RATE_SPREADS`] standard deviations low (counts taken as
+    /// taken `RATE_SPREADS` (`drain.rs`) standard deviations low (counts taken as
     /// Poisson): a small share left by large rates is uncertain, and a
     /// wait predicted from it long. It is never shorter than what remains
     /// of the drain's longest pause over four horizons before `now`: a

@@ -32,7 +32,7 @@
 //! a handoff yet, the next slot goes to the newest waiter in a cell. The
 //! handoff *reserves* the slot (CAS `running + 1` while a slot is free and
 //! waiters are counted) instead of promising it, then makes the leave that
-//! displacement makes from the newest end ([`Fifo::grant_newest`]), ending
+//! displacement makes from the newest end (`Fifo::grant_newest`), ending
 //! in a grant: the waiter gives its place back as a cancel does, or, if
 //! every counted waiter was promised a slot already, refuses the one on its
 //! way (its resumer releases it). A promise would not do: a cancel that
@@ -500,7 +500,7 @@ impl<D: Detached> RawGate<D> {
 
     /// Leaves `detached` in the cell of queued waiter `id` (pushed as
     /// [`Waiter::Later`]) and makes it detached, so that whoever resolves it
-    /// tells `detached` (`fifo.rs`, [`Fifo::detach`]). If it was resolved
+    /// tells `detached` (`fifo.rs`, `Fifo::detach`). If it was resolved
     /// first, its outcome (the cell is freed, a grant is the caller's slot)
     /// and `detached` back.
     pub(super) fn arm(
