@@ -346,18 +346,20 @@ fn report_waiting(m: &Monitor, waiting: u64) {
     m.report(1, 0, &r).unwrap();
 }
 
+/// Books worker 1 until it is busy: how many it holds then.
+fn book_until_busy(m: &Monitor, held: &mut Vec<Booking>) -> usize {
+    while !m.is_busy(1).unwrap() {
+        held.push(m.book(1, 0, 4).unwrap());
+        assert!(held.len() < 100, "never busy");
+    }
+    held.len()
+}
+
 #[test]
 fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
     let (m, _) = monitor(1_000_000);
     m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
     let report = |waiting| report_waiting(&m, waiting);
-    let book_until_busy = |held: &mut Vec<Booking>| {
-        while !m.is_busy(1).unwrap() {
-            held.push(m.book(1, 0, 4).unwrap());
-            assert!(held.len() < 100, "never busy");
-        }
-        held.len()
-    };
     let mut held: Vec<Booking> = (0..22).map(|_| m.book(1, 0, 4).unwrap()).collect();
     // Two of the 22 wait: the engine has 20 seats, and the rank takes
     // nothing while any waits.
@@ -368,7 +370,7 @@ fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
     assert!(!m.is_busy(1).unwrap());
     // Between reports the bookings pass the 20 seats by one probe (a
     // 64th of them, at least one).
-    assert_eq!(book_until_busy(&mut held), 22);
+    assert_eq!(book_until_busy(&m, &mut held), 22);
     assert_eq!(
         (turned_busy(&m, "waiting"), turned_busy(&m, "seats")),
         (1, 1)
@@ -380,20 +382,13 @@ fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
     report(0);
     held.pop();
     assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&mut held), 24);
+    assert_eq!(book_until_busy(&m, &mut held), 24);
 }
 
 #[test]
 fn two_reports_running_of_waiting_set_the_seats_to_those_seated_fewer_too() {
     let (m, _) = monitor(1_000_000);
     m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    let book_until_busy = |held: &mut Vec<Booking>| {
-        while !m.is_busy(1).unwrap() {
-            held.push(m.book(1, 0, 4).unwrap());
-            assert!(held.len() < 100, "never busy");
-        }
-        held.len()
-    };
     let settle = |held: &mut Vec<Booking>, to: usize| {
         held.truncate(to);
         report_waiting(&m, 0);
@@ -407,28 +402,21 @@ fn two_reports_running_of_waiting_set_the_seats_to_those_seated_fewer_too() {
     settle(&mut held, 54);
     report_waiting(&m, 3);
     settle(&mut held, 50);
-    assert_eq!(book_until_busy(&mut held), 57);
+    assert_eq!(book_until_busy(&m, &mut held), 57);
     // The second of two running sets them, fewer too: 52.
     report_waiting(&m, 5);
     report_waiting(&m, 5);
     settle(&mut held, 51);
-    assert_eq!(book_until_busy(&mut held), 54);
+    assert_eq!(book_until_busy(&m, &mut held), 54);
 }
 
 #[test]
 fn the_engines_own_seats_bound_those_learned_and_stand_for_them_until_then() {
     let (m, _) = monitor_of(1_000_000, Some(20));
     m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    let book_until_busy = |held: &mut Vec<Booking>| {
-        while !m.is_busy(1).unwrap() {
-            held.push(m.book(1, 0, 4).unwrap());
-            assert!(held.len() < 100, "never busy");
-        }
-        held.len()
-    };
     // No report yet: the engine's 20 seats and a probe of one.
     let mut held = Vec::new();
-    assert_eq!(book_until_busy(&mut held), 22);
+    assert_eq!(book_until_busy(&m, &mut held), 22);
     assert_eq!(turned_busy(&m, "seats"), 1);
     // A report late by the bookings made since shows 28 seated; the
     // engine runs 20 at most, so 20 are learned, not 28.
@@ -437,7 +425,7 @@ fn the_engines_own_seats_bound_those_learned_and_stand_for_them_until_then() {
     held.truncate(19);
     report_waiting(&m, 0);
     assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&mut held), 22);
+    assert_eq!(book_until_busy(&m, &mut held), 22);
     // A report may carry the engine's seats: fewer bound them at once.
     held.truncate(9);
     let fewer = LoadReport {
@@ -446,7 +434,7 @@ fn the_engines_own_seats_bound_those_learned_and_stand_for_them_until_then() {
     };
     m.report(1, 0, &fewer).unwrap();
     assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&mut held), 12);
+    assert_eq!(book_until_busy(&m, &mut held), 12);
 }
 
 #[test]
