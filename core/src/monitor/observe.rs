@@ -271,7 +271,8 @@ pub(super) struct RankSlo {
 }
 
 impl RankSlo {
-    /// A rank's, its engine's seats `engine_seats` (0: not known).
+    /// A rank's state, its engine running `engine_seats` requests at most
+    /// (0: not known).
     pub(super) fn new(engine_seats: u64) -> Self {
         Self {
             coefficients: Default::default(),

@@ -238,8 +238,9 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// to free. A rank the waiting or the probe made busy stays so until its
 /// bookings are under its seats. Called by the worker's publisher only.
 fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64, BusyTerm) {
-    // Relaxed: a count, and the publisher's own state (`reported` is set
-    // by a report, released to the publisher by the combiner).
+    // Relaxed: a count, and the publisher's own state (`reported` and
+    // `engine_seats` are set by a report, released to the publisher by the
+    // combiner).
     let booked = slo.bookings.load(Ordering::Relaxed);
     let waiting = l.waiting_requests.unwrap_or(0);
     let engine = slo.engine_seats.load(Ordering::Relaxed);
