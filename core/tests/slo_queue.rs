@@ -77,8 +77,10 @@ fn seat_wait(m: &Monitor, id: u64, waiting: u64) {
     m.report(id, 0, &report).unwrap();
 }
 
-/// 101 requests sent at once, 10 ms apart, each released at once: the
-/// queue drains 101 in the second before now (the last sent).
+/// 101 requests sent at once, 10 ms apart, each released at once, with
+/// the maintenance after each: the queue drains 101 in the second before
+/// now (the last sent), and 100 bookings end after the maintenance's
+/// first sample.
 fn drain_at_a_hundred_a_second(m: &Monitor, clock: &ManualClock, priority: u8) {
     for i in 0..101 {
         if i > 0 {
@@ -91,6 +93,7 @@ fn drain_at_a_hundred_a_second(m: &Monitor, clock: &ManualClock, priority: u8) {
         let mut d = m.dispatch("m", &request);
         let sent = poll(&mut d).expect("sent at once").expect("a free worker");
         sent.complete(1);
+        m.maintain();
     }
 }
 
@@ -110,10 +113,11 @@ fn arrive(m: &Monitor, n: usize) -> Vec<Dispatching> {
     (0..n).map(|_| m.dispatch("m", &request())).collect()
 }
 
-// The numbers below: over a budget of 1 s the drain is 101 ± 10 a
-// second; taken two standard deviations low, 80.9. A request with `k`
-// ahead is predicted to wait (k + 1) / 80.9 s, and waits if twice that
-// fits the budget: 40 may wait, the 41st may not.
+// The numbers below: over a budget of 1 s the dispatches are 101 ± 10 a
+// second and the bookings that ended 100 ± 10; taken two standard
+// deviations low, the lesser is 80. A request with `k` ahead is predicted
+// to wait (k + 1) / 80 s, and waits if twice that fits the budget: 40 may
+// wait, the 41st may not.
 
 #[test]
 fn a_wait_predicted_past_the_budget_is_refused_at_once() {
@@ -168,6 +172,71 @@ fn a_drain_in_bursts_is_waited_for_through_its_pause() {
     let mut d = m.dispatch("m", &request());
     assert_eq!(
         poll(&mut d).expect("decided at once").unwrap_err(),
+        FlowRejection::QueueDeadline
+    );
+    assert_eq!(m.slo_counts("m").unwrap().refused_late, 1);
+}
+
+#[test]
+fn a_wait_is_predicted_by_the_rate_bookings_end_not_the_dispatches_while_ranks_were_free() {
+    let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
+    // The fleet filling: 101 sent at once over a second, as fast as the
+    // queue would drain at a hundred a second, but only every other one
+    // ends; the others stay (their prompts done).
+    let mut held = Vec::new();
+    for i in 0..101 {
+        if i > 0 {
+            clock.advance(Duration::from_millis(10));
+        }
+        let mut d = m.dispatch("m", &request());
+        let mut sent = poll(&mut d).expect("sent at once").expect("a free worker");
+        if i % 2 == 0 {
+            sent.complete(1);
+        } else {
+            sent.prefill_done();
+            held.push(sent);
+        }
+        m.maintain();
+    }
+    seat_wait(&m, 1, 1);
+    // By the dispatches 40 would wait (the tests above). Room frees at
+    // 50 ± 7.1 a second (the first ended before the maintenance's first
+    // sample), 35.9 taken low: 17 may wait, the 18th may not.
+    let text = m.metrics_text();
+    assert!(text.contains("frontend_slo_bookings_ended_per_second{model=\"m\"} 50\n"));
+    let mut waiting = arrive(&m, 17);
+    assert!(waiting.iter_mut().all(|d| poll(d).is_none()), "17 wait");
+    let mut late = m.dispatch("m", &request());
+    assert_eq!(
+        poll(&mut late).expect("decided at once").unwrap_err(),
+        FlowRejection::QueueDeadline
+    );
+    assert_eq!(m.slo_counts("m").unwrap().refused_late, 1);
+    drop(held);
+}
+
+#[test]
+fn before_two_bookings_end_only_a_request_with_none_ahead_waits() {
+    let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
+    // 101 sent over a second, none ended yet: the drain a wait will see
+    // is not known.
+    let mut held = Vec::new();
+    for i in 0..101 {
+        if i > 0 {
+            clock.advance(Duration::from_millis(10));
+        }
+        let mut d = m.dispatch("m", &request());
+        let mut sent = poll(&mut d).expect("sent at once").expect("a free worker");
+        sent.prefill_done();
+        held.push(sent);
+        m.maintain();
+    }
+    seat_wait(&m, 1, 1);
+    let mut first = m.dispatch("m", &request());
+    assert!(poll(&mut first).is_none(), "none ahead: it waits");
+    let mut second = m.dispatch("m", &request());
+    assert_eq!(
+        poll(&mut second).expect("decided at once").unwrap_err(),
         FlowRejection::QueueDeadline
     );
     assert_eq!(m.slo_counts("m").unwrap().refused_late, 1);

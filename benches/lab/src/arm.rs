@@ -149,8 +149,9 @@ impl ArmKind {
                  reserved in the KV from the answers' learned lengths, and a rank busy while its \
                  predicted time to first token or per output token misses the SLO or its bookings \
                  fill its KV; power-of-two routing by the predictions' slack; a request no rank can \
-                 take waits in the frontend queue only while its measured drain predicts a dispatch \
-                 in time for the TTFT target, else hears 529 at once. Router bookings, no threshold \
+                 take waits in the frontend queue only while its measured drain (the lesser of the \
+                 queue's dispatches and the bookings that ended) predicts a dispatch in time for \
+                 the TTFT target, else hears 529 at once. Router bookings, no threshold \
                  or gate; the queue at its defaults with room never to fill. No knobs: never tuned."
             }
         }

@@ -1,6 +1,7 @@
 //! The queue's measured rates: its drain (every dispatch), for
 //! `Retry-After` and an SLO's predicted wait, and each band's accepted
-//! arrivals, which go ahead of a less important band's wait.
+//! arrivals, which go ahead of a less important band's wait; and the
+//! wait they predict, with a drain measured outside the queue if given.
 
 use std::time::Duration;
 
@@ -17,24 +18,27 @@ const STALL_SPANS: u64 = 4;
 
 /// The wait of a request with `ahead` before it, over `drain` less the
 /// rates `overtaking` it, each over the `horizon` nanoseconds before `now`
-/// (`FlowQueue::predicted_wait`): the difference taken [`RATE_SPREADS`]
-/// standard deviations low ([`Duration::MAX`] when nothing is left), and
-/// no shorter than what remains of the drain's longest pause over
-/// [`STALL_SPANS`] horizons. `None` before two dispatches.
+/// (`FlowQueue::predicted_wait`), or over `freed` less them if that is
+/// less: the difference taken [`RATE_SPREADS`] standard deviations low
+/// ([`Duration::MAX`] when nothing is left), and no shorter than what
+/// remains of the drain's longest pause over [`STALL_SPANS`] horizons.
+/// `None` before two dispatches.
 pub(super) fn wait(
     ahead: u32,
     drain: &EventRate,
     overtaking: &[EventRate],
+    freed: Option<Rate>,
     now: u64,
     horizon: u64,
 ) -> Option<Duration> {
     let rate = drain.over(now, horizon)?;
-    let (mut free, mut variance) = (rate.per_second, rate.variance);
+    let (mut taken, mut taken_variance) = (0.0, 0.0);
     for r in overtaking.iter().filter_map(|t| t.over(now, horizon)) {
-        free -= r.per_second;
-        variance += r.variance;
+        taken += r.per_second;
+        taken_variance += r.variance;
     }
-    let free = free - RATE_SPREADS * variance.sqrt();
+    let left = |r: Rate| r.per_second - taken - RATE_SPREADS * (r.variance + taken_variance).sqrt();
+    let free = freed.map_or(left(rate), |f| left(rate).min(left(f)));
     if free <= 0.0 {
         return Some(Duration::MAX);
     }
@@ -44,13 +48,14 @@ pub(super) fn wait(
     Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
 }
 
-/// A measured rate.
+/// A measured rate of events.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Rate {
-    pub(super) per_second: f64,
+pub struct Rate {
+    /// Events per second.
+    pub per_second: f64,
     /// Its variance, events taken as Poisson: the count over the span
     /// squared.
-    pub(super) variance: f64,
+    pub variance: f64,
 }
 
 /// The times of the last [`SAMPLES`] events, in a ring.
@@ -179,7 +184,7 @@ mod tests {
         assert_eq!(r.longest_pause(3 * S + S / 2, 2 * S), S);
         // A wait is no shorter than what remains of the longest pause:
         // half a second after the last burst, 1.5 s.
-        let w = wait(0, &r, &[], 3 * S + S / 2, 2 * S).unwrap();
+        let w = wait(0, &r, &[], None, 3 * S + S / 2, 2 * S).unwrap();
         assert_eq!(w, Duration::from_millis(1500));
     }
 }

@@ -50,6 +50,8 @@ pub use config::{
 // `Monitor::dispatch` and its forms. It stays reachable, hidden, for
 // loadgate's own differential tests and fuzz targets.
 #[doc(hidden)]
+pub use drain::Rate;
+#[doc(hidden)]
 pub use queue::{FlowQueue, MAX_SHED};
 
 use std::fmt;

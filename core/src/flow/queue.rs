@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::config::{FlowConfig, FlowConfigError, MAX_BANDS, MAX_FLOW_DEADLINE};
 
 mod shed;
-use super::drain::{self, EventRate};
+use super::drain::{self, EventRate, Rate};
 use super::tenants::{Tenants, NONE};
 use super::{FlowRejection, FlowRequest, QueueKey, Reservation};
 use crate::clock::nanos;
@@ -515,24 +515,41 @@ impl<T> FlowQueue<T> {
         Duration::from_nanos(self.wait(request))
     }
 
-    /// How long a request of `priority` queued at `now` (clock
-    /// nanoseconds) is predicted to wait: the requests waiting in its band
-    /// and the more important ones, and itself, over the drain rate (every
-    /// dispatch, queued or direct, counts) less the rate at which more
-    /// important requests are taken in, which go ahead of it as they come
-    /// ([`Duration::MAX`] when they take it all). Each rate is measured
-    /// over the `horizon` before `now` (the wait the prediction is for: a
-    /// drain that comes in bursts is seen whole), and the difference is
-    /// taken `RATE_SPREADS` (`drain.rs`) standard deviations low (counts taken as
-    /// Poisson): a small share left by large rates is uncertain, and a
-    /// wait predicted from it long. It is never shorter than what remains
-    /// of the drain's longest pause over four horizons before `now`: a
-    /// drain in bursts sends the next only after one.
-    /// `None` before two dispatches.
-    pub fn predicted_wait(&self, priority: u8, now: u64, horizon: Duration) -> Option<Duration> {
+    /// Requests waiting that a new request of `priority` would wait
+    /// behind: those of its band and the more important ones.
+    pub fn ahead_of(&self, priority: u8) -> u32 {
         let band = usize::from(priority).min(MAX_BANDS - 1);
-        let ahead: u32 = (0..=band).map(|b| self.band_len(b)).sum();
-        drain::wait(ahead, &self.drain, &self.taken[..band], now, nanos(horizon))
+        (0..=band).map(|b| self.band_len(b)).sum()
+    }
+
+    /// How long a request of `priority` queued at `now` (clock
+    /// nanoseconds) is predicted to wait: the requests [`ahead_of`] it,
+    /// and itself, over the drain rate (every dispatch, queued or direct,
+    /// counts), or over `freed` if that is less (a drain measured outside
+    /// the queue: the monitor's, the rate its bookings end), less the rate
+    /// at which more important requests are taken in, which go ahead of it
+    /// as they come ([`Duration::MAX`] when they take it all). Each rate is
+    /// measured over the `horizon` before `now` (the wait the prediction
+    /// is for: a drain that comes in bursts is seen whole), and the
+    /// difference is taken `RATE_SPREADS` (`drain.rs`) standard deviations
+    /// low (counts taken as Poisson): a small share left by large rates is
+    /// uncertain, and a wait predicted from it long. It is never shorter
+    /// than what remains of the drain's longest pause over four horizons
+    /// before `now`: a drain in bursts sends the next only after one.
+    /// `None` before two dispatches.
+    ///
+    /// [`ahead_of`]: Self::ahead_of
+    pub fn predicted_wait(
+        &self,
+        priority: u8,
+        now: u64,
+        horizon: Duration,
+        freed: Option<Rate>,
+    ) -> Option<Duration> {
+        let band = usize::from(priority).min(MAX_BANDS - 1);
+        let ahead = self.ahead_of(priority);
+        let taken = &self.taken[..band];
+        drain::wait(ahead, &self.drain, taken, freed, now, nanos(horizon))
     }
 
     /// Charges tenant `t` a dispatch of `place.prompt` tokens and reserves

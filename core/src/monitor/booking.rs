@@ -426,11 +426,10 @@ fn move_counter(a: &AtomicU64, from: u64, to: u64) {
 impl Drop for Booking {
     fn drop(&mut self) {
         let (from, to) = ((self.blocks, self.prefill), (0, 0));
-        // Relaxed: as in `make`.
-        self.worker.ranks[self.rank]
-            .slo
-            .bookings
-            .fetch_sub(1, Ordering::Relaxed);
+        // Relaxed: as in `make`; a count the maintenance samples.
+        let slo = &self.worker.ranks[self.rank].slo;
+        slo.bookings.fetch_sub(1, Ordering::Relaxed);
+        slo.released.fetch_add(1, Ordering::Relaxed);
         shift(&self.worker, self.rank, self.owner, from, to);
         self.announce(OwnChange::Released);
     }

@@ -42,7 +42,8 @@
 //!   monitor's side of booking sync (`crate::cluster::replicas`);
 //! * `observe.rs`, `slo.rs`: a model's SLO, its requests' streams observed
 //!   (the queue and each rank's fit in `observe.rs`), each rank's step time
-//!   fitted and the latencies it predicts (`crate::slo`);
+//!   fitted and the latencies it predicts (`crate::slo`); `freed.rs`: the
+//!   rate its bookings end, the drain its queue's waits are predicted by;
 //! * `outbox.rs`: its own bookings' events, for a publisher that announces
 //!   them to the reference routers (`crate::cluster::announce`);
 //! * `signal.rs`: how the hot paths tell the maintenance it has work;
@@ -73,6 +74,7 @@ pub(crate) mod config;
 mod defaults;
 mod duty;
 mod flow;
+mod freed;
 mod metrics;
 mod model;
 mod observe;

@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use crossbeam_queue::ArrayQueue;
 
 use super::busy_set::AtomicBits;
+use super::freed::Releases;
 use crate::clock::SharedClock;
 use crate::slo::{OutputLengths, StepFit, StepLoad, OUTPUT_BUCKETS};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -132,6 +133,11 @@ pub(super) struct ModelSlo {
     /// mean absolute deviation, `f64` bits of seconds (0 until the first);
     /// the maintenance's.
     pub(super) dispatch_ttft: [AtomicU64; 2],
+    /// The maintenance's samples of the bookings that ended (`freed.rs`).
+    pub(super) releases: Mutex<Box<Releases>>,
+    /// The rate they end at over the queue's budget, and its variance,
+    /// `f64` bits (NaN before two); the maintenance's (`freed.rs`).
+    pub(super) freed: [AtomicU64; 2],
 }
 
 impl ModelSlo {
@@ -150,6 +156,8 @@ impl ModelSlo {
             would_queue: AtomicU64::new(0),
             refused_late: AtomicU64::new(0),
             dispatch_ttft: Default::default(),
+            releases: Mutex::new(Box::default()),
+            freed: [f64::NAN, f64::NAN].map(|x| AtomicU64::new(x.to_bits())),
         }
     }
 
@@ -220,6 +228,9 @@ pub(super) struct RankSlo {
     pub(super) fitted: AtomicBool,
     /// Bookings on the rank now (own and others').
     pub(super) bookings: AtomicU64,
+    /// Bookings that ended on the rank since the maintenance last took
+    /// them (`freed.rs`).
+    pub(super) released: AtomicU64,
     /// Running relative error of the time-to-first-token predictions
     /// (`f64` bits; 1 until the first).
     pub(super) ttft_error: AtomicU64,
@@ -279,6 +290,7 @@ impl RankSlo {
             trusted: AtomicBool::new(false),
             fitted: AtomicBool::new(false),
             bookings: AtomicU64::new(0),
+            released: AtomicU64::new(0),
             ttft_error: AtomicU64::new(1f64.to_bits()),
             step_error: AtomicU64::new(1f64.to_bits()),
             fit: OnceLock::new(),

@@ -365,7 +365,11 @@ impl Monitor {
             m.slo.tpot.store(tpot, Ordering::Relaxed);
             m.slo.ttft.store(ttft, Ordering::Relaxed);
         }
-        m.slo.mode.store(mode, Ordering::Relaxed);
+        if m.slo.mode.swap(mode, Ordering::Relaxed) == 0 && mode != 0 {
+            // The bookings that ended while no SLO was set are no part of
+            // a rate (`freed.rs`).
+            lock(&m.slo.releases).clear();
+        }
         self.duty.start();
         self.duty.signal.raise();
     }
@@ -591,6 +595,20 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
             };
             metrics::sample(out, prefix, name, &[("model", model)], value);
         }
+    }
+    let name = "frontend_slo_bookings_ended_per_second";
+    metrics::header(
+        out,
+        prefix,
+        name,
+        "gauge",
+        "The rate the model's bookings ended over its queue's wait budget, as the maintenance last \
+         sampled it (0 before two ended): a waiting request's wait is predicted from it where it is \
+         less than the queue's dispatches.",
+    );
+    for (m, model) in models.iter().zip(&names) {
+        let rate = m.freed().map_or(0.0, |r| r.per_second);
+        metrics::sample(out, prefix, name, &[("model", model)], rate);
     }
     let name = "frontend_slo_observations_lost_total";
     metrics::header(

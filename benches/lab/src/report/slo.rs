@@ -240,8 +240,9 @@ pub(super) fn section(m: &Matrix) -> String {
          a 64th when two intervals exceed the TTFT target). \
          Power-of-two routing compares the two picks' slack. A request no rank can take waits in \
          the frontend queue only if twice its predicted wait (the requests ahead over the drain \
-         measured over the budget, less what more important requests take, and no less than what \
-         remains of the drain's longest recent pause) fits the TTFT target less the time to first \
+         measured over the budget, the lesser of the queue's dispatches and the bookings that \
+         ended, less what more important requests take, and no less than what remains of the \
+         dispatches' longest recent pause) fits the TTFT target less the time to first \
          token seen after dispatch; otherwise it hears 529 at once \
          ([behaviour.md](behaviour.md#slo-admission)).\n\n| target | measured | |\n|---|---|---|\n",
     );

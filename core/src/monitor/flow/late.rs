@@ -9,16 +9,24 @@
 //!   first is seen, half the target. A queued request's deadline is cut to
 //!   the budget: past it, dispatching it would only make it late.
 //! * **The prediction.** The requests waiting ahead of it (its band and
-//!   the more important ones) and itself, over the queue's drain (every
-//!   dispatch, queued or direct) less the rate at which more important
-//!   requests are taken in, since those overtake it as they come. Both
-//!   are counted over the cut deadline's length before now, so a drain in
-//!   bursts is seen whole, and the difference is taken two standard
-//!   deviations low; the wait is never shorter than what remains of the
-//!   drain's longest pause over the last four budgets, since a drain in
-//!   bursts (every rank holding long answers) sends the next only after
-//!   one (`FlowQueue::predicted_wait`). Before two dispatches nothing is
-//!   predicted, and the request waits up to its cut deadline.
+//!   the more important ones) and itself, over the queue's drain less the
+//!   rate at which more important requests are taken in, since those
+//!   overtake it as they come. The drain is the lesser of two: every
+//!   dispatch the queue made, queued or direct, and the rate the model's
+//!   bookings end (`freed.rs`). A waiting request is sent as room frees,
+//!   so the dispatches made while ranks were free (the fleet filling, the
+//!   room a report frees at once) overstate its drain; and a rank held
+//!   until its predicted times fall reopens later than its bookings end,
+//!   so the releases alone can overstate it too. Each is counted over the
+//!   budget before now, so a drain in bursts is seen whole, and the
+//!   difference is taken two standard deviations low; the wait is never
+//!   shorter than what remains of the dispatches' longest pause over the
+//!   last four budgets, since a drain in bursts (every rank holding long
+//!   answers) sends the next only after one (`FlowQueue::predicted_wait`).
+//!   Before two dispatches nothing is predicted, and the request waits up
+//!   to its cut deadline; before two bookings have ended, a request waits
+//!   only if none is ahead of it (the drain a waiting request will see is
+//!   not known yet).
 //! * **The decision.** Enforced: a request whose wait, times [`HEADROOM`],
 //!   passes the cut deadline is refused with
 //!   [`FlowRejection::QueueDeadline`] (the reason a request
@@ -56,9 +64,12 @@ pub(super) fn decide(
 ) -> Option<Result<Duration, FlowRejection>> {
     let mode = slo.mode()?;
     let deadline = queue.deadline_of(request).min(budget(slo));
-    let late = queue
-        .predicted_wait(request.priority, now, deadline)
-        .is_some_and(|w| w.saturating_mul(HEADROOM) > deadline);
+    let late = match slo.freed() {
+        None if queue.ahead_of(request.priority) > 0 => true,
+        freed => queue
+            .predicted_wait(request.priority, now, deadline, freed)
+            .is_some_and(|w| w.saturating_mul(HEADROOM) > deadline),
+    };
     let count = |c: &crate::sync::AtomicU64| {
         // Relaxed: a counter.
         c.fetch_add(1, Ordering::Relaxed);
@@ -82,7 +93,7 @@ pub(super) fn decide(
 
 /// How long a request may wait and still meet the TTFT target (module
 /// docs).
-pub(super) fn budget(slo: &ModelSlo) -> Duration {
+pub(in crate::monitor) fn budget(slo: &ModelSlo) -> Duration {
     // Relaxed: a setting, and gauges the maintenance publishes.
     let target = slo.ttft.load(Ordering::Relaxed) as f64 * 1e-9;
     let [mean, spread] = &slo.dispatch_ttft;

@@ -1,0 +1,210 @@
+//! The rate at which a model's ranks free room for a request that waits
+//! in its queue: its bookings that end.
+//!
+//! A waiting request is sent when a booking ends (or a report frees a
+//! rank), so the rate bookings end at is the drain it will see. The
+//! queue's own count of dispatches is not: it also counts the requests
+//! sent at once while ranks were free (the fleet filling, the burst of
+//! room a report frees), which come at the arrival rate, up to twice the
+//! rate at which a full fleet frees room, and alone it promised the first
+//! requests to wait half the wait they got. Nor is this rate alone: a
+//! rank whose verdict holds it until its predicted times fall reopens
+//! later than its bookings end. The queue's prediction takes the lesser
+//! of the two (`flow/late.rs`).
+//!
+//! Each rank counts the bookings that end on it (`RankSlo::released`,
+//! beside its count of bookings, in `Booking`'s drop: no line of its
+//! own). The maintenance takes those counts each cycle while the model
+//! has an SLO, keeps the model's running total at most every
+//! [`FIT_PERIOD`] in a ring ([`Releases`]) and publishes the rate over
+//! the queue's budget, the count over the span, taken as Poisson for its
+//! variance (`ModelSlo::freed`).
+
+use super::flow::budget;
+use super::observe::{ModelSlo, FIT_PERIOD};
+use super::registry::Registry;
+use crate::flow::Rate;
+use crate::sync::{lock, Ordering};
+
+/// Samples kept, at least [`FIT_PERIOD`] apart: about 5 s at 20 ms, and
+/// a rate over a longer budget is taken over the ring's span.
+const SAMPLES: usize = 256;
+
+/// A model's running total of ended bookings, sampled (module docs).
+pub(super) struct Releases {
+    /// Clock nanoseconds and the total then, a ring.
+    samples: [(u64, u64); SAMPLES],
+    /// Samples taken in all.
+    count: u64,
+    /// Bookings ended, counted since the SLO was set.
+    total: u64,
+    /// The total at the first sample: those ended before the SLO's
+    /// sampling began are no part of a rate.
+    first: u64,
+}
+
+impl Default for Releases {
+    fn default() -> Self {
+        Self {
+            samples: [(0, 0); SAMPLES],
+            count: 0,
+            total: 0,
+            first: 0,
+        }
+    }
+}
+
+impl Releases {
+    /// Starts over (an SLO set where none was).
+    pub(super) fn clear(&mut self) {
+        self.count = 0;
+        self.total = 0;
+    }
+
+    /// The total at `now` (clock nanoseconds; never before the last): the
+    /// newest sample moved to now if it came within [`FIT_PERIOD`] of the
+    /// one before, else a new one.
+    fn sample(&mut self, now: u64) {
+        let period = crate::clock::nanos(FIT_PERIOD);
+        let replace = self.count >= 2 && self.nth_newest(0).0 - self.nth_newest(1).0 < period;
+        if self.count == 0 {
+            self.first = self.total;
+        }
+        if !replace {
+            self.count += 1;
+        }
+        let i = ((self.count - 1) % SAMPLES as u64) as usize;
+        self.samples[i] = (now, self.total);
+    }
+
+    /// The rate over the `horizon` nanoseconds before the newest sample:
+    /// the bookings ended since the newest sample at or before its start,
+    /// over the time since; over the horizon itself if it starts before
+    /// the first sample (nothing ended before), over the ring's span if
+    /// the ring forgot it. `None` before two ended since the first.
+    pub(super) fn over(&self, horizon: u64) -> Option<Rate> {
+        let held = self.count.min(SAMPLES as u64);
+        if held == 0 {
+            return None;
+        }
+        let (now, total) = self.nth_newest(0);
+        if total - self.first < 2 {
+            return None;
+        }
+        let oldest = self.nth_newest(held - 1);
+        let from = now.saturating_sub(horizon);
+        let (ended, span) = match (0..held).map(|i| self.nth_newest(i)).find(|s| s.0 <= from) {
+            Some((at, then)) => (total - then, now - at),
+            None if self.count <= SAMPLES as u64 => (total - oldest.1, horizon),
+            None => (total - oldest.1, now - oldest.0),
+        };
+        let secs = span.max(1) as f64 * 1e-9;
+        Some(Rate {
+            per_second: ended as f64 / secs,
+            variance: ended as f64 / (secs * secs),
+        })
+    }
+
+    fn nth_newest(&self, i: u64) -> (u64, u64) {
+        self.samples[((self.count - 1 - i) % SAMPLES as u64) as usize]
+    }
+}
+
+impl ModelSlo {
+    /// The rate the model's bookings end at, over its queue's budget, as
+    /// the maintenance last published it; `None` before two ended.
+    pub(super) fn freed(&self) -> Option<Rate> {
+        // Relaxed: values the maintenance publishes whole each; a rate and
+        // the variance of the next sample are benign.
+        let [rate, variance] = self
+            .freed
+            .each_ref()
+            .map(|c| f64::from_bits(c.load(Ordering::Relaxed)));
+        (!rate.is_nan()).then_some(Rate {
+            per_second: rate,
+            variance,
+        })
+    }
+}
+
+/// Takes the bookings that ended on every rank of a model with an SLO
+/// into its total, and publishes each such model's rate at `now` (module
+/// docs). The maintenance's, every cycle.
+pub(super) fn sample(registry: &Registry, now: u64) {
+    for w in registry.workers.values().filter(|w| w.slo_on()) {
+        // Relaxed: a count; one that ends meanwhile is taken next time.
+        let ended: u64 = w
+            .ranks
+            .iter()
+            .map(|r| r.slo.released.swap(0, Ordering::Relaxed))
+            .sum();
+        if ended > 0 {
+            lock(&w.model.slo.releases).total += ended;
+        }
+    }
+    for m in registry.models.values().filter(|m| m.slo.mode().is_some()) {
+        let rate = {
+            let mut releases = lock(&m.slo.releases);
+            releases.sample(now);
+            releases.over(crate::clock::nanos(budget(&m.slo)))
+        };
+        let (r, v) = rate.map_or((f64::NAN, f64::NAN), |r| (r.per_second, r.variance));
+        // Relaxed: values read whole each (`ModelSlo::freed`).
+        m.slo.freed[0].store(r.to_bits(), Ordering::Relaxed);
+        m.slo.freed[1].store(v.to_bits(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const S: u64 = 1_000 * MS;
+
+    fn rate(r: &Releases, horizon: u64) -> Option<f64> {
+        r.over(horizon).map(|r| r.per_second)
+    }
+
+    #[test]
+    fn the_rate_counts_what_ended_over_the_horizon_and_fades() {
+        // Seven ended before the SLO was set: not counted.
+        let mut r = Releases {
+            total: 7,
+            ..Default::default()
+        };
+        r.sample(S);
+        assert_eq!(r.over(S), None, "none ended since");
+        // From 1 s, one ended every 10 ms for a second, sampled every 10 ms: samples
+        // kept 20 ms apart, the newest always now.
+        for i in 1..=100 {
+            r.total += 1;
+            r.sample(S + i * 10 * MS);
+        }
+        assert_eq!(r.count, 51, "one per 20 ms, and the first");
+        assert_eq!(rate(&r, S), Some(100.0));
+        assert_eq!(r.over(S).unwrap().variance, 100.0);
+        // Over half a second: the 50 since the sample at 1.5 s.
+        assert_eq!(rate(&r, S / 2), Some(100.0));
+        // A horizon before the first sample: over the horizon itself.
+        assert_eq!(rate(&r, 2 * S), Some(50.0));
+        // Nothing ends for 0.5 s: the rate over the last second halves.
+        r.sample(2 * S + S / 2);
+        assert_eq!(rate(&r, S), Some(50.0));
+    }
+
+    #[test]
+    fn a_forgotten_horizon_is_taken_over_the_rings_span() {
+        let mut r = Releases::default();
+        for i in 0..2 * SAMPLES as u64 {
+            r.sample(i * 20 * MS);
+            r.total += 2;
+        }
+        r.sample(2 * SAMPLES as u64 * 20 * MS);
+        // 100 a second throughout; the ring holds 5.1 s of it.
+        let long = rate(&r, 60 * S).unwrap();
+        assert!((long - 100.0).abs() < 1e-9, "{long}");
+        r.clear();
+        assert_eq!(r.over(S), None, "cleared");
+    }
+}
