@@ -77,11 +77,18 @@ fn seat_wait(m: &Monitor, id: u64, waiting: u64) {
     m.report(id, 0, &report).unwrap();
 }
 
-/// 101 requests sent at once, 10 ms apart, each released at once, with
-/// the maintenance after each: the queue drains 101 in the second before
-/// now (the last sent), and 100 bookings end after the maintenance's
-/// first sample.
-fn drain_at_a_hundred_a_second(m: &Monitor, clock: &ManualClock, priority: u8) {
+/// 101 requests of `priority` sent at once, 10 ms apart, with the
+/// maintenance after each: those `ends` picks (by their order) released at
+/// once, the others held, their prompts done, and returned. The queue
+/// drains 101 in the second before now (the last sent); the bookings
+/// that end after the maintenance's first sample are counted.
+fn sent_over_a_second(
+    m: &Monitor,
+    clock: &ManualClock,
+    priority: u8,
+    ends: impl Fn(usize) -> bool,
+) -> Vec<Dispatch> {
+    let mut held = Vec::new();
     for i in 0..101 {
         if i > 0 {
             clock.advance(Duration::from_millis(10));
@@ -91,10 +98,21 @@ fn drain_at_a_hundred_a_second(m: &Monitor, clock: &ManualClock, priority: u8) {
             ..request().flow
         });
         let mut d = m.dispatch("m", &request);
-        let sent = poll(&mut d).expect("sent at once").expect("a free worker");
-        sent.complete(1);
+        let mut sent = poll(&mut d).expect("sent at once").expect("a free worker");
+        if ends(i) {
+            sent.complete(1);
+        } else {
+            sent.prefill_done();
+            held.push(sent);
+        }
         m.maintain();
     }
+    held
+}
+
+/// The queue drains at a hundred a second, and as many bookings end.
+fn drain_at_a_hundred_a_second(m: &Monitor, clock: &ManualClock, priority: u8) {
+    sent_over_a_second(m, clock, priority, |_| true);
 }
 
 /// Requests whose first token comes 0.5 s after they are sent.
@@ -182,22 +200,8 @@ fn a_wait_is_predicted_by_the_rate_bookings_end_not_the_dispatches_while_ranks_w
     let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
     // The fleet filling: 101 sent at once over a second, as fast as the
     // queue would drain at a hundred a second, but only every other one
-    // ends; the others stay (their prompts done).
-    let mut held = Vec::new();
-    for i in 0..101 {
-        if i > 0 {
-            clock.advance(Duration::from_millis(10));
-        }
-        let mut d = m.dispatch("m", &request());
-        let mut sent = poll(&mut d).expect("sent at once").expect("a free worker");
-        if i % 2 == 0 {
-            sent.complete(1);
-        } else {
-            sent.prefill_done();
-            held.push(sent);
-        }
-        m.maintain();
-    }
+    // ends.
+    let held = sent_over_a_second(&m, &clock, 0, |i| i % 2 == 0);
     seat_wait(&m, 1, 1);
     // By the dispatches 40 would wait (the tests above). Room frees at
     // 50 ± 7.1 a second (the first ended before the maintenance's first
@@ -220,17 +224,7 @@ fn before_two_bookings_end_only_a_request_with_none_ahead_waits() {
     let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
     // 101 sent over a second, none ended yet: the drain a wait will see
     // is not known.
-    let mut held = Vec::new();
-    for i in 0..101 {
-        if i > 0 {
-            clock.advance(Duration::from_millis(10));
-        }
-        let mut d = m.dispatch("m", &request());
-        let mut sent = poll(&mut d).expect("sent at once").expect("a free worker");
-        sent.prefill_done();
-        held.push(sent);
-        m.maintain();
-    }
+    let held = sent_over_a_second(&m, &clock, 0, |_| false);
     seat_wait(&m, 1, 1);
     let mut first = m.dispatch("m", &request());
     assert!(poll(&mut first).is_none(), "none ahead: it waits");
@@ -240,6 +234,7 @@ fn before_two_bookings_end_only_a_request_with_none_ahead_waits() {
         FlowRejection::QueueDeadline
     );
     assert_eq!(m.slo_counts("m").unwrap().refused_late, 1);
+    drop(held);
 }
 
 #[test]
