@@ -533,3 +533,33 @@ fn the_engines_token_gaps_teach_an_slos_step_fit() {
     let p = m.predict(7, 0, 1).unwrap();
     assert!((p.tpot - 0.02).abs() < 0.002, "{p:?}");
 }
+
+#[test]
+fn the_engines_declared_seats_hold_a_scraped_worker_under_an_slo() {
+    let (m, _) = monitor();
+    let engine = Engine_::start(vllm(LLAMA, &[0.1], &[0]));
+    // vLLM's metrics carry no seat count: the scrape declares 4 for
+    // worker 7; worker 8 scrapes the same engine and declares none.
+    let seats = ScrapeConfig {
+        max_num_seqs: Some(4),
+        ..fast(Engine::Vllm)
+    };
+    let _seated = Scrape::start(m.clone(), None, 7, &engine.url, seats).unwrap();
+    let _unknown = Scrape::start(m.clone(), None, 8, &engine.url, fast(Engine::Vllm)).unwrap();
+    wait_for("registration", || m.workers(LLAMA).len() == 2);
+    let slo = loadgate::slo::Slo::from_secs(2.0, 0.1).unwrap();
+    m.set_slo(LLAMA, Some(slo), loadgate::SloMode::Enforce)
+        .unwrap();
+    // The engine's 4 seats and a probe of one: the sixth booking turns
+    // worker 7 busy, whatever its reports of none waiting say.
+    let mut held = Vec::new();
+    while !m.is_busy(7).unwrap() {
+        assert!(held.len() < 100, "never busy");
+        held.push(m.book(7, 0, 4).unwrap());
+    }
+    assert_eq!(held.len(), 6);
+    // Without declared seats nothing bounds them: 50 fit.
+    let others: Vec<_> = (0..50).map(|_| m.book(8, 0, 4).unwrap()).collect();
+    assert!(!m.is_busy(8).unwrap());
+    drop((held, others));
+}

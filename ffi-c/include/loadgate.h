@@ -3489,9 +3489,13 @@ void lg_booking_sync_free(struct lg_booking_sync *sync);
  * worker `worker_id` of `model` (NULL with length 0: the engine's
  * model_name label), reporting each data-parallel rank's KV cache usage,
  * capacity and waiting requests into `monitor`. A scrape taking longer
- * than `timeout_ms` (0: 2000) fails. The worker is registered on the first
- * successful scrape; failed scrapes are counted (lg_scrape_get_stats())
- * and leave its last values in place.
+ * than `timeout_ms` (0: 2000) fails. `max_num_seqs` declares the requests
+ * each rank runs at once at most (vLLM's --max-num-seqs, SGLang's
+ * --max-running-requests), which neither engine's metrics carry; with an
+ * SLO set (lg_monitor_set_slo()) a rank is never taken to hold more (0:
+ * not known). The worker is registered on the first successful scrape;
+ * failed scrapes are counted (lg_scrape_get_stats()) and leave its last
+ * values in place.
  *
  * Errors: LG_INVALID_ARGUMENT (NULL monitor or out_scrape, bad string,
  * empty model, a url that is not http://host..., an unknown engine).
@@ -3514,6 +3518,7 @@ enum lg_status lg_monitor_scrape(const struct lg_monitor *monitor,
                                  lg_engine engine_kind,
                                  uint64_t interval_ms,
                                  uint64_t timeout_ms,
+                                 uint64_t max_num_seqs,
                                  struct lg_scrape **out_scrape);
 
 /**

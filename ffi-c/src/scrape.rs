@@ -74,9 +74,13 @@ fn engine(e: lg_engine) -> Result<Engine, Error> {
 /// worker `worker_id` of `model` (NULL with length 0: the engine's
 /// model_name label), reporting each data-parallel rank's KV cache usage,
 /// capacity and waiting requests into `monitor`. A scrape taking longer
-/// than `timeout_ms` (0: 2000) fails. The worker is registered on the first
-/// successful scrape; failed scrapes are counted (lg_scrape_get_stats())
-/// and leave its last values in place.
+/// than `timeout_ms` (0: 2000) fails. `max_num_seqs` declares the requests
+/// each rank runs at once at most (vLLM's --max-num-seqs, SGLang's
+/// --max-running-requests), which neither engine's metrics carry; with an
+/// SLO set (lg_monitor_set_slo()) a rank is never taken to hold more (0:
+/// not known). The worker is registered on the first successful scrape;
+/// failed scrapes are counted (lg_scrape_get_stats()) and leave its last
+/// values in place.
 ///
 /// Errors: LG_INVALID_ARGUMENT (NULL monitor or out_scrape, bad string,
 /// empty model, a url that is not http://host..., an unknown engine).
@@ -101,6 +105,7 @@ pub unsafe extern "C" fn lg_monitor_scrape(
     engine_kind: lg_engine,
     interval_ms: u64,
     timeout_ms: u64,
+    max_num_seqs: u64,
     out_scrape: *mut *mut lg_scrape,
 ) -> lg_status {
     guard(|| {
@@ -118,6 +123,7 @@ pub unsafe extern "C" fn lg_monitor_scrape(
         if timeout_ms > 0 {
             config.timeout = Duration::from_millis(timeout_ms);
         }
+        config.max_num_seqs = Some(max_num_seqs);
         let scrape = Scrape::start(m.monitor.clone(), model, worker_id, url, config)
             .map_err(Error::invalid)?;
         let handle = Box::into_raw(Box::new(lg_scrape { scrape }));

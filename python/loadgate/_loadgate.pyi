@@ -279,6 +279,7 @@ class Monitor:
         engine: str = "vllm",
         interval: float = 0.5,
         timeout: float = 2.0,
+        max_num_seqs: Optional[int] = None,
     ) -> Scrape: ...
     def discover_dynamo(
         self,

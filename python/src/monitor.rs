@@ -606,9 +606,13 @@ impl Monitor {
     /// registered on the first successful scrape; the returned `Scrape`'s
     /// `close()` stops it and removes the worker. `engine` is `"vllm"` or
     /// `"sglang"`; a scrape taking longer than `timeout` seconds fails.
+    /// `max_num_seqs` declares the requests each rank runs at once at most
+    /// (vLLM's `--max-num-seqs`, SGLang's `--max-running-requests`), which
+    /// neither engine's metrics carry; with an SLO set, the ranks are never
+    /// taken to hold more.
     #[pyo3(
-        signature = (model, worker_id, url, *, engine = None, interval = None, timeout = None),
-        text_signature = "($self, model, worker_id, url, *, engine='vllm', interval=0.5, timeout=2.0)"
+        signature = (model, worker_id, url, *, engine = None, interval = None, timeout = None, max_num_seqs = None),
+        text_signature = "($self, model, worker_id, url, *, engine='vllm', interval=0.5, timeout=2.0, max_num_seqs=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn scrape(
@@ -619,6 +623,7 @@ impl Monitor {
         engine: Option<&Bound<'_, PyAny>>,
         interval: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
+        max_num_seqs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<crate::scrape::Scrape> {
         crate::scrape::start(
             &self.inner,
@@ -628,6 +633,7 @@ impl Monitor {
             engine,
             interval,
             timeout,
+            max_num_seqs,
         )
     }
 

@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::errors::{opt_str_arg, seconds_arg, str_arg, u64_arg};
+use crate::errors::{opt_str_arg, opt_u64_arg, seconds_arg, str_arg, u64_arg};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -26,6 +26,7 @@ pub fn start(
     engine: Option<&Bound<'_, PyAny>>,
     interval: Option<&Bound<'_, PyAny>>,
     timeout: Option<&Bound<'_, PyAny>>,
+    max_num_seqs: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Scrape> {
     let model = opt_str_arg(model, "model")?;
     let worker_id = u64_arg(worker_id, "worker_id")?;
@@ -49,6 +50,7 @@ pub fn start(
     if let Some(t) = timeout {
         config.timeout = seconds_arg(t, "timeout")?;
     }
+    config.max_num_seqs = opt_u64_arg(max_num_seqs, "max_num_seqs")?;
     let scrape = CoreScrape::start(monitor.clone(), model.as_deref(), worker_id, &url, config)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(Scrape {

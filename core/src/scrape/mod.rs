@@ -61,6 +61,12 @@ pub struct ScrapeConfig {
     /// Largest body read (default 4 MiB; at least 1 KiB). A larger one
     /// fails the scrape.
     pub max_body_bytes: usize,
+    /// Requests each of the engine's ranks runs at once at most (vLLM's
+    /// `--max-num-seqs`, SGLang's `--max-running-requests`), which neither
+    /// engine's metrics carry: declared for the worker the scrape
+    /// registers ([`WorkerSpec::max_num_seqs`]), so an SLO never takes a
+    /// rank to hold more. `None` (the default) or 0: not known.
+    pub max_num_seqs: Option<u64>,
 }
 
 impl ScrapeConfig {
@@ -71,6 +77,7 @@ impl ScrapeConfig {
             interval: Duration::from_millis(500),
             timeout: Duration::from_secs(2),
             max_body_bytes: 4 << 20,
+            max_num_seqs: None,
         }
     }
 
@@ -161,6 +168,7 @@ struct Shared {
     worker_id: u64,
     model: Option<String>,
     engine: Engine,
+    max_num_seqs: Option<u64>,
     stats: Mutex<ScrapeStats>,
     state: Mutex<State>,
     /// The process that started the scrape: in a forked child its task
@@ -251,6 +259,7 @@ impl Shared {
             let spec = WorkerSpec {
                 dp_start: want.dp_start,
                 dp_size: want.dp_size,
+                max_num_seqs: self.max_num_seqs,
                 ..Default::default()
             };
             self.monitor
@@ -334,6 +343,7 @@ impl Scrape {
             worker_id,
             model: model.map(str::to_owned),
             engine: config.engine,
+            max_num_seqs: config.max_num_seqs,
             stats: Mutex::new(ScrapeStats::default()),
             state: Mutex::new(State::default()),
             made_in: ForkGuard::new(),

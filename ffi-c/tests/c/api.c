@@ -35,6 +35,7 @@ int main(void) {
     test_monitor_slo();
     test_monitor_slo_engine_seats();
     test_scrape();
+    test_scrape_declared_seats();
     test_discovery();
     test_busy_threshold_auth();
     test_busy_threshold_headers();

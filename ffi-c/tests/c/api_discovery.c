@@ -19,19 +19,25 @@
 /* ----- engine scraping ---------------------------------------------------- */
 
 /* A fake vLLM engine: one connection at a time, every request answered with
- * the same /metrics text (keep-alive HTTP/1.1). */
-static const char VLLM_METRICS[] =
-    "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
-    "# TYPE vllm:num_requests_waiting gauge\n"
-    "vllm:num_requests_waiting{model_name=\"llama\",engine=\"0\"} 9.0\n"
-    "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
-    "# TYPE vllm:kv_cache_usage_perc gauge\n"
-    "vllm:kv_cache_usage_perc{model_name=\"llama\",engine=\"0\"} 0.5\n"
-    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
-    "# TYPE vllm:cache_config_info gauge\n"
-    "vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"100\"} 1.0\n";
+ * the same /metrics text (keep-alive HTTP/1.1): 9 waiting, or none. */
+#define VLLM_TEXT(waiting)                                                          \
+    "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n" \
+    "# TYPE vllm:num_requests_waiting gauge\n"                                      \
+    "vllm:num_requests_waiting{model_name=\"llama\",engine=\"0\"} " waiting "\n"   \
+    "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"  \
+    "# TYPE vllm:kv_cache_usage_perc gauge\n"                                       \
+    "vllm:kv_cache_usage_perc{model_name=\"llama\",engine=\"0\"} 0.5\n"            \
+    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"       \
+    "# TYPE vllm:cache_config_info gauge\n"                                         \
+    "vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"100\"} 1.0\n"
+static const char VLLM_METRICS[] = VLLM_TEXT("9.0");
+static const char VLLM_IDLE[] = VLLM_TEXT("0.0");
 
 struct fake_engine {
+    const char *body;
+    size_t body_len;
+    char url[64];
+    size_t url_len;
     int listen_fd;
     int conn_fd;
     pthread_t thread;
@@ -61,12 +67,11 @@ static void *fake_engine_run(void *arg) {
             char head[128];
             int len = snprintf(head, sizeof head,
                                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %zu\r\n\r\n",
-                               sizeof VLLM_METRICS - 1);
+                               e->body_len);
             /* MSG_NOSIGNAL: a scraper that gave up (its timeout, under
              * valgrind's slow clock) must not kill this process with SIGPIPE. */
             if (send(fd, head, (size_t)len, MSG_NOSIGNAL) != len ||
-                send(fd, VLLM_METRICS, sizeof VLLM_METRICS - 1, MSG_NOSIGNAL) !=
-                    (ssize_t)(sizeof VLLM_METRICS - 1)) {
+                send(fd, e->body, e->body_len, MSG_NOSIGNAL) != (ssize_t)e->body_len) {
                 break;
             }
             size_t used = (size_t)(end + 4 - buf);
@@ -77,33 +82,58 @@ static void *fake_engine_run(void *arg) {
     }
 }
 
-void test_scrape(void) {
-    struct fake_engine e;
-    e.conn_fd = -1;
-    e.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(e.listen_fd >= 0);
+/* Starts a fake engine answering with `body` on a loopback port (its URL in
+ * e->url). */
+static void start_engine(struct fake_engine *e, const char *body, size_t body_len) {
+    e->body = body;
+    e->body_len = body_len;
+    e->conn_fd = -1;
+    e->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(e->listen_fd >= 0);
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(bind(e.listen_fd, (struct sockaddr *)&addr, sizeof addr) == 0);
+    CHECK(bind(e->listen_fd, (struct sockaddr *)&addr, sizeof addr) == 0);
     socklen_t addr_len = sizeof addr;
-    CHECK(getsockname(e.listen_fd, (struct sockaddr *)&addr, &addr_len) == 0);
-    CHECK(listen(e.listen_fd, 4) == 0);
-    CHECK(pthread_create(&e.thread, NULL, fake_engine_run, &e) == 0);
-    char url[64];
-    int url_len = snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", ntohs(addr.sin_port));
+    CHECK(getsockname(e->listen_fd, (struct sockaddr *)&addr, &addr_len) == 0);
+    CHECK(listen(e->listen_fd, 4) == 0);
+    CHECK(pthread_create(&e->thread, NULL, fake_engine_run, e) == 0);
+    int len = snprintf(e->url, sizeof e->url, "http://127.0.0.1:%d/metrics", ntohs(addr.sin_port));
+    CHECK(len > 0 && (size_t)len < sizeof e->url);
+    e->url_len = (size_t)len;
+}
 
+static void stop_engine(struct fake_engine *e) {
+    shutdown(e->listen_fd, SHUT_RDWR);
+    close(e->listen_fd);
+    pthread_join(e->thread, NULL);
+}
+
+/* A monitor scraping `e` every 10 ms as worker 5, its engine's seats
+ * declared as `seats` (0: not known), once the first scrape registered it
+ * (a limit for hangs only). */
+static lg_monitor *scraping(const struct fake_engine *e, uint64_t seats, lg_scrape **s) {
     lg_monitor *m = NULL;
     OK(lg_monitor_new(NULL, &m));
-    lg_scrape *s = NULL;
-    OK(lg_monitor_scrape(m, NULL, 0, 5, url, (size_t)url_len, LG_ENGINE_VLLM, 10, 0, &s));
-    CHECK(s != NULL);
-    /* Registered on the first successful scrape (a limit for hangs only). */
+    OK(lg_monitor_scrape(m, NULL, 0, 5, e->url, e->url_len, LG_ENGINE_VLLM, 10, 0, seats, s));
+    CHECK(*s != NULL);
     bool busy = true;
     for (int i = 0; i < 6000 && lg_monitor_is_busy(m, 5, &busy) != LG_OK; i++) {
         sleep_ms(5);
     }
+    OK(lg_monitor_is_busy(m, 5, &busy));
+    return m;
+}
+
+void test_scrape(void) {
+    struct fake_engine e;
+    start_engine(&e, VLLM_METRICS, sizeof VLLM_METRICS - 1);
+    const char *url = e.url;
+    size_t url_len = e.url_len;
+    lg_scrape *s = NULL;
+    lg_monitor *m = scraping(&e, 0, &s);
+    bool busy = true;
     OK(lg_monitor_is_busy(m, 5, &busy));
     CHECK(!busy);
     lg_threshold_update u;
@@ -134,13 +164,13 @@ void test_scrape(void) {
     CHECK(strstr(text, "dynamo_frontend_scrape_duration_seconds_count{worker_id=\"5\"}") != NULL);
 
     lg_scrape *bad = NULL;
-    INVALID(lg_monitor_scrape(m, NULL, 0, 6, url, (size_t)url_len, 7, 0, 0, &bad));
+    INVALID(lg_monitor_scrape(m, NULL, 0, 6, url, url_len, 7, 0, 0, 0, &bad));
     CHECK(last_error_contains("LG_ENGINE_VLLM"));
-    INVALID(lg_monitor_scrape(m, NULL, 0, 6, S("https://x/metrics"), LG_ENGINE_SGLANG, 0, 0, &bad));
+    INVALID(lg_monitor_scrape(m, NULL, 0, 6, S("https://x/metrics"), LG_ENGINE_SGLANG, 0, 0, 0, &bad));
     CHECK(last_error_contains("scheme"));
-    INVALID(lg_monitor_scrape(NULL, NULL, 0, 6, url, (size_t)url_len, LG_ENGINE_VLLM, 0, 0, &bad));
-    INVALID(lg_monitor_scrape(m, NULL, 0, 6, url, (size_t)url_len, LG_ENGINE_VLLM, 0, 0, NULL));
-    INVALID(lg_monitor_scrape(m, NULL, 3, 6, url, (size_t)url_len, LG_ENGINE_VLLM, 0, 0, &bad));
+    INVALID(lg_monitor_scrape(NULL, NULL, 0, 6, url, url_len, LG_ENGINE_VLLM, 0, 0, 0, &bad));
+    INVALID(lg_monitor_scrape(m, NULL, 0, 6, url, url_len, LG_ENGINE_VLLM, 0, 0, 0, NULL));
+    INVALID(lg_monitor_scrape(m, NULL, 3, 6, url, url_len, LG_ENGINE_VLLM, 0, 0, 0, &bad));
     CHECK(bad == NULL);
     INVALID(lg_scrape_get_stats(NULL, &st));
     INVALID(lg_scrape_get_stats(s, NULL));
@@ -149,9 +179,24 @@ void test_scrape(void) {
     EXPECT(lg_monitor_is_busy(m, 5, &busy), LG_NOT_FOUND); /* removed with its scrape */
     lg_scrape_free(NULL);
     lg_monitor_free(m);
-    shutdown(e.listen_fd, SHUT_RDWR);
-    close(e.listen_fd);
-    pthread_join(e.thread, NULL);
+    stop_engine(&e);
+}
+
+/* vLLM's metrics carry no seat count: a scrape declares the engine's, and
+ * with an SLO the worker holds 3 and a probe of one though every scrape
+ * shows none waiting; busy at the fifth booking. */
+void test_scrape_declared_seats(void) {
+    struct fake_engine e;
+    start_engine(&e, VLLM_IDLE, sizeof VLLM_IDLE - 1);
+    lg_scrape *s = NULL;
+    lg_monitor *m = scraping(&e, 3, &s);
+    lg_booking *held[8] = {NULL};
+    size_t n = 0;
+    CHECK(slo_bookings_until_busy(m, 5, held, &n) == 5);
+    while (n > 0) lg_booking_free(held[--n]);
+    lg_scrape_free(s);
+    lg_monitor_free(m);
+    stop_engine(&e);
 }
 
 

@@ -10,17 +10,6 @@
 
 /* ----- SLO admission ----------------------------------------------------- */
 
-/* Books `worker` (bookings of 4 blocks, into held[*n..8]) until it is busy. */
-static void book_until_busy(lg_monitor *m, uint64_t worker, lg_booking **held, size_t *n) {
-    bool busy = false;
-    OK(lg_monitor_is_busy(m, worker, &busy));
-    while (!busy && *n < 8) {
-        OK(lg_monitor_book(m, worker, 0, 4, &held[(*n)++]));
-        OK(lg_monitor_is_busy(m, worker, &busy));
-    }
-    CHECK(busy);
-}
-
 /* The SLO: set (advisory), refused with the field named, cleared; a
  * booking's stream observed (first token, then token gaps) and fitted by the
  * maintenance thread; predictions for known and unknown ranks; the answer's
@@ -112,12 +101,9 @@ void test_monitor_slo_engine_seats(void) {
     spec.has_max_num_seqs = true;
     spec.max_num_seqs = 3;
     OK(lg_monitor_add_worker(m, S("llama"), 5, &spec));
-    lg_slo slo = {2.0, 0.1, false};
-    OK(lg_monitor_set_slo(m, S("llama"), &slo));
     lg_booking *held[8] = {NULL};
     size_t n = 0;
-    book_until_busy(m, 5, held, &n);
-    CHECK(n == 5);
+    CHECK(slo_bookings_until_busy(m, 5, held, &n) == 5);
     while (n > 2) lg_booking_free(held[--n]);
     lg_load_report report;
     memset(&report, 0, sizeof report);

@@ -49,6 +49,23 @@ lg_worker_spec one_rank(uint64_t kv_total) {
     return spec;
 }
 
+void book_until_busy(lg_monitor *m, uint64_t worker, lg_booking **held, size_t *n) {
+    bool busy = false;
+    OK(lg_monitor_is_busy(m, worker, &busy));
+    while (!busy && *n < 8) {
+        OK(lg_monitor_book(m, worker, 0, 4, &held[(*n)++]));
+        OK(lg_monitor_is_busy(m, worker, &busy));
+    }
+    CHECK(busy);
+}
+
+size_t slo_bookings_until_busy(lg_monitor *m, uint64_t worker, lg_booking **held, size_t *n) {
+    lg_slo slo = {2.0, 0.1, false};
+    OK(lg_monitor_set_slo(m, S("llama"), &slo));
+    book_until_busy(m, worker, held, n);
+    return *n;
+}
+
 lg_monitor *half_line_monitor(void) {
     lg_monitor *m = NULL;
     OK(lg_monitor_new(NULL, &m));

@@ -68,6 +68,12 @@ int await_busy(const lg_monitor *m, uint64_t worker_id, bool want);
 lg_load_report kv_report(uint64_t used, uint64_t total);
 /* A worker of one rank (0) with `kv_total` KV blocks. */
 lg_worker_spec one_rank(uint64_t kv_total);
+/* Books rank 0 of `worker` (bookings of 4 blocks, into held[*n..8]) until
+ * it is busy. */
+void book_until_busy(lg_monitor *m, uint64_t worker, lg_booking **held, size_t *n);
+/* Sets model "llama"'s SLO (2 s, 0.1 s, enforced), then book_until_busy:
+ * the bookings it took. */
+size_t slo_bookings_until_busy(lg_monitor *m, uint64_t worker, lg_booking **held, size_t *n);
 /* A monitor of model "m" with worker 1 (one rank of 100 KV blocks), busy
  * above half of them. */
 lg_monitor *half_line_monitor(void);
@@ -85,6 +91,7 @@ void test_monitor_slo_engine_seats(void);
 
 /* api_discovery.c: workers from engine scraping and Dynamo's discovery. */
 void test_scrape(void);
+void test_scrape_declared_seats(void);
 void test_discovery(void);
 void test_discovery_etcd_live(const char *url, uint64_t worker);
 

@@ -24,6 +24,7 @@ pub enum Call {
         engine: u32,
         interval_ms: u64,
         timeout_ms: u64,
+        max_num_seqs: u64,
         fault: u8,
     },
     /// `lg_scrape_get_stats` and `lg_scrape_free` on NULL.
@@ -43,6 +44,7 @@ impl Call {
                 engine,
                 interval_ms,
                 timeout_ms,
+                max_num_seqs,
                 fault,
             } => {
                 let mut m = pick(&state.monitors, *m);
@@ -75,6 +77,7 @@ impl Call {
                         engine_kind,
                         *interval_ms,
                         *timeout_ms,
+                        *max_num_seqs,
                         out_ptr,
                     )
                 });
