@@ -414,9 +414,9 @@ fn two_reports_running_of_waiting_set_the_seats_to_those_seated_fewer_too() {
 fn the_engines_own_seats_bound_those_learned_and_stand_for_them_until_then() {
     let (m, _) = monitor_of(1_000_000, Some(20));
     m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    // No report yet: the engine's 20 seats and a probe of one.
+    // No report yet: the engine's 20 seats, which no probe passes.
     let mut held = Vec::new();
-    assert_eq!(book_until_busy(&m, &mut held), 22);
+    assert_eq!(book_until_busy(&m, &mut held), 21);
     assert_eq!(turned_busy(&m, "seats"), 1);
     // A report late by the bookings made since shows 28 seated; the
     // engine runs 20 at most, so 20 are learned, not 28.
@@ -425,7 +425,7 @@ fn the_engines_own_seats_bound_those_learned_and_stand_for_them_until_then() {
     held.truncate(19);
     report_waiting(&m, 0);
     assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&m, &mut held), 22);
+    assert_eq!(book_until_busy(&m, &mut held), 21);
     // A report may carry the engine's seats: fewer bound them at once.
     held.truncate(9);
     let fewer = LoadReport {
@@ -434,7 +434,34 @@ fn the_engines_own_seats_bound_those_learned_and_stand_for_them_until_then() {
     };
     m.report(1, 0, &fewer).unwrap();
     assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&m, &mut held), 12);
+    assert_eq!(book_until_busy(&m, &mut held), 11);
+}
+
+#[test]
+fn learned_seats_below_the_engines_grow_by_a_whole_probe_however_far_apart_the_reports() {
+    let (m, clock) = monitor_of(1_000_000, Some(64));
+    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
+    // A burst of prompts waits for the step's budget: 2 of 34 waiting
+    // teach 32 seats.
+    let mut held: Vec<Booking> = (0..34).map(|_| m.book(1, 0, 4).unwrap()).collect();
+    report_waiting(&m, 2);
+    held.truncate(31);
+    // Reports 3 s apart, two intervals past the 2 s TTFT. Within the
+    // engine's 64 seats a probe waits for no seat, so it is the whole
+    // eighth of the seats, 4, not one.
+    clock.advance(Duration::from_secs(3));
+    report_waiting(&m, 0);
+    assert!(!m.is_busy(1).unwrap());
+    assert_eq!(book_until_busy(&m, &mut held), 37);
+    // Near the engine's seats the probe stops at them: 62 learned, a
+    // probe of 7, and busy past 64.
+    held.extend((37..64).map(|_| m.book(1, 0, 4).unwrap()));
+    report_waiting(&m, 2);
+    held.truncate(61);
+    clock.advance(Duration::from_secs(3));
+    report_waiting(&m, 0);
+    assert!(!m.is_busy(1).unwrap());
+    assert_eq!(book_until_busy(&m, &mut held), 65);
 }
 
 #[test]

@@ -232,11 +232,12 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// declared or reported), which are the seats until some are learned: a
 /// late report, counting bookings made after it as seated, cannot teach
 /// more than the engine runs. Until the next report a rank is booked at
-/// most a probe past them
-/// ([`seat_probe`]): one the next reports confirm or refuse, so a request
-/// booked past the engine's seats waits for no more than a probe's seats
-/// to free. A rank the waiting or the probe made busy stays so until its
-/// bookings are under its seats. Called by the worker's publisher only.
+/// most a probe past them ([`seat_probe`]), and never past the engine's
+/// own: one the next reports confirm or refuse, so a request booked past
+/// the engine's seats, where they are not known, waits for no more than a
+/// probe's seats to free. A rank the waiting or the probe made busy stays
+/// so until its bookings are under its seats. Called by the worker's
+/// publisher only.
 fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64, BusyTerm) {
     // Relaxed: a count, and the publisher's own state (`reported` and
     // `engine_seats` are set by a report, released to the publisher by the
@@ -274,7 +275,15 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
         }
         let now = clock.now();
         let since = now.saturating_sub(slo.reported_at.swap(now, Ordering::Relaxed));
-        let probe = seat_probe(if learned == 0 { engine } else { learned }, since, t.ttft);
+        // A probe past the engine's seats is what waits for a seat (which
+        // the TTFT target bounds); within them, where they are known, it
+        // waits for none.
+        let past_the_engine = (engine == 0).then_some(t.ttft);
+        let probe = seat_probe(
+            if learned == 0 { engine } else { learned },
+            since,
+            past_the_engine,
+        );
         slo.probe.store(probe, Ordering::Relaxed);
     }
     let seats = match slo.seats.load(Ordering::Relaxed) {
@@ -288,7 +297,7 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
     }
     let load = if seats == 0 {
         0.0
-    } else if booked > seats + slo.probe.load(Ordering::Relaxed) {
+    } else if booked > bounded(seats + slo.probe.load(Ordering::Relaxed)) {
         1.0 + HYSTERESIS
     } else if booked >= seats {
         // Holds a busy rank, turns none busy.
@@ -304,14 +313,18 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
 /// (`seats`): a [`SEAT_PROBE`]th of them (at least one) for each
 /// [`SEAT_PROBE_PERIOD`] between the two, from one up to
 /// [`SEAT_PROBE_PERIODS`], so the seats grow as fast per second however
-/// far apart the reports come; but one only when two such intervals
-/// exceed the `ttft` target (seconds). A probe past the engine's seats is
-/// shown by the report after next at the latest (the next may have left
-/// the engine before the probe came), and the requests it made wait
-/// until then would miss their first token.
-fn seat_probe(seats: u64, since: u64, ttft: f64) -> u64 {
+/// far apart the reports come; but one only when the probe may pass the
+/// engine's seats (they are not known: `ttft` is the target, seconds) and
+/// two such intervals exceed the `ttft` target. A probe past the engine's
+/// seats is shown by the report after next at the latest (the next may
+/// have left the engine before the probe came), and the requests it made
+/// wait until then would miss their first token. Within the engine's
+/// seats nothing waits for one: learned seats below them (a wait for the
+/// step's budget or for blocks during a burst) grow back as fast however
+/// far apart the reports come.
+fn seat_probe(seats: u64, since: u64, ttft: Option<f64>) -> u64 {
     let since = since as f64 * 1e-9;
-    let periods = if 2.0 * since <= ttft {
+    let periods = if ttft.is_none_or(|ttft| 2.0 * since <= ttft) {
         (since / SEAT_PROBE_PERIOD).clamp(1.0, SEAT_PROBE_PERIODS)
     } else {
         1.0

@@ -183,8 +183,8 @@ void test_scrape(void) {
 }
 
 /* vLLM's metrics carry no seat count: a scrape declares the engine's, and
- * with an SLO the worker holds 3 and a probe of one though every scrape
- * shows none waiting; busy at the fifth booking. */
+ * with an SLO the worker holds 3, which no probe passes, though every
+ * scrape shows none waiting; busy at the fourth booking. */
 void test_scrape_declared_seats(void) {
     struct fake_engine e;
     start_engine(&e, VLLM_IDLE, sizeof VLLM_IDLE - 1);
@@ -192,7 +192,7 @@ void test_scrape_declared_seats(void) {
     lg_monitor *m = scraping(&e, 3, &s);
     lg_booking *held[8] = {NULL};
     size_t n = 0;
-    CHECK(slo_bookings_until_busy(m, 5, held, &n) == 5);
+    CHECK(slo_bookings_until_busy(m, 5, held, &n) == 4);
     while (n > 0) lg_booking_free(held[--n]);
     lg_scrape_free(s);
     lg_monitor_free(m);
