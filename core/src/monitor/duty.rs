@@ -9,8 +9,8 @@
 //!   whose staleness policy is not `keep`), and ending overload leases
 //!   at their deadlines;
 //! * fitting each rank's step time to what its requests' streams showed,
-//!   every `FIT_PERIOD` while a model has an SLO (`slo.rs`), and sampling
-//!   the rate its bookings end (`freed.rs`).
+//!   every `FIT_PERIOD` while a model has an SLO, and sampling the rate
+//!   its bookings end (`slo.rs`, `freed.rs`).
 //!
 //! With [`Maintenance::Background`] (the default) a thread of the
 //! monitor's own does it, started by the first setting that needs it
@@ -158,7 +158,7 @@ impl Duty {
         // Relaxed: a setting.
         let on = reg.models.values().any(|m| m.slo.mode().is_some());
         super::slo::fit(&self.observations, &reg);
-        super::freed::sample(&reg, now);
+        super::slo::sample_releases(&reg, now);
         on.then(|| now.saturating_add(crate::clock::nanos(super::slo::FIT_PERIOD)))
     }
 

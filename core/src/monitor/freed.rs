@@ -15,19 +15,16 @@
 //! Each rank counts the bookings that end on it (`RankSlo::released`,
 //! beside its count of bookings, in `Booking`'s drop: no line of its
 //! own). The maintenance takes those counts each cycle while the model
-//! has an SLO, keeps the model's running total at most every
-//! [`FIT_PERIOD`] in a ring ([`Releases`]) and publishes the rate over
-//! the queue's budget, the count over the span, taken as Poisson for its
-//! variance (`ModelSlo::freed`).
+//! has an SLO (`slo.rs`, `sample_releases`), keeps the model's running
+//! total at most every `FIT_PERIOD` in a ring ([`Releases`], this file)
+//! and publishes the rate over the queue's budget, the count over the
+//! span, taken as Poisson for its variance (`ModelSlo::freed`).
 
-use super::flow::budget;
-use super::observe::{ModelSlo, FIT_PERIOD};
-use super::registry::Registry;
 use crate::flow::Rate;
-use crate::sync::{lock, Ordering};
 
-/// Samples kept, at least [`FIT_PERIOD`] apart: about 5 s at 20 ms, and
-/// a rate over a longer budget is taken over the ring's span.
+/// Samples kept, at least a sampling period apart: about 5 s at the
+/// maintenance's 20 ms, and a rate over a longer budget is taken over the
+/// ring's span.
 const SAMPLES: usize = 256;
 
 /// A model's running total of ended bookings, sampled (module docs).
@@ -61,11 +58,15 @@ impl Releases {
         self.total = 0;
     }
 
+    /// `n` more bookings ended.
+    pub(super) fn add(&mut self, n: u64) {
+        self.total += n;
+    }
+
     /// The total at `now` (clock nanoseconds; never before the last): the
-    /// newest sample moved to now if it came within [`FIT_PERIOD`] of the
-    /// one before, else a new one.
-    fn sample(&mut self, now: u64) {
-        let period = crate::clock::nanos(FIT_PERIOD);
+    /// newest sample moved to now if it came within `period` nanoseconds
+    /// of the one before, else a new one.
+    pub(super) fn sample(&mut self, now: u64, period: u64) {
         let replace = self.count >= 2 && self.nth_newest(0).0 - self.nth_newest(1).0 < period;
         if self.count == 0 {
             self.first = self.total;
@@ -110,57 +111,14 @@ impl Releases {
     }
 }
 
-impl ModelSlo {
-    /// The rate the model's bookings end at, over its queue's budget, as
-    /// the maintenance last published it; `None` before two ended.
-    pub(super) fn freed(&self) -> Option<Rate> {
-        // Relaxed: values the maintenance publishes whole each; a rate and
-        // the variance of the next sample are benign.
-        let [rate, variance] = self
-            .freed
-            .each_ref()
-            .map(|c| f64::from_bits(c.load(Ordering::Relaxed)));
-        (!rate.is_nan()).then_some(Rate {
-            per_second: rate,
-            variance,
-        })
-    }
-}
-
-/// Takes the bookings that ended on every rank of a model with an SLO
-/// into its total, and publishes each such model's rate at `now` (module
-/// docs). The maintenance's, every cycle.
-pub(super) fn sample(registry: &Registry, now: u64) {
-    for w in registry.workers.values().filter(|w| w.slo_on()) {
-        // Relaxed: a count; one that ends meanwhile is taken next time.
-        let ended: u64 = w
-            .ranks
-            .iter()
-            .map(|r| r.slo.released.swap(0, Ordering::Relaxed))
-            .sum();
-        if ended > 0 {
-            lock(&w.model.slo.releases).total += ended;
-        }
-    }
-    for m in registry.models.values().filter(|m| m.slo.mode().is_some()) {
-        let rate = {
-            let mut releases = lock(&m.slo.releases);
-            releases.sample(now);
-            releases.over(crate::clock::nanos(budget(&m.slo)))
-        };
-        let (r, v) = rate.map_or((f64::NAN, f64::NAN), |r| (r.per_second, r.variance));
-        // Relaxed: values read whole each (`ModelSlo::freed`).
-        m.slo.freed[0].store(r.to_bits(), Ordering::Relaxed);
-        m.slo.freed[1].store(v.to_bits(), Ordering::Relaxed);
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
     const S: u64 = 1_000 * MS;
+    /// The maintenance's period.
+    const PERIOD: u64 = 20 * MS;
 
     fn rate(r: &Releases, horizon: u64) -> Option<f64> {
         r.over(horizon).map(|r| r.per_second)
@@ -173,13 +131,13 @@ mod tests {
             total: 7,
             ..Default::default()
         };
-        r.sample(S);
+        r.sample(S, PERIOD);
         assert_eq!(r.over(S), None, "none ended since");
         // From 1 s, one ended every 10 ms for a second, sampled every 10 ms: samples
         // kept 20 ms apart, the newest always now.
         for i in 1..=100 {
             r.total += 1;
-            r.sample(S + i * 10 * MS);
+            r.sample(S + i * 10 * MS, PERIOD);
         }
         assert_eq!(r.count, 51, "one per 20 ms, and the first");
         assert_eq!(rate(&r, S), Some(100.0));
@@ -189,7 +147,7 @@ mod tests {
         // A horizon before the first sample: over the horizon itself.
         assert_eq!(rate(&r, 2 * S), Some(50.0));
         // Nothing ends for 0.5 s: the rate over the last second halves.
-        r.sample(2 * S + S / 2);
+        r.sample(2 * S + S / 2, PERIOD);
         assert_eq!(rate(&r, S), Some(50.0));
     }
 
@@ -197,10 +155,10 @@ mod tests {
     fn a_forgotten_horizon_is_taken_over_the_rings_span() {
         let mut r = Releases::default();
         for i in 0..2 * SAMPLES as u64 {
-            r.sample(i * 20 * MS);
+            r.sample(i * 20 * MS, PERIOD);
             r.total += 2;
         }
-        r.sample(2 * SAMPLES as u64 * 20 * MS);
+        r.sample(2 * SAMPLES as u64 * 20 * MS, PERIOD);
         // 100 a second throughout; the ring holds 5.1 s of it.
         let long = rate(&r, 60 * S).unwrap();
         assert!((long - 100.0).abs() < 1e-9, "{long}");

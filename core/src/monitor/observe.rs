@@ -5,12 +5,14 @@
 //! `model.rs` hold these, `slo.rs` uses them all.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
 use super::busy_set::AtomicBits;
 use super::freed::Releases;
 use crate::clock::SharedClock;
+use crate::flow::Rate;
 use crate::slo::{OutputLengths, StepFit, StepLoad, OUTPUT_BUCKETS};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
 
@@ -89,6 +91,11 @@ impl Observations {
         }
     }
 }
+
+/// How many mean absolute deviations above the mean time from dispatch to
+/// first token a queue's wait budget keeps for it
+/// (`ModelSlo::queue_budget`).
+const BUDGET_SPREADS: f64 = 2.0;
 
 /// Whether a model's SLO decides, only shows what it would decide, or is
 /// not set.
@@ -169,6 +176,41 @@ impl ModelSlo {
             1 => Some(SloMode::Enforce),
             _ => Some(SloMode::Advisory),
         }
+    }
+
+    /// How long a request may wait in the model's queue and still meet the
+    /// TTFT target (`flow/late.rs`): the target less the time from
+    /// dispatch to first token the model's requests showed lately, the
+    /// running mean plus [`BUDGET_SPREADS`] running mean absolute
+    /// deviations; half the target before the first.
+    pub(super) fn queue_budget(&self) -> Duration {
+        // Relaxed: a setting, and gauges the maintenance publishes.
+        let target = self.ttft.load(Ordering::Relaxed) as f64 * 1e-9;
+        let [mean, spread] = &self.dispatch_ttft;
+        let mean = f64::from_bits(mean.load(Ordering::Relaxed));
+        let spread = f64::from_bits(spread.load(Ordering::Relaxed));
+        let after = if mean > 0.0 {
+            mean + BUDGET_SPREADS * spread
+        } else {
+            target / 2.0
+        };
+        Duration::try_from_secs_f64((target - after).max(0.0)).unwrap_or(Duration::ZERO)
+    }
+
+    /// The rate the model's bookings end at, over its queue's budget, as
+    /// the maintenance last published it (`freed.rs`); `None` before two
+    /// ended.
+    pub(super) fn freed(&self) -> Option<Rate> {
+        // Relaxed: values the maintenance publishes whole each; a rate and
+        // the variance of the next sample are benign.
+        let [rate, variance] = self
+            .freed
+            .each_ref()
+            .map(|c| f64::from_bits(c.load(Ordering::Relaxed)));
+        (!rate.is_nan()).then_some(Rate {
+            per_second: rate,
+            variance,
+        })
     }
 }
 

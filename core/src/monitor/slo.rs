@@ -282,6 +282,35 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
     n
 }
 
+/// Takes the bookings that ended on every rank of a model with an SLO
+/// into the model's total, and publishes each such model's rate at `now`
+/// over its queue's budget (`freed.rs`). The maintenance's, every cycle.
+pub(super) fn sample_releases(registry: &Registry, now: u64) {
+    for w in registry.workers.values().filter(|w| w.slo_on()) {
+        // Relaxed: a count; one that ends meanwhile is taken next time.
+        let ended: u64 = w
+            .ranks
+            .iter()
+            .map(|r| r.slo.released.swap(0, Ordering::Relaxed))
+            .sum();
+        if ended > 0 {
+            lock(&w.model.slo.releases).add(ended);
+        }
+    }
+    let period = crate::clock::nanos(FIT_PERIOD);
+    for m in registry.models.values().filter(|m| m.slo.mode().is_some()) {
+        let rate = {
+            let mut releases = lock(&m.slo.releases);
+            releases.sample(now, period);
+            releases.over(crate::clock::nanos(m.slo.queue_budget()))
+        };
+        let (r, v) = rate.map_or((f64::NAN, f64::NAN), |r| (r.per_second, r.variance));
+        // Relaxed: values read whole each (`ModelSlo::freed`).
+        m.slo.freed[0].store(r.to_bits(), Ordering::Relaxed);
+        m.slo.freed[1].store(v.to_bits(), Ordering::Relaxed);
+    }
+}
+
 impl Monitor {
     /// An engine's own mean token gap on rank `dp_rank` of worker
     /// `worker_id` since its last scrape (`crate::scrape`): one step of

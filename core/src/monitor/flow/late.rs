@@ -5,7 +5,7 @@
 //!
 //! * **The budget.** The TTFT target less the time from dispatch to first
 //!   token the model's requests showed lately: the running mean plus
-//!   [`SPREADS`] running mean absolute deviations (`slo.rs`). Before the
+//!   two running mean absolute deviations (`ModelSlo::queue_budget`). Before the
 //!   first is seen, half the target. A queued request's deadline is cut to
 //!   the budget: past it, dispatching it would only make it late.
 //! * **The prediction.** The requests waiting ahead of it (its band and
@@ -44,10 +44,6 @@ use crate::flow::{FlowQueue, FlowRejection, FlowRequest};
 use crate::monitor::observe::{ModelSlo, SloMode};
 use crate::sync::Ordering;
 
-/// How many mean absolute deviations above the mean time from dispatch to
-/// first token the budget keeps for it.
-const SPREADS: f64 = 2.0;
-
 /// How many times its predicted wait a request's deadline must hold: the
 /// rates behind a prediction are counts over a budget's length, and the
 /// future arrivals that overtake a wait are no more certain.
@@ -63,7 +59,7 @@ pub(super) fn decide(
     now: u64,
 ) -> Option<Result<Duration, FlowRejection>> {
     let mode = slo.mode()?;
-    let deadline = queue.deadline_of(request).min(budget(slo));
+    let deadline = queue.deadline_of(request).min(slo.queue_budget());
     let late = match slo.freed() {
         None if queue.ahead_of(request.priority) > 0 => true,
         freed => queue
@@ -89,20 +85,4 @@ pub(super) fn decide(
             None
         }
     }
-}
-
-/// How long a request may wait and still meet the TTFT target (module
-/// docs).
-pub(in crate::monitor) fn budget(slo: &ModelSlo) -> Duration {
-    // Relaxed: a setting, and gauges the maintenance publishes.
-    let target = slo.ttft.load(Ordering::Relaxed) as f64 * 1e-9;
-    let [mean, spread] = &slo.dispatch_ttft;
-    let mean = f64::from_bits(mean.load(Ordering::Relaxed));
-    let spread = f64::from_bits(spread.load(Ordering::Relaxed));
-    let after = if mean > 0.0 {
-        mean + SPREADS * spread
-    } else {
-        target / 2.0
-    };
-    Duration::try_from_secs_f64((target - after).max(0.0)).unwrap_or(Duration::ZERO)
 }

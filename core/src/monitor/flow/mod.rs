@@ -73,7 +73,6 @@ pub(crate) use control::FlowControl;
 use control::{After, Notify, State};
 pub use future::{Dispatch, DispatchHandle, Dispatching};
 use future::{Step, Waiting};
-pub(super) use late::budget;
 pub(crate) use metrics::render as render_metrics;
 use pick::pick_and_book;
 pub(super) use pick::run_queues;
