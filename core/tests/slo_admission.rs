@@ -8,41 +8,10 @@ mod support;
 use std::time::Duration;
 
 use loadgate::monitor::SloCounts;
-use loadgate::slo::{Slo, HYSTERESIS, MIN_OUTPUTS};
-use loadgate::{
-    Booking, LoadReport, Maintenance, ManualClock, Monitor, MonitorConfig, SloMode, WorkerSpec,
-};
+use loadgate::slo::{HYSTERESIS, MIN_OUTPUTS};
+use loadgate::{Booking, LoadReport, ManualClock, Monitor, SloMode};
 use proptest::prelude::*;
-use support::slo_engine::{serve, serve_noisy, step, BATCH};
-
-fn monitor(kv_total_blocks: u64) -> (Monitor, std::sync::Arc<ManualClock>) {
-    monitor_of(kv_total_blocks, None)
-}
-
-/// [`monitor`]'s, its engine declaring `max_num_seqs`.
-fn monitor_of(
-    kv_total_blocks: u64,
-    max_num_seqs: Option<u64>,
-) -> (Monitor, std::sync::Arc<ManualClock>) {
-    let clock = ManualClock::new();
-    let config = MonitorConfig {
-        maintenance: Maintenance::Manual,
-        ..Default::default()
-    };
-    let m = Monitor::with_config(config, clock.clone()).unwrap();
-    let spec = WorkerSpec {
-        kv_total_blocks: Some(kv_total_blocks),
-        max_num_batched_tokens: Some(BATCH),
-        max_num_seqs,
-        ..Default::default()
-    };
-    m.add_worker("m", 1, spec).unwrap();
-    (m, clock)
-}
-
-fn slo(ttft: f64, tpot: f64) -> Option<Slo> {
-    Some(Slo::from_secs(ttft, tpot).unwrap())
-}
+use support::slo_engine::{monitor, serve, serve_noisy, slo, step, turned_busy, BATCH};
 
 /// Answers of `tokens` tokens, ended and learned.
 fn learn_answers(m: &Monitor, n: u64, tokens: u64) {
@@ -57,18 +26,6 @@ fn learn_answers(m: &Monitor, n: u64, tokens: u64) {
 
 fn decode_blocks(m: &Monitor) -> u64 {
     m.rank_load(1, 0).unwrap().active_decode_blocks
-}
-
-/// How often the verdict on worker 1's rank 0 turned busy by `term`
-/// (`frontend_slo_turned_busy_total`).
-fn turned_busy(m: &Monitor, term: &str) -> u64 {
-    let prefix = format!(
-        "dynamo_frontend_slo_turned_busy_total{{by=\"{term}\",dp_rank=\"0\",worker_id=\"1\"}} "
-    );
-    m.metrics_text()
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
-        .unwrap()
 }
 
 #[test]
@@ -250,16 +207,104 @@ fn the_tpot_verdict_holds_the_decode_load() {
     serve(&m, &clock, 3_000);
     m.set_slo("m", slo(10.0, 0.02), SloMode::Enforce).unwrap();
     // 20 ms a token: 5 ms + 100 µs a request + 0.1 µs a context token.
-    let mut held: Vec<Booking> = Vec::new();
-    while !m.is_busy(1).unwrap() {
-        held.push(m.book(1, 0, 64).unwrap());
-        assert!(held.len() < 500, "never busy");
-    }
+    let held = book_until_busy(&m, 64);
     let n = held.len() as f64;
     let tpot = step(0.0, n + 1.0, n * 1024.0);
     assert!(
         (tpot - 0.02).abs() < 0.003,
         "busy at {n} requests: tpot {tpot}"
+    );
+}
+
+/// Bookings of `blocks` blocks (and their reservations) on worker 1 until
+/// its rank is busy.
+fn book_until_busy(m: &Monitor, blocks: u64) -> Vec<Booking> {
+    let mut held = Vec::new();
+    while !m.is_busy(1).unwrap() {
+        held.push(m.book(1, 0, blocks).unwrap());
+        assert!(held.len() < 1_000, "never busy");
+    }
+    held
+}
+
+/// An answer on worker 1's rank 0 whose 8 tokens after the first came
+/// `gap` seconds apart each.
+fn answer_at(m: &Monitor, clock: &ManualClock, gap: f64) {
+    let mut b = m.book(1, 0, 64).unwrap();
+    assert!(
+        b.prediction().is_some(),
+        "booked without a trusted prediction"
+    );
+    b.first_token();
+    clock.advance(Duration::from_secs_f64(8.0 * gap));
+    b.tokens(8);
+    b.finish(None);
+}
+
+#[test]
+fn answers_that_missed_the_tpot_hold_the_rank_back_until_enough_met_it() {
+    let (m, clock) = monitor(1_000_000);
+    m.set_slo("m", slo(10.0, 0.02), SloMode::Advisory).unwrap();
+    serve(&m, &clock, 3_000);
+    m.set_slo("m", slo(10.0, 0.02), SloMode::Enforce).unwrap();
+    let busy_at = |m: &Monitor| book_until_busy(m, 64).len();
+    let margin = |m: &Monitor| -> f64 {
+        let prefix = "dynamo_frontend_slo_tpot_margin{dp_rank=\"0\",worker_id=\"1\"} ";
+        let text = m.metrics_text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix)?.parse().ok())
+            .unwrap()
+    };
+    assert_eq!(margin(&m), 1.0);
+    // Answers that met the target leave it at 1.
+    for _ in 0..20 {
+        answer_at(&m, &clock, step(0.0, 1.0, 1024.0));
+    }
+    m.maintain();
+    assert_eq!(margin(&m), 1.0);
+    let before = busy_at(&m);
+    // Ten that streamed at twice the target (among the engine's steps, so
+    // the fit sets them aside as outliers): 5 % more each.
+    for _ in 0..10 {
+        answer_at(&m, &clock, 0.04);
+        serve(&m, &clock, 100);
+    }
+    m.maintain();
+    let raised = margin(&m);
+    assert!((raised - 1.05f64.powi(10)).abs() < 1e-9, "margin {raised}");
+    assert!(
+        m.predict(1, 0, 1).unwrap().trusted,
+        "the fit set them aside"
+    );
+    // The rank turns busy where the predicted time per token, so raised
+    // (and with the fit's headroom), reaches the target.
+    let mut held = book_until_busy(&m, 64);
+    assert!(
+        held.len() < before,
+        "busy at {}, before at {before}",
+        held.len()
+    );
+    let (error, _) = m.prediction_errors(1, 0).unwrap();
+    let load = |m: &Monitor| m.predict(1, 0, 0).unwrap().tpot * raised * (1.0 + 2.0 * error) / 0.02;
+    assert!(load(&m) > 1.0, "busy under the target: {}", load(&m));
+    held.pop();
+    assert!(load(&m) <= 1.0, "busy a request early: {}", load(&m));
+    drop(held);
+    // Answers that meet it bring it down by a 199th of a miss each (so it
+    // settles where one answer in 200 misses), never below 1 (the unit
+    // tests): about 1,950 to undo these ten.
+    for i in 0..200 {
+        answer_at(&m, &clock, step(0.0, 1.0, 1024.0));
+        if i % 50 == 49 {
+            serve(&m, &clock, 100);
+        }
+    }
+    m.maintain();
+    let lowered = margin(&m);
+    let want = raised * 1.05f64.powf(-200.0 / 199.0);
+    assert!(
+        (lowered - want).abs() < 1e-9,
+        "margin {lowered}, want {want}"
     );
 }
 
@@ -325,203 +370,12 @@ fn a_fit_that_fits_badly_still_holds_the_rank_with_more_headroom() {
     let fits = (0..500)
         .find(|&n| step(prefill, n as f64 + 1.0, n as f64 * 1024.0) > 0.04)
         .unwrap();
-    let mut held: Vec<Booking> = Vec::new();
-    while !m.is_busy(1).unwrap() {
-        held.push(m.book(1, 0, 64).unwrap());
-        assert!(held.len() < 500, "never busy");
-    }
+    let held = book_until_busy(&m, 64);
     assert!(
         (5..fits * 2 / 3).contains(&held.len()),
         "busy at {} (a fit that fits: {fits})",
         held.len()
     );
-}
-
-/// Worker 1's engine reports `waiting` requests waiting for a seat.
-fn report_waiting(m: &Monitor, waiting: u64) {
-    let r = LoadReport {
-        waiting_requests: Some(waiting),
-        ..Default::default()
-    };
-    m.report(1, 0, &r).unwrap();
-}
-
-/// Books worker 1 until it is busy: how many it holds then.
-fn book_until_busy(m: &Monitor, held: &mut Vec<Booking>) -> usize {
-    while !m.is_busy(1).unwrap() {
-        held.push(m.book(1, 0, 4).unwrap());
-        assert!(held.len() < 100, "never busy");
-    }
-    held.len()
-}
-
-#[test]
-fn the_seats_are_learned_at_reports_and_bookings_pass_them_by_one_probe() {
-    let (m, _) = monitor(1_000_000);
-    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    let report = |waiting| report_waiting(&m, waiting);
-    let mut held: Vec<Booking> = (0..22).map(|_| m.book(1, 0, 4).unwrap()).collect();
-    // Two of the 22 wait: the engine has 20 seats, and the rank takes
-    // nothing while any waits.
-    report(2);
-    assert!(m.is_busy(1).unwrap());
-    held.truncate(19);
-    report(0);
-    assert!(!m.is_busy(1).unwrap());
-    // Between reports the bookings pass the 20 seats by one probe (a
-    // 64th of them, at least one).
-    assert_eq!(book_until_busy(&m, &mut held), 22);
-    assert_eq!(
-        (turned_busy(&m, "waiting"), turned_busy(&m, "seats")),
-        (1, 1)
-    );
-    // A report of none waiting may predate the last bookings: the seats
-    // grow to the lesser of the bookings at two such reports running.
-    report(0);
-    assert!(m.is_busy(1).unwrap(), "grew from one report");
-    report(0);
-    held.pop();
-    assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&m, &mut held), 24);
-}
-
-#[test]
-fn two_reports_running_of_waiting_set_the_seats_to_those_seated_fewer_too() {
-    let (m, _) = monitor(1_000_000);
-    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    let settle = |held: &mut Vec<Booking>, to: usize| {
-        held.truncate(to);
-        report_waiting(&m, 0);
-        assert!(!m.is_busy(1).unwrap(), "busy at {to}");
-    };
-    // A report late by the bookings made since: 55 seen seated.
-    let mut held: Vec<Booking> = (0..60).map(|_| m.book(1, 0, 4).unwrap()).collect();
-    report_waiting(&m, 5);
-    // One report of fewer seated after a clean one leaves the seats: 55
-    // and one probe.
-    settle(&mut held, 54);
-    report_waiting(&m, 3);
-    settle(&mut held, 50);
-    assert_eq!(book_until_busy(&m, &mut held), 57);
-    // The second of two running sets them, fewer too: 52.
-    report_waiting(&m, 5);
-    report_waiting(&m, 5);
-    settle(&mut held, 51);
-    assert_eq!(book_until_busy(&m, &mut held), 54);
-}
-
-#[test]
-fn the_engines_own_seats_bound_those_learned_and_stand_for_them_until_then() {
-    let (m, _) = monitor_of(1_000_000, Some(20));
-    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    // No report yet: the engine's 20 seats, which no probe passes.
-    let mut held = Vec::new();
-    assert_eq!(book_until_busy(&m, &mut held), 21);
-    assert_eq!(turned_busy(&m, "seats"), 1);
-    // A report late by the bookings made since shows 28 seated; the
-    // engine runs 20 at most, so 20 are learned, not 28.
-    held.extend((0..8).map(|_| m.book(1, 0, 4).unwrap()));
-    report_waiting(&m, 2);
-    held.truncate(19);
-    report_waiting(&m, 0);
-    assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&m, &mut held), 21);
-    // A report may carry the engine's seats: fewer bound them at once.
-    held.truncate(9);
-    let fewer = LoadReport {
-        max_num_seqs: Some(10),
-        ..Default::default()
-    };
-    m.report(1, 0, &fewer).unwrap();
-    assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&m, &mut held), 11);
-}
-
-#[test]
-fn learned_seats_below_the_engines_grow_by_a_whole_probe_however_far_apart_the_reports() {
-    let (m, clock) = monitor_of(1_000_000, Some(64));
-    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    // A burst of prompts waits for the step's budget: 2 of 34 waiting
-    // teach 32 seats.
-    let mut held: Vec<Booking> = (0..34).map(|_| m.book(1, 0, 4).unwrap()).collect();
-    report_waiting(&m, 2);
-    held.truncate(31);
-    // Reports 3 s apart, two intervals past the 2 s TTFT. Within the
-    // engine's 64 seats a probe waits for no seat, so it is the whole
-    // eighth of the seats, 4, not one.
-    clock.advance(Duration::from_secs(3));
-    report_waiting(&m, 0);
-    assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&m, &mut held), 37);
-    // Near the engine's seats the probe stops at them: 62 learned, a
-    // probe of 7, and busy past 64.
-    held.extend((37..64).map(|_| m.book(1, 0, 4).unwrap()));
-    report_waiting(&m, 2);
-    held.truncate(61);
-    clock.advance(Duration::from_secs(3));
-    report_waiting(&m, 0);
-    assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&m, &mut held), 65);
-}
-
-#[test]
-fn the_probe_past_the_seats_grows_with_the_time_between_reports_while_two_fit_the_ttft() {
-    let (m, clock) = monitor(1_000_000);
-    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    let mut held: Vec<Booking> = (0..130).map(|_| m.book(1, 0, 4).unwrap()).collect();
-    // 128 seats: a 64th of them is 2.
-    report_waiting(&m, 2);
-    held.truncate(127);
-    // A 64th per tenth of a second between the reports, at least one and
-    // at most eight; but one when two such intervals exceed the 2 s TTFT.
-    for (apart_ms, probe) in [(50, 2), (500, 10), (1000, 16), (3000, 2), (1001, 2)] {
-        clock.advance(Duration::from_millis(apart_ms));
-        report_waiting(&m, 0);
-        assert!(!m.is_busy(1).unwrap(), "{apart_ms} ms: busy at 127");
-        while !m.is_busy(1).unwrap() {
-            held.push(m.book(1, 0, 4).unwrap());
-            assert!(held.len() < 200, "{apart_ms} ms: never busy");
-        }
-        assert_eq!(held.len(), 128 + probe + 1, "{apart_ms} ms apart");
-        held.truncate(127);
-    }
-}
-
-#[test]
-fn a_report_of_waiting_holds_the_rank_until_as_many_bookings_end() {
-    let (m, _) = monitor(1_000_000);
-    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
-    let report = |waiting| report_waiting(&m, waiting);
-    let mut held: Vec<Booking> = (0..22).map(|_| m.book(1, 0, 4).unwrap()).collect();
-    report(2);
-    assert!(m.is_busy(1).unwrap());
-    assert_eq!(turned_busy(&m, "waiting"), 1);
-    // Reports may be seconds apart: no other comes. One end seats one of
-    // the two waiting, the second the other, and the engine's 20 seats
-    // are full; the third frees one, and the rank takes a request.
-    for (left, busy) in [(21, true), (20, true), (19, false)] {
-        held.pop();
-        m.maintain();
-        assert_eq!(m.is_busy(1).unwrap(), busy, "{left} booked");
-    }
-    // More waiting than the rank's bookings: those seated by the ends of
-    // requests not its own, which it cannot count, so until a report says.
-    report(30);
-    held.clear();
-    m.maintain();
-    assert!(m.is_busy(1).unwrap(), "held with none booked");
-    report(0);
-    assert!(!m.is_busy(1).unwrap());
-}
-
-/// Bookings of 5 blocks (and their reservations) until the rank is busy.
-fn book_5_blocks_until_busy(m: &Monitor) -> Vec<Booking> {
-    let mut held = Vec::new();
-    while !m.is_busy(1).unwrap() {
-        held.push(m.book(1, 0, 5).unwrap());
-        assert!(held.len() < 1_000, "never busy");
-    }
-    held
 }
 
 #[test]
@@ -530,7 +384,7 @@ fn before_its_fit_is_trusted_the_verdict_holds_the_kv_with_reservations() {
     m.set_slo("m", slo(1.0, 0.1), SloMode::Enforce).unwrap();
     learn_answers(&m, MIN_OUTPUTS, 800);
     // Each request: 5 blocks of prompt and 50 reserved for its answer.
-    let held = book_5_blocks_until_busy(&m);
+    let held = book_until_busy(&m, 5);
     assert!(!m.predict(1, 0, 1).unwrap().trusted);
     // 95 % of 1,000 blocks is 17.3 requests of 55.
     assert_eq!(held.len(), 18);
@@ -542,7 +396,7 @@ fn a_rank_full_by_its_kv_takes_the_next_request_once_one_fits() {
     m.set_slo("m", slo(1.0, 0.1), SloMode::Enforce).unwrap();
     // A typical request: 4 blocks of prompt (64 tokens) and 50 reserved.
     learn_answers(&m, MIN_OUTPUTS, 800);
-    let mut held = book_5_blocks_until_busy(&m);
+    let mut held = book_until_busy(&m, 5);
     // 95 % of 10,000 blocks is 172.7 requests of 55.
     assert_eq!(held.len(), 173);
     assert_eq!(turned_busy(&m, "kv"), 1);

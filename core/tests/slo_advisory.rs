@@ -9,24 +9,16 @@ use std::time::Duration;
 mod support;
 
 use loadgate::slo::Slo;
-use loadgate::{Booking, Maintenance, ManualClock, Monitor, MonitorConfig, SloMode, WorkerSpec};
-use support::slo_engine::{serve, step, BATCH};
+use loadgate::{Booking, ManualClock, Monitor, SloMode, WorkerSpec};
+use support::slo_engine::{monitor_with, serve, step, BATCH};
 
 fn monitor() -> (Monitor, std::sync::Arc<ManualClock>) {
-    let clock = ManualClock::new();
-    let config = MonitorConfig {
-        maintenance: Maintenance::Manual,
-        ..Default::default()
-    };
-    let m = Monitor::with_config(config, clock.clone()).unwrap();
-    let spec = WorkerSpec {
+    monitor_with(WorkerSpec {
         dp_size: 2,
         kv_total_blocks: Some(10_000),
         max_num_batched_tokens: Some(BATCH),
         ..Default::default()
-    };
-    m.add_worker("m", 1, spec).unwrap();
-    (m, clock)
+    })
 }
 
 #[test]

@@ -99,7 +99,9 @@ impl Booking {
     /// The answer ended with `output_tokens` tokens (`None`: as many as
     /// `first_token()` and `tokens()` counted): with an SLO set for its
     /// model, its length is learned for the reservations of the answers to
-    /// come. Releases the booking; after `release()` it does nothing.
+    /// come, and its time per output token is weighed against the TPOT
+    /// target (the rank's TPOT margin). Releases the booking; after
+    /// `release()` it does nothing.
     #[pyo3(signature = (output_tokens = None))]
     fn finish(&self, output_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let n = output_tokens

@@ -47,6 +47,8 @@ pub struct Booking {
     window_at: u64,
     window_tokens: u64,
     window_load: StepLoad,
+    /// With an SLO: when its first token came (0: not yet).
+    first_at: u64,
     /// With an SLO: what was predicted at booking, if trusted.
     predicted: Option<Prediction>,
     /// Its prompt tokens as booked (`prefill` empties when it is done).
@@ -184,6 +186,7 @@ impl Booking {
             window_at: 0,
             window_tokens: 0,
             window_load: StepLoad::default(),
+            first_at: 0,
             predicted,
             prompt,
             generated: 0,
@@ -227,6 +230,7 @@ impl Booking {
             self.worker
                 .observe_first_token(self.rank, observed, self.predicted.map(|p| p.ttft));
             self.window_at = now;
+            self.first_at = now;
         }
         self.settle();
     }
@@ -284,11 +288,27 @@ impl Booking {
     /// The answer ended with `output_tokens` tokens (`None`: as many as
     /// [`first_token`](Self::first_token) and [`tokens`](Self::tokens)
     /// counted): with an SLO set for its model, its length is learned for
-    /// the reservations of the answers to come. Releases the booking.
+    /// the reservations of the answers to come and, booked with a trusted
+    /// prediction, its time per output token (up to its last observed
+    /// window, [`tokens`](Self::tokens)) is weighed against the TPOT
+    /// target: the rank's TPOT margin (`predict.rs`, `answered`). Releases
+    /// the booking.
     pub fn finish(self, output_tokens: Option<u64>) {
         if self.worker.slo_on() {
             let output = output_tokens.unwrap_or(self.generated);
-            self.worker.observe_answer(self.rank, self.prompt, output);
+            // The gaps up to the last window observed (`tokens`).
+            let gaps = self
+                .generated
+                .saturating_sub(self.window_tokens)
+                .saturating_sub(1);
+            let tpot = match (self.predicted, gaps) {
+                (Some(_), 1..) if self.first_at != 0 && self.window_at > self.first_at => {
+                    (self.window_at - self.first_at) as f64 * 1e-9 / gaps as f64
+                }
+                _ => 0.0,
+            };
+            self.worker
+                .observe_answer(self.rank, self.prompt, output, tpot);
         }
     }
 

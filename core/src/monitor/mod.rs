@@ -117,7 +117,7 @@ pub use pick::seed_picks;
 pub use route::Route;
 pub use slo::{
     Prediction, SloCounts, FIT_PERIOD, OBSERVATION_CAPACITY, SEAT_PROBE, SEAT_PROBE_PERIOD,
-    SEAT_PROBE_PERIODS,
+    SEAT_PROBE_PERIODS, TPOT_MARGIN_MAX, TPOT_MARGIN_STEP, TPOT_MISSES,
 };
 
 use duty::Duty;

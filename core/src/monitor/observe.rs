@@ -36,8 +36,10 @@ pub(super) enum Sample {
     /// A first token after `observed` seconds, where `predicted` was
     /// predicted at booking (negative: no trusted prediction then).
     FirstToken { observed: f64, predicted: f64 },
-    /// An answer of `output` tokens to a prompt of `prompt` ended.
-    Answer { prompt: u64, output: u64 },
+    /// An answer of `output` tokens to a prompt of `prompt` ended, after
+    /// `tpot` seconds per output token (not positive: not seen, or booked
+    /// without a trusted prediction).
+    Answer { prompt: u64, output: u64, tpot: f64 },
 }
 
 /// An observation of rank index `rank` of worker `worker_id` (by id: a
@@ -279,6 +281,10 @@ pub(super) struct RankSlo {
     /// Running relative error of the step fit (`f64` bits; 1 until the
     /// first).
     pub(super) step_error: AtomicU64,
+    /// What the verdict multiplies the predicted time per output token
+    /// by, at least 1 (`f64` bits): raised by each answer that missed the
+    /// target, lowered by each that met it (`slo.rs`, `TPOT_MISSES`).
+    pub(super) tpot_margin: AtomicU64,
     /// The maintenance's.
     pub(super) fit: OnceLock<Mutex<StepFit>>,
     /// The prefill tokens of the rank's steps, running mean over about
@@ -335,6 +341,7 @@ impl RankSlo {
             released: AtomicU64::new(0),
             ttft_error: AtomicU64::new(1f64.to_bits()),
             step_error: AtomicU64::new(1f64.to_bits()),
+            tpot_margin: AtomicU64::new(1f64.to_bits()),
             fit: OnceLock::new(),
             mean_prefill: AtomicU64::new(0),
             seats: AtomicU64::new(0),

@@ -110,7 +110,7 @@ pub(super) fn predict(slo: &RankSlo, l: &RankLoad, prompt: u64) -> Prediction {
 pub(super) struct Targets {
     pub(super) mode: SloMode,
     ttft: f64,
-    tpot: f64,
+    pub(super) tpot: f64,
     prompt: u64,
     blocks: u64,
 }
@@ -161,7 +161,8 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observat
     };
     let p = parts(slo, l, t.prompt);
     // The predictions against their targets, less the headroom the step
-    // fit's running error asks for, once the fit has its first steps,
+    // fit's running error asks for (and the time per output token less
+    // the margin the rank's answers asked for), once the fit has its first steps,
     // trusted or not (a fit that fits badly holds the rank back with up to
     // three times the headroom rather than not at all); before, at most
     // one step's budget of prompts booked ahead. Relaxed: values the
@@ -169,7 +170,8 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observat
     let time = if slo.fitted.load(Ordering::Relaxed) {
         let error = f64::from_bits(slo.step_error.load(Ordering::Relaxed)).clamp(0.0, 1.0);
         let headroom = 1.0 + MARGIN * error;
-        (p.ttft.0 / t.ttft).max(p.tpot.0 / t.tpot) * headroom
+        let tpot_margin = f64::from_bits(slo.tpot_margin.load(Ordering::Relaxed));
+        (p.ttft.0 / t.ttft).max(p.tpot.0 * tpot_margin / t.tpot) * headroom
     } else {
         l.active_prefill_tokens.unwrap_or(0) as f64 / l.max_num_batched_tokens.max(1) as f64
     };
@@ -201,6 +203,42 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observat
     }
     busy
 }
+
+impl RankSlo {
+    /// An answer booked on the rank with a trusted prediction streamed at
+    /// `tpot` seconds per output token against a `target`. A miss raises
+    /// the rank's TPOT margin by [`TPOT_MARGIN_STEP`] (up to
+    /// [`TPOT_MARGIN_MAX`]); each of the hits a miss may come among (199
+    /// for [`TPOT_MISSES`] of one in 200) lowers it by that share of a
+    /// miss (down to 1), so it holds still where that share of the
+    /// answers miss. The step fit predicts a step's mean; an answer's time
+    /// per token is the mean of its own steps, which vary with the
+    /// prompts they happened to carry (a short answer's most), and the
+    /// margin is what keeps its tail under the target where the fit's
+    /// error alone does not. The maintenance's.
+    pub(super) fn answered(&self, tpot: f64, target: f64) {
+        // Relaxed: only the maintenance writes it.
+        let old = f64::from_bits(self.tpot_margin.load(Ordering::Relaxed));
+        let new = if tpot > target {
+            (old * (1.0 + TPOT_MARGIN_STEP)).min(TPOT_MARGIN_MAX)
+        } else {
+            let hits_per_miss = (1.0 - TPOT_MISSES) / TPOT_MISSES;
+            (old * (1.0 + TPOT_MARGIN_STEP).powf(-1.0 / hits_per_miss)).max(1.0)
+        };
+        self.tpot_margin.store(new.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// The share of the answers a rank's TPOT margin lets miss the target
+/// (`RankSlo::answered`): half the 1 % an SLO of 99 % attainment allows.
+pub const TPOT_MISSES: f64 = 0.005;
+
+/// How much one answer that missed its TPOT target raises the rank's
+/// margin, relative (`RankSlo::answered`).
+pub const TPOT_MARGIN_STEP: f64 = 0.05;
+
+/// The most a rank's TPOT margin reaches.
+pub const TPOT_MARGIN_MAX: f64 = 2.0;
 
 /// The share of a rank's KV line under which its KV lets a busy rank go:
 /// room for one typical request of `blocks` (at least a block, at most
@@ -344,3 +382,55 @@ pub const SEAT_PROBE_PERIOD: f64 = 0.1;
 /// The most [`SEAT_PROBE_PERIOD`]s a probe stands for: an eighth of the
 /// seats, however far apart the reports.
 pub const SEAT_PROBE_PERIODS: f64 = 8.0;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn margin(slo: &RankSlo) -> f64 {
+        f64::from_bits(slo.tpot_margin.load(Ordering::Relaxed))
+    }
+
+    #[test]
+    fn the_tpot_margin_stays_between_one_and_its_cap() {
+        let slo = RankSlo::new(0);
+        slo.answered(0.05, 0.1);
+        assert_eq!(margin(&slo), 1.0);
+        for _ in 0..100 {
+            slo.answered(0.2, 0.1);
+        }
+        assert_eq!(margin(&slo), TPOT_MARGIN_MAX);
+        for _ in 0..100_000 {
+            slo.answered(0.05, 0.1);
+        }
+        assert_eq!(margin(&slo), 1.0);
+    }
+
+    #[test]
+    fn the_tpot_margin_holds_where_its_share_of_answers_miss() {
+        let slo = RankSlo::new(0);
+        slo.answered(0.2, 0.1);
+        let one = margin(&slo);
+        // A miss in every 1 / TPOT_MISSES answers leaves it where it was.
+        let every = (1.0 / TPOT_MISSES).round() as usize;
+        for _ in 0..10 {
+            slo.answered(0.2, 0.1);
+            for _ in 1..every {
+                slo.answered(0.05, 0.1);
+            }
+        }
+        assert!((margin(&slo) / one - 1.0).abs() < 1e-3, "{}", margin(&slo));
+        // One in half as many raises it.
+        for _ in 0..10 {
+            slo.answered(0.2, 0.1);
+            for _ in 1..every / 2 {
+                slo.answered(0.05, 0.1);
+            }
+        }
+        assert!(margin(&slo) > one * 1.2, "{}", margin(&slo));
+        // A miss is an answer slower than the target, not one at it.
+        let at = margin(&slo);
+        slo.answered(0.1, 0.1);
+        assert!(margin(&slo) < at);
+    }
+}

@@ -50,7 +50,11 @@
 //! included, over [`KV_LINE`](crate::slo::KV_LINE) of its cache; once its
 //! fit has its first steps, trusted or not, each prediction over its
 //! target, times one plus twice the fit's running error, else its booked
-//! prefill over one step's budget; and its seats (`predict.rs`, `seats`).
+//! prefill over one step's budget (the time per output token also times
+//! the rank's TPOT margin: 1, raised by each answer booked there that
+//! streamed slower than the target, lowered by those that did not, so
+//! that no more than [`TPOT_MISSES`] of them miss; `predict.rs`,
+//! `answered`); and its seats (`predict.rs`, `seats`).
 //! The rank turns busy when that load passes 1 and free again under
 //! `1 -` [`HYSTERESIS`](crate::slo::HYSTERESIS), but for the KV, which
 //! lets it go once a typical request fits under its line again
@@ -68,7 +72,10 @@ use super::observe::{
 };
 pub use super::observe::{FIT_PERIOD, OBSERVATION_CAPACITY};
 use super::predict::{predict, step_load};
-pub use super::predict::{Prediction, SEAT_PROBE, SEAT_PROBE_PERIOD, SEAT_PROBE_PERIODS};
+pub use super::predict::{
+    Prediction, SEAT_PROBE, SEAT_PROBE_PERIOD, SEAT_PROBE_PERIODS, TPOT_MARGIN_MAX,
+    TPOT_MARGIN_STEP, TPOT_MISSES,
+};
 use super::rank::Worker;
 use super::registry::Registry;
 use super::Monitor;
@@ -127,11 +134,15 @@ impl Worker {
     }
 
     /// An answer of `output` tokens to `prompt` ended on rank index `rank`.
-    pub(super) fn observe_answer(&self, rank: usize, prompt: u64, output: u64) {
+    pub(super) fn observe_answer(&self, rank: usize, prompt: u64, output: u64, tpot: f64) {
         self.model.slo.observations.push(Observation {
             worker_id: self.id,
             rank,
-            sample: Sample::Answer { prompt, output },
+            sample: Sample::Answer {
+                prompt,
+                output,
+                tpot,
+            },
         });
     }
 
@@ -227,8 +238,15 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
         };
         let slo = &rank.slo;
         match o.sample {
-            Sample::Answer { prompt, output } => {
+            Sample::Answer {
+                prompt,
+                output,
+                tpot,
+            } => {
                 let m = &worker.model.slo;
+                if let Some(t) = m.targets().filter(|_| tpot.is_finite() && tpot > 0.0) {
+                    slo.answered(tpot, t.tpot);
+                }
                 lock(&m.outputs).observe(output);
                 // Relaxed: only the maintenance writes it.
                 let old = m.typical_prompt.load(Ordering::Relaxed) as f64;
@@ -477,7 +495,7 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
     if on.is_empty() {
         return;
     }
-    let families: [(&str, &str, &str); 8] = [
+    let families: [(&str, &str, &str); 9] = [
         (
             "frontend_slo_predicted_ttft_seconds",
             "gauge",
@@ -502,6 +520,11 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
             "frontend_slo_ttft_prediction_error",
             "gauge",
             "Running relative error of the rank's time-to-first-token predictions (1 until observed).",
+        ),
+        (
+            "frontend_slo_tpot_margin",
+            "gauge",
+            "What the SLO's verdict multiplies the rank's predicted time per output token by: 1, raised by each of its answers that missed the TPOT target.",
         ),
         (
             "frontend_slo_verdict_busy",
@@ -531,8 +554,9 @@ pub(super) fn render(workers: &[&Arc<Worker>], lost: u64, prefix: &str, out: &mu
                     2 => f64::from(u8::from(p.trusted)),
                     3 => f64::from_bits(rank.slo.step_error.load(Ordering::Relaxed)),
                     4 => f64::from_bits(rank.slo.ttft_error.load(Ordering::Relaxed)),
-                    5 => f64::from(u8::from(rank.slo.busy.load(Ordering::Relaxed))),
-                    6 => rank.slo.flips.load(Ordering::Relaxed) as f64,
+                    5 => f64::from_bits(rank.slo.tpot_margin.load(Ordering::Relaxed)),
+                    6 => f64::from(u8::from(rank.slo.busy.load(Ordering::Relaxed))),
+                    7 => rank.slo.flips.load(Ordering::Relaxed) as f64,
                     _ => rank.slo.line.load(Ordering::Relaxed) as f64,
                 };
                 let dp_rank = w.dp_start + i as u32;

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use loadgate::{Booking, ManualClock, Monitor};
+use loadgate::slo::Slo;
+use loadgate::{Booking, Maintenance, ManualClock, Monitor, MonitorConfig, WorkerSpec};
 
 /// The engine's batch budget, tokens a step.
 pub const BATCH: u64 = 2048;
@@ -79,4 +80,53 @@ fn serve_with(m: &Monitor, clock: &ManualClock, steps: usize, noisy: bool) -> f6
     }
     m.maintain();
     prefill / (steps - steps / 2).max(1) as f64
+}
+
+/// A monitor on a manual clock with worker 1 of model "m": one rank of
+/// `kv_total_blocks` blocks and the engine's batch budget.
+pub fn monitor(kv_total_blocks: u64) -> (Monitor, std::sync::Arc<ManualClock>) {
+    monitor_of(kv_total_blocks, None)
+}
+
+/// [`monitor`]'s, its engine declaring `max_num_seqs`.
+pub fn monitor_of(
+    kv_total_blocks: u64,
+    max_num_seqs: Option<u64>,
+) -> (Monitor, std::sync::Arc<ManualClock>) {
+    monitor_with(WorkerSpec {
+        kv_total_blocks: Some(kv_total_blocks),
+        max_num_batched_tokens: Some(BATCH),
+        max_num_seqs,
+        ..Default::default()
+    })
+}
+
+/// A monitor on a manual clock, maintained by hand, with worker 1 of
+/// model "m" as `spec` says.
+pub fn monitor_with(spec: WorkerSpec) -> (Monitor, std::sync::Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    let config = MonitorConfig {
+        maintenance: Maintenance::Manual,
+        ..Default::default()
+    };
+    let m = Monitor::with_config(config, clock.clone()).unwrap();
+    m.add_worker("m", 1, spec).unwrap();
+    (m, clock)
+}
+
+/// An SLO of `ttft` and `tpot` seconds.
+pub fn slo(ttft: f64, tpot: f64) -> Option<Slo> {
+    Some(Slo::from_secs(ttft, tpot).unwrap())
+}
+
+/// How often the verdict on worker 1's rank 0 turned busy by `term`
+/// (`frontend_slo_turned_busy_total`).
+pub fn turned_busy(m: &Monitor, term: &str) -> u64 {
+    let prefix = format!(
+        "dynamo_frontend_slo_turned_busy_total{{by=\"{term}\",dp_rank=\"0\",worker_id=\"1\"}} "
+    );
+    m.metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+        .unwrap()
 }

@@ -295,8 +295,9 @@ pub unsafe extern "C" fn lg_booking_reserved_blocks(
 /// The answer ended with `output_tokens` tokens (UINT64_MAX: as many as
 /// lg_booking_first_token() and lg_booking_tokens() counted): with an SLO
 /// set for its model, its length is learned for the reservations of the
-/// answers to come. Frees the booking, as lg_booking_free(); NULL is a
-/// no-op.
+/// answers to come, and its time per output token is weighed against the
+/// TPOT target (the rank's TPOT margin). Frees the booking, as
+/// lg_booking_free(); NULL is a no-op.
 ///
 /// Ownership: takes `booking`.
 /// Thread safety: any thread, but no other thread may be using the booking.

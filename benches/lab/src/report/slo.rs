@@ -232,7 +232,8 @@ pub(super) fn section(m: &Matrix) -> String {
          gate, flow control on at its defaults. Each rank's step time is fitted from the token gaps the \
          frontend sees, each answer's KV is reserved from the lengths answers had, and a rank is busy \
          while its predicted time to first token or per output token, with the fit's error as \
-         headroom, misses the SLO, or while requests its engine reported waiting for a seat have not \
+         headroom (and the latter times a margin the rank's answers that streamed slower than the \
+         target raise, so that one in 200 misses), misses the SLO, or while requests its engine reported waiting for a seat have not \
          all been seated (as many of its bookings have ended since), or while its bookings pass \
          the seats its reports showed, never more than the engine's own (the workers declare \
          their `max_num_seqs`, as a Dynamo worker's card does) and those until any are learned, by \
