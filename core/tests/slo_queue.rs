@@ -220,6 +220,31 @@ fn a_wait_is_predicted_by_the_rate_bookings_end_not_the_dispatches_while_ranks_w
 }
 
 #[test]
+fn the_ended_bookings_are_sampled_once_per_fit_period_however_often_the_maintenance_runs() {
+    let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
+    drain_at_a_hundred_a_second(&m, &clock, 0);
+    let rate = |m: &Monitor| -> f64 {
+        let prefix = "dynamo_frontend_slo_bookings_ended_per_second{model=\"m\"} ";
+        let text = m.metrics_text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix)?.parse().ok())
+            .unwrap()
+    };
+    let before = rate(&m);
+    // Fifty more end at this instant, the maintenance kicked after each:
+    // no walk over the ranks until a sampling period has passed.
+    for _ in 0..50 {
+        let mut d = m.dispatch("m", &request());
+        poll(&mut d).expect("sent at once").unwrap().complete(1);
+        m.maintain();
+    }
+    assert_eq!(rate(&m), before);
+    clock.advance(loadgate::monitor::FIT_PERIOD);
+    m.maintain();
+    assert!(rate(&m) > before, "{} after {before}", rate(&m));
+}
+
+#[test]
 fn before_two_bookings_end_only_a_request_with_none_ahead_waits() {
     let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
     // 101 sent over a second, none ended yet: the drain a wait will see

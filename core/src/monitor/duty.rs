@@ -54,6 +54,9 @@ pub(super) struct Duty {
     pub(super) signal: Arc<Signal>,
     /// Clock time of the next staleness sweep.
     next_sweep: AtomicU64,
+    /// Clock time the ended bookings are next sampled, while a model has
+    /// an SLO.
+    next_sample: AtomicU64,
     /// Whether a thread runs it.
     background: bool,
     /// The process whose thread runs it (0: none yet); starts are
@@ -77,6 +80,7 @@ impl Duty {
             clock,
             signal: Arc::new(Signal::new()),
             next_sweep: AtomicU64::new(0),
+            next_sample: AtomicU64::new(0),
             background,
             started: AtomicU32::new(0),
             starting: Mutex::new(()),
@@ -151,15 +155,26 @@ impl Duty {
         min(min(min(queues, sweep), self.next_lease()), self.fit(now))
     }
 
-    /// Fits what the requests' streams showed, while any model has an SLO;
-    /// the clock time of the next fit (`slo.rs`).
+    /// Fits what the requests' streams showed, and, while any model has
+    /// an SLO, samples the bookings that ended once per `FIT_PERIOD` (the
+    /// walk over every rank is not every cycle's: cycles follow kicks);
+    /// the clock time of the next sample (`slo.rs`).
     fn fit(&self, now: u64) -> Option<u64> {
         let reg = self.registry.load();
         // Relaxed: a setting.
         let on = reg.models.values().any(|m| m.slo.mode().is_some());
         super::slo::fit(&self.observations, &reg);
-        super::slo::sample_releases(&reg, now);
-        on.then(|| now.saturating_add(crate::clock::nanos(super::slo::FIT_PERIOD)))
+        if !on {
+            return None;
+        }
+        // Relaxed: only the maintenance reads and writes it.
+        let mut next = self.next_sample.load(Ordering::Relaxed);
+        if now >= next {
+            super::slo::sample_releases(&reg, now);
+            next = now.saturating_add(crate::clock::nanos(super::slo::FIT_PERIOD));
+            self.next_sample.store(next, Ordering::Relaxed);
+        }
+        Some(next)
     }
 
     /// How often staleness needs a sweep: `None` when every model keeps

@@ -14,10 +14,10 @@
 //!
 //! Each rank counts the bookings that end on it (`RankSlo::released`,
 //! beside its count of bookings, in `Booking`'s drop: no line of its
-//! own). The maintenance takes those counts each cycle while the model
-//! has an SLO (`slo.rs`, `sample_releases`), keeps the model's running
-//! total at most every `FIT_PERIOD` in a ring ([`Releases`], this file)
-//! and publishes the rate over the queue's budget, the count over the
+//! own). The maintenance takes those counts once per `FIT_PERIOD` while
+//! the model has an SLO (`slo.rs`, `sample_releases`; not each cycle, as
+//! the walk is over every rank), keeps the model's running total in a
+//! ring ([`Releases`], this file) and publishes the rate over the queue's budget, the count over the
 //! span, taken as Poisson for its variance (`ModelSlo::freed`).
 
 use crate::flow::Rate;

@@ -302,7 +302,8 @@ pub(super) fn fit(observations: &Observations, registry: &Registry) -> usize {
 
 /// Takes the bookings that ended on every rank of a model with an SLO
 /// into the model's total, and publishes each such model's rate at `now`
-/// over its queue's budget (`freed.rs`). The maintenance's, every cycle.
+/// over its queue's budget (`freed.rs`). The maintenance's, once per
+/// [`FIT_PERIOD`] (`duty.rs`).
 pub(super) fn sample_releases(registry: &Registry, now: u64) {
     for w in registry.workers.values().filter(|w| w.slo_on()) {
         // Relaxed: a count; one that ends meanwhile is taken next time.
