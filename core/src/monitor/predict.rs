@@ -383,7 +383,7 @@ pub const SEAT_PROBE_PERIOD: f64 = 0.1;
 /// seats, however far apart the reports.
 pub const SEAT_PROBE_PERIODS: f64 = 8.0;
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
