@@ -128,11 +128,12 @@ fn learned_seats_below_the_engines_grow_by_a_whole_probe_however_far_apart_the_r
     held.truncate(31);
     // Reports 3 s apart, two intervals past the 2 s TTFT. Within the
     // engine's 64 seats a probe waits for no seat, so it is the whole
-    // eighth of the seats, 4, not one.
+    // eighth, not one; and of 45 seats (the geometric mean of the 32
+    // learned and the engine's 64), not of the 32: 5, not 4.
     clock.advance(Duration::from_secs(3));
     report_waiting(&m, 0);
     assert!(!m.is_busy(1).unwrap());
-    assert_eq!(book_until_busy(&m, &mut held), 37);
+    assert_eq!(book_until_busy(&m, &mut held), 38);
     // Near the engine's seats the probe stops at them: 62 learned, a
     // probe of 7, and busy past 64.
     held.extend((37..64).map(|_| m.book(1, 0, 4).unwrap()));

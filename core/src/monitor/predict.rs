@@ -317,11 +317,7 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
         // the TTFT target bounds); within them, where they are known, it
         // waits for none.
         let past_the_engine = (engine == 0).then_some(t.ttft);
-        let probe = seat_probe(
-            if learned == 0 { engine } else { learned },
-            since,
-            past_the_engine,
-        );
+        let probe = seat_probe(probe_base(learned, engine), since, past_the_engine);
         slo.probe.store(probe, Ordering::Relaxed);
     }
     let seats = match slo.seats.load(Ordering::Relaxed) {
@@ -346,9 +342,27 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
     (load, BusyTerm::Seats)
 }
 
-/// How far past its learned `seats` a rank is booked until the next
+/// The seats a rank's probe is a share of: those `learned` (0: none yet),
+/// or the `engine`'s (0: not known) until some are; where both are
+/// known, their geometric mean. Seats learned below the engine's came
+/// from a wait that was not for a seat (the step's budget, blocks, a late
+/// report): the further below they fell, the larger the probe relative
+/// to them, halfway on a log scale between growing as a share of what
+/// was learned (the safe pace where the ceiling is not known) and as a
+/// share of the ceiling itself (a pace that, in the lab, made the queue's
+/// waits overrun as the probes outran the drain).
+fn probe_base(learned: u64, engine: u64) -> u64 {
+    match (learned, engine) {
+        (0, e) => e,
+        (l, 0) => l,
+        (l, e) => ((l as f64) * (e as f64)).sqrt() as u64,
+    }
+}
+
+/// How far past its learned seats a rank is booked until the next
 /// report, when this one came `since` nanoseconds after the last
-/// (`seats`): a [`SEAT_PROBE`]th of them (at least one) for each
+/// (`seats`): a [`SEAT_PROBE`]th of `seats` ([`probe_base`]; at least
+/// one) for each
 /// [`SEAT_PROBE_PERIOD`] between the two, from one up to
 /// [`SEAT_PROBE_PERIODS`], so the seats grow as fast per second however
 /// far apart the reports come; but one only when the probe may pass the
@@ -371,7 +385,8 @@ fn seat_probe(seats: u64, since: u64, ttft: Option<f64>) -> u64 {
 }
 
 /// The probe past a rank's learned seats per [`SEAT_PROBE_PERIOD`] between
-/// two reports: a `SEAT_PROBE`th of them, at least one (`seat_probe`).
+/// two reports: a `SEAT_PROBE`th of them (of their geometric mean with
+/// the engine's, where those are known), at least one (`seat_probe`).
 pub const SEAT_PROBE: u64 = 64;
 
 /// The interval between two reports each [`SEAT_PROBE`]th of a probe

@@ -237,8 +237,8 @@ pub(super) fn section(m: &Matrix) -> String {
          all been seated (as many of its bookings have ended since), or while its bookings pass \
          the seats its reports showed, never more than the engine's own (the workers declare \
          their `max_num_seqs`, as a Dynamo worker's card does) and those until any are learned, by \
-         more than a probe (a 64th of them per tenth of a second between reports, up to an eighth, \
-         never past the engine's seats). \
+         more than a probe (a 64th of their geometric mean with the engine's per tenth of a second \
+         between reports, up to an eighth, never past the engine's seats). \
          Power-of-two routing compares the two picks' slack. A request no rank can take waits in \
          the frontend queue only if twice its predicted wait (the requests ahead over the drain \
          measured over the budget, the lesser of the queue's dispatches and the bookings that \
