@@ -11,7 +11,7 @@ use loadgate::monitor::SloCounts;
 use loadgate::slo::{HYSTERESIS, MIN_OUTPUTS};
 use loadgate::{Booking, LoadReport, ManualClock, Monitor, SloMode};
 use proptest::prelude::*;
-use support::slo_engine::{monitor, serve, serve_noisy, slo, step, turned_busy, BATCH};
+use support::slo_engine::{metric, monitor, serve, serve_noisy, slo, step, turned_busy, BATCH};
 
 /// Answers of `tokens` tokens, ended and learned.
 fn learn_answers(m: &Monitor, n: u64, tokens: u64) {
@@ -248,13 +248,7 @@ fn answers_that_missed_the_tpot_hold_the_rank_back_until_enough_met_it() {
     serve(&m, &clock, 3_000);
     m.set_slo("m", slo(10.0, 0.02), SloMode::Enforce).unwrap();
     let busy_at = |m: &Monitor| book_until_busy(m, 64).len();
-    let margin = |m: &Monitor| -> f64 {
-        let prefix = "dynamo_frontend_slo_tpot_margin{dp_rank=\"0\",worker_id=\"1\"} ";
-        let text = m.metrics_text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(prefix)?.parse().ok())
-            .unwrap()
-    };
+    let margin = |m: &Monitor| metric(m, "frontend_slo_tpot_margin{dp_rank=\"0\",worker_id=\"1\"}");
     assert_eq!(margin(&m), 1.0);
     // Answers that met the target leave it at 1.
     for _ in 0..20 {

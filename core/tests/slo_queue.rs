@@ -20,7 +20,7 @@ use loadgate::slo::Slo;
 use loadgate::{
     LoadReport, Maintenance, ManualClock, Monitor, MonitorConfig, Policy, SloMode, WorkerSpec,
 };
-use support::slo_engine::BATCH;
+use support::slo_engine::{metric, BATCH};
 
 const TTFT: f64 = 2.0;
 
@@ -223,13 +223,7 @@ fn a_wait_is_predicted_by_the_rate_bookings_end_not_the_dispatches_while_ranks_w
 fn the_ended_bookings_are_sampled_once_per_fit_period_however_often_the_maintenance_runs() {
     let (m, clock) = monitor(SloMode::Enforce, 1, Policy::RoundRobin);
     drain_at_a_hundred_a_second(&m, &clock, 0);
-    let rate = |m: &Monitor| -> f64 {
-        let prefix = "dynamo_frontend_slo_bookings_ended_per_second{model=\"m\"} ";
-        let text = m.metrics_text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(prefix)?.parse().ok())
-            .unwrap()
-    };
+    let rate = |m: &Monitor| metric(m, "frontend_slo_bookings_ended_per_second{model=\"m\"}");
     let before = rate(&m);
     // Fifty more end at this instant, the maintenance kicked after each:
     // no walk over the ranks until a sampling period has passed.

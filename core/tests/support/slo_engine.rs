@@ -130,3 +130,13 @@ pub fn turned_busy(m: &Monitor, term: &str) -> u64 {
         .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
         .unwrap()
 }
+
+/// The value of the sample `series` (its name and labels, as the text
+/// shows them) in `m`'s metrics.
+pub fn metric(m: &Monitor, series: &str) -> f64 {
+    let prefix = format!("dynamo_{series} ");
+    m.metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series}"))
+}
