@@ -17,8 +17,9 @@
 //! own). The maintenance takes those counts once per `FIT_PERIOD` while
 //! the model has an SLO (`slo.rs`, `sample_releases`; not each cycle, as
 //! the walk is over every rank), keeps the model's running total in a
-//! ring ([`Releases`], this file) and publishes the rate over the queue's budget, the count over the
-//! span, taken as Poisson for its variance (`ModelSlo::freed`).
+//! ring ([`Releases`], this file) and publishes the rate over the queue's
+//! budget, the count over the span, taken as Poisson for its variance
+//! (`ModelSlo::freed`).
 
 use crate::flow::Rate;
 

@@ -162,11 +162,11 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observat
     let p = parts(slo, l, t.prompt);
     // The predictions against their targets, less the headroom the step
     // fit's running error asks for (and the time per output token less
-    // the margin the rank's answers asked for), once the fit has its first steps,
-    // trusted or not (a fit that fits badly holds the rank back with up to
-    // three times the headroom rather than not at all); before, at most
-    // one step's budget of prompts booked ahead. Relaxed: values the
-    // maintenance publishes.
+    // the margin the rank's answers asked for), once the fit has its
+    // first steps, trusted or not (a fit that fits badly holds the rank
+    // back with up to three times the headroom rather than not at all);
+    // before, at most one step's budget of prompts booked ahead. Relaxed:
+    // values the maintenance publishes.
     let time = if slo.fitted.load(Ordering::Relaxed) {
         let error = f64::from_bits(slo.step_error.load(Ordering::Relaxed)).clamp(0.0, 1.0);
         let headroom = 1.0 + MARGIN * error;
@@ -362,8 +362,7 @@ fn probe_base(learned: u64, engine: u64) -> u64 {
 /// How far past its learned seats a rank is booked until the next
 /// report, when this one came `since` nanoseconds after the last
 /// (`seats`): a [`SEAT_PROBE`]th of `seats` ([`probe_base`]; at least
-/// one) for each
-/// [`SEAT_PROBE_PERIOD`] between the two, from one up to
+/// one) for each [`SEAT_PROBE_PERIOD`] between the two, from one up to
 /// [`SEAT_PROBE_PERIODS`], so the seats grow as fast per second however
 /// far apart the reports come; but one only when the probe may pass the
 /// engine's seats (they are not known: `ttft` is the target, seconds) and
