@@ -265,7 +265,7 @@ impl BusyTerm {
 /// One rank's fit and what it publishes (module docs).
 pub(super) struct RankSlo {
     /// The coefficients, `f64` bits, published by the maintenance.
-    pub(super) coefficients: [AtomicU64; 4],
+    pub(super) coefficients: [AtomicU64; 5],
     pub(super) trusted: AtomicBool,
     /// The fit has its first [`MIN_SAMPLES`](crate::slo::MIN_SAMPLES)
     /// steps: the verdict uses it, trusted or not (`predict.rs`).
@@ -365,7 +365,7 @@ impl RankSlo {
         f64::from_bits(self.pressure.load(Ordering::Relaxed))
     }
 
-    pub(super) fn coefficients(&self) -> [f64; 4] {
+    pub(super) fn coefficients(&self) -> [f64; 5] {
         // Relaxed: values published whole each; a mix of two fits is
         // benign (`slo.rs`).
         std::array::from_fn(|i| f64::from_bits(self.coefficients[i].load(Ordering::Relaxed)))

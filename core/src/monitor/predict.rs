@@ -53,9 +53,10 @@ pub(super) fn step_load(slo: &RankSlo, l: &RankLoad) -> StepLoad {
     }
 }
 
-/// `c · [1, prefill, running, kv]`.
-fn linear(c: &[f64; 4], x: &StepLoad) -> f64 {
-    c[0] + c[1] * x.prefill_tokens + c[2] * x.running + c[3] * x.kv_tokens
+/// `c · [1, prefill, prefill², running, kv]` (`StepFit::coefficients`).
+fn linear(c: &[f64; 5], x: &StepLoad) -> f64 {
+    let p = x.prefill_tokens;
+    c[0] + c[1] * p + c[2] * p * p + c[3] * x.running + c[4] * x.kv_tokens
 }
 
 /// The predictions for `prompt` tokens on `rank` under its load `l`

@@ -2,10 +2,15 @@
 //! frontend sees.
 //!
 //! An engine step (one forward pass of a continuous-batching engine) takes
-//! about `a + b·P + c·R + d·K` seconds, where `P` is the prompt tokens it
-//! prefills, `R` the sequences running in it and `K` the context tokens
-//! they hold (the shape of Dynamo's planner's iteration model and of the
-//! mocker's step time, linearised). A frontend observes steps without
+//! about `a + b·P + q·P² + c·R + d·K` seconds, where `P` is the prompt
+//! tokens it prefills, `R` the sequences running in it and `K` the context
+//! tokens they hold (the shape of Dynamo's planner's iteration model and of
+//! the mocker's step time: its prefill is a polynomial of the second degree
+//! in the step's prompt tokens, as attention over them is; its decode
+//! linearised). The square matters where it is largest: a step that fills
+//! the batch budget with prefill, which is what a deep queue of prompts
+//! costs per step, would be predicted short by a line through the smaller
+//! prefills most steps carry. A frontend observes steps without
 //! asking the engine: a streamed answer's gap between two tokens is one
 //! step of its rank, under the load the frontend books there; an engine's
 //! own iteration metrics are steps too.
@@ -13,7 +18,7 @@
 //! The fit is recursive least squares with exponential forgetting (each
 //! observation's weight decays by `FORGET` per later one, so it follows a
 //! workload that shifts within a few hundred steps), in fixed memory (a
-//! 4×4 covariance and four coefficients). It is made robust three ways:
+//! 5×5 covariance and five coefficients). It is made robust three ways:
 //!
 //! * **Bounded input.** A step time that is not finite, not positive or
 //!   longer than [`MAX_STEP`], or a load that is not finite, negative or
@@ -71,9 +76,13 @@ const SHIFT_KEEP: f64 = 0.01;
 /// Ridge on the normal equations, relative to their trace: keeps the solve
 /// defined while a feature has not varied (no excitation).
 const RIDGE: f64 = 1e-6;
-/// Feature scales, so that the four coefficients are of like size: a
-/// prefill chunk of 1,024 tokens, 64 sequences, 65,536 context tokens.
-const SCALE: [f64; 4] = [1.0, 1024.0, 64.0, 65_536.0];
+/// The features: one, prefill tokens, their square, running sequences,
+/// context tokens.
+const N: usize = 5;
+/// Feature scales, so that the coefficients are of like size: a prefill
+/// chunk of 1,024 tokens (and its square), 64 sequences, 65,536 context
+/// tokens.
+const SCALE: [f64; N] = [1.0, 1024.0, 1024.0 * 1024.0, 64.0, 65_536.0];
 /// Smoothing of the running residual scale and relative error.
 const SMOOTH: f64 = 0.05;
 
@@ -89,11 +98,15 @@ pub struct StepLoad {
 }
 
 impl StepLoad {
-    fn features(&self) -> Option<[f64; 4]> {
-        let raw = [1.0, self.prefill_tokens, self.running, self.kv_tokens];
-        let ok = raw
+    /// The scaled features, `None` for a load out of bounds (each given
+    /// value is checked; the square follows from a checked one).
+    fn features(&self) -> Option<[f64; N]> {
+        let given = [self.prefill_tokens, self.running, self.kv_tokens];
+        let ok = given
             .iter()
             .all(|v| v.is_finite() && (0.0..=MAX_LOAD).contains(v));
+        let p = self.prefill_tokens;
+        let raw = [1.0, p, p * p, self.running, self.kv_tokens];
         ok.then(|| std::array::from_fn(|i| raw[i] / SCALE[i]))
     }
 }
@@ -111,10 +124,10 @@ pub enum Refused {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepFit {
     /// The fitted coefficients, on the scaled features.
-    theta: [f64; 4],
+    theta: [f64; N],
     /// The weighted, forgetting sums `Σ w·x·xᵀ` and `Σ w·x·y`.
-    xtx: [[f64; 4]; 4],
-    xty: [f64; 4],
+    xtx: [[f64; N]; N],
+    xty: [f64; N],
     scale: f64,
     error: f64,
     samples: u64,
@@ -136,9 +149,9 @@ impl StepFit {
     /// A fit with no observations.
     pub fn new() -> Self {
         Self {
-            theta: [0.0; 4],
-            xtx: [[0.0; 4]; 4],
-            xty: [0.0; 4],
+            theta: [0.0; N],
+            xtx: [[0.0; N]; N],
+            xty: [0.0; N],
             scale: 0.0,
             error: 1.0,
             samples: 0,
@@ -214,8 +227,8 @@ impl StepFit {
         };
         let weight = huber * share;
         let forget = FORGET.powf(share);
-        for i in 0..4 {
-            for j in 0..4 {
+        for i in 0..N {
+            for j in 0..N {
                 self.xtx[i][j] = forget * self.xtx[i][j] + weight * x[i] * x[j];
             }
             self.xty[i] = forget * self.xty[i] + weight * x[i] * seconds;
@@ -256,9 +269,9 @@ impl StepFit {
         self.error
     }
 
-    /// The coefficients: seconds per step, per prefill token, per running
-    /// sequence and per context token.
-    pub fn coefficients(&self) -> [f64; 4] {
+    /// The coefficients: seconds per step, per prefill token, per prefill
+    /// token squared, per running sequence and per context token.
+    pub fn coefficients(&self) -> [f64; N] {
         std::array::from_fn(|i| self.theta[i] / SCALE[i])
     }
 
@@ -278,30 +291,30 @@ impl StepFit {
     }
 }
 
-fn dot(a: &[f64; 4], b: &[f64; 4]) -> f64 {
+fn dot(a: &[f64; N], b: &[f64; N]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// The non-negative least-squares solution of the normal equations
 /// `a·θ = b` (with a small ridge): every subset of free coefficients is
-/// solved, and the best one that is non-negative wins. Four coefficients:
-/// fifteen solves of at most four unknowns, exactly the constrained
+/// solved, and the best one that is non-negative wins. Five coefficients:
+/// thirty-one solves of at most five unknowns, exactly the constrained
 /// optimum.
-fn nnls(a: &[[f64; 4]; 4], b: &[f64; 4]) -> [f64; 4] {
-    let trace: f64 = (0..4).map(|i| a[i][i]).sum();
+fn nnls(a: &[[f64; N]; N], b: &[f64; N]) -> [f64; N] {
+    let trace: f64 = (0..N).map(|i| a[i][i]).sum();
     let ridge = RIDGE * trace.max(f64::MIN_POSITIVE);
     // Half the quadratic form minus the linear term: what least squares
     // minimises, up to a constant.
-    let objective = |t: &[f64; 4]| -> f64 {
-        (0..4)
+    let objective = |t: &[f64; N]| -> f64 {
+        (0..N)
             .map(|i| {
-                let at: f64 = (0..4).map(|j| a[i][j] * t[j]).sum();
+                let at: f64 = (0..N).map(|j| a[i][j] * t[j]).sum();
                 t[i] * (0.5 * (at + ridge * t[i]) - b[i])
             })
             .sum()
     };
-    let mut best = ([0.0; 4], 0.0);
-    for free in 1u8..16 {
+    let mut best = ([0.0; N], 0.0);
+    for free in 1u8..(1 << N) {
         let Some(t) = solve(a, b, free, ridge) else {
             continue;
         };
@@ -319,22 +332,22 @@ fn nnls(a: &[[f64; 4]; 4], b: &[f64; 4]) -> [f64; 4] {
 /// Solves `(a + ridge·I)·t = b` over the coefficients whose bits are set
 /// in `free` (the others 0), by Gaussian elimination with partial
 /// pivoting; `None` if singular.
-fn solve(a: &[[f64; 4]; 4], b: &[f64; 4], free: u8, ridge: f64) -> Option<[f64; 4]> {
-    let mut idx = [0usize; 4];
+fn solve(a: &[[f64; N]; N], b: &[f64; N], free: u8, ridge: f64) -> Option<[f64; N]> {
+    let mut idx = [0usize; N];
     let mut n = 0;
-    for i in 0..4 {
+    for i in 0..N {
         if free >> i & 1 == 1 {
             idx[n] = i;
             n += 1;
         }
     }
-    let mut m = [[0.0f64; 5]; 4];
+    let mut m = [[0.0f64; N + 1]; N];
     for r in 0..n {
         for c in 0..n {
             let (i, j) = (idx[r], idx[c]);
             m[r][c] = a[i][j] + if i == j { ridge } else { 0.0 };
         }
-        m[r][4] = b[idx[r]];
+        m[r][N] = b[idx[r]];
     }
     for col in 0..n {
         let pivot = (col..n).max_by(|&x, &y| m[x][col].abs().total_cmp(&m[y][col].abs()))?;
@@ -353,9 +366,9 @@ fn solve(a: &[[f64; 4]; 4], b: &[f64; 4], free: u8, ridge: f64) -> Option<[f64; 
             }
         }
     }
-    let mut out = [0.0; 4];
+    let mut out = [0.0; N];
     for r in 0..n {
-        out[idx[r]] = m[r][4] / m[r][r];
+        out[idx[r]] = m[r][N] / m[r][r];
     }
     Some(out)
 }

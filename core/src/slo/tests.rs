@@ -65,14 +65,47 @@ fn the_fit_converges_on_a_known_step_function_and_predicts_it() {
         "error {}",
         fit.relative_error()
     );
+    // The engine is linear: the square adds at most the noise (2 % of a
+    // step with a full budget of 8,192 prompt tokens, about 0.13 s).
+    let c = fit.coefficients();
+    assert!(c[2] * 8192.0 * 8192.0 < 2.6e-3, "{c:?}");
     let want = [0.006, 15e-6, 20e-6, 1e-7];
-    for (got, want) in fit.coefficients().iter().zip(want) {
-        assert!(close(*got, want, 0.1), "{:?}", fit.coefficients());
+    for (got, want) in [c[0], c[1], c[3], c[4]].iter().zip(want) {
+        assert!(close(*got, want, 0.1), "{c:?}");
     }
     for _ in 0..100 {
         let load = loads.next();
         let p = fit.predict(&load).unwrap();
         assert!(close(p, engine(&load, 1.0), 0.05), "{p} for {load:?}");
+    }
+}
+
+#[test]
+fn a_prefill_of_the_second_degree_is_fitted_so_a_step_full_of_prompts_is_predicted() {
+    // Attention over the prompt: the mocker's prefill is of the second
+    // degree in the step's prompt tokens. Most steps carry small prefills;
+    // a step that fills the budget of 8,192 (a deep queue's) is rare, and a
+    // line through the rest predicts it 10 % short.
+    let quadratic = |l: &StepLoad| engine(l, 1.0) + 2e-9 * l.prefill_tokens * l.prefill_tokens;
+    let mut fit = StepFit::new();
+    let mut loads = Loads(5);
+    for _ in 0..2_000 {
+        let mut load = loads.next();
+        load.prefill_tokens = (load.prefill_tokens / 4.0).floor();
+        fit.observe(&load, quadratic(&load)).unwrap();
+    }
+    assert!(
+        close(fit.coefficients()[2], 2e-9, 0.1),
+        "{:?}",
+        fit.coefficients()
+    );
+    for _ in 0..50 {
+        let load = StepLoad {
+            prefill_tokens: 8192.0,
+            ..loads.next()
+        };
+        let p = fit.predict(&load).unwrap();
+        assert!(close(p, quadratic(&load), 0.02), "{p} for {load:?}");
     }
 }
 
