@@ -8,7 +8,8 @@ mod support;
 use std::time::Duration;
 
 use loadgate::monitor::SloCounts;
-use loadgate::slo::{HYSTERESIS, MIN_OUTPUTS};
+use loadgate::monitor::STEP_WINDOW;
+use loadgate::slo::{GUARD_SAMPLES, HYSTERESIS, MIN_OUTPUTS};
 use loadgate::{Booking, LoadReport, ManualClock, Monitor, SloMode};
 use proptest::prelude::*;
 use support::slo_engine::{metric, monitor, serve, serve_noisy, slo, step, turned_busy, BATCH};
@@ -370,6 +371,27 @@ fn a_fit_that_fits_badly_still_holds_the_rank_with_more_headroom() {
         "busy at {} (a fit that fits: {fits})",
         held.len()
     );
+}
+
+#[test]
+fn the_fit_holds_the_time_per_token_from_its_guard_samples_before_it_is_trusted() {
+    // A target under the engine's 5 ms a step: once the fit guards the
+    // rank, nothing meets it. Before, nothing holds the time per token.
+    let (m, clock) = monitor(1_000_000);
+    m.set_slo("m", slo(10.0, 0.004), SloMode::Enforce).unwrap();
+    let mut b = m.book(1, 0, 4).unwrap();
+    b.first_token();
+    for seen in 1..=GUARD_SAMPLES + 1 {
+        // One window of tokens, each a step of the one request running.
+        clock.advance(Duration::from_secs_f64(
+            STEP_WINDOW as f64 * step(0.0, 1.0, 64.0),
+        ));
+        b.tokens(STEP_WINDOW);
+        m.maintain();
+        assert_eq!(m.is_busy(1).unwrap(), seen >= GUARD_SAMPLES, "after {seen}");
+        assert!(!m.predict(1, 0, 1).unwrap().trusted);
+    }
+    assert_eq!(turned_busy(&m, "time"), 1);
 }
 
 #[test]

@@ -267,7 +267,7 @@ pub(super) struct RankSlo {
     /// The coefficients, `f64` bits, published by the maintenance.
     pub(super) coefficients: [AtomicU64; 5],
     pub(super) trusted: AtomicBool,
-    /// The fit has its first [`MIN_SAMPLES`](crate::slo::MIN_SAMPLES)
+    /// The fit has its first [`GUARD_SAMPLES`](crate::slo::GUARD_SAMPLES)
     /// steps: the verdict uses it, trusted or not (`predict.rs`).
     pub(super) fitted: AtomicBool,
     /// Bookings on the rank now (own and others').
@@ -378,8 +378,10 @@ impl RankSlo {
             c.store(v.to_bits(), Ordering::Relaxed);
         }
         self.trusted.store(fit.trusted(), Ordering::Relaxed);
-        self.fitted
-            .store(fit.samples() >= crate::slo::MIN_SAMPLES, Ordering::Relaxed);
+        self.fitted.store(
+            fit.samples() >= crate::slo::GUARD_SAMPLES,
+            Ordering::Relaxed,
+        );
         let e = fit.relative_error().to_bits();
         self.step_error.store(e, Ordering::Relaxed);
     }

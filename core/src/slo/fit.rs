@@ -42,10 +42,12 @@
 //! The fit is trusted ([`StepFit::trusted`]) once it has [`MIN_SAMPLES`]
 //! observations and its running relative error is at most
 //! [`MAX_RELATIVE_ERROR`]: its predictions are shown, and timed against
-//! what is observed, only then. The monitor's verdict uses it from its
-//! [`MIN_SAMPLES`]th observation, trusted or not, with headroom that grows
-//! with its error, so a rank whose fit fits badly is held back more, not
-//! left unheld.
+//! what is observed, only then. The monitor's verdict uses it sooner, from
+//! its [`GUARD_SAMPLES`]th observation, trusted or not, with headroom that
+//! grows with its error, so a rank whose fit fits badly is held back more,
+//! not left unheld: until a fit guards it, nothing holds a rank's time per
+//! output token, and the answers it admits meanwhile keep the batch they
+//! joined (and miss their target) for as long as they stream.
 
 /// Longest step accepted (s): one step of a real engine takes milliseconds
 /// to a few seconds.
@@ -54,6 +56,9 @@ pub const MAX_STEP: f64 = 60.0;
 pub const MAX_LOAD: f64 = 1e9;
 /// Observations before the fit is trusted.
 pub const MIN_SAMPLES: u64 = 32;
+/// Observations before the monitor's verdict uses the fit, trusted or not
+/// (with headroom from its error; module docs).
+pub const GUARD_SAMPLES: u64 = 16;
 /// Largest running relative error of a trusted fit.
 pub const MAX_RELATIVE_ERROR: f64 = 0.35;
 

@@ -15,7 +15,9 @@ mod output;
 use std::fmt;
 use std::time::Duration;
 
-pub use fit::{Refused, StepFit, StepLoad, MAX_LOAD, MAX_RELATIVE_ERROR, MAX_STEP, MIN_SAMPLES};
+pub use fit::{
+    Refused, StepFit, StepLoad, GUARD_SAMPLES, MAX_LOAD, MAX_RELATIVE_ERROR, MAX_STEP, MIN_SAMPLES,
+};
 pub use output::{
     bucket as output_bucket, OutputLengths, BUCKETS as OUTPUT_BUCKETS, MAX_OUTPUT, MIN_OUTPUTS,
 };
