@@ -83,9 +83,9 @@ fn the_fit_converges_on_a_known_step_function_and_predicts_it() {
 #[test]
 fn a_prefill_of_the_second_degree_is_fitted_so_a_step_full_of_prompts_is_predicted() {
     // Attention over the prompt: the mocker's prefill is of the second
-    // degree in the step's prompt tokens. Most steps carry small prefills;
-    // a step that fills the budget of 8,192 (a deep queue's) is rare, and a
-    // line through the rest predicts it 10 % short.
+    // degree in the step's prompt tokens. Here the steps carry up to 2,048;
+    // a step that fills the budget of 8,192 (a deep queue's) is predicted
+    // from them, and a line through them predicts it over a third short.
     let quadratic = |l: &StepLoad| engine(l, 1.0) + 2e-9 * l.prefill_tokens * l.prefill_tokens;
     let mut fit = StepFit::new();
     let mut loads = Loads(5);
