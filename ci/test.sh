@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each stage prints the run's elapsed seconds, so a slow stage shows.
+step() { printf '\n==> %s  [%d s]\n' "$*" "$SECONDS"; }
 
 # With LOADGATE_PRUNE_TARGETS=1 (CI sets it), a stage's own target directory
 # is deleted once the stage has passed, so the run's peak disk use stays low.
@@ -110,3 +111,4 @@ echo "example ran"
 # printed; they fail the run only with --strict).
 cargo run --release -p loadgate --features scrape --example scrape_demo -- --quick
 echo "scrape demo ran"
+step "done"

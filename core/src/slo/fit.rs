@@ -304,10 +304,16 @@ fn dot(a: &[f64; N], b: &[f64; N]) -> f64 {
 /// `a·θ = b` (with a small ridge): every subset of free coefficients is
 /// solved, and the best one that is non-negative wins. Five coefficients:
 /// thirty-one solves of at most five unknowns, exactly the constrained
-/// optimum.
+/// optimum. When the solve with all five free is already non-negative it is
+/// that optimum (the ridge makes the objective strictly convex), and the
+/// other thirty are skipped.
 fn nnls(a: &[[f64; N]; N], b: &[f64; N]) -> [f64; N] {
     let trace: f64 = (0..N).map(|i| a[i][i]).sum();
     let ridge = RIDGE * trace.max(f64::MIN_POSITIVE);
+    let feasible = |t: &[f64; N]| t.iter().all(|v| v.is_finite() && *v >= 0.0);
+    if let Some(t) = solve(a, b, (1 << N) - 1, ridge).filter(feasible) {
+        return t.map(|v| v.min(MAX_STEP));
+    }
     // Half the quadratic form minus the linear term: what least squares
     // minimises, up to a constant.
     let objective = |t: &[f64; N]| -> f64 {
@@ -323,7 +329,7 @@ fn nnls(a: &[[f64; N]; N], b: &[f64; N]) -> [f64; N] {
         let Some(t) = solve(a, b, free, ridge) else {
             continue;
         };
-        if t.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+        if !feasible(&t) {
             continue;
         }
         let o = objective(&t);
