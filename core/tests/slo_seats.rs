@@ -192,3 +192,64 @@ fn a_report_of_waiting_holds_the_rank_until_as_many_bookings_end() {
     report(0);
     assert!(!m.is_busy(1).unwrap());
 }
+
+#[test]
+fn bookings_whose_prefill_is_done_raise_the_seats_without_waiting_for_a_report() {
+    let (m, mut held) = twenty_two_booked();
+    // 20 seats learned; the rank drained to 19 and a clean report freed it.
+    report_waiting(&m, 2);
+    held.truncate(19);
+    report_waiting(&m, 0);
+    assert_eq!(book_until_busy(&m, &mut held), 22);
+    // The probe's bookings are seated: the engine runs all 22, and their
+    // first tokens say so before any report does. One ends: 21 booked
+    // under 22 seats, and the rank is free again (the 20 learned from the
+    // report would hold it until two more ended).
+    for b in &mut held {
+        b.first_token();
+    }
+    held.pop();
+    m.maintain();
+    assert!(
+        !m.is_busy(1).unwrap(),
+        "held to the seats the report taught"
+    );
+    // 22 seats and one probe past them.
+    assert_eq!(book_until_busy(&m, &mut held), 24);
+    // While the latest report shows some waiting, first tokens raise
+    // nothing: a request the engine preempted waits again, its prefill
+    // done. Two of 24 waiting: 22 seats, though all 24 had a first token.
+    report_waiting(&m, 2);
+    for b in &mut held {
+        b.first_token();
+    }
+    held.truncate(22);
+    m.maintain();
+    assert!(
+        m.is_busy(1).unwrap(),
+        "raised past the 22 the report showed"
+    );
+    held.pop();
+    m.maintain();
+    assert!(!m.is_busy(1).unwrap());
+}
+
+#[test]
+fn first_tokens_raise_the_seats_no_further_than_the_engines_own() {
+    let (m, _) = monitor_of(1_000_000, Some(20));
+    m.set_slo("m", slo(2.0, 0.1), SloMode::Enforce).unwrap();
+    let mut held: Vec<Booking> = (0..24).map(|_| m.book(1, 0, 4).unwrap()).collect();
+    report_waiting(&m, 6);
+    held.truncate(17);
+    report_waiting(&m, 0);
+    // 18 learned; then 22 booked, all seated by their first tokens.
+    held.extend((0..5).map(|_| m.book(1, 0, 4).unwrap()));
+    for b in &mut held {
+        b.first_token();
+    }
+    held.truncate(19);
+    m.maintain();
+    assert!(!m.is_busy(1).unwrap());
+    // The engine's 20 seats, not the 22 started, and no probe past them.
+    assert_eq!(book_until_busy(&m, &mut held), 21);
+}

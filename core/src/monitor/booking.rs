@@ -53,6 +53,8 @@ pub struct Booking {
     predicted: Option<Prediction>,
     /// Its prompt tokens as booked (`prefill` empties when it is done).
     prompt: u64,
+    /// Its prefill is done: counted in its rank's `started` (`slo.rs`).
+    started: bool,
     /// Answer tokens seen ([`first_token`](Booking::first_token) and
     /// [`tokens`](Booking::tokens)).
     generated: u64,
@@ -189,6 +191,7 @@ impl Booking {
             first_at: 0,
             predicted,
             prompt,
+            started: false,
             generated: 0,
             output_cap,
             reserved,
@@ -200,6 +203,12 @@ impl Booking {
     /// booked. Calling it again does nothing.
     pub fn prefill_done(&mut self) {
         let (blocks, prefill) = (self.blocks, std::mem::take(&mut self.prefill));
+        if !std::mem::replace(&mut self.started, true) {
+            // Relaxed: a count the publisher reads as seats the engine has
+            // shown (`predict.rs`, `seats`); the shift publishes it.
+            let slo = &self.worker.ranks[self.rank].slo;
+            slo.started.fetch_add(1, Ordering::Relaxed);
+        }
         shift(
             &self.worker,
             self.rank,
@@ -450,6 +459,9 @@ impl Drop for Booking {
         let slo = &self.worker.ranks[self.rank].slo;
         slo.bookings.fetch_sub(1, Ordering::Relaxed);
         slo.released.fetch_add(1, Ordering::Relaxed);
+        if self.started {
+            slo.started.fetch_sub(1, Ordering::Relaxed);
+        }
         shift(&self.worker, self.rank, self.owner, from, to);
         self.announce(OwnChange::Released);
     }

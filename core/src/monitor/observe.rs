@@ -275,6 +275,9 @@ pub(super) struct RankSlo {
     /// Bookings that ended on the rank since the maintenance last took
     /// them (`freed.rs`).
     pub(super) released: AtomicU64,
+    /// Bookings on the rank now whose prefill is done: the engine seated
+    /// them (`predict.rs`, `seats`).
+    pub(super) started: AtomicU64,
     /// Running relative error of the time-to-first-token predictions
     /// (`f64` bits; 1 until the first).
     pub(super) ttft_error: AtomicU64,
@@ -339,6 +342,7 @@ impl RankSlo {
             fitted: AtomicBool::new(false),
             bookings: AtomicU64::new(0),
             released: AtomicU64::new(0),
+            started: AtomicU64::new(0),
             ttft_error: AtomicU64::new(1f64.to_bits()),
             step_error: AtomicU64::new(1f64.to_bits()),
             tpot_margin: AtomicU64::new(1f64.to_bits()),

@@ -267,7 +267,11 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// for seats does); while two reports running show none waiting, at least
 /// the lesser of the bookings at the two (an engine reports what its last
 /// step's scheduling left, so the bookings since are not in a report
-/// yet). The seats never pass the engine's own (its `max_num_seqs`, when
+/// yet). Between reports, while the latest showed none waiting, learned
+/// seats are at least the bookings whose prefill is done (`started`): the
+/// engine ran those at once, which a first token shows the moment it
+/// comes, where a report a second or two late would show it only after
+/// the rank had drained back to the seats it taught. The seats never pass the engine's own (its `max_num_seqs`, when
 /// declared or reported), which are the seats until some are learned: a
 /// late report, counting bookings made after it as seated, cannot teach
 /// more than the engine runs. Until the next report a rank is booked at
@@ -320,6 +324,18 @@ fn seats(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observations) -> (f64
         let past_the_engine = (engine == 0).then_some(t.ttft);
         let probe = seat_probe(probe_base(learned, engine), since, past_the_engine);
         slo.probe.store(probe, Ordering::Relaxed);
+    }
+    // The bookings whose prefill is done ran at once on the engine, so it
+    // has at least that many seats, however late its reports (unless the
+    // latest shows some waiting: a request the engine preempted waits
+    // again, its prefill done). Only once some seats are learned: before,
+    // the engine's own stand for them.
+    if waiting == 0 {
+        let known = slo.seats.load(Ordering::Relaxed);
+        let started = bounded(slo.started.load(Ordering::Relaxed));
+        if known != 0 && started > known {
+            slo.seats.store(started, Ordering::Relaxed);
+        }
     }
     let seats = match slo.seats.load(Ordering::Relaxed) {
         0 => engine,
