@@ -235,7 +235,8 @@ pub(super) fn section(m: &Matrix) -> String {
          headroom (and the latter times a margin the rank's answers that streamed slower than the \
          target raise, so that one in 200 misses), misses the SLO, or while requests its engine reported waiting for a seat have not \
          all been seated (as many of its bookings have ended since), or while its bookings pass \
-         the seats its reports showed, never more than the engine's own (the workers declare \
+         the seats its reports showed (and, between reports, its bookings' first tokens), never \
+         more than the engine's own (the workers declare \
          their `max_num_seqs`, as a Dynamo worker's card does) and those until any are learned, by \
          more than a probe (a 64th of their geometric mean with the engine's per tenth of a second \
          between reports, up to an eighth, never past the engine's seats). \
