@@ -53,7 +53,7 @@ pub struct Booking {
     predicted: Option<Prediction>,
     /// Its prompt tokens as booked (`prefill` empties when it is done).
     prompt: u64,
-    /// Its prefill is done: counted in its rank's `started` (`slo.rs`).
+    /// Its prefill is done: counted in its rank's `started` (`observe.rs`).
     started: bool,
     /// Answer tokens seen ([`first_token`](Booking::first_token) and
     /// [`tokens`](Booking::tokens)).

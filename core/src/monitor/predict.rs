@@ -271,7 +271,8 @@ fn kv_band(blocks: u64, line: f64) -> f64 {
 /// seats are at least the bookings whose prefill is done (`started`): the
 /// engine ran those at once, which a first token shows the moment it
 /// comes, where a report a second or two late would show it only after
-/// the rank had drained back to the seats it taught. The seats never pass the engine's own (its `max_num_seqs`, when
+/// the rank had drained back to the seats it taught. The seats never pass
+/// the engine's own (its `max_num_seqs`, when
 /// declared or reported), which are the seats until some are learned: a
 /// late report, counting bookings made after it as seated, cannot teach
 /// more than the engine runs. Until the next report a rank is booked at
