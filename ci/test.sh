@@ -90,7 +90,7 @@ step "Python module: pip install ./python; pytest"
 # ---- end Python module -------------------------------------------------------
 
 # ---- fuzzing and ThreadSanitizer ---------------------------------------------
-# Every fuzz target for 30 s (FUZZ_SECONDS) from its committed seeds
+# Every fuzz target for 30 s (FUZZ_SECONDS), one per core at a time, from its committed seeds
 # (cargo-fuzz on nightly, installed from crates.io when missing), then the
 # threaded stress tests under ThreadSanitizer with an instrumented std.
 # docs/verification.md lists every check.
