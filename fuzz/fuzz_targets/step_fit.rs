@@ -87,8 +87,14 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(fit.refused(), before.refused() + 1);
                 assert_eq!(fit.samples(), before.samples());
                 assert_eq!(fit.coefficients(), before.coefficients());
+                assert_eq!(fit.reach(), before.reach());
             }
         }
+        // The reach is loads the fit took: within what it accepts.
+        assert!(fit
+            .reach()
+            .iter()
+            .all(|r| r.is_finite() && (0.0..=MAX_LOAD).contains(r)));
         assert!(fit
             .coefficients()
             .iter()

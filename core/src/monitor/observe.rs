@@ -294,6 +294,9 @@ pub(super) struct RankSlo {
     /// [`PREFILL_SMOOTH`]'s inverse of its steps (`f64` bits), the
     /// maintenance's: the prefill a request's steps will carry on average.
     pub(super) mean_prefill: AtomicU64,
+    /// The fit's reach (`StepFit::reach`: running sequences, context
+    /// tokens), `f64` bits, published with its coefficients.
+    pub(super) reach: [AtomicU64; 2],
     /// The engine's seats as learned (`predict.rs`, `seats`; 0: none seen
     /// full yet); its publisher's.
     pub(super) seats: AtomicU64,
@@ -348,6 +351,7 @@ impl RankSlo {
             tpot_margin: AtomicU64::new(1f64.to_bits()),
             fit: OnceLock::new(),
             mean_prefill: AtomicU64::new(0),
+            reach: Default::default(),
             seats: AtomicU64::new(0),
             engine_seats: AtomicU64::new(engine_seats),
             probe: AtomicU64::new(1),
@@ -382,6 +386,10 @@ impl RankSlo {
             c.store(v.to_bits(), Ordering::Relaxed);
         }
         self.trusted.store(fit.trusted(), Ordering::Relaxed);
+        for (r, v) in self.reach.iter().zip(fit.reach()) {
+            // Relaxed: each a value whole.
+            r.store(v.to_bits(), Ordering::Relaxed);
+        }
         self.fitted.store(
             fit.samples() >= crate::slo::GUARD_SAMPLES,
             Ordering::Relaxed,

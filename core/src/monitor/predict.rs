@@ -165,14 +165,20 @@ pub(super) fn verdict(slo: &RankSlo, l: &RankLoad, t: &Targets, clock: &Observat
     // fit's running error asks for (and the time per output token less
     // the margin the rank's answers asked for), once the fit has its
     // first steps, trusted or not (a fit that fits badly holds the rank
-    // back with up to three times the headroom rather than not at all);
-    // before, at most one step's budget of prompts booked ahead. Relaxed:
-    // values the maintenance publishes.
+    // back with up to three times the headroom rather than not at all),
+    // and full past the reach of a trusted fit (`beyond_reach`); before,
+    // at most one step's budget of prompts booked ahead. Relaxed: values
+    // the maintenance publishes.
     let time = if slo.fitted.load(Ordering::Relaxed) {
         let error = f64::from_bits(slo.step_error.load(Ordering::Relaxed)).clamp(0.0, 1.0);
         let headroom = 1.0 + MARGIN * error;
         let tpot_margin = f64::from_bits(slo.tpot_margin.load(Ordering::Relaxed));
-        (p.ttft.0 / t.ttft).max(p.tpot.0 * tpot_margin / t.tpot) * headroom
+        let time = (p.ttft.0 / t.ttft).max(p.tpot.0 * tpot_margin / t.tpot) * headroom;
+        if beyond_reach(slo, l, t) {
+            time.max(1.0 + HYSTERESIS)
+        } else {
+            time
+        }
     } else {
         l.active_prefill_tokens.unwrap_or(0) as f64 / l.max_num_batched_tokens.max(1) as f64
     };
@@ -249,6 +255,33 @@ pub const TPOT_MARGIN_MAX: f64 = 2.0;
 fn kv_band(blocks: u64, line: f64) -> f64 {
     (blocks.max(1) as f64 / line).min(HYSTERESIS)
 }
+
+/// Whether a typical request would take rank `slo` under load `l` past
+/// the reach of its trusted fit (`StepFit::reach`) by more than a
+/// [`FIT_REACH`]th of it and one typical request (a sequence; its
+/// prompt's and answer's blocks): past it the fit extrapolates, and a
+/// rank that fills faster than its steps are observed (a window of
+/// tokens, about a second) could outrun a fit that has not seen the step
+/// time rise (lab, slower engine: a fit whose context coefficient had
+/// fallen to nothing predicted 88 ms a token at 111 sequences where the
+/// engine took 130 and more). Until the fit is trusted it is not known
+/// to fit even what it saw, and its error's headroom holds the rank.
+fn beyond_reach(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
+    // Relaxed: values the maintenance publishes.
+    if !slo.trusted.load(Ordering::Relaxed) {
+        return false;
+    }
+    let now = step_load(slo, l);
+    let reach = |i: usize| f64::from_bits(slo.reach[i].load(Ordering::Relaxed));
+    let grown = |r: f64| r * (1.0 + 1.0 / FIT_REACH);
+    now.running + 1.0 > grown(reach(0)) + 1.0
+        || now.kv_tokens + t.prompt as f64
+            > grown(reach(1)) + (t.blocks * DEFAULT_BLOCK_TOKENS) as f64
+}
+
+/// How far past the load its trusted fit has seen a rank is booked: a
+/// `FIT_REACH`th of it, and one typical request (`beyond_reach`).
+pub const FIT_REACH: f64 = 8.0;
 
 /// The rank's requests against its seats (module docs, "Deciding"). A
 /// request the engine reports waiting waits for a seat, for as long as

@@ -54,7 +54,10 @@
 //! the rank's TPOT margin: 1, raised by each answer booked there that
 //! streamed slower than the target, lowered by those that did not, so
 //! that no more than [`TPOT_MISSES`] of them miss; `predict.rs`,
-//! `answered`); and its seats (`predict.rs`, `seats`).
+//! `answered`; and, once the fit is trusted, a full load where a typical
+//! request would take the rank more than a [`FIT_REACH`]th past the load
+//! the fit has seen, `predict.rs`, `beyond_reach`); and its seats
+//! (`predict.rs`, `seats`).
 //! The rank turns busy when that load passes 1 and free again under
 //! `1 -` [`HYSTERESIS`](crate::slo::HYSTERESIS), but for the KV, which
 //! lets it go once a typical request fits under its line again
@@ -73,7 +76,7 @@ use super::observe::{
 pub use super::observe::{FIT_PERIOD, OBSERVATION_CAPACITY};
 use super::predict::{predict, step_load};
 pub use super::predict::{
-    Prediction, SEAT_PROBE, SEAT_PROBE_PERIOD, SEAT_PROBE_PERIODS, TPOT_MARGIN_MAX,
+    Prediction, FIT_REACH, SEAT_PROBE, SEAT_PROBE_PERIOD, SEAT_PROBE_PERIODS, TPOT_MARGIN_MAX,
     TPOT_MARGIN_STEP, TPOT_MISSES,
 };
 use super::rank::Worker;

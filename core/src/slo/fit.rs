@@ -39,6 +39,11 @@
 //!   is capped at its initial value, so a long spell of identical loads
 //!   (no excitation) cannot wind it up into a jump at the next change.
 //!
+//! The fit knows how far it has seen ([`StepFit::reach`]: the most running
+//! sequences and context tokens of the steps it took, decaying as their
+//! weights do), so that its user can tell a prediction within what it saw
+//! from an extrapolation past it.
+//!
 //! The fit is trusted ([`StepFit::trusted`]) once it has [`MIN_SAMPLES`]
 //! observations and its running relative error is at most
 //! [`MAX_RELATIVE_ERROR`]: its predictions are shown, and timed against
@@ -142,6 +147,9 @@ pub struct StepFit {
     outlier_rate: f64,
     /// Observations still to take whole after a change (`FOLLOW`).
     following: u32,
+    /// The most running sequences and context tokens of the steps taken,
+    /// each decaying as the observations' weights do (`reach`).
+    reach: [f64; 2],
 }
 
 impl Default for StepFit {
@@ -164,6 +172,7 @@ impl StepFit {
             outliers: 0,
             outlier_rate: 0.0,
             following: 0,
+            reach: [0.0; 2],
         }
     }
 
@@ -238,6 +247,9 @@ impl StepFit {
             }
             self.xty[i] = forget * self.xty[i] + weight * x[i] * seconds;
         }
+        for (reach, v) in self.reach.iter_mut().zip([load.running, load.kv_tokens]) {
+            *reach = v.max(*reach * forget);
+        }
         self.theta = nnls(&self.xtx, &self.xty);
         // The relative error of the prediction made before this step.
         let relative = (residual.abs() / seconds).min(1.0);
@@ -278,6 +290,17 @@ impl StepFit {
     /// token squared, per running sequence and per context token.
     pub fn coefficients(&self) -> [f64; N] {
         std::array::from_fn(|i| self.theta[i] / SCALE[i])
+    }
+
+    /// The load the fit has seen: the most running sequences and context
+    /// tokens of the steps it took (outliers set aside are not), each
+    /// decaying as those steps' weights do, so that it follows a load that
+    /// falls as the fit forgets it. Past it, the fit extrapolates: a
+    /// coefficient the steps seen did not pin down (a step time that the
+    /// context tokens raise more steeply than the fit's range showed) may be
+    /// far off there.
+    pub fn reach(&self) -> [f64; 2] {
+        self.reach
     }
 
     /// Observations used so far.

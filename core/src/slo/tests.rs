@@ -253,3 +253,38 @@ fn an_slo_is_checked_field_by_field() {
         assert!(e.to_string().starts_with(field), "{e}");
     }
 }
+
+#[test]
+fn the_reach_is_the_most_load_the_fit_took_lately_and_not_its_outliers() {
+    let mut fit = StepFit::new();
+    let at = |running: f64| StepLoad {
+        prefill_tokens: 0.0,
+        running,
+        kv_tokens: running * 1000.0,
+    };
+    // Up to 39 sequences, the last step at 39.
+    for i in 0..210 {
+        let load = at(10.0 + (i % 30) as f64);
+        fit.observe(&load, engine(&load, 1.0)).unwrap();
+    }
+    assert_eq!(fit.reach(), [39.0, 39_000.0]);
+    // A stall at a load past it is set aside, and teaches no reach.
+    let far = at(100.0);
+    fit.observe(&far, 5.0).unwrap();
+    assert_eq!(fit.outliers(), 1);
+    assert_eq!(fit.reach(), [39.0, 39_000.0]);
+    // A load that falls is followed down as the fit forgets the old one
+    // (by 1 % an observation): 39 × 0.99⁵⁰ ≈ 23.6 after 50 more, and the
+    // load itself once that falls under it.
+    let low = at(10.0);
+    for _ in 0..50 {
+        fit.observe(&low, engine(&low, 1.0)).unwrap();
+    }
+    let [running, kv] = fit.reach();
+    assert!((23.0..24.0).contains(&running), "{running}");
+    assert!((23_000.0..24_000.0).contains(&kv), "{kv}");
+    for _ in 0..100 {
+        fit.observe(&low, engine(&low, 1.0)).unwrap();
+    }
+    assert_eq!(fit.reach(), [10.0, 10_000.0]);
+}
