@@ -541,3 +541,26 @@ fn a_dispatch_streams_its_booking_by_its_reports_or_else_by_its_chunks() {
     drop(d);
     assert_eq!(decode_blocks(&m), 0);
 }
+
+#[test]
+fn an_absurd_prompt_learned_as_typical_turns_the_rank_busy_and_overflows_nothing() {
+    let (m, clock) = monitor(1_000_000);
+    m.set_slo("m", slo(10.0, 10.0), SloMode::Advisory).unwrap();
+    serve(&m, &clock, 3_000);
+    m.set_slo("m", slo(10.0, 10.0), SloMode::Enforce).unwrap();
+    assert!(!m.is_busy(1).unwrap());
+    // The first answer the model learns its typical prompt from had
+    // u64::MAX prompt tokens (a hostile caller): a typical request is then
+    // past every prediction and reach, and no sum of it wraps.
+    let (m, clock) = monitor(1_000_000);
+    m.set_slo("m", slo(10.0, 10.0), SloMode::Advisory).unwrap();
+    let mut b = m.book_with_prefill(1, 0, 4, u64::MAX).unwrap();
+    b.first_token();
+    b.tokens(STEP_WINDOW);
+    b.finish(None);
+    serve(&m, &clock, 3_000);
+    m.set_slo("m", slo(10.0, 10.0), SloMode::Enforce).unwrap();
+    let held = m.book_with_prefill(1, 0, 4, 64).unwrap();
+    assert!(m.is_busy(1).unwrap());
+    drop(held);
+}

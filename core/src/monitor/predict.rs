@@ -276,7 +276,7 @@ fn beyond_reach(slo: &RankSlo, l: &RankLoad, t: &Targets) -> bool {
     let grown = |r: f64| r * (1.0 + 1.0 / FIT_REACH);
     now.running + 1.0 > grown(reach(0)) + 1.0
         || now.kv_tokens + t.prompt as f64
-            > grown(reach(1)) + (t.blocks * DEFAULT_BLOCK_TOKENS) as f64
+            > grown(reach(1)) + t.blocks as f64 * DEFAULT_BLOCK_TOKENS as f64
 }
 
 /// How far past the load its trusted fit has seen a rank is booked: a
